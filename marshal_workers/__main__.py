@@ -1,0 +1,3 @@
+from marshal_workers.cli import main
+
+main()

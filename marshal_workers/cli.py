@@ -1,0 +1,142 @@
+"""The ``marshal-workers`` command line: a thin layer that builds Settings and calls the library."""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import orjson
+
+from marshal_workers import __version__
+from marshal_workers.config import Settings, load_settings
+from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.errors import (
+    ConfigError,
+    CoordinationTopicError,
+    CoordinationWriteError,
+    EmbeddedBrokerError,
+    KafkaUnavailable,
+    MarshalWorkersError,
+    UnknownTopicError,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILURE = 1
+    USAGE = 2  # click's own code for bad options
+    CONFIG_ERROR = 3
+    KAFKA_UNAVAILABLE = 4
+    COORDINATION_ERROR = 5
+    UNKNOWN_TOPIC = 6
+    EMBEDDED_BROKER_ERROR = 7
+
+
+_EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
+    ConfigError: ExitCode.CONFIG_ERROR,
+    KafkaUnavailable: ExitCode.KAFKA_UNAVAILABLE,
+    CoordinationTopicError: ExitCode.COORDINATION_ERROR,
+    CoordinationWriteError: ExitCode.COORDINATION_ERROR,
+    UnknownTopicError: ExitCode.UNKNOWN_TOPIC,
+    EmbeddedBrokerError: ExitCode.EMBEDDED_BROKER_ERROR,
+}
+
+
+def _reports_errors(command: F) -> F:
+    """Turn our exceptions into one line on stderr and a named exit code, not a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except MarshalWorkersError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(_EXIT_CODES.get(type(exc), ExitCode.FAILURE))
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _settings_options(command: F) -> F:
+    """The options every command that talks to Kafka shares; each is also a setting (file, env)."""
+    options = [
+        click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file."),
+        click.option("--brokers", help="Kafka bootstrap servers, host:port[,host:port]."),
+        click.option("--group", help="The consumer group."),
+        click.option("--coordination-topic", help="Coordination topic (default __marshal)."),
+        click.option("--heartbeat-interval", help="HB of the group, e.g. 5s (all members must agree)."),
+        click.option("--connect-timeout", help="Give up when Kafka does not answer within this, e.g. 10s."),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _load(config_file: str | None, **cli: Any) -> Settings:
+    settings = load_settings(config_file, cli)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    return settings
+
+
+@click.group()
+@click.version_option(__version__, prog_name="marshal-workers")
+def main() -> None:
+    """Run Python handlers over Kafka partitions, coordinated through Kafka alone."""
+
+
+@main.command()
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=9092, show_default=True, help="Port on 127.0.0.1 (0: any free port)."
+)
+@_reports_errors
+def broker(port: int) -> None:
+    """Run the embedded Kafka-compatible broker (Tansu, memory only) in the foreground."""
+    stop_requested: list[int] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda signum, _frame: stop_requested.append(signum))
+    with EmbeddedBroker(port=port or None) as embedded:
+        click.echo(f"embedded broker ready: --brokers {embedded.bootstrap}   (pid {embedded.pid}; Ctrl-C stops it)")
+        while not stop_requested:
+            assert embedded.process is not None
+            if embedded.process.poll() is not None:
+                raise EmbeddedBrokerError(f"the broker exited with code {embedded.process.returncode}; see {embedded.log_path}")
+            time.sleep(0.2)
+    click.echo("embedded broker stopped")
+
+
+@main.command()
+@_settings_options
+@click.option("--topic", help="Only this topic; its partitions that no record mentions show as unclaimed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of a table.")
+@_reports_errors
+def status(config_file: str | None, topic: str | None, as_json: bool, **options: Any) -> None:
+    """Show the world state of a group: owner, offset and liveness of each partition."""
+    from marshal_workers.coordination_log import read_group_state
+    from marshal_workers.kafka_clients import admin_client, require_topic
+    from marshal_workers.status import render_table, status_document
+
+    settings = _load(config_file, **options)
+    group = settings.require_group()
+    topic_partitions = None if topic is None else require_topic(admin_client(settings), settings, topic)
+    state = read_group_state(settings, group)
+    now_ms = int(time.time() * 1000)
+    document = status_document(state, now_ms, topic, topic_partitions)
+    if as_json:
+        click.echo(orjson.dumps(document).decode())
+    else:
+        click.echo(render_table(document, now_ms))
+    if state.stats.garbage:
+        click.echo(f"note: {state.stats.garbage} invalid coordination records were skipped", err=True)

@@ -1,0 +1,116 @@
+"""Wire format of the coordination topic, version 1 (DESIGN.md section 2).
+
+One Kafka record per protocol message: the value is a JSON object, the key
+``"{group}/{topic}/{partition}"`` is for people and tools only.
+
+Records are decoded straight into typed, frozen structs by msgspec, which
+checks every field (types, ``>= 0`` bounds, non-empty names, ``v == 1``, a
+known ``type``) in C.  Everything read from the topic is untrusted: whatever
+the bytes, :func:`decode` returns a record or raises :class:`DecodeError`,
+nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from typing import Annotated, Final, Literal, Union
+
+import msgspec
+
+from marshal_workers.errors import DecodeError
+
+VERSION: Final = 1
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+# Names are bounded so a hostile record cannot make every reader keep megabytes.
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+
+class _Record(msgspec.Struct, frozen=True, gc=False, tag_field="type", kw_only=True):
+    """Fields every record carries."""
+
+    v: Literal[1]
+    ts: NonNegative
+    group: Name
+    client: Name
+    instance: Name
+
+
+class _PartitionRecord(_Record, frozen=True, gc=False, kw_only=True):
+    topic: Name
+    partition: NonNegative
+
+
+class Claim(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim"):
+    """A client asks to own a partition."""
+
+
+class Heartbeat(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="heartbeat"):
+    """The owner is alive; ``offset`` is the next offset it will process."""
+
+    offset: NonNegative
+
+
+class Release(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="release"):
+    """The owner gives the partition up; the next owner resumes at ``offset``."""
+
+    offset: NonNegative
+
+
+class ClaimMessages(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim_messages"):
+    """At-most-once: the owner claims every message before ``offset``."""
+
+    offset: NonNegative
+
+
+class ReleaseGroup(_Record, frozen=True, gc=False, kw_only=True, tag="release_group"):
+    """An operator pauses the whole group until ``expires`` (ms since epoch)."""
+
+    expires: NonNegative
+
+
+Record = Union[Claim, Heartbeat, Release, ClaimMessages, ReleaseGroup]
+PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
+RECORD_TYPES: Final = (Claim, Heartbeat, Release, ClaimMessages, ReleaseGroup)
+
+_decoder = msgspec.json.Decoder(Record)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(record: Record) -> bytes:
+    """The record's Kafka value: a compact JSON object."""
+    return _encoder.encode(record)
+
+
+def decode(value: bytes | None) -> Record:
+    """Parse and validate one Kafka value; raise DecodeError if it is not a valid record."""
+    if value is None:
+        raise DecodeError("record has no value (a tombstone)")
+    try:
+        return _decoder.decode(value)
+    except msgspec.MsgspecError as exc:
+        raise DecodeError(str(exc)) from None
+    except (ValueError, TypeError, RecursionError) as exc:  # defensive: msgspec documents only MsgspecError
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from None
+
+
+def record_key(record: Record) -> bytes:
+    """The Kafka key: ``group/topic/partition``, or just the group for release_group."""
+    if isinstance(record, ReleaseGroup):
+        return record.group.encode()
+    return f"{record.group}/{record.topic}/{record.partition}".encode()
+
+
+@lru_cache(maxsize=65536)
+def coordination_partition(topic: str, partition_count: int) -> int:
+    """The coordination partition that carries every record about ``topic``.
+
+    The Go Marshal rule: the first 8 bytes of md5(topic), little-endian,
+    modulo the coordination topic's partition count.  One topic, one log:
+    every claim about it is totally ordered.
+    """
+    if partition_count < 1:
+        raise ValueError(f"partition_count must be >= 1, got {partition_count}")
+    digest = hashlib.md5(topic.encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:8], "little") % partition_count

@@ -1,0 +1,191 @@
+"""Settings: defaults < config file (TOML) < MARSHAL_WORKERS_* environment < CLI.
+
+Every setting is declared once in ``SETTINGS`` with its parser and a one-line
+explanation; ``config/marshal-workers.toml`` lists them all with their
+defaults.  librdkafka settings (SASL, SSL, ...) go in the ``[kafka]`` table of
+the file or in ``MARSHAL_WORKERS_KAFKA_<NAME>`` variables (``_`` for ``.``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from marshal_workers.errors import ConfigError
+
+ENV_PREFIX = "MARSHAL_WORKERS_"
+ENV_KAFKA_PREFIX = ENV_PREFIX + "KAFKA_"
+ENV_CONFIG_FILE = ENV_PREFIX + "CONFIG"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SECRET_WORDS = ("password", "secret", "token", "key", "jaas")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number (seconds) or a string such as ``250ms``, ``5s``, ``2m``, ``1h``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"expected a duration such as 5s or 250ms, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value))
+        if not match:
+            raise ConfigError(f"expected a duration such as 5s, 250ms, 2m or 1h, got {value!r}")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise ConfigError(f"a duration must be greater than zero, got {value!r}")
+    return seconds
+
+
+def _parse_str(value: Any) -> str:
+    text = str(value).strip()
+    if not text:
+        raise ConfigError("expected a non-empty value")
+    return text
+
+
+def _parse_int(minimum: int) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"expected a whole number, got {value!r}") from None
+        if isinstance(value, bool) or (isinstance(value, float) and value != number):
+            raise ConfigError(f"expected a whole number, got {value!r}")
+        if number < minimum:
+            raise ConfigError(f"expected a number >= {minimum}, got {number}")
+        return number
+
+    return parse
+
+
+def _parse_choice(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ConfigError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return text
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    parse: Callable[[Any], Any]
+    help: str
+
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting("brokers", _parse_str, "Kafka bootstrap servers, comma-separated host:port."),
+        Setting("group", _parse_str, "The consumer group: the unit that shares partitions."),
+        Setting("client_id", _parse_str, "Stable name of this host or instance (default: the hostname)."),
+        Setting("heartbeat_interval", parse_duration, "HB: heartbeat period; a claim is stale after 2*HB."),
+        Setting("coordination_topic", _parse_str, "The topic that carries claims, heartbeats and releases."),
+        Setting("coordination_partitions", _parse_int(1), "Partition count used when creating the coordination topic."),
+        Setting(
+            "coordination_replication_factor",
+            _parse_int(-1),
+            "Replication factor used when creating it (-1: the broker's default).",
+        ),
+        Setting("connect_timeout", parse_duration, "How long to wait for Kafka to answer before giving up."),
+        Setting("write_timeout", parse_duration, "How long a coordination write may take to be confirmed."),
+        Setting("log_level", _parse_choice("debug", "info", "warning", "error"), "Log level."),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    brokers: str = "127.0.0.1:9092"
+    group: str | None = None
+    client_id: str = field(default_factory=socket.gethostname)
+    heartbeat_interval: float = 5.0
+    coordination_topic: str = "__marshal"
+    coordination_partitions: int = 8
+    coordination_replication_factor: int = -1
+    connect_timeout: float = 10.0
+    write_timeout: float = 10.0
+    log_level: str = "info"
+    kafka: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def heartbeat_ms(self) -> int:
+        return int(self.heartbeat_interval * 1000)
+
+    def require_group(self) -> str:
+        if not self.group:
+            raise ConfigError("no group given: pass --group, set MARSHAL_WORKERS_GROUP, or put group in the config file")
+        return self.group
+
+    def kafka_redacted(self) -> dict[str, str]:
+        """The librdkafka passthrough settings with secrets masked, fit for logs."""
+        return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in self.kafka.items()}
+
+
+def _apply(values: dict[str, Any], raw: Mapping[str, Any], origin: str) -> None:
+    for name, value in raw.items():
+        setting = SETTINGS.get(name)
+        if setting is None:
+            known = ", ".join(sorted(SETTINGS))
+            raise ConfigError(f"unknown setting {name!r} in {origin}; known settings: {known}")
+        try:
+            values[name] = setting.parse(value)
+        except ConfigError as exc:
+            raise ConfigError(f"{name} in {origin}: {exc}") from None
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _kafka_table(raw: Any, origin: str) -> dict[str, str]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"[kafka] in {origin} must be a table of librdkafka settings")
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in raw.items()}
+
+
+def load_settings(
+    config_file: str | None = None,
+    cli: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build the settings; CLI values of None mean "not given"."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    kafka: dict[str, str] = {}
+
+    config_file = config_file or env.get(ENV_CONFIG_FILE)
+    if config_file:
+        raw = _read_file(config_file)
+        kafka.update(_kafka_table(raw.pop("kafka", {}), config_file))
+        _apply(values, raw, config_file)
+
+    env_values = {name: env[ENV_PREFIX + name.upper()] for name in SETTINGS if ENV_PREFIX + name.upper() in env}
+    _apply(values, env_values, "the environment")
+    for key, value in env.items():
+        if key.startswith(ENV_KAFKA_PREFIX) and len(key) > len(ENV_KAFKA_PREFIX):
+            kafka[key[len(ENV_KAFKA_PREFIX) :].lower().replace("_", ".")] = value
+
+    _apply(values, {k: v for k, v in (cli or {}).items() if v is not None}, "the command line")
+    return replace(Settings(), kafka=kafka, **values)
+
+
+def describe_settings() -> list[tuple[str, Any, str]]:
+    """(name, default, help) for every setting, in declaration order."""
+    defaults = Settings()
+    return [(f.name, getattr(defaults, f.name), SETTINGS[f.name].help) for f in fields(Settings) if f.name in SETTINGS]

@@ -1,0 +1,219 @@
+"""Reading the coordination topic: tail every partition into a WorldState.
+
+The I/O shell around the fold.  A background thread consumes all partitions
+of the coordination topic from the beginning, decodes each value, and folds
+it into the state under a lock.  It remembers, per partition, the offset it
+has folded up to, so that a writer can wait for its own record to be folded
+and learn whether the rules accepted it (the read-your-write fence: never
+ListOffsets, which Tansu under-reports).  "Caught up" for a pure reader means
+every partition has reported end-of-partition from a fetch response, whose
+high watermark is right on Tansu and on Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
+
+from marshal_workers import codec
+from marshal_workers.config import Settings
+from marshal_workers.errors import DecodeError, KafkaUnavailable
+from marshal_workers.kafka_clients import admin_client, client_config, topic_partition_count
+from marshal_workers.world_state import WorldState, record_time
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+GARBAGE_LOG_INTERVAL_S = 60.0
+_BATCH = 2000
+_MAX_UNCLAIMED_VERDICTS = 100_000
+
+
+class RateLimitedLog:
+    """Logs at most once per interval, counting what it held back."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger, self._interval, self._clock = logger, interval_s, clock
+        self._next_at = 0.0
+        self._held = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = self._clock()
+        if now < self._next_at:
+            self._held += 1
+            return
+        held, self._held = self._held, 0
+        suffix = f" ({held} more since the last report)" if held else ""
+        self._logger.warning(message + suffix, *args)
+        self._next_at = now + self._interval
+
+
+class CoordinationLog:
+    """Tails the coordination topic of one group into a WorldState.
+
+    ``start()`` launches the tail thread; ``wait_caught_up()`` blocks until
+    the state reflects the whole log as it was when reading began;
+    ``wait_verdict(p, o)`` blocks until the record at partition p, offset o,
+    written by ``own_instance``, is folded and returns whether it was accepted.  Read the state only
+    through ``read()``, which holds the lock.
+    """
+
+    def __init__(self, settings: Settings, group: str, partition_count: int, own_instance: str | None = None) -> None:
+        self.settings = settings
+        self.topic = settings.coordination_topic
+        self.partition_count = partition_count
+        self._state = WorldState(group, settings.heartbeat_ms, partition_count)
+        self._lock = threading.Condition()
+        self._next_offset = [0] * partition_count  # next offset to fold, per partition
+        self._at_end = [False] * partition_count  # reported end-of-partition at least once
+        # Verdicts on the records this process wrote, by (partition, offset), until their writer takes them.
+        self.own_instance = own_instance
+        self._verdicts: dict[tuple[int, int], bool] = {}
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
+        self._consumer = Consumer(
+            client_config(
+                settings,
+                **{
+                    # A private id: we only assign(), never join a group or commit.
+                    "group.id": f"marshal-workers-log-{uuid.uuid4().hex}",
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "enable.partition.eof": True,
+                    "auto.offset.reset": "earliest",
+                    # Fences wait for the tail: keep fetch latency low, the topic is small.
+                    "fetch.wait.max.ms": 20,
+                    "fetch.queue.backoff.ms": 5,
+                },
+            )
+        )
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> CoordinationLog:
+        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(self.partition_count)])
+        self._thread = threading.Thread(target=self._run, name="coordination-log", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._consumer.close()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                messages = self._next_messages()
+            except Exception:  # a bug in our fold must not silently kill the tail
+                log.exception("coordination log %s: consume failed", self.topic)
+                time.sleep(0.5)
+                continue
+            if messages:
+                with self._lock:
+                    for message in messages:
+                        self._fold_message(message)
+                    self._lock.notify_all()
+
+    def _next_messages(self) -> list[Message]:
+        """Wait up to 100 ms for one message, then take what else is already fetched.
+
+        (consume(n, timeout) would wait the whole timeout whenever fewer than n are there.)
+        """
+        first = self._consumer.poll(0.1)
+        if first is None:
+            return []
+        return [first, *self._consumer.consume(num_messages=_BATCH, timeout=0)]
+
+    def _fold_message(self, message: Message) -> None:
+        partition = message.partition()
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                self._at_end[partition] = True
+            else:
+                log.warning("coordination log %s: %s", self.topic, error)
+            return
+        offset = message.offset()
+        try:
+            record = codec.decode(message.value())
+        except DecodeError as exc:
+            self._state.stats.garbage += 1
+            self._garbage_log.warning(
+                "coordination log %s[%d]@%d: skipped a record that is not valid: %s", self.topic, partition, offset, exc
+            )
+            accepted, record_instance = False, None
+        else:
+            record_instance = record.instance
+            kind, stamp = message.timestamp()
+            at = record_time(record, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
+            accepted = self._state.apply(record, at, partition)
+        self._next_offset[partition] = offset + 1
+        if self.own_instance is not None and record_instance == self.own_instance:
+            self._verdicts[(partition, offset)] = accepted
+            if len(self._verdicts) > _MAX_UNCLAIMED_VERDICTS:  # writers that gave up waiting
+                del self._verdicts[next(iter(self._verdicts))]
+
+    # -------------------------------------------------------------- reading
+
+    def read(self, query: Callable[[WorldState], T]) -> T:
+        """Run ``query`` on the state under the lock (keep it short)."""
+        with self._lock:
+            return query(self._state)
+
+    def snapshot(self) -> WorldState:
+        return self.read(WorldState.snapshot)
+
+    def is_caught_up(self) -> bool:
+        with self._lock:
+            return all(self._at_end)
+
+    def wait_caught_up(self, stall_timeout: float) -> None:
+        """Block until every partition reached its end once; give up after ``stall_timeout`` without progress."""
+        with self._lock:
+            last_progress, folded = time.monotonic(), sum(self._next_offset)
+            while not all(self._at_end):
+                self._lock.wait(0.1)
+                if sum(self._next_offset) != folded:
+                    last_progress, folded = time.monotonic(), sum(self._next_offset)
+                elif time.monotonic() - last_progress > stall_timeout:
+                    raise KafkaUnavailable(
+                        f"could not read the coordination topic {self.topic} at {self.settings.brokers} "
+                        f"(no progress for {stall_timeout:g}s)"
+                    )
+
+    def wait_verdict(self, partition: int, offset: int, deadline: float) -> bool | None:
+        """The verdict of the record at (partition, offset), or None if it was not folded by ``deadline``."""
+        key = (partition, offset)
+        with self._lock:
+            while key not in self._verdicts:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._lock.wait(min(remaining, 0.1))
+            return self._verdicts.pop(key)
+
+
+def read_group_state(settings: Settings, group: str) -> WorldState:
+    """The group's world state as of now, read from the whole coordination log (read-only).
+
+    A coordination topic that does not exist yet is an empty log: it is not created here.
+    """
+    admin = admin_client(settings)
+    count = topic_partition_count(admin, settings, settings.coordination_topic)
+    if count is None:
+        return WorldState(group, settings.heartbeat_ms, None)
+    reader = CoordinationLog(settings, group, count).start()
+    try:
+        reader.wait_caught_up(stall_timeout=settings.connect_timeout)
+        return reader.snapshot()
+    finally:
+        reader.close()

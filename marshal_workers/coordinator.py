@@ -1,0 +1,265 @@
+"""The coordinator: one group member's reads and writes on the coordination topic.
+
+It creates the topic if it is missing, tails it into the world state (via
+CoordinationLog), and writes claims, heartbeats, releases, message claims and
+group pauses.  Every write is produced with acks=all and idempotence, then
+fenced: the call returns only once the tail has folded the record at the
+offset its delivery report gave, with the rules' verdict (accepted or not).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from marshal_workers import codec
+from marshal_workers.config import Settings
+from marshal_workers.coordination_log import CoordinationLog
+from marshal_workers.errors import CoordinationTopicError, CoordinationWriteError
+from marshal_workers.kafka_clients import admin_client, client_config, topic_partition_count
+from marshal_workers.world_state import WorldState
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+def ensure_coordination_topic(admin: AdminClient, settings: Settings) -> int:
+    """The coordination topic's partition count, creating the topic first if it is missing."""
+    topic = settings.coordination_topic
+    count = topic_partition_count(admin, settings, topic)
+    if count is not None:
+        return count
+    log.info("creating coordination topic %s with %d partitions", topic, settings.coordination_partitions)
+    new_topic = NewTopic(
+        topic,
+        num_partitions=settings.coordination_partitions,
+        replication_factor=settings.coordination_replication_factor,
+        # The fold prefers broker time, so members' clock skew matters less (Tansu ignores it).
+        config={"message.timestamp.type": "LogAppendTime"},
+    )
+    future = admin.create_topics([new_topic], operation_timeout=settings.connect_timeout)[topic]
+    try:
+        future.result(timeout=settings.connect_timeout)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise CoordinationTopicError(
+                f"the coordination topic {topic!r} is missing and could not be created on {settings.brokers}: {error}. "
+                f"Create it (e.g. {settings.coordination_partitions} partitions, "
+                "message.timestamp.type=LogAppendTime) or allow this client to create topics."
+            ) from None
+    return _wait_topic_visible(admin, settings)
+
+
+def _wait_topic_visible(admin: AdminClient, settings: Settings) -> int:
+    deadline = time.monotonic() + settings.connect_timeout
+    while time.monotonic() < deadline:
+        count = topic_partition_count(admin, settings, settings.coordination_topic)
+        if count:
+            return count
+        time.sleep(0.05)
+    raise CoordinationTopicError(
+        f"the coordination topic {settings.coordination_topic!r} was created but does not show in the metadata "
+        f"of {settings.brokers} after {settings.connect_timeout:g}s"
+    )
+
+
+@dataclass
+class _Delivery:
+    """The outcome of one produce call, filled by the delivery callback."""
+
+    partition: int = -1
+    offset: int = -1
+    error: KafkaError | None = None
+    done: bool = False
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        self.error, self.done = error, True
+        if error is None:
+            self.partition, self.offset = message.partition(), message.offset()
+
+
+class Coordinator:
+    """A group member's view of, and voice in, the coordination topic.
+
+    ``client`` is the stable name of this host or program (settings.client_id);
+    ``instance`` is random per process start.  Call ``start()`` (or use as a
+    context manager) before anything else.
+    """
+
+    def __init__(self, settings: Settings, instance: str | None = None, clock: Clock = time.time) -> None:
+        self.settings = settings
+        self.group = settings.require_group()
+        self.client = settings.client_id
+        self.instance = instance or uuid.uuid4().hex[:16]
+        self._clock = clock
+        self._log: CoordinationLog | None = None
+        self._producer: Producer | None = None
+        self.partition_count = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> Coordinator:
+        admin = admin_client(self.settings)
+        self.partition_count = ensure_coordination_topic(admin, self.settings)
+        self._producer = self._new_producer()
+        self._log = CoordinationLog(self.settings, self.group, self.partition_count, own_instance=self.instance).start()
+        self._log.wait_caught_up(stall_timeout=self.settings.connect_timeout)
+        log.info(
+            "group %s: coordinator %s/%s ready on %s (%d partitions)",
+            self.group,
+            self.client,
+            self.instance,
+            self.settings.coordination_topic,
+            self.partition_count,
+        )
+        return self
+
+    def _new_producer(self) -> Producer:
+        return Producer(
+            client_config(
+                self.settings,
+                **{
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "linger.ms": 1,
+                    # A write that cannot be delivered fails within the write timeout instead of retrying forever.
+                    "message.timeout.ms": int(self.settings.write_timeout * 1000),
+                },
+            )
+        )
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(self.settings.write_timeout)
+            self._producer = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> Coordinator:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # --------------------------------------------------------------- writes
+
+    def claim(self, topic: str, partition: int) -> bool:
+        """Try to own a partition; True if our claim was accepted (we own it now)."""
+        return self.write([codec.Claim(**self._common(), topic=topic, partition=partition)])[0]
+
+    def heartbeat(self, topic: str, partition: int, offset: int) -> bool:
+        """Report progress; False means we are not the owner (any more)."""
+        return self.heartbeats([(topic, partition, offset)])[0]
+
+    def heartbeats(self, progress: Sequence[tuple[str, int, int]]) -> list[bool]:
+        """Heartbeat several partitions at once: one round trip for all."""
+        common = self._common()
+        return self.write([codec.Heartbeat(**common, topic=t, partition=p, offset=o) for t, p, o in progress])
+
+    def release(self, topic: str, partition: int, offset: int) -> bool:
+        """Give a partition up; the next owner resumes at ``offset``."""
+        return self.write([codec.Release(**self._common(), topic=topic, partition=partition, offset=offset)])[0]
+
+    def claim_messages(self, topic: str, partition: int, offset: int) -> bool:
+        """At-most-once: claim every message before ``offset``; only process them if True."""
+        return self.write([codec.ClaimMessages(**self._common(), topic=topic, partition=partition, offset=offset)])[0]
+
+    def release_group(self, expires_ms: int) -> bool:
+        """Pause the whole group until ``expires_ms``: every owner is dropped, claims are refused."""
+        record = codec.ReleaseGroup(**self._common(), expires=expires_ms)
+        # One copy per coordination partition, so the pause is ordered against every topic's claims.
+        return all(self.write([record] * self.partition_count, partitions=range(self.partition_count)))
+
+    def _common(self) -> dict[str, Any]:
+        return {
+            "v": codec.VERSION,
+            "ts": int(self._clock() * 1000),
+            "group": self.group,
+            "client": self.client,
+            "instance": self.instance,
+        }
+
+    def write(self, records: Sequence[codec.Record], partitions: Sequence[int] | None = None) -> list[bool]:
+        """Produce records, wait for their delivery and their fold; return each one's verdict.
+
+        ``partitions`` overrides the routing (release_group goes everywhere).
+        Raises CoordinationWriteError if a record is not delivered and folded
+        within the write timeout.
+        """
+        assert self._producer is not None and self._log is not None, "call start() first"
+        deadline = time.monotonic() + self.settings.write_timeout
+        deliveries = []
+        for i, record in enumerate(records):
+            target = partitions[i] if partitions is not None else self._route(record)
+            delivery = _Delivery()
+            self._produce(record, target, delivery)
+            deliveries.append(delivery)
+        self._await_deliveries(deliveries, deadline)
+        verdicts = []
+        for delivery in deliveries:
+            verdict = self._log.wait_verdict(delivery.partition, delivery.offset, deadline)
+            if verdict is None:
+                raise CoordinationWriteError(
+                    f"group {self.group}: a coordination record was written to "
+                    f"{self.settings.coordination_topic}[{delivery.partition}]@{delivery.offset} "
+                    f"but not read back within {self.settings.write_timeout:g}s"
+                )
+            verdicts.append(verdict)
+        return verdicts
+
+    def _route(self, record: codec.Record) -> int:
+        assert not isinstance(record, codec.ReleaseGroup)
+        return codec.coordination_partition(record.topic, self.partition_count)
+
+    def _produce(self, record: codec.Record, partition: int, delivery: _Delivery) -> None:
+        assert self._producer is not None
+        value, key = codec.encode(record), codec.record_key(record)
+        while True:
+            try:
+                self._producer.produce(
+                    self.settings.coordination_topic, value=value, key=key, partition=partition, on_delivery=delivery
+                )
+                return
+            except BufferError:  # local queue full: let deliveries drain
+                self._producer.poll(0.05)
+
+    def _await_deliveries(self, deliveries: list[_Delivery], deadline: float) -> None:
+        assert self._producer is not None
+        while not all(d.done for d in deliveries):
+            if time.monotonic() > deadline:
+                raise CoordinationWriteError(
+                    f"group {self.group}: Kafka at {self.settings.brokers} did not confirm a coordination write "
+                    f"within {self.settings.write_timeout:g}s"
+                )
+            self._producer.poll(0.01)
+        failed = next((d.error for d in deliveries if d.error is not None), None)
+        if failed is not None:
+            if failed.fatal():  # the idempotent producer cannot go on; a new one can
+                self._producer = self._new_producer()
+            raise CoordinationWriteError(f"group {self.group}: coordination write failed: {failed}")
+
+    # ---------------------------------------------------------------- reads
+
+    def world(self) -> WorldState:
+        """An independent snapshot of the group's world state."""
+        assert self._log is not None, "call start() first"
+        return self._log.snapshot()
+
+    def now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    @property
+    def garbage_seen(self) -> int:
+        assert self._log is not None
+        return self._log.read(lambda state: state.stats.garbage)

@@ -1,0 +1,45 @@
+"""The exceptions users see.  Each message says what to do about it.
+
+    MarshalWorkersError
+        ConfigError               bad setting or option; fix it and retry
+        EmbeddedBrokerError       the embedded Tansu broker is missing or did not start
+        KafkaUnavailable          no broker answered in time (retry later or fix --brokers)
+        CoordinationTopicError    the coordination topic is missing and cannot be created
+        CoordinationWriteError    a coordination record was not written (retryable)
+        UnknownTopicError         a topic named by the user does not exist
+    DecodeError                   a coordination record is not valid (internal; readers skip it)
+"""
+
+from __future__ import annotations
+
+
+class MarshalWorkersError(Exception):
+    """Base of every error marshal-workers reports to users."""
+
+
+class ConfigError(MarshalWorkersError):
+    """A setting has a bad value."""
+
+
+class EmbeddedBrokerError(MarshalWorkersError):
+    """The embedded broker cannot be found or did not start."""
+
+
+class KafkaUnavailable(MarshalWorkersError):
+    """Kafka did not answer within the connect timeout."""
+
+
+class CoordinationTopicError(MarshalWorkersError):
+    """The coordination topic is missing and could not be created, or is unusable."""
+
+
+class CoordinationWriteError(MarshalWorkersError):
+    """A coordination record could not be written or confirmed in time."""
+
+
+class UnknownTopicError(MarshalWorkersError):
+    """A topic given by the user does not exist on the cluster."""
+
+
+class DecodeError(ValueError):
+    """A coordination record that is not a valid version-1 record."""

@@ -1,0 +1,86 @@
+"""The ``status`` report: a group's world state as a document and as a table.
+
+Pure functions over a WorldState and ``now``; reading the log is the CLI's job.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from marshal_workers.world_state import Liveness, WorldState
+
+
+def status_document(
+    state: WorldState, now_ms: int, topic: str | None = None, topic_partitions: int | None = None
+) -> dict[str, Any]:
+    """The JSON document of DESIGN.md section 9.
+
+    With ``topic``, only that topic is listed, and with ``topic_partitions``
+    (its partition count) every partition the log never mentions is listed
+    as unclaimed.
+    """
+    keys = {key for key in state.partitions if topic is None or key[0] == topic}
+    if topic is not None and topic_partitions is not None:
+        keys.update((topic, p) for p in range(topic_partitions))
+    rows = [_partition_row(state, t, p, now_ms) for t, p in sorted(keys)]
+    pause = state.paused_until()
+    return {
+        "group": state.group,
+        "paused_until": pause if pause is not None and pause > now_ms else None,
+        "partitions": rows,
+    }
+
+
+def _partition_row(state: WorldState, topic: str, partition: int, now_ms: int) -> dict[str, Any]:
+    found = state.get(topic, partition)
+    owner = None if found is None else found.owner
+    return {
+        "topic": topic,
+        "partition": partition,
+        "state": state.liveness(topic, partition, now_ms).value,
+        "client": None if owner is None else owner.client,
+        "instance": None if owner is None else owner.instance,
+        "offset": None if found is None else found.resume_offset,
+        "heartbeat_age_s": None if owner is None or found is None else round((now_ms - found.last_ts) / 1000, 3),
+    }
+
+
+_COLUMNS = ("TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE")
+
+
+def render_table(document: dict[str, Any], now_ms: int) -> str:
+    """A table for people: one line per partition, aligned columns."""
+    paused = document["paused_until"]
+    header = f"group {document['group']}   as of {_utc(now_ms)}"
+    header += f"   PAUSED until {_utc(paused)}" if paused is not None else ""
+    rows = [
+        (
+            row["topic"],
+            str(row["partition"]),
+            row["state"],
+            "-" if row["client"] is None else f"{row['client']}/{row['instance']}",
+            "-" if row["offset"] is None else str(row["offset"]),
+            "-" if row["heartbeat_age_s"] is None else f"{row['heartbeat_age_s']:.1f}s",
+        )
+        for row in document["partitions"]
+    ]
+    if not rows:
+        return f"{header}\n(no partitions: the coordination log holds no record of this group)"
+    widths = [max(len(cell) for cell in column) for column in zip(_COLUMNS, *rows)]
+    lines = [header] + ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (_COLUMNS, *rows)]
+    counts = _count_states(document)
+    lines.append(", ".join(f"{n} {name}" for name, n in counts.items() if n))
+    return "\n".join(lines)
+
+
+def _count_states(document: dict[str, Any]) -> dict[str, int]:
+    counts = {liveness.value: 0 for liveness in Liveness}
+    for row in document["partitions"]:
+        counts[row["state"]] += 1
+    return counts
+
+
+def _utc(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,288 @@
+"""The world state of one group: a deterministic fold of the coordination log.
+
+This is the rationalizer of DESIGN.md section 3.  ``WorldState.apply`` takes
+one decoded record, the record's time and the coordination partition it was
+read from, and updates the state by the rules of the protocol.  It reads no
+clock and does no I/O, so every reader that folds the same log reaches the
+same state.  Queries that depend on the time (is a partition fresh, free)
+take ``now`` as an argument.  :func:`fold` is the pure form used by tests and
+tools: it returns a new state and leaves its input alone.
+
+Two choices that go beyond the prose of DESIGN.md, both needed for "same log,
+same state" when the coordination topic has several partitions:
+
+* A reader folds the coordination partitions in whatever interleaving its
+  fetches return, so only the order *within* a partition is shared by every
+  reader.  A pause (``release_group``, written to every coordination
+  partition) is therefore kept per coordination partition: a claim is
+  checked against the pause copy that is ordered with it in its own log.
+  The group's ``paused_until`` is the latest of the copies.
+* A record about a topic read from a coordination partition other than the
+  topic's own (md5 routing) is not ordered with that topic's claims, so it is
+  ignored and counted as misrouted.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from marshal_workers.codec import (
+    Claim,
+    ClaimMessages,
+    Heartbeat,
+    Record,
+    Release,
+    ReleaseGroup,
+    coordination_partition,
+)
+
+
+class Liveness(str, enum.Enum):
+    """How a partition looks at a given time (the ``state`` column of ``status``)."""
+
+    FRESH = "fresh"  # owned, heartbeat younger than HB
+    UNKNOWN = "unknown"  # owned, heartbeat between HB and 2*HB old
+    STALE = "stale"  # owned, heartbeat older than 2*HB: anyone may claim it
+    RELEASED = "released"  # known to the log, no owner
+    UNCLAIMED = "unclaimed"  # never mentioned by the log
+
+
+class Owner(NamedTuple):
+    client: str
+    instance: str
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """What the log says about one (topic, partition) of the group."""
+
+    owner: Owner | None = None
+    last_ts: int = 0  # record time of the owner's last claim, heartbeat or claim_messages
+    offset: int | None = None  # from heartbeats and releases
+    amo_offset: int | None = None  # from claim_messages
+
+    @property
+    def resume_offset(self) -> int | None:
+        """Where a new owner starts: max(offset, amo_offset), or None if neither is known."""
+        if self.offset is None:
+            return self.amo_offset
+        if self.amo_offset is None:
+            return self.offset
+        return max(self.offset, self.amo_offset)
+
+
+@dataclass(slots=True, frozen=True)
+class Pause:
+    """A ``release_group`` as seen on one coordination partition."""
+
+    until: int
+    client: str  # only this client's releases may set positions during the pause
+
+
+class Entry(NamedTuple):
+    """A decoded record as read from the log."""
+
+    record: Record
+    at: int  # the record's time, see record_time()
+    source: int = 0  # the coordination partition it was read from
+
+
+def record_time(record: Record, log_append_time: int | None) -> int:
+    """The time the fold uses: the broker's LogAppendTime if it stamped one, else ``ts``."""
+    return record.ts if log_append_time is None else log_append_time
+
+
+@dataclass(slots=True)
+class LogStats:
+    """Counts of what the fold saw; part of the state, so equal logs give equal counts."""
+
+    applied: int = 0  # records of this group that were folded
+    accepted: int = 0  # of those, the ones that changed ownership, offsets or pauses
+    other_groups: int = 0  # valid records of other groups, skipped
+    misrouted: int = 0  # records on the wrong coordination partition, skipped
+    garbage: int = 0  # values that did not decode (counted by the reader)
+
+
+@dataclass(slots=True)
+class WorldState:
+    """Ownership, offsets and pauses of one group, folded from the coordination log.
+
+    ``coordination_partitions`` is the partition count of the coordination
+    topic; with it the fold checks the md5 routing of every record.  Leave it
+    None to fold a single log without routing checks (tests, tools).
+    """
+
+    group: str
+    heartbeat_ms: int
+    coordination_partitions: int | None = None
+    partitions: dict[tuple[str, int], PartitionState] = field(default_factory=dict)
+    pauses: dict[int, Pause] = field(default_factory=dict)
+    stats: LogStats = field(default_factory=LogStats)
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_ms <= 0:
+            raise ValueError(f"heartbeat_ms must be > 0, got {self.heartbeat_ms}")
+
+    # ----------------------------------------------------------------- fold
+
+    def apply(self, record: Record, at: int, source: int = 0) -> bool:
+        """Fold one record; return whether it was accepted by the rules."""
+        if record.group != self.group:
+            self.stats.other_groups += 1
+            return False
+        if isinstance(record, ReleaseGroup):
+            accepted = self._release_group(record, at, source)
+        elif not self._routed_here(record.topic, source):
+            self.stats.misrouted += 1
+            return False
+        elif isinstance(record, Heartbeat):
+            accepted = self._heartbeat(record, at)
+        elif isinstance(record, Claim):
+            accepted = self._claim(record, at, source)
+        elif isinstance(record, ClaimMessages):
+            accepted = self._claim_messages(record, at, source)
+        else:
+            accepted = self._release(record, at, source)
+        self.stats.applied += 1
+        if accepted:
+            self.stats.accepted += 1
+        return accepted
+
+    def _routed_here(self, topic: str, source: int) -> bool:
+        count = self.coordination_partitions
+        return count is None or coordination_partition(topic, count) == source
+
+    def _is_owner(self, state: PartitionState | None, record: Record) -> bool:
+        owner = None if state is None else state.owner
+        return owner is not None and owner.client == record.client and owner.instance == record.instance
+
+    def _claim(self, record: Claim, at: int, source: int) -> bool:
+        if self._paused_at(source, at) is not None:
+            return False
+        key = (record.topic, record.partition)
+        state = self.partitions.get(key)
+        if state is None:
+            state = self.partitions[key] = PartitionState()
+        elif not self._claimable_by(state, record.client, record.instance, at):
+            return False
+        state.owner = Owner(record.client, record.instance)
+        state.last_ts = at
+        return True
+
+    def _claimable_by(self, state: PartitionState, client: str, instance: str, at: int) -> bool:
+        owner = state.owner
+        return (
+            owner is None
+            or at - state.last_ts > 2 * self.heartbeat_ms
+            # Fast reclaim: a restarted program (same client, new instance) takes its partitions back.
+            or (owner.client == client and owner.instance != instance)
+        )
+
+    def _heartbeat(self, record: Heartbeat, at: int) -> bool:
+        state = self.partitions.get((record.topic, record.partition))
+        if not self._is_owner(state, record):
+            return False  # the Go library obeyed these, letting a zombie steal a partition back
+        assert state is not None
+        state.last_ts = at
+        state.offset = record.offset
+        return True
+
+    def _release(self, record: Release, at: int, source: int) -> bool:
+        key = (record.topic, record.partition)
+        state = self.partitions.get(key)
+        if self._is_owner(state, record):
+            assert state is not None
+            state.owner = None
+            state.offset = record.offset
+            return True
+        pause = self._paused_at(source, at)
+        if pause is not None and pause.client == record.client:
+            # An operator setting the group's position: the offset becomes the resume point.
+            if state is None:
+                state = self.partitions[key] = PartitionState()
+            state.offset = record.offset
+            state.amo_offset = None
+            return True
+        return False
+
+    def _claim_messages(self, record: ClaimMessages, at: int, source: int) -> bool:
+        state = self.partitions.get((record.topic, record.partition))
+        if not self._is_owner(state, record) or self._paused_at(source, at) is not None:
+            return False
+        assert state is not None
+        if at - state.last_ts > 2 * self.heartbeat_ms:
+            return False  # the claim had lapsed: an AMO batch may not be claimed on a stale lease
+        if state.amo_offset is None or record.offset > state.amo_offset:
+            state.amo_offset = record.offset
+        state.last_ts = at
+        return True
+
+    def _release_group(self, record: ReleaseGroup, at: int, source: int) -> bool:
+        self.pauses[source] = Pause(until=record.expires, client=record.client)
+        for (topic, _), state in self.partitions.items():
+            if self._routed_here(topic, source):
+                state.owner = None
+        return True
+
+    def _paused_at(self, source: int, at: int) -> Pause | None:
+        pause = self.pauses.get(source)
+        return pause if pause is not None and at < pause.until else None
+
+    # -------------------------------------------------------------- queries
+
+    def get(self, topic: str, partition: int) -> PartitionState | None:
+        return self.partitions.get((topic, partition))
+
+    def owner(self, topic: str, partition: int) -> Owner | None:
+        state = self.partitions.get((topic, partition))
+        return None if state is None else state.owner
+
+    def liveness(self, topic: str, partition: int, now: int) -> Liveness:
+        state = self.partitions.get((topic, partition))
+        if state is None:
+            return Liveness.UNCLAIMED
+        if state.owner is None:
+            return Liveness.RELEASED
+        age = now - state.last_ts
+        if age < self.heartbeat_ms:
+            return Liveness.FRESH
+        if age <= 2 * self.heartbeat_ms:
+            return Liveness.UNKNOWN
+        return Liveness.STALE
+
+    def paused_until(self) -> int | None:
+        """The latest pause expiry the log holds for the group (it may lie in the past)."""
+        return max((pause.until for pause in self.pauses.values()), default=None)
+
+    def is_paused(self, now: int) -> bool:
+        return any(now < pause.until for pause in self.pauses.values())
+
+    def is_free(self, topic: str, partition: int, now: int, client: str, instance: str) -> bool:
+        """Would a claim by (client, instance) written at ``now`` be accepted, as far as we know?"""
+        if self.is_paused(now):
+            return False
+        state = self.partitions.get((topic, partition))
+        return state is None or self._claimable_by(state, client, instance, now)
+
+    def owned_by(self, client: str, instance: str | None = None) -> Iterator[tuple[str, int]]:
+        """The (topic, partition) pairs owned by a client (any instance if none is given)."""
+        for key, state in self.partitions.items():
+            owner = state.owner
+            if owner is not None and owner.client == client and instance in (None, owner.instance):
+                yield key
+
+    def snapshot(self) -> WorldState:
+        """An independent copy, safe to read while the original keeps folding."""
+        return copy.deepcopy(self)
+
+
+def fold(entries: Iterable[Entry], state: WorldState) -> WorldState:
+    """Pure fold: a new state with ``entries`` applied to a copy of ``state``."""
+    result = state.snapshot()
+    for record, at, source in entries:
+        result.apply(record, at, source)
+    return result
