@@ -22,7 +22,8 @@ from marshal_workers.errors import DecodeError
 
 VERSION: Final = 1
 
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+# Kafka offsets and timestamps are int64: a larger number is garbage, not a record.
+NonNegative = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 # Names are bounded so a hostile record cannot make every reader keep megabytes.
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 

@@ -8,6 +8,7 @@ the file or in ``MARSHAL_WORKERS_KAFKA_<NAME>`` variables (``_`` for ``.``).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -38,8 +39,8 @@ def parse_duration(value: Any) -> float:
         if not match:
             raise ConfigError(f"expected a duration such as 5s, 250ms, 2m or 1h, got {value!r}")
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    if seconds <= 0:
-        raise ConfigError(f"a duration must be greater than zero, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0.001:
+        raise ConfigError(f"a duration must be at least 1ms, got {value!r}")
     return seconds
 
 
@@ -119,7 +120,7 @@ class Settings:
 
     @property
     def heartbeat_ms(self) -> int:
-        return int(self.heartbeat_interval * 1000)
+        return round(self.heartbeat_interval * 1000)  # round: 4.007 * 1000 is 4006.99...
 
     def require_group(self) -> str:
         if not self.group:

@@ -21,11 +21,10 @@ from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
 
-from marshal_workers import codec
 from marshal_workers.config import Settings
 from marshal_workers.errors import DecodeError, KafkaUnavailable
 from marshal_workers.kafka_clients import admin_client, client_config, topic_partition_count
-from marshal_workers.world_state import WorldState, record_time
+from marshal_workers.world_state import WorldState
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +112,14 @@ class CoordinationLog:
         while not self._stopping.is_set():
             try:
                 messages = self._next_messages()
-            except Exception:  # a bug in our fold must not silently kill the tail
-                log.exception("coordination log %s: consume failed", self.topic)
+                if messages:
+                    with self._lock:
+                        for message in messages:
+                            self._fold_message(message)
+                        self._lock.notify_all()
+            except Exception:  # nothing may silently kill the tail: log it and go on
+                log.exception("coordination log %s: reading failed", self.topic)
                 time.sleep(0.5)
-                continue
-            if messages:
-                with self._lock:
-                    for message in messages:
-                        self._fold_message(message)
-                    self._lock.notify_all()
 
     def _next_messages(self) -> list[Message]:
         """Wait up to 100 ms for one message, then take what else is already fetched.
@@ -143,19 +141,17 @@ class CoordinationLog:
                 log.warning("coordination log %s: %s", self.topic, error)
             return
         offset = message.offset()
+        kind, stamp = message.timestamp()
         try:
-            record = codec.decode(message.value())
+            record, accepted = self._state.apply_value(
+                message.value(), partition, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
+            )
+            record_instance: str | None = record.instance
         except DecodeError as exc:
-            self._state.stats.garbage += 1
             self._garbage_log.warning(
                 "coordination log %s[%d]@%d: skipped a record that is not valid: %s", self.topic, partition, offset, exc
             )
             accepted, record_instance = False, None
-        else:
-            record_instance = record.instance
-            kind, stamp = message.timestamp()
-            at = record_time(record, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
-            accepted = self._state.apply(record, at, partition)
         self._next_offset[partition] = offset + 1
         if self.own_instance is not None and record_instance == self.own_instance:
             self._verdicts[(partition, offset)] = accepted

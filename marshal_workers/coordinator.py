@@ -9,6 +9,7 @@ offset its delivery report gave, with the rules' verdict (accepted or not).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 import uuid
@@ -46,18 +47,24 @@ def ensure_coordination_topic(admin: AdminClient, settings: Settings) -> int:
         # The fold prefers broker time, so members' clock skew matters less (Tansu ignores it).
         config={"message.timestamp.type": "LogAppendTime"},
     )
-    future = admin.create_topics([new_topic], operation_timeout=settings.connect_timeout)[topic]
+    future = admin.create_topics([new_topic], request_timeout=settings.connect_timeout)[topic]
     try:
-        future.result(timeout=settings.connect_timeout)
+        future.result(timeout=settings.connect_timeout + 1)
     except KafkaException as exc:
         error = exc.args[0]
         if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-            raise CoordinationTopicError(
-                f"the coordination topic {topic!r} is missing and could not be created on {settings.brokers}: {error}. "
-                f"Create it (e.g. {settings.coordination_partitions} partitions, "
-                "message.timestamp.type=LogAppendTime) or allow this client to create topics."
-            ) from None
+            raise _cannot_create(settings, str(error)) from None
+    except concurrent.futures.TimeoutError:
+        raise _cannot_create(settings, f"no answer within {settings.connect_timeout:g}s") from None
     return _wait_topic_visible(admin, settings)
+
+
+def _cannot_create(settings: Settings, reason: str) -> CoordinationTopicError:
+    return CoordinationTopicError(
+        f"the coordination topic {settings.coordination_topic!r} is missing and could not be created on "
+        f"{settings.brokers}: {reason}. Create it (e.g. {settings.coordination_partitions} partitions, "
+        "message.timestamp.type=LogAppendTime) or allow this client to create topics."
+    )
 
 
 def _wait_topic_visible(admin: AdminClient, settings: Settings) -> int:
@@ -113,7 +120,11 @@ class Coordinator:
         self.partition_count = ensure_coordination_topic(admin, self.settings)
         self._producer = self._new_producer()
         self._log = CoordinationLog(self.settings, self.group, self.partition_count, own_instance=self.instance).start()
-        self._log.wait_caught_up(stall_timeout=self.settings.connect_timeout)
+        try:
+            self._log.wait_caught_up(stall_timeout=self.settings.connect_timeout)
+        except BaseException:
+            self.close()
+            raise
         log.info(
             "group %s: coordinator %s/%s ready on %s (%d partitions)",
             self.group,
@@ -238,6 +249,7 @@ class Coordinator:
         assert self._producer is not None
         while not all(d.done for d in deliveries):
             if time.monotonic() > deadline:
+                self._replace_producer()
                 raise CoordinationWriteError(
                     f"group {self.group}: Kafka at {self.settings.brokers} did not confirm a coordination write "
                     f"within {self.settings.write_timeout:g}s"
@@ -245,9 +257,21 @@ class Coordinator:
             self._producer.poll(0.01)
         failed = next((d.error for d in deliveries if d.error is not None), None)
         if failed is not None:
-            if failed.fatal():  # the idempotent producer cannot go on; a new one can
-                self._producer = self._new_producer()
+            self._replace_producer()
             raise CoordinationWriteError(f"group {self.group}: coordination write failed: {failed}")
+
+    def _replace_producer(self) -> None:
+        """Start over with a fresh producer after a failed write.
+
+        An idempotent producer whose write timed out bumps its epoch; Tansu
+        answers that with PRODUCER_FENCED forever, and Kafka can leave it in a
+        fatal state.  A new producer (new producer id) is always safe: the
+        caller has been told the write failed and must re-read the world.
+        """
+        assert self._producer is not None
+        self._producer.purge()
+        self._producer.flush(0)
+        self._producer = self._new_producer()
 
     # ---------------------------------------------------------------- reads
 

@@ -67,10 +67,18 @@ class EmbeddedBroker:
     a free port.  The broker's output goes to ``log_path`` (a temp file by default).
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_path: str | None = None,
+        advertised: str | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.log_path = log_path
+        # host:port that clients are told to connect to, if not the listener (a proxy, a NAT).
+        self.advertised = advertised
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -102,9 +110,10 @@ class EmbeddedBroker:
             fd, self.log_path = tempfile.mkstemp(prefix="marshal-workers-tansu-", suffix=".log")
             os.close(fd)
         url = f"tcp://{self.bootstrap}"
+        advertised = f"tcp://{self.advertised}" if self.advertised else url
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
-                [binary, "broker", "--listener-url", url, "--advertised-listener-url", url],
+                [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

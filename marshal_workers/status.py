@@ -82,5 +82,8 @@ def _count_states(document: dict[str, Any]) -> dict[str, int]:
 
 
 def _utc(ms: int) -> str:
-    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    try:
+        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+    except (ValueError, OverflowError, OSError):  # any int is valid on the wire, not every int is a date
+        return f"{ms} ms since epoch"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,71 @@
+"""Shared fixtures: one Kafka broker for the suite, unique names per test, polling.
+
+The suite runs against the embedded Tansu broker (started here), or against
+an external Kafka named by MARSHAL_WORKERS_TEST_BROKERS=host:port.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import TypeVar
+
+import pytest
+
+from marshal_workers.config import Settings
+from marshal_workers.embedded_broker import EmbeddedBroker
+
+T = TypeVar("T")
+ENV_TEST_BROKERS = "MARSHAL_WORKERS_TEST_BROKERS"
+
+
+def poll_until(condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> T:
+    """Return the first truthy value of ``condition()``; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def kafka_brokers() -> Iterator[str]:
+    external = os.environ.get(ENV_TEST_BROKERS)
+    if external:
+        yield external
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short random suffix, so tests sharing a broker never see each other's topics or groups."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def settings(kafka_brokers: str, unique: str) -> Settings:
+    """Settings for a fresh group on a fresh coordination topic, with a short HB."""
+    return Settings(
+        brokers=kafka_brokers,
+        group=f"group-{unique}",
+        client_id="client-a",
+        heartbeat_interval=1.0,
+        coordination_topic=f"__marshal-{unique}",
+        coordination_partitions=4,
+        connect_timeout=10.0,
+        write_timeout=10.0,
+    )
+
+
+@pytest.fixture
+def as_client(settings: Settings) -> Callable[[str], Settings]:
+    """The same group and coordination topic, seen from another client id."""
+    return lambda client_id: replace(settings, client_id=client_id)

@@ -1,0 +1,84 @@
+"""A TCP proxy in front of a real broker that hangs up on chosen Kafka requests.
+
+Tansu creates any topic it is asked for, so a cluster that refuses to create
+one (no CREATE permission, a policy) is played by this proxy: it forwards
+every request frame unchanged except those whose API key is refused, on
+which it closes the connection.  The broker behind it must advertise the
+proxy's address, so that clients never go around it.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+CREATE_TOPICS = 19  # Kafka API key
+
+
+class RefusingProxy:
+    def __init__(self, listen_port: int, upstream_port: int, refuse: set[int], host: str = "127.0.0.1") -> None:
+        self.host, self.listen_port, self.upstream_port, self.refuse = host, listen_port, upstream_port, refuse
+        self.refused = 0
+        self._server = socket.create_server((host, listen_port))
+        self._sockets: list[socket.socket] = [self._server]
+        self._closing = False
+
+    def start(self) -> RefusingProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def close(self) -> None:
+        self._closing = True
+        for sock in list(self._sockets):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((self.host, self.upstream_port))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._requests, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._responses, args=(upstream, client), daemon=True).start()
+
+    def _requests(self, client: socket.socket, upstream: socket.socket) -> None:
+        try:
+            while True:
+                header = _read_exactly(client, 4)
+                body = _read_exactly(client, struct.unpack(">i", header)[0])
+                (api_key,) = struct.unpack(">h", body[:2])
+                if api_key in self.refuse:
+                    self.refused += 1
+                    break
+                upstream.sendall(header + body)
+        except OSError:
+            pass
+        for sock in (client, upstream):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _responses(self, upstream: socket.socket, client: socket.socket) -> None:
+        try:
+            while chunk := upstream.recv(65536):
+                client.sendall(chunk)
+        except OSError:
+            pass
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionResetError("peer closed")
+        data += chunk
+    return bytes(data)

@@ -1,0 +1,368 @@
+"""Settings: defaults < TOML file < MARSHAL_WORKERS_* environment < CLI (DESIGN.md section 9).
+
+Every test passes ``env=`` explicitly, so the real environment never leaks in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from marshal_workers.config import SETTINGS, Settings, describe_settings, load_settings, parse_duration
+from marshal_workers.errors import ConfigError
+
+
+def write_toml(tmp_path: Path, text: str, name: str = "marshal-workers.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+# ----------------------------------------------------------------- defaults
+
+
+def test_defaults() -> None:
+    settings = load_settings(env={})
+    assert settings.brokers == "127.0.0.1:9092"
+    assert settings.group is None
+    assert settings.client_id == socket.gethostname()
+    assert settings.heartbeat_interval == 5.0
+    assert settings.heartbeat_ms == 5000
+    assert settings.coordination_topic == "__marshal"
+    assert settings.coordination_partitions == 8
+    assert settings.coordination_replication_factor == -1
+    assert settings.connect_timeout == 10.0
+    assert settings.write_timeout == 10.0
+    assert settings.log_level == "info"
+    assert dict(settings.kafka) == {}
+
+
+def test_unrelated_environment_variables_are_ignored() -> None:
+    settings = load_settings(env={"PATH": "/bin", "MARSHAL_WORKERS": "x", "GROUP": "nope"})
+    assert settings == load_settings(env={})
+
+
+# --------------------------------------------------------------- precedence
+
+
+def test_precedence_cli_over_env_over_file_over_defaults(tmp_path: Path) -> None:
+    path = write_toml(
+        tmp_path,
+        """
+        group = "from-file"
+        brokers = "file:9092"
+        log_level = "debug"
+        heartbeat_interval = "7s"
+        """,
+    )
+    env = {
+        "MARSHAL_WORKERS_GROUP": "from-env",
+        "MARSHAL_WORKERS_BROKERS": "env:9092",
+        "MARSHAL_WORKERS_HEARTBEAT_INTERVAL": "3s",
+    }
+    cli = {"group": "from-cli", "heartbeat_interval": "1s"}
+    settings = load_settings(path, cli=cli, env=env)
+    assert settings.group == "from-cli"  # CLI beats env and file
+    assert settings.heartbeat_interval == 1.0  # CLI beats env and file
+    assert settings.brokers == "env:9092"  # env beats file
+    assert settings.log_level == "debug"  # file beats default
+    assert settings.coordination_topic == "__marshal"  # default
+
+
+def test_cli_none_means_not_given(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'brokers = "file:9092"\n')
+    settings = load_settings(
+        path, cli={"group": None, "brokers": None, "log_level": None}, env={"MARSHAL_WORKERS_GROUP": "g"}
+    )
+    assert settings.group == "g"
+    assert settings.brokers == "file:9092"
+    assert settings.log_level == "info"
+
+
+def test_config_file_named_by_environment(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'group = "from-file"\n')
+    assert load_settings(env={"MARSHAL_WORKERS_CONFIG": path}).group == "from-file"
+
+
+def test_config_file_argument_beats_config_file_from_environment(tmp_path: Path) -> None:
+    cli_path = write_toml(tmp_path, 'group = "from-argument"\n', "a.toml")
+    env_path = write_toml(tmp_path, 'group = "from-env-file"\n', "b.toml")
+    assert load_settings(cli_path, env={"MARSHAL_WORKERS_CONFIG": env_path}).group == "from-argument"
+
+
+def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
+    values = {
+        "brokers": "k1:9092,k2:9092",
+        "group": "g",
+        "client_id": "host-7",
+        "heartbeat_interval": "2s",
+        "coordination_topic": "__coord",
+        "coordination_partitions": "16",
+        "coordination_replication_factor": "3",
+        "connect_timeout": "30s",
+        "write_timeout": "4s",
+        "log_level": "warning",
+    }
+    assert set(values) == set(SETTINGS), "update this test when a setting is added"
+    expected = {
+        "brokers": "k1:9092,k2:9092",
+        "group": "g",
+        "client_id": "host-7",
+        "heartbeat_interval": 2.0,
+        "coordination_topic": "__coord",
+        "coordination_partitions": 16,
+        "coordination_replication_factor": 3,
+        "connect_timeout": 30.0,
+        "write_timeout": 4.0,
+        "log_level": "warning",
+    }
+    toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
+    from_file = load_settings(write_toml(tmp_path, toml), env={})
+    from_env = load_settings(env={f"MARSHAL_WORKERS_{name.upper()}": value for name, value in values.items()})
+    from_cli = load_settings(cli=values, env={})
+    for settings in (from_file, from_env, from_cli):
+        assert {name: getattr(settings, name) for name in SETTINGS} == expected
+
+
+def test_toml_native_types(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "coordination_partitions = 12\nheartbeat_interval = 0.25\nconnect_timeout = 3\n")
+    settings = load_settings(path, env={})
+    assert settings.coordination_partitions == 12
+    assert settings.heartbeat_interval == 0.25
+    assert settings.heartbeat_ms == 250
+    assert settings.connect_timeout == 3.0
+
+
+# ----------------------------------------------------------------- durations
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("250ms", 0.25),
+        ("5s", 5.0),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("1.5s", 1.5),
+        (" 5s ", 5.0),
+        ("3", 3.0),
+        (7, 7.0),
+        (0.5, 0.5),
+    ],
+)
+def test_durations(value: Any, seconds: float) -> None:
+    assert parse_duration(value) == pytest.approx(seconds)
+    assert load_settings(cli={"heartbeat_interval": value}, env={}).heartbeat_interval == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("value", "milliseconds"),
+    [
+        ("250ms", 250),
+        ("5s", 5000),
+        ("2m", 120_000),
+        ("4007ms", 4007),
+        ("1.001s", 1001),
+    ],
+)
+def test_heartbeat_ms_is_the_interval_that_was_written(value: Any, milliseconds: int) -> None:
+    # HB is group-wide and every member must agree on it: "4007ms" must mean 4007 ms, not 4006.
+    assert load_settings(cli={"heartbeat_interval": value}, env={}).heartbeat_ms == milliseconds
+
+
+BAD_DURATIONS = ["5x", "-1s", "0", "0s", "", "s", "ms5", "5 sec", "1.2.3s", "forever", True, False, 0, -1, -0.5, "0.5ms", 0.0001]
+
+
+@pytest.mark.parametrize("value", BAD_DURATIONS)
+def test_bad_durations_are_rejected(value: Any) -> None:
+    with pytest.raises(ConfigError):
+        parse_duration(value)
+
+
+@pytest.mark.parametrize("value", BAD_DURATIONS)
+@pytest.mark.parametrize("name", ["heartbeat_interval", "connect_timeout", "write_timeout"])
+def test_bad_duration_error_names_the_setting(name: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=name):
+        load_settings(cli={name: value}, env={})
+
+
+@pytest.mark.parametrize("value", ["5x", "-1s", "0"])
+def test_bad_duration_from_environment_names_setting_and_source(value: str) -> None:
+    with pytest.raises(ConfigError, match="heartbeat_interval") as info:
+        load_settings(env={"MARSHAL_WORKERS_HEARTBEAT_INTERVAL": value})
+    assert "environment" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ['"5x"', "true", "0", '"-1s"'])
+def test_bad_duration_from_file_names_setting_and_file(tmp_path: Path, value: str) -> None:
+    path = write_toml(tmp_path, f"heartbeat_interval = {value}\n")
+    with pytest.raises(ConfigError, match="heartbeat_interval") as info:
+        load_settings(path, env={})
+    assert path in str(info.value)
+
+
+def test_nan_duration_in_file_is_rejected(tmp_path: Path) -> None:
+    # TOML has a nan literal; a NaN heartbeat makes every age comparison false.
+    path = write_toml(tmp_path, "heartbeat_interval = nan\n")
+    with pytest.raises(ConfigError, match="heartbeat_interval"):
+        load_settings(path, env={})
+
+
+# -------------------------------------------------------- other bad values
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("coordination_partitions", "0"),
+        ("coordination_partitions", "abc"),
+        ("coordination_partitions", "1.5"),
+        ("coordination_partitions", True),
+        ("coordination_replication_factor", "-2"),
+        ("log_level", "verbose"),
+        ("group", ""),
+        ("brokers", "   "),
+    ],
+)
+def test_bad_values_name_the_setting(name: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=name):
+        load_settings(cli={name: value}, env={})
+
+
+def test_log_level_is_case_insensitive() -> None:
+    assert load_settings(env={"MARSHAL_WORKERS_LOG_LEVEL": "DEBUG"}).log_level == "debug"
+
+
+# ------------------------------------------------------------------- files
+
+
+def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'group = "g"\nheartbeat_intervall = "5s"\n')
+    with pytest.raises(ConfigError, match="heartbeat_intervall") as info:
+        load_settings(path, env={})
+    assert path in str(info.value)
+
+
+def test_misspelled_table_in_file_is_named(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[kafak]\n"sasl.password" = "x"\n')
+    with pytest.raises(ConfigError, match="kafak"):
+        load_settings(path, env={})
+
+
+def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "group = \n[[[\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert path in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    path = str(tmp_path / "does-not-exist.toml")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={})
+    assert path in str(info.value)
+
+
+def test_missing_file_named_by_environment_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_settings(env={"MARSHAL_WORKERS_CONFIG": str(tmp_path / "nope.toml")})
+
+
+# -------------------------------------------------------- librdkafka passthrough
+
+
+def test_kafka_table_from_file(tmp_path: Path) -> None:
+    path = write_toml(
+        tmp_path,
+        """
+        group = "g"
+        [kafka]
+        "security.protocol" = "SASL_SSL"
+        "sasl.mechanism" = "PLAIN"
+        "sasl.username" = "alice"
+        "sasl.password" = "file-secret"
+        "enable.idempotence" = true
+        "message.max.bytes" = 1000000
+        """,
+    )
+    settings = load_settings(path, env={})
+    assert dict(settings.kafka) == {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "alice",
+        "sasl.password": "file-secret",
+        "enable.idempotence": "true",  # librdkafka wants "true", not Python's "True"
+        "message.max.bytes": "1000000",
+    }
+    assert settings.group == "g"
+
+
+def test_kafka_environment_variables() -> None:
+    settings = load_settings(
+        env={
+            "MARSHAL_WORKERS_KAFKA_SASL_PASSWORD": "env-secret",
+            "MARSHAL_WORKERS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        }
+    )
+    assert dict(settings.kafka) == {"sasl.password": "env-secret", "security.protocol": "SASL_SSL"}
+
+
+def test_kafka_environment_beats_kafka_table(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[kafka]\n"sasl.password" = "file-secret"\n"sasl.username" = "alice"\n')
+    settings = load_settings(path, env={"MARSHAL_WORKERS_KAFKA_SASL_PASSWORD": "env-secret"})
+    assert settings.kafka["sasl.password"] == "env-secret"
+    assert settings.kafka["sasl.username"] == "alice"
+
+
+def test_kafka_that_is_not_a_table_is_a_config_error(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, 'kafka = "sasl.password=x"\n')
+    with pytest.raises(ConfigError, match="kafka"):
+        load_settings(path, env={})
+
+
+def test_kafka_redacted_masks_secrets() -> None:
+    kafka = {
+        "bootstrap.servers": "k1:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.username": "alice",
+        "sasl.password": "pw-1",
+        "ssl.key.password": "pw-2",
+        "ssl.keystore.password": "pw-3",
+        "sasl.oauthbearer.client.secret": "pw-4",
+        "sasl.jaas.config": "pw-5",
+        "ssl.key.pem": "pw-6",
+        "SASL.PASSWORD.UPPER": "pw-7",
+    }
+    settings = dataclasses.replace(Settings(), kafka=dict(kafka))
+    redacted = settings.kafka_redacted()
+    assert set(redacted) == set(kafka)
+    assert redacted["bootstrap.servers"] == "k1:9092"
+    assert redacted["security.protocol"] == "SASL_SSL"
+    assert redacted["sasl.username"] == "alice"
+    for n in range(1, 8):
+        assert f"pw-{n}" not in repr(redacted)
+    assert settings.kafka == kafka, "redacting must not change the settings used to connect"
+
+
+# ------------------------------------------------------------------- helpers
+
+
+def test_require_group() -> None:
+    with pytest.raises(ConfigError, match="--group"):
+        load_settings(env={}).require_group()
+    assert load_settings(env={"MARSHAL_WORKERS_GROUP": "billing"}).require_group() == "billing"
+
+
+def test_describe_settings_lists_every_setting() -> None:
+    described = describe_settings()
+    names = [name for name, _, _ in described]
+    assert sorted(names) == sorted(SETTINGS)
+    assert len(names) == len(set(names))
+    defaults = Settings()
+    for name, default, help_text in described:
+        assert default == getattr(defaults, name)
+        assert help_text.strip()

@@ -1,0 +1,272 @@
+"""The rules of the world state (DESIGN.md section 3), one scenario per rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from marshal_workers import codec
+from marshal_workers.world_state import Entry, Liveness, Owner, WorldState, fold
+
+HB = 1000
+GROUP = "billing"
+
+
+def rec(kind: type, client: str = "a", instance: str = "a1", ts: int = 0, **fields: object) -> codec.Record:
+    fields.setdefault("topic", "orders") if kind is not codec.ReleaseGroup else None
+    fields.setdefault("partition", 0) if kind is not codec.ReleaseGroup else None
+    return kind(v=1, ts=ts, group=fields.pop("group", GROUP), client=client, instance=instance, **fields)
+
+
+def claim(client: str, instance: str, ts: int, **kw: object) -> codec.Record:
+    return rec(codec.Claim, client, instance, ts, **kw)
+
+
+def heartbeat(client: str, instance: str, ts: int, offset: int, **kw: object) -> codec.Record:
+    return rec(codec.Heartbeat, client, instance, ts, offset=offset, **kw)
+
+
+def release(client: str, instance: str, ts: int, offset: int, **kw: object) -> codec.Record:
+    return rec(codec.Release, client, instance, ts, offset=offset, **kw)
+
+
+def claim_messages(client: str, instance: str, ts: int, offset: int, **kw: object) -> codec.Record:
+    return rec(codec.ClaimMessages, client, instance, ts, offset=offset, **kw)
+
+
+def release_group(client: str, ts: int, expires: int) -> codec.Record:
+    return rec(codec.ReleaseGroup, client, "op1", ts, expires=expires)
+
+
+def world(*records: codec.Record) -> tuple[WorldState, list[bool]]:
+    state = WorldState(GROUP, HB)
+    verdicts = [state.apply(r, r.ts) for r in records]
+    return state, verdicts
+
+
+# ---------------------------------------------------------------- claims
+
+
+def test_first_claim_on_a_free_partition_wins_and_later_racers_lose() -> None:
+    state, verdicts = world(claim("a", "a1", 10), claim("b", "b1", 11), claim("c", "c1", 12))
+    assert verdicts == [True, False, False]
+    assert state.owner("orders", 0) == Owner("a", "a1")
+
+
+def test_a_claim_is_refused_until_the_owner_is_more_than_two_heartbeats_silent() -> None:
+    _, verdicts = world(claim("a", "a1", 0), claim("b", "b1", 2 * HB))
+    assert verdicts == [True, False]  # exactly 2*HB is not yet stale
+    state, verdicts = world(claim("a", "a1", 0), claim("b", "b1", 2 * HB + 1))
+    assert verdicts == [True, True]
+    assert state.owner("orders", 0) == Owner("b", "b1")
+
+
+def test_heartbeats_keep_a_claim_alive_past_two_intervals() -> None:
+    _, verdicts = world(
+        claim("a", "a1", 0), heartbeat("a", "a1", 1500, 5), heartbeat("a", "a1", 3000, 9), claim("b", "b1", 4500)
+    )
+    assert verdicts == [True, True, True, False]
+
+
+def test_a_restarted_client_reclaims_its_partition_at_once() -> None:
+    state, verdicts = world(claim("a", "a1", 0), heartbeat("a", "a1", 10, 7), claim("a", "a2", 20))
+    assert verdicts == [True, True, True]
+    assert state.owner("orders", 0) == Owner("a", "a2")
+    assert state.get("orders", 0).resume_offset == 7  # type: ignore[union-attr]
+
+
+def test_the_owner_claiming_again_changes_nothing() -> None:
+    _, verdicts = world(claim("a", "a1", 0), claim("a", "a1", 10))
+    assert verdicts == [True, False]
+
+
+# ------------------------------------------------------------ heartbeats
+
+
+def test_a_heartbeat_from_the_owner_moves_its_offset_and_time() -> None:
+    state, _ = world(claim("a", "a1", 0), heartbeat("a", "a1", 500, 42))
+    found = state.get("orders", 0)
+    assert found is not None and (found.last_ts, found.offset) == (500, 42)
+
+
+def test_a_heartbeat_from_anyone_but_the_owner_is_ignored() -> None:
+    """The Go library accepted these, which let a late zombie steal a partition back."""
+    state, verdicts = world(
+        claim("a", "a1", 0),
+        heartbeat("b", "b1", 10, 99),  # another client
+        heartbeat("a", "a0", 20, 98),  # an older instance of the owner's client
+    )
+    assert verdicts == [True, False, False]
+    found = state.get("orders", 0)
+    assert found is not None and found.offset is None and found.last_ts == 0
+
+
+def test_a_zombie_cannot_take_back_a_partition_taken_over_after_it_went_stale() -> None:
+    state, verdicts = world(
+        claim("a", "a1", 0),
+        heartbeat("a", "a1", 100, 10),
+        claim("b", "b1", 100 + 2 * HB + 1),
+        heartbeat("a", "a1", 100 + 2 * HB + 2, 11),  # a wakes up and heartbeats
+        claim("a", "a1", 100 + 2 * HB + 3),
+    )
+    assert verdicts == [True, True, True, False, False]
+    assert state.owner("orders", 0) == Owner("b", "b1")
+
+
+# --------------------------------------------------------------- releases
+
+
+def test_a_release_frees_the_partition_at_once_and_carries_the_offset() -> None:
+    state, verdicts = world(claim("a", "a1", 0), release("a", "a1", 10, 77), claim("b", "b1", 11))
+    assert verdicts == [True, True, True]
+    assert state.owner("orders", 0) == Owner("b", "b1")
+    assert state.get("orders", 0).resume_offset == 77  # type: ignore[union-attr]
+
+
+def test_a_release_from_a_non_owner_is_ignored() -> None:
+    state, verdicts = world(claim("a", "a1", 0), release("b", "b1", 10, 5), release("a", "a0", 11, 6))
+    assert verdicts == [True, False, False]
+    assert state.owner("orders", 0) == Owner("a", "a1")
+
+
+# ------------------------------------------------------- message claims
+
+
+def test_claim_messages_moves_the_amo_offset_forward_only() -> None:
+    state, verdicts = world(
+        claim("a", "a1", 0), claim_messages("a", "a1", 10, 100), claim_messages("a", "a1", 20, 50)
+    )
+    assert verdicts == [True, True, True]
+    found = state.get("orders", 0)
+    assert found is not None and found.amo_offset == 100 and found.last_ts == 20
+
+
+def test_claim_messages_is_refused_from_a_non_owner_or_on_a_stale_lease() -> None:
+    _, verdicts = world(
+        claim("a", "a1", 0),
+        claim_messages("b", "b1", 10, 100),
+        claim_messages("a", "a1", 2 * HB + 1, 100),
+    )
+    assert verdicts == [True, False, False]
+
+
+def test_a_new_owner_resumes_after_the_messages_claimed_even_if_progress_lagged() -> None:
+    """AMO: a batch claimed but never reported is never processed again."""
+    state, _ = world(
+        claim("a", "a1", 0),
+        heartbeat("a", "a1", 10, 40),
+        claim_messages("a", "a1", 20, 60),
+        claim("b", "b1", 20 + 2 * HB + 1),
+    )
+    assert state.get("orders", 0).resume_offset == 60  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------ pause
+
+
+def test_release_group_drops_every_owner_and_refuses_claims_until_it_expires() -> None:
+    state, verdicts = world(
+        claim("a", "a1", 0, partition=0),
+        heartbeat("a", "a1", 5, 10, partition=0),
+        claim("b", "b1", 1, partition=1),
+        release_group("op", 100, expires=5000),
+        heartbeat("a", "a1", 200, 11, partition=0),
+        claim("a", "a1", 4999, partition=0),
+        claim("a", "a1", 5000, partition=0),
+    )
+    assert verdicts == [True, True, True, True, False, False, True]
+    assert state.owner("orders", 1) is None
+    assert state.get("orders", 0).resume_offset == 10  # type: ignore[union-attr]  # offsets are kept
+
+
+def test_the_pausing_client_sets_a_groups_position_with_releases() -> None:
+    state, verdicts = world(
+        claim("a", "a1", 0),
+        heartbeat("a", "a1", 5, 500),
+        claim_messages("a", "a1", 6, 600),
+        release_group("op", 100, expires=5000),
+        release("op", "op1", 110, 7),  # operator: rewind partition 0
+        release("op", "op1", 111, 3, partition=5),  # a partition nobody ever claimed
+        release("b", "b1", 112, 9),  # not the operator
+    )
+    assert verdicts[-3:] == [True, True, False]
+    assert state.get("orders", 0).resume_offset == 7  # type: ignore[union-attr]
+    assert state.get("orders", 5).resume_offset == 3  # type: ignore[union-attr]
+
+
+def test_the_operators_releases_are_ignored_once_the_pause_is_over() -> None:
+    _, verdicts = world(release_group("op", 100, expires=200), release("op", "op1", 200, 7))
+    assert verdicts == [True, False]
+
+
+def test_a_pause_applies_only_to_the_coordination_partition_that_carries_it() -> None:
+    """Each coordination partition has its own copy of release_group, ordered with its own topics."""
+    count = 8
+    topics = {codec.coordination_partition(f"t{i}", count): f"t{i}" for i in range(64)}
+    (p_one, t_one), (p_two, t_two) = list(topics.items())[:2]
+    state = WorldState(GROUP, HB, count)
+    state.apply(release_group("op", 0, expires=1000), 0, p_one)
+    assert not state.apply(claim("a", "a1", 10, topic=t_one), 10, p_one)
+    assert state.apply(claim("a", "a1", 10, topic=t_two), 10, p_two)  # its copy is not folded yet
+    assert state.paused_until() == 1000
+
+
+# ------------------------------------------------------ routing and groups
+
+
+def test_records_of_other_groups_are_skipped_and_counted() -> None:
+    state, verdicts = world(claim("a", "a1", 0, group="other"))
+    assert verdicts == [False] and state.partitions == {} and state.stats.other_groups == 1
+
+
+def test_a_record_on_the_wrong_coordination_partition_is_skipped() -> None:
+    count = 8
+    home = codec.coordination_partition("orders", count)
+    state = WorldState(GROUP, HB, count)
+    assert not state.apply(claim("a", "a1", 0), 0, (home + 1) % count)
+    assert state.stats.misrouted == 1 and state.owner("orders", 0) is None
+    assert state.apply(claim("a", "a1", 0), 0, home)
+
+
+# ---------------------------------------------------------------- queries
+
+
+@pytest.mark.parametrize(
+    ("age", "expected"),
+    [(0, Liveness.FRESH), (HB - 1, Liveness.FRESH), (HB, Liveness.UNKNOWN), (2 * HB, Liveness.UNKNOWN), (2 * HB + 1, Liveness.STALE)],
+)
+def test_liveness_by_heartbeat_age(age: int, expected: Liveness) -> None:
+    state, _ = world(claim("a", "a1", 1000))
+    assert state.liveness("orders", 0, 1000 + age) is expected
+
+
+def test_liveness_of_released_and_never_seen_partitions() -> None:
+    state, _ = world(claim("a", "a1", 0), release("a", "a1", 1, 3))
+    assert state.liveness("orders", 0, 2) is Liveness.RELEASED
+    assert state.liveness("orders", 1, 2) is Liveness.UNCLAIMED
+
+
+def test_is_free_matches_what_a_claim_would_get() -> None:
+    state, _ = world(claim("a", "a1", 0))
+    assert not state.is_free("orders", 0, 2 * HB, "b", "b1")
+    assert state.is_free("orders", 0, 2 * HB + 1, "b", "b1")
+    assert state.is_free("orders", 0, 10, "a", "a2")  # fast reclaim
+    assert state.is_free("orders", 1, 10, "b", "b1")
+    state.apply(release_group("op", 20, 100), 20)
+    assert not state.is_free("orders", 1, 50, "b", "b1")
+
+
+def test_owned_by_lists_a_clients_partitions() -> None:
+    state, _ = world(claim("a", "a1", 0, partition=0), claim("a", "a1", 0, partition=1), claim("b", "b1", 0, partition=2))
+    assert sorted(state.owned_by("a")) == [("orders", 0), ("orders", 1)]
+    assert list(state.owned_by("a", "zz")) == []
+
+
+def test_fold_leaves_its_input_alone() -> None:
+    base = WorldState(GROUP, HB)
+    after = fold([Entry(claim("a", "a1", 0), 0)], base)
+    assert base.partitions == {} and after.owner("orders", 0) == Owner("a", "a1")
+
+
+def test_heartbeat_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        WorldState(GROUP, 0)

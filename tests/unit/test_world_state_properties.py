@@ -1,0 +1,203 @@
+"""Properties of the fold over generated logs of racing clients (hypothesis)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from marshal_workers import codec
+from marshal_workers.errors import DecodeError
+from marshal_workers.world_state import Owner, PartitionState, WorldState
+
+HB = 1000
+GROUP = "g"
+CLIENTS = [("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2"), ("c", "c1"), ("op", "op1")]
+TOPICS = ["orders", "payments", "audit"]
+STEPS = [0, 1, 10, HB // 2, HB, 2 * HB, 2 * HB + 1, 3 * HB]
+
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
+
+
+@st.composite
+def logs(draw: st.DrawFn, max_size: int = 120) -> list[codec.Record]:
+    """A log of racing clients: times never go backwards, every record type appears."""
+    size = draw(st.integers(1, max_size))
+    now = 0
+    records: list[codec.Record] = []
+    for _ in range(size):
+        now += draw(st.sampled_from(STEPS))
+        client, instance = draw(st.sampled_from(CLIENTS))
+        common = {"v": 1, "ts": now, "group": GROUP, "client": client, "instance": instance}
+        kind = draw(st.sampled_from(["claim"] * 4 + ["heartbeat"] * 4 + ["release", "claim_messages", "release_group"]))
+        if kind == "release_group":
+            records.append(codec.ReleaseGroup(**common, expires=now + draw(st.sampled_from([0, HB, 3 * HB]))))
+            continue
+        where = {"topic": draw(st.sampled_from(TOPICS)), "partition": draw(st.integers(0, 2))}
+        offset = draw(st.integers(0, 1000))
+        if kind == "claim":
+            records.append(codec.Claim(**common, **where))
+        elif kind == "heartbeat":
+            records.append(codec.Heartbeat(**common, **where, offset=offset))
+        elif kind == "release":
+            records.append(codec.Release(**common, **where, offset=offset))
+        else:
+            records.append(codec.ClaimMessages(**common, **where, offset=offset))
+    return records
+
+
+garbage_values = st.one_of(
+    st.binary(max_size=64),
+    st.sampled_from(
+        [
+            b"",
+            b"null",
+            b"[]",
+            b'{"v":1}',
+            b'{"v":2,"type":"claim","ts":1,"group":"g","client":"x","instance":"x1","topic":"orders","partition":0}',
+            b'{"v":1,"type":"claim","ts":1,"group":"g","client":"x","instance":"x1","topic":"orders","partition":-1}',
+            b'{"v":1,"type":"heartbeat","ts":1,"group":"g","client":"a","instance":"a1","topic":"orders","partition":0}',
+            b'{"v":1,"type":"steal","ts":1,"group":"g","client":"x","instance":"x1","topic":"orders","partition":0}',
+        ]
+    ),
+)
+
+
+def fold_all(records: list[codec.Record], state: WorldState | None = None) -> WorldState:
+    state = state or WorldState(GROUP, HB)
+    for record in records:
+        state.apply(record, record.ts)
+    return state
+
+
+def is_paused(state: WorldState, at: int) -> bool:
+    pause = state.pauses.get(0)
+    return pause is not None and at < pause.until
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(logs())
+def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
+    """Checked at every prefix: ownership moves only as the rules allow, so the
+    leases of two different clients never overlap, and the earliest valid claim
+    since the partition became free is the owner."""
+    state = WorldState(GROUP, HB)
+    for record in log:
+        at = record.ts
+        key = None if isinstance(record, codec.ReleaseGroup) else (record.topic, record.partition)
+        before = copy.copy(state.partitions.get(key)) if key else None
+        owners_before = {k: s.owner for k, s in state.partitions.items()}
+        paused = is_paused(state, at)
+        accepted = state.apply(record, at)
+        after = state.partitions.get(key) if key else None
+        owner = before.owner if before else None
+        me = Owner(record.client, record.instance)
+
+        if isinstance(record, codec.Claim):
+            claimable = (
+                owner is None
+                or at - before.last_ts > 2 * HB  # type: ignore[union-attr]
+                or (owner.client == record.client and owner.instance != record.instance)
+            )
+            assert accepted == (claimable and not paused)
+            assert after is not None or not accepted
+            assert (after.owner if after else None) == (me if accepted else owner)
+        elif isinstance(record, codec.Heartbeat):
+            assert accepted == (owner == me)
+            assert (after.offset if after else None) == (record.offset if accepted else (before.offset if before else None))
+        elif isinstance(record, codec.Release):
+            operator = paused and state.pauses[0].client == record.client
+            assert accepted == (owner == me or operator)
+            if owner == me:
+                assert after is not None and after.owner is None and after.offset == record.offset
+        elif isinstance(record, codec.ClaimMessages):
+            fresh = before is not None and at - before.last_ts <= 2 * HB
+            assert accepted == (owner == me and fresh and not paused)
+            if accepted:
+                assert after is not None and after.amo_offset is not None and after.amo_offset >= record.offset
+        else:
+            assert accepted and all(s.owner is None for s in state.partitions.values())
+
+        if not isinstance(record, codec.ReleaseGroup):
+            # No other partition is touched by a partition record.
+            assert {k: s.owner for k, s in state.partitions.items() if k != key} == {
+                k: o for k, o in owners_before.items() if k != key
+            }
+
+
+@settings(max_examples=200, deadline=None)
+@given(logs())
+def test_folding_the_same_log_twice_gives_equal_states(log: list[codec.Record]) -> None:
+    assert fold_all(log) == fold_all(log)
+
+
+@settings(max_examples=200, deadline=None)
+@given(logs(), st.lists(garbage_values, min_size=1, max_size=30), st.randoms(use_true_random=False))
+def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: list[bytes], rnd: random.Random) -> None:
+    values: list[bytes | None] = [codec.encode(r) for r in log]
+    for value in garbage:
+        values.insert(rnd.randint(0, len(values)), value)
+    values.insert(rnd.randint(0, len(values)), None)  # a tombstone
+    state = WorldState(GROUP, HB)
+    for value in values:
+        try:
+            state.apply_value(value)
+        except DecodeError:
+            pass
+    clean = fold_all(log)
+    assert state.partitions == clean.partitions and state.pauses == clean.pauses
+    assert state.stats.garbage == len(garbage) + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(logs(), st.randoms(use_true_random=False))
+def test_readers_agree_whatever_order_they_fetch_the_coordination_partitions(
+    log: list[codec.Record], rnd: random.Random
+) -> None:
+    """Only the order within a coordination partition is shared by all readers."""
+    count = 4
+    per_partition: dict[int, list[codec.Record]] = {p: [] for p in range(count)}
+    for record in log:
+        if isinstance(record, codec.ReleaseGroup):
+            for copies in per_partition.values():
+                copies.append(record)
+        else:
+            per_partition[codec.coordination_partition(record.topic, count)].append(record)
+
+    def read_in_random_interleaving() -> WorldState:
+        cursors = {p: 0 for p in per_partition}
+        state = WorldState(GROUP, HB, count)
+        while True:
+            open_partitions = [p for p, i in cursors.items() if i < len(per_partition[p])]
+            if not open_partitions:
+                return state
+            p = rnd.choice(open_partitions)
+            record = per_partition[p][cursors[p]]
+            cursors[p] += 1
+            state.apply(record, record.ts, p)
+
+    first, second = read_in_random_interleaving(), read_in_random_interleaving()
+    assert first.partitions == second.partitions
+    assert first.pauses == second.pauses
+
+
+@settings(max_examples=200, deadline=None)
+@given(logs())
+def test_records_of_other_groups_never_change_the_state(log: list[codec.Record]) -> None:
+    noise = [codec.Claim(v=1, ts=r.ts, group="other", client="z", instance="z1", topic="orders", partition=0) for r in log]
+    mixed = [r for pair in zip(log, noise) for r in pair]
+    assert fold_all(mixed).partitions == fold_all(log).partitions
+
+
+def test_a_race_of_many_claimants_has_exactly_one_winner_the_earliest() -> None:
+    for seed in range(50):
+        rnd = random.Random(seed)
+        claimants = [(f"c{i}", f"c{i}-1") for i in range(8)]
+        rnd.shuffle(claimants)
+        log = [codec.Claim(v=1, ts=10 + i, group=GROUP, client=c, instance=i_, topic="orders", partition=0) for i, (c, i_) in enumerate(claimants)]
+        state = fold_all(log)
+        assert state.owner("orders", 0) == Owner(*claimants[0])
+        assert isinstance(state.get("orders", 0), PartitionState)
