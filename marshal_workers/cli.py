@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import enum
 import functools
-import logging
 import signal
 import sys
 import time
@@ -17,6 +15,8 @@ import orjson
 from marshal_workers import __version__
 from marshal_workers.config import Settings, load_settings
 from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.exit_codes import ExitCode
+from marshal_workers.logs import configure_logging
 from marshal_workers.errors import (
     ConfigError,
     CoordinationTopicError,
@@ -25,20 +25,11 @@ from marshal_workers.errors import (
     KafkaUnavailable,
     MarshalWorkersError,
     UnknownTopicError,
+    AppLoadError,
+    NoHandlersError,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class ExitCode(enum.IntEnum):
-    OK = 0
-    FAILURE = 1
-    USAGE = 2  # click's own code for bad options
-    CONFIG_ERROR = 3
-    KAFKA_UNAVAILABLE = 4
-    COORDINATION_ERROR = 5
-    UNKNOWN_TOPIC = 6
-    EMBEDDED_BROKER_ERROR = 7
 
 
 _EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
@@ -48,6 +39,8 @@ _EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
     CoordinationWriteError: ExitCode.COORDINATION_ERROR,
     UnknownTopicError: ExitCode.UNKNOWN_TOPIC,
     EmbeddedBrokerError: ExitCode.EMBEDDED_BROKER_ERROR,
+    AppLoadError: ExitCode.APP_LOAD_ERROR,
+    NoHandlersError: ExitCode.NO_HANDLERS,
 }
 
 
@@ -81,13 +74,9 @@ def _settings_options(command: F) -> F:
     return command
 
 
-def _load(config_file: str | None, **cli: Any) -> Settings:
-    settings = load_settings(config_file, cli)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _load(config_file: str | None, app_defaults: dict[str, Any] | None = None, **cli: Any) -> Settings:
+    settings = load_settings(config_file, cli, app_defaults=app_defaults)
+    configure_logging(settings.log_level)
     return settings
 
 
@@ -140,3 +129,22 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
         click.echo(render_table(document, now_ms))
     if state.stats.garbage:
         click.echo(f"note: {state.stats.garbage} invalid coordination records were skipped", err=True)
+
+
+@main.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@_settings_options
+@click.option("--client-id", help="Stable name of this host/instance (default: hostname); unique per supervisor.")
+@click.option("--max-partitions", type=click.IntRange(0), help="Most partitions to claim (0: no cap).")
+@click.option("--shutdown-timeout", help="On SIGTERM, how long workers may finish, e.g. 30s.")
+@_reports_errors
+def run(app_path: str, config_file: str | None, **options: Any) -> None:
+    """Run the handlers of MODULE:APP, one worker process per claimed partition."""
+    from marshal_workers.loader import ensure_cwd_importable, load_app
+    from marshal_workers.supervisor import Supervisor
+
+    ensure_cwd_importable()
+    app = load_app(app_path)
+    settings = _load(config_file, app_defaults=app.settings, **options)
+    settings.require_group()
+    sys.exit(Supervisor(app, app_path, settings).run())

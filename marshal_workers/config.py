@@ -100,6 +100,15 @@ SETTINGS: dict[str, Setting] = {
         Setting("connect_timeout", parse_duration, "How long to wait for Kafka to answer before giving up."),
         Setting("write_timeout", parse_duration, "How long a coordination write may take to be confirmed."),
         Setting("log_level", _parse_choice("debug", "info", "warning", "error"), "Log level."),
+        Setting("max_partitions", _parse_int(0), "Most partitions one supervisor claims (0: no cap)."),
+        Setting("shutdown_timeout", parse_duration, "On SIGTERM, how long workers may finish before they are killed."),
+        Setting(
+            "auto_offset_reset",
+            _parse_choice("earliest", "latest"),
+            "Where a partition with no known position starts: earliest or latest.",
+        ),
+        Setting("crash_limit", _parse_int(1), "Worker crashes in a row before its partition is released as sick."),
+        Setting("sick_cooldown", parse_duration, "How long a partition released as sick is not claimed again here."),
     )
 }
 
@@ -116,6 +125,11 @@ class Settings:
     connect_timeout: float = 10.0
     write_timeout: float = 10.0
     log_level: str = "info"
+    max_partitions: int = 0
+    shutdown_timeout: float = 30.0
+    auto_offset_reset: str = "earliest"
+    crash_limit: int = 5
+    sick_cooldown: float = 60.0
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -164,11 +178,17 @@ def load_settings(
     config_file: str | None = None,
     cli: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    app_defaults: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Build the settings; CLI values of None mean "not given"."""
+    """Build the settings; CLI values of None mean "not given".
+
+    ``app_defaults`` are the settings given in code (``App(group=..., ...)``):
+    they replace the built-in defaults, and everything else overrides them.
+    """
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     kafka: dict[str, str] = {}
+    _apply(values, app_defaults or {}, "App(...)")
 
     config_file = config_file or env.get(ENV_CONFIG_FILE)
     if config_file:

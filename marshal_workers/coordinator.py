@@ -9,74 +9,39 @@ offset its delivery report gave, with the rules' verdict (accepted or not).
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import CoordinationLog
-from marshal_workers.errors import CoordinationTopicError, CoordinationWriteError
-from marshal_workers.kafka_clients import admin_client, client_config, topic_partition_count
+from marshal_workers.errors import CoordinationWriteError
+from marshal_workers.kafka_clients import admin_client, client_config, ensure_topic
 from marshal_workers.world_state import WorldState
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 
 def ensure_coordination_topic(admin: AdminClient, settings: Settings) -> int:
     """The coordination topic's partition count, creating the topic first if it is missing."""
-    topic = settings.coordination_topic
-    count = topic_partition_count(admin, settings, topic)
-    if count is not None:
-        return count
-    log.info("creating coordination topic %s with %d partitions", topic, settings.coordination_partitions)
-    new_topic = NewTopic(
-        topic,
-        num_partitions=settings.coordination_partitions,
-        replication_factor=settings.coordination_replication_factor,
+    return ensure_topic(
+        admin,
+        settings,
+        settings.coordination_topic,
+        settings.coordination_partitions,
         # The fold prefers broker time, so members' clock skew matters less (Tansu ignores it).
         config={"message.timestamp.type": "LogAppendTime"},
-    )
-    future = admin.create_topics([new_topic], request_timeout=settings.connect_timeout)[topic]
-    try:
-        future.result(timeout=settings.connect_timeout + 1)
-    except KafkaException as exc:
-        error = exc.args[0]
-        if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-            raise _cannot_create(settings, str(error)) from None
-    except concurrent.futures.TimeoutError:
-        raise _cannot_create(settings, f"no answer within {settings.connect_timeout:g}s") from None
-    return _wait_topic_visible(admin, settings)
-
-
-def _cannot_create(settings: Settings, reason: str) -> CoordinationTopicError:
-    return CoordinationTopicError(
-        f"the coordination topic {settings.coordination_topic!r} is missing and could not be created on "
-        f"{settings.brokers}: {reason}. Create it (e.g. {settings.coordination_partitions} partitions, "
-        "message.timestamp.type=LogAppendTime) or allow this client to create topics."
-    )
-
-
-def _wait_topic_visible(admin: AdminClient, settings: Settings) -> int:
-    deadline = time.monotonic() + settings.connect_timeout
-    while time.monotonic() < deadline:
-        count = topic_partition_count(admin, settings, settings.coordination_topic)
-        if count:
-            return count
-        time.sleep(0.05)
-    raise CoordinationTopicError(
-        f"the coordination topic {settings.coordination_topic!r} was created but does not show in the metadata "
-        f"of {settings.brokers} after {settings.connect_timeout:g}s"
     )
 
 
@@ -184,7 +149,12 @@ class Coordinator:
 
     def claim_messages(self, topic: str, partition: int, offset: int) -> bool:
         """At-most-once: claim every message before ``offset``; only process them if True."""
-        return self.write([codec.ClaimMessages(**self._common(), topic=topic, partition=partition, offset=offset)])[0]
+        return self.claim_messages_many([(topic, partition, offset)])[0]
+
+    def claim_messages_many(self, claims: Sequence[tuple[str, int, int]]) -> list[bool]:
+        """Several message claims (e.g. one per AMO worker) in one round trip."""
+        common = self._common()
+        return self.write([codec.ClaimMessages(**common, topic=t, partition=p, offset=o) for t, p, o in claims])
 
     def release_group(self, expires_ms: int) -> bool:
         """Pause the whole group until ``expires_ms``: every owner is dropped, claims are refused."""
@@ -274,6 +244,11 @@ class Coordinator:
         self._producer = self._new_producer()
 
     # ---------------------------------------------------------------- reads
+
+    def read(self, query: Callable[[WorldState], T]) -> T:
+        """Run a short query on the live world state, under its lock."""
+        assert self._log is not None, "call start() first"
+        return self._log.read(query)
 
     def world(self) -> WorldState:
         """An independent snapshot of the group's world state."""

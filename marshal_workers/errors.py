@@ -7,6 +7,8 @@
         CoordinationTopicError    the coordination topic is missing and cannot be created
         CoordinationWriteError    a coordination record was not written (retryable)
         UnknownTopicError         a topic named by the user does not exist
+        AppLoadError              MODULE:APP cannot be imported or is not an App
+            NoHandlersError       the App has no handler to run
     DecodeError                   a coordination record is not valid (internal; readers skip it)
 """
 
@@ -39,6 +41,14 @@ class CoordinationWriteError(MarshalWorkersError):
 
 class UnknownTopicError(MarshalWorkersError):
     """A topic given by the user does not exist on the cluster."""
+
+
+class AppLoadError(MarshalWorkersError):
+    """The application named on the command line cannot be loaded."""
+
+
+class NoHandlersError(AppLoadError):
+    """The application registered no handler."""
 
 
 class DecodeError(ValueError):

@@ -6,16 +6,19 @@ turns "no answer" into a :class:`KafkaUnavailable` that names the brokers.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import time
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from marshal_workers.config import Settings
-from marshal_workers.errors import KafkaUnavailable, UnknownTopicError
+from marshal_workers.errors import CoordinationTopicError, KafkaUnavailable, UnknownTopicError
 
 # librdkafka's own log lines go to Python logging instead of raw stderr.
+log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("marshal_workers.librdkafka")
 
 
@@ -74,3 +77,52 @@ def require_topic(admin: AdminClient, settings: Settings, topic: str) -> int:
     if count is None:
         raise UnknownTopicError(f"topic {topic!r} does not exist on {settings.brokers}; check the name or create it first")
     return count
+
+
+def ensure_topic(
+    admin: AdminClient, settings: Settings, topic: str, partitions: int, config: dict[str, str] | None = None
+) -> int:
+    """The partition count of ``topic``, creating it first if it is missing (CoordinationTopicError if it cannot)."""
+    count = topic_partition_count(admin, settings, topic)
+    if count is not None:
+        return count
+    log.info("creating topic %s with %d partitions", topic, partitions)
+    new_topic = NewTopic(
+        topic,
+        num_partitions=partitions,
+        replication_factor=settings.coordination_replication_factor,
+        config=config or {},
+    )
+    future = admin.create_topics([new_topic], request_timeout=settings.connect_timeout)[topic]
+    try:
+        future.result(timeout=settings.connect_timeout + 1)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise _cannot_create(settings, topic, partitions, config, str(error)) from None
+    except concurrent.futures.TimeoutError:
+        raise _cannot_create(settings, topic, partitions, config, f"no answer within {settings.connect_timeout:g}s") from None
+    return _wait_topic_visible(admin, settings, topic)
+
+
+def _cannot_create(
+    settings: Settings, topic: str, partitions: int, config: dict[str, str] | None, reason: str
+) -> CoordinationTopicError:
+    extra = "".join(f", {k}={v}" for k, v in (config or {}).items())
+    return CoordinationTopicError(
+        f"topic {topic!r} is missing and could not be created on {settings.brokers}: {reason}. "
+        f"Create it (e.g. {partitions} partitions{extra}) or allow this client to create topics."
+    )
+
+
+def _wait_topic_visible(admin: AdminClient, settings: Settings, topic: str) -> int:
+    deadline = time.monotonic() + settings.connect_timeout
+    while time.monotonic() < deadline:
+        count = topic_partition_count(admin, settings, topic)
+        if count:
+            return count
+        time.sleep(0.05)
+    raise CoordinationTopicError(
+        f"topic {topic!r} was created but does not show in the metadata of {settings.brokers} "
+        f"after {settings.connect_timeout:g}s"
+    )

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import poll_until
 
-from marshal_workers.cli import ExitCode
+from marshal_workers.exit_codes import ExitCode
 from marshal_workers.config import Settings
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.embedded_broker import free_port

@@ -106,6 +106,11 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "connect_timeout": "30s",
         "write_timeout": "4s",
         "log_level": "warning",
+        "max_partitions": "4",
+        "shutdown_timeout": "1m",
+        "auto_offset_reset": "latest",
+        "crash_limit": "2",
+        "sick_cooldown": "90s",
     }
     assert set(values) == set(SETTINGS), "update this test when a setting is added"
     expected = {
@@ -119,6 +124,11 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "connect_timeout": 30.0,
         "write_timeout": 4.0,
         "log_level": "warning",
+        "max_partitions": 4,
+        "shutdown_timeout": 60.0,
+        "auto_offset_reset": "latest",
+        "crash_limit": 2,
+        "sick_cooldown": 90.0,
     }
     toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
     from_file = load_settings(write_toml(tmp_path, toml), env={})
@@ -366,3 +376,11 @@ def test_describe_settings_lists_every_setting() -> None:
     for name, default, help_text in described:
         assert default == getattr(defaults, name)
         assert help_text.strip()
+
+
+def test_settings_given_in_code_replace_the_defaults_and_everything_else_overrides_them(tmp_path: Path) -> None:
+    app_defaults = {"group": "from-code", "max_partitions": 2, "heartbeat_interval": "3s"}
+    assert load_settings(env={}, app_defaults=app_defaults).max_partitions == 2
+    path = write_toml(tmp_path, "max_partitions = 5\n")
+    settings = load_settings(path, env={"MARSHAL_WORKERS_GROUP": "from-env"}, app_defaults=app_defaults)
+    assert (settings.group, settings.max_partitions, settings.heartbeat_interval) == ("from-env", 5, 3.0)

@@ -1,0 +1,190 @@
+"""The application object: handlers by topic, per-process hooks, settings.
+
+    from marshal_workers import App
+
+    app = App(group="billing.invoices")
+
+    @app.handler("orders")
+    def on_order(msg):
+        order = msg.json()
+
+The decorator refuses mistakes at import time (a second handler for a topic,
+an unknown mode or error policy), so a bad application never reaches a fork.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from marshal_workers.config import SETTINGS, parse_duration
+from marshal_workers.errors import ConfigError
+
+
+class Mode(str, enum.Enum):
+    ALO = "alo"  # at least once: process, then report progress
+    AMO = "amo"  # at most once: claim a batch in the coordination log, then process it
+
+
+class OnError(str, enum.Enum):
+    DLQ = "dlq"  # after the retries, write the message to <topic>.dlq and go on
+    RELEASE = "release"  # after the retries, stop and release the partition at that message
+
+
+class Message:
+    """One Kafka message, as handlers see it.  Reads the underlying record lazily."""
+
+    __slots__ = ("_record",)
+
+    def __init__(self, record: Any) -> None:
+        self._record = record
+
+    @property
+    def topic(self) -> str:
+        return self._record.topic()  # type: ignore[no-any-return]
+
+    @property
+    def partition(self) -> int:
+        return self._record.partition()  # type: ignore[no-any-return]
+
+    @property
+    def offset(self) -> int:
+        return self._record.offset()  # type: ignore[no-any-return]
+
+    @property
+    def key(self) -> bytes | None:
+        return self._record.key()  # type: ignore[no-any-return]
+
+    @property
+    def value(self) -> bytes | None:
+        return self._record.value()  # type: ignore[no-any-return]
+
+    @property
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._record.headers() or []
+
+    @property
+    def timestamp(self) -> int | None:
+        """Milliseconds since the epoch, or None if the record has none."""
+        kind, stamp = self._record.timestamp()
+        return None if kind == 0 else stamp
+
+    def json(self) -> Any:
+        """The value parsed as JSON (orjson)."""
+        return orjson.loads(self._record.value())
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic}[{self.partition}]@{self.offset})"
+
+
+Handler = Callable[..., Any]
+Hook = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """A registered handler and how to run it."""
+
+    topic: str
+    function: Handler
+    mode: Mode = Mode.ALO
+    batch: bool = False
+    batch_size: int = 500  # most messages per handler call (batch) or per AMO claim
+    retries: int = 3  # retries after the first failure, before on_error applies
+    retry_backoff: float = 0.1  # seconds before the first retry; doubles each time
+    on_error: OnError = OnError.DLQ
+
+    @property
+    def name(self) -> str:
+        return f"{self.function.__module__}.{self.function.__qualname__}"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.topic}.dlq"
+
+
+class App:
+    """Handlers by topic, hooks, and settings given in code (the lowest precedence but defaults)."""
+
+    def __init__(self, group: str | None = None, **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise ConfigError(f"App() got unknown settings {unknown}; known settings: {', '.join(sorted(SETTINGS))}")
+        self.settings: dict[str, Any] = {"group": group, **settings} if group else dict(settings)
+        self.handlers: dict[str, HandlerSpec] = {}
+        self.worker_start_hooks: list[Hook] = []
+        self.worker_stop_hooks: list[Hook] = []
+
+    @property
+    def group(self) -> str | None:
+        return self.settings.get("group")
+
+    @property
+    def topics(self) -> Sequence[str]:
+        return sorted(self.handlers)
+
+    def handler(
+        self,
+        topic: str,
+        mode: str = "alo",
+        batch: bool = False,
+        batch_size: int = 500,
+        retries: int = 3,
+        retry_backoff: float | str = 0.1,
+        on_error: str = "dlq",
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``."""
+        spec_options = _handler_options(topic, mode, batch_size, retries, retry_backoff, on_error)
+
+        def register(function: Handler) -> Handler:
+            existing = self.handlers.get(topic)
+            if existing is not None:
+                what = "is already registered" if existing.function is function else f"already has {existing.name}"
+                raise ConfigError(f"topic {topic!r} {what}: one handler per topic; call the others from it")
+            self.handlers[topic] = HandlerSpec(topic=topic, function=function, batch=batch, **spec_options)
+            return function
+
+        return register
+
+    def on_worker_start(self, hook: Hook) -> Hook:
+        """Run ``hook()`` in each worker process before its first message (open connections here)."""
+        self.worker_start_hooks.append(hook)
+        return hook
+
+    def on_worker_stop(self, hook: Hook) -> Hook:
+        """Run ``hook()`` in each worker process as it stops (close connections here)."""
+        self.worker_stop_hooks.append(hook)
+        return hook
+
+    def __repr__(self) -> str:
+        return f"App(group={self.group!r}, topics={list(self.topics)})"
+
+
+def _handler_options(
+    topic: str, mode: str, batch_size: int, retries: int, retry_backoff: float | str, on_error: str
+) -> dict[str, Any]:
+    if not isinstance(topic, str) or not topic:
+        raise ConfigError(f"a handler needs a topic name, got {topic!r}")
+    try:
+        parsed_mode = Mode(mode)
+    except ValueError:
+        raise ConfigError(f"handler for {topic!r}: mode must be 'alo' or 'amo', got {mode!r}") from None
+    try:
+        parsed_on_error = OnError(on_error)
+    except ValueError:
+        raise ConfigError(f"handler for {topic!r}: on_error must be 'dlq' or 'release', got {on_error!r}") from None
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"handler for {topic!r}: batch_size must be a whole number >= 1, got {batch_size!r}")
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ConfigError(f"handler for {topic!r}: retries must be a whole number >= 0, got {retries!r}")
+    return {
+        "mode": parsed_mode,
+        "batch_size": batch_size,
+        "retries": retries,
+        "retry_backoff": parse_duration(retry_backoff),
+        "on_error": parsed_on_error,
+    }

@@ -1,0 +1,19 @@
+"""Exit codes of the marshal-workers command, by name (scripts and supervisors of supervisors use them)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILURE = 1
+    USAGE = 2  # click's own code for bad options
+    CONFIG_ERROR = 3
+    KAFKA_UNAVAILABLE = 4
+    COORDINATION_ERROR = 5
+    UNKNOWN_TOPIC = 6
+    EMBEDDED_BROKER_ERROR = 7
+    APP_LOAD_ERROR = 8  # MODULE:APP cannot be imported or is not an App
+    NO_HANDLERS = 9  # the App registered no handler
+    WORKER_BOOT_ERROR = 10  # workers cannot start (an on_worker_start hook failed): not retried in a loop

@@ -1,0 +1,552 @@
+"""The supervisor: claims partitions, runs one worker per partition, hands them over.
+
+Shaped like gunicorn's arbiter.  Signal handlers only record the signal; the
+main loop waits for a signal, a worker's request or exit, or the next tick,
+then does one thing per method: handle signals, answer AMO claims, reap
+workers, heartbeat, claim, refresh topics, restart crashed workers.
+
+All coordination I/O happens here, on the main thread.  Workers come from a
+fork server started before any Kafka client exists (librdkafka is not
+fork-safe), with the application module preloaded.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
+import os
+import queue
+import random
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+import setproctitle
+from confluent_kafka.admin import AdminClient
+
+from marshal_workers.app import App, OnError
+from marshal_workers.channel import Field, Slot, WorkerSpec
+from marshal_workers.config import Settings
+from marshal_workers.coordinator import Coordinator
+from marshal_workers.errors import CoordinationWriteError, UnknownTopicError
+from marshal_workers.exit_codes import ExitCode
+from marshal_workers.kafka_clients import admin_client, cluster_metadata, ensure_topic
+from marshal_workers.loader import split_app_path
+from marshal_workers.logs import group_log
+from marshal_workers.offsets import OffsetStore
+from marshal_workers.restarts import RestartPolicy
+from marshal_workers.worker import WorkerExit, worker_main
+from marshal_workers.world_state import Owner, WorldState
+
+_log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+TICK_S = 0.1
+CLAIM_INTERVAL_S = 0.25
+CLAIMS_PER_TICK = 4  # claim gradually, so supervisors that start together share
+
+
+class Phase(enum.Enum):
+    RUNNING = "running"
+    STOPPING = "stopping"  # graceful: workers finish what they hold, then we release
+    STOPPED = "stopped"
+
+
+@dataclass
+class Assignment:
+    """A partition we own, and its worker."""
+
+    topic: str
+    partition: int
+    slot: Slot
+    process: BaseProcess | None = None
+    connection: Connection | None = None
+    started_offset: int = 0
+    crashes_in_a_row: int = 0
+    restart_at: float | None = None  # monotonic time of a pending restart
+    lost: bool = False  # someone else owns it now: stop the worker, release nothing
+
+    @property
+    def key(self) -> Key:
+        return (self.topic, self.partition)
+
+    @property
+    def next_offset(self) -> int:
+        return self.slot.get(Field.NEXT_OFFSET)
+
+
+@dataclass
+class Timers:
+    """Monotonic times at which periodic work is next due."""
+
+    heartbeat: float = 0.0
+    claim: float = 0.0
+    topics: float = 0.0
+    stop_deadline: float | None = None
+
+
+class Supervisor:
+    def __init__(self, app: App, app_path: str, settings: Settings) -> None:
+        self.app = app
+        self.app_path = app_path
+        self.settings = settings
+        self.group = settings.require_group()
+        self.log = group_log(_log, self.group)
+        self.hb_s = settings.heartbeat_interval
+        self.restart_policy = RestartPolicy(limit=settings.crash_limit)
+        self.assignments: dict[Key, Assignment] = {}
+        self.cooldown_until: dict[Key, float] = {}  # monotonic; partitions released as sick
+        self.partition_counts: dict[str, int] = {}
+        self.phase = Phase.RUNNING
+        self.exit_code = 0
+        self.claiming = True
+        self.timers = Timers()
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._context: BaseContext | None = None
+        self._coordinator: Coordinator | None = None
+        self._offsets: OffsetStore | None = None
+        self._wakeup_r: socket.socket | None = None
+        self._admin: AdminClient | None = None
+
+    # ----------------------------------------------------------------- run
+
+    def run(self) -> int:
+        """Run until stopped; return the process exit code."""
+        self._install_signal_handlers()
+        self._context = self._start_fork_server()  # before any Kafka client exists
+        self._coordinator = Coordinator(self.settings).start()
+        self._offsets = OffsetStore(self.settings)
+        self._admin = admin_client(self.settings)
+        try:
+            self._refresh_topics(first=True)
+            setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
+            self.log.info(
+                "supervisor %s/%s running %s on %s",
+                self._coordinator.client, self._coordinator.instance, self.app, self.settings.brokers,
+            )  # fmt: skip
+            while self.phase is not Phase.STOPPED:
+                self._wait_for_events()
+                self._handle_signals()
+                self._answer_message_claims()
+                self._reap_workers()
+                self._periodic_work()
+        finally:
+            self._close()
+        return self.exit_code
+
+    def _periodic_work(self) -> None:
+        now = time.monotonic()
+        if now >= self.timers.heartbeat:
+            self.timers.heartbeat = now + self.hb_s / 2
+            self._heartbeat()
+        if now >= self.timers.topics:
+            self.timers.topics = now + max(2 * self.hb_s, 5.0)
+            self._refresh_topics()
+        if now >= self.timers.claim:
+            self.timers.claim = now + CLAIM_INTERVAL_S * random.uniform(0.5, 1.5)
+            self._claim_free_partitions()
+        self._restart_due_workers(now)
+        self._check_stop_progress(now)
+
+    # ------------------------------------------------------------- signals
+
+    def _install_signal_handlers(self) -> None:
+        self._wakeup_r, wakeup_w = socket.socketpair()
+        self._wakeup_r.setblocking(False)
+        wakeup_w.setblocking(False)
+        self._wakeup_w = wakeup_w  # kept open for the handler's wake-ups
+        signal.set_wakeup_fd(wakeup_w.fileno(), warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(signum, self._record_signal)
+
+    def _record_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals.put_nowait(signum)  # nothing else here: no logging, no I/O
+
+    def _handle_signals(self) -> None:
+        while not self._signals.empty():
+            signum = self._signals.get_nowait()
+            if signum == signal.SIGQUIT:
+                self._quit_now()
+            elif self.phase is Phase.RUNNING:
+                self.log.info("%s: releasing every partition after its worker finishes", signal.Signals(signum).name)
+                self._begin_graceful_stop()
+            else:
+                self.log.info("%s again: stopping workers now", signal.Signals(signum).name)
+                self._kill_workers()
+
+    def _begin_graceful_stop(self) -> None:
+        self.phase = Phase.STOPPING
+        self.timers.stop_deadline = time.monotonic() + self.settings.shutdown_timeout
+        for assignment in list(self.assignments.values()):
+            if assignment.process is None:
+                self._release(assignment)  # waiting for a restart: nothing runs, release at once
+            else:
+                self._signal_worker(assignment, signal.SIGTERM)
+        self._check_stop_progress(time.monotonic())
+
+    def _check_stop_progress(self, now: float) -> None:
+        if self.phase is not Phase.STOPPING:
+            return
+        if not self.assignments:
+            self.phase = Phase.STOPPED
+        elif self.timers.stop_deadline is not None and now > self.timers.stop_deadline:
+            self.log.warning("shutdown_timeout (%gs) passed: killing the workers left", self.settings.shutdown_timeout)
+            self.timers.stop_deadline = None
+            self._kill_workers()
+
+    def _kill_workers(self) -> None:
+        """SIGKILL every worker; each is released at its last progress when reaped."""
+        self.phase = Phase.STOPPING
+        for assignment in self.assignments.values():
+            self._signal_worker(assignment, signal.SIGKILL)
+
+    def _quit_now(self) -> None:
+        """SIGQUIT: exit at once, release nothing (others take over after 2*HB)."""
+        self.log.warning("SIGQUIT: exiting without releasing; partitions go stale after 2*HB")
+        for assignment in self.assignments.values():
+            self._signal_worker(assignment, signal.SIGKILL)
+        self.assignments.clear()
+        self.phase = Phase.STOPPED
+
+    def _signal_worker(self, assignment: Assignment, signum: int) -> None:
+        if assignment.process is not None and assignment.process.pid is not None:
+            try:
+                os.kill(assignment.process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    # ------------------------------------------------------- waiting loop
+
+    def _wait_for_events(self) -> None:
+        """Sleep until a signal, a worker's message or exit, or the next tick."""
+        assert self._wakeup_r is not None
+        waitables: list[object] = [self._wakeup_r]
+        for assignment in self.assignments.values():
+            if assignment.process is not None:
+                waitables.append(assignment.process.sentinel)
+                if assignment.connection is not None:
+                    waitables.append(assignment.connection)
+        multiprocessing.connection.wait(waitables, timeout=TICK_S)  # type: ignore[arg-type]
+        try:
+            while self._wakeup_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    # --------------------------------------------------------------- topics
+
+    def _refresh_topics(self, first: bool = False) -> None:
+        """Learn the partition counts of the handlers' topics; new partitions get claimed."""
+        admin = self._admin
+        assert admin is not None
+        try:
+            metadata = cluster_metadata(admin, self.settings)
+        except Exception as exc:
+            if first:
+                raise
+            self.log.warning("could not refresh topic metadata: %s", exc)
+            return
+        for topic in self.app.topics:
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None or not found.partitions:
+                if first:
+                    raise UnknownTopicError(
+                        f"handler topic {topic!r} does not exist on {self.settings.brokers}; create it, "
+                        "or remove its handler"
+                    )
+                self.log.error("topic %s has disappeared from the cluster", topic)
+                continue
+            count = len(found.partitions)
+            if topic in self.partition_counts and count != self.partition_counts[topic]:
+                self.log.info("topic %s now has %d partitions (was %d)", topic, count, self.partition_counts[topic])
+            self.partition_counts[topic] = count
+            if first and self.app.handlers[topic].on_error is OnError.DLQ:
+                ensure_topic(admin, self.settings, self.app.handlers[topic].dlq_topic, count)
+
+    # --------------------------------------------------------------- claims
+
+    def _claim_free_partitions(self) -> None:
+        if self.phase is not Phase.RUNNING or not self.claiming:
+            return
+        cap = self.settings.max_partitions or float("inf")
+        room = cap - len(self.assignments)
+        if room <= 0:
+            return
+        coordinator = self._require_coordinator()
+        now_ms, monotonic = coordinator.now_ms(), time.monotonic()
+        wanted = [
+            (topic, p)
+            for topic, count in self.partition_counts.items()
+            for p in range(count)
+            if (topic, p) not in self.assignments and self.cooldown_until.get((topic, p), 0) <= monotonic
+        ]
+        me = (coordinator.client, coordinator.instance)
+        free = coordinator.read(lambda world: [key for key in wanted if world.is_free(*key, now_ms, *me)])
+        random.shuffle(free)
+        for topic, partition in free[: int(min(room, CLAIMS_PER_TICK))]:
+            self._claim(topic, partition)
+
+    def _claim(self, topic: str, partition: int) -> None:
+        coordinator = self._require_coordinator()
+        written_ms = coordinator.now_ms()
+        try:
+            if not coordinator.claim(topic, partition):
+                return
+            start = self._start_offset(topic, partition)
+            if not coordinator.heartbeat(topic, partition, start):
+                return
+        except CoordinationWriteError as exc:
+            self.log.warning("claim of %s[%d] not confirmed: %s", topic, partition, exc)
+            return
+        assert self._context is not None
+        assignment = Assignment(topic, partition, Slot.create(self._context, start), started_offset=start)
+        self.assignments[assignment.key] = assignment
+        self._extend_lease(assignment, written_ms)
+        self.log.info("claimed %s[%d], resuming at offset %d", topic, partition, start)
+        self._start_worker(assignment)
+
+    def _start_offset(self, topic: str, partition: int) -> int:
+        """Resume point from the log; else the group's committed offset; else auto_offset_reset."""
+        coordinator, offsets = self._require_coordinator(), self._require_offsets()
+        resume = coordinator.read(lambda world: _resume_offset(world, topic, partition))
+        if resume is not None:
+            return resume
+        committed = offsets.committed(topic, partition)
+        if committed is not None:
+            return committed
+        reset = offsets.reset_offset(topic, partition)
+        self.log.info(
+            "%s[%d] has no known position: starting at %s offset %d",
+            topic, partition, self.settings.auto_offset_reset, reset,
+        )  # fmt: skip
+        return reset
+
+    # ------------------------------------------------------------ heartbeats
+
+    def _heartbeat(self) -> None:
+        """Heartbeat every partition we hold with its worker's progress; a refusal means it is lost."""
+        held = [a for a in self.assignments.values() if not a.lost]
+        if not held:
+            return
+        coordinator = self._require_coordinator()
+        progress = [(a.topic, a.partition, a.next_offset) for a in held]
+        written_ms = coordinator.now_ms()
+        try:
+            verdicts = coordinator.heartbeats(progress)
+        except CoordinationWriteError as exc:
+            self.log.warning("heartbeat not confirmed (leases run out unless the next one is): %s", exc)
+            return
+        for assignment, accepted in zip(held, verdicts):
+            if accepted:
+                self._extend_lease(assignment, written_ms)
+            else:
+                self._lose(assignment)
+        self._require_offsets().commit(progress)
+        self._require_offsets().poll()
+
+    def _extend_lease(self, assignment: Assignment, written_ms: int) -> None:
+        """Hold the partition until 2*HB after our accepted record, minus half an HB of safety."""
+        assignment.slot.set(Field.LEASE_UNTIL_MS, written_ms + int(1.5 * self.settings.heartbeat_ms))
+
+    def _lose(self, assignment: Assignment) -> None:
+        """Someone else owns the partition: stop its worker at once, release nothing."""
+        assignment.slot.set(Field.LEASE_UNTIL_MS, 0)
+        assignment.lost = True
+        coordinator = self._require_coordinator()
+        owner = coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition))
+        self.log.warning("lost %s[%d] to %s: stopping its worker", assignment.topic, assignment.partition, owner)
+        if owner is not None and owner.client == coordinator.client and owner.instance != coordinator.instance:
+            self.log.error(
+                "another process uses our client id %r and took our partitions: every instance needs its own "
+                "--client-id; this one stops claiming",
+                coordinator.client,
+            )
+            self.claiming = False
+        if assignment.process is None:
+            self._forget(assignment)
+        else:
+            self._signal_worker(assignment, signal.SIGTERM)
+
+    # --------------------------------------------------------- AMO claims
+
+    def _answer_message_claims(self) -> None:
+        """Write every pending AMO batch claim in one round trip, then answer each worker."""
+        requests: list[tuple[Assignment, int]] = []
+        for assignment in self.assignments.values():
+            connection = assignment.connection
+            if connection is None or assignment.lost:
+                continue
+            try:
+                while connection.poll(0):
+                    requests.append((assignment, int(connection.recv())))
+            except (EOFError, OSError):
+                assignment.connection = None  # the worker is gone; reaping deals with it
+        if not requests:
+            return
+        coordinator = self._require_coordinator()
+        written_ms = coordinator.now_ms()
+        try:
+            verdicts = coordinator.claim_messages_many([(a.topic, a.partition, end) for a, end in requests])
+        except CoordinationWriteError as exc:
+            self.log.warning("message claims not confirmed: %s", exc)
+            verdicts = [False] * len(requests)
+        for (assignment, _), accepted in zip(requests, verdicts):
+            if accepted:
+                self._extend_lease(assignment, written_ms)
+            try:
+                assert assignment.connection is not None
+                assignment.connection.send(accepted)
+            except (OSError, AssertionError):
+                pass
+
+    # -------------------------------------------------------------- workers
+
+    def _start_worker(self, assignment: Assignment) -> None:
+        assert self._context is not None
+        start = assignment.next_offset
+        spec = WorkerSpec(self.app_path, assignment.topic, assignment.partition, start, self.settings)
+        ours, theirs = self._context.Pipe(duplex=True)
+        process = self._context.Process(  # type: ignore[attr-defined]
+            target=worker_main,
+            args=(spec, assignment.slot.array, theirs),
+            name=f"worker {assignment.topic}[{assignment.partition}]",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        assignment.process, assignment.connection = process, ours
+        assignment.started_offset, assignment.restart_at = start, None
+
+    def _reap_workers(self) -> None:
+        for assignment in list(self.assignments.values()):
+            process = assignment.process
+            if process is None or process.is_alive():
+                continue
+            process.join()
+            code = process.exitcode
+            process.close()
+            assignment.process = None
+            if assignment.connection is not None:
+                assignment.connection.close()
+                assignment.connection = None
+            self._after_exit(assignment, code if code is not None else -1)
+
+    def _after_exit(self, assignment: Assignment, code: int) -> None:
+        where = f"{assignment.topic}[{assignment.partition}]"
+        if assignment.lost:
+            self._forget(assignment)
+        elif code == WorkerExit.BOOT_ERROR:
+            self.log.error("the worker for %s could not start (see its error above): stopping", where)
+            self.exit_code = ExitCode.WORKER_BOOT_ERROR
+            self._release(assignment)
+            if self.phase is Phase.RUNNING:
+                self._begin_graceful_stop()
+        elif code == WorkerExit.RELEASE:
+            self._release(assignment, sick=True)
+        elif code == WorkerExit.LOST:
+            self._after_lost_claim(assignment)
+        elif self.phase is not Phase.RUNNING:
+            self._release(assignment)  # stopped (or killed past the timeout): hand over at its progress
+        else:
+            self._after_crash(assignment, code)
+
+    def _after_crash(self, assignment: Assignment, code: int) -> None:
+        made_progress = assignment.next_offset > assignment.started_offset
+        assignment.crashes_in_a_row = 1 if made_progress else assignment.crashes_in_a_row + 1
+        delay = self.restart_policy.delay(assignment.crashes_in_a_row)
+        where = f"{assignment.topic}[{assignment.partition}]"
+        if delay is None:
+            self.log.error("worker for %s crashed %d times in a row: releasing it as sick", where, assignment.crashes_in_a_row)
+            self._release(assignment, sick=True)
+            return
+        self.log.warning(
+            "worker for %s exited with %s at offset %d: restarting in %.1fs",
+            where, _describe_exit(code), assignment.next_offset, delay,
+        )  # fmt: skip
+        assignment.restart_at = time.monotonic() + delay
+
+    def _after_lost_claim(self, assignment: Assignment) -> None:
+        """An AMO claim was refused: gone if someone else owns it, else (a lapsed lease) start again."""
+        coordinator = self._require_coordinator()
+        owner = coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition))
+        if owner == Owner(coordinator.client, coordinator.instance) and self.phase is Phase.RUNNING:
+            assignment.restart_at = time.monotonic()
+        else:
+            self._forget(assignment)
+
+    def _restart_due_workers(self, now: float) -> None:
+        if self.phase is not Phase.RUNNING:
+            return
+        for assignment in self.assignments.values():
+            if assignment.restart_at is not None and assignment.restart_at <= now and assignment.process is None:
+                self._start_worker(assignment)
+
+    # ------------------------------------------------------------ releases
+
+    def _release(self, assignment: Assignment, sick: bool = False) -> None:
+        """Write the release with the worker's progress, so the next owner resumes exactly there."""
+        coordinator = self._require_coordinator()
+        offset = assignment.next_offset
+        try:
+            accepted = coordinator.release(assignment.topic, assignment.partition, offset)
+        except CoordinationWriteError as exc:
+            self.log.error("release of %s[%d] not confirmed: %s", assignment.topic, assignment.partition, exc)
+            accepted = False
+        how = "as sick " if sick else ""
+        self.log.info(
+            "released %s[%d] %sat offset %d%s", assignment.topic, assignment.partition, how, offset,
+            "" if accepted else " (refused: no longer ours)",
+        )  # fmt: skip
+        if sick:
+            self.cooldown_until[assignment.key] = time.monotonic() + self.settings.sick_cooldown
+        self._forget(assignment)
+
+    def _forget(self, assignment: Assignment) -> None:
+        self.assignments.pop(assignment.key, None)
+
+    # ----------------------------------------------------------- plumbing
+
+    def _start_fork_server(self) -> BaseContext:
+        context = multiprocessing.get_context("forkserver")
+        module, _ = split_app_path(self.app_path)
+        context.set_forkserver_preload(["marshal_workers.forkserver_preload", "marshal_workers.worker", module])
+        multiprocessing.forkserver.ensure_running()
+        return context
+
+    def _require_coordinator(self) -> Coordinator:
+        assert self._coordinator is not None
+        return self._coordinator
+
+    def _require_offsets(self) -> OffsetStore:
+        assert self._offsets is not None
+        return self._offsets
+
+    def _close(self) -> None:
+        for assignment in self.assignments.values():
+            self._signal_worker(assignment, signal.SIGKILL)
+        if self._offsets is not None:
+            self._offsets.close()
+        if self._coordinator is not None:
+            self._coordinator.close()
+
+
+def _resume_offset(world: WorldState, topic: str, partition: int) -> int | None:
+    state = world.get(topic, partition)
+    return None if state is None else state.resume_offset
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"

@@ -1,0 +1,296 @@
+"""A worker: one process, one partition, the application's handler.
+
+Forked by the fork server with the application preloaded.  It owns its Kafka
+consumer (assigned to its partition, never a group member), checks the lease
+before each message or batch, and reports progress through its slot.  It
+never writes to the coordination topic: AMO claims go through the supervisor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from types import FrameType
+from typing import Any
+
+import setproctitle
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError
+from marshal_workers.channel import Field, Slot, WorkerSpec
+from marshal_workers.kafka_clients import client_config
+from marshal_workers.loader import load_app
+from marshal_workers.logs import ContextLog, configure_logging, partition_log
+
+_log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_HOUSEKEEPING_INTERVAL_S = 0.5
+_LEASE_POLL_S = 0.01
+
+
+class WorkerExit(enum.IntEnum):
+    """Exit codes that tell the supervisor what to do next."""
+
+    STOPPED = 0  # asked to stop: release at the slot's next offset
+    BOOT_ERROR = 3  # could not start (a hook failed): every worker would, so the supervisor stops
+    RELEASE = 4  # on_error="release": release the partition at the failing message
+    LOST = 5  # the partition is not ours any more: nothing to release
+    SUPERVISOR_GONE = 6  # the supervisor died: exit without a word
+
+
+class _SupervisorGone(Exception):
+    pass
+
+
+def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection) -> None:
+    """Entry point in the worker process (the target of the fork server's Process)."""
+    sys.exit(int(Worker(spec, Slot(slot_array), connection).run()))
+
+
+def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
+    return client_config(
+        spec.settings,
+        **{
+            "group.id": spec.group,  # for the committed offsets the supervisor keeps as a backup; never joined
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            # librdkafka waits fetch.queue.backoff.ms (1000 ms by default in 2.x) before refilling its queue
+            # once queued.min.messages is reached, which caps a fast consumer near 20k msgs/s.
+            "fetch.queue.backoff.ms": 10,
+            "fetch.wait.max.ms": 100,
+        },
+    )
+
+
+class Worker:
+    def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection) -> None:
+        self.spec = spec
+        self.slot = slot
+        self.connection = connection
+        self.stopping = False
+        self.log: ContextLog = partition_log(_log, spec.group, spec.topic, spec.partition)
+        self._lease_until = 0
+        self._next_housekeeping = 0.0
+        self._dlq: Producer | None = None
+        self._consumer: Consumer | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def run(self) -> WorkerExit:
+        self._init_process()
+        try:
+            app = load_app(self.spec.app_path)
+            handler = app.handlers[self.spec.topic]
+            for hook in app.worker_start_hooks:
+                hook()
+        except Exception:
+            self.log.exception("worker cannot start")
+            return WorkerExit.BOOT_ERROR
+        try:
+            self._consumer = Consumer(consumer_settings(self.spec))
+            self._consumer.assign([TopicPartition(self.spec.topic, self.spec.partition, self.spec.start_offset)])
+            self.log.info("worker started at offset %d (%s)", self.spec.start_offset, handler.mode.value)
+            return self._consume(handler)
+        except _SupervisorGone:
+            return WorkerExit.SUPERVISOR_GONE
+        finally:
+            self._finish(app)
+
+    def _init_process(self) -> None:
+        configure_logging(self.spec.settings.log_level)
+        self._die_with_parent()
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
+        self._set_title(self.spec.start_offset)
+
+    def _die_with_parent(self) -> None:
+        """SIGKILL when the fork server dies, which it does as soon as the supervisor dies."""
+        parent = os.getppid()
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass  # not Linux: the pipe EOF check below still catches it
+        if os.getppid() != parent:
+            os._exit(WorkerExit.SUPERVISOR_GONE)
+
+    def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def _set_title(self, offset: int) -> None:
+        spec = self.spec
+        setproctitle.setproctitle(f"marshal-workers: worker {spec.group} {spec.topic}[{spec.partition}] @{offset}")
+
+    def _finish(self, app: App | None) -> None:
+        for hook in app.worker_stop_hooks if app else []:
+            try:
+                hook()
+            except Exception:
+                self.log.exception("on_worker_stop hook failed")
+        if self._dlq is not None:
+            self._dlq.flush(10)
+        if self._consumer is not None:
+            self._consumer.close()
+
+    # -------------------------------------------------------------- loops
+
+    def _consume(self, handler: HandlerSpec) -> WorkerExit:
+        if handler.mode is Mode.AMO:
+            return self._consume_amo(handler)
+        return self._consume_alo(handler)
+
+    def _consume_alo(self, handler: HandlerSpec) -> WorkerExit:
+        """At least once: handle, then record progress; the supervisor's heartbeat carries it."""
+        slot_array, next_offset, processed = self.slot.array, Field.NEXT_OFFSET, Field.PROCESSED
+        size = handler.batch_size
+        while not self.stopping:
+            records = self._fetch(size)
+            if handler.batch:
+                if records and self._wait_for_lease():
+                    if not self._run_handler(handler, records):
+                        return WorkerExit.RELEASE
+                    slot_array[next_offset] = records[-1].offset() + 1
+                    slot_array[processed] += len(records)
+                continue
+            for record in records:
+                if self.stopping or (time.time() * 1000 >= self._lease_until and not self._wait_for_lease()):
+                    break
+                if not self._run_handler(handler, [record]):
+                    return WorkerExit.RELEASE
+                slot_array[next_offset] = record.offset() + 1
+                slot_array[processed] += 1
+        return WorkerExit.STOPPED
+
+    def _consume_amo(self, handler: HandlerSpec) -> WorkerExit:
+        """At most once: claim the batch in the coordination log first; only a claimed batch is handled."""
+        while not self.stopping:
+            records = self._fetch(handler.batch_size)
+            if not records or not self._wait_for_lease():
+                continue
+            end = records[-1].offset() + 1
+            if not self._claim_messages(end):
+                self.log.warning("claim of messages before offset %d refused: the partition is not ours", end)
+                return WorkerExit.LOST
+            # Claimed: whatever happens now, these messages are never handled again.
+            chunks = [records] if handler.batch else [[r] for r in records]
+            for chunk in chunks:
+                if not self._run_handler(handler, chunk):
+                    return WorkerExit.RELEASE
+                self.slot.array[Field.PROCESSED] += len(chunk)
+            self.slot.array[Field.NEXT_OFFSET] = end
+        return WorkerExit.STOPPED
+
+    def _fetch(self, most: int) -> list[Any]:
+        """Up to ``most`` messages: wait a little for the first, then take what is already fetched."""
+        assert self._consumer is not None
+        self._housekeeping()
+        first = self._consumer.poll(0.1)
+        if first is None:
+            return []
+        batch = [first, *self._consumer.consume(most - 1, 0)] if most > 1 else [first]
+        good = [m for m in batch if m.error() is None]
+        if len(good) != len(batch):
+            for m in batch:
+                if m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
+                    self.log.warning("fetch error: %s", m.error())
+        return good
+
+    # ------------------------------------------------------------- leases
+
+    def _wait_for_lease(self) -> bool:
+        """True when the lease is valid; waits while it has lapsed; False if asked to stop meanwhile."""
+        while True:
+            self._lease_until = self.slot.get(Field.LEASE_UNTIL_MS)
+            if time.time() * 1000 < self._lease_until:
+                return True
+            if self.stopping:
+                return False
+            self._check_supervisor()
+            time.sleep(_LEASE_POLL_S)
+
+    def _claim_messages(self, end: int) -> bool:
+        """Ask the supervisor to claim every message before ``end``; wait for its answer."""
+        try:
+            self.connection.send(end)
+            while not self.connection.poll(0.1):
+                pass
+            return bool(self.connection.recv())
+        except (EOFError, OSError):
+            raise _SupervisorGone() from None
+
+    def _check_supervisor(self) -> None:
+        """The supervisor writes nothing on our pipe unless asked: readable means EOF, it is gone."""
+        if self.connection.poll(0):
+            try:
+                self.connection.recv()
+            except (EOFError, OSError):
+                raise _SupervisorGone() from None
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + _HOUSEKEEPING_INTERVAL_S
+        self._check_supervisor()
+        assert self._consumer is not None
+        _, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self.spec.topic, self.spec.partition), cached=True
+        )
+        if high >= 0:
+            self.slot.set(Field.HIGH_WATERMARK, high)
+        self._set_title(self.slot.get(Field.NEXT_OFFSET))
+
+    # ------------------------------------------------------ handler errors
+
+    def _run_handler(self, handler: HandlerSpec, records: list[Any]) -> bool:
+        """Run the handler with retries; then dead-letter (True) or ask for a release (False)."""
+        messages = [Message(r) for r in records]
+        call: Callable[[], Any] = (
+            (lambda: handler.function(messages)) if handler.batch else (lambda: handler.function(messages[0]))
+        )
+        error: Exception | None = None
+        for attempt in range(handler.retries + 1):
+            try:
+                call()
+                return True
+            except Exception as exc:
+                error = exc
+                if attempt < handler.retries and not self.stopping:
+                    self.log.warning("handler %s failed at offset %d (%r); retry %d", handler.name, records[0].offset(), exc, attempt + 1)
+                    time.sleep(handler.retry_backoff * 2**attempt)
+                elif self.stopping:
+                    raise SystemExit(WorkerExit.STOPPED) from None  # progress not recorded: the next owner retries it
+        assert error is not None
+        if handler.on_error is OnError.RELEASE:
+            self.log.error("handler %s failed at offset %d (%r): releasing the partition", handler.name, records[0].offset(), error)
+            return False
+        self._dead_letter(handler, records, error)
+        return True
+
+    def _dead_letter(self, handler: HandlerSpec, records: list[Any], error: Exception) -> None:
+        if self._dlq is None:
+            self._dlq = Producer(client_config(self.spec.settings, **{"acks": "all", "enable.idempotence": True}))
+        for record in records:
+            headers = [
+                ("error", repr(error)[:2000].encode()),
+                ("error_type", type(error).__qualname__.encode()),
+                ("handler", handler.name.encode()),
+                ("original_topic", record.topic().encode()),
+                ("original_partition", str(record.partition()).encode()),
+                ("original_offset", str(record.offset()).encode()),
+            ]
+            self._dlq.produce(handler.dlq_topic, value=record.value(), key=record.key(), headers=headers)
+        if self._dlq.flush(30) > 0:
+            raise RuntimeError(f"could not write to {handler.dlq_topic} within 30s")  # crash: the message is retried
+        self.slot.array[Field.DEAD_LETTERED] += len(records)
+        self.log.error(
+            "handler %s failed at offset %d after %d retries (%r): sent %d message(s) to %s",
+            handler.name, records[0].offset(), handler.retries, error, len(records), handler.dlq_topic,
+        )  # fmt: skip
