@@ -15,19 +15,19 @@ import orjson
 from marshal_workers import __version__
 from marshal_workers.config import Settings, load_settings
 from marshal_workers.embedded_broker import EmbeddedBroker
-from marshal_workers.exit_codes import ExitCode
-from marshal_workers.logs import configure_logging
 from marshal_workers.errors import (
+    AppLoadError,
     ConfigError,
     CoordinationTopicError,
     CoordinationWriteError,
     EmbeddedBrokerError,
     KafkaUnavailable,
     MarshalWorkersError,
-    UnknownTopicError,
-    AppLoadError,
     NoHandlersError,
+    UnknownTopicError,
 )
+from marshal_workers.exit_codes import ExitCode
+from marshal_workers.logs import configure_logging
 
 F = TypeVar("F", bound=Callable[..., Any])
 

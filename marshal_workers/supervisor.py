@@ -382,11 +382,13 @@ class Supervisor:
         requests: list[tuple[Assignment, int]] = []
         for assignment in self.assignments.values():
             connection = assignment.connection
-            if connection is None or assignment.lost:
-                continue
             try:
-                while connection.poll(0):
-                    requests.append((assignment, int(connection.recv())))
+                while connection is not None and connection.poll(0):
+                    end = int(connection.recv())
+                    if assignment.lost:
+                        self._answer(assignment, False)  # not ours: refused without asking the log
+                    else:
+                        requests.append((assignment, end))
             except (EOFError, OSError):
                 assignment.connection = None  # the worker is gone; reaping deals with it
         if not requests:
@@ -401,11 +403,14 @@ class Supervisor:
         for (assignment, _), accepted in zip(requests, verdicts):
             if accepted:
                 self._extend_lease(assignment, written_ms)
+            self._answer(assignment, accepted)
+
+    def _answer(self, assignment: Assignment, accepted: bool) -> None:
+        if assignment.connection is not None:
             try:
-                assert assignment.connection is not None
                 assignment.connection.send(accepted)
-            except (OSError, AssertionError):
-                pass
+            except OSError:
+                pass  # the worker is gone; reaping deals with it
 
     # -------------------------------------------------------------- workers
 

@@ -178,7 +178,10 @@ class Worker:
             if not self._claim_messages(end):
                 self.log.warning("claim of messages before offset %d refused: the partition is not ours", end)
                 return WorkerExit.LOST
-            # Claimed: whatever happens now, these messages are never handled again.
+            # Claimed: whatever happens now, these messages are never handled again.  A claim answered
+            # late (our supervisor was frozen) may come after another owner took over: the lease says.
+            if not self._wait_for_lease():
+                return WorkerExit.STOPPED
             chunks = [records] if handler.batch else [[r] for r in records]
             for chunk in chunks:
                 if not self._run_handler(handler, chunk):

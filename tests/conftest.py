@@ -7,31 +7,16 @@ an external Kafka named by MARSHAL_WORKERS_TEST_BROKERS=host:port.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TypeVar
 
 import pytest
 
 from marshal_workers.config import Settings
 from marshal_workers.embedded_broker import EmbeddedBroker
 
-T = TypeVar("T")
 ENV_TEST_BROKERS = "MARSHAL_WORKERS_TEST_BROKERS"
-
-
-def poll_until(condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.05, what: str = "condition") -> T:
-    """Return the first truthy value of ``condition()``; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")

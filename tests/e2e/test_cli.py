@@ -14,12 +14,12 @@ from typing import Any
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import poll_until
+from polling import poll_until
 
-from marshal_workers.exit_codes import ExitCode
 from marshal_workers.config import Settings
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.embedded_broker import free_port
+from marshal_workers.exit_codes import ExitCode
 
 CLI = [sys.executable, "-m", "marshal_workers"]
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
-from conftest import poll_until
+from polling import poll_until
 from refusing_proxy import CREATE_TOPICS, RefusingProxy
 
 from marshal_workers.config import Settings

@@ -7,9 +7,8 @@ anything else and never a half-valid record.
 
 from __future__ import annotations
 
-import json
-
 import hashlib
+import json
 from typing import Any
 
 import orjson

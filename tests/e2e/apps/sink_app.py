@@ -1,0 +1,59 @@
+"""The application the end-to-end tests run: it writes one line per handled message to a sink file.
+
+Configured by environment variables so one module serves every test:
+MW_TEST_TOPIC, MW_TEST_MODE (alo|amo), MW_TEST_BATCH (0|1), MW_TEST_BATCH_SIZE,
+MW_TEST_SINK (file), MW_TEST_DELAY (seconds per message), MW_TEST_FAIL_VALUE
+(a message value whose handling always raises), MW_TEST_ON_ERROR (dlq|release).
+"""
+
+import os
+import time
+
+from marshal_workers import App, Message
+
+app = App()
+SINK = os.environ.get("MW_TEST_SINK", os.devnull)
+DELAY = float(os.environ.get("MW_TEST_DELAY", "0"))
+FAIL_VALUE = os.environ.get("MW_TEST_FAIL_VALUE", "").encode() or None
+CLIENT = os.environ.get("MARSHAL_WORKERS_CLIENT_ID", "?")
+_sink = None
+
+
+@app.on_worker_start
+def open_sink() -> None:
+    global _sink
+    _sink = open(SINK, "a", buffering=1)  # line-buffered: each line is one append
+
+
+@app.on_worker_stop
+def close_sink() -> None:
+    if _sink is not None:
+        _sink.close()
+
+
+def record(msg: Message) -> None:
+    if FAIL_VALUE is not None and msg.value == FAIL_VALUE:
+        raise ValueError(f"cannot handle {msg.value!r}")
+    if DELAY:
+        time.sleep(DELAY)
+    assert _sink is not None
+    _sink.write(f"{CLIENT} {os.getpid()} {msg.partition} {msg.offset} {msg.value.decode()} {time.time():.3f}\n")
+
+
+def handle(msg: Message) -> None:
+    record(msg)
+
+
+def handle_batch(msgs: list) -> None:
+    for msg in msgs:
+        record(msg)
+
+
+app.handler(
+    os.environ.get("MW_TEST_TOPIC", "test-topic"),
+    mode=os.environ.get("MW_TEST_MODE", "alo"),
+    batch_size=int(os.environ.get("MW_TEST_BATCH_SIZE", "50")),
+    retries=2,
+    retry_backoff="10ms",
+    on_error=os.environ.get("MW_TEST_ON_ERROR", "dlq"),
+)(handle_batch if os.environ.get("MW_TEST_BATCH") == "1" else handle)

@@ -1,0 +1,130 @@
+"""Running real supervisors (``python -m marshal_workers run``) against the test broker."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+APPS = Path(__file__).parent / "apps"
+HB = "1s"
+
+
+@dataclass(frozen=True)
+class SinkLine:
+    """One message handled by the sink app."""
+
+    client: str
+    pid: int
+    partition: int
+    offset: int
+    value: str
+    at: float
+
+
+@dataclass
+class Fleet:
+    """Supervisors of one group on one topic, started as processes; all killed by ``stop_all``."""
+
+    brokers: str
+    group: str
+    topic: str
+    coordination_topic: str
+    sink: Path
+    partitions: int
+    env: dict[str, str] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+
+    def start(self, client_id: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        """Start a supervisor; its stderr goes to a log file next to the sink."""
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_TEST_"))}
+        full_env |= {
+            "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+            "MARSHAL_WORKERS_CLIENT_ID": client_id,
+            "MW_TEST_TOPIC": self.topic,
+            "MW_TEST_SINK": str(self.sink),
+        } | self.env | env
+        command = [
+            sys.executable, "-m", "marshal_workers", "run", "sink_app:app",
+            "--brokers", self.brokers, "--group", self.group, "--coordination-topic", self.coordination_topic,
+            "--heartbeat-interval", HB, *args,
+        ]  # fmt: skip
+        log_path = self.sink.with_name(f"{client_id}.log")
+        self.logs[client_id] = log_path
+        with open(log_path, "ab") as log:
+            # Its own session: signals we send reach only it, and killpg() ends its fork server and workers too.
+            process = subprocess.Popen(command, env=full_env, stderr=log, stdout=log, start_new_session=True)
+        self.processes[client_id] = process
+        return process
+
+    def log_of(self, client_id: str) -> str:
+        return self.logs[client_id].read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait(timeout=30)
+            for pid in self.process_group(process.pid):  # nothing of it may outlive the test
+                os.kill(pid, signal.SIGKILL)
+
+    def process_group(self, pgid: int) -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.getpgid(int(entry.name)) == pgid:
+                        found.append(int(entry.name))
+                except ProcessLookupError:
+                    pass
+        return found
+
+    def worker_pids(self, client_id: str) -> dict[int, int]:
+        """partition -> pid of the workers that a supervisor runs now (by their process titles)."""
+        supervisor = self.processes[client_id]
+        workers = {}
+        for pid in self.process_group(supervisor.pid):
+            title = _cmdline(pid)
+            prefix = f"marshal-workers: worker {self.group} {self.topic}["
+            if title.startswith(prefix):
+                workers[int(title[len(prefix) :].split("]")[0])] = pid
+        return workers
+
+    def produce(self, values: range) -> None:
+        """Values 'N' on partition N % partitions, in order."""
+        producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 5})
+        for n in values:
+            producer.produce(self.topic, value=str(n).encode(), partition=n % self.partitions)
+        assert producer.flush(30) == 0
+
+    def lines(self) -> list[SinkLine]:
+        if not self.sink.exists():
+            return []
+        out = []
+        for raw in self.sink.read_text().splitlines():
+            parts = raw.split()
+            if len(parts) == 6:  # a line cut by a SIGKILL mid-write is not a handled message
+                client, pid, partition, offset, value, at = parts
+                out.append(SinkLine(client, int(pid), int(partition), int(offset), value, float(at)))
+        return out
+
+    def counts(self) -> collections.Counter[str]:
+        return collections.Counter(line.value for line in self.lines())
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+

@@ -1,0 +1,176 @@
+"""``marshal-workers run``: supervisors and workers as real processes on a real broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from e2e_support import Fleet
+from polling import poll_until
+
+from marshal_workers.exit_codes import ExitCode
+
+pytestmark = pytest.mark.broker
+
+
+def all_handled(fleet: Fleet, count: int) -> bool:
+    return len(fleet.counts()) == count
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie handles nothing
+
+
+def test_two_supervisors_share_a_topic_and_sigterm_hands_over_with_nothing_lost_or_repeated(fleet: Fleet) -> None:
+    total = 4000
+    fleet.env["MW_TEST_DELAY"] = "0.001"  # slow enough that SIGTERM lands midway
+    first = fleet.start("first", "--max-partitions", "4")
+    poll_until(lambda: len(fleet.worker_pids("first")) == 4, what="the first supervisor to claim its 4")
+    fleet.start("second")
+    poll_until(lambda: len(fleet.worker_pids("second")) == 4, what="the second supervisor to claim the rest")
+    fleet.produce(range(total))
+    poll_until(lambda: len(fleet.counts()) > total // 4, what="processing to be under way")
+
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=30) == ExitCode.OK
+    poll_until(lambda: all_handled(fleet, total), timeout=60, what="every message")
+
+    counts = fleet.counts()
+    assert sorted(counts, key=int) == [str(n) for n in range(total)]
+    assert [v for v, n in counts.items() if n > 1] == [], "a clean hand-over repeats nothing"
+    by_client = {line.client for line in fleet.lines()}
+    assert by_client == {"first", "second"}
+    handed_over = {line.partition for line in fleet.lines() if line.client == "first"}
+    assert {line.partition for line in fleet.lines() if line.client == "second"} >= handed_over
+    assert "released" in fleet.log_of("first")
+
+
+def test_a_killed_worker_is_restarted_and_its_partition_goes_on(fleet: Fleet) -> None:
+    fleet.start("only")
+    poll_until(lambda: len(fleet.worker_pids("only")) == 8, what="8 workers")
+    workers = fleet.worker_pids("only")
+    fleet.produce(range(800))
+    poll_until(lambda: all_handled(fleet, 800), what="the first messages")
+
+    os.kill(workers[3], signal.SIGKILL)
+    poll_until(lambda: fleet.worker_pids("only").get(3) not in (None, workers[3]), what="a new worker for partition 3")
+    fleet.produce(range(800, 1600))
+    poll_until(lambda: all_handled(fleet, 1600), what="every message, including partition 3's")
+    assert "restarting" in fleet.log_of("only")
+
+
+@pytest.mark.parametrize("mode", ["alo", "amo"])
+def test_a_killed_supervisor_takes_its_workers_along_and_the_other_takes_over(fleet: Fleet, mode: str) -> None:
+    total = 3000
+    fleet.env |= {"MW_TEST_MODE": mode, "MW_TEST_DELAY": "0.002", "MW_TEST_BATCH_SIZE": "20"}
+    doomed = fleet.start("doomed", "--max-partitions", "4")
+    poll_until(lambda: len(fleet.worker_pids("doomed")) == 4, what="4 workers")
+    fleet.start("survivor")
+    poll_until(lambda: len(fleet.worker_pids("survivor")) == 4, what="the survivor's 4 workers")
+    orphans = list(fleet.worker_pids("doomed").values())
+    fleet.produce(range(total))
+    poll_until(lambda: len(fleet.counts()) > total // 4, what="processing to be under way")
+
+    os.kill(doomed.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    doomed.wait(timeout=10)
+    poll_until(lambda: all(pid_gone(pid) for pid in orphans), timeout=10, what="the orphaned workers to die")
+    assert time.monotonic() - killed_at < 10
+    poll_until(lambda: len(fleet.worker_pids("survivor")) == 8, timeout=15, what="the take-over")
+
+    if mode == "alo":
+        poll_until(lambda: all_handled(fleet, total), timeout=60, what="every message (at least once)")
+    else:
+        # At most once: nothing twice; what is lost is at most the batch each killed worker had claimed.
+        poll_until(lambda: len(fleet.counts()) >= total - 4 * 20, timeout=60, what="everything but the lost batches")
+        assert max(fleet.counts().values()) == 1, "at most once: no message handled twice"
+
+
+def test_a_frozen_supervisor_handles_nothing_more_once_its_partitions_are_taken(fleet: Fleet) -> None:
+    """SIGSTOP longer than 2*HB, then SIGCONT: its workers stopped at the lease, and stay stopped."""
+    fleet.env |= {"MW_TEST_MODE": "amo", "MW_TEST_DELAY": "0.002", "MW_TEST_BATCH_SIZE": "10"}
+    frozen = fleet.start("frozen", "--max-partitions", "4")
+    poll_until(lambda: len(fleet.worker_pids("frozen")) == 4, what="4 workers")
+    fleet.start("other")
+    poll_until(lambda: len(fleet.worker_pids("other")) == 4, what="the other's 4 workers")
+    fleet.produce(range(2000))
+    poll_until(lambda: len(fleet.counts()) > 200, what="processing to be under way")
+
+    os.kill(frozen.pid, signal.SIGSTOP)
+    stopped_at = time.time()
+    try:
+        poll_until(lambda: len(fleet.worker_pids("other")) == 8, timeout=20, what="the take-over")
+        taken_at = time.time()
+        fleet.produce(range(2000, 3000))
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    poll_until(lambda: all_handled(fleet, 3000) or len(fleet.counts()) >= 3000 - 4 * 10, timeout=60, what="the rest")
+
+    late = [line for line in fleet.lines() if line.client == "frozen" and line.at > taken_at]
+    assert late == [], "a frozen supervisor's workers handle nothing once others own the partitions"
+    assert max(fleet.counts().values()) == 1, "at most once across the freeze"
+    assert taken_at - stopped_at >= 2.0, "others waited for 2*HB before taking over"
+    poll_until(lambda: fleet.worker_pids("frozen") == {}, timeout=15, what="the woken supervisor to stop its workers")
+
+
+def test_a_failing_message_is_retried_then_dead_lettered_and_the_partition_goes_on(fleet: Fleet) -> None:
+    fleet.env["MW_TEST_FAIL_VALUE"] = "13"
+    fleet.start("only")
+    fleet.produce(range(80))
+    poll_until(lambda: all_handled(fleet, 79), what="every other message")
+    assert "13" not in fleet.counts()
+
+    consumer = Consumer({"bootstrap.servers": fleet.brokers, "group.id": "dlq-reader", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(f"{fleet.topic}.dlq", p, 0) for p in range(fleet.partitions)])
+    try:
+        message = poll_until(lambda: consumer.poll(0.5), timeout=20, what="the dead letter")
+        headers = dict(message.headers())
+        assert message.value() == b"13"
+        assert headers["original_topic"] == fleet.topic.encode()
+        assert (headers["original_partition"], headers["original_offset"]) == (b"5", b"1")
+        assert b"cannot handle" in headers["error"] and headers["error_type"] == b"ValueError"
+    finally:
+        consumer.close()
+    assert fleet.log_of("only").count("retry") == 2
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
+    return subprocess.run(
+        [sys.executable, "-m", "marshal_workers", "run", *args], capture_output=True, text=True, timeout=60, env=env, cwd=cwd
+    )
+
+
+def test_a_bad_import_path_is_a_clear_error(tmp_path: Path) -> None:
+    result = run_cli("no_such_module_here:app", "--group", "g", cwd=tmp_path)
+    assert result.returncode == ExitCode.APP_LOAD_ERROR
+    assert "cannot import module 'no_such_module_here'" in result.stderr
+
+
+def test_an_app_without_handlers_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "empty_app.py").write_text("from marshal_workers import App\napp = App(group='g')\n")
+    result = run_cli("empty_app:app", cwd=tmp_path)
+    assert result.returncode == ExitCode.NO_HANDLERS
+    assert "has no handlers" in result.stderr
+
+
+def test_a_handler_for_a_missing_topic_is_a_clear_error_before_any_fork(tmp_path: Path, kafka_brokers: str) -> None:
+    (tmp_path / "lost_app.py").write_text(
+        "from marshal_workers import App\napp = App(group='g')\n"
+        "@app.handler('no-such-topic-anywhere')\ndef handle(msg): pass\n"
+    )
+    started = time.monotonic()
+    result = run_cli("lost_app:app", "--brokers", kafka_brokers, cwd=tmp_path)
+    assert result.returncode == ExitCode.UNKNOWN_TOPIC
+    assert "handler topic 'no-such-topic-anywhere' does not exist" in result.stderr
+    assert time.monotonic() - started < 30
