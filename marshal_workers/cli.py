@@ -148,3 +148,18 @@ def run(app_path: str, config_file: str | None, **options: Any) -> None:
     settings = _load(config_file, app_defaults=app.settings, **options)
     settings.require_group()
     sys.exit(Supervisor(app, app_path, settings).run())
+
+
+@main.command()
+@click.option("--partitions", type=click.IntRange(1, 256), default=8, show_default=True, help="Partitions of the demo topic.")
+@click.option("--rate", type=click.IntRange(1), default=2000, show_default=True, help="Messages produced per second.")
+@click.option("--supervisors", type=click.IntRange(1, 8), default=2, show_default=True, help="Supervisor processes.")
+@click.option("--duration", type=click.FloatRange(0), default=0, help="Stop after this many seconds (0: at Ctrl-C).")
+@_reports_errors
+def demo(partitions: int, rate: int, supervisors: int, duration: float) -> None:
+    """Everything on the embedded broker: a stream, supervisors sharing it, a live view; Ctrl-C hands over."""
+    from marshal_workers.demo import DemoOptions, run_demo
+
+    configure_logging("warning")
+    options = DemoOptions(partitions=partitions, rate=rate, supervisors=supervisors, duration=duration)
+    sys.exit(run_demo(options))

@@ -1,0 +1,323 @@
+"""The App object and the Message wrapper handlers see (DESIGN.md section 9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from marshal_workers import App, Message
+from marshal_workers.app import HandlerSpec, Mode, OnError
+from marshal_workers.errors import ConfigError
+
+# ------------------------------------------------------------------- App()
+
+
+def test_app_keeps_group_and_settings() -> None:
+    app = App(group="billing.invoices", max_partitions=2, heartbeat_interval="3s")
+    assert app.group == "billing.invoices"
+    assert app.settings == {"group": "billing.invoices", "max_partitions": 2, "heartbeat_interval": "3s"}
+
+
+def test_app_without_group_has_none() -> None:
+    app = App(brokers="k1:9092")
+    assert app.group is None
+    assert app.settings == {"brokers": "k1:9092"}
+
+
+def test_unknown_setting_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="unknown_setting"):
+        App(group="g", unknown_setting=1)
+
+
+def test_new_app_has_no_handlers_and_no_hooks() -> None:
+    app = App(group="g")
+    assert app.handlers == {}
+    assert list(app.topics) == []
+    assert app.worker_start_hooks == []
+    assert app.worker_stop_hooks == []
+
+
+# ---------------------------------------------------------------- handlers
+
+
+def test_handler_registers_a_spec_with_the_defaults() -> None:
+    app = App(group="g")
+
+    @app.handler("orders")
+    def on_order(msg: Any) -> None:
+        pass
+
+    spec = app.handlers["orders"]
+    assert isinstance(spec, HandlerSpec)
+    assert spec.topic == "orders"
+    assert spec.function is on_order
+    assert spec.mode is Mode.ALO
+    assert spec.mode == "alo"
+    assert spec.batch is False
+    assert spec.batch_size == 500
+    assert spec.retries == 3
+    assert spec.retry_backoff == pytest.approx(0.1)
+    assert spec.on_error is OnError.DLQ
+    assert spec.on_error == "dlq"
+    assert spec.dlq_topic == "orders.dlq"
+    assert spec.name == f"{__name__}.test_handler_registers_a_spec_with_the_defaults.<locals>.on_order"
+
+
+def test_handler_options_are_kept() -> None:
+    app = App(group="g")
+
+    @app.handler("payments", mode="amo", batch=True, batch_size=50, retries=0, retry_backoff=2, on_error="release")
+    def on_payments(msgs: Any) -> None:
+        pass
+
+    spec = app.handlers["payments"]
+    assert (spec.mode, spec.batch, spec.batch_size, spec.retries, spec.retry_backoff, spec.on_error) == (
+        Mode.AMO,
+        True,
+        50,
+        0,
+        2.0,
+        OnError.RELEASE,
+    )
+    assert spec.dlq_topic == "payments.dlq"
+
+
+def test_decorator_returns_the_function_unchanged() -> None:
+    app = App(group="g")
+
+    def double(msg: int) -> int:
+        return msg * 2
+
+    decorated = app.handler("orders")(double)
+    assert decorated is double
+    assert decorated(21) == 42
+
+
+def test_registering_the_same_function_twice_is_refused() -> None:
+    app = App(group="g")
+
+    def on_order(msg: Any) -> None:
+        pass
+
+    app.handler("orders")(on_order)
+    with pytest.raises(ConfigError, match="already registered"):
+        app.handler("orders")(on_order)
+    assert app.handlers["orders"].function is on_order
+
+
+def test_second_handler_for_a_topic_is_refused_naming_the_first() -> None:
+    app = App(group="g")
+
+    @app.handler("orders")
+    def first_handler(msg: Any) -> None:
+        pass
+
+    def second_handler(msg: Any) -> None:
+        pass
+
+    with pytest.raises(ConfigError, match="first_handler") as info:
+        app.handler("orders")(second_handler)
+    assert "orders" in str(info.value)
+    assert app.handlers["orders"].function is first_handler, "the refused handler must not replace the first"
+
+
+def test_the_same_function_may_serve_two_topics() -> None:
+    app = App(group="g")
+
+    def on_any(msg: Any) -> None:
+        pass
+
+    app.handler("orders")(on_any)
+    app.handler("refunds")(on_any)
+    assert app.handlers["orders"].function is on_any
+    assert app.handlers["refunds"].function is on_any
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("mode", "exactly-once"),
+        ("mode", "ALO "),
+        ("mode", ""),
+        ("on_error", "ignore"),
+        ("on_error", ""),
+        ("batch_size", 0),
+        ("batch_size", -1),
+        ("batch_size", True),
+        ("batch_size", "5"),
+        ("batch_size", 2.5),
+        ("retries", -1),
+        ("retries", True),
+        ("retries", "3"),
+    ],
+)
+def test_bad_handler_options_are_refused_naming_the_topic_and_option(option: str, value: Any) -> None:
+    app = App(group="g")
+    with pytest.raises(ConfigError, match="invoices-topic") as info:
+        app.handler("invoices-topic", **{option: value})
+    assert option in str(info.value)
+    assert app.handlers == {}
+
+
+@pytest.mark.parametrize("topic", ["", None, 42])
+def test_handler_without_a_topic_name_is_refused(topic: Any) -> None:
+    app = App(group="g")
+    with pytest.raises(ConfigError, match="topic"):
+        app.handler(topic)
+    assert app.handlers == {}
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("250ms", 0.25), ("2s", 2.0), (1, 1.0), (0.5, 0.5)])
+def test_retry_backoff_accepts_durations_and_numbers(value: Any, seconds: float) -> None:
+    app = App(group="g")
+    app.handler("orders", retry_backoff=value)(lambda msg: None)
+    assert app.handlers["orders"].retry_backoff == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["soon", "-1s", 0, True])
+def test_bad_retry_backoff_is_refused_naming_the_topic_and_option(value: Any) -> None:
+    app = App(group="g")
+    with pytest.raises(ConfigError) as info:
+        app.handler("invoices-topic", retry_backoff=value)
+    assert app.handlers == {}
+    # Like every other handler option, the message should say which handler and which option is wrong.
+    assert "invoices-topic" in str(info.value)
+    assert "retry_backoff" in str(info.value)
+
+
+def test_topics_are_sorted() -> None:
+    app = App(group="g")
+    for topic in ["payments", "audit", "orders", "Zeta"]:
+        app.handler(topic)(lambda msg: None)
+    assert list(app.topics) == ["Zeta", "audit", "orders", "payments"]
+
+
+def test_repr_names_group_and_topics() -> None:
+    app = App(group="billing")
+    app.handler("orders")(lambda msg: None)
+    assert "billing" in repr(app)
+    assert "orders" in repr(app)
+
+
+# ------------------------------------------------------------------- hooks
+
+
+def test_worker_hooks_are_kept_in_order_and_returned_unchanged() -> None:
+    app = App(group="g")
+    calls: list[str] = []
+
+    @app.on_worker_start
+    def open_db() -> str:
+        calls.append("open_db")
+        return "db"
+
+    @app.on_worker_start
+    def open_cache() -> None:
+        calls.append("open_cache")
+
+    @app.on_worker_stop
+    def close_cache() -> None:
+        calls.append("close_cache")
+
+    @app.on_worker_stop
+    def close_db() -> None:
+        calls.append("close_db")
+
+    assert app.worker_start_hooks == [open_db, open_cache]
+    assert app.worker_stop_hooks == [close_cache, close_db]
+    assert open_db() == "db"  # still the plain function
+    assert calls == ["open_db"]
+
+
+# ----------------------------------------------------------------- Message
+
+
+class FakeRecord:
+    """A stand-in for confluent_kafka.Message: the same accessor methods, fixed values."""
+
+    def __init__(
+        self,
+        topic: str = "orders",
+        partition: int = 3,
+        offset: int = 1234,
+        key: bytes | None = b"k-1",
+        value: bytes | None = b'{"id": 7, "items": ["a", "b"]}',
+        headers: list[tuple[str, bytes]] | None = None,
+        timestamp: tuple[int, int] = (1, 1_700_000_000_123),
+    ) -> None:
+        self._topic, self._partition, self._offset = topic, partition, offset
+        self._key, self._value, self._headers, self._timestamp = key, value, headers, timestamp
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return self._timestamp
+
+
+def test_message_exposes_the_record() -> None:
+    headers = [("trace-id", b"abc"), ("source", b"web")]
+    msg = Message(FakeRecord(headers=headers))
+    assert msg.topic == "orders"
+    assert msg.partition == 3
+    assert msg.offset == 1234
+    assert msg.key == b"k-1"
+    assert msg.value == b'{"id": 7, "items": ["a", "b"]}'
+    assert msg.headers == headers
+    assert msg.timestamp == 1_700_000_000_123
+
+
+def test_message_with_no_key_and_no_value() -> None:
+    msg = Message(FakeRecord(key=None, value=None))
+    assert msg.key is None
+    assert msg.value is None
+
+
+def test_message_headers_none_is_an_empty_list() -> None:
+    assert Message(FakeRecord(headers=None)).headers == []
+
+
+@pytest.mark.parametrize("kind", [1, 2])  # TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
+def test_message_timestamp_of_either_kind_is_milliseconds(kind: int) -> None:
+    assert Message(FakeRecord(timestamp=(kind, 42_000))).timestamp == 42_000
+
+
+def test_message_timestamp_not_available_is_none() -> None:
+    assert Message(FakeRecord(timestamp=(0, -1))).timestamp is None  # TIMESTAMP_NOT_AVAILABLE
+
+
+def test_message_json_parses_the_value() -> None:
+    assert Message(FakeRecord()).json() == {"id": 7, "items": ["a", "b"]}
+    assert Message(FakeRecord(value=b"[1, 2.5, null, true]")).json() == [1, 2.5, None, True]
+    assert Message(FakeRecord(value='{"name": "żółw"}'.encode())).json() == {"name": "żółw"}
+
+
+@pytest.mark.parametrize("value", [b"not json", b'{"id": 7', b""])
+def test_message_json_of_invalid_json_raises(value: bytes) -> None:
+    msg = Message(FakeRecord(value=value))
+    with pytest.raises(orjson.JSONDecodeError):
+        msg.json()
+    with pytest.raises(ValueError):  # JSONDecodeError is a ValueError, as with the json module
+        msg.json()
+
+
+def test_message_repr_names_topic_partition_offset() -> None:
+    msg = Message(FakeRecord(topic="payments", partition=5, offset=99))
+    assert "payments[5]@99" in repr(msg)
