@@ -181,10 +181,14 @@ def _handler_options(
         raise ConfigError(f"handler for {topic!r}: batch_size must be a whole number >= 1, got {batch_size!r}")
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ConfigError(f"handler for {topic!r}: retries must be a whole number >= 0, got {retries!r}")
+    try:
+        backoff = parse_duration(retry_backoff)
+    except ConfigError as exc:
+        raise ConfigError(f"handler for {topic!r}: retry_backoff: {exc}") from None
     return {
         "mode": parsed_mode,
         "batch_size": batch_size,
         "retries": retries,
-        "retry_backoff": parse_duration(retry_backoff),
+        "retry_backoff": backoff,
         "on_error": parsed_on_error,
     }

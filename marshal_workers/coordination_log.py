@@ -13,6 +13,7 @@ high watermark is right on Tansu and on Kafka.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
 
+from marshal_workers.codec import Release
 from marshal_workers.config import Settings
 from marshal_workers.errors import DecodeError, KafkaUnavailable
 from marshal_workers.kafka_clients import admin_client, client_config, topic_partition_count
@@ -74,6 +76,10 @@ class CoordinationLog:
         # Verdicts on the records this process wrote, by (partition, offset), until their writer takes them.
         self.own_instance = own_instance
         self._verdicts: dict[tuple[int, int], bool] = {}
+        # Readable when a partition of the group was released: claimants need not wait for their next tick.
+        self.releases, self._releases_w = socket.socketpair()
+        for end in (self.releases, self._releases_w):
+            end.setblocking(False)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
@@ -107,6 +113,8 @@ class CoordinationLog:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._consumer.close()
+        self.releases.close()
+        self._releases_w.close()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -147,6 +155,8 @@ class CoordinationLog:
                 message.value(), partition, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
             )
             record_instance: str | None = record.instance
+            if accepted and isinstance(record, Release):
+                self._announce_release()
         except DecodeError as exc:
             self._garbage_log.warning(
                 "coordination log %s[%d]@%d: skipped a record that is not valid: %s", self.topic, partition, offset, exc
@@ -157,6 +167,19 @@ class CoordinationLog:
             self._verdicts[(partition, offset)] = accepted
             if len(self._verdicts) > _MAX_UNCLAIMED_VERDICTS:  # writers that gave up waiting
                 del self._verdicts[next(iter(self._verdicts))]
+
+    def _announce_release(self) -> None:
+        try:
+            self._releases_w.send(b"r")
+        except (BlockingIOError, OSError):
+            pass  # already readable: one wake-up is enough
+
+    def drain_releases(self) -> None:
+        try:
+            while self.releases.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     # -------------------------------------------------------------- reading
 

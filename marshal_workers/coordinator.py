@@ -10,6 +10,7 @@ offset its delivery report gave, with the rules' verdict (accepted or not).
 from __future__ import annotations
 
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -254,6 +255,15 @@ class Coordinator:
         """An independent snapshot of the group's world state."""
         assert self._log is not None, "call start() first"
         return self._log.snapshot()
+
+    def release_events(self) -> socket.socket:
+        """Readable when a release was folded (drain with drain_release_events)."""
+        assert self._log is not None, "call start() first"
+        return self._log.releases
+
+    def drain_release_events(self) -> None:
+        assert self._log is not None, "call start() first"
+        self._log.drain_releases()
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)

@@ -32,7 +32,7 @@ def load_app(app_path: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
+        if exc.name == module_name or (exc.name and module_name.startswith(exc.name + ".")):
             raise AppLoadError(
                 f"cannot import module {module_name!r}: no such module. Run from the directory that contains it, "
                 "or add that directory to PYTHONPATH"

@@ -23,4 +23,5 @@ class RestartPolicy:
             raise ValueError(f"crashes_in_a_row must be >= 1, got {crashes_in_a_row}")
         if crashes_in_a_row >= self.limit:
             return None
-        return min(self.first_delay_s * 2 ** (crashes_in_a_row - 1), self.max_delay_s)
+        doublings = min(crashes_in_a_row - 1, 64)  # past 64 the cap has long been reached; 2**n would overflow a float
+        return min(self.first_delay_s * 2.0**doublings, self.max_delay_s)

@@ -228,13 +228,17 @@ class Supervisor:
     def _wait_for_events(self) -> None:
         """Sleep until a signal, a worker's message or exit, or the next tick."""
         assert self._wakeup_r is not None
-        waitables: list[object] = [self._wakeup_r]
+        releases = self._require_coordinator().release_events()
+        waitables: list[object] = [self._wakeup_r, releases]
         for assignment in self.assignments.values():
             if assignment.process is not None:
                 waitables.append(assignment.process.sentinel)
                 if assignment.connection is not None:
                     waitables.append(assignment.connection)
-        multiprocessing.connection.wait(waitables, timeout=TICK_S)  # type: ignore[arg-type]
+        ready = multiprocessing.connection.wait(waitables, timeout=TICK_S)  # type: ignore[arg-type]
+        if releases in ready:
+            self._require_coordinator().drain_release_events()
+            self.timers.claim = 0.0  # a partition was released: try to take it now, not at the next tick
         try:
             while self._wakeup_r.recv(4096):
                 pass

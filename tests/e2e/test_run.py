@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from e2e_support import Fleet
@@ -174,3 +175,82 @@ def test_a_handler_for_a_missing_topic_is_a_clear_error_before_any_fork(tmp_path
     assert result.returncode == ExitCode.UNKNOWN_TOPIC
     assert "handler topic 'no-such-topic-anywhere' does not exist" in result.stderr
     assert time.monotonic() - started < 30
+
+
+def status_rows(fleet: Fleet) -> dict[int, dict[str, object]]:
+    result = subprocess.run(
+        [sys.executable, "-m", "marshal_workers", "status", "--brokers", fleet.brokers, "--group", fleet.group,
+         "--coordination-topic", fleet.coordination_topic, "--heartbeat-interval", "1s", "--topic", fleet.topic, "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return {row["partition"]: row for row in orjson.loads(result.stdout)["partitions"]}
+
+
+def test_a_worker_that_keeps_crashing_has_its_partition_released_as_sick(fleet: Fleet) -> None:
+    fleet.env |= {"MW_TEST_CRASH_VALUE": "10", "MARSHAL_WORKERS_CRASH_LIMIT": "3"}
+    fleet.start("only")
+    fleet.produce(range(40))  # value 10 is partition 2's second message
+    poll_until(lambda: status_rows(fleet)[2]["state"] == "released", timeout=30, what="partition 2 released")
+    assert status_rows(fleet)[2]["offset"] == 1, "released at the message it cannot get past"
+    assert "crashed 3 times in a row: releasing it as sick" in fleet.log_of("only")
+    assert all(row["state"] == "fresh" for p, row in status_rows(fleet).items() if p != 2), "the others go on"
+    assert 2 not in fleet.worker_pids("only"), "not claimed again during the cool-down"
+
+
+def test_on_error_release_hands_the_partition_back_at_the_failing_message(fleet: Fleet) -> None:
+    fleet.env |= {"MW_TEST_FAIL_VALUE": "11", "MW_TEST_ON_ERROR": "release"}
+    fleet.start("only")
+    fleet.produce(range(40))
+    poll_until(lambda: status_rows(fleet)[3]["state"] == "released", timeout=30, what="partition 3 released")
+    assert status_rows(fleet)[3]["offset"] == 1
+    assert "11" not in fleet.counts() and "3" in fleet.counts()
+
+
+def test_sigterm_past_the_shutdown_timeout_kills_a_stuck_handler_and_releases_at_its_progress(fleet: Fleet) -> None:
+    fleet.env["MW_TEST_STUCK_VALUE"] = "12"  # partition 4, offset 1
+    only = fleet.start("only", "--shutdown-timeout", "2s")
+    fleet.produce(range(40))
+    poll_until(lambda: all_handled(fleet, 39 - 3), what="everything before and beside the stuck message")
+    only.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert only.wait(timeout=30) == ExitCode.OK
+    assert 2 <= time.monotonic() - started < 15
+    rows = status_rows(fleet)
+    assert all(row["state"] == "released" for row in rows.values())
+    assert rows[4]["offset"] == 1, "the stuck message is handed over, to be handled again"
+    assert "shutdown_timeout (2s) passed" in fleet.log_of("only")
+
+
+def test_a_second_sigterm_skips_the_wait(fleet: Fleet) -> None:
+    fleet.env["MW_TEST_STUCK_VALUE"] = "12"
+    only = fleet.start("only", "--shutdown-timeout", "600s")
+    fleet.produce(range(40))
+    poll_until(lambda: all_handled(fleet, 39 - 3), what="everything but the stuck partition")
+    only.send_signal(signal.SIGTERM)
+    poll_until(lambda: "SIGTERM: releasing" in fleet.log_of("only"), what="the first signal to be seen")
+    only.send_signal(signal.SIGTERM)
+    assert only.wait(timeout=20) == ExitCode.OK
+    assert status_rows(fleet)[4] | {"heartbeat_age_s": None} == {
+        "topic": fleet.topic, "partition": 4, "state": "released", "client": None, "instance": None,
+        "offset": 1, "heartbeat_age_s": None,
+    }  # fmt: skip
+
+
+def test_sigquit_exits_at_once_without_releasing(fleet: Fleet) -> None:
+    only = fleet.start("only")
+    poll_until(lambda: len(fleet.worker_pids("only")) == 8, what="8 workers")
+    workers = list(fleet.worker_pids("only").values())
+    only.send_signal(signal.SIGQUIT)
+    assert only.wait(timeout=10) == ExitCode.OK
+    poll_until(lambda: all(pid_gone(pid) for pid in workers), timeout=10, what="the workers to go")
+    assert {row["client"] for row in status_rows(fleet).values()} == {"only"}, "nothing was released"
+
+
+def test_workers_that_cannot_start_stop_the_supervisor_instead_of_a_fork_loop(fleet: Fleet) -> None:
+    fleet.env["MW_TEST_BOOT_FAILS"] = "1"
+    only = fleet.start("only")
+    assert only.wait(timeout=60) == ExitCode.WORKER_BOOT_ERROR
+    log = fleet.log_of("only")
+    assert "the database is not there" in log and "could not start" in log
+    assert log.count("worker started at offset") == 0

@@ -384,3 +384,25 @@ def test_settings_given_in_code_replace_the_defaults_and_everything_else_overrid
     path = write_toml(tmp_path, "max_partitions = 5\n")
     settings = load_settings(path, env={"MARSHAL_WORKERS_GROUP": "from-env"}, app_defaults=app_defaults)
     assert (settings.group, settings.max_partitions, settings.heartbeat_interval) == ("from-env", 5, 3.0)
+
+
+def test_app_settings_are_defaults_that_env_and_cli_override() -> None:
+    from marshal_workers import App
+
+    app = App(group="g", max_partitions=2)
+    settings = load_settings(env={}, app_defaults=app.settings)
+    assert (settings.group, settings.max_partitions) == ("g", 2)
+    assert settings.brokers == "127.0.0.1:9092"  # untouched settings keep the built-in defaults
+
+    from_env = load_settings(
+        env={"MARSHAL_WORKERS_GROUP": "env-group", "MARSHAL_WORKERS_MAX_PARTITIONS": "7"}, app_defaults=app.settings
+    )
+    assert (from_env.group, from_env.max_partitions) == ("env-group", 7)
+
+    from_cli = load_settings(
+        cli={"group": "cli-group", "max_partitions": 0},
+        env={"MARSHAL_WORKERS_GROUP": "env-group", "MARSHAL_WORKERS_MAX_PARTITIONS": "7"},
+        app_defaults=app.settings,
+    )
+    assert (from_cli.group, from_cli.max_partitions) == ("cli-group", 0)
+    assert app.settings == {"group": "g", "max_partitions": 2}, "loading settings must not change the App"

@@ -3,7 +3,9 @@
 Configured by environment variables so one module serves every test:
 MW_TEST_TOPIC, MW_TEST_MODE (alo|amo), MW_TEST_BATCH (0|1), MW_TEST_BATCH_SIZE,
 MW_TEST_SINK (file), MW_TEST_DELAY (seconds per message), MW_TEST_FAIL_VALUE
-(a message value whose handling always raises), MW_TEST_ON_ERROR (dlq|release).
+(a message value whose handling always raises), MW_TEST_CRASH_VALUE (one that
+kills the worker), MW_TEST_STUCK_VALUE (one the handler hangs on),
+MW_TEST_BOOT_FAILS=1 (on_worker_start raises), MW_TEST_ON_ERROR (dlq|release).
 """
 
 import os
@@ -15,6 +17,9 @@ app = App()
 SINK = os.environ.get("MW_TEST_SINK", os.devnull)
 DELAY = float(os.environ.get("MW_TEST_DELAY", "0"))
 FAIL_VALUE = os.environ.get("MW_TEST_FAIL_VALUE", "").encode() or None
+CRASH_VALUE = os.environ.get("MW_TEST_CRASH_VALUE", "").encode() or None  # the worker process dies on it
+STUCK_VALUE = os.environ.get("MW_TEST_STUCK_VALUE", "").encode() or None  # the handler hangs on it
+BOOT_FAILS = os.environ.get("MW_TEST_BOOT_FAILS") == "1"
 CLIENT = os.environ.get("MARSHAL_WORKERS_CLIENT_ID", "?")
 _sink = None
 
@@ -22,6 +27,8 @@ _sink = None
 @app.on_worker_start
 def open_sink() -> None:
     global _sink
+    if BOOT_FAILS:
+        raise ConnectionError("the database is not there")
     _sink = open(SINK, "a", buffering=1)  # line-buffered: each line is one append
 
 
@@ -34,6 +41,10 @@ def close_sink() -> None:
 def record(msg: Message) -> None:
     if FAIL_VALUE is not None and msg.value == FAIL_VALUE:
         raise ValueError(f"cannot handle {msg.value!r}")
+    if CRASH_VALUE is not None and msg.value == CRASH_VALUE:
+        os._exit(70)
+    if STUCK_VALUE is not None and msg.value == STUCK_VALUE:
+        time.sleep(3600)
     if DELAY:
         time.sleep(DELAY)
     assert _sink is not None
