@@ -99,6 +99,11 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("connect_timeout", parse_duration, "How long to wait for Kafka to answer before giving up."),
         Setting("write_timeout", parse_duration, "How long a coordination write may take to be confirmed."),
+        Setting(
+            "coordination_fetch_wait",
+            parse_duration,
+            "Longest wait of the coordination log's fetches (fetch.wait.max.ms): bounds how soon a write is confirmed.",
+        ),
         Setting("log_level", _parse_choice("debug", "info", "warning", "error"), "Log level."),
         Setting("max_partitions", _parse_int(0), "Most partitions one supervisor claims (0: no cap)."),
         Setting("shutdown_timeout", parse_duration, "On SIGTERM, how long workers may finish before they are killed."),
@@ -124,6 +129,7 @@ class Settings:
     coordination_replication_factor: int = -1
     connect_timeout: float = 10.0
     write_timeout: float = 10.0
+    coordination_fetch_wait: float = 0.005
     log_level: str = "info"
     max_partitions: int = 0
     shutdown_timeout: float = 30.0

@@ -93,8 +93,9 @@ class CoordinationLog:
                     "enable.auto.offset.store": False,
                     "enable.partition.eof": True,
                     "auto.offset.reset": "earliest",
-                    # Fences wait for the tail: keep fetch latency low, the topic is small.
-                    "fetch.wait.max.ms": 20,
+                    # Every write waits for the tail to fold it. Kafka answers a waiting fetch as soon as
+                    # data arrives; Tansu holds it for the whole wait, so the wait bounds write latency.
+                    "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
                     "fetch.queue.backoff.ms": 5,
                 },
             )

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
@@ -48,6 +47,18 @@ class WorkerExit(enum.IntEnum):
 
 class _SupervisorGone(Exception):
     pass
+
+
+class _Outcome(enum.Enum):
+    """What became of a message (or batch) after the handler and the error policy."""
+
+    DONE = "done"  # handled, or dead-lettered: progress moves past it
+    RELEASE = "release"  # on_error="release": stop, and release the partition at it
+    STOP = "stop"  # asked to stop while retrying: it is not done
+
+
+def _exit_for(outcome: _Outcome) -> WorkerExit:
+    return WorkerExit.RELEASE if outcome is _Outcome.RELEASE else WorkerExit.STOPPED
 
 
 def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection) -> None:
@@ -148,24 +159,39 @@ class Worker:
 
     def _consume_alo(self, handler: HandlerSpec) -> WorkerExit:
         """At least once: handle, then record progress; the supervisor's heartbeat carries it."""
-        slot_array, next_offset, processed = self.slot.array, Field.NEXT_OFFSET, Field.PROCESSED
-        size = handler.batch_size
+        if handler.batch:
+            return self._consume_alo_batches(handler)
+        slot_array, next_offset = self.slot.array, Field.NEXT_OFFSET
+        function = handler.function
         while not self.stopping:
-            records = self._fetch(size)
-            if handler.batch:
-                if records and self._wait_for_lease():
-                    if not self._run_handler(handler, records):
-                        return WorkerExit.RELEASE
-                    slot_array[next_offset] = records[-1].offset() + 1
-                    slot_array[processed] += len(records)
-                continue
+            records = self._fetch(handler.batch_size)
+            handled = 0
             for record in records:
                 if self.stopping or (time.time() * 1000 >= self._lease_until and not self._wait_for_lease()):
                     break
-                if not self._run_handler(handler, [record]):
-                    return WorkerExit.RELEASE
+                # The hot path: one call, one store.  Retries and dead letters only after a failure.
+                try:
+                    function(Message(record))
+                except Exception as exc:
+                    outcome = self._recover(handler, [record], exc)
+                    if outcome is not _Outcome.DONE:
+                        slot_array[Field.PROCESSED] += handled
+                        return _exit_for(outcome)
                 slot_array[next_offset] = record.offset() + 1
-                slot_array[processed] += 1
+                handled += 1
+            slot_array[Field.PROCESSED] += handled
+        return WorkerExit.STOPPED
+
+    def _consume_alo_batches(self, handler: HandlerSpec) -> WorkerExit:
+        while not self.stopping:
+            records = self._fetch(handler.batch_size)
+            if not records or not self._wait_for_lease():
+                continue
+            outcome = self._handle(handler, records)
+            if outcome is not _Outcome.DONE:
+                return _exit_for(outcome)
+            self.slot.array[Field.NEXT_OFFSET] = records[-1].offset() + 1
+            self.slot.array[Field.PROCESSED] += len(records)
         return WorkerExit.STOPPED
 
     def _consume_amo(self, handler: HandlerSpec) -> WorkerExit:
@@ -184,8 +210,9 @@ class Worker:
                 return WorkerExit.STOPPED
             chunks = [records] if handler.batch else [[r] for r in records]
             for chunk in chunks:
-                if not self._run_handler(handler, chunk):
-                    return WorkerExit.RELEASE
+                outcome = self._handle(handler, chunk)
+                if outcome is not _Outcome.DONE:
+                    return _exit_for(outcome)
                 self.slot.array[Field.PROCESSED] += len(chunk)
             self.slot.array[Field.NEXT_OFFSET] = end
         return WorkerExit.STOPPED
@@ -252,30 +279,38 @@ class Worker:
 
     # ------------------------------------------------------ handler errors
 
-    def _run_handler(self, handler: HandlerSpec, records: list[Any]) -> bool:
-        """Run the handler with retries; then dead-letter (True) or ask for a release (False)."""
-        messages = [Message(r) for r in records]
-        call: Callable[[], Any] = (
-            (lambda: handler.function(messages)) if handler.batch else (lambda: handler.function(messages[0]))
-        )
-        error: Exception | None = None
-        for attempt in range(handler.retries + 1):
+    def _handle(self, handler: HandlerSpec, records: list[Any]) -> _Outcome:
+        """Call the handler on one message (or on the batch); recover from a failure by the policy."""
+        try:
+            if handler.batch:
+                handler.function([Message(r) for r in records])
+            else:
+                handler.function(Message(records[0]))
+            return _Outcome.DONE
+        except Exception as exc:
+            return self._recover(handler, records, exc)
+
+    def _recover(self, handler: HandlerSpec, records: list[Any], error: Exception) -> _Outcome:
+        """After a first failure: retry with backoff, then dead-letter (DONE) or give the partition up."""
+        offset = records[0].offset()
+        for attempt in range(handler.retries):
+            if self.stopping:
+                return _Outcome.STOP  # not done: the next owner handles it again
+            self.log.warning("handler %s failed at offset %d (%r); retry %d", handler.name, offset, error, attempt + 1)
+            time.sleep(handler.retry_backoff * 2**attempt)
             try:
-                call()
-                return True
+                if handler.batch:
+                    handler.function([Message(r) for r in records])
+                else:
+                    handler.function(Message(records[0]))
+                return _Outcome.DONE
             except Exception as exc:
                 error = exc
-                if attempt < handler.retries and not self.stopping:
-                    self.log.warning("handler %s failed at offset %d (%r); retry %d", handler.name, records[0].offset(), exc, attempt + 1)
-                    time.sleep(handler.retry_backoff * 2**attempt)
-                elif self.stopping:
-                    raise SystemExit(WorkerExit.STOPPED) from None  # progress not recorded: the next owner retries it
-        assert error is not None
         if handler.on_error is OnError.RELEASE:
-            self.log.error("handler %s failed at offset %d (%r): releasing the partition", handler.name, records[0].offset(), error)
-            return False
+            self.log.error("handler %s failed at offset %d (%r): releasing the partition", handler.name, offset, error)
+            return _Outcome.RELEASE
         self._dead_letter(handler, records, error)
-        return True
+        return _Outcome.DONE
 
     def _dead_letter(self, handler: HandlerSpec, records: list[Any], error: Exception) -> None:
         if self._dlq is None:

@@ -111,6 +111,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "auto_offset_reset": "latest",
         "crash_limit": "2",
         "sick_cooldown": "90s",
+        "coordination_fetch_wait": "50ms",
     }
     assert set(values) == set(SETTINGS), "update this test when a setting is added"
     expected = {
@@ -129,6 +130,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "auto_offset_reset": "latest",
         "crash_limit": 2,
         "sick_cooldown": 90.0,
+        "coordination_fetch_wait": 0.05,
     }
     toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
     from_file = load_settings(write_toml(tmp_path, toml), env={})

@@ -1,0 +1,74 @@
+"""The application that tests/benchmarks/bench_run.py runs under ``marshal-workers run``.
+
+Configured by environment variables, read at import (in the supervisor, and
+in the fork server that preloads this module before forking the workers):
+
+MW_BENCH_TOPIC        the topic to handle
+MW_BENCH_KIND         "throughput" (default) or "handover"
+MW_BENCH_MODE         "alo" (default) or "amo"
+MW_BENCH_BATCH_SIZE   messages per fetch / AMO claim (default 500)
+MW_BENCH_OUT          directory the handler writes its stamps to
+MW_BENCH_LAST_OFFSET  throughput: the last offset of each partition (N/partitions - 1)
+
+Every handler parses the value with ``msg.json()`` (orjson) and writes nothing
+else except:
+
+* throughput: ``first-<partition>`` when it handles offset 0 and
+  ``last-<partition>`` when it handles the last offset, each holding the wall
+  time (``time.time()``), written to a temporary name and renamed so a poller
+  never reads half a file;
+* handover: one line ``<pid> <offset> <walltime>`` appended to ``starts`` when
+  a worker process handles its first message.
+
+The raw-consumer baselines in bench_run.py import this module and call
+``handle_throughput`` too, so every measurement runs the same handler.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from marshal_workers import App, Message
+
+TOPIC = os.environ.get("MW_BENCH_TOPIC", "bench")
+KIND = os.environ.get("MW_BENCH_KIND", "throughput")
+MODE = os.environ.get("MW_BENCH_MODE", "alo")
+BATCH_SIZE = int(os.environ.get("MW_BENCH_BATCH_SIZE", "500"))
+OUT = os.environ.get("MW_BENCH_OUT", "")
+LAST = int(os.environ.get("MW_BENCH_LAST_OFFSET", "-1"))
+
+app = App()
+_started = False  # handover: has this worker process handled a message yet? (False in every fresh fork)
+
+
+def _stamp(name: str, at: float) -> None:
+    path = os.path.join(OUT, name)
+    with open(path + ".tmp", "w") as f:
+        f.write(repr(at))
+    os.replace(path + ".tmp", path)
+
+
+def handle_throughput(msg: Message) -> None:
+    msg.json()
+    offset = msg.offset
+    if offset == 0:
+        _stamp(f"first-{msg.partition}", time.time())
+    elif offset == LAST:
+        _stamp(f"last-{msg.partition}", time.time())
+
+
+def handle_handover(msg: Message) -> None:
+    global _started
+    msg.json()
+    if not _started:
+        _started = True
+        line = f"{os.getpid()} {msg.offset} {time.time():.6f}\n"
+        fd = os.open(os.path.join(OUT, "starts"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())  # one write with O_APPEND: lines from two workers never interleave
+        finally:
+            os.close(fd)
+
+
+app.handler(TOPIC, mode=MODE, batch_size=BATCH_SIZE)(handle_handover if KIND == "handover" else handle_throughput)
