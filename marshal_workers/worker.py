@@ -155,14 +155,12 @@ class Worker:
     # -------------------------------------------------------------- loops
 
     def _consume(self, handler: HandlerSpec) -> WorkerExit:
-        if handler.mode is Mode.AMO:
-            return self._consume_amo(handler)
-        return self._consume_alo(handler)
+        if handler.mode is Mode.ALO and not handler.batch:
+            return self._consume_alo(handler)
+        return self._consume_batches(handler)
 
     def _consume_alo(self, handler: HandlerSpec) -> WorkerExit:
-        """At least once: handle, then record progress; the supervisor's heartbeat carries it."""
-        if handler.batch:
-            return self._consume_alo_batches(handler)
+        """At least once, one message per call: handle, then record progress; the heartbeat carries it."""
         slot_array, next_offset = self.slot.array, Field.NEXT_OFFSET
         function, wrap, now = handler.function, Message, time.time
         while not self.stopping:
@@ -184,34 +182,23 @@ class Worker:
             slot_array[Field.PROCESSED] += handled
         return WorkerExit.STOPPED
 
-    def _consume_alo_batches(self, handler: HandlerSpec) -> WorkerExit:
-        while not self.stopping:
-            records = self._fetch(handler.batch_size)
-            if not records or not self._wait_for_lease():
-                continue
-            outcome = self._handle(handler, records)
-            if outcome is not _Outcome.DONE:
-                return _exit_for(outcome)
-            self.slot.array[Field.NEXT_OFFSET] = records[-1].offset() + 1
-            self.slot.array[Field.PROCESSED] += len(records)
-        return WorkerExit.STOPPED
-
-    def _consume_amo(self, handler: HandlerSpec) -> WorkerExit:
-        """At most once: claim the batch in the coordination log first; only a claimed batch is handled."""
+    def _consume_batches(self, handler: HandlerSpec) -> WorkerExit:
+        """Batch handlers, and at most once: fetch a batch, (AMO: claim it first), handle it, record progress."""
+        at_most_once = handler.mode is Mode.AMO
         while not self.stopping:
             records = self._fetch(handler.batch_size)
             if not records or not self._wait_for_lease():
                 continue
             end = records[-1].offset() + 1
-            if not self._claim_messages(end):
-                self.log.warning("claim of messages before offset %d refused: the partition is not ours", end)
-                return WorkerExit.LOST
-            # Claimed: whatever happens now, these messages are never handled again.  A claim answered
-            # late (our supervisor was frozen) may come after another owner took over: the lease says.
-            if not self._wait_for_lease():
-                return WorkerExit.STOPPED
-            chunks = [records] if handler.batch else [[r] for r in records]
-            for chunk in chunks:
+            if at_most_once:
+                if not self._claim_messages(end):
+                    self.log.warning("claim of messages before offset %d refused: the partition is not ours", end)
+                    return WorkerExit.LOST
+                # Claimed: whatever happens now, these messages are never handled again.  A claim answered
+                # late (our supervisor was frozen) may come after another owner took over: the lease says.
+                if not self._wait_for_lease():
+                    return WorkerExit.STOPPED
+            for chunk in [records] if handler.batch else [[r] for r in records]:
                 outcome = self._handle(handler, chunk)
                 if outcome is not _Outcome.DONE:
                     return _exit_for(outcome)

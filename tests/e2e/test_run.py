@@ -254,3 +254,15 @@ def test_workers_that_cannot_start_stop_the_supervisor_instead_of_a_fork_loop(fl
     log = fleet.log_of("only")
     assert "the database is not there" in log and "could not start" in log
     assert log.count("worker started at offset") == 0
+
+
+@pytest.mark.parametrize(("mode", "batch"), [("alo", "1"), ("amo", "1"), ("amo", "0")])
+def test_every_mode_handles_every_message_once_on_a_clean_run(fleet: Fleet, mode: str, batch: str) -> None:
+    fleet.env |= {"MW_TEST_MODE": mode, "MW_TEST_BATCH": batch, "MW_TEST_BATCH_SIZE": "64"}
+    only = fleet.start("only")
+    fleet.produce(range(2000))
+    poll_until(lambda: all_handled(fleet, 2000), timeout=60, what="every message")
+    only.send_signal(signal.SIGTERM)
+    assert only.wait(timeout=30) == ExitCode.OK
+    assert set(fleet.counts().values()) == {1}
+    assert {row["offset"] for row in status_rows(fleet).values()} == {250}, "released after the last message"

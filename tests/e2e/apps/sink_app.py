@@ -60,11 +60,13 @@ def handle_batch(msgs: list) -> None:
         record(msg)
 
 
+BATCH = os.environ.get("MW_TEST_BATCH") == "1"
 app.handler(
     os.environ.get("MW_TEST_TOPIC", "test-topic"),
     mode=os.environ.get("MW_TEST_MODE", "alo"),
+    batch=BATCH,
     batch_size=int(os.environ.get("MW_TEST_BATCH_SIZE", "50")),
     retries=2,
     retry_backoff="10ms",
     on_error=os.environ.get("MW_TEST_ON_ERROR", "dlq"),
-)(handle_batch if os.environ.get("MW_TEST_BATCH") == "1" else handle)
+)(handle_batch if BATCH else handle)
