@@ -80,6 +80,10 @@ class CoordinationLog:
         self.releases, self._releases_w = socket.socketpair()
         for end in (self.releases, self._releases_w):
             end.setblocking(False)
+        # Readable when a record of own_instance was folded (for writers that do not block: Coordinator.collect).
+        self.own_folds, self._own_folds_w = socket.socketpair()
+        for end in (self.own_folds, self._own_folds_w):
+            end.setblocking(False)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
@@ -114,8 +118,8 @@ class CoordinationLog:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._consumer.close()
-        self.releases.close()
-        self._releases_w.close()
+        for end in (self.releases, self._releases_w, self.own_folds, self._own_folds_w):
+            end.close()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
@@ -166,21 +170,12 @@ class CoordinationLog:
         self._next_offset[partition] = offset + 1
         if self.own_instance is not None and record_instance == self.own_instance:
             self._verdicts[(partition, offset)] = accepted
+            _wake(self._own_folds_w)
             if len(self._verdicts) > _MAX_UNCLAIMED_VERDICTS:  # writers that gave up waiting
                 del self._verdicts[next(iter(self._verdicts))]
 
     def _announce_release(self) -> None:
-        try:
-            self._releases_w.send(b"r")
-        except (BlockingIOError, OSError):
-            pass  # already readable: one wake-up is enough
-
-    def drain_releases(self) -> None:
-        try:
-            while self.releases.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
+        _wake(self._releases_w)
 
     # -------------------------------------------------------------- reading
 
@@ -210,6 +205,11 @@ class CoordinationLog:
                         f"(no progress for {stall_timeout:g}s)"
                     )
 
+    def take_verdict(self, partition: int, offset: int) -> bool | None:
+        """The verdict of our record at (partition, offset) if it is folded already, else None."""
+        with self._lock:
+            return self._verdicts.pop((partition, offset), None)
+
     def wait_verdict(self, partition: int, offset: int, deadline: float) -> bool | None:
         """The verdict of the record at (partition, offset), or None if it was not folded by ``deadline``."""
         key = (partition, offset)
@@ -237,3 +237,20 @@ def read_group_state(settings: Settings, group: str) -> WorldState:
         return reader.snapshot()
     finally:
         reader.close()
+
+
+def _wake(sock: socket.socket) -> None:
+    """Make the other end readable; if it already is, one wake-up is enough."""
+    try:
+        sock.send(b"!")
+    except (BlockingIOError, OSError):
+        pass
+
+
+def drain(sock: socket.socket) -> None:
+    """Read every wake-up byte waiting on a socket."""
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, OSError):
+        pass

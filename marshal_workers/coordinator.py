@@ -14,7 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -54,11 +54,20 @@ class _Delivery:
     offset: int = -1
     error: KafkaError | None = None
     done: bool = False
+    verdict: bool | None = None  # once folded (submit/collect only)
 
     def __call__(self, error: KafkaError | None, message: Message) -> None:
         self.error, self.done = error, True
         if error is None:
             self.partition, self.offset = message.partition(), message.offset()
+
+
+@dataclass
+class PendingWrite:
+    """Records produced by submit(), whose verdicts collect() gathers."""
+
+    deadline: float
+    deliveries: list[_Delivery] = field(default_factory=list)
 
 
 class Coordinator:
@@ -154,8 +163,12 @@ class Coordinator:
 
     def claim_messages_many(self, claims: Sequence[tuple[str, int, int]]) -> list[bool]:
         """Several message claims (e.g. one per AMO worker) in one round trip."""
+        return self.write(self.message_claims(claims))
+
+    def message_claims(self, claims: Sequence[tuple[str, int, int]]) -> list[codec.Record]:
+        """claim_messages records for (topic, partition, end offset) triples, stamped now."""
         common = self._common()
-        return self.write([codec.ClaimMessages(**common, topic=t, partition=p, offset=o) for t, p, o in claims])
+        return [codec.ClaimMessages(**common, topic=t, partition=p, offset=o) for t, p, o in claims]
 
     def release_group(self, expires_ms: int) -> bool:
         """Pause the whole group until ``expires_ms``: every owner is dropped, claims are refused."""
@@ -179,26 +192,65 @@ class Coordinator:
         Raises CoordinationWriteError if a record is not delivered and folded
         within the write timeout.
         """
-        assert self._producer is not None and self._log is not None, "call start() first"
-        deadline = time.monotonic() + self.settings.write_timeout
-        deliveries = []
-        for i, record in enumerate(records):
-            target = partitions[i] if partitions is not None else self._route(record)
-            delivery = _Delivery()
-            self._produce(record, target, delivery)
-            deliveries.append(delivery)
-        self._await_deliveries(deliveries, deadline)
+        assert self._log is not None, "call start() first"
+        pending = self.submit(records, partitions)
+        self._await_deliveries(pending.deliveries, pending.deadline)
         verdicts = []
-        for delivery in deliveries:
-            verdict = self._log.wait_verdict(delivery.partition, delivery.offset, deadline)
+        for delivery in pending.deliveries:
+            verdict = self._log.wait_verdict(delivery.partition, delivery.offset, pending.deadline)
             if verdict is None:
-                raise CoordinationWriteError(
-                    f"group {self.group}: a coordination record was written to "
-                    f"{self.settings.coordination_topic}[{delivery.partition}]@{delivery.offset} "
-                    f"but not read back within {self.settings.write_timeout:g}s"
-                )
+                raise self._not_read_back(delivery)
             verdicts.append(verdict)
         return verdicts
+
+    def submit(self, records: Sequence[codec.Record], partitions: Sequence[int] | None = None) -> PendingWrite:
+        """Produce records without waiting; ``collect()`` gives their verdicts when they are in."""
+        assert self._producer is not None, "call start() first"
+        pending = PendingWrite(deadline=time.monotonic() + self.settings.write_timeout)
+        for i, record in enumerate(records):
+            delivery = _Delivery()
+            self._produce(record, partitions[i] if partitions is not None else self._route(record), delivery)
+            pending.deliveries.append(delivery)
+        return pending
+
+    def collect(self, pending: PendingWrite) -> list[bool] | None:
+        """The verdicts of a submitted write once every record is delivered and folded, else None (no wait).
+
+        Raises CoordinationWriteError if a delivery failed or the write timeout passed.
+        """
+        assert self._producer is not None and self._log is not None, "call start() first"
+        self._producer.poll(0)
+        self._raise_if_failed(pending.deliveries)
+        for delivery in pending.deliveries:
+            if delivery.verdict is None and delivery.done:
+                delivery.verdict = self._log.take_verdict(delivery.partition, delivery.offset)
+        if all(d.verdict is not None for d in pending.deliveries):
+            return [bool(d.verdict) for d in pending.deliveries]
+        if time.monotonic() > pending.deadline:
+            late = next(d for d in pending.deliveries if d.verdict is None)
+            if not late.done:
+                self._replace_producer()
+                raise self._not_confirmed()
+            raise self._not_read_back(late)
+        return None
+
+    def own_folds(self) -> socket.socket:
+        """Readable when a record this coordinator wrote has been folded: time to collect()."""
+        assert self._log is not None, "call start() first"
+        return self._log.own_folds
+
+    def _not_confirmed(self) -> CoordinationWriteError:
+        return CoordinationWriteError(
+            f"group {self.group}: Kafka at {self.settings.brokers} did not confirm a coordination write "
+            f"within {self.settings.write_timeout:g}s"
+        )
+
+    def _not_read_back(self, delivery: _Delivery) -> CoordinationWriteError:
+        return CoordinationWriteError(
+            f"group {self.group}: a coordination record was written to "
+            f"{self.settings.coordination_topic}[{delivery.partition}]@{delivery.offset} "
+            f"but not read back within {self.settings.write_timeout:g}s"
+        )
 
     def _route(self, record: codec.Record) -> int:
         assert not isinstance(record, codec.ReleaseGroup)
@@ -221,11 +273,11 @@ class Coordinator:
         while not all(d.done for d in deliveries):
             if time.monotonic() > deadline:
                 self._replace_producer()
-                raise CoordinationWriteError(
-                    f"group {self.group}: Kafka at {self.settings.brokers} did not confirm a coordination write "
-                    f"within {self.settings.write_timeout:g}s"
-                )
+                raise self._not_confirmed()
             self._producer.poll(0.01)
+        self._raise_if_failed(deliveries)
+
+    def _raise_if_failed(self, deliveries: list[_Delivery]) -> None:
         failed = next((d.error for d in deliveries if d.error is not None), None)
         if failed is not None:
             self._replace_producer()
@@ -257,13 +309,9 @@ class Coordinator:
         return self._log.snapshot()
 
     def release_events(self) -> socket.socket:
-        """Readable when a release was folded (drain with drain_release_events)."""
+        """Readable when a release was folded (read it empty with coordination_log.drain)."""
         assert self._log is not None, "call start() first"
         return self._log.releases
-
-    def drain_release_events(self) -> None:
-        assert self._log is not None, "call start() first"
-        self._log.drain_releases()
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)

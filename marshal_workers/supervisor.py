@@ -35,7 +35,8 @@ from confluent_kafka.admin import AdminClient
 from marshal_workers.app import App, OnError
 from marshal_workers.channel import Field, Slot, WorkerSpec
 from marshal_workers.config import Settings
-from marshal_workers.coordinator import Coordinator
+from marshal_workers.coordination_log import drain
+from marshal_workers.coordinator import Coordinator, PendingWrite
 from marshal_workers.errors import CoordinationWriteError, UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.kafka_clients import admin_client, cluster_metadata, ensure_topic
@@ -93,6 +94,15 @@ class Timers:
     stop_deadline: float | None = None
 
 
+@dataclass
+class ClaimsInFlight:
+    """AMO batch claims written together, waiting for their verdicts."""
+
+    pending: PendingWrite
+    assignments: list[Assignment]  # who asked, in the order of the records
+    written_ms: int
+
+
 class Supervisor:
     def __init__(self, app: App, app_path: str, settings: Settings) -> None:
         self.app = app
@@ -115,6 +125,7 @@ class Supervisor:
         self._offsets: OffsetStore | None = None
         self._wakeup_r: socket.socket | None = None
         self._admin: AdminClient | None = None
+        self._claims_in_flight: list[ClaimsInFlight] = []
 
     # ----------------------------------------------------------------- run
 
@@ -135,6 +146,7 @@ class Supervisor:
             while self.phase is not Phase.STOPPED:
                 self._wait_for_events()
                 self._handle_signals()
+                self._submit_message_claims()
                 self._answer_message_claims()
                 self._reap_workers()
                 self._periodic_work()
@@ -226,10 +238,11 @@ class Supervisor:
     # ------------------------------------------------------- waiting loop
 
     def _wait_for_events(self) -> None:
-        """Sleep until a signal, a worker's message or exit, or the next tick."""
+        """Sleep until a signal, a worker's message or exit, a fold worth acting on, or the next tick."""
         assert self._wakeup_r is not None
-        releases = self._require_coordinator().release_events()
-        waitables: list[object] = [self._wakeup_r, releases]
+        coordinator = self._require_coordinator()
+        releases, own_folds = coordinator.release_events(), coordinator.own_folds()
+        waitables: list[object] = [self._wakeup_r, releases, own_folds]
         for assignment in self.assignments.values():
             if assignment.process is not None:
                 waitables.append(assignment.process.sentinel)
@@ -237,13 +250,10 @@ class Supervisor:
                     waitables.append(assignment.connection)
         ready = multiprocessing.connection.wait(waitables, timeout=TICK_S)  # type: ignore[arg-type]
         if releases in ready:
-            self._require_coordinator().drain_release_events()
+            drain(releases)
             self.timers.claim = 0.0  # a partition was released: try to take it now, not at the next tick
-        try:
-            while self._wakeup_r.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
+        drain(own_folds)
+        drain(self._wakeup_r)
 
     # --------------------------------------------------------------- topics
 
@@ -381,8 +391,8 @@ class Supervisor:
 
     # --------------------------------------------------------- AMO claims
 
-    def _answer_message_claims(self) -> None:
-        """Write every pending AMO batch claim in one round trip, then answer each worker."""
+    def _submit_message_claims(self) -> None:
+        """Write every AMO batch claim the workers asked for, all in one go, without waiting."""
         requests: list[tuple[Assignment, int]] = []
         for assignment in self.assignments.values():
             connection = assignment.connection
@@ -395,19 +405,29 @@ class Supervisor:
                         requests.append((assignment, end))
             except (EOFError, OSError):
                 assignment.connection = None  # the worker is gone; reaping deals with it
-        if not requests:
-            return
+        if requests:
+            coordinator = self._require_coordinator()
+            written_ms = coordinator.now_ms()
+            claims = [(a.topic, a.partition, end) for a, end in requests]
+            pending = coordinator.submit(coordinator.message_claims(claims))
+            self._claims_in_flight.append(ClaimsInFlight(pending, [a for a, _ in requests], written_ms))
+
+    def _answer_message_claims(self) -> None:
+        """Answer the workers whose claims have been folded: claimed (handle it) or refused (stop)."""
         coordinator = self._require_coordinator()
-        written_ms = coordinator.now_ms()
-        try:
-            verdicts = coordinator.claim_messages_many([(a.topic, a.partition, end) for a, end in requests])
-        except CoordinationWriteError as exc:
-            self.log.warning("message claims not confirmed: %s", exc)
-            verdicts = [False] * len(requests)
-        for (assignment, _), accepted in zip(requests, verdicts):
-            if accepted:
-                self._extend_lease(assignment, written_ms)
-            self._answer(assignment, accepted)
+        for batch in list(self._claims_in_flight):
+            try:
+                verdicts = coordinator.collect(batch.pending)
+            except CoordinationWriteError as exc:
+                self.log.warning("message claims not confirmed: %s", exc)
+                verdicts = [False] * len(batch.assignments)
+            if verdicts is None:
+                continue
+            self._claims_in_flight.remove(batch)
+            for assignment, accepted in zip(batch.assignments, verdicts):
+                if accepted:
+                    self._extend_lease(assignment, batch.written_ms)
+                self._answer(assignment, accepted)
 
     def _answer(self, assignment: Assignment, accepted: bool) -> None:
         if assignment.connection is not None:
