@@ -161,25 +161,30 @@ class Worker:
 
     def _consume_alo(self, handler: HandlerSpec) -> WorkerExit:
         """At least once, one message per call: handle, then record progress; the heartbeat carries it."""
-        slot_array, next_offset = self.slot.array, Field.NEXT_OFFSET
+        fields, next_offset, processed = self.slot.fields, Field.NEXT_OFFSET, Field.PROCESSED
         function, wrap, now = handler.function, Message, time.time
         while not self.stopping:
             records = self._fetch(handler.batch_size)
             handled = 0
+            lease_s = self._lease_until / 1000
             for record in records:
-                if self.stopping or (now() * 1000 >= self._lease_until and not self._wait_for_lease()):
+                if self.stopping:
                     break
+                if now() >= lease_s:
+                    if not self._wait_for_lease():
+                        break
+                    lease_s = self._lease_until / 1000
                 # The hot path: one call, one store.  Retries and dead letters only after a failure.
                 try:
                     function(wrap(record))
                 except Exception as exc:
                     outcome = self._recover(handler, [record], exc)
                     if outcome is not _Outcome.DONE:
-                        slot_array[Field.PROCESSED] += handled
+                        fields[processed] += handled
                         return _exit_for(outcome)
-                slot_array[next_offset] = record.offset() + 1
+                fields[next_offset] = record.offset() + 1
                 handled += 1
-            slot_array[Field.PROCESSED] += handled
+            fields[processed] += handled
         return WorkerExit.STOPPED
 
     def _consume_batches(self, handler: HandlerSpec) -> WorkerExit:
@@ -202,8 +207,8 @@ class Worker:
                 outcome = self._handle(handler, chunk)
                 if outcome is not _Outcome.DONE:
                     return _exit_for(outcome)
-                self.slot.array[Field.PROCESSED] += len(chunk)
-            self.slot.array[Field.NEXT_OFFSET] = end
+                self.slot.fields[Field.PROCESSED] += len(chunk)
+            self.slot.fields[Field.NEXT_OFFSET] = end
         return WorkerExit.STOPPED
 
     def _fetch(self, most: int) -> list[Any]:
@@ -316,7 +321,7 @@ class Worker:
             self._dlq.produce(handler.dlq_topic, value=record.value(), key=record.key(), headers=headers)
         if self._dlq.flush(30) > 0:
             raise RuntimeError(f"could not write to {handler.dlq_topic} within 30s")  # crash: the message is retried
-        self.slot.array[Field.DEAD_LETTERED] += len(records)
+        self.slot.fields[Field.DEAD_LETTERED] += len(records)
         self.log.error(
             "handler %s failed at offset %d after %d retries (%r): sent %d message(s) to %s",
             handler.name, records[0].offset(), handler.retries, error, len(records), handler.dlq_topic,
