@@ -31,6 +31,7 @@ from marshal_workers.world_state import WorldState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+_PRODUCER_ID_RETRY_S = 0.6
 T = TypeVar("T")
 
 
@@ -93,6 +94,7 @@ class Coordinator:
     def start(self) -> Coordinator:
         admin = admin_client(self.settings)
         self.partition_count = ensure_coordination_topic(admin, self.settings)
+        producer_created = time.monotonic()
         self._producer = self._new_producer()
         self._log = CoordinationLog(self.settings, self.group, self.partition_count, own_instance=self.instance).start()
         try:
@@ -100,6 +102,12 @@ class Coordinator:
         except BaseException:
             self.close()
             raise
+        # An idempotent producer asks for its producer id before it has a broker connection, and
+        # librdkafka retries that after 500 ms: until then nothing it produces is sent.  Report
+        # ready only after that, so a first claim (a take-over) does not stall for half a second.
+        remaining = _PRODUCER_ID_RETRY_S - (time.monotonic() - producer_created)
+        if remaining > 0:
+            time.sleep(remaining)
         log.info(
             "group %s: coordinator %s/%s ready on %s (%d partitions)",
             self.group,
