@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from marshal_workers import codec
@@ -275,6 +275,9 @@ class Coordinator:
                 return
             except BufferError:  # local queue full: let deliveries drain
                 self._producer.poll(0.05)
+            except KafkaException as exc:  # e.g. the idempotent producer went into a fatal state
+                self._replace_producer()
+                raise CoordinationWriteError(f"group {self.group}: coordination write refused: {exc}") from None
 
     def _await_deliveries(self, deliveries: list[_Delivery], deadline: float) -> None:
         assert self._producer is not None

@@ -19,6 +19,10 @@ from marshal_workers.logs import group_log
 _log = logging.getLogger(__name__)
 
 
+class OffsetLookupError(Exception):
+    """Kafka did not tell where a partition stands (the caller retries later)."""
+
+
 class OffsetStore:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -38,20 +42,28 @@ class OffsetStore:
         self._commit_failures_logged = False
 
     def committed(self, topic: str, partition: int) -> int | None:
-        """The group's committed offset for a partition, or None."""
+        """The group's committed offset for a partition, or None if it has none.
+
+        Raises OffsetLookupError when Kafka does not say: "none" and "unknown" must not be confused,
+        or a partition would restart from auto_offset_reset instead of its backup.
+        """
         try:
             [found] = self._consumer.committed([TopicPartition(topic, partition)], timeout=self.settings.connect_timeout)
         except KafkaException as exc:
-            self.log.warning("could not read the committed offset of %s[%d]: %s", topic, partition, exc)
-            return None
+            raise OffsetLookupError(f"could not read the committed offset of {topic}[{partition}]: {exc}") from None
+        if found.error is not None:
+            raise OffsetLookupError(f"could not read the committed offset of {topic}[{partition}]: {found.error}")
         return found.offset if found.offset >= 0 else None
 
     def reset_offset(self, topic: str, partition: int) -> int:
         """Where a partition with no known position starts, per auto_offset_reset."""
-        low, high = self._consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=self.settings.connect_timeout, cached=False
-        )
-        return low if self.settings.auto_offset_reset == "earliest" else high
+        try:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self.settings.connect_timeout, cached=False
+            )
+        except KafkaException as exc:
+            raise OffsetLookupError(f"could not read the watermarks of {topic}[{partition}]: {exc}") from None
+        return int(low if self.settings.auto_offset_reset == "earliest" else high)
 
     def commit(self, progress: Sequence[tuple[str, int, int]]) -> None:
         """Commit (topic, partition, next offset) asynchronously; failures are logged once."""

@@ -42,7 +42,7 @@ from marshal_workers.exit_codes import ExitCode
 from marshal_workers.kafka_clients import admin_client, cluster_metadata, ensure_topic
 from marshal_workers.loader import split_app_path
 from marshal_workers.logs import group_log
-from marshal_workers.offsets import OffsetStore
+from marshal_workers.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.worker import WorkerExit, worker_main
 from marshal_workers.world_state import Owner, WorldState
@@ -71,6 +71,7 @@ class Assignment:
     process: BaseProcess | None = None
     connection: Connection | None = None
     started_offset: int = 0
+    claimed_end: int = -1  # AMO: end of the last batch claim accepted; a restart never starts before it
     crashes_in_a_row: int = 0
     restart_at: float | None = None  # monotonic time of a pending restart
     lost: bool = False  # someone else owns it now: stop the worker, release nothing
@@ -99,7 +100,7 @@ class ClaimsInFlight:
     """AMO batch claims written together, waiting for their verdicts."""
 
     pending: PendingWrite
-    assignments: list[Assignment]  # who asked, in the order of the records
+    asked: list[tuple[Assignment, Connection | None, int]]  # who asked (which worker's pipe), for what end offset
     written_ms: int
 
 
@@ -126,6 +127,7 @@ class Supervisor:
         self._wakeup_r: socket.socket | None = None
         self._admin: AdminClient | None = None
         self._claims_in_flight: list[ClaimsInFlight] = []
+        self._unexpected_errors = 0
 
     # ----------------------------------------------------------------- run
 
@@ -144,15 +146,33 @@ class Supervisor:
                 self._coordinator.client, self._coordinator.instance, self.app, self.settings.brokers,
             )  # fmt: skip
             while self.phase is not Phase.STOPPED:
-                self._wait_for_events()
-                self._handle_signals()
-                self._submit_message_claims()
-                self._answer_message_claims()
-                self._reap_workers()
-                self._periodic_work()
+                try:
+                    self._wait_for_events()
+                    self._handle_signals()
+                    self._submit_message_claims()
+                    self._answer_message_claims()
+                    self._reap_workers()
+                    self._periodic_work()
+                    self._unexpected_errors = 0
+                except Exception:
+                    self._after_unexpected_error()
         finally:
             self._close()
         return self.exit_code
+
+    def _after_unexpected_error(self) -> None:
+        """A bug or an unforeseen Kafka error: stop in order (releasing) rather than die holding partitions."""
+        self.log.exception("unexpected error in the supervisor loop")
+        self._unexpected_errors += 1
+        if self.exit_code == 0:
+            self.exit_code = ExitCode.FAILURE
+        if self.phase is Phase.RUNNING:
+            self._begin_graceful_stop()
+        elif self._unexpected_errors > 20:
+            self.log.error("the supervisor keeps failing while stopping: exiting without releasing the rest")
+            self._quit_now()
+        else:
+            time.sleep(0.1)
 
     def _periodic_work(self) -> None:
         now = time.monotonic()
@@ -320,6 +340,10 @@ class Supervisor:
         except CoordinationWriteError as exc:
             self.log.warning("claim of %s[%d] not confirmed: %s", topic, partition, exc)
             return
+        except OffsetLookupError as exc:
+            # Never guess a position: the claim lapses unused (2*HB) and the partition is tried again.
+            self.log.warning("claimed %s[%d] but cannot tell where it starts (%s): leaving it", topic, partition, exc)
+            return
         assert self._context is not None
         assignment = Assignment(topic, partition, Slot.create(self._context, start), started_offset=start)
         self.assignments[assignment.key] = assignment
@@ -363,12 +387,15 @@ class Supervisor:
                 self._extend_lease(assignment, written_ms)
             else:
                 self._lose(assignment)
-        self._require_offsets().commit(progress)
+        # The backup holds only what we own: a lost partition's offset is its new owner's to commit.
+        self._require_offsets().commit([p for p, accepted in zip(progress, verdicts) if accepted])
         self._require_offsets().poll()
 
     def _extend_lease(self, assignment: Assignment, written_ms: int) -> None:
         """Hold the partition until 2*HB after our accepted record, minus half an HB of safety."""
-        assignment.slot.set(Field.LEASE_UNTIL_MS, written_ms + int(1.5 * self.settings.heartbeat_ms))
+        lease = written_ms + int(1.5 * self.settings.heartbeat_ms)
+        if lease > assignment.slot.get(Field.LEASE_UNTIL_MS):  # a late verdict never shortens it
+            assignment.slot.set(Field.LEASE_UNTIL_MS, lease)
 
     def _lose(self, assignment: Assignment) -> None:
         """Someone else owns the partition: stop its worker at once, release nothing."""
@@ -409,8 +436,15 @@ class Supervisor:
             coordinator = self._require_coordinator()
             written_ms = coordinator.now_ms()
             claims = [(a.topic, a.partition, end) for a, end in requests]
-            pending = coordinator.submit(coordinator.message_claims(claims))
-            self._claims_in_flight.append(ClaimsInFlight(pending, [a for a, _ in requests], written_ms))
+            try:
+                pending = coordinator.submit(coordinator.message_claims(claims))
+            except CoordinationWriteError as exc:
+                self.log.warning("message claims not written: %s", exc)
+                for assignment, _ in requests:
+                    self._answer(assignment, False)
+                return
+            asked = [(a, a.connection, end) for a, end in requests]
+            self._claims_in_flight.append(ClaimsInFlight(pending, asked, written_ms))
 
     def _answer_message_claims(self) -> None:
         """Answer the workers whose claims have been folded: claimed (handle it) or refused (stop)."""
@@ -420,14 +454,16 @@ class Supervisor:
                 verdicts = coordinator.collect(batch.pending)
             except CoordinationWriteError as exc:
                 self.log.warning("message claims not confirmed: %s", exc)
-                verdicts = [False] * len(batch.assignments)
+                verdicts = [False] * len(batch.asked)
             if verdicts is None:
                 continue
             self._claims_in_flight.remove(batch)
-            for assignment, accepted in zip(batch.assignments, verdicts):
+            for (assignment, connection, end), accepted in zip(batch.asked, verdicts):
                 if accepted:
+                    assignment.claimed_end = max(assignment.claimed_end, end)
                     self._extend_lease(assignment, batch.written_ms)
-                self._answer(assignment, accepted)
+                if assignment.connection is connection:  # not a worker that has since been replaced
+                    self._answer(assignment, accepted)
 
     def _answer(self, assignment: Assignment, accepted: bool) -> None:
         if assignment.connection is not None:
@@ -440,7 +476,9 @@ class Supervisor:
 
     def _start_worker(self, assignment: Assignment) -> None:
         assert self._context is not None
-        start = assignment.next_offset
+        # AMO: messages before claimed_end were claimed; whatever became of them, they are never handled again.
+        start = max(assignment.next_offset, assignment.claimed_end)
+        assignment.slot.set(Field.NEXT_OFFSET, start)
         spec = WorkerSpec(self.app_path, assignment.topic, assignment.partition, start, self.settings)
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(  # type: ignore[attr-defined]
@@ -504,12 +542,12 @@ class Supervisor:
 
     def _after_lost_claim(self, assignment: Assignment) -> None:
         """An AMO claim was refused: gone if someone else owns it, else (a lapsed lease) start again."""
-        coordinator = self._require_coordinator()
-        owner = coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition))
-        if owner == Owner(coordinator.client, coordinator.instance) and self.phase is Phase.RUNNING:
+        if not self._owns(assignment):
+            self._forget(assignment)
+        elif self.phase is Phase.RUNNING:
             assignment.restart_at = time.monotonic()
         else:
-            self._forget(assignment)
+            self._release(assignment)
 
     def _restart_due_workers(self, now: float) -> None:
         if self.phase is not Phase.RUNNING:
@@ -523,7 +561,12 @@ class Supervisor:
     def _release(self, assignment: Assignment, sick: bool = False) -> None:
         """Write the release with the worker's progress, so the next owner resumes exactly there."""
         coordinator = self._require_coordinator()
-        offset = assignment.next_offset
+        offset = max(assignment.next_offset, assignment.claimed_end)
+        if not self._owns(assignment):
+            # Only an owner's release means anything; another's could pass for an operator's during a pause.
+            self.log.info("%s[%d] is no longer ours: nothing to release", assignment.topic, assignment.partition)
+            self._forget(assignment)
+            return
         try:
             accepted = coordinator.release(assignment.topic, assignment.partition, offset)
         except CoordinationWriteError as exc:
@@ -537,6 +580,11 @@ class Supervisor:
         if sick:
             self.cooldown_until[assignment.key] = time.monotonic() + self.settings.sick_cooldown
         self._forget(assignment)
+
+    def _owns(self, assignment: Assignment) -> bool:
+        coordinator = self._require_coordinator()
+        me = Owner(coordinator.client, coordinator.instance)
+        return coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition)) == me
 
     def _forget(self, assignment: Assignment) -> None:
         self.assignments.pop(assignment.key, None)

@@ -73,6 +73,9 @@ def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
             "group.id": spec.group,  # for the committed offsets the supervisor keeps as a backup; never joined
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
+            # Where to go if the resume offset is gone (retention deleted it): the user's choice, not
+            # librdkafka's default ("latest"), which would skip a whole backlog.
+            "auto.offset.reset": spec.settings.auto_offset_reset,
             # librdkafka waits fetch.queue.backoff.ms (1000 ms by default in 2.x) before refilling its queue
             # once queued.min.messages is reached, which caps a fast consumer near 20k msgs/s.
             "fetch.queue.backoff.ms": 10,
@@ -93,6 +96,7 @@ class Worker:
         self._lease_until = 0
         self._next_housekeeping = 0.0
         self._dlq: Producer | None = None
+        self._first_fetched = False
         self._consumer: Consumer | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -192,6 +196,8 @@ class Worker:
         at_most_once = handler.mode is Mode.AMO
         while not self.stopping:
             records = self._fetch(handler.batch_size)
+            if self.stopping:
+                break  # fetched, not begun: the next owner gets them
             if not records or not self._wait_for_lease():
                 continue
             end = records[-1].offset() + 1
@@ -220,6 +226,14 @@ class Worker:
             return []
         batch = [first, *self._consumer.consume(most - 1, 0)] if most > 1 else [first]
         good = [m for m in batch if m.error() is None]
+        if good and not self._first_fetched:
+            self._first_fetched = True
+            if good[0].offset() != self.spec.start_offset:
+                self.log.warning(
+                    "asked for offset %d, got %d first: offsets before it are gone (retention or compaction); "
+                    "auto_offset_reset=%s applied", self.spec.start_offset, good[0].offset(),
+                    self.spec.settings.auto_offset_reset,
+                )  # fmt: skip
         if len(good) != len(batch):
             for m in batch:
                 if m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
@@ -307,8 +321,15 @@ class Worker:
         return _Outcome.DONE
 
     def _dead_letter(self, handler: HandlerSpec, records: list[Any], error: Exception) -> None:
+        """Write the messages to the dead-letter topic and make sure they are there, or crash trying."""
         if self._dlq is None:
             self._dlq = Producer(client_config(self.spec.settings, **{"acks": "all", "enable.idempotence": True}))
+        failures: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                failures.append(err)
+
         for record in records:
             headers = [
                 ("error", repr(error)[:2000].encode()),
@@ -318,9 +339,19 @@ class Worker:
                 ("original_partition", str(record.partition()).encode()),
                 ("original_offset", str(record.offset()).encode()),
             ]
-            self._dlq.produce(handler.dlq_topic, value=record.value(), key=record.key(), headers=headers)
+            while True:
+                try:
+                    self._dlq.produce(
+                        handler.dlq_topic, value=record.value(), key=record.key(), headers=headers, on_delivery=delivered
+                    )
+                    break
+                except BufferError:
+                    self._dlq.poll(0.1)
+        # A crash here is deliberate: progress stays before the message, so it is handled again.
         if self._dlq.flush(30) > 0:
-            raise RuntimeError(f"could not write to {handler.dlq_topic} within 30s")  # crash: the message is retried
+            raise RuntimeError(f"could not write to {handler.dlq_topic} within 30s")
+        if failures:
+            raise RuntimeError(f"could not write to {handler.dlq_topic}: {failures[0]}")
         self.slot.fields[Field.DEAD_LETTERED] += len(records)
         self.log.error(
             "handler %s failed at offset %d after %d retries (%r): sent %d message(s) to %s",
