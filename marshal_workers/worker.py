@@ -57,6 +57,14 @@ class _Outcome(enum.Enum):
     STOP = "stop"  # asked to stop while retrying: it is not done
 
 
+def _call(handler: HandlerSpec, records: list[Any]) -> None:
+    """The user's function, on the batch (batch=True) or on its one message."""
+    if handler.batch:
+        handler.function([Message(r) for r in records])
+    else:
+        handler.function(Message(records[0]))
+
+
 def _exit_for(outcome: _Outcome) -> WorkerExit:
     return WorkerExit.RELEASE if outcome is _Outcome.RELEASE else WorkerExit.STOPPED
 
@@ -290,10 +298,7 @@ class Worker:
     def _handle(self, handler: HandlerSpec, records: list[Any]) -> _Outcome:
         """Call the handler on one message (or on the batch); recover from a failure by the policy."""
         try:
-            if handler.batch:
-                handler.function([Message(r) for r in records])
-            else:
-                handler.function(Message(records[0]))
+            _call(handler, records)
             return _Outcome.DONE
         except Exception as exc:
             return self._recover(handler, records, exc)
@@ -307,10 +312,7 @@ class Worker:
             self.log.warning("handler %s failed at offset %d (%r); retry %d", handler.name, offset, error, attempt + 1)
             time.sleep(handler.retry_backoff * 2**attempt)
             try:
-                if handler.batch:
-                    handler.function([Message(r) for r in records])
-                else:
-                    handler.function(Message(records[0]))
+                _call(handler, records)
                 return _Outcome.DONE
             except Exception as exc:
                 error = exc
