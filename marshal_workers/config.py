@@ -66,6 +66,17 @@ def _parse_int(minimum: int) -> Callable[[Any], int]:
     return parse
 
 
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"expected true or false, got {value!r}")
+
+
 def _parse_choice(*choices: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = str(value).strip().lower()
@@ -114,6 +125,12 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("crash_limit", _parse_int(1), "Worker crashes in a row before its partition is released as sick."),
         Setting("sick_cooldown", parse_duration, "How long a partition released as sick is not claimed again here."),
+        Setting(
+            "release_if_behind",
+            _parse_bool,
+            "Release a partition whose worker falls behind or stalls, if another member can take it.",
+        ),
+        Setting("behind_cycles", _parse_int(1), "Health cycles (HB/2 each) in a row of falling behind before a release."),
     )
 }
 
@@ -136,6 +153,8 @@ class Settings:
     auto_offset_reset: str = "earliest"
     crash_limit: int = 5
     sick_cooldown: float = 60.0
+    release_if_behind: bool = True
+    behind_cycles: int = 5
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property

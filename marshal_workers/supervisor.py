@@ -23,7 +23,7 @@ import random
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -39,6 +39,7 @@ from marshal_workers.coordination_log import drain
 from marshal_workers.coordinator import Coordinator, PendingWrite
 from marshal_workers.errors import CoordinationWriteError, UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
+from marshal_workers.health import HealthPolicy, PartitionHealth, Sample, observe
 from marshal_workers.kafka_clients import admin_client, cluster_metadata, ensure_topic
 from marshal_workers.loader import split_app_path
 from marshal_workers.logs import group_log
@@ -75,6 +76,8 @@ class Assignment:
     crashes_in_a_row: int = 0
     restart_at: float | None = None  # monotonic time of a pending restart
     lost: bool = False  # someone else owns it now: stop the worker, release nothing
+    unhealthy: bool = False  # its worker cannot keep up: stop it and release the partition as sick
+    health: PartitionHealth = field(default_factory=PartitionHealth)
 
     @property
     def key(self) -> Key:
@@ -113,6 +116,7 @@ class Supervisor:
         self.log = group_log(_log, self.group)
         self.hb_s = settings.heartbeat_interval
         self.restart_policy = RestartPolicy(limit=settings.crash_limit)
+        self.health_policy = HealthPolicy(behind_cycles=settings.behind_cycles, stall_after_s=settings.heartbeat_interval)
         self.assignments: dict[Key, Assignment] = {}
         self.cooldown_until: dict[Key, float] = {}  # monotonic; partitions released as sick
         self.partition_counts: dict[str, int] = {}
@@ -385,11 +389,33 @@ class Supervisor:
         for assignment, accepted in zip(held, verdicts):
             if accepted:
                 self._extend_lease(assignment, written_ms)
+                self._check_health(assignment)
             else:
                 self._lose(assignment)
         # The backup holds only what we own: a lost partition's offset is its new owner's to commit.
         self._require_offsets().commit([p for p, accepted in zip(progress, verdicts) if accepted])
         self._require_offsets().poll()
+
+    def _check_health(self, assignment: Assignment) -> None:
+        """One health cycle: release the partition if its worker cannot keep up and someone else can."""
+        high = assignment.slot.get(Field.HIGH_WATERMARK)
+        if assignment.process is None or assignment.unhealthy or high < 0:
+            return
+        sample = Sample(time.monotonic(), assignment.next_offset, high)
+        assignment.health, verdict = observe(assignment.health, sample, self.health_policy)
+        if not verdict.release or not self.settings.release_if_behind or self.phase is not Phase.RUNNING:
+            return
+        where = f"{assignment.topic}[{assignment.partition}]"
+        coordinator = self._require_coordinator()
+        me = Owner(coordinator.client, coordinator.instance)
+        others = coordinator.read(lambda world: world.live_members(coordinator.now_ms())) - {me}
+        if not others:
+            self.log.warning("%s is %s (lag %d) but no other member could take it: keeping it", where, verdict.value, sample.lag)
+            assignment.health = PartitionHealth()  # judge it afresh rather than warn every cycle
+            return
+        self.log.warning("%s is %s (lag %d): handing it over to another member", where, verdict.value, sample.lag)
+        assignment.unhealthy = True
+        self._signal_worker(assignment, signal.SIGTERM)
 
     def _extend_lease(self, assignment: Assignment, written_ms: int) -> None:
         """Hold the partition until 2*HB after our accepted record, minus half an HB of safety."""
@@ -491,6 +517,7 @@ class Supervisor:
         theirs.close()
         assignment.process, assignment.connection = process, ours
         assignment.started_offset, assignment.restart_at = start, None
+        assignment.health = PartitionHealth()  # a new worker is judged afresh
 
     def _reap_workers(self) -> None:
         for assignment in list(self.assignments.values()):
@@ -516,7 +543,7 @@ class Supervisor:
             self._release(assignment)
             if self.phase is Phase.RUNNING:
                 self._begin_graceful_stop()
-        elif code == WorkerExit.RELEASE:
+        elif code == WorkerExit.RELEASE or assignment.unhealthy:
             self._release(assignment, sick=True)
         elif code == WorkerExit.LOST:
             self._after_lost_claim(assignment)

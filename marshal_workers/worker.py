@@ -178,14 +178,15 @@ class Worker:
         while not self.stopping:
             records = self._fetch(handler.batch_size)
             handled = 0
-            lease_s = self._lease_until / 1000
+            check_at = min(self._lease_until / 1000, self._next_housekeeping)
             for record in records:
                 if self.stopping:
                     break
-                if now() >= lease_s:
-                    if not self._wait_for_lease():
+                if now() >= check_at:  # the lease to check, or housekeeping due (a slow handler, a long batch)
+                    self._housekeeping()
+                    if now() * 1000 >= self._lease_until and not self._wait_for_lease():
                         break
-                    lease_s = self._lease_until / 1000
+                    check_at = min(self._lease_until / 1000, self._next_housekeeping)
                 # The hot path: one call, one store.  Retries and dead letters only after a failure.
                 try:
                     function(wrap(record))
@@ -218,6 +219,7 @@ class Worker:
                 if not self._wait_for_lease():
                     return WorkerExit.STOPPED
             for chunk in [records] if handler.batch else [[r] for r in records]:
+                self._housekeeping()
                 outcome = self._handle(handler, chunk)
                 if outcome is not _Outcome.DONE:
                     return _exit_for(outcome)
@@ -280,7 +282,8 @@ class Worker:
                 raise _SupervisorGone() from None
 
     def _housekeeping(self) -> None:
-        now = time.monotonic()
+        """Every half second: is the supervisor there, where is the partition's end, the process title."""
+        now = time.time()
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + _HOUSEKEEPING_INTERVAL_S

@@ -123,6 +123,8 @@ class WorldState:
     coordination_partitions: int | None = None
     partitions: dict[tuple[str, int], PartitionState] = field(default_factory=dict)
     pauses: dict[int, Pause] = field(default_factory=dict)
+    # Every (client, instance) that wrote a record of the group, and the time of its latest one.
+    last_seen: dict[Owner, int] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
     _routes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # topic -> coordination partition
 
@@ -148,6 +150,7 @@ class WorldState:
                 stats.misrouted += 1
                 return False
         accepted = _RULES[kind](self, record, at, source)
+        self.last_seen[Owner(record.client, record.instance)] = at
         stats.applied += 1
         if accepted:
             stats.accepted += 1
@@ -289,6 +292,14 @@ class WorldState:
             owner = state.owner
             if owner is not None and owner.client == client and instance in (None, owner.instance):
                 yield key
+
+    def live_members(self, now: int) -> set[Owner]:
+        """Members heard from within 2*HB: any record counts, accepted or not.
+
+        A member that owns nothing and claims nothing writes nothing, so it is
+        not seen: the protocol has no presence record.
+        """
+        return {member for member, at in self.last_seen.items() if now - at <= 2 * self.heartbeat_ms}
 
     def snapshot(self) -> WorldState:
         """An independent copy, safe to read while the original keeps folding."""

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -266,3 +267,35 @@ def test_every_mode_handles_every_message_once_on_a_clean_run(fleet: Fleet, mode
     assert only.wait(timeout=30) == ExitCode.OK
     assert set(fleet.counts().values()) == {1}
     assert {row["offset"] for row in status_rows(fleet).values()} == {250}, "released after the last message"
+
+
+def test_a_worker_that_cannot_keep_up_hands_its_partition_to_a_member_that_can(fleet: Fleet) -> None:
+    """A slow supervisor (20 msgs/s per worker) facing 60 msgs/s per partition releases; a fast one takes over."""
+    slow = fleet.start("slow", "--max-partitions", "4", MW_TEST_DELAY="0.05")
+    poll_until(lambda: len(fleet.worker_pids("slow")) == 4, what="the slow supervisor's 4 workers")
+    fleet.start("fast")
+    poll_until(lambda: len(fleet.worker_pids("fast")) == 4, what="the fast supervisor's 4 workers")
+    slow_partitions = set(fleet.worker_pids("slow"))
+
+    stop = threading.Event()
+    sent = [0]
+
+    def steady_stream() -> None:
+        while not stop.is_set() and sent[0] < 20_000:
+            fleet.produce(range(sent[0], sent[0] + 48))  # 6 per partition, every 0.1 s
+            sent[0] += 48
+            time.sleep(0.1)
+
+    producer = threading.Thread(target=steady_stream, daemon=True)
+    producer.start()
+    try:
+        poll_until(lambda: set(fleet.worker_pids("fast")) >= slow_partitions, timeout=60, what="the fast one to take over")
+    finally:
+        stop.set()
+        producer.join(timeout=30)
+    assert "falling behind" in fleet.log_of("slow") or "stalled" in fleet.log_of("slow")
+    assert "handing it over" in fleet.log_of("slow")
+    poll_until(lambda: all_handled(fleet, sent[0]), timeout=60, what="every message (at least once)")
+    assert not slow_partitions & set(fleet.worker_pids("slow")), "released partitions are not taken back (cool-down)"
+    slow.send_signal(signal.SIGTERM)
+    assert slow.wait(timeout=30) == ExitCode.OK

@@ -112,6 +112,8 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "crash_limit": "2",
         "sick_cooldown": "90s",
         "coordination_fetch_wait": "50ms",
+        "release_if_behind": "false",
+        "behind_cycles": "9",
     }
     assert set(values) == set(SETTINGS), "update this test when a setting is added"
     expected = {
@@ -131,6 +133,8 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "crash_limit": 2,
         "sick_cooldown": 90.0,
         "coordination_fetch_wait": 0.05,
+        "release_if_behind": False,
+        "behind_cycles": 9,
     }
     toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
     from_file = load_settings(write_toml(tmp_path, toml), env={})
