@@ -270,3 +270,10 @@ def test_fold_leaves_its_input_alone() -> None:
 def test_heartbeat_interval_must_be_positive() -> None:
     with pytest.raises(ValueError):
         WorldState(GROUP, 0)
+
+
+def test_live_members_are_those_heard_from_within_two_heartbeats_whatever_the_verdict() -> None:
+    state, _ = world(claim("a", "a1", 0), claim("b", "b1", 1000), heartbeat("c", "c1", 1500, 5))  # b and c refused
+    assert state.live_members(2000) == {Owner("a", "a1"), Owner("b", "b1"), Owner("c", "c1")}
+    assert state.live_members(2001) == {Owner("b", "b1"), Owner("c", "c1")}  # a silent for more than 2*HB
+    assert state.live_members(10_000) == set()
