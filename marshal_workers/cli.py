@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import signal
 import sys
@@ -24,6 +25,7 @@ from marshal_workers.errors import (
     KafkaUnavailable,
     MarshalWorkersError,
     NoHandlersError,
+    UnknownGroupError,
     UnknownTopicError,
 )
 from marshal_workers.exit_codes import ExitCode
@@ -38,6 +40,7 @@ _EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
     CoordinationTopicError: ExitCode.COORDINATION_ERROR,
     CoordinationWriteError: ExitCode.COORDINATION_ERROR,
     UnknownTopicError: ExitCode.UNKNOWN_TOPIC,
+    UnknownGroupError: ExitCode.UNKNOWN_GROUP,
     EmbeddedBrokerError: ExitCode.EMBEDDED_BROKER_ERROR,
     AppLoadError: ExitCode.APP_LOAD_ERROR,
     NoHandlersError: ExitCode.NO_HANDLERS,
@@ -163,3 +166,86 @@ def demo(partitions: int, rate: int, supervisors: int, duration: float) -> None:
     configure_logging("warning")
     options = DemoOptions(partitions=partitions, rate=rate, supervisors=supervisors, duration=duration)
     sys.exit(run_demo(options))
+
+
+@main.command("log")
+@_settings_options
+@click.option("--follow", is_flag=True, help="Keep printing new records until Ctrl-C.")
+@_reports_errors
+def log_command(config_file: str | None, follow: bool, **options: Any) -> None:
+    """Print the group's coordination records, decoded, one per line."""
+    from marshal_workers.admin import log_lines
+
+    settings = _load(config_file, **options)
+    stop: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: stop.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
+    for line in log_lines(settings, follow, stop=lambda: bool(stop)):
+        click.echo(line)
+
+
+@main.group()
+def admin() -> None:
+    """Operator commands: pause a group, set its position."""
+
+
+@admin.command("pause")
+@_settings_options
+@click.option("--for", "duration", required=True, help="How long, e.g. 30s or 5m.")
+@_reports_errors
+def admin_pause(config_file: str | None, duration: str, **options: Any) -> None:
+    """Pause the group: every owner drops its partitions and nobody claims until the pause ends."""
+    from marshal_workers.admin import pause
+    from marshal_workers.config import parse_duration
+
+    settings = _load(config_file, **options)
+    try:
+        seconds = parse_duration(duration)
+    except ConfigError as exc:
+        raise ConfigError(f"--for: {exc}") from None
+    expires = pause(settings, seconds)
+    click.echo(f"group {settings.group} paused until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires / 1000))}")
+
+
+@admin.command("set-position")
+@_settings_options
+@click.option("--topic", required=True, help="The topic whose position to set.")
+@click.option("--partition", type=click.IntRange(0), multiple=True, help="Only these partitions (repeatable).")
+@click.option("--offset", type=click.IntRange(0), help="This offset (the next one to handle).")
+@click.option("--earliest", is_flag=True, help="The start of each partition.")
+@click.option("--latest", is_flag=True, help="The end of each partition (skip what is there).")
+@click.option("--timestamp", help="The first offset at or after this time: ms since epoch or ISO 8601 (UTC if no zone).")
+@_reports_errors
+def admin_set_position(
+    config_file: str | None,
+    topic: str,
+    partition: tuple[int, ...],
+    offset: int | None,
+    earliest: bool,
+    latest: bool,
+    timestamp: str | None,
+    **options: Any,
+) -> None:
+    """Move the group on a topic: pause it, set the positions, resume it."""
+    from marshal_workers.admin import Target, set_position
+
+    given = [offset is not None, earliest, latest, timestamp is not None]
+    if sum(given) != 1:
+        raise ConfigError("give exactly one of --offset, --earliest, --latest, --timestamp")
+    settings = _load(config_file, **options)
+    target = Target(offset=offset, earliest=earliest, latest=latest, timestamp_ms=_parse_timestamp(timestamp))
+    set_position(settings, topic, list(partition) or None, target, report=click.echo)
+
+
+def _parse_timestamp(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"--timestamp: expected ms since epoch or ISO 8601 (2026-11-22T10:00:00), got {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return int(moment.timestamp() * 1000)

@@ -7,6 +7,7 @@
         CoordinationTopicError    the coordination topic is missing and cannot be created
         CoordinationWriteError    a coordination record was not written (retryable)
         UnknownTopicError         a topic named by the user does not exist
+        UnknownGroupError         a group named by the user has no record in the coordination log
         AppLoadError              MODULE:APP cannot be imported or is not an App
             NoHandlersError       the App has no handler to run
     DecodeError                   a coordination record is not valid (internal; readers skip it)
@@ -41,6 +42,10 @@ class CoordinationWriteError(MarshalWorkersError):
 
 class UnknownTopicError(MarshalWorkersError):
     """A topic given by the user does not exist on the cluster."""
+
+
+class UnknownGroupError(MarshalWorkersError):
+    """A group given to an admin command has never written to the coordination topic."""
 
 
 class AppLoadError(MarshalWorkersError):

@@ -17,3 +17,4 @@ class ExitCode(enum.IntEnum):
     APP_LOAD_ERROR = 8  # MODULE:APP cannot be imported or is not an App
     NO_HANDLERS = 9  # the App registered no handler
     WORKER_BOOT_ERROR = 10  # workers cannot start (an on_worker_start hook failed): not retried in a loop
+    UNKNOWN_GROUP = 11  # admin commands: the group has no record in the coordination log

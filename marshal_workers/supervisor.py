@@ -429,7 +429,10 @@ class Supervisor:
         assignment.lost = True
         coordinator = self._require_coordinator()
         owner = coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition))
-        self.log.warning("lost %s[%d] to %s: stopping its worker", assignment.topic, assignment.partition, owner)
+        if owner is None:
+            self.log.warning("%s[%d] was taken from us (a pause?): stopping its worker", assignment.topic, assignment.partition)
+        else:
+            self.log.warning("lost %s[%d] to %s: stopping its worker", assignment.topic, assignment.partition, owner)
         if owner is not None and owner.client == coordinator.client and owner.instance != coordinator.instance:
             self.log.error(
                 "another process uses our client id %r and took our partitions: every instance needs its own "

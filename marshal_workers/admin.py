@@ -1,0 +1,198 @@
+"""Operator actions on a group: pause it, set its position, read its coordination log.
+
+The operator writes as its own client (``admin@<client_id>``), never as a
+supervisor's: during a pause, the releases of the client that wrote the
+``release_group`` set the group's positions (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+from marshal_workers import codec
+from marshal_workers.config import Settings
+from marshal_workers.coordination_log import read_group_state
+from marshal_workers.coordinator import Coordinator
+from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
+from marshal_workers.kafka_clients import admin_client, client_config, require_topic, topic_partition_count
+
+
+def admin_settings(settings: Settings) -> Settings:
+    return replace(settings, client_id=f"admin@{settings.client_id}")
+
+
+def require_known_group(settings: Settings) -> None:
+    """A group the coordination log has never heard of is most likely a typo: refuse it, write nothing."""
+    group = settings.require_group()
+    state = read_group_state(settings, group)
+    if not state.partitions and not state.pauses:
+        raise UnknownGroupError(
+            f"group {group!r} has no record in {settings.coordination_topic} on {settings.brokers}; "
+            "check --group and --coordination-topic"
+        )
+
+
+def pause(settings: Settings, seconds: float) -> int:
+    """Pause the group for ``seconds``: every owner is dropped and nobody may claim. Returns the expiry (ms)."""
+    require_known_group(settings)
+    with Coordinator(admin_settings(settings)) as coordinator:
+        expires = coordinator.now_ms() + int(seconds * 1000)
+        coordinator.release_group(expires)
+        return expires
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to set a partition: exactly one of these."""
+
+    offset: int | None = None
+    earliest: bool = False
+    latest: bool = False
+    timestamp_ms: int | None = None
+
+
+def set_position(
+    settings: Settings,
+    topic: str,
+    partitions: Sequence[int] | None,
+    target: Target,
+    report: Callable[[str], None] = print,
+) -> dict[int, int]:
+    """Move the group on ``topic`` (all partitions, or those given) to ``target``.
+
+    Every check comes first, so a bad request writes nothing.  Then: pause the
+    group, wait 2*HB (every worker's lease lapses, none handles anything more),
+    write the positions as the operator's releases, and end the pause; running
+    supervisors claim again and resume there.  Returns partition -> offset.
+    """
+    require_known_group(settings)
+    count = require_topic(admin_client(settings), settings, topic)
+    chosen = list(range(count)) if partitions is None else list(partitions)
+    for partition in chosen:
+        if not 0 <= partition < count:
+            raise ConfigError(f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition}")
+    positions = resolve_positions(settings, topic, chosen, target)
+
+    with Coordinator(admin_settings(settings)) as coordinator:
+        hold_ms = 2 * settings.heartbeat_ms + 1000
+        coordinator.release_group(coordinator.now_ms() + 2 * hold_ms)
+        report(f"group {settings.group} paused; waiting {hold_ms / 1000:g}s for every worker to stop")
+        time.sleep(hold_ms / 1000)
+        for partition, offset in positions.items():
+            if not coordinator.release(topic, partition, offset):
+                raise ConfigError(f"the position of {topic}[{partition}] was refused (did the pause end early?)")
+            report(f"{topic}[{partition}] -> {offset}")
+        coordinator.release_group(coordinator.now_ms())  # ends the pause now
+    report(f"group {settings.group} resumed")
+    return positions
+
+
+def resolve_positions(settings: Settings, topic: str, partitions: Sequence[int], target: Target) -> dict[int, int]:
+    """The offset for each partition, checked against the partition's log: nothing beyond its end."""
+    consumer = Consumer(client_config(settings, **{"group.id": f"{settings.group}.admin", "enable.auto.commit": False}))
+    try:
+        positions = {}
+        for partition in partitions:
+            low, high = watermarks(consumer, settings, topic, partition)
+            if target.earliest:
+                positions[partition] = low
+            elif target.latest:
+                positions[partition] = high
+            elif target.timestamp_ms is not None:
+                positions[partition] = _offset_for_time(consumer, settings, topic, partition, target.timestamp_ms, high)
+            else:
+                assert target.offset is not None
+                if not low <= target.offset <= high:
+                    raise ConfigError(
+                        f"offset {target.offset} is outside {topic}[{partition}], which holds offsets {low}..{high}"
+                    )
+                positions[partition] = target.offset
+        return positions
+    finally:
+        consumer.close()
+
+
+def watermarks(consumer: Consumer, settings: Settings, topic: str, partition: int) -> tuple[int, int]:
+    """(low, high) of a partition.  The high watermark comes from a fetch (Tansu's ListOffsets under-reports it)."""
+    tp = TopicPartition(topic, partition)
+    try:
+        low, listed_high = consumer.get_watermark_offsets(tp, timeout=settings.connect_timeout, cached=False)
+    except KafkaException as exc:
+        raise ConfigError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from None
+    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+    deadline = time.monotonic() + settings.connect_timeout
+    fetched_high = -1
+    while time.monotonic() < deadline:
+        consumer.poll(0.1)
+        fetched_high = consumer.get_watermark_offsets(tp, cached=True)[1]
+        if fetched_high >= 0:
+            break
+    consumer.unassign()
+    return low, max(listed_high, fetched_high)
+
+
+def _offset_for_time(consumer: Consumer, settings: Settings, topic: str, partition: int, ts_ms: int, high: int) -> int:
+    try:
+        [found] = consumer.offsets_for_times([TopicPartition(topic, partition, ts_ms)], timeout=settings.connect_timeout)
+    except KafkaException as exc:
+        raise ConfigError(f"cannot look up {topic}[{partition}] at time {ts_ms}: {exc}") from None
+    return found.offset if found.offset >= 0 else high  # nothing at or after that time: the end
+
+
+def log_lines(settings: Settings, follow: bool, stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
+    """The group's coordination records, decoded, one line each, in log order per coordination partition."""
+    group = settings.require_group()
+    admin = admin_client(settings)
+    count = topic_partition_count(admin, settings, settings.coordination_topic)
+    if count is None:
+        return
+    consumer = Consumer(
+        client_config(
+            settings,
+            **{"group.id": f"marshal-workers-log-{time.time_ns()}", "enable.auto.commit": False, "enable.partition.eof": True},
+        )
+    )
+    consumer.assign([TopicPartition(settings.coordination_topic, p, OFFSET_BEGINNING) for p in range(count)])
+    at_end: set[int] = set()
+    try:
+        while not stop() and (follow or len(at_end) < count):
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error() is not None:
+                at_end.add(message.partition())
+                continue
+            line = format_record(message.value(), message.partition(), message.offset(), group)
+            if line is not None:
+                yield line
+    finally:
+        consumer.close()
+
+
+def format_record(value: bytes | None, partition: int, offset: int, group: str) -> str | None:
+    """One record as a line for people; None if it belongs to another group.  Garbage is shown as such."""
+    where = f"{partition}@{offset}"
+    try:
+        record = codec.decode(value)
+    except DecodeError as exc:
+        return f"{where} garbage: {exc}"
+    if record.group != group:
+        return None
+    who = f"{record.client}/{record.instance}"
+    kind = type(record).__struct_config__.tag
+    stamp = _utc(record.ts)
+    if isinstance(record, codec.ReleaseGroup):
+        return f"{where} {stamp} {kind} {who} expires={_utc(record.expires)}"
+    detail = f" offset={record.offset}" if not isinstance(record, codec.Claim) else ""
+    return f"{where} {stamp} {kind} {who} {record.topic}[{record.partition}]{detail}"
+
+
+def _utc(ms: int) -> str:
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+    except (ValueError, OverflowError, OSError):  # any int >= 0 is valid on the wire, not every one is a date
+        return f"{ms}ms"

@@ -1,0 +1,121 @@
+"""Operator commands against running supervisors: pause, set-position, log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from e2e_support import Fleet
+from polling import poll_until
+
+from marshal_workers.exit_codes import ExitCode
+
+pytestmark = pytest.mark.broker
+
+
+def admin(fleet: Fleet, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
+    command = [
+        sys.executable, "-m", "marshal_workers", *args, "--brokers", fleet.brokers, "--group", fleet.group,
+        "--coordination-topic", fleet.coordination_topic, "--heartbeat-interval", "1s",
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def handled_at_least(fleet: Fleet, times: int, count: int) -> bool:
+    counts = fleet.counts()
+    return len(counts) == count and min(counts.values()) >= times
+
+
+def test_set_position_rewinds_a_running_group(fleet: Fleet) -> None:
+    fleet.start("only")
+    fleet.produce(range(800))
+    poll_until(lambda: handled_at_least(fleet, 1, 800), what="every message once")
+
+    result = admin(fleet, "admin", "set-position", "--topic", fleet.topic, "--offset", "0")
+    assert result.returncode == ExitCode.OK, result.stderr
+    assert f"{fleet.topic}[7] -> 0" in result.stdout and "resumed" in result.stdout
+    poll_until(lambda: handled_at_least(fleet, 2, 800), timeout=60, what="every message again, from offset 0")
+    assert max(fleet.counts().values()) == 2
+
+
+def test_set_position_by_partition_and_latest(fleet: Fleet) -> None:
+    fleet.start("only")
+    fleet.produce(range(80))
+    poll_until(lambda: handled_at_least(fleet, 1, 80), what="every message once")
+    result = admin(fleet, "admin", "set-position", "--topic", fleet.topic, "--partition", "2", "--earliest")
+    assert result.returncode == ExitCode.OK, result.stderr
+    poll_until(lambda: all(fleet.counts()[str(n)] == 2 for n in range(2, 80, 8)), timeout=60, what="partition 2 again")
+    assert all(fleet.counts()[str(n)] == 1 for n in range(80) if n % 8 != 2), "other partitions are untouched"
+
+
+def test_a_pause_stops_the_group_until_it_expires(fleet: Fleet) -> None:
+    fleet.start("only")
+    fleet.produce(range(80))
+    poll_until(lambda: handled_at_least(fleet, 1, 80), what="every message once")
+    result = admin(fleet, "admin", "pause", "--for", "5s")
+    paused_at = time.time()
+    assert result.returncode == ExitCode.OK, result.stderr
+    assert "paused until" in result.stdout
+    poll_until(lambda: fleet.worker_pids("only") == {}, timeout=10, what="the workers to stop")
+    fleet.produce(range(80, 160))
+    poll_until(lambda: handled_at_least(fleet, 1, 160), timeout=60, what="the rest, after the pause")
+    late = [line for line in fleet.lines() if int(line.value) >= 80]
+    assert min(line.at for line in late) >= paused_at + 4.0, "nothing is handled while the group is paused"
+
+
+def test_bad_admin_requests_are_refused_and_write_nothing(fleet: Fleet) -> None:
+    fleet.start("only")
+    fleet.produce(range(16))
+    poll_until(lambda: handled_at_least(fleet, 1, 16), what="the group to exist")
+    before = admin(fleet, "log").stdout.count("\n")
+
+    beyond = admin(fleet, "admin", "set-position", "--topic", fleet.topic, "--offset", "999")
+    assert beyond.returncode == ExitCode.CONFIG_ERROR and "outside" in beyond.stderr
+    unknown_topic = admin(fleet, "admin", "set-position", "--topic", "no-such-topic", "--earliest")
+    assert unknown_topic.returncode == ExitCode.UNKNOWN_TOPIC
+    two_targets = admin(fleet, "admin", "set-position", "--topic", fleet.topic, "--earliest", "--latest")
+    assert two_targets.returncode == ExitCode.CONFIG_ERROR and "exactly one" in two_targets.stderr
+    bad_duration = admin(fleet, "admin", "pause", "--for", "a while")
+    assert bad_duration.returncode == ExitCode.CONFIG_ERROR and "--for" in bad_duration.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
+    unknown_group = subprocess.run(
+        [sys.executable, "-m", "marshal_workers", "admin", "pause", "--for", "5s", "--brokers", fleet.brokers,
+         "--group", "no-such-group", "--coordination-topic", fleet.coordination_topic],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert unknown_group.returncode == ExitCode.UNKNOWN_GROUP and "no record" in unknown_group.stderr
+
+    after = admin(fleet, "log").stdout
+    assert "release_group" not in after and "admin@" not in after
+    assert after.count("\n") >= before  # only the supervisor's own heartbeats were added
+
+
+def test_log_prints_the_groups_records_and_follows(fleet: Fleet) -> None:
+    fleet.start("only")
+    poll_until(lambda: len(fleet.worker_pids("only")) == 8, what="8 workers")
+    result = admin(fleet, "log")
+    assert result.returncode == ExitCode.OK, result.stderr
+    claims = [line for line in result.stdout.splitlines() if " claim only/" in line]
+    assert len({line.split()[-1] for line in claims}) == 8
+    assert any(" heartbeat only/" in line and " offset=" in line for line in result.stdout.splitlines())
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "marshal_workers", "log", "--follow", "--brokers", fleet.brokers, "--group", fleet.group,
+         "--coordination-topic", fleet.coordination_topic],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        assert follower.stdout is not None
+        seen = [follower.stdout.readline() for _ in range(len(result.stdout.splitlines()) + 3)]
+        assert sum(" heartbeat only/" in line for line in seen) > 0, "new heartbeats keep coming"
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=20) == ExitCode.OK
+    finally:
+        follower.kill()
+        follower.wait()
