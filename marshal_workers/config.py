@@ -44,6 +44,22 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib)?\s*$", re.IGNORECASE)
+_UNIT_BYTES = {None: 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20}
+_UNIT_BYTES |= {"g": 2**30, "gb": 2**30, "gib": 2**30}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from a number or a string such as ``512MB`` or ``1GB`` (binary units: 1MB = 2**20 bytes); 0: no limit."""
+    if isinstance(value, bool):
+        raise ConfigError(f"expected a size such as 512MB, got {value!r}")
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ConfigError(f"expected a size such as 512MB or 2GB, got {value!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    return int(float(match.group(1)) * _UNIT_BYTES[unit])
+
+
 def _parse_str(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -130,6 +146,16 @@ SETTINGS: dict[str, Setting] = {
             _parse_bool,
             "Release a partition whose worker falls behind or stalls, if another member can take it.",
         ),
+        Setting(
+            "max_messages_per_worker",
+            _parse_int(0),
+            "Restart a worker cleanly after it handled this many messages (0: never).",
+        ),
+        Setting(
+            "max_memory_per_worker",
+            parse_size,
+            "Restart a worker cleanly once its resident memory passes this, e.g. 512MB (0: never).",
+        ),
         Setting("behind_cycles", _parse_int(1), "Health cycles (HB/2 each) in a row of falling behind before a release."),
     )
 }
@@ -154,6 +180,8 @@ class Settings:
     crash_limit: int = 5
     sick_cooldown: float = 60.0
     release_if_behind: bool = True
+    max_messages_per_worker: int = 0
+    max_memory_per_worker: int = 0
     behind_cycles: int = 5
     kafka: Mapping[str, str] = field(default_factory=dict)
 

@@ -552,6 +552,9 @@ class Supervisor:
             self._after_lost_claim(assignment)
         elif self.phase is not Phase.RUNNING:
             self._release(assignment)  # stopped (or killed past the timeout): hand over at its progress
+        elif code == WorkerExit.RECYCLE and assignment.next_offset > assignment.started_offset:
+            assignment.restart_at = time.monotonic()  # a lifecycle limit, not a crash: a fresh worker now
+            assignment.crashes_in_a_row = 0
         else:
             self._after_crash(assignment, code)
 

@@ -43,6 +43,7 @@ class WorkerExit(enum.IntEnum):
     RELEASE = 4  # on_error="release": release the partition at the failing message
     LOST = 5  # the partition is not ours any more: nothing to release
     SUPERVISOR_GONE = 6  # the supervisor died: exit without a word
+    RECYCLE = 7  # a lifecycle limit (messages, memory) was reached: start a fresh worker at once
 
 
 class _SupervisorGone(Exception):
@@ -63,6 +64,14 @@ def _call(handler: HandlerSpec, records: list[Any]) -> None:
         handler.function([Message(r) for r in records])
     else:
         handler.function(Message(records[0]))
+
+
+def _resident_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None  # not Linux: no memory limit
 
 
 def _exit_for(outcome: _Outcome) -> WorkerExit:
@@ -105,6 +114,8 @@ class Worker:
         self._next_housekeeping = 0.0
         self._dlq: Producer | None = None
         self._first_fetched = False
+        self._handled_total = 0
+        self._recycle_reason: str | None = None
         self._consumer: Consumer | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -123,7 +134,11 @@ class Worker:
             self._consumer = Consumer(consumer_settings(self.spec))
             self._consumer.assign([TopicPartition(self.spec.topic, self.spec.partition, self.spec.start_offset)])
             self.log.info("worker started at offset %d (%s)", self.spec.start_offset, handler.mode.value)
-            return self._consume(handler)
+            code = self._consume(handler)
+            if code is WorkerExit.STOPPED and self._recycle_reason is not None:
+                self.log.info("worker restarts: %s", self._recycle_reason)
+                return WorkerExit.RECYCLE
+            return code
         except _SupervisorGone:
             return WorkerExit.SUPERVISOR_GONE
         finally:
@@ -176,7 +191,7 @@ class Worker:
         fields, next_offset, processed = self.slot.fields, Field.NEXT_OFFSET, Field.PROCESSED
         function, wrap, now = handler.function, Message, time.time
         while not self.stopping:
-            records = self._fetch(handler.batch_size)
+            records = self._fetch(self._fetch_size(handler))
             handled = 0
             check_at = min(self._lease_until / 1000, self._next_housekeeping)
             for record in records:
@@ -198,13 +213,14 @@ class Worker:
                 fields[next_offset] = record.offset() + 1
                 handled += 1
             fields[processed] += handled
+            self._count_handled(handled)
         return WorkerExit.STOPPED
 
     def _consume_batches(self, handler: HandlerSpec) -> WorkerExit:
         """Batch handlers, and at most once: fetch a batch, (AMO: claim it first), handle it, record progress."""
         at_most_once = handler.mode is Mode.AMO
         while not self.stopping:
-            records = self._fetch(handler.batch_size)
+            records = self._fetch(self._fetch_size(handler))
             if self.stopping:
                 break  # fetched, not begun: the next owner gets them
             if not records or not self._wait_for_lease():
@@ -225,7 +241,33 @@ class Worker:
                     return _exit_for(outcome)
                 self.slot.fields[Field.PROCESSED] += len(chunk)
             self.slot.fields[Field.NEXT_OFFSET] = end
+            self._count_handled(len(records))
         return WorkerExit.STOPPED
+
+    # ----------------------------------------------------- lifecycle limits
+
+    def _fetch_size(self, handler: HandlerSpec) -> int:
+        """A batch never runs past max_messages_per_worker, so the restart falls on a message boundary."""
+        limit = self.spec.settings.max_messages_per_worker
+        return handler.batch_size if not limit else max(1, min(handler.batch_size, limit - self._handled_total))
+
+    def _count_handled(self, count: int) -> None:
+        self._handled_total += count
+        limit = self.spec.settings.max_messages_per_worker
+        if limit and self._handled_total >= limit:
+            self._recycle(f"handled {self._handled_total} messages (max_messages_per_worker)")
+
+    def _check_memory(self) -> None:
+        limit = self.spec.settings.max_memory_per_worker
+        if limit and self._handled_total:  # a fresh worker always gets to handle something first
+            rss = _resident_bytes()
+            if rss is not None and rss > limit:
+                self._recycle(f"resident memory {rss // 2**20} MB passed max_memory_per_worker")
+
+    def _recycle(self, reason: str) -> None:
+        """Finish the message in hand, then exit for a fresh worker that starts exactly where this one stopped."""
+        self._recycle_reason = reason
+        self.stopping = True
 
     def _fetch(self, most: int) -> list[Any]:
         """Up to ``most`` messages: wait a little for the first, then take what is already fetched."""
@@ -288,6 +330,7 @@ class Worker:
             return
         self._next_housekeeping = now + _HOUSEKEEPING_INTERVAL_S
         self._check_supervisor()
+        self._check_memory()
         assert self._consumer is not None
         _, high = self._consumer.get_watermark_offsets(
             TopicPartition(self.spec.topic, self.spec.partition), cached=True

@@ -299,3 +299,22 @@ def test_a_worker_that_cannot_keep_up_hands_its_partition_to_a_member_that_can(f
     assert not slow_partitions & set(fleet.worker_pids("slow")), "released partitions are not taken back (cool-down)"
     slow.send_signal(signal.SIGTERM)
     assert slow.wait(timeout=30) == ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    ("limit", "reason"),
+    [
+        (("MARSHAL_WORKERS_MAX_MESSAGES_PER_WORKER", "30"), "max_messages_per_worker"),
+        (("MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER", "1MB"), "max_memory_per_worker"),
+    ],
+)
+def test_a_worker_past_a_lifecycle_limit_restarts_cleanly_at_its_exact_offset(
+    fleet: Fleet, limit: tuple[str, str], reason: str
+) -> None:
+    fleet.env |= {limit[0]: limit[1], "MW_TEST_DELAY": "0.005"}
+    fleet.start("only")
+    fleet.produce(range(800))  # 100 per partition: several restarts each
+    poll_until(lambda: all_handled(fleet, 800), timeout=90, what="every message")
+    assert set(fleet.counts().values()) == {1}, "a clean restart repeats nothing"
+    assert fleet.log_of("only").count(reason) >= 8
+    assert "restarting in" not in fleet.log_of("only"), "not counted as a crash"

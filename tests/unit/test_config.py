@@ -114,6 +114,8 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "coordination_fetch_wait": "50ms",
         "release_if_behind": "false",
         "behind_cycles": "9",
+        "max_messages_per_worker": "1000",
+        "max_memory_per_worker": "512MB",
     }
     assert set(values) == set(SETTINGS), "update this test when a setting is added"
     expected = {
@@ -135,6 +137,8 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "coordination_fetch_wait": 0.05,
         "release_if_behind": False,
         "behind_cycles": 9,
+        "max_messages_per_worker": 1000,
+        "max_memory_per_worker": 512 * 2**20,
     }
     toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
     from_file = load_settings(write_toml(tmp_path, toml), env={})
@@ -412,3 +416,16 @@ def test_app_settings_are_defaults_that_env_and_cli_override() -> None:
     )
     assert (from_cli.group, from_cli.max_partitions) == ("cli-group", 0)
     assert app.settings == {"group": "g", "max_partitions": 2}, "loading settings must not change the App"
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("0", 0), ("512", 512), ("64k", 64 * 2**10), ("512MB", 512 * 2**20), ("1.5 GiB", 3 * 2**29)]
+)
+def test_sizes(text: str, size: int) -> None:
+    assert load_settings(env={"MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER": text}).max_memory_per_worker == size
+
+
+@pytest.mark.parametrize("text", ["lots", "-1MB", "5 TB", "MB"])
+def test_bad_sizes_are_refused_naming_the_setting(text: str) -> None:
+    with pytest.raises(ConfigError, match="max_memory_per_worker"):
+        load_settings(env={"MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER": text})
