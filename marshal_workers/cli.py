@@ -71,6 +71,7 @@ def _settings_options(command: F) -> F:
         click.option("--heartbeat-interval", help="HB of the group, e.g. 5s (all members must agree)."),
         click.option("--connect-timeout", help="Give up when Kafka does not answer within this, e.g. 10s."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)),
+        click.option("--log-format", type=click.Choice(["text", "json"]), help="Log lines as text or JSON."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -79,7 +80,7 @@ def _settings_options(command: F) -> F:
 
 def _load(config_file: str | None, app_defaults: dict[str, Any] | None = None, **cli: Any) -> Settings:
     settings = load_settings(config_file, cli, app_defaults=app_defaults)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     return settings
 
 

@@ -132,6 +132,7 @@ SETTINGS: dict[str, Setting] = {
             "Longest wait of the coordination log's fetches (fetch.wait.max.ms): bounds how soon a write is confirmed.",
         ),
         Setting("log_level", _parse_choice("debug", "info", "warning", "error"), "Log level."),
+        Setting("log_format", _parse_choice("text", "json"), "Log lines as text, or as one JSON object each."),
         Setting("max_partitions", _parse_int(0), "Most partitions one supervisor claims (0: no cap)."),
         Setting("shutdown_timeout", parse_duration, "On SIGTERM, how long workers may finish before they are killed."),
         Setting(
@@ -174,6 +175,7 @@ class Settings:
     write_timeout: float = 10.0
     coordination_fetch_wait: float = 0.005
     log_level: str = "info"
+    log_format: str = "text"
     max_partitions: int = 0
     shutdown_timeout: float = 30.0
     auto_offset_reset: str = "earliest"

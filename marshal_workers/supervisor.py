@@ -29,6 +29,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from types import FrameType
 
+import orjson
 import setproctitle
 from confluent_kafka.admin import AdminClient
 
@@ -200,7 +201,7 @@ class Supervisor:
         wakeup_w.setblocking(False)
         self._wakeup_w = wakeup_w  # kept open for the handler's wake-ups
         signal.set_wakeup_fd(wakeup_w.fileno(), warn_on_full_buffer=False)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1):
             signal.signal(signum, self._record_signal)
 
     def _record_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -209,7 +210,9 @@ class Supervisor:
     def _handle_signals(self) -> None:
         while not self._signals.empty():
             signum = self._signals.get_nowait()
-            if signum == signal.SIGQUIT:
+            if signum == signal.SIGUSR1:
+                self._log_state()
+            elif signum == signal.SIGQUIT:
                 self._quit_now()
             elif self.phase is Phase.RUNNING:
                 self.log.info("%s: releasing every partition after its worker finishes", signal.Signals(signum).name)
@@ -217,6 +220,39 @@ class Supervisor:
             else:
                 self.log.info("%s again: stopping workers now", signal.Signals(signum).name)
                 self._kill_workers()
+
+    def _log_state(self) -> None:
+        """SIGUSR1: everything the supervisor knows, in one log line (JSON after "state: ")."""
+        now_ms = int(time.time() * 1000)
+        partitions = []
+        for a in sorted(self.assignments.values(), key=lambda a: a.key):
+            high = a.slot.get(Field.HIGH_WATERMARK)
+            partitions.append(
+                {
+                    "topic": a.topic,
+                    "partition": a.partition,
+                    "worker_pid": None if a.process is None else a.process.pid,
+                    "next_offset": a.next_offset,
+                    "high_watermark": None if high < 0 else high,
+                    "lag": None if high < 0 else max(high - a.next_offset, 0),
+                    "processed": a.slot.get(Field.PROCESSED),
+                    "dead_lettered": a.slot.get(Field.DEAD_LETTERED),
+                    "lease_left_s": round((a.slot.get(Field.LEASE_UNTIL_MS) - now_ms) / 1000, 3),
+                    "crashes_in_a_row": a.crashes_in_a_row,
+                    "claimed_end": a.claimed_end,
+                    "lost": a.lost,
+                    "unhealthy": a.unhealthy,
+                }
+            )
+        state = {
+            "phase": self.phase.value,
+            "claiming": self.claiming,
+            "topics": self.partition_counts,
+            "partitions": partitions,
+            "cooling_down": [f"{t}[{p}]" for (t, p), until in self.cooldown_until.items() if until > time.monotonic()],
+            "message_claims_in_flight": len(self._claims_in_flight),
+        }
+        self.log.info("state: %s", orjson.dumps(state).decode())
 
     def _begin_graceful_stop(self) -> None:
         self.phase = Phase.STOPPING

@@ -114,6 +114,7 @@ class Worker:
         self._next_housekeeping = 0.0
         self._dlq: Producer | None = None
         self._first_fetched = False
+        self._partition = TopicPartition(spec.topic, spec.partition)
         self._handled_total = 0
         self._recycle_reason: str | None = None
         self._consumer: Consumer | None = None
@@ -145,7 +146,7 @@ class Worker:
             self._finish(app)
 
     def _init_process(self) -> None:
-        configure_logging(self.spec.settings.log_level)
+        configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
         self._die_with_parent()
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
@@ -277,6 +278,7 @@ class Worker:
         if first is None:
             return []
         batch = [first, *self._consumer.consume(most - 1, 0)] if most > 1 else [first]
+        self._publish_high_watermark()
         good = [m for m in batch if m.error() is None]
         if good and not self._first_fetched:
             self._first_fetched = True
@@ -331,13 +333,15 @@ class Worker:
         self._next_housekeeping = now + _HOUSEKEEPING_INTERVAL_S
         self._check_supervisor()
         self._check_memory()
+        self._publish_high_watermark()
+        self._set_title(self.slot.get(Field.NEXT_OFFSET))
+
+    def _publish_high_watermark(self) -> None:
+        """The partition's end as the last fetch response told it (the supervisor computes lag from it)."""
         assert self._consumer is not None
-        _, high = self._consumer.get_watermark_offsets(
-            TopicPartition(self.spec.topic, self.spec.partition), cached=True
-        )
+        _, high = self._consumer.get_watermark_offsets(self._partition, cached=True)
         if high >= 0:
             self.slot.set(Field.HIGH_WATERMARK, high)
-        self._set_title(self.slot.get(Field.NEXT_OFFSET))
 
     # ------------------------------------------------------ handler errors
 

@@ -318,3 +318,21 @@ def test_a_worker_past_a_lifecycle_limit_restarts_cleanly_at_its_exact_offset(
     assert set(fleet.counts().values()) == {1}, "a clean restart repeats nothing"
     assert fleet.log_of("only").count(reason) >= 8
     assert "restarting in" not in fleet.log_of("only"), "not counted as a crash"
+
+
+def test_json_logs_and_a_state_dump_on_sigusr1(fleet: Fleet) -> None:
+    only = fleet.start("only", "--log-format", "json")
+    fleet.produce(range(80))
+    poll_until(lambda: all_handled(fleet, 80), what="every message")
+    only.send_signal(signal.SIGUSR1)
+    poll_until(lambda: "state: " in fleet.log_of("only"), what="the state dump")
+    lines = [orjson.loads(line) for line in fleet.log_of("only").splitlines() if line.startswith("{")]
+    assert lines and len(lines) == len(fleet.log_of("only").splitlines()), "every line is one JSON object"
+    assert all(line["group"] == fleet.group for line in lines if line["logger"].startswith("marshal_workers.s"))
+    workers = [line for line in lines if line["logger"] == "marshal_workers.worker"]
+    assert {line["partition"] for line in workers} == set(range(8)) and {line["topic"] for line in workers} == {fleet.topic}
+    [dump] = [line for line in lines if line["message"].startswith("state: ")]
+    state = orjson.loads(dump["message"][len("state: "):])
+    assert state["phase"] == "running" and len(state["partitions"]) == 8
+    assert sum(p["processed"] for p in state["partitions"]) == 80
+    assert all(p["lag"] == 0 and p["next_offset"] == 10 for p in state["partitions"])

@@ -116,6 +116,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "behind_cycles": "9",
         "max_messages_per_worker": "1000",
         "max_memory_per_worker": "512MB",
+        "log_format": "json",
     }
     assert set(values) == set(SETTINGS), "update this test when a setting is added"
     expected = {
@@ -139,6 +140,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "behind_cycles": 9,
         "max_messages_per_worker": 1000,
         "max_memory_per_worker": 512 * 2**20,
+        "log_format": "json",
     }
     toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
     from_file = load_settings(write_toml(tmp_path, toml), env={})
