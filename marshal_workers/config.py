@@ -14,7 +14,7 @@ import re
 import socket
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marshal_workers.errors import ConfigError
@@ -259,9 +259,3 @@ def load_settings(
 
     _apply(values, {k: v for k, v in (cli or {}).items() if v is not None}, "the command line")
     return replace(Settings(), kafka=kafka, **values)
-
-
-def describe_settings() -> list[tuple[str, Any, str]]:
-    """(name, default, help) for every setting, in declaration order."""
-    defaults = Settings()
-    return [(f.name, getattr(defaults, f.name), SETTINGS[f.name].help) for f in fields(Settings) if f.name in SETTINGS]

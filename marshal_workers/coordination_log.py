@@ -187,10 +187,6 @@ class CoordinationLog:
     def snapshot(self) -> WorldState:
         return self.read(WorldState.snapshot)
 
-    def is_caught_up(self) -> bool:
-        with self._lock:
-            return all(self._at_end)
-
     def wait_caught_up(self, stall_timeout: float) -> None:
         """Block until every partition reached its end once; give up after ``stall_timeout`` without progress."""
         with self._lock:

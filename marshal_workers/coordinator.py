@@ -167,11 +167,7 @@ class Coordinator:
 
     def claim_messages(self, topic: str, partition: int, offset: int) -> bool:
         """At-most-once: claim every message before ``offset``; only process them if True."""
-        return self.claim_messages_many([(topic, partition, offset)])[0]
-
-    def claim_messages_many(self, claims: Sequence[tuple[str, int, int]]) -> list[bool]:
-        """Several message claims (e.g. one per AMO worker) in one round trip."""
-        return self.write(self.message_claims(claims))
+        return self.write(self.message_claims([(topic, partition, offset)]))[0]
 
     def message_claims(self, claims: Sequence[tuple[str, int, int]]) -> list[codec.Record]:
         """claim_messages records for (topic, partition, end offset) triples, stamped now."""

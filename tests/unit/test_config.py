@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from marshal_workers.config import SETTINGS, Settings, describe_settings, load_settings, parse_duration
+from marshal_workers.config import SETTINGS, Settings, load_settings, parse_duration
 from marshal_workers.errors import ConfigError
 
 
@@ -377,17 +377,6 @@ def test_require_group() -> None:
     with pytest.raises(ConfigError, match="--group"):
         load_settings(env={}).require_group()
     assert load_settings(env={"MARSHAL_WORKERS_GROUP": "billing"}).require_group() == "billing"
-
-
-def test_describe_settings_lists_every_setting() -> None:
-    described = describe_settings()
-    names = [name for name, _, _ in described]
-    assert sorted(names) == sorted(SETTINGS)
-    assert len(names) == len(set(names))
-    defaults = Settings()
-    for name, default, help_text in described:
-        assert default == getattr(defaults, name)
-        assert help_text.strip()
 
 
 def test_settings_given_in_code_replace_the_defaults_and_everything_else_overrides_them(tmp_path: Path) -> None:
