@@ -14,7 +14,7 @@ import re
 import socket
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from marshal_workers.errors import ConfigError
@@ -195,6 +195,11 @@ class Settings:
         if not self.group:
             raise ConfigError("no group given: pass --group, set MARSHAL_WORKERS_GROUP, or put group in the config file")
         return self.group
+
+    def __repr__(self) -> str:
+        # Settings travel in WorkerSpecs, exceptions and test reports: a repr never shows a secret.
+        shown = {f.name: getattr(self, f.name) for f in fields(self)} | {"kafka": self.kafka_redacted()}
+        return f"Settings({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
 
     def kafka_redacted(self) -> dict[str, str]:
         """The librdkafka passthrough settings with secrets masked, fit for logs."""

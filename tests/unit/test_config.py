@@ -368,6 +368,9 @@ def test_kafka_redacted_masks_secrets() -> None:
     for n in range(1, 8):
         assert f"pw-{n}" not in repr(redacted)
     assert settings.kafka == kafka, "redacting must not change the settings used to connect"
+    shown = repr(settings)
+    assert "sasl.username': 'alice'" in shown and "group=None" in shown
+    assert not any(f"pw-{n}" in shown for n in range(1, 8)), "a Settings repr never shows a secret"
 
 
 # ------------------------------------------------------------------- helpers
