@@ -20,6 +20,8 @@ from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, client_config, require_topic, topic_partition_count
 
+MAX_TIMESTAMP_MS = 2**63 - 1
+
 
 def admin_settings(settings: Settings) -> Settings:
     return replace(settings, client_id=f"admin@{settings.client_id}")
@@ -41,6 +43,8 @@ def pause(settings: Settings, seconds: float) -> int:
     require_known_group(settings)
     with Coordinator(admin_settings(settings)) as coordinator:
         expires = coordinator.now_ms() + int(seconds * 1000)
+        if expires > MAX_TIMESTAMP_MS:
+            raise ConfigError(f"a pause of {seconds:g}s ends past what the protocol can write (int64 ms); use less")
         coordinator.release_group(expires)
         return expires
 

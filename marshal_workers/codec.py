@@ -80,8 +80,17 @@ _encoder = msgspec.json.Encoder()
 
 
 def encode(record: Record) -> bytes:
-    """The record's Kafka value: a compact JSON object."""
-    return _encoder.encode(record)
+    """The record's Kafka value: a compact JSON object.
+
+    Raises ValueError for a record that readers would skip as invalid (structs
+    are not checked when built, e.g. an expiry beyond int64): never write one.
+    """
+    value = _encoder.encode(record)
+    try:
+        _decoder.decode(value)
+    except msgspec.MsgspecError as exc:
+        raise ValueError(f"not a valid coordination record, readers would skip it: {exc}") from None
+    return value
 
 
 def decode(value: bytes | None) -> Record:

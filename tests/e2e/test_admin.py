@@ -82,6 +82,8 @@ def test_bad_admin_requests_are_refused_and_write_nothing(fleet: Fleet) -> None:
     assert two_targets.returncode == ExitCode.CONFIG_ERROR and "exactly one" in two_targets.stderr
     bad_duration = admin(fleet, "admin", "pause", "--for", "a while")
     assert bad_duration.returncode == ExitCode.CONFIG_ERROR and "--for" in bad_duration.stderr
+    endless = admin(fleet, "admin", "pause", "--for", "999999999999999h")
+    assert endless.returncode == ExitCode.CONFIG_ERROR and "int64" in endless.stderr
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     unknown_group = subprocess.run(
         [sys.executable, "-m", "marshal_workers", "admin", "pause", "--for", "5s", "--brokers", fleet.brokers,

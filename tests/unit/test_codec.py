@@ -464,3 +464,11 @@ def test_coordination_partition_is_in_range(topic: str, count: int) -> None:
 def test_coordination_partition_rejects_partition_count_below_1(count: int) -> None:
     with pytest.raises(ValueError):
         codec.coordination_partition("orders", count)
+
+
+def test_a_record_readers_would_skip_is_never_encoded() -> None:
+    too_late = ReleaseGroup(v=1, ts=1, group="g", client="c", instance="i", expires=2**63)
+    with pytest.raises(ValueError, match="readers would skip it"):
+        codec.encode(too_late)
+    with pytest.raises(ValueError):
+        codec.encode(Claim(v=1, ts=1, group="", client="c", instance="i", topic="t", partition=0))
