@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from marshal_workers.config import SETTINGS, parse_duration
+from marshal_workers.config import SETTINGS, Settings, parse_duration, parse_limit
 from marshal_workers.errors import ConfigError
 
 
@@ -97,6 +97,8 @@ class HandlerSpec:
     retries: int = 3  # retries after the first failure, before on_error applies
     retry_backoff: float = 0.1  # seconds before the first retry; doubles each time
     on_error: OnError = OnError.DLQ
+    soft_time_limit: float | None = None  # seconds; None: the soft_time_limit setting
+    time_limit: float | None = None  # seconds; None: the time_limit setting
 
     @property
     def name(self) -> str:
@@ -136,9 +138,16 @@ class App:
         retries: int = 3,
         retry_backoff: float | str = 0.1,
         on_error: str = "dlq",
+        soft_time_limit: float | str | None = None,
+        time_limit: float | str | None = None,
     ) -> Callable[[Handler], Handler]:
-        """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``."""
+        """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``.
+
+        ``soft_time_limit`` and ``time_limit`` (e.g. "30s") override the settings of the same name
+        for this handler; 0 turns a limit off.
+        """
         spec_options = _handler_options(topic, mode, batch_size, retries, retry_backoff, on_error)
+        spec_options |= _time_limits(topic, soft_time_limit, time_limit)
 
         def register(function: Handler) -> Handler:
             existing = self.handlers.get(topic)
@@ -192,3 +201,25 @@ def _handler_options(
         "retry_backoff": backoff,
         "on_error": parsed_on_error,
     }
+
+
+def _time_limits(topic: str, soft: float | str | None, hard: float | str | None) -> dict[str, float | None]:
+    limits: dict[str, float | None] = {}
+    for name, value in (("soft_time_limit", soft), ("time_limit", hard)):
+        try:
+            limits[name] = None if value is None else parse_limit(value)
+        except ConfigError as exc:
+            raise ConfigError(f"handler for {topic!r}: {name}: {exc}") from None
+    return limits
+
+
+def effective_time_limits(handler: HandlerSpec, settings: Settings) -> tuple[float, float]:
+    """(soft, hard) limits in seconds for a handler (0: none); the handler's own win over the settings."""
+    soft = settings.soft_time_limit if handler.soft_time_limit is None else handler.soft_time_limit
+    hard = settings.time_limit if handler.time_limit is None else handler.time_limit
+    if soft and hard and soft >= hard:
+        raise ConfigError(
+            f"handler for {handler.topic!r}: soft_time_limit ({soft:g}s) must be shorter than time_limit "
+            f"({hard:g}s), or the soft one never fires"
+        )
+    return soft, hard

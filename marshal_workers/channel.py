@@ -28,7 +28,17 @@ class Field(enum.IntEnum):
     PROCESSED = 2  # worker: messages handled
     DEAD_LETTERED = 3  # worker: messages sent to the dead-letter topic
     HIGH_WATERMARK = 4  # worker: the partition's high watermark from its last fetch
-    LAST_PROGRESS_MS = 5  # worker: wall-clock time of its last progress
+    # Set only when a time limit or metrics are on (instrumented handler calls, see worker.py):
+    CALL_STARTED_MS = 5  # worker: wall-clock start of the handler call in progress; 0 between calls
+    CALL_END_OFFSET = 6  # worker: the offset after the message(s) of that call
+    LATENCY_SUM_NS = 7  # worker: total time spent in handler calls
+
+
+# Handler latency histogram (metrics on): upper bounds in seconds; after the Field entries, one count
+# per bound and one for +Inf, each the number of handler calls that took at most that long (not cumulative).
+LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENCY_FIRST_BUCKET = len(Field)
+SLOT_SIZE = LATENCY_FIRST_BUCKET + len(LATENCY_BOUNDS) + 1
 
 
 class Slot:
@@ -41,13 +51,10 @@ class Slot:
 
     @classmethod
     def create(cls, context: BaseContext, next_offset: int) -> Slot:
-        array = context.RawArray("q", len(Field))  # type: ignore[attr-defined]
+        array = context.RawArray("q", SLOT_SIZE)  # type: ignore[attr-defined]  # zeroed
         slot = cls(array)
-        for field in Field:
-            array[field] = NOT_YET
         array[Field.NEXT_OFFSET] = next_offset
-        array[Field.LEASE_UNTIL_MS] = 0
-        array[Field.PROCESSED] = array[Field.DEAD_LETTERED] = 0
+        array[Field.HIGH_WATERMARK] = NOT_YET
         return slot
 
     def get(self, field: Field) -> int:
@@ -55,6 +62,10 @@ class Slot:
 
     def set(self, field: Field, value: int) -> None:
         self.fields[field] = value
+
+    def latency_counts(self) -> list[int]:
+        """Handler calls per latency bucket (LATENCY_BOUNDS, then +Inf); not cumulative."""
+        return self.fields[LATENCY_FIRST_BUCKET:SLOT_SIZE].tolist()
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,9 @@ class WorkerSpec:
     partition: int
     start_offset: int
     settings: Settings
+    # Messages [start, end) whose handler call the hard time limit killed more often than its retries
+    # allow: the worker applies on_error to them without calling the handler again.
+    give_up_on: tuple[int, int] | None = None
 
     @property
     def group(self) -> str:

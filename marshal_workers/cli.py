@@ -140,7 +140,13 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 @_settings_options
 @click.option("--client-id", help="Stable name of this host/instance (default: hostname); unique per supervisor.")
 @click.option("--max-partitions", type=click.IntRange(0), help="Most partitions to claim (0: no cap).")
+@click.option(
+    "--balance",
+    type=click.Choice(["greedy", "fair"]),
+    help="greedy (default): claim every free partition; fair: hold an equal share of the group's partitions.",
+)
 @click.option("--shutdown-timeout", help="On SIGTERM, how long workers may finish, e.g. 30s.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port (0: off).")
 @_reports_errors
 def run(app_path: str, config_file: str | None, **options: Any) -> None:
     """Run the handlers of MODULE:APP, one worker process per claimed partition."""

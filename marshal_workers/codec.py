@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
-from typing import Annotated, Final, Literal, Union
+from typing import Annotated, Any, Final, Literal, Union
 
 import msgspec
 
@@ -47,10 +47,19 @@ class Claim(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim"):
     """A client asks to own a partition."""
 
 
-class Heartbeat(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="heartbeat"):
-    """The owner is alive; ``offset`` is the next offset it will process."""
+class Heartbeat(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="heartbeat", omit_defaults=True):
+    """The owner is alive; ``offset`` is the next offset it will process.
+
+    ``lag`` (messages behind the partition's end) and ``rate`` (messages/s)
+    are optional extras for ``status`` (section 2 allows extra fields).  They
+    are typed loosely on purpose: another writer's malformed extra must not
+    turn a valid heartbeat into garbage; readers check them before use
+    (:func:`reported_number`).
+    """
 
     offset: NonNegative
+    lag: Any = None
+    rate: Any = None
 
 
 class Release(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="release"):
@@ -103,6 +112,15 @@ def decode(value: bytes | None) -> Record:
         raise DecodeError(str(exc)) from None
     except (ValueError, TypeError, RecursionError) as exc:  # defensive: msgspec documents only MsgspecError
         raise DecodeError(f"{type(exc).__name__}: {exc}") from None
+
+
+def reported_number(value: Any) -> int | float | None:
+    """An optional extra (``lag``, ``rate``) if it is a finite number >= 0, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if value != value or value < 0 or value > 2**63 - 1:  # NaN cannot come from JSON, but a struct can hold it
+        return None
+    return value
 
 
 def record_key(record: Record) -> bytes:

@@ -44,6 +44,13 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
+def parse_limit(value: Any) -> float:
+    """A duration, or 0 for "no limit"."""
+    if not isinstance(value, bool) and value in (0, "0"):
+        return 0.0
+    return parse_duration(value)
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib)?\s*$", re.IGNORECASE)
 _UNIT_BYTES = {None: 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20}
 _UNIT_BYTES |= {"g": 2**30, "gb": 2**30, "gib": 2**30}
@@ -158,6 +165,23 @@ SETTINGS: dict[str, Setting] = {
             "Restart a worker cleanly once its resident memory passes this, e.g. 512MB (0: never).",
         ),
         Setting("behind_cycles", _parse_int(1), "Health cycles (HB/2 each) in a row of falling behind before a release."),
+        Setting(
+            "soft_time_limit",
+            parse_limit,
+            "A handler call running longer gets SoftTimeLimitExceeded raised inside it (0: no limit).",
+        ),
+        Setting(
+            "time_limit",
+            parse_limit,
+            "A handler call running longer has its worker killed and restarted; the message is retried (0: no limit).",
+        ),
+        Setting("metrics_port", _parse_int(0), "Serve Prometheus metrics on this port (0: off)."),
+        Setting("metrics_host", _parse_str, "The address the metrics endpoint listens on."),
+        Setting(
+            "balance",
+            _parse_choice("greedy", "fair"),
+            "greedy: claim every free partition (up to max_partitions); fair: hold an equal share of the group's.",
+        ),
     )
 }
 
@@ -185,6 +209,11 @@ class Settings:
     max_messages_per_worker: int = 0
     max_memory_per_worker: int = 0
     behind_cycles: int = 5
+    balance: str = "greedy"
+    soft_time_limit: float = 0.0
+    time_limit: float = 0.0
+    metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"
     kafka: Mapping[str, str] = field(default_factory=dict)
 
     @property

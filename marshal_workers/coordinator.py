@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
@@ -61,6 +61,16 @@ class _Delivery:
         self.error, self.done = error, True
         if error is None:
             self.partition, self.offset = message.partition(), message.offset()
+
+
+class Progress(NamedTuple):
+    """What a heartbeat reports about one partition; lag and rate are optional extras for ``status``."""
+
+    topic: str
+    partition: int
+    offset: int
+    lag: int | None = None
+    rate: float | None = None
 
 
 @dataclass
@@ -154,12 +164,17 @@ class Coordinator:
 
     def heartbeat(self, topic: str, partition: int, offset: int) -> bool:
         """Report progress; False means we are not the owner (any more)."""
-        return self.heartbeats([(topic, partition, offset)])[0]
+        return self.heartbeats([Progress(topic, partition, offset)])[0]
 
-    def heartbeats(self, progress: Sequence[tuple[str, int, int]]) -> list[bool]:
+    def heartbeats(self, progress: Sequence[Progress]) -> list[bool]:
         """Heartbeat several partitions at once: one round trip for all."""
         common = self._common()
-        return self.write([codec.Heartbeat(**common, topic=t, partition=p, offset=o) for t, p, o in progress])
+        return self.write(
+            [
+                codec.Heartbeat(**common, topic=p.topic, partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate)
+                for p in progress
+            ]
+        )
 
     def release(self, topic: str, partition: int, offset: int) -> bool:
         """Give a partition up; the next owner resumes at ``offset``."""

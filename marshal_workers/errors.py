@@ -11,6 +11,11 @@
         AppLoadError              MODULE:APP cannot be imported or is not an App
             NoHandlersError       the App has no handler to run
     DecodeError                   a coordination record is not valid (internal; readers skip it)
+
+Raised inside handlers:
+
+    TimeLimitExceeded
+        SoftTimeLimitExceeded     a handler call ran past its soft time limit (catch it to clean up)
 """
 
 from __future__ import annotations
@@ -58,3 +63,16 @@ class NoHandlersError(AppLoadError):
 
 class DecodeError(ValueError):
     """A coordination record that is not a valid version-1 record."""
+
+
+class TimeLimitExceeded(Exception):
+    """A handler call ran past a time limit."""
+
+
+class SoftTimeLimitExceeded(TimeLimitExceeded):
+    """Raised inside a handler that runs past ``soft_time_limit``.
+
+    Catch it to clean up and return; if it escapes, the message counts as
+    failed and the handler's error policy (retries, then dead letter or
+    release) applies.  Past ``time_limit`` the worker is killed instead.
+    """

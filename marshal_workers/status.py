@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from marshal_workers.codec import reported_number
 from marshal_workers.world_state import Liveness, WorldState
 
 
@@ -43,10 +44,13 @@ def _partition_row(state: WorldState, topic: str, partition: int, now_ms: int) -
         "instance": None if owner is None else owner.instance,
         "offset": None if found is None else found.resume_offset,
         "heartbeat_age_s": None if owner is None or found is None else round((now_ms - found.last_ts) / 1000, 3),
+        # Reported by the owner in its last heartbeat (optional extras; None when it sent none).
+        "lag": None if found is None else reported_number(found.lag),
+        "rate": None if found is None else reported_number(found.rate),
     }
 
 
-_COLUMNS = ("TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE")
+_COLUMNS = ("TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE", "LAG", "MSGS/S")
 
 
 def render_table(document: dict[str, Any], now_ms: int) -> str:
@@ -62,6 +66,8 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
             "-" if row["client"] is None else f"{row['client']}/{row['instance']}",
             "-" if row["offset"] is None else str(row["offset"]),
             "-" if row["heartbeat_age_s"] is None else f"{row['heartbeat_age_s']:.1f}s",
+            "-" if row["lag"] is None else f"{row['lag']:.0f}",
+            "-" if row["rate"] is None else f"{row['rate']:.0f}",
         )
         for row in document["partitions"]
     ]

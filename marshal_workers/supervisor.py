@@ -12,6 +12,7 @@ fork-safe), with the application module preloaded.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import multiprocessing
@@ -23,7 +24,7 @@ import random
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -33,17 +34,29 @@ import orjson
 import setproctitle
 from confluent_kafka.admin import AdminClient
 
-from marshal_workers.app import App, OnError
+from marshal_workers.app import App, Mode, OnError, effective_time_limits
+from marshal_workers.balance import (
+    BalanceState,
+    FairShare,
+    claim_cap,
+    fair_share,
+    is_hungry,
+    partition_to_ask_for,
+    partitions_to_hand_over,
+    settled_surplus,
+    yields_to_hungry,
+)
 from marshal_workers.channel import Field, Slot, WorkerSpec
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import drain
-from marshal_workers.coordinator import Coordinator, PendingWrite
+from marshal_workers.coordinator import Coordinator, PendingWrite, Progress
 from marshal_workers.errors import CoordinationWriteError, UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.health import HealthPolicy, PartitionHealth, Sample, observe
 from marshal_workers.kafka_clients import admin_client, cluster_metadata, ensure_topic
 from marshal_workers.loader import split_app_path
 from marshal_workers.logs import group_log
+from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Snapshot
 from marshal_workers.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.worker import WorkerExit, worker_main
@@ -78,6 +91,12 @@ class Assignment:
     restart_at: float | None = None  # monotonic time of a pending restart
     lost: bool = False  # someone else owns it now: stop the worker, release nothing
     unhealthy: bool = False  # its worker cannot keep up: stop it and release the partition as sick
+    handing_over: bool = False  # balance="fair": we hold more than our share; stop it and release it
+    timed_out: tuple[int, int] | None = None  # messages [start, end) whose call the hard time limit is killing
+    last_killed: tuple[int, int] | None = None  # the messages of the previous kill
+    time_limit_kills: int = 0  # kills in a row on those same messages
+    give_up_on: tuple[int, int] | None = None  # for the next worker: apply on_error to these, don't call
+    claimed_at: float = field(default_factory=time.monotonic)
     health: PartitionHealth = field(default_factory=PartitionHealth)
 
     @property
@@ -95,6 +114,7 @@ class Timers:
 
     heartbeat: float = 0.0
     claim: float = 0.0
+    ask: float = 0.0  # the next time we may ask another member for a partition
     topics: float = 0.0
     stop_deadline: float | None = None
 
@@ -118,6 +138,8 @@ class Supervisor:
         self.hb_s = settings.heartbeat_interval
         self.restart_policy = RestartPolicy(limit=settings.crash_limit)
         self.health_policy = HealthPolicy(behind_cycles=settings.behind_cycles, stall_after_s=settings.heartbeat_interval)
+        # (soft, hard) seconds per topic; checked here so a bad combination fails before any fork.
+        self.time_limits = {topic: effective_time_limits(h, settings) for topic, h in app.handlers.items()}
         self.assignments: dict[Key, Assignment] = {}
         self.cooldown_until: dict[Key, float] = {}  # monotonic; partitions released as sick
         self.partition_counts: dict[str, int] = {}
@@ -133,6 +155,10 @@ class Supervisor:
         self._admin: AdminClient | None = None
         self._claims_in_flight: list[ClaimsInFlight] = []
         self._unexpected_errors = 0
+        self._balance = BalanceState()
+        self._free_since: dict[Key, float] = {}  # monotonic: when a partition was first seen free
+        self.counters = Counters()
+        self._metrics: MetricsServer | None = None
 
     # ----------------------------------------------------------------- run
 
@@ -145,6 +171,8 @@ class Supervisor:
         self._admin = admin_client(self.settings)
         try:
             self._refresh_topics(first=True)
+            if self.settings.metrics_port:
+                self._metrics = MetricsServer(self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot)
             setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
             self.log.info(
                 "supervisor %s/%s running %s on %s",
@@ -184,12 +212,14 @@ class Supervisor:
         if now >= self.timers.heartbeat:
             self.timers.heartbeat = now + self.hb_s / 2
             self._heartbeat()
+            self._rebalance()
         if now >= self.timers.topics:
             self.timers.topics = now + max(2 * self.hb_s, 5.0)
             self._refresh_topics()
         if now >= self.timers.claim:
             self.timers.claim = now + CLAIM_INTERVAL_S * random.uniform(0.5, 1.5)
             self._claim_free_partitions()
+        self._enforce_time_limits()
         self._restart_due_workers(now)
         self._check_stop_progress(now)
 
@@ -242,11 +272,13 @@ class Supervisor:
                     "claimed_end": a.claimed_end,
                     "lost": a.lost,
                     "unhealthy": a.unhealthy,
+                    "handing_over": a.handing_over,
                 }
             )
         state = {
             "phase": self.phase.value,
             "claiming": self.claiming,
+            "balance": self.settings.balance,
             "topics": self.partition_counts,
             "partitions": partitions,
             "cooling_down": [f"{t}[{p}]" for (t, p), until in self.cooldown_until.items() if until > time.monotonic()],
@@ -350,12 +382,18 @@ class Supervisor:
     def _claim_free_partitions(self) -> None:
         if self.phase is not Phase.RUNNING or not self.claiming:
             return
-        cap = self.settings.max_partitions or float("inf")
+        coordinator = self._require_coordinator()
+        now_ms, monotonic = coordinator.now_ms(), time.monotonic()
+        fair = self.settings.balance == "fair"
+        members = self._members(now_ms) if fair else {}
+        share = fair_share(sum(self.partition_counts.values()), len(members)) if fair else None
+        if share is None:
+            cap: float = self.settings.max_partitions or float("inf")
+        else:
+            cap = claim_cap(share, self.settings.max_partitions)
         room = cap - len(self.assignments)
         if room <= 0:
             return
-        coordinator = self._require_coordinator()
-        now_ms, monotonic = coordinator.now_ms(), time.monotonic()
         wanted = [
             (topic, p)
             for topic, count in self.partition_counts.items()
@@ -364,6 +402,9 @@ class Supervisor:
         ]
         me = (coordinator.client, coordinator.instance)
         free = coordinator.read(lambda world: [key for key in wanted if world.is_free(*key, now_ms, *me)])
+        self._free_since = {key: self._free_since.get(key, monotonic) for key in free}
+        if share is not None and yields_to_hungry(Owner(*me), members, share):
+            free = [key for key in free if monotonic - self._free_since[key] >= self.hb_s]
         random.shuffle(free)
         for topic, partition in free[: int(min(room, CLAIMS_PER_TICK))]:
             self._claim(topic, partition)
@@ -371,9 +412,12 @@ class Supervisor:
     def _claim(self, topic: str, partition: int) -> None:
         coordinator = self._require_coordinator()
         written_ms = coordinator.now_ms()
+        self.timers.ask = time.monotonic() + self.hb_s  # a claim makes us a live member: no need to ask soon
         try:
             if not coordinator.claim(topic, partition):
+                self.counters.claims_refused += 1
                 return
+            self.counters.claims_accepted += 1
             start = self._start_offset(topic, partition)
             if not coordinator.heartbeat(topic, partition, start):
                 return
@@ -415,12 +459,13 @@ class Supervisor:
         if not held:
             return
         coordinator = self._require_coordinator()
-        progress = [(a.topic, a.partition, a.next_offset) for a in held]
+        progress = [_progress(a) for a in held]
         written_ms = coordinator.now_ms()
         try:
             verdicts = coordinator.heartbeats(progress)
         except CoordinationWriteError as exc:
             self.log.warning("heartbeat not confirmed (leases run out unless the next one is): %s", exc)
+            self.counters.heartbeat_failures += 1
             return
         for assignment, accepted in zip(held, verdicts):
             if accepted:
@@ -429,7 +474,7 @@ class Supervisor:
             else:
                 self._lose(assignment)
         # The backup holds only what we own: a lost partition's offset is its new owner's to commit.
-        self._require_offsets().commit([p for p, accepted in zip(progress, verdicts) if accepted])
+        self._require_offsets().commit([(p.topic, p.partition, p.offset) for p, accepted in zip(progress, verdicts) if accepted])
         self._require_offsets().poll()
 
     def _check_health(self, assignment: Assignment) -> None:
@@ -463,6 +508,7 @@ class Supervisor:
         """Someone else owns the partition: stop its worker at once, release nothing."""
         assignment.slot.set(Field.LEASE_UNTIL_MS, 0)
         assignment.lost = True
+        self.counters.partitions_lost += 1
         coordinator = self._require_coordinator()
         owner = coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition))
         if owner is None:
@@ -480,6 +526,65 @@ class Supervisor:
             self._forget(assignment)
         else:
             self._signal_worker(assignment, signal.SIGTERM)
+
+    # -------------------------------------------------------------- balance
+
+    def _members(self, now_ms: int) -> dict[Owner, int]:
+        """The live members of the group (us included) and how many partitions each holds."""
+        coordinator = self._require_coordinator()
+        me = Owner(coordinator.client, coordinator.instance)
+
+        def count(world: WorldState) -> dict[Owner, int]:
+            held = world.holdings(now_ms)
+            return {member: len(held.get(member, ())) for member in world.live_members(now_ms) | {me}}
+
+        return coordinator.read(count)
+
+    def _rebalance(self) -> None:
+        """Hand partitions over (balance="fair"), and ask for a partition when we hold too few.
+
+        Asking is a claim of a busy member's partition: refused while its owner
+        lives, but it makes us a live member in every world state, so the owners
+        see a new fair share.  With balance="greedy" only an idle member asks,
+        so the health monitor knows someone could take a partition.
+        """
+        if self.phase is not Phase.RUNNING or not self.claiming:
+            return
+        coordinator = self._require_coordinator()
+        now_ms, now = coordinator.now_ms(), time.monotonic()
+        me = Owner(coordinator.client, coordinator.instance)
+        if self.settings.balance == "fair":
+            members = self._members(now_ms)
+            share = fair_share(sum(self.partition_counts.values()), len(members))
+            held = [a for a in self.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)]
+            wanted = partitions_to_hand_over(me, members | {me: len(held)}, share)
+            self._balance, surplus = settled_surplus(self._balance, wanted, now, settle_s=self.hb_s)
+            for assignment in sorted(held, key=lambda a: a.claimed_at)[len(held) - surplus :] if surplus else []:
+                self._hand_over(assignment, share)
+            hungry = is_hungry(len(self.assignments), share, self.settings.max_partitions)
+        else:
+            hungry = not self.assignments
+        if hungry and now >= self.timers.ask:
+            self.timers.ask = now + self.hb_s  # once per HB keeps us live (2*HB) at one record per HB
+            wanted_key = partition_to_ask_for(coordinator.read(lambda world: world.holdings(now_ms)), me)
+            if wanted_key is not None:
+                self._claim(*wanted_key)  # refused unless its owner went stale, which makes it a take-over
+
+    def _hand_over(self, assignment: Assignment, share: FairShare) -> None:
+        self.log.info(
+            "%s[%d]: handing it over (balance=fair: our share is %d to %d partitions)",
+            assignment.topic, assignment.partition, share.low, share.high,
+        )  # fmt: skip
+        assignment.handing_over = True
+        if assignment.process is None:
+            self._release_handed_over(assignment)
+        else:
+            self._signal_worker(assignment, signal.SIGTERM)  # released when it exits
+
+    def _release_handed_over(self, assignment: Assignment) -> None:
+        self._release(assignment)
+        # Not ours to take back when the release wakes our claim loop: it is meant for another member.
+        self.cooldown_until[assignment.key] = time.monotonic() + 2 * self.hb_s
 
     # --------------------------------------------------------- AMO claims
 
@@ -544,7 +649,13 @@ class Supervisor:
         # AMO: messages before claimed_end were claimed; whatever became of them, they are never handled again.
         start = max(assignment.next_offset, assignment.claimed_end)
         assignment.slot.set(Field.NEXT_OFFSET, start)
-        spec = WorkerSpec(self.app_path, assignment.topic, assignment.partition, start, self.settings)
+        assignment.slot.set(Field.CALL_STARTED_MS, 0)  # a killed worker's call must not time the new one out
+        spec = WorkerSpec(
+            self.app_path, assignment.topic, assignment.partition, start, self.settings, assignment.give_up_on
+        )
+        assignment.give_up_on = None
+        if assignment.restart_at is not None:
+            self.counters.worker_restarts += 1
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=worker_main,
@@ -576,6 +687,8 @@ class Supervisor:
         where = f"{assignment.topic}[{assignment.partition}]"
         if assignment.lost:
             self._forget(assignment)
+        elif assignment.timed_out is not None:
+            self._after_time_limit(assignment)
         elif code == WorkerExit.BOOT_ERROR:
             self.log.error("the worker for %s could not start (see its error above): stopping", where)
             self.exit_code = ExitCode.WORKER_BOOT_ERROR
@@ -584,6 +697,8 @@ class Supervisor:
                 self._begin_graceful_stop()
         elif code == WorkerExit.RELEASE or assignment.unhealthy:
             self._release(assignment, sick=True)
+        elif assignment.handing_over:
+            self._release_handed_over(assignment)
         elif code == WorkerExit.LOST:
             self._after_lost_claim(assignment)
         elif self.phase is not Phase.RUNNING:
@@ -608,6 +723,46 @@ class Supervisor:
             where, _describe_exit(code), assignment.next_offset, delay,
         )  # fmt: skip
         assignment.restart_at = time.monotonic() + delay
+
+    def _enforce_time_limits(self) -> None:
+        """Kill a worker whose handler call has run past the hard time limit (it may be stuck in C code)."""
+        now_ms = int(time.time() * 1000)
+        for assignment in self.assignments.values():
+            limit = self.time_limits[assignment.topic][1]
+            started = assignment.slot.get(Field.CALL_STARTED_MS)
+            if not limit or assignment.process is None or started <= 0 or assignment.timed_out is not None:
+                continue
+            if now_ms - started > limit * 1000:
+                assignment.timed_out = (assignment.next_offset, assignment.slot.get(Field.CALL_END_OFFSET))
+                self.log.error(
+                    "%s[%d]: handler call on offsets %d..%d ran past time_limit (%gs): killing its worker",
+                    assignment.topic, assignment.partition, assignment.timed_out[0], assignment.timed_out[1] - 1, limit,
+                )  # fmt: skip
+                self.counters.time_limit_kills += 1
+                self._signal_worker(assignment, signal.SIGKILL)
+
+    def _after_time_limit(self, assignment: Assignment) -> None:
+        """A killed call is retried by the handler's error policy: again, then dead letter or release.
+
+        AMO needs nothing: the killed messages were claimed, and a new worker starts after the claim.
+        """
+        killed, assignment.timed_out = assignment.timed_out, None
+        assert killed is not None
+        assignment.time_limit_kills = assignment.time_limit_kills + 1 if killed == assignment.last_killed else 1
+        assignment.last_killed = killed
+        handler = self.app.handlers[assignment.topic]
+        where = f"{assignment.topic}[{assignment.partition}]"
+        if self.phase is not Phase.RUNNING:
+            self._release(assignment)
+        elif handler.mode is Mode.AMO or assignment.time_limit_kills <= handler.retries:
+            assignment.restart_at = time.monotonic() + handler.retry_backoff * 2 ** (assignment.time_limit_kills - 1)
+        elif handler.on_error is OnError.RELEASE:
+            self.log.error("%s: offset %d timed out %d times: releasing it", where, killed[0], assignment.time_limit_kills)
+            self._release(assignment, sick=True)
+        else:
+            self.log.error("%s: offset %d timed out %d times: dead-lettering it", where, killed[0], assignment.time_limit_kills)
+            assignment.give_up_on, assignment.time_limit_kills, assignment.last_killed = killed, 0, None
+            assignment.restart_at = time.monotonic()
 
     def _after_lost_claim(self, assignment: Assignment) -> None:
         """An AMO claim was refused: gone if someone else owns it, else (a lapsed lease) start again."""
@@ -642,6 +797,7 @@ class Supervisor:
             self.log.error("release of %s[%d] not confirmed: %s", assignment.topic, assignment.partition, exc)
             accepted = False
         how = "as sick " if sick else ""
+        self.counters.releases[_release_reason(self.phase, assignment, sick)] += 1
         self.log.info(
             "released %s[%d] %sat offset %d%s", assignment.topic, assignment.partition, how, offset,
             "" if accepted else " (refused: no longer ours)",
@@ -657,6 +813,29 @@ class Supervisor:
 
     def _forget(self, assignment: Assignment) -> None:
         self.assignments.pop(assignment.key, None)
+
+    # -------------------------------------------------------------- metrics
+
+    def metrics_snapshot(self) -> Snapshot:
+        """What the metrics endpoint shows; called from its thread, so it only reads."""
+        partitions = []
+        for a in sorted(list(self.assignments.values()), key=lambda a: a.key):
+            high = a.slot.get(Field.HIGH_WATERMARK)
+            partitions.append(
+                PartitionStats(
+                    topic=a.topic,
+                    partition=a.partition,
+                    next_offset=a.next_offset,
+                    high_watermark=high if high >= 0 else None,
+                    messages_per_second=a.health.consume_rate,
+                    handled=a.slot.get(Field.PROCESSED),
+                    dead_lettered=a.slot.get(Field.DEAD_LETTERED),
+                    latency_counts=a.slot.latency_counts(),
+                    latency_sum_s=a.slot.get(Field.LATENCY_SUM_NS) / 1e9,
+                )
+            )
+        counters = replace(self.counters, releases=collections.Counter(self.counters.releases))
+        return Snapshot(self.group, partitions, counters, self._require_coordinator().garbage_seen)
 
     # ----------------------------------------------------------- plumbing
 
@@ -678,10 +857,29 @@ class Supervisor:
     def _close(self) -> None:
         for assignment in self.assignments.values():
             self._signal_worker(assignment, signal.SIGKILL)
+        if self._metrics is not None:
+            self._metrics.close()
         if self._offsets is not None:
             self._offsets.close()
         if self._coordinator is not None:
             self._coordinator.close()
+
+
+def _progress(assignment: Assignment) -> Progress:
+    """The heartbeat of one partition: its worker's progress, with lag and rate once the monitor knows them."""
+    health, offset = assignment.health, assignment.next_offset
+    high = assignment.slot.get(Field.HIGH_WATERMARK)
+    lag = max(high - offset, 0) if high >= 0 else None
+    rate = None if health.consume_rate is None else round(max(health.consume_rate, 0.0), 1)
+    return Progress(assignment.topic, assignment.partition, offset, lag, rate)
+
+
+def _release_reason(phase: Phase, assignment: Assignment, sick: bool) -> str:
+    if sick:
+        return "sick"
+    if assignment.handing_over:
+        return "balance"
+    return "shutdown" if phase is not Phase.RUNNING else "error"
 
 
 def _resume_offset(world: WorldState, topic: str, partition: int) -> int | None:

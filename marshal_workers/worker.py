@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
@@ -22,8 +23,10 @@ from typing import Any
 import setproctitle
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError
+from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
 from marshal_workers.channel import Field, Slot, WorkerSpec
+from marshal_workers.errors import TimeLimitExceeded
+from marshal_workers.instrumentation import Instruments, instrument
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
 from marshal_workers.logs import ContextLog, configure_logging, partition_log
@@ -125,7 +128,7 @@ class Worker:
         self._init_process()
         try:
             app = load_app(self.spec.app_path)
-            handler = app.handlers[self.spec.topic]
+            handler = self._instrumented(app.handlers[self.spec.topic])
             for hook in app.worker_start_hooks:
                 hook()
         except Exception:
@@ -135,6 +138,8 @@ class Worker:
             self._consumer = Consumer(consumer_settings(self.spec))
             self._consumer.assign([TopicPartition(self.spec.topic, self.spec.partition, self.spec.start_offset)])
             self.log.info("worker started at offset %d (%s)", self.spec.start_offset, handler.mode.value)
+            if self.spec.give_up_on is not None and not self._give_up_on(handler, *self.spec.give_up_on):
+                return WorkerExit.STOPPED
             code = self._consume(handler)
             if code is WorkerExit.STOPPED and self._recycle_reason is not None:
                 self.log.info("worker restarts: %s", self._recycle_reason)
@@ -144,6 +149,12 @@ class Worker:
             return WorkerExit.SUPERVISOR_GONE
         finally:
             self._finish(app)
+
+    def _instrumented(self, handler: HandlerSpec) -> HandlerSpec:
+        """The handler with the time limits and latency counting that are switched on."""
+        soft, hard = effective_time_limits(handler, self.spec.settings)
+        instruments = Instruments(soft_time_limit=soft, track_calls=bool(hard), latency=bool(self.spec.settings.metrics_port))
+        return replace(handler, function=instrument(handler.function, handler.batch, self.slot, instruments))
 
     def _init_process(self) -> None:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
@@ -342,6 +353,29 @@ class Worker:
         _, high = self._consumer.get_watermark_offsets(self._partition, cached=True)
         if high >= 0:
             self.slot.set(Field.HIGH_WATERMARK, high)
+
+    # ---------------------------------------------------------- time limits
+
+    def _give_up_on(self, handler: HandlerSpec, start: int, end: int) -> bool:
+        """Apply on_error to messages [start, end) without calling the handler: their calls were killed by the
+        hard time limit more often than ``retries`` allows.  False if asked to stop first."""
+        assert self._consumer is not None
+        records: list[Any] = []
+        while not records or records[-1].offset() + 1 < end:
+            if self.stopping or not self._wait_for_lease():
+                return False
+            message = self._consumer.poll(0.1)
+            if message is None or message.error() is not None:
+                continue
+            if message.offset() >= end:  # the rest is gone (retention): handle this one normally
+                self._consumer.seek(TopicPartition(self.spec.topic, self.spec.partition, message.offset()))
+                break
+            records.append(message)
+        error = TimeLimitExceeded(f"the handler ran past its time limit {handler.retries + 1} times")
+        if records:
+            self._dead_letter(handler, records, error)
+        self.slot.fields[Field.NEXT_OFFSET] = end
+        return True
 
     # ------------------------------------------------------ handler errors
 

@@ -66,6 +66,9 @@ class PartitionState:
     last_ts: int = 0  # record time of the owner's last claim, heartbeat or claim_messages
     offset: int | None = None  # from heartbeats and releases
     amo_offset: int | None = None  # from claim_messages
+    # The owner's optional report in its last heartbeat (unchecked: see codec.reported_number).
+    lag: Any = None
+    rate: Any = None
 
     @property
     def resume_offset(self) -> int | None:
@@ -123,9 +126,9 @@ class WorldState:
     coordination_partitions: int | None = None
     partitions: dict[tuple[str, int], PartitionState] = field(default_factory=dict)
     pauses: dict[int, Pause] = field(default_factory=dict)
-    # Every instance that wrote a record of the group: the time of its latest one, and its client.
-    # (Keyed by the instance string: a tuple per record would cost a third of the fold's time.)
-    last_seen: dict[str, int] = field(default_factory=dict)
+    # Every instance that claimed a partition, accepted or not: the time of its latest claim, and its client.
+    # With the owners this gives the live members (a member asks for partitions to be seen: see balance.py).
+    last_claim: dict[str, int] = field(default_factory=dict)
     clients: dict[str, str] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
     _routes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # topic -> coordination partition
@@ -152,10 +155,6 @@ class WorldState:
                 stats.misrouted += 1
                 return False
         accepted = _RULES[kind](self, record, at, source)
-        instance = record.instance
-        if instance not in self.last_seen:
-            self.clients[instance] = record.client
-        self.last_seen[instance] = at
         stats.applied += 1
         if accepted:
             stats.accepted += 1
@@ -183,6 +182,8 @@ class WorldState:
         return owner is not None and owner[1] == record.instance and owner[0] == record.client
 
     def _claim(self, record: Claim, at: int, source: int) -> bool:
+        self.last_claim[record.instance] = at
+        self.clients[record.instance] = record.client
         if self._paused_at(source, at) is not None:
             return False
         key = (record.topic, record.partition)
@@ -193,6 +194,7 @@ class WorldState:
             return False
         state.owner = Owner(record.client, record.instance)
         state.last_ts = at
+        state.lag = state.rate = None  # the previous owner's numbers
         return True
 
     def _claimable_by(self, state: PartitionState, client: str, instance: str, at: int) -> bool:
@@ -212,6 +214,8 @@ class WorldState:
         assert state is not None
         state.last_ts = at
         state.offset = record.offset
+        state.lag = record.lag
+        state.rate = record.rate
         return True
 
     def _release(self, record: Release, at: int, source: int) -> bool:
@@ -221,6 +225,7 @@ class WorldState:
             assert state is not None
             state.owner = None
             state.offset = record.offset
+            state.lag = state.rate = None
             return True
         pause = self._paused_at(source, at)
         if pause is not None and pause.client == record.client:
@@ -249,6 +254,7 @@ class WorldState:
         for (topic, _), state in self.partitions.items():
             if self._routed_here(topic, source):
                 state.owner = None
+                state.lag = state.rate = None
         return True
 
     def _paused_at(self, source: int, at: int) -> Pause | None:
@@ -298,17 +304,28 @@ class WorldState:
             if owner is not None and owner.client == client and instance in (None, owner.instance):
                 yield key
 
-    def live_members(self, now: int) -> set[Owner]:
-        """Members heard from within 2*HB: any record counts, accepted or not.
+    def holdings(self, now: int) -> dict[Owner, list[tuple[str, int]]]:
+        """The partitions of every owner whose claim is not stale (heard from within 2*HB)."""
+        held: dict[Owner, list[tuple[str, int]]] = {}
+        limit = 2 * self.heartbeat_ms
+        for key, state in self.partitions.items():
+            owner = state.owner
+            if owner is not None and now - state.last_ts <= limit:
+                held.setdefault(owner, []).append(key)
+        return held
 
-        A member that owns nothing and claims nothing writes nothing, so it is
-        not seen: the protocol has no presence record.
+    def live_members(self, now: int) -> set[Owner]:
+        """The group's members at ``now``: owners of partitions that are not stale, and whoever claimed
+        (accepted or not) within 2*HB.
+
+        A member that owns nothing and claims nothing is not seen: the protocol
+        has no presence record, so a member that wants to be counted asks for a
+        partition (see balance.py).  A member that released everything is gone.
         """
-        return {
-            Owner(self.clients[instance], instance)
-            for instance, at in self.last_seen.items()
-            if now - at <= 2 * self.heartbeat_ms
-        }
+        members = set(self.holdings(now))
+        limit = 2 * self.heartbeat_ms
+        members.update(Owner(self.clients[i], i) for i, at in self.last_claim.items() if now - at <= limit)
+        return members
 
     def snapshot(self) -> WorldState:
         """An independent copy, safe to read while the original keeps folding."""

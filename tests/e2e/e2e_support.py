@@ -10,7 +10,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Producer
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from polling import poll_until
 
 APPS = Path(__file__).parent / "apps"
 HB = "1s"
@@ -119,6 +123,31 @@ class Fleet:
 
     def counts(self) -> collections.Counter[str]:
         return collections.Counter(line.value for line in self.lines())
+
+    def status_rows(self) -> dict[int, dict[str, Any]]:
+        """``marshal-workers status --json`` of the fleet's topic, by partition."""
+        result = subprocess.run(
+            [sys.executable, "-m", "marshal_workers", "status", "--brokers", self.brokers, "--group", self.group,
+             "--coordination-topic", self.coordination_topic, "--heartbeat-interval", HB, "--topic", self.topic,
+             "--json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return {row["partition"]: row for row in orjson.loads(result.stdout)["partitions"]}
+
+    def dead_letters(self, count: int) -> list[Message]:
+        """The first ``count`` messages of the dead-letter topic (waits for them)."""
+        consumer = Consumer({"bootstrap.servers": self.brokers, "group.id": "dlq-reader", "enable.auto.commit": False})
+        consumer.assign([TopicPartition(f"{self.topic}.dlq", p, 0) for p in range(self.partitions)])
+        found: list[Message] = []
+        try:
+            while len(found) < count:
+                message = poll_until(lambda: consumer.poll(0.5), timeout=30, what="a dead letter")
+                if message.error() is None:
+                    found.append(message)
+        finally:
+            consumer.close()
+        return found
 
 
 def _cmdline(pid: int) -> str:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from e2e_support import Fleet
 from polling import poll_until
 
@@ -132,17 +131,12 @@ def test_a_failing_message_is_retried_then_dead_lettered_and_the_partition_goes_
     poll_until(lambda: all_handled(fleet, 79), what="every other message")
     assert "13" not in fleet.counts()
 
-    consumer = Consumer({"bootstrap.servers": fleet.brokers, "group.id": "dlq-reader", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(f"{fleet.topic}.dlq", p, 0) for p in range(fleet.partitions)])
-    try:
-        message = poll_until(lambda: consumer.poll(0.5), timeout=20, what="the dead letter")
-        headers = dict(message.headers())
-        assert message.value() == b"13"
-        assert headers["original_topic"] == fleet.topic.encode()
-        assert (headers["original_partition"], headers["original_offset"]) == (b"5", b"1")
-        assert b"cannot handle" in headers["error"] and headers["error_type"] == b"ValueError"
-    finally:
-        consumer.close()
+    [message] = fleet.dead_letters(1)
+    headers = dict(message.headers())
+    assert message.value() == b"13"
+    assert headers["original_topic"] == fleet.topic.encode()
+    assert (headers["original_partition"], headers["original_offset"]) == (b"5", b"1")
+    assert b"cannot handle" in headers["error"] and headers["error_type"] == b"ValueError"
     assert fleet.log_of("only").count("retry") == 2
 
 
@@ -178,24 +172,14 @@ def test_a_handler_for_a_missing_topic_is_a_clear_error_before_any_fork(tmp_path
     assert time.monotonic() - started < 30
 
 
-def status_rows(fleet: Fleet) -> dict[int, dict[str, object]]:
-    result = subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "status", "--brokers", fleet.brokers, "--group", fleet.group,
-         "--coordination-topic", fleet.coordination_topic, "--heartbeat-interval", "1s", "--topic", fleet.topic, "--json"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    return {row["partition"]: row for row in orjson.loads(result.stdout)["partitions"]}
-
-
 def test_a_worker_that_keeps_crashing_has_its_partition_released_as_sick(fleet: Fleet) -> None:
     fleet.env |= {"MW_TEST_CRASH_VALUE": "10", "MARSHAL_WORKERS_CRASH_LIMIT": "3"}
     fleet.start("only")
     fleet.produce(range(40))  # value 10 is partition 2's second message
-    poll_until(lambda: status_rows(fleet)[2]["state"] == "released", timeout=30, what="partition 2 released")
-    assert status_rows(fleet)[2]["offset"] == 1, "released at the message it cannot get past"
+    poll_until(lambda: fleet.status_rows()[2]["state"] == "released", timeout=30, what="partition 2 released")
+    assert fleet.status_rows()[2]["offset"] == 1, "released at the message it cannot get past"
     assert "crashed 3 times in a row: releasing it as sick" in fleet.log_of("only")
-    assert all(row["state"] == "fresh" for p, row in status_rows(fleet).items() if p != 2), "the others go on"
+    assert all(row["state"] == "fresh" for p, row in fleet.status_rows().items() if p != 2), "the others go on"
     assert 2 not in fleet.worker_pids("only"), "not claimed again during the cool-down"
 
 
@@ -203,8 +187,8 @@ def test_on_error_release_hands_the_partition_back_at_the_failing_message(fleet:
     fleet.env |= {"MW_TEST_FAIL_VALUE": "11", "MW_TEST_ON_ERROR": "release"}
     fleet.start("only")
     fleet.produce(range(40))
-    poll_until(lambda: status_rows(fleet)[3]["state"] == "released", timeout=30, what="partition 3 released")
-    assert status_rows(fleet)[3]["offset"] == 1
+    poll_until(lambda: fleet.status_rows()[3]["state"] == "released", timeout=30, what="partition 3 released")
+    assert fleet.status_rows()[3]["offset"] == 1
     assert "11" not in fleet.counts() and "3" in fleet.counts()
 
 
@@ -217,7 +201,7 @@ def test_sigterm_past_the_shutdown_timeout_kills_a_stuck_handler_and_releases_at
     started = time.monotonic()
     assert only.wait(timeout=30) == ExitCode.OK
     assert 2 <= time.monotonic() - started < 15
-    rows = status_rows(fleet)
+    rows = fleet.status_rows()
     assert all(row["state"] == "released" for row in rows.values())
     assert rows[4]["offset"] == 1, "the stuck message is handed over, to be handled again"
     assert "shutdown_timeout (2s) passed" in fleet.log_of("only")
@@ -232,9 +216,9 @@ def test_a_second_sigterm_skips_the_wait(fleet: Fleet) -> None:
     poll_until(lambda: "SIGTERM: releasing" in fleet.log_of("only"), what="the first signal to be seen")
     only.send_signal(signal.SIGTERM)
     assert only.wait(timeout=20) == ExitCode.OK
-    assert status_rows(fleet)[4] | {"heartbeat_age_s": None} == {
+    assert fleet.status_rows()[4] | {"heartbeat_age_s": None} == {
         "topic": fleet.topic, "partition": 4, "state": "released", "client": None, "instance": None,
-        "offset": 1, "heartbeat_age_s": None,
+        "offset": 1, "heartbeat_age_s": None, "lag": None, "rate": None,
     }  # fmt: skip
 
 
@@ -245,7 +229,7 @@ def test_sigquit_exits_at_once_without_releasing(fleet: Fleet) -> None:
     only.send_signal(signal.SIGQUIT)
     assert only.wait(timeout=10) == ExitCode.OK
     poll_until(lambda: all(pid_gone(pid) for pid in workers), timeout=10, what="the workers to go")
-    assert {row["client"] for row in status_rows(fleet).values()} == {"only"}, "nothing was released"
+    assert {row["client"] for row in fleet.status_rows().values()} == {"only"}, "nothing was released"
 
 
 def test_workers_that_cannot_start_stop_the_supervisor_instead_of_a_fork_loop(fleet: Fleet) -> None:
@@ -266,7 +250,7 @@ def test_every_mode_handles_every_message_once_on_a_clean_run(fleet: Fleet, mode
     only.send_signal(signal.SIGTERM)
     assert only.wait(timeout=30) == ExitCode.OK
     assert set(fleet.counts().values()) == {1}
-    assert {row["offset"] for row in status_rows(fleet).values()} == {250}, "released after the last message"
+    assert {row["offset"] for row in fleet.status_rows().values()} == {250}, "released after the last message"
 
 
 def test_a_worker_that_cannot_keep_up_hands_its_partition_to_a_member_that_can(fleet: Fleet) -> None:

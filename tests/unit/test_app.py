@@ -321,3 +321,36 @@ def test_message_json_of_invalid_json_raises(value: bytes) -> None:
 def test_message_repr_names_topic_partition_offset() -> None:
     msg = Message(FakeRecord(topic="payments", partition=5, offset=99))
     assert "payments[5]@99" in repr(msg)
+
+
+# ------------------------------------------------------------ time limits
+
+
+def test_handler_time_limits_override_the_settings() -> None:
+    from marshal_workers.app import effective_time_limits
+    from marshal_workers.config import Settings
+
+    app = App()
+    app.handler("a", soft_time_limit="2s", time_limit="1m")(lambda m: None)
+    app.handler("b")(lambda m: None)
+    app.handler("c", time_limit=0)(lambda m: None)
+    settings = Settings(soft_time_limit=5.0, time_limit=30.0)
+    assert effective_time_limits(app.handlers["a"], settings) == (2.0, 60.0)
+    assert effective_time_limits(app.handlers["b"], settings) == (5.0, 30.0)
+    assert effective_time_limits(app.handlers["c"], Settings()) == (0.0, 0.0)
+
+
+def test_a_soft_limit_not_shorter_than_the_hard_one_is_refused() -> None:
+    from marshal_workers.app import effective_time_limits
+    from marshal_workers.config import Settings
+
+    app = App()
+    app.handler("a", soft_time_limit="30s", time_limit="30s")(lambda m: None)
+    with pytest.raises(ConfigError, match="'a'.*soft_time_limit.*shorter than time_limit"):
+        effective_time_limits(app.handlers["a"], Settings())
+
+
+@pytest.mark.parametrize("value", ["soon", -1, "5 parsecs", True])
+def test_bad_time_limits_are_refused_naming_the_topic(value: Any) -> None:
+    with pytest.raises(ConfigError, match="'orders'.*time_limit"):
+        App().handler("orders", time_limit=value)

@@ -472,3 +472,11 @@ def test_a_record_readers_would_skip_is_never_encoded() -> None:
         codec.encode(too_late)
     with pytest.raises(ValueError):
         codec.encode(Claim(v=1, ts=1, group="", client="c", instance="i", topic="t", partition=0))
+
+
+def test_heartbeat_extras_are_written_only_when_set() -> None:
+    common = {"v": 1, "ts": 1, "group": "g", "client": "c", "instance": "i", "topic": "t", "partition": 0}
+    plain = orjson.loads(codec.encode(Heartbeat(**common, offset=5)))
+    assert set(plain) == {"v", "type", "ts", "group", "client", "instance", "topic", "partition", "offset"}
+    extras = codec.decode(codec.encode(Heartbeat(**common, offset=5, lag=7, rate=12.5)))
+    assert (extras.lag, extras.rate) == (7, 12.5)

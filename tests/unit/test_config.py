@@ -117,6 +117,11 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "max_messages_per_worker": "1000",
         "max_memory_per_worker": "512MB",
         "log_format": "json",
+        "balance": "fair",
+        "soft_time_limit": "20s",
+        "time_limit": "1m",
+        "metrics_port": "9400",
+        "metrics_host": "127.0.0.1",
     }
     assert set(values) == set(SETTINGS), "update this test when a setting is added"
     expected = {
@@ -141,6 +146,11 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "max_messages_per_worker": 1000,
         "max_memory_per_worker": 512 * 2**20,
         "log_format": "json",
+        "balance": "fair",
+        "soft_time_limit": 20.0,
+        "time_limit": 60.0,
+        "metrics_port": 9400,
+        "metrics_host": "127.0.0.1",
     }
     toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
     from_file = load_settings(write_toml(tmp_path, toml), env={})

@@ -6,7 +6,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from marshal_workers.config import SETTINGS, Settings, load_settings, parse_duration
+from marshal_workers.config import SETTINGS, Settings, load_settings
 
 CONFIG_FILE = Path(__file__).resolve().parents[2] / "config" / "marshal-workers.toml"
 
@@ -30,5 +30,5 @@ def test_the_values_written_in_the_config_file_are_the_defaults() -> None:
         if name == "kafka":
             continue
         expected = getattr(defaults, name)
-        actual = parse_duration(value) if isinstance(expected, float) else value
+        actual = SETTINGS[name].parse(value) if isinstance(expected, float) else value
         assert actual == expected, name

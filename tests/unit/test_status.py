@@ -16,7 +16,7 @@ HB = 5_000  # ms
 T0 = 1_700_000_000_000  # ms since epoch
 
 DOCUMENT_KEYS = {"group", "paused_until", "partitions"}
-ROW_KEYS = {"topic", "partition", "state", "client", "instance", "offset", "heartbeat_age_s"}
+ROW_KEYS = {"topic", "partition", "state", "client", "instance", "offset", "heartbeat_age_s", "lag", "rate"}
 STATES = {"fresh", "unknown", "stale", "released", "unclaimed"}
 
 
@@ -106,6 +106,8 @@ def test_owned_partition_row() -> None:
         "instance": "i-9",
         "offset": 77,
         "heartbeat_age_s": 1.5,
+        "lag": None,
+        "rate": None,
     }
 
 
@@ -171,6 +173,8 @@ def test_released_partition() -> None:
         "instance": None,
         "offset": 12,
         "heartbeat_age_s": None,
+        "lag": None,
+        "rate": None,
     }
 
 
@@ -204,6 +208,8 @@ def test_unclaimed_partitions_are_listed_with_topic_and_partition_count() -> Non
             "instance": None,
             "offset": None,
             "heartbeat_age_s": None,
+            "lag": None,
+            "rate": None,
         }
 
 
@@ -384,3 +390,58 @@ def test_table_of_a_group_paused_far_into_the_future() -> None:
     text = render_table(document, T0 + 2000)
     assert GROUP in text.splitlines()[0]
     assert "PAUSED" in text.splitlines()[0]
+
+
+# ------------------------------------------------- lag and rate (heartbeat extras)
+
+
+def heartbeat_value(at: int, offset: int, **extras: Any) -> bytes:
+    """A heartbeat as another writer might send it, extras and all."""
+    record = {"v": 1, "type": "heartbeat", "ts": at, "group": GROUP, "client": "host-a", "instance": "i-1"}
+    return orjson.dumps(record | {"topic": "orders", "partition": 0, "offset": offset} | extras)
+
+
+def test_status_shows_the_lag_and_rate_of_the_owners_last_heartbeat() -> None:
+    state = world(claim("orders", 0, T0))
+    state.apply_value(heartbeat_value(T0 + 1000, 10, lag=500, rate=1234.5))
+    state.apply_value(heartbeat_value(T0 + 2000, 20, lag=42, rate=99.0))
+    row = only_row(status_document(state, T0 + 2500))
+    assert (row["offset"], row["lag"], row["rate"]) == (20, 42, 99.0)
+    table = render_table(status_document(state, T0 + 2500), T0 + 2500)
+    assert "LAG" in table and "MSGS/S" in table
+    assert table.splitlines()[2].split()[-2:] == ["42", "99"]
+
+
+@pytest.mark.parametrize(
+    "extras",
+    [
+        b'"lag":"many","rate":[1,2]',
+        b'"lag":-1,"rate":-0.5',
+        b'"lag":true,"rate":false',
+        b'"lag":{"nested":{"deep":1}},"rate":null',
+        b'"lag":1000000000000000000000000000000,"rate":1e300',
+    ],
+)
+def test_malformed_extras_are_not_shown_and_do_not_spoil_the_heartbeat(extras: bytes) -> None:
+    state = world(claim("orders", 0, T0))
+    value = heartbeat_value(T0 + 1000, 33)[:-1] + b"," + extras + b"}"
+    _, accepted = state.apply_value(value)
+    assert accepted  # still a valid heartbeat: the partition is fresh at offset 33
+    row = only_row(status_document(state, T0 + 2000))
+    assert (row["state"], row["offset"], row["lag"], row["rate"]) == ("fresh", 33, None, None)
+
+
+def test_a_new_owner_does_not_inherit_the_previous_owners_numbers() -> None:
+    state = world(claim("orders", 0, T0))
+    state.apply_value(heartbeat_value(T0 + 1000, 10, lag=500, rate=80))
+    state.apply(claim("orders", 0, T0 + 1000 + 2 * HB + 1, client="host-b", instance="i-2"), T0 + 1000 + 2 * HB + 1)
+    row = only_row(status_document(state, T0 + 1000 + 2 * HB + 2))
+    assert (row["client"], row["lag"], row["rate"]) == ("host-b", None, None)
+
+
+def test_a_released_partition_shows_no_lag_or_rate() -> None:
+    state = world(claim("orders", 0, T0))
+    state.apply_value(heartbeat_value(T0 + 1000, 10, lag=500, rate=80))
+    state.apply(release("orders", 0, T0 + 2000, 12), T0 + 2000)
+    row = only_row(status_document(state, T0 + 2500))
+    assert (row["state"], row["lag"], row["rate"]) == ("released", None, None)

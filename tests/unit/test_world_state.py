@@ -272,8 +272,28 @@ def test_heartbeat_interval_must_be_positive() -> None:
         WorldState(GROUP, 0)
 
 
-def test_live_members_are_those_heard_from_within_two_heartbeats_whatever_the_verdict() -> None:
-    state, _ = world(claim("a", "a1", 0), claim("b", "b1", 1000), heartbeat("c", "c1", 1500, 5))  # b and c refused
-    assert state.live_members(2000) == {Owner("a", "a1"), Owner("b", "b1"), Owner("c", "c1")}
-    assert state.live_members(2001) == {Owner("b", "b1"), Owner("c", "c1")}  # a silent for more than 2*HB
-    assert state.live_members(10_000) == set()
+def test_live_members_are_fresh_owners_and_recent_claimants_whatever_the_verdict() -> None:
+    state, _ = world(claim("a", "a1", 0), claim("b", "b1", 1000), heartbeat("a", "a1", 1500, 5))  # b refused
+    assert state.live_members(2000) == {Owner("a", "a1"), Owner("b", "b1")}
+    assert state.live_members(1000 + 2 * HB) == {Owner("a", "a1"), Owner("b", "b1")}
+    assert state.live_members(1500 + 2 * HB + 1) == set()  # a stale, b's claim too old
+
+
+def test_a_zombie_heartbeat_does_not_make_a_member() -> None:
+    state, _ = world(claim("a", "a1", 0), heartbeat("z", "z1", 500, 5))
+    assert state.live_members(1000) == {Owner("a", "a1")}
+
+
+def test_a_member_that_released_everything_is_gone_at_once() -> None:
+    state, _ = world(claim("a", "a1", 0), claim("b", "b1", 0, partition=1), release("a", "a1", 3 * HB, 7))
+    state.apply(heartbeat("b", "b1", 3 * HB, 1, partition=1), 3 * HB)
+    assert state.live_members(3 * HB + 1) == {Owner("b", "b1")}
+
+
+def test_holdings_list_the_partitions_of_owners_that_are_not_stale() -> None:
+    state, _ = world(claim("a", "a1", 0), claim("a", "a1", 0, partition=1), claim("b", "b1", 1000, partition=2))
+    assert {k: sorted(v) for k, v in state.holdings(2 * HB).items()} == {
+        Owner("a", "a1"): [("orders", 0), ("orders", 1)],
+        Owner("b", "b1"): [("orders", 2)],
+    }
+    assert state.holdings(2 * HB + 1) == {Owner("b", "b1"): [("orders", 2)]}

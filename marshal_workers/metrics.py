@@ -1,0 +1,138 @@
+"""Prometheus metrics of a supervisor and its workers (``--metrics-port``).
+
+The supervisor hands a function that returns a :class:`Snapshot` (plain
+data: its counters and, per partition, what the worker's slot and the health
+monitor say); :func:`metric_families` turns a snapshot into Prometheus
+metrics.  prometheus_client serves them from its own thread, calling the
+function at each scrape, so nothing is computed between scrapes.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from marshal_workers.channel import LATENCY_BOUNDS
+from marshal_workers.errors import ConfigError
+
+PREFIX = "marshal_workers"
+
+
+@dataclass
+class Counters:
+    """Events counted by the supervisor's main loop (the only writer)."""
+
+    claims_accepted: int = 0
+    claims_refused: int = 0
+    releases: collections.Counter[str] = field(default_factory=collections.Counter)  # by reason
+    heartbeat_failures: int = 0  # heartbeat writes not confirmed
+    partitions_lost: int = 0  # taken over by another member while we held them
+    worker_restarts: int = 0  # after a crash, a lifecycle limit or a time limit
+    time_limit_kills: int = 0
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    topic: str
+    partition: int
+    next_offset: int
+    high_watermark: int | None
+    messages_per_second: float | None
+    handled: int
+    dead_lettered: int
+    latency_counts: list[int]  # per bucket of LATENCY_BOUNDS, then +Inf; not cumulative
+    latency_sum_s: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    group: str
+    partitions: list[PartitionStats]
+    counters: Counters
+    garbage_records: int  # coordination records that did not decode
+
+
+def metric_families(snapshot: Snapshot) -> list[Metric]:
+    """Every metric of one scrape."""
+    group, counters = snapshot.group, snapshot.counters
+    labels = ["group", "topic", "partition"]
+
+    def per_partition(kind: type[Metric], name: str, doc: str) -> Metric:
+        return kind(f"{PREFIX}_{name}", doc, labels=labels)  # type: ignore[call-arg]
+
+    next_offset = per_partition(GaugeMetricFamily, "partition_next_offset", "Next offset the worker will handle.")
+    high = per_partition(GaugeMetricFamily, "partition_high_watermark", "End of the partition, as last fetched.")
+    lag = per_partition(GaugeMetricFamily, "partition_lag", "Messages between the next offset and the end.")
+    rate = per_partition(GaugeMetricFamily, "partition_messages_per_second", "Moving average of messages handled/s.")
+    handled = per_partition(CounterMetricFamily, "messages_handled", "Messages handled since the partition was claimed.")
+    dead = per_partition(CounterMetricFamily, "messages_dead_lettered", "Messages sent to the dead-letter topic.")
+    latency = per_partition(HistogramMetricFamily, "handler_duration_seconds", "Time of each handler call.")
+    for p in snapshot.partitions:
+        where = [group, p.topic, str(p.partition)]
+        next_offset.add_metric(where, p.next_offset)
+        handled.add_metric(where, p.handled)
+        dead.add_metric(where, p.dead_lettered)
+        if p.high_watermark is not None:
+            high.add_metric(where, p.high_watermark)
+            lag.add_metric(where, max(p.high_watermark - p.next_offset, 0))
+        if p.messages_per_second is not None:
+            rate.add_metric(where, p.messages_per_second)
+        cumulative = list(itertools.accumulate(p.latency_counts))
+        bounds = [*(f"{bound:g}" for bound in LATENCY_BOUNDS), "+Inf"]
+        latency.add_metric(where, buckets=list(zip(bounds, cumulative)), sum_value=p.latency_sum_s)
+
+    owned = GaugeMetricFamily(f"{PREFIX}_partitions_owned", "Partitions this supervisor holds.", labels=["group"])
+    owned.add_metric([group], len(snapshot.partitions))
+    claims = CounterMetricFamily(f"{PREFIX}_claims", "Partition claims written, by verdict.", labels=["group", "result"])
+    claims.add_metric([group, "accepted"], counters.claims_accepted)
+    claims.add_metric([group, "refused"], counters.claims_refused)
+    releases = CounterMetricFamily(f"{PREFIX}_releases", "Partitions released, by reason.", labels=["group", "reason"])
+    for reason, count in sorted(counters.releases.items()):
+        releases.add_metric([group, reason], count)
+    simple = [
+        ("heartbeat_failures", "Heartbeat writes that were not confirmed.", counters.heartbeat_failures),
+        ("partitions_lost", "Partitions another member took over while we held them.", counters.partitions_lost),
+        ("worker_restarts", "Workers restarted (crash, lifecycle limit, time limit).", counters.worker_restarts),
+        ("time_limit_kills", "Workers killed because a handler call ran past time_limit.", counters.time_limit_kills),
+        ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
+    ]
+    families: list[Metric] = [next_offset, high, lag, rate, handled, dead, latency, owned, claims, releases]
+    for name, doc, value in simple:
+        counter = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group"])
+        counter.add_metric([group], value)
+        families.append(counter)
+    return families
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, take_snapshot: Callable[[], Snapshot]) -> None:
+        self._take_snapshot = take_snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield from metric_families(self._take_snapshot())
+
+
+class MetricsServer:
+    """The HTTP endpoint (``/metrics``), in a thread of prometheus_client's."""
+
+    def __init__(self, host: str, port: int, take_snapshot: Callable[[], Snapshot]) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_SnapshotCollector(take_snapshot))
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"metrics port {port} is in use on {host}: choose another --metrics-port") from None
+            raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

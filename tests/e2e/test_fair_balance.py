@@ -1,0 +1,66 @@
+"""balance = "fair": supervisors spread a topic's partitions evenly, by clean hand-overs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from e2e_support import Fleet
+from polling import poll_until
+
+pytestmark = pytest.mark.broker
+
+
+def held(fleet: Fleet) -> dict[str, int]:
+    return {client: len(fleet.worker_pids(client)) for client in fleet.processes}
+
+
+def test_a_second_fair_supervisor_gets_half_and_nothing_is_lost_or_repeated(fleet: Fleet) -> None:
+    fleet.start("first", "--balance", "fair")
+    fleet.produce(range(800))
+    poll_until(lambda: len(fleet.counts()) == 800, what="the first supervisor handling everything")
+    assert held(fleet) == {"first": 8}
+
+    # Messages keep coming while the partitions move.
+    stop = threading.Event()
+    produced = [800]
+
+    def keep_producing() -> None:
+        while not stop.is_set():
+            fleet.produce(range(produced[0], produced[0] + 80))
+            produced[0] += 80
+
+    producer = threading.Thread(target=keep_producing)
+    producer.start()
+    try:
+        fleet.start("second", "--balance", "fair")
+        poll_until(lambda: held(fleet) == {"first": 4, "second": 4}, timeout=30, what="4 and 4")
+    finally:
+        stop.set()
+        producer.join()
+    total = produced[0]
+    fleet.produce(range(total, total + 800))  # and the balanced fleet handles what comes after
+    total += 800
+    poll_until(lambda: len(fleet.counts()) == total, timeout=60, what="every message")
+
+    counts = fleet.counts()
+    assert set(counts) == {str(n) for n in range(total)}, "nothing lost"
+    assert [value for value, n in counts.items() if n > 1] == [], "nothing handled twice"
+    handled_by = {line.client for line in fleet.lines() if int(line.value) >= total - 800}
+    assert handled_by == {"first", "second"}
+    # Settled, not flapping: exactly the 4 surplus partitions moved, once, from first to second.
+    assert fleet.log_of("first").count("handing it over") == 4
+    assert fleet.log_of("second").count("handing it over") == 0
+    assert held(fleet) == {"first": 4, "second": 4}
+
+
+def test_when_a_fair_member_leaves_the_other_takes_everything_back(fleet: Fleet) -> None:
+    fleet.start("first", "--balance", "fair")
+    fleet.start("second", "--balance", "fair")
+    poll_until(lambda: held(fleet) == {"first": 4, "second": 4}, timeout=30, what="4 and 4")
+    fleet.processes["second"].terminate()
+    assert fleet.processes["second"].wait(timeout=30) == 0
+    poll_until(lambda: held(fleet) == {"first": 8, "second": 0}, timeout=30, what="first holding all 8")
+    fleet.produce(range(400))
+    poll_until(lambda: len(fleet.counts()) == 400, what="every message")
+    assert {line.client for line in fleet.lines()} == {"first"}

@@ -1,0 +1,92 @@
+"""The metrics a scrape shows, from a supervisor's snapshot (marshal_workers.metrics)."""
+
+from __future__ import annotations
+
+import collections
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from marshal_workers.channel import LATENCY_BOUNDS
+from marshal_workers.errors import ConfigError
+from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Snapshot
+
+
+def snapshot() -> Snapshot:
+    latency = [0] * (len(LATENCY_BOUNDS) + 1)
+    latency[0], latency[4], latency[-1] = 90, 9, 1  # <= 0.5ms, <= 10ms, > 10s
+    busy = PartitionStats("orders", 3, 1000, 1500, 250.5, 990, 2, latency, 12.5)
+    fresh = PartitionStats("orders", 4, 0, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
+    counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
+    counters.heartbeat_failures = 4
+    return Snapshot("billing", [busy, fresh], counters, garbage_records=7)
+
+
+def scrape(server_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server_port}/metrics", timeout=10).read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def served() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    port = free_port()
+    server = MetricsServer("127.0.0.1", port, snapshot)
+    try:
+        yield scrape(port)
+    finally:
+        server.close()
+
+
+def where(partition: int, **more: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"group": "billing", "topic": "orders", "partition": str(partition), **more}.items()))
+
+
+def test_per_partition_progress_lag_and_rate(served: dict) -> None:
+    assert served[("marshal_workers_partition_next_offset", where(3))] == 1000
+    assert served[("marshal_workers_partition_lag", where(3))] == 500
+    assert served[("marshal_workers_partition_messages_per_second", where(3))] == 250.5
+    assert served[("marshal_workers_messages_handled_total", where(3))] == 990
+    assert served[("marshal_workers_messages_dead_lettered_total", where(3))] == 2
+    # A partition whose end is not known yet has no lag rather than a made-up one.
+    assert ("marshal_workers_partition_lag", where(4)) not in served
+    assert served[("marshal_workers_partition_next_offset", where(4))] == 0
+
+
+def test_handler_latency_is_a_cumulative_histogram(served: dict) -> None:
+    bucket = "marshal_workers_handler_duration_seconds_bucket"
+    assert served[(bucket, where(3, le="0.0005"))] == 90
+    assert served[(bucket, where(3, le="0.01"))] == 99
+    assert served[(bucket, where(3, le="10"))] == 99
+    assert served[(bucket, where(3, le="+Inf"))] == 100
+    assert served[("marshal_workers_handler_duration_seconds_count", where(3))] == 100
+    assert served[("marshal_workers_handler_duration_seconds_sum", where(3))] == 12.5
+
+
+def test_supervisor_counters(served: dict) -> None:
+    group = (("group", "billing"),)
+    assert served[("marshal_workers_partitions_owned", group)] == 2
+    assert served[("marshal_workers_claims_total", (("group", "billing"), ("result", "accepted")))] == 2
+    assert served[("marshal_workers_claims_total", (("group", "billing"), ("result", "refused")))] == 5
+    assert served[("marshal_workers_releases_total", (("group", "billing"), ("reason", "balance")))] == 3
+    assert served[("marshal_workers_heartbeat_failures_total", group)] == 4
+    assert served[("marshal_workers_coordination_garbage_records_total", group)] == 7
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ConfigError, match="in use.*--metrics-port"):
+            MetricsServer("127.0.0.1", taken.getsockname()[1], snapshot)
