@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -22,14 +23,20 @@ from marshal_workers.config import Settings
 NOT_YET = -1  # a field that has no value yet
 
 
+def monotonic_ms() -> int:
+    """The clock of the times in a slot.  CLOCK_MONOTONIC is one clock for every process of a host, so
+    the supervisor and its workers agree on it, and a wall-clock step cannot stretch a lease."""
+    return int(time.monotonic() * 1000)
+
+
 class Field(enum.IntEnum):
     NEXT_OFFSET = 0  # worker: the next offset to process (everything before it is done)
-    LEASE_UNTIL_MS = 1  # supervisor: process nothing at or after this wall-clock time
+    LEASE_UNTIL_MS = 1  # supervisor: process nothing at or after this time (monotonic_ms)
     PROCESSED = 2  # worker: messages handled
     DEAD_LETTERED = 3  # worker: messages sent to the dead-letter topic
     HIGH_WATERMARK = 4  # worker: the partition's high watermark from its last fetch
     # Set only when a time limit or metrics are on (instrumented handler calls, see worker.py):
-    CALL_STARTED_MS = 5  # worker: wall-clock start of the handler call in progress; 0 between calls
+    CALL_STARTED_MS = 5  # worker: start of the handler call in progress (monotonic_ms); 0 between calls
     CALL_END_OFFSET = 6  # worker: the offset after the message(s) of that call
     LATENCY_SUM_NS = 7  # worker: total time spent in handler calls
 

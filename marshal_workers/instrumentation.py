@@ -8,7 +8,7 @@ message).
   inside the handler; the error policy treats it as any other failure.
 * The call in progress (for the hard time limit, which the supervisor
   enforces by killing the worker, since a handler stuck in C code never sees
-  a signal handler run): its wall-clock start and the offset after its
+  a signal handler run): its start (monotonic_ms) and the offset after its
   message(s), in the worker's slot.
 * Latency: a count per bucket of LATENCY_BOUNDS and the total time, in the
   slot, read by the supervisor's metrics endpoint.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from marshal_workers.channel import LATENCY_BOUNDS, LATENCY_FIRST_BUCKET, Field, Slot
+from marshal_workers.channel import LATENCY_BOUNDS, LATENCY_FIRST_BUCKET, Field, Slot, monotonic_ms
 from marshal_workers.errors import SoftTimeLimitExceeded
 
 Handler = Callable[[Any], Any]
@@ -61,7 +61,7 @@ def instrument(function: Handler, batch: bool, slot: Slot, instruments: Instrume
     def call(argument: Any) -> Any:
         if track:
             fields[Field.CALL_END_OFFSET] = (argument[-1].offset if batch else argument.offset) + 1
-            fields[Field.CALL_STARTED_MS] = int(time.time() * 1000)
+            fields[Field.CALL_STARTED_MS] = monotonic_ms()
         if soft:
             signal.setitimer(signal.ITIMER_REAL, soft)
         started = time.perf_counter_ns()

@@ -46,7 +46,7 @@ from marshal_workers.balance import (
     settled_surplus,
     yields_to_hungry,
 )
-from marshal_workers.channel import Field, Slot, WorkerSpec
+from marshal_workers.channel import Field, Slot, WorkerSpec, monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import drain
 from marshal_workers.coordinator import Coordinator, PendingWrite, Progress
@@ -253,7 +253,6 @@ class Supervisor:
 
     def _log_state(self) -> None:
         """SIGUSR1: everything the supervisor knows, in one log line (JSON after "state: ")."""
-        now_ms = int(time.time() * 1000)
         partitions = []
         for a in sorted(self.assignments.values(), key=lambda a: a.key):
             high = a.slot.get(Field.HIGH_WATERMARK)
@@ -267,7 +266,7 @@ class Supervisor:
                     "lag": None if high < 0 else max(high - a.next_offset, 0),
                     "processed": a.slot.get(Field.PROCESSED),
                     "dead_lettered": a.slot.get(Field.DEAD_LETTERED),
-                    "lease_left_s": round((a.slot.get(Field.LEASE_UNTIL_MS) - now_ms) / 1000, 3),
+                    "lease_left_s": round((a.slot.get(Field.LEASE_UNTIL_MS) - monotonic_ms()) / 1000, 3),
                     "crashes_in_a_row": a.crashes_in_a_row,
                     "claimed_end": a.claimed_end,
                     "lost": a.lost,
@@ -411,7 +410,7 @@ class Supervisor:
 
     def _claim(self, topic: str, partition: int) -> None:
         coordinator = self._require_coordinator()
-        written_ms = coordinator.now_ms()
+        written_ms = monotonic_ms()  # before the write: the lease errs short
         self.timers.ask = time.monotonic() + self.hb_s  # a claim makes us a live member: no need to ask soon
         try:
             if not coordinator.claim(topic, partition):
@@ -460,7 +459,7 @@ class Supervisor:
             return
         coordinator = self._require_coordinator()
         progress = [_progress(a) for a in held]
-        written_ms = coordinator.now_ms()
+        written_ms = monotonic_ms()  # before the write: the lease errs short
         try:
             verdicts = coordinator.heartbeats(progress)
         except CoordinationWriteError as exc:
@@ -604,7 +603,7 @@ class Supervisor:
                 assignment.connection = None  # the worker is gone; reaping deals with it
         if requests:
             coordinator = self._require_coordinator()
-            written_ms = coordinator.now_ms()
+            written_ms = monotonic_ms()  # before the write: the lease errs short
             claims = [(a.topic, a.partition, end) for a, end in requests]
             try:
                 pending = coordinator.submit(coordinator.message_claims(claims))
@@ -726,7 +725,7 @@ class Supervisor:
 
     def _enforce_time_limits(self) -> None:
         """Kill a worker whose handler call has run past the hard time limit (it may be stuck in C code)."""
-        now_ms = int(time.time() * 1000)
+        now_ms = monotonic_ms()
         for assignment in self.assignments.values():
             limit = self.time_limits[assignment.topic][1]
             started = assignment.slot.get(Field.CALL_STARTED_MS)

@@ -201,7 +201,7 @@ class Worker:
     def _consume_alo(self, handler: HandlerSpec) -> WorkerExit:
         """At least once, one message per call: handle, then record progress; the heartbeat carries it."""
         fields, next_offset, processed = self.slot.fields, Field.NEXT_OFFSET, Field.PROCESSED
-        function, wrap, now = handler.function, Message, time.time
+        function, wrap, now = handler.function, Message, time.monotonic  # the slot's clock (monotonic_ms)
         while not self.stopping:
             records = self._fetch(self._fetch_size(handler))
             handled = 0
@@ -311,7 +311,7 @@ class Worker:
         """True when the lease is valid; waits while it has lapsed; False if asked to stop meanwhile."""
         while True:
             self._lease_until = self.slot.get(Field.LEASE_UNTIL_MS)
-            if time.time() * 1000 < self._lease_until:
+            if time.monotonic() * 1000 < self._lease_until:
                 return True
             if self.stopping:
                 return False
@@ -338,7 +338,7 @@ class Worker:
 
     def _housekeeping(self) -> None:
         """Every half second: is the supervisor there, where is the partition's end, the process title."""
-        now = time.time()
+        now = time.monotonic()
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + _HOUSEKEEPING_INTERVAL_S

@@ -72,6 +72,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 TARGET_ALO = 0.8
 TARGET_AMO = 0.5
+TARGET_METRICS = 0.9  # ALO with metrics on (every handler call timed) against ALO without
+# A fixed port: one supervisor at a time runs in this benchmark.
+METRICS_ENV = {"MARSHAL_WORKERS_METRICS_PORT": "19464", "MARSHAL_WORKERS_METRICS_HOST": "127.0.0.1"}
 TARGET_HANDOVER_MEDIAN_MS = 200.0
 HB = "1s"
 AMO_BATCH_SIZE = 500
@@ -420,7 +423,8 @@ class RunResult:
 
 
 def run_supervised(
-    bootstrap: str, topic: str, count: int, partitions: int, mode: str, workdir: Path, sample_memory: bool
+    bootstrap: str, topic: str, count: int, partitions: int, mode: str, workdir: Path, sample_memory: bool,
+    extra_env: dict[str, str] | None = None,
 ) -> RunResult:
     per_partition = count // partitions
     outdir = workdir / f"out-{topic}"
@@ -433,7 +437,7 @@ def run_supervised(
         "MW_BENCH_BATCH_SIZE": str(AMO_BATCH_SIZE),
         "MW_BENCH_OUT": str(outdir),
         "MW_BENCH_LAST_OFFSET": str(per_partition - 1),
-    }
+    } | (extra_env or {})
     supervisor = SupervisorProcess.start(
         bootstrap,
         f"bench-{mode}-{tag}",
@@ -786,7 +790,7 @@ def main() -> int:
     tuned = {k: worker_conf[k] for k in ("fetch.queue.backoff.ms", "fetch.wait.max.ms")}
     print(f"  tuned baseline (b) settings, from marshal_workers.worker.consumer_settings(): {tuned}")
 
-    rates: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": []}
+    rates: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": [], "e": []}
     memory: dict[str, list[Memory]] = {}
     rounds: list[Round] = []
     failed: list[str] = []
@@ -803,6 +807,7 @@ def main() -> int:
                 ("b", "raw consumers, tuned settings"),
                 ("c", "marshal-workers run, ALO"),
                 ("d", f"marshal-workers run, AMO batch_size {AMO_BATCH_SIZE}"),
+                ("e", "marshal-workers run, ALO, --metrics-port (every handler call timed)"),
             ):
                 print(f"  run {run} {key}: {label}", flush=True)
                 try:
@@ -814,8 +819,8 @@ def main() -> int:
                         timing = run_baseline(bootstrap, topic, count, args.partitions, extra, outdir)
                     else:
                         result = run_supervised(
-                            bootstrap, topic, count, args.partitions, "alo" if key == "c" else "amo", workdir,
-                            sample_memory=(key == "c" and run == 1),
+                            bootstrap, topic, count, args.partitions, "amo" if key == "d" else "alo", workdir,
+                            sample_memory=(key == "c" and run == 1), extra_env=METRICS_ENV if key == "e" else None,
                         )  # fmt: skip
                         assert result.timing is not None
                         timing = result.timing
@@ -849,6 +854,7 @@ def main() -> int:
         "b": "b. raw consumers, worker fetch settings",
         "c": "c. marshal-workers run, ALO",
         "d": f"d. marshal-workers run, AMO batch {AMO_BATCH_SIZE}",
+        "e": "e. marshal-workers run, ALO, metrics on",
     }
     for key, label in labels.items():
         runs = ", ".join(f"{r:,.0f}" for r in rates[key])
@@ -859,6 +865,7 @@ def main() -> int:
         ("c", "a", TARGET_ALO),
         ("d", "b", TARGET_AMO),
         ("d", "a", TARGET_AMO),
+        ("e", "c", TARGET_METRICS),
     ):
         if best[num] and best[den]:
             ratio = best[num] / best[den]
