@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from types import FrameType
+from typing import Any
 
 import orjson
 import setproctitle
@@ -359,6 +360,7 @@ class Supervisor:
                 raise
             self.log.warning("could not refresh topic metadata: %s", exc)
             return
+        self._check_coordination_partitions(metadata)
         for topic in self.app.topics:
             found = metadata.topics.get(topic)
             if found is None or found.error is not None or not found.partitions:
@@ -375,6 +377,22 @@ class Supervisor:
             self.partition_counts[topic] = count
             if first and self.app.handlers[topic].on_error is OnError.DLQ:
                 ensure_topic(admin, self.settings, self.app.handlers[topic].dlq_topic, count)
+
+    def _check_coordination_partitions(self, metadata: Any) -> None:
+        """Routing is md5(topic) mod the coordination topic's partition count: if the count changed, members
+        started before and after the change write about a topic to different logs.  Stop rather than split."""
+        coordinator = self._require_coordinator()
+        found = metadata.topics.get(self.settings.coordination_topic)
+        count = None if found is None or found.error is not None else len(found.partitions)
+        if count is None or count == coordinator.partition_count or self.phase is not Phase.RUNNING:
+            return
+        self.log.error(
+            "the coordination topic %s now has %d partitions (it had %d when we started): members would route "
+            "records differently; stopping. Restart every member of the group together.",
+            self.settings.coordination_topic, count, coordinator.partition_count,
+        )  # fmt: skip
+        self.exit_code = ExitCode.COORDINATION_ERROR
+        self._begin_graceful_stop()
 
     # --------------------------------------------------------------- claims
 
