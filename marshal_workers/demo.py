@@ -146,6 +146,7 @@ def _start_supervisor(settings: Settings, cwd: Path, client_id: str, log_dir: Pa
         sys.executable, "-m", "marshal_workers", "run", DEMO_APP,
         "--brokers", settings.brokers, "--client-id", client_id,
         "--heartbeat-interval", f"{settings.heartbeat_interval}s",
+        "--balance", "fair",  # the supervisors share the partitions evenly, whoever starts first
     ]  # fmt: skip
     with open(log_dir / f"{client_id}.log", "ab") as log:
         # Their own sessions: Ctrl-C reaches only the demo, which stops them in order.
