@@ -2,20 +2,29 @@
 
 Each supervisor computes the same fair share from the world state: the
 group's partitions divided by its live members, rounded down (``low``) and
-up (``high``).  It claims free partitions only up to ``high``.  A supervisor
-holding more than ``high`` hands the surplus over by clean release, and the
-busiest give one each while a member holds fewer than ``low``.  A member
-below ``low`` with nothing free to claim asks for a partition: a claim of a
-busy member's partition, refused while its owner is alive, but it makes the
-asker a live member in everyone's world state, so the owners see the new
-share.
+up (``high``).
 
-Two kinds of hysteresis keep it from flapping:
+* Claiming: a supervisor claims a partition that has just become free only
+  up to ``high``, and not while a member that is asking for partitions could
+  take it; a partition still free after a heartbeat interval may be taken by
+  anyone with room (``max_partitions``), so nothing stays unowned because of
+  the balance.
+* Asking: a supervisor below ``low`` (and below its own ``max_partitions``)
+  with nothing free to claim asks for a partition once per HB: a claim of the
+  busiest member's partition, refused while its owner lives.  The refused
+  claim is in the log, so every member sees who is asking.
+* Giving: partitions move only towards members that ask.  Their shortfall
+  (up to ``low`` each) is covered one partition at a time by the busiest
+  member (ties broken by name, so every member agrees who gives).
 
-* a band: nothing moves while every member holds between ``low`` and ``high``;
-* time: a surplus is handed over only after it has lasted ``settle_s``, so a
-  member that shows up for one heartbeat does not reshuffle the group; and
-  a partition handed over is not claimed back by the same supervisor at once.
+Hysteresis keeps it from flapping:
+
+* a band: nobody asks while it holds ``low`` or more, and nobody gives
+  unless someone asks, so a group within the band never moves (nor does a
+  member capped by ``max_partitions``, which never asks beyond its cap);
+* time: a member gives only once the need has lasted ``settle_s``, so a
+  member seen for one heartbeat does not reshuffle the group; and a
+  partition handed over is not claimed back by the same supervisor at once.
 
 Time is an argument (seconds on any monotonic clock); nothing here reads a
 clock or does I/O.
@@ -23,7 +32,7 @@ clock or does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,7 +43,7 @@ M = TypeVar("M")
 @dataclass(frozen=True)
 class FairShare:
     low: int  # fewer than this: ask for more
-    high: int  # more than this: hand the surplus over
+    high: int  # claim freshly freed partitions up to this
 
 
 def fair_share(total_partitions: int, members: int) -> FairShare:
@@ -45,44 +54,44 @@ def fair_share(total_partitions: int, members: int) -> FairShare:
     return FairShare(low=low, high=low + (1 if rest else 0))
 
 
-def partitions_to_hand_over(me: M, counts: Mapping[M, int], share: FairShare) -> int:
-    """How many of its partitions ``me`` should hand over, every member seeing the same ``counts``.
+def partitions_to_hand_over(me: M, counts: Mapping[M, int], share: FairShare, asking: Collection[M]) -> int:
+    """How many of its partitions ``me`` should hand over, every member seeing the same counts and askers.
 
-    Above ``high``: the surplus.  And while some member holds fewer than
-    ``low`` (a newcomer, or one that asked) and the surpluses do not cover
-    it, the busiest members (ties broken by name, so all agree who) give one
-    each: otherwise 10 partitions over 3 members could rest at 4, 4 and 2.
+    The askers' shortfall (up to ``low`` each) is covered one partition at a
+    time by whoever holds the most at that point, ties broken by name; nobody
+    gives below ``low``.
     """
-    mine = counts.get(me, 0)
-    surplus = max(mine - share.high, 0)
-    shortfall = sum(share.low - n for n in counts.values() if n < share.low)
-    shortfall -= sum(n - share.high for n in counts.values() if n > share.high)
-    if shortfall > 0 and mine > share.low:
-        givers = sorted((m for m, n in counts.items() if n > share.low), key=lambda m: (-counts[m], str(m)))
-        if me in givers[:shortfall]:
-            surplus += 1
-    return surplus
+    shortfall = sum(max(share.low - counts.get(m, 0), 0) for m in asking)
+    remaining = dict(counts)
+    given = 0
+    for _ in range(shortfall):
+        busiest = max(remaining, key=lambda m: (remaining[m], str(m)))
+        if remaining[busiest] <= share.low:
+            break
+        remaining[busiest] -= 1
+        given += busiest == me
+    return given
 
 
 @dataclass(frozen=True)
 class BalanceState:
     """What a supervisor remembers between balance cycles."""
 
-    surplus_since: float | None = None  # when it started having partitions to hand over
+    need_since: float | None = None  # since when it has had partitions to hand over
 
 
-def settled_surplus(state: BalanceState, surplus: int, now: float, settle_s: float) -> tuple[BalanceState, int]:
-    """The surplus to hand over now: 0 until it has lasted ``settle_s`` (a member seen once moves nothing)."""
-    if surplus <= 0:
+def settled(state: BalanceState, wanted: int, now: float, settle_s: float) -> tuple[BalanceState, int]:
+    """How many to hand over now: 0 until the need has lasted ``settle_s`` (a member seen once moves nothing)."""
+    if wanted <= 0:
         return BalanceState(), 0
-    since = now if state.surplus_since is None else state.surplus_since
+    since = now if state.need_since is None else state.need_since
     if now - since < settle_s:
-        return BalanceState(surplus_since=since), 0
-    return BalanceState(), surplus  # handed over: the clock starts again if a surplus reappears
+        return BalanceState(need_since=since), 0
+    return BalanceState(), wanted  # handed over: the clock starts again if a need reappears
 
 
 def claim_cap(share: FairShare, max_partitions: int) -> int:
-    """The most partitions to hold when claiming free ones (max_partitions 0: no cap of its own)."""
+    """The most partitions to hold when claiming freshly freed ones (max_partitions 0: no cap of its own)."""
     return share.high if not max_partitions else min(share.high, max_partitions)
 
 
@@ -92,20 +101,20 @@ def is_hungry(held: int, share: FairShare, max_partitions: int) -> bool:
     return held < wanted
 
 
-def yields_to_hungry(me: M, counts: Mapping[M, int], share: FairShare) -> bool:
-    """Another member holds fewer than ``low`` and we do not: a partition just freed is theirs first.
+def yields_to_askers(me: M, counts: Mapping[M, int], share: FairShare, asking: Collection[M]) -> bool:
+    """Another member asks and holds fewer than ``low``, and we do not: a partition just freed is theirs first.
 
-    (The supervisor still claims one that stays free for a heartbeat interval, so
+    (A partition that stays free for a heartbeat interval is anyone's, so
     nothing waits for a member that cannot take it.)
     """
-    return counts.get(me, 0) >= share.low and any(n < share.low for m, n in counts.items() if m != me)
+    return counts.get(me, 0) >= share.low and any(counts.get(m, 0) < share.low for m in asking if m != me)
 
 
 def partition_to_ask_for(owned: Mapping[M, Iterable[K]], me: M) -> K | None:
-    """A partition of the member holding the most (more than one), to ask for; None if nobody has a surplus."""
+    """A partition of the member holding the most, to ask for; None if no other member holds any."""
     counts = {member: sorted(keys) for member, keys in owned.items() if member != me}  # type: ignore[type-var]
+    counts = {member: keys for member, keys in counts.items() if keys}
     if not counts:
         return None
     busiest = max(counts, key=lambda member: (len(counts[member]), str(member)))
-    keys = counts[busiest]
-    return keys[-1] if len(keys) > 1 else None
+    return counts[busiest][-1]

@@ -53,8 +53,10 @@ class Heartbeat(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="hear
     ``lag`` (messages behind the partition's end) and ``rate`` (messages/s)
     are optional extras for ``status`` (section 2 allows extra fields).  They
     are typed loosely on purpose: another writer's malformed extra must not
-    turn a valid heartbeat into garbage; readers check them before use
-    (:func:`reported_number`).
+    turn a valid heartbeat into garbage; the fold keeps them only if
+    :func:`reported_number` accepts them.  (One limit: a number beyond the
+    double range, such as 1e999, is not valid JSON to the decoder, so the
+    whole record is skipped, as orjson would.)
     """
 
     offset: NonNegative

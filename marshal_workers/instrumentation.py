@@ -62,10 +62,10 @@ def instrument(function: Handler, batch: bool, slot: Slot, instruments: Instrume
         if track:
             fields[Field.CALL_END_OFFSET] = (argument[-1].offset if batch else argument.offset) + 1
             fields[Field.CALL_STARTED_MS] = monotonic_ms()
+        in_call[0] = True  # before the timer is armed, so a very short limit is never missed
         if soft:
             signal.setitimer(signal.ITIMER_REAL, soft)
         started = time.perf_counter_ns()
-        in_call[0] = True
         try:
             return function(argument)
         finally:

@@ -31,6 +31,7 @@ class Counters:
 
     claims_accepted: int = 0
     claims_refused: int = 0
+    asks: int = 0  # balance: claims of another member's partition, to be seen asking (refused)
     releases: collections.Counter[str] = field(default_factory=collections.Counter)  # by reason
     heartbeat_failures: int = 0  # heartbeat writes not confirmed
     partitions_lost: int = 0  # taken over by another member while we held them
@@ -90,9 +91,13 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
 
     owned = GaugeMetricFamily(f"{PREFIX}_partitions_owned", "Partitions this supervisor holds.", labels=["group"])
     owned.add_metric([group], len(snapshot.partitions))
-    claims = CounterMetricFamily(f"{PREFIX}_claims", "Partition claims written, by verdict.", labels=["group", "result"])
+    claims = CounterMetricFamily(
+        f"{PREFIX}_claims", "Partition claims written, by verdict (asked: refused asks of fair balance).",
+        labels=["group", "result"],
+    )
     claims.add_metric([group, "accepted"], counters.claims_accepted)
     claims.add_metric([group, "refused"], counters.claims_refused)
+    claims.add_metric([group, "asked"], counters.asks)
     releases = CounterMetricFamily(f"{PREFIX}_releases", "Partitions released, by reason.", labels=["group", "reason"])
     for reason, count in sorted(counters.releases.items()):
         releases.add_metric([group, reason], count)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from marshal_workers.codec import reported_number
 from marshal_workers.world_state import Liveness, WorldState
 
 
@@ -45,8 +44,8 @@ def _partition_row(state: WorldState, topic: str, partition: int, now_ms: int) -
         "offset": None if found is None else found.resume_offset,
         "heartbeat_age_s": None if owner is None or found is None else round((now_ms - found.last_ts) / 1000, 3),
         # Reported by the owner in its last heartbeat (optional extras; None when it sent none).
-        "lag": None if found is None else reported_number(found.lag),
-        "rate": None if found is None else reported_number(found.rate),
+        "lag": None if found is None else found.lag,
+        "rate": None if found is None else found.rate,
     }
 
 

@@ -44,8 +44,8 @@ from marshal_workers.balance import (
     is_hungry,
     partition_to_ask_for,
     partitions_to_hand_over,
-    settled_surplus,
-    yields_to_hungry,
+    settled,
+    yields_to_askers,
 )
 from marshal_workers.channel import Field, Slot, WorkerSpec, monotonic_ms
 from marshal_workers.config import Settings
@@ -401,14 +401,7 @@ class Supervisor:
             return
         coordinator = self._require_coordinator()
         now_ms, monotonic = coordinator.now_ms(), time.monotonic()
-        fair = self.settings.balance == "fair"
-        members = self._members(now_ms) if fair else {}
-        share = fair_share(sum(self.partition_counts.values()), len(members)) if fair else None
-        if share is None:
-            cap: float = self.settings.max_partitions or float("inf")
-        else:
-            cap = claim_cap(share, self.settings.max_partitions)
-        room = cap - len(self.assignments)
+        room = (self.settings.max_partitions or float("inf")) - len(self.assignments)
         if room <= 0:
             return
         wanted = [
@@ -420,19 +413,33 @@ class Supervisor:
         me = (coordinator.client, coordinator.instance)
         free = coordinator.read(lambda world: [key for key in wanted if world.is_free(*key, now_ms, *me)])
         self._free_since = {key: self._free_since.get(key, monotonic) for key in free}
-        if share is not None and yields_to_hungry(Owner(*me), members, share):
-            free = [key for key in free if monotonic - self._free_since[key] >= self.hb_s]
         random.shuffle(free)
+        if self.settings.balance == "fair":
+            free = self._fair_claims(free, now_ms, monotonic)
         for topic, partition in free[: int(min(room, CLAIMS_PER_TICK))]:
             self._claim(topic, partition)
 
-    def _claim(self, topic: str, partition: int) -> None:
+    def _fair_claims(self, free: list[Key], now_ms: int, monotonic: float) -> list[Key]:
+        """balance="fair": which free partitions to claim.  One freed just now only up to our share, and not
+        while a member that asks for partitions could take it; one free for an HB is anyone's."""
+        counts, askers = self._group_view(now_ms)
+        share = fair_share(sum(self.partition_counts.values()), len(counts))
+        long_free = [key for key in free if monotonic - self._free_since[key] >= self.hb_s]
+        if yields_to_askers(self._me(), counts, share, askers):
+            return long_free
+        room = claim_cap(share, self.settings.max_partitions) - len(self.assignments)
+        just_freed = [key for key in free if key not in long_free]
+        return just_freed[: max(room, 0)] + long_free
+
+    def _claim(self, topic: str, partition: int, asking: bool = False) -> None:
         coordinator = self._require_coordinator()
         written_ms = monotonic_ms()  # before the write: the lease errs short
-        self.timers.ask = time.monotonic() + self.hb_s  # a claim makes us a live member: no need to ask soon
         try:
             if not coordinator.claim(topic, partition):
-                self.counters.claims_refused += 1
+                if asking:
+                    self.counters.asks += 1
+                else:
+                    self.counters.claims_refused += 1
                 return
             self.counters.claims_accepted += 1
             start = self._start_offset(topic, partition)
@@ -546,46 +553,52 @@ class Supervisor:
 
     # -------------------------------------------------------------- balance
 
-    def _members(self, now_ms: int) -> dict[Owner, int]:
-        """The live members of the group (us included) and how many partitions each holds."""
+    def _me(self) -> Owner:
         coordinator = self._require_coordinator()
-        me = Owner(coordinator.client, coordinator.instance)
+        return Owner(coordinator.client, coordinator.instance)
 
-        def count(world: WorldState) -> dict[Owner, int]:
+    def _group_view(self, now_ms: int) -> tuple[dict[Owner, int], set[Owner]]:
+        """The live members of the group (us included) with the partitions each holds, and who asks for more."""
+        me = self._me()
+
+        def view(world: WorldState) -> tuple[dict[Owner, int], set[Owner]]:
             held = world.holdings(now_ms)
-            return {member: len(held.get(member, ())) for member in world.live_members(now_ms) | {me}}
+            counts = {member: len(held.get(member, ())) for member in world.live_members(now_ms) | {me}}
+            return counts, world.askers(now_ms)
 
-        return coordinator.read(count)
+        return self._require_coordinator().read(view)
 
     def _rebalance(self) -> None:
-        """Hand partitions over (balance="fair"), and ask for a partition when we hold too few.
+        """balance="fair": hand partitions over to members that ask, and ask when we hold too few.
 
-        Asking is a claim of a busy member's partition: refused while its owner
-        lives, but it makes us a live member in every world state, so the owners
-        see a new fair share.  With balance="greedy" only an idle member asks,
-        so the health monitor knows someone could take a partition.
+        Asking is a claim of the busiest member's partition: refused while its
+        owner lives, but the refusal is in the log, so every member sees who
+        asks.  With balance="greedy" only an idle member asks, so the health
+        monitor knows someone could take a partition.
         """
         if self.phase is not Phase.RUNNING or not self.claiming:
             return
         coordinator = self._require_coordinator()
-        now_ms, now = coordinator.now_ms(), time.monotonic()
-        me = Owner(coordinator.client, coordinator.instance)
+        now_ms, now, me = coordinator.now_ms(), time.monotonic(), self._me()
         if self.settings.balance == "fair":
-            members = self._members(now_ms)
-            share = fair_share(sum(self.partition_counts.values()), len(members))
+            counts, askers = self._group_view(now_ms)
+            share = fair_share(sum(self.partition_counts.values()), len(counts))
             held = [a for a in self.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)]
-            wanted = partitions_to_hand_over(me, members | {me: len(held)}, share)
-            self._balance, surplus = settled_surplus(self._balance, wanted, now, settle_s=self.hb_s)
-            for assignment in sorted(held, key=lambda a: a.claimed_at)[len(held) - surplus :] if surplus else []:
-                self._hand_over(assignment, share)
+            counts[me] = len(held)
             hungry = is_hungry(len(self.assignments), share, self.settings.max_partitions)
+            if hungry:
+                askers.add(me)  # about to ask, if not already
+            wanted = partitions_to_hand_over(me, counts, share, askers)
+            self._balance, count = settled(self._balance, wanted, now, settle_s=self.hb_s)
+            for assignment in sorted(held, key=lambda a: a.claimed_at)[len(held) - count :] if count else []:
+                self._hand_over(assignment, share)
         else:
             hungry = not self.assignments
-        if hungry and now >= self.timers.ask:
-            self.timers.ask = now + self.hb_s  # once per HB keeps us live (2*HB) at one record per HB
+        if hungry and now >= self.timers.ask and not coordinator.read(lambda world: world.is_paused(now_ms)):
+            self.timers.ask = now + self.hb_s  # once per HB keeps us visible (2*HB) at one record per HB
             wanted_key = partition_to_ask_for(coordinator.read(lambda world: world.holdings(now_ms)), me)
             if wanted_key is not None:
-                self._claim(*wanted_key)  # refused unless its owner went stale, which makes it a take-over
+                self._claim(*wanted_key, asking=True)  # accepted only if its owner went stale: a take-over
 
     def _hand_over(self, assignment: Assignment, share: FairShare) -> None:
         self.log.info(
@@ -750,7 +763,10 @@ class Supervisor:
             if not limit or assignment.process is None or started <= 0 or assignment.timed_out is not None:
                 continue
             if now_ms - started > limit * 1000:
-                assignment.timed_out = (assignment.next_offset, assignment.slot.get(Field.CALL_END_OFFSET))
+                killed = (assignment.next_offset, assignment.slot.get(Field.CALL_END_OFFSET))
+                if assignment.slot.get(Field.CALL_STARTED_MS) != started:
+                    continue  # that call just ended (another began): the offsets may be the next call's
+                assignment.timed_out = killed
                 self.log.error(
                     "%s[%d]: handler call on offsets %d..%d ran past time_limit (%gs): killing its worker",
                     assignment.topic, assignment.partition, assignment.timed_out[0], assignment.timed_out[1] - 1, limit,
@@ -765,12 +781,18 @@ class Supervisor:
         """
         killed, assignment.timed_out = assignment.timed_out, None
         assert killed is not None
-        assignment.time_limit_kills = assignment.time_limit_kills + 1 if killed == assignment.last_killed else 1
+        # Counted per first message: a batch refetched after a restart may be longer (more has arrived).
+        same = assignment.last_killed is not None and killed[0] == assignment.last_killed[0]
+        assignment.time_limit_kills = assignment.time_limit_kills + 1 if same else 1
         assignment.last_killed = killed
         handler = self.app.handlers[assignment.topic]
         where = f"{assignment.topic}[{assignment.partition}]"
         if self.phase is not Phase.RUNNING:
             self._release(assignment)
+        elif assignment.unhealthy:
+            self._release(assignment, sick=True)  # it was being handed over as too slow: still is
+        elif assignment.handing_over:
+            self._release_handed_over(assignment)
         elif handler.mode is Mode.AMO or assignment.time_limit_kills <= handler.retries:
             assignment.restart_at = time.monotonic() + handler.retry_backoff * 2 ** (assignment.time_limit_kills - 1)
         elif handler.on_error is OnError.RELEASE:

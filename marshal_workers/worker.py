@@ -374,7 +374,7 @@ class Worker:
         error = TimeLimitExceeded(f"the handler ran past its time limit {handler.retries + 1} times")
         if records:
             self._dead_letter(handler, records, error)
-        self.slot.fields[Field.NEXT_OFFSET] = end
+        self.slot.fields[Field.NEXT_OFFSET] = max(self.slot.fields[Field.NEXT_OFFSET], end)
         return True
 
     # ------------------------------------------------------ handler errors

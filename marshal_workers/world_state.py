@@ -39,6 +39,7 @@ from marshal_workers.codec import (
     ReleaseGroup,
     coordination_partition,
     decode,
+    reported_number,
 )
 from marshal_workers.errors import DecodeError
 
@@ -66,9 +67,9 @@ class PartitionState:
     last_ts: int = 0  # record time of the owner's last claim, heartbeat or claim_messages
     offset: int | None = None  # from heartbeats and releases
     amo_offset: int | None = None  # from claim_messages
-    # The owner's optional report in its last heartbeat (unchecked: see codec.reported_number).
-    lag: Any = None
-    rate: Any = None
+    # The owner's optional report in its last heartbeat (numbers >= 0 only: see codec.reported_number).
+    lag: int | float | None = None
+    rate: int | float | None = None
 
     @property
     def resume_offset(self) -> int | None:
@@ -129,6 +130,9 @@ class WorldState:
     # Every instance that claimed a partition, accepted or not: the time of its latest claim, and its client.
     # With the owners this gives the live members (a member asks for partitions to be seen: see balance.py).
     last_claim: dict[str, int] = field(default_factory=dict)
+    # The time of each instance's latest claim refused because the partition had a live owner: who is
+    # asking for partitions (fair balance, see balance.py).
+    last_refused_claim: dict[str, int] = field(default_factory=dict)
     clients: dict[str, str] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
     _routes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # topic -> coordination partition
@@ -191,6 +195,7 @@ class WorldState:
         if state is None:
             state = self.partitions[key] = PartitionState()
         elif not self._claimable_by(state, record.client, record.instance, at):
+            self.last_refused_claim[record.instance] = at
             return False
         state.owner = Owner(record.client, record.instance)
         state.last_ts = at
@@ -214,8 +219,10 @@ class WorldState:
         assert state is not None
         state.last_ts = at
         state.offset = record.offset
-        state.lag = record.lag
-        state.rate = record.rate
+        # Optional extras, kept only as numbers: whatever else a writer put there stays out of the state.
+        lag, rate = record.lag, record.rate
+        state.lag = None if lag is None else reported_number(lag)
+        state.rate = None if rate is None else reported_number(rate)
         return True
 
     def _release(self, record: Release, at: int, source: int) -> bool:
@@ -326,6 +333,11 @@ class WorldState:
         limit = 2 * self.heartbeat_ms
         members.update(Owner(self.clients[i], i) for i, at in self.last_claim.items() if now - at <= limit)
         return members
+
+    def askers(self, now: int) -> set[Owner]:
+        """Members whose claim of a partition with a live owner was refused within 2*HB: they want more."""
+        limit = 2 * self.heartbeat_ms
+        return {Owner(self.clients[i], i) for i, at in self.last_refused_claim.items() if now - at <= limit}
 
     def snapshot(self) -> WorldState:
         """An independent copy, safe to read while the original keeps folding."""

@@ -297,3 +297,24 @@ def test_holdings_list_the_partitions_of_owners_that_are_not_stale() -> None:
         Owner("b", "b1"): [("orders", 2)],
     }
     assert state.holdings(2 * HB + 1) == {Owner("b", "b1"): [("orders", 2)]}
+
+
+def test_askers_are_those_whose_claim_of_a_live_owners_partition_was_refused_within_two_heartbeats() -> None:
+    state, verdicts = world(claim("a", "a1", 0), claim("b", "b1", 1000), claim("c", "c1", 1000, partition=1))
+    assert verdicts == [True, False, True]  # b asked for a's partition; c claimed a free one
+    assert state.askers(1000 + 2 * HB) == {Owner("b", "b1")}
+    assert state.askers(1000 + 2 * HB + 1) == set()
+
+
+def test_heartbeat_extras_are_kept_only_as_numbers() -> None:
+    deep = "[" * 900 + "]" * 900
+    raw = (
+        b'{"v":1,"type":"heartbeat","ts":5,"group":"%s","client":"a","instance":"a1","topic":"orders",'
+        b'"partition":0,"offset":3,"lag":%s,"rate":"%s"}' % (GROUP.encode(), deep.encode(), b"x" * 100_000)
+    )
+    state, _ = world(claim("a", "a1", 0))
+    _, accepted = state.apply_value(raw)
+    assert accepted
+    found = state.get("orders", 0)
+    assert found is not None and (found.offset, found.lag, found.rate) == (3, None, None)
+    state.snapshot()  # nothing deep or large is kept: a copy of the state works
