@@ -22,6 +22,14 @@ from marshal_workers.errors import SparkUnavailableError
 
 INSTALL_HINT = "pip install 'marshal-workers[spark]'"
 
-# find_spec, not import: pyspark takes a while to import, and only the Spark-side modules need it.
-if importlib.util.find_spec("pyspark") is None:
+
+def _pyspark_installed() -> bool:
+    # find_spec, not import: pyspark takes a while to import, and only the Spark-side modules need it.
+    try:
+        return importlib.util.find_spec("pyspark") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["pyspark"] is None (import blocked)
+        return False
+
+
+if not _pyspark_installed():
     raise SparkUnavailableError(f"marshal_workers.spark needs pyspark, which is not installed: {INSTALL_HINT}")
