@@ -101,7 +101,7 @@ def _kafka_options(command: F) -> F:
 
 
 def _spark_options(command: F) -> F:
-    """Where Spark runs and how the work is cut (replay, audit)."""
+    """Where Spark runs (replay, audit)."""
     options = [
         click.option(
             "--spark-master",
@@ -114,13 +114,6 @@ def _spark_options(command: F) -> F:
             multiple=True,
             metavar="KEY=VALUE",
             help="A Spark setting (repeatable), e.g. spark.executor.memory=4g.",
-        ),
-        click.option(
-            "--max-split",
-            type=click.IntRange(1),
-            default=100_000,
-            show_default=True,
-            help="Most offsets of one partition that one Spark task reads.",
         ),
     ]
     for option in reversed(options):
@@ -250,6 +243,13 @@ def log_command(config_file: str | None, follow: bool, **options: Any) -> None:
 )
 @click.option("--partition", type=click.IntRange(0), multiple=True, help="Only these partitions (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--max-split",
+    type=click.IntRange(1),
+    default=500_000,
+    show_default=True,
+    help="Most offsets of one partition that one Spark task replays (each task costs ~50 ms to start reading).",
+)
 @_spark_options
 @_kafka_options
 @_reports_errors
@@ -313,7 +313,6 @@ def audit_command(
     as_json: bool,
     spark_master: str,
     spark_conf: tuple[str, ...],
-    max_split: int,
     **options: Any,
 ) -> None:
     """Audit the group's coordination log on Spark: ownership timeline, hand-overs and gaps, zombies, clients."""
@@ -325,7 +324,7 @@ def audit_command(
     conf = parse_spark_conf(spark_conf)
     settings = _load(config_file, **options)
     group = settings.require_group()
-    partitions, splits = audit.plan_log(settings, max_split)
+    partitions, splits = audit.plan_log(settings)
     if not splits:
         raise UnknownGroupError(
             f"the coordination topic {settings.coordination_topic} on {settings.brokers} is empty: "
@@ -333,7 +332,7 @@ def audit_command(
         )
     click.echo(
         f"audit of group {group}: {sum(s.size for s in splits):,} records of {settings.coordination_topic} "
-        f"({partitions} partitions) in {len(splits)} splits on {spark_master}",
+        f"({partitions} partitions), one task per partition, on {spark_master}",
         err=True,
     )
     with spark_session(spark_master, conf, f"marshal-workers audit {group}", settings.log_level) as spark:

@@ -109,6 +109,7 @@ class LogSummary(NamedTuple):
     partitions: int  # (topic, partition) pairs the log gave an owner or a position
     zombie_records: int
     tenures: int
+    garbage: int  # values that did not decode (counted by the reader, as WorldState.apply_value does)
 
 
 Event = Tenure | Handoff | Zombie | ClientCounts | LogSummary
@@ -194,6 +195,7 @@ class OwnershipAudit:
                 partitions,
                 self.zombie_records,
                 self.tenures,
+                stats.garbage,
             )
         )
         return events

@@ -89,6 +89,6 @@ def test_a_split_reads_exactly_its_offsets_in_batches(settings: Settings, topic:
 
 
 def test_a_split_beyond_the_log_is_an_error_not_a_hang(settings: Settings, topic: str) -> None:
-    with SplitReader(settings, Split(topic, 0, 35, 45), stall_timeout=2) as reader:
-        with pytest.raises(SplitReadError, match=r"no record after offset 39 for 2s"):
-            list(reader.batches(100))
+    reader = SplitReader(settings, Split(topic, 0, 35, 45), stall_timeout=2)
+    with reader, pytest.raises(SplitReadError, match=r"no record after offset 39 for 2s"):
+        list(reader.batches(100))

@@ -51,7 +51,7 @@ def history(settings: Settings, unique: str) -> tuple[LogWriter, str, str]:
 
 
 def run_audit(spark, settings: Settings, out: Path | None = None):
-    partitions, splits = plan_log(settings, max_split=4)
+    partitions, splits = plan_log(settings)
     return audit(spark, settings, partitions, splits, out)
 
 

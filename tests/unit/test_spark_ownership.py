@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -46,7 +47,12 @@ def test_a_clean_release_is_a_hand_over_from_the_release() -> None:
     )
     [handoff] = of(events, Handoff)
     assert (handoff.kind, handoff.from_client, handoff.to_client) == ("release", "a", "b")
-    assert (handoff.vacated_ms, handoff.claimed_ms, handoff.gap_ms, handoff.silence_ms) == (T0 + 1500, T0 + 1800, 300, 300)
+    assert (handoff.vacated_ms, handoff.claimed_ms, handoff.gap_ms, handoff.silence_ms) == (
+        T0 + 1500,
+        T0 + 1800,
+        300,
+        300,
+    )
     assert handoff.resume_offset == 30
     first, second = sorted(of(events, Tenure), key=lambda t: t.start_ms)
     assert (first.client, first.start_ms, first.end_ms, first.end_reason, first.last_seen_ms, first.end_offset) == (
@@ -161,7 +167,9 @@ def _bench():
 def bench_log():
     bench = _bench()
     # Long enough (in log time) for a crashed owner to go stale (2 HB = 10 s, ~1 ms per record).
-    log = bench.build_log(30_000, seed=3, release_group_every=25_000, restart_every=2_000, crash_every=3_000, pause_ms=1_000)
+    log = bench.build_log(
+        30_000, seed=3, release_group_every=25_000, restart_every=2_000, crash_every=3_000, pause_ms=1_000
+    )
     return bench, log
 
 
@@ -200,8 +208,8 @@ def test_auditing_each_coordination_partition_alone_agrees_with_the_whole_fold(b
         tenures[(t.topic, t.partition)].append(t)
     starts = {(h.topic, h.partition, h.claimed_ms, h.to_instance) for h in handoffs}
     for held in tenures.values():
-        held.sort(key=lambda t: (t.log_offset))
-        for before, after in zip(held, held[1:]):
+        held.sort(key=lambda t: t.log_offset)
+        for before, after in itertools.pairwise(held):
             assert before.end_ms is not None and before.end_ms <= after.start_ms
         assert all(t.end_ms is not None for t in held[:-1])
     assert starts <= {(t.topic, t.partition, t.start_ms, t.instance) for t in of(events, Tenure)}

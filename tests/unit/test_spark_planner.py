@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 import pytest
@@ -36,7 +37,7 @@ def test_splits_cover_each_range_exactly_once_within_the_cap(whole: list[Split],
             continue
         # Contiguous, in order, no gap, no overlap: together exactly [start, end).
         assert pieces[0].start == original.start and pieces[-1].end == original.end
-        assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+        assert all(a.end == b.start for a, b in itertools.pairwise(pieces))
         # The fewest pieces that fit, as even as can be (like Spark's Kafka source).
         assert len(pieces) == -(-original.size // max_split)
         assert max(p.size for p in pieces) - min(p.size for p in pieces) <= 1
