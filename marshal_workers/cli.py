@@ -303,7 +303,7 @@ def replay_command(
 
 @main.command("audit")
 @_settings_options
-@click.option("--out", type=click.Path(file_okay=False), help="Write the tables as Parquet under this directory.")
+@click.option("--out", metavar="DIR", help="Write the tables as Parquet under DIR (or a URL Spark writes to).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @_spark_options
 @_reports_errors
@@ -316,8 +316,6 @@ def audit_command(
     **options: Any,
 ) -> None:
     """Audit the group's coordination log on Spark: ownership timeline, hand-overs and gaps, zombies, clients."""
-    from pathlib import Path
-
     from marshal_workers.spark import audit
     from marshal_workers.spark.session import parse_spark_conf, spark_session
 
@@ -336,7 +334,7 @@ def audit_command(
         err=True,
     )
     with spark_session(spark_master, conf, f"marshal-workers audit {group}", settings.log_level) as spark:
-        report = audit.audit(spark, settings, partitions, splits, Path(out) if out else None)
+        report = audit.audit(spark, settings, partitions, splits, out)
     if as_json:
         click.echo(orjson.dumps(audit.document(report)).decode())
     else:

@@ -136,9 +136,12 @@ def audit(
     settings: Settings,
     coordination_partitions: int,
     splits: list[Split],
-    out: Path | None = None,
+    out: str | Path | None = None,
 ) -> AuditReport:
-    """Read, decode and fold the group's coordination log; write the tables under ``out`` if given."""
+    """Read, decode and fold the group's coordination log; write the tables under ``out`` if given.
+
+    ``out`` is a directory, or any URL Spark writes to (hdfs://, s3a://, ... on a cluster).
+    """
     group = settings.require_group()
     started = time.monotonic()
     sc = spark.sparkContext
@@ -238,7 +241,7 @@ def _client_table(counts: DataFrame) -> DataFrame:
     )
 
 
-def _write_tables(tables: _Tables, out: Path) -> dict[str, str]:
+def _write_tables(tables: _Tables, out: str | Path) -> dict[str, str]:
     assert tables.records is not None
     frames = {
         "records": tables.records,
@@ -250,9 +253,9 @@ def _write_tables(tables: _Tables, out: Path) -> dict[str, str]:
     }
     written = {}
     for name, frame in frames.items():
-        path = out / name
-        frame.write.mode("overwrite").parquet(str(path))
-        written[name] = str(path)
+        path = f"{str(out).rstrip('/')}/{name}"  # not Path: a URL's // must survive
+        frame.write.mode("overwrite").parquet(path)
+        written[name] = path
     return written
 
 

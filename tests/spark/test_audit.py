@@ -17,7 +17,7 @@ from marshal_workers.config import Settings
 from marshal_workers.errors import UnknownGroupError
 from marshal_workers.spark.audit import audit, document, plan_log, render
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 
 def second_topic(first: str, partitions: int) -> str:

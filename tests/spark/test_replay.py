@@ -16,7 +16,7 @@ from marshal_workers.spark.planner import Split, plan_splits
 from marshal_workers.spark.ranges import EARLIEST, LATEST, Bound, resolve_ranges
 from marshal_workers.spark.replay import failure_summary, replay
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 T0 = 1_700_000_000_000
 
