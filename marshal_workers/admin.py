@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
@@ -19,6 +19,7 @@ from marshal_workers.coordination_log import read_group_state
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, client_config, require_topic, topic_partition_count
+from marshal_workers.positions import offsets_for_time, partition_bounds, position_consumer
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 
@@ -97,54 +98,25 @@ def set_position(
 
 def resolve_positions(settings: Settings, topic: str, partitions: Sequence[int], target: Target) -> dict[int, int]:
     """The offset for each partition, checked against the partition's log: nothing beyond its end."""
-    consumer = Consumer(client_config(settings, **{"group.id": f"{settings.group}.admin", "enable.auto.commit": False}))
+    consumer = position_consumer(settings)
     try:
-        positions = {}
+        bounds = partition_bounds(consumer, settings, topic, partitions)
+        if target.earliest:
+            return {p: bounds[p].low for p in partitions}
+        if target.latest:
+            return {p: bounds[p].high for p in partitions}
+        if target.timestamp_ms is not None:
+            return offsets_for_time(consumer, settings, topic, bounds, target.timestamp_ms)
+        assert target.offset is not None
         for partition in partitions:
-            low, high = watermarks(consumer, settings, topic, partition)
-            if target.earliest:
-                positions[partition] = low
-            elif target.latest:
-                positions[partition] = high
-            elif target.timestamp_ms is not None:
-                positions[partition] = _offset_for_time(consumer, settings, topic, partition, target.timestamp_ms, high)
-            else:
-                assert target.offset is not None
-                if not low <= target.offset <= high:
-                    raise ConfigError(
-                        f"offset {target.offset} is outside {topic}[{partition}], which holds offsets {low}..{high}"
-                    )
-                positions[partition] = target.offset
-        return positions
+            low, high = bounds[partition]
+            if not low <= target.offset <= high:
+                raise ConfigError(
+                    f"offset {target.offset} is outside {topic}[{partition}], which holds offsets {low}..{high}"
+                )
+        return {p: target.offset for p in partitions}
     finally:
         consumer.close()
-
-
-def watermarks(consumer: Consumer, settings: Settings, topic: str, partition: int) -> tuple[int, int]:
-    """(low, high) of a partition.  The high watermark comes from a fetch (Tansu's ListOffsets under-reports it)."""
-    tp = TopicPartition(topic, partition)
-    try:
-        low, listed_high = consumer.get_watermark_offsets(tp, timeout=settings.connect_timeout, cached=False)
-    except KafkaException as exc:
-        raise ConfigError(f"cannot read the offsets of {topic}[{partition}]: {exc}") from None
-    consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-    deadline = time.monotonic() + settings.connect_timeout
-    fetched_high = -1
-    while time.monotonic() < deadline:
-        consumer.poll(0.1)
-        fetched_high = consumer.get_watermark_offsets(tp, cached=True)[1]
-        if fetched_high >= 0:
-            break
-    consumer.unassign()
-    return low, max(listed_high, fetched_high)
-
-
-def _offset_for_time(consumer: Consumer, settings: Settings, topic: str, partition: int, ts_ms: int, high: int) -> int:
-    try:
-        [found] = consumer.offsets_for_times([TopicPartition(topic, partition, ts_ms)], timeout=settings.connect_timeout)
-    except KafkaException as exc:
-        raise ConfigError(f"cannot look up {topic}[{partition}] at time {ts_ms}: {exc}") from None
-    return found.offset if found.offset >= 0 else high  # nothing at or after that time: the end
 
 
 def log_lines(settings: Settings, follow: bool, stop: Callable[[], bool] = lambda: False) -> Iterator[str]:

@@ -25,6 +25,10 @@ from marshal_workers.errors import (
     KafkaUnavailable,
     MarshalWorkersError,
     NoHandlersError,
+    OffsetRangeError,
+    ReplayFailedError,
+    SparkJobError,
+    SparkUnavailableError,
     UnknownGroupError,
     UnknownTopicError,
 )
@@ -44,6 +48,10 @@ _EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
     EmbeddedBrokerError: ExitCode.EMBEDDED_BROKER_ERROR,
     AppLoadError: ExitCode.APP_LOAD_ERROR,
     NoHandlersError: ExitCode.NO_HANDLERS,
+    OffsetRangeError: ExitCode.BAD_RANGE,
+    SparkUnavailableError: ExitCode.SPARK_UNAVAILABLE,
+    SparkJobError: ExitCode.SPARK_JOB_FAILED,
+    ReplayFailedError: ExitCode.SPARK_JOB_FAILED,
 }
 
 
@@ -72,6 +80,41 @@ def _settings_options(command: F) -> F:
         click.option("--connect-timeout", help="Give up when Kafka does not answer within this, e.g. 10s."),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)),
         click.option("--log-format", type=click.Choice(["text", "json"]), help="Log lines as text or JSON."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _kafka_options(command: F) -> F:
+    """The options of a command that reads Kafka but never joins a group (replay)."""
+    options = [
+        click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file."),
+        click.option("--brokers", help="Kafka bootstrap servers, host:port[,host:port]."),
+        click.option("--connect-timeout", help="Give up when Kafka does not answer within this, e.g. 10s."),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)),
+        click.option("--log-format", type=click.Choice(["text", "json"]), help="Log lines as text or JSON."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _spark_options(command: F) -> F:
+    """Where Spark runs (replay, audit)."""
+    options = [
+        click.option(
+            "--spark-master",
+            default="local[*]",
+            show_default=True,
+            help="Spark master URL: local[N], spark://HOST:PORT, yarn, k8s://...",
+        ),
+        click.option(
+            "--spark-conf",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="A Spark setting (repeatable), e.g. spark.executor.memory=4g.",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -189,6 +232,120 @@ def log_command(config_file: str | None, follow: bool, **options: Any) -> None:
     signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
     for line in log_lines(settings, follow, stop=lambda: bool(stop)):
         click.echo(line)
+
+
+@main.command("replay")
+@click.argument("app_path", metavar="MODULE:APP")
+@click.option("--topic", required=True, help="The topic to replay; MODULE:APP must have a handler for it.")
+@click.option(
+    "--from",
+    "start",
+    default="earliest",
+    show_default=True,
+    help="First offset replayed: earliest, latest, an offset, or a time (ISO 8601, UTC if no zone; or @MS).",
+)
+@click.option(
+    "--to", "end", default="latest", show_default=True, help="First offset NOT replayed, in the same forms as --from."
+)
+@click.option("--partition", type=click.IntRange(0), multiple=True, help="Only these partitions (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--max-split",
+    type=click.IntRange(1),
+    default=500_000,
+    show_default=True,
+    help="Most offsets of one partition that one Spark task replays (each task costs ~50 ms to start reading).",
+)
+@_spark_options
+@_kafka_options
+@_reports_errors
+def replay_command(
+    app_path: str,
+    topic: str,
+    start: str,
+    end: str,
+    partition: tuple[int, ...],
+    as_json: bool,
+    spark_master: str,
+    spark_conf: tuple[str, ...],
+    max_split: int,
+    config_file: str | None,
+    **options: Any,
+) -> None:
+    """Run MODULE:APP's handler over a range of TOPIC's history on Spark (never touches the group's positions)."""
+    from marshal_workers.loader import ensure_cwd_importable, load_app
+    from marshal_workers.spark import planner, ranges, replay
+    from marshal_workers.spark.session import parse_spark_conf, spark_session
+
+    conf = parse_spark_conf(spark_conf)
+    ensure_cwd_importable()
+    app = load_app(app_path)
+    settings = _load(config_file, app_defaults=app.settings, **options)
+    if topic not in app.handlers:
+        raise ConfigError(f"{app_path} has no handler for topic {topic!r}; it handles {', '.join(app.topics)}")
+    # Every check against Kafka happens here, before Spark starts.
+    whole = ranges.resolve_ranges(
+        settings, topic, list(partition), ranges.parse_bound(start, "--from"), ranges.parse_bound(end, "--to")
+    )
+    splits = planner.plan_splits(whole, max_split)
+    click.echo(
+        f"replay of {topic} ({', '.join(f'[{r.partition}] {r.start}..{r.end}' for r in whole)}) with {app_path}: "
+        f"{planner.total_size(splits):,} offsets in {len(splits)} splits on {spark_master}",
+        err=True,
+    )
+    if not splits:
+        click.echo("nothing to replay: the range is empty", err=True)
+        return
+    with spark_session(spark_master, conf, f"marshal-workers replay {topic}", settings.log_level) as spark:
+        report = replay.replay(spark, app_path, settings, splits)
+    if as_json:
+        click.echo(orjson.dumps(replay.document(report)).decode())
+    else:
+        for line in replay.render(report):
+            click.echo(line)
+    if report.failed:
+        raise ReplayFailedError(replay.failure_summary(report))
+
+
+@main.command("audit")
+@_settings_options
+@click.option("--out", metavar="DIR", help="Write the tables as Parquet under DIR (or a URL Spark writes to).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@_spark_options
+@_reports_errors
+def audit_command(
+    config_file: str | None,
+    out: str | None,
+    as_json: bool,
+    spark_master: str,
+    spark_conf: tuple[str, ...],
+    **options: Any,
+) -> None:
+    """Audit the group's coordination log on Spark: ownership timeline, hand-overs and gaps, zombies, clients."""
+    from marshal_workers.spark import audit
+    from marshal_workers.spark.session import parse_spark_conf, spark_session
+
+    conf = parse_spark_conf(spark_conf)
+    settings = _load(config_file, **options)
+    group = settings.require_group()
+    partitions, splits = audit.plan_log(settings)
+    if not splits:
+        raise UnknownGroupError(
+            f"the coordination topic {settings.coordination_topic} on {settings.brokers} is empty: "
+            f"group {group!r} has no record there"
+        )
+    click.echo(
+        f"audit of group {group}: {sum(s.size for s in splits):,} records of {settings.coordination_topic} "
+        f"({partitions} partitions), one task per partition, on {spark_master}",
+        err=True,
+    )
+    with spark_session(spark_master, conf, f"marshal-workers audit {group}", settings.log_level) as spark:
+        report = audit.audit(spark, settings, partitions, splits, out)
+    if as_json:
+        click.echo(orjson.dumps(audit.document(report)).decode())
+    else:
+        for line in audit.render(report):
+            click.echo(line)
 
 
 @main.group()

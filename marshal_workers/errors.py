@@ -10,6 +10,10 @@
         UnknownGroupError         a group named by the user has no record in the coordination log
         AppLoadError              MODULE:APP cannot be imported or is not an App
             NoHandlersError       the App has no handler to run
+        OffsetRangeError          a range of offsets (replay --from/--to) is not inside the topic's log
+        SparkUnavailableError     pyspark is not installed, or Spark (Java) cannot start
+        SparkJobError             a Spark job failed (a split could not be read)
+            ReplayFailedError     a handler still failed after its retries; the replay is incomplete
     DecodeError                   a coordination record is not valid (internal; readers skip it)
 
 Raised inside handlers:
@@ -59,6 +63,22 @@ class AppLoadError(MarshalWorkersError):
 
 class NoHandlersError(AppLoadError):
     """The application registered no handler."""
+
+
+class OffsetRangeError(MarshalWorkersError):
+    """A range of offsets or times does not fit the topic's log (from after to, beyond the end, ...)."""
+
+
+class SparkUnavailableError(MarshalWorkersError, ImportError):
+    """pyspark is missing (an ImportError too, so ``import marshal_workers.spark`` fails as imports do), or no JVM."""
+
+
+class SparkJobError(MarshalWorkersError):
+    """A Spark job did not complete."""
+
+
+class ReplayFailedError(SparkJobError):
+    """A replayed handler failed after its retries: the replay did not cover its whole range."""
 
 
 class DecodeError(ValueError):

@@ -18,3 +18,6 @@ class ExitCode(enum.IntEnum):
     NO_HANDLERS = 9  # the App registered no handler
     WORKER_BOOT_ERROR = 10  # workers cannot start (an on_worker_start hook failed): not retried in a loop
     UNKNOWN_GROUP = 11  # admin commands: the group has no record in the coordination log
+    BAD_RANGE = 12  # replay: --from/--to do not fit the topic's log; nothing was started
+    SPARK_UNAVAILABLE = 13  # pyspark is not installed (pip install 'marshal-workers[spark]') or Spark cannot start
+    SPARK_JOB_FAILED = 14  # a Spark job failed: a split could not be read, or a handler failed after its retries

@@ -1,0 +1,254 @@
+"""Replay: run an App's handler over a range of a topic's history, one Spark task per split.
+
+What a task does (on an executor, no pyspark needed):
+
+* it loads MODULE:APP (once per Python worker: Spark reuses them), runs the
+  ``on_worker_start`` hooks, reads its split with its own consumer, and calls
+  the topic's handler on every message in offset order: one message per call,
+  or lists of up to ``batch_size`` for a batch handler; then the
+  ``on_worker_stop`` hooks.  Each split is a worker's life.
+* at least once, whatever the handler's mode: a replay re-processes history
+  on purpose, and a task that Spark runs again re-handles its whole split.
+* it never writes to the coordination topic and never commits an offset: a
+  replay leaves the group's positions alone, so it is safe beside a live fleet.
+* a failing handler is retried as the worker does (``retries``, backoff from
+  ``retry_backoff``, doubling); if it still fails, the split stops at that
+  message and reports it: the replay fails (exit code 14) and says which
+  ranges to run again.  Nothing is dead-lettered: the dead-letter topic holds
+  what the live fleet could not handle, and a replay that can be re-run has
+  no need to park messages there.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from marshal_workers.app import App, HandlerSpec, Message
+from marshal_workers.config import Settings
+from marshal_workers.errors import SparkJobError
+from marshal_workers.loader import load_app
+from marshal_workers.spark.jobs import run_job
+from marshal_workers.spark.planner import Split, total_size
+from marshal_workers.spark.split_reader import SplitReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+FETCH_MOST = 1000  # records per consume() for one-message handlers
+_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """What one task did with its split."""
+
+    split: Split
+    handled: int  # messages the handler finished (a batch counts when the call returned)
+    seconds: float  # the task's time, from its consumer's start to its last message
+    failed_offset: int | None = None  # the first message the handler could not handle, after its retries
+    error: str | None = None  # its last exception, with the traceback
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_offset is None
+
+    @property
+    def rate(self) -> float:
+        return self.handled / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    app_path: str
+    topic: str
+    results: list[SplitResult]
+    seconds: float  # wall time of the Spark job, from submission to the last result
+
+    @property
+    def handled(self) -> int:
+        return sum(r.handled for r in self.results)
+
+    @property
+    def failed(self) -> list[SplitResult]:
+        return [r for r in self.results if not r.ok]
+
+    @property
+    def rate(self) -> float:
+        return self.handled / self.seconds if self.seconds > 0 else 0.0
+
+
+# ------------------------------------------------------------------ driver
+
+
+def replay(spark: SparkSession, app_path: str, settings: Settings, splits: Sequence[Split]) -> ReplayReport:
+    """Run the handler of ``splits``' topic over every split, in parallel; the report of every split.
+
+    Handler failures are in the report (``failed``); a split that cannot be read fails the job: SparkJobError.
+    """
+    if not splits:
+        raise ValueError("nothing to replay: no split")
+    topics = {split.topic for split in splits}
+    if len(topics) != 1:
+        raise ValueError(f"one topic per replay, got {sorted(topics)}")
+    topic = topics.pop()
+    task = functools.partial(replay_split, app_path, settings)
+    spark.sparkContext.setJobDescription(f"marshal-workers replay {app_path} {topic} ({total_size(splits)} messages)")
+    started = time.monotonic()
+    results = run_job(
+        f"replay of {topic}", lambda: spark.sparkContext.parallelize(splits, len(splits)).map(task).collect()
+    )
+    return ReplayReport(app_path, topic, sorted(results, key=lambda r: r.split), time.monotonic() - started)
+
+
+def render(report: ReplayReport) -> list[str]:
+    """Per split and total: counts and rates, and what failed."""
+    lines = []
+    for result in report.results:
+        where = f"{result.split!s:<32}"
+        if result.ok:
+            lines.append(f"{where} {result.handled:>12,} messages {result.seconds:>8.2f} s {result.rate:>12,.0f}/s")
+        else:
+            lines.append(
+                f"{where} {result.handled:>12,} messages, then FAILED at offset {result.failed_offset}:\n"
+                + "\n".join("    " + line for line in (result.error or "").splitlines())
+            )
+    busy = sum(r.seconds for r in report.results)
+    lines.append(
+        f"total: {report.handled:,} messages of {report.topic} in {len(report.results)} splits, "
+        f"{report.seconds:.2f} s ({report.rate:,.0f}/s); the tasks ran {busy:.2f} s in all"
+    )
+    return lines
+
+
+def document(report: ReplayReport) -> dict[str, Any]:
+    """The report as JSON for ``replay --json``."""
+    return {
+        "app": report.app_path,
+        "topic": report.topic,
+        "messages": report.handled,
+        "seconds": round(report.seconds, 3),
+        "rate": round(report.rate, 1),
+        "splits": [
+            {
+                "partition": r.split.partition,
+                "start": r.split.start,
+                "end": r.split.end,
+                "handled": r.handled,
+                "seconds": round(r.seconds, 3),
+                "rate": round(r.rate, 1),
+                "failed_offset": r.failed_offset,
+                "error": r.error,
+            }
+            for r in report.results
+        ],
+    }
+
+
+def failure_summary(report: ReplayReport) -> str:
+    """What to run again after handler failures."""
+    again = "; ".join(
+        f"--partition {r.split.partition} --from {r.failed_offset} --to {r.split.end}" for r in report.failed
+    )
+    return (
+        f"{len(report.failed)} of {len(report.results)} splits stopped at a message their handler could not handle "
+        f"(errors above); the rest of the replay is done. Fix the handler, then replay what is left: {again}"
+    )
+
+
+# ---------------------------------------------------------------- executors
+
+_apps: dict[str, App] = {}  # per Python worker process: a reused worker imports the application once
+
+
+def _app(app_path: str) -> App:
+    app = _apps.get(app_path)
+    if app is None:
+        app = _apps[app_path] = load_app(app_path)
+    return app
+
+
+def replay_split(app_path: str, settings: Settings, split: Split) -> SplitResult:
+    """In a task: the worker hooks, then the handler on every message of ``split``."""
+    app = _app(app_path)
+    handler = app.handlers.get(split.topic)
+    if handler is None:
+        raise SparkJobError(f"{app_path} has no handler for topic {split.topic!r} on this executor")
+    for hook in app.worker_start_hooks:
+        hook()
+    started = time.monotonic()
+    handled = 0
+    try:
+        with SplitReader(settings, split) as reader:
+            for records in reader.batches(handler.batch_size if handler.batch else FETCH_MOST):
+                done, failure = _handle(handler, records)
+                handled += done
+                if failure is not None:
+                    offset, error = failure
+                    return SplitResult(split, handled, time.monotonic() - started, offset, _describe(error))
+    finally:
+        _stop_hooks(app)
+    return SplitResult(split, handled, time.monotonic() - started)
+
+
+def _handle(handler: HandlerSpec, records: list[Any]) -> tuple[int, tuple[int, Exception] | None]:
+    """(messages handled, the first failure as (offset, error) or None)."""
+    if handler.batch:
+        error = _call_with_retries(handler, records)
+        return (0, (records[0].offset(), error)) if error is not None else (len(records), None)
+    function = handler.function
+    for index, record in enumerate(records):
+        try:  # the fast path: one call; retries only after a failure
+            function(Message(record))
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
+            error = _retry(handler, [record], exc)
+            if error is not None:
+                return index, (record.offset(), error)
+    return len(records), None
+
+
+def _call(handler: HandlerSpec, records: list[Any]) -> None:
+    if handler.batch:
+        handler.function([Message(r) for r in records])
+    else:
+        handler.function(Message(records[0]))
+
+
+def _call_with_retries(handler: HandlerSpec, records: list[Any]) -> Exception | None:
+    try:
+        _call(handler, records)
+        return None
+    except Exception as exc:  # noqa: BLE001 - a handler may raise anything
+        return _retry(handler, records, exc)
+
+
+def _retry(handler: HandlerSpec, records: list[Any], error: Exception) -> Exception | None:
+    """After a first failure: the handler's retries with backoff; None once one succeeds, else the last error."""
+    for attempt in range(handler.retries):
+        time.sleep(handler.retry_backoff * 2**attempt)
+        try:
+            _call(handler, records)
+            return None
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
+            error = exc
+    return error
+
+
+def _describe(error: Exception) -> str:
+    text = "".join(traceback.format_exception(error, chain=False)).strip()  # the retry's error, not the first
+    return text if len(text) <= _ERROR_CHARS else "...\n" + text[-_ERROR_CHARS:]
+
+
+def _stop_hooks(app: App) -> None:
+    for hook in app.worker_stop_hooks:
+        try:
+            hook()
+        except Exception:  # a hook that fails on the way out changes no result: the executor's log says it
+            log.exception("on_worker_stop hook %r failed", hook)

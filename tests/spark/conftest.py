@@ -1,0 +1,40 @@
+"""One local Spark session for the Spark tests (local[2], UI off, stopped at the end), and what they replay.
+
+Spark's Python workers inherit the environment the session starts with, so the test application's
+settings (tests/spark/apps/replay_app.py) are fixed here, once, before the session starts.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from spark_support import APPS, ReplayApp
+
+from marshal_workers.spark.session import start_session, stop_session
+
+
+@pytest.fixture(scope="session")
+def replay_app(tmp_path_factory: pytest.TempPathFactory) -> ReplayApp:
+    return ReplayApp(prefix=f"spark-{uuid.uuid4().hex[:8]}", sink=tmp_path_factory.mktemp("replay-sink"))
+
+
+@pytest.fixture(scope="session")
+def spark(replay_app: ReplayApp) -> Iterator:
+    names = ("MW_SPARK_TOPIC_PREFIX", "MW_SPARK_SINK_DIR", "PYTHONPATH", "PYSPARK_PYTHON", "SPARK_LOCAL_IP")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ["MW_SPARK_TOPIC_PREFIX"] = replay_app.prefix
+    os.environ["MW_SPARK_SINK_DIR"] = str(replay_app.sink)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(APPS), saved["PYTHONPATH"]) if p)
+    session = start_session("local[2]", app_name="marshal-workers tests")
+    try:
+        yield session
+    finally:
+        stop_session(session)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -1,0 +1,115 @@
+"""The audit on a local Spark session, of a coordination log the test writes on the real broker.
+
+The log's records carry their own times (``ts``; the test's coordination topic keeps the producer's
+timestamps, so the fold uses ``ts``), which makes every gap exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from spark_support import T0, LogWriter, create_topic
+
+from marshal_workers import codec
+from marshal_workers.config import Settings
+from marshal_workers.errors import UnknownGroupError
+from marshal_workers.spark.audit import audit, document, plan_log, render
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+
+def second_topic(first: str, partitions: int) -> str:
+    """A topic whose records go to another coordination partition than ``first``'s."""
+    home = codec.coordination_partition(first, partitions)
+    return next(f"{first}-{n}" for n in range(100) if codec.coordination_partition(f"{first}-{n}", partitions) != home)
+
+
+@pytest.fixture
+def history(settings: Settings, unique: str) -> tuple[LogWriter, str, str]:
+    """A clean release on one topic and a stale take-over on another, with a lost race, another group and garbage."""
+    create_topic(settings.brokers, settings.coordination_topic, settings.coordination_partitions)
+    write = LogWriter(settings)
+    orders = f"orders-{unique}"
+    refunds = second_topic(orders, settings.coordination_partitions)
+    # orders[0]: a holds it, releases at 1500; b claims it 300 ms later.
+    write(codec.Claim, "a", 0, orders)
+    write(codec.Heartbeat, "a", 500, orders, offset=10)
+    write(codec.Release, "a", 1500, orders, offset=30)
+    write(codec.Claim, "b", 1800, orders)
+    write(codec.Heartbeat, "b", 2300, orders, offset=31)
+    # refunds[1]: c holds it, last heard at 500; d's claim at 1000 loses (c is fresh), at 3000 wins (c is stale).
+    write(codec.Claim, "c", 0, refunds, partition=1)
+    write(codec.Heartbeat, "c", 500, refunds, partition=1, offset=5)
+    write(codec.Claim, "d", 1000, refunds, partition=1)
+    write(codec.Claim, "d", 3000, refunds, partition=1)
+    write(codec.Heartbeat, "d", 3400, refunds, partition=1, offset=6)
+    write(codec.Claim, "x", 100, orders, group="another-group")
+    write.write(b"not a record", 0, key=f"{settings.group}/{orders}/0".encode())
+    return write, orders, refunds
+
+
+def run_audit(spark, settings: Settings, out: Path | None = None):
+    partitions, splits = plan_log(settings)
+    return audit(spark, settings, partitions, splits, out)
+
+
+def test_the_audit_reports_hand_overs_with_their_gaps_and_no_zombie_in_a_clean_log(
+    spark, settings: Settings, history, tmp_path: Path
+) -> None:
+    _, orders, refunds = history
+    report = run_audit(spark, settings, tmp_path / "tables")
+
+    assert document(report) == {
+        "group": settings.group,
+        "records": 10,
+        "garbage": 1,
+        "partitions": 2,
+        "handoffs": {"count": 2, "p50_ms": 400.0, "max_ms": 500},
+        "zombie_records": 0,
+    }
+    handoffs = spark.read.parquet(str(tmp_path / "tables" / "handoffs")).orderBy("gap_ms").collect()
+    assert [(h.topic, h.kind, h.from_client, h.to_client, h.gap_ms, h.silence_ms) for h in handoffs] == [
+        (orders, "release", "a", "b", 300, 300),  # from the release at 1500 to b's claim at 1800
+        (refunds, "stale", "c", "d", 500, 2500),  # from c going stale (500 + 2 HB) to d's claim at 3000
+    ]
+    assert [h.resume_offset for h in handoffs] == [30, 5]
+    timeline = [(t.topic, t.partition, t.client, t.start_ms - T0, t.end_reason) for t in report.timeline]
+    assert timeline == [
+        (orders, 0, "a", 0, "release"),
+        (orders, 0, "b", 1800, None),
+        (refunds, 1, "c", 0, "stale"),
+        (refunds, 1, "d", 3000, None),
+    ]
+    clients = {c["client"]: c for c in report.clients}
+    assert (clients["d"]["claims"], clients["d"]["claims_accepted"], clients["d"]["records"]) == (2, 1, 3)
+    assert "x" not in clients, "another group's records are not the audit's"
+    garbage = spark.read.parquet(str(tmp_path / "tables" / "garbage")).collect()
+    assert [(g.key, g.log_partition) for g in garbage] == [(f"{settings.group}/{orders}/0", 0)]
+    assert spark.read.parquet(str(tmp_path / "tables" / "records")).count() == 10
+    assert spark.read.parquet(str(tmp_path / "tables" / "zombies")).count() == 0
+    assert any("hand-overs: 2 (gap p50 400 ms, max 500 ms)" in line for line in render(report))
+
+
+def test_the_audit_flags_a_zombie_heartbeat(spark, settings: Settings, history, tmp_path: Path) -> None:
+    write, _, refunds = history
+    write(codec.Heartbeat, "c", 3600, refunds, partition=1, offset=7)  # c missed the news: d owns it since 3000
+    report = run_audit(spark, settings, tmp_path)
+
+    assert report.zombie_records == 1 and report.handoffs == 2
+    [zombie] = spark.read.parquet(str(tmp_path / "zombies")).collect()
+    assert (zombie.client, zombie.type, zombie.offset, zombie.owner_client, zombie.owner_since_ms - T0) == (
+        "c", "heartbeat", 7, "d", 3000,
+    )  # fmt: skip
+    clients = {c["client"]: c for c in report.clients}
+    assert (clients["c"]["zombie_records"], clients["c"]["heartbeats"], clients["c"]["heartbeats_accepted"]) == (
+        1,
+        2,
+        1,
+    )
+
+
+def test_a_group_without_records_is_unknown(spark, settings: Settings, history) -> None:
+    with pytest.raises(UnknownGroupError, match="has no record"):
+        run_audit(spark, replace(settings, group="nobody-here"))
