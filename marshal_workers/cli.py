@@ -69,35 +69,36 @@ def _reports_errors(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _settings_options(command: F) -> F:
-    """The options every command that talks to Kafka shares; each is also a setting (file, env)."""
-    options = [
-        click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file."),
-        click.option("--brokers", help="Kafka bootstrap servers, host:port[,host:port]."),
-        click.option("--group", help="The consumer group."),
-        click.option("--coordination-topic", help="Coordination topic (default __marshal)."),
-        click.option("--heartbeat-interval", help="HB of the group, e.g. 5s (all members must agree)."),
-        click.option("--connect-timeout", help="Give up when Kafka does not answer within this, e.g. 10s."),
-        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)),
-        click.option("--log-format", type=click.Choice(["text", "json"]), help="Log lines as text or JSON."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+def _options(*options: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator applying several click options, in the order given (as --help lists them)."""
+
+    def apply(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
 
 
-def _kafka_options(command: F) -> F:
-    """The options of a command that reads Kafka but never joins a group (replay)."""
-    options = [
-        click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file."),
-        click.option("--brokers", help="Kafka bootstrap servers, host:port[,host:port]."),
-        click.option("--connect-timeout", help="Give up when Kafka does not answer within this, e.g. 10s."),
-        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False)),
-        click.option("--log-format", type=click.Choice(["text", "json"]), help="Log lines as text or JSON."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+_CONFIG = click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML settings file.")
+_BROKERS = click.option("--brokers", help="Kafka bootstrap servers, host:port[,host:port].")
+_CONNECT_TIMEOUT = click.option("--connect-timeout", help="Give up when Kafka does not answer within this, e.g. 10s.")
+_LOG_LEVEL = click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+_LOG_FORMAT = click.option("--log-format", type=click.Choice(["text", "json"]), help="Log lines as text or JSON.")
+
+# The options every command that talks to a group shares; each is also a setting (file, env).
+_settings_options = _options(
+    _CONFIG,
+    _BROKERS,
+    click.option("--group", help="The consumer group."),
+    click.option("--coordination-topic", help="Coordination topic (default __marshal)."),
+    click.option("--heartbeat-interval", help="HB of the group, e.g. 5s (all members must agree)."),
+    _CONNECT_TIMEOUT,
+    _LOG_LEVEL,
+    _LOG_FORMAT,
+)
+# The options of a command that reads Kafka but never joins a group (replay).
+_kafka_options = _options(_CONFIG, _BROKERS, _CONNECT_TIMEOUT, _LOG_LEVEL, _LOG_FORMAT)
 
 
 def _spark_options(command: F) -> F:

@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script from a checkout without install
 sys.path.insert(0, str(HERE))
 
 import bench_fold
+import bench_run
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -69,15 +70,7 @@ def produce_log(bootstrap: str, log: bench_fold.Log) -> float:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = NewTopic(COORDINATION_TOPIC, num_partitions=bench_fold.COORDINATION_PARTITIONS, replication_factor=1)
     admin.create_topics([topic])[COORDINATION_TOPIC].result(30)
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 20,
-            "batch.num.messages": 100_000,
-            "queue.buffering.max.messages": 1_000_000,
-            "queue.buffering.max.kbytes": 1_048_576,
-        }
-    )
+    producer = Producer({"bootstrap.servers": bootstrap} | bench_run.FAST_PRODUCER)
     started = time.perf_counter()
     for value, at, source in zip(log.values, log.times, log.sources):
         while True:

@@ -65,10 +65,13 @@ if __package__ in (None, ""):  # run as a script from a checkout without install
     sys.path.insert(0, str(ROOT))
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # bench_app, for the baseline processes
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # tests/processes.py
 
 import confluent_kafka
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from processes import cmdline, process_group
 
 TARGET_ALO = 0.8
 TARGET_AMO = 0.5
@@ -121,18 +124,19 @@ def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     poll_until(visible, 30, f"topic {topic} in the metadata")
 
 
+# A producer that fills a benchmark topic fast: big batches, a deep local queue.
+FAST_PRODUCER = {
+    "linger.ms": 20,
+    "batch.num.messages": 100_000,
+    "queue.buffering.max.messages": 1_000_000,
+    "queue.buffering.max.kbytes": 1_048_576,
+}
+
+
 def produce(bootstrap: str, topic: str, count: int, partitions: int) -> float:
     """Message n on partition n % partitions, in order; returns the seconds it took."""
     started = time.perf_counter()
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 20,
-            "batch.num.messages": 100_000,
-            "queue.buffering.max.messages": 1_000_000,
-            "queue.buffering.max.kbytes": 1_048_576,
-        }
-    )
+    producer = Producer({"bootstrap.servers": bootstrap} | FAST_PRODUCER)
     send = producer.produce
     for n in range(count):
         try:
@@ -337,25 +341,6 @@ class SupervisorProcess:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def process_group(pgid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == pgid:
-                    found.append(int(entry.name))
-            except (ProcessLookupError, PermissionError):
-                pass
-    return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
 
 
 def leftovers(grace: float = 5.0) -> list[tuple[int, str]]:

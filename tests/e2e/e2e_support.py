@@ -9,12 +9,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Any
 
 import orjson
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from polling import poll_until
+from processes import cmdline, process_group
 
 APPS = Path(__file__).parent / "apps"
 HB = "1s"
@@ -78,26 +78,15 @@ class Fleet:
             except ProcessLookupError:
                 pass
             process.wait(timeout=30)
-            for pid in self.process_group(process.pid):  # nothing of it may outlive the test
+            for pid in process_group(process.pid):  # nothing of it may outlive the test
                 os.kill(pid, signal.SIGKILL)
-
-    def process_group(self, pgid: int) -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if os.getpgid(int(entry.name)) == pgid:
-                        found.append(int(entry.name))
-                except ProcessLookupError:
-                    pass
-        return found
 
     def worker_pids(self, client_id: str) -> dict[int, int]:
         """partition -> pid of the workers that a supervisor runs now (by their process titles)."""
         supervisor = self.processes[client_id]
         workers = {}
-        for pid in self.process_group(supervisor.pid):
-            title = _cmdline(pid)
+        for pid in process_group(supervisor.pid):
+            title = cmdline(pid)
             prefix = f"marshal-workers: worker {self.group} {self.topic}["
             if title.startswith(prefix):
                 workers[int(title[len(prefix) :].split("]")[0])] = pid
@@ -148,12 +137,3 @@ class Fleet:
         finally:
             consumer.close()
         return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
