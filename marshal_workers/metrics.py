@@ -74,7 +74,11 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     rate = per_partition(GaugeMetricFamily, "partition_messages_per_second", "Moving average of messages handled/s.")
     handled = per_partition(CounterMetricFamily, "messages_handled", "Messages handled since the partition was claimed.")
     dead = per_partition(CounterMetricFamily, "messages_dead_lettered", "Messages sent to the dead-letter topic.")
-    latency = per_partition(HistogramMetricFamily, "handler_duration_seconds", "Time of each handler call.")
+    latency = per_partition(
+        HistogramMetricFamily,
+        "handler_duration_seconds",
+        "Time of handler calls, sampled: every call of a fetch, a fetch at least every 100 ms.",
+    )
     for p in snapshot.partitions:
         where = [group, p.topic, str(p.partition)]
         next_offset.add_metric(where, p.next_offset)

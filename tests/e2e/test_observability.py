@@ -70,8 +70,9 @@ def test_the_metrics_endpoint_counts_messages_latency_and_claims(fleet: Fleet) -
         str(p) for p in range(8)
     }
     assert total(samples, "marshal_workers_partition_next_offset", topic=fleet.topic) == 800
-    assert total(samples, "marshal_workers_handler_duration_seconds_count") == 800
-    assert total(samples, "marshal_workers_handler_duration_seconds_bucket", le="+Inf") == 800
+    timed = total(samples, "marshal_workers_handler_duration_seconds_count")
+    assert 8 <= timed <= 800, "a sample of the calls, at least the first fetch of each partition"
+    assert total(samples, "marshal_workers_handler_duration_seconds_bucket", le="+Inf") == timed
     poll_until(
         lambda: total(scrape(port), "marshal_workers_partition_lag") == 0
         and len(scrape(port).get("marshal_workers_partition_lag", [])) == 8,
