@@ -64,3 +64,22 @@ def test_when_a_fair_member_leaves_the_other_takes_everything_back(fleet: Fleet)
     fleet.produce(range(400))
     poll_until(lambda: len(fleet.counts()) == 400, what="every message")
     assert {line.client for line in fleet.lines()} == {"first"}
+
+
+def test_a_member_capped_by_max_partitions_takes_its_cap_and_the_rest_settle_evenly(fleet: Fleet) -> None:
+    fleet.start("first", "--balance", "fair")
+    poll_until(lambda: held(fleet) == {"first": 8}, what="first holding all 8")
+    fleet.start("second", "--balance", "fair")
+    fleet.start("capped", "--balance", "fair", "--max-partitions", "1")
+
+    def settled() -> bool:
+        now = held(fleet)
+        return now["capped"] == 1 and now["first"] + now["second"] == 7 and abs(now["first"] - now["second"]) <= 1
+
+    poll_until(settled, timeout=40, what="1 for the capped member, 4 and 3 for the others")
+    fleet.produce(range(800))
+    poll_until(lambda: len(fleet.counts()) == 800, what="every message")
+    assert max(fleet.counts().values()) == 1
+    moves = sum(fleet.log_of(c).count("handing it over") for c in ("first", "second", "capped"))
+    assert moves <= 6, f"settled without churn ({moves} hand-overs for 5 partitions to move)"
+    assert settled(), held(fleet)
