@@ -717,8 +717,6 @@ class Supervisor:
         where = f"{assignment.topic}[{assignment.partition}]"
         if assignment.lost:
             self._forget(assignment)
-        elif assignment.timed_out is not None:
-            self._after_time_limit(assignment)
         elif code == WorkerExit.BOOT_ERROR:
             self.log.error("the worker for %s could not start (see its error above): stopping", where)
             self.exit_code = ExitCode.WORKER_BOOT_ERROR
@@ -733,6 +731,8 @@ class Supervisor:
             self._after_lost_claim(assignment)
         elif self.phase is not Phase.RUNNING:
             self._release(assignment)  # stopped (or killed past the timeout): hand over at its progress
+        elif assignment.timed_out is not None:
+            self._after_time_limit(assignment)
         elif code == WorkerExit.RECYCLE and assignment.next_offset > assignment.started_offset:
             assignment.restart_at = time.monotonic()  # a lifecycle limit, not a crash: a fresh worker now
             assignment.crashes_in_a_row = 0
@@ -778,6 +778,7 @@ class Supervisor:
         """A killed call is retried by the handler's error policy: again, then dead letter or release.
 
         AMO needs nothing: the killed messages were claimed, and a new worker starts after the claim.
+        (A release already due, sick, hand-over or shutdown, is made by _after_exit instead of this.)
         """
         killed, assignment.timed_out = assignment.timed_out, None
         assert killed is not None
@@ -787,13 +788,7 @@ class Supervisor:
         assignment.last_killed = killed
         handler = self.app.handlers[assignment.topic]
         where = f"{assignment.topic}[{assignment.partition}]"
-        if self.phase is not Phase.RUNNING:
-            self._release(assignment)
-        elif assignment.unhealthy:
-            self._release(assignment, sick=True)  # it was being handed over as too slow: still is
-        elif assignment.handing_over:
-            self._release_handed_over(assignment)
-        elif handler.mode is Mode.AMO or assignment.time_limit_kills <= handler.retries:
+        if handler.mode is Mode.AMO or assignment.time_limit_kills <= handler.retries:
             assignment.restart_at = time.monotonic() + handler.retry_backoff * 2 ** (assignment.time_limit_kills - 1)
         elif handler.on_error is OnError.RELEASE:
             self.log.error("%s: offset %d timed out %d times: releasing it", where, killed[0], assignment.time_limit_kills)
