@@ -45,6 +45,7 @@ class PartitionStats:
     partition: int
     next_offset: int
     high_watermark: int | None
+    lag: int | None  # None while the end is not known
     messages_per_second: float | None
     handled: int
     dead_lettered: int
@@ -86,7 +87,8 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         dead.add_metric(where, p.dead_lettered)
         if p.high_watermark is not None:
             high.add_metric(where, p.high_watermark)
-            lag.add_metric(where, max(p.high_watermark - p.next_offset, 0))
+        if p.lag is not None:
+            lag.add_metric(where, p.lag)
         if p.messages_per_second is not None:
             rate.add_metric(where, p.messages_per_second)
         cumulative = list(itertools.accumulate(p.latency_counts))

@@ -108,6 +108,17 @@ class Assignment:
     def next_offset(self) -> int:
         return self.slot.get(Field.NEXT_OFFSET)
 
+    @property
+    def high_watermark(self) -> int | None:
+        """The partition's end as its worker's last fetch saw it; None before the first fetch."""
+        high = self.slot.get(Field.HIGH_WATERMARK)
+        return None if high < 0 else high
+
+    @property
+    def lag(self) -> int | None:
+        high = self.high_watermark
+        return None if high is None else max(high - self.next_offset, 0)
+
 
 @dataclass
 class Timers:
@@ -256,15 +267,14 @@ class Supervisor:
         """SIGUSR1: everything the supervisor knows, in one log line (JSON after "state: ")."""
         partitions = []
         for a in sorted(self.assignments.values(), key=lambda a: a.key):
-            high = a.slot.get(Field.HIGH_WATERMARK)
             partitions.append(
                 {
                     "topic": a.topic,
                     "partition": a.partition,
                     "worker_pid": None if a.process is None else a.process.pid,
                     "next_offset": a.next_offset,
-                    "high_watermark": None if high < 0 else high,
-                    "lag": None if high < 0 else max(high - a.next_offset, 0),
+                    "high_watermark": a.high_watermark,
+                    "lag": a.lag,
                     "processed": a.slot.get(Field.PROCESSED),
                     "dead_lettered": a.slot.get(Field.DEAD_LETTERED),
                     "lease_left_s": round((a.slot.get(Field.LEASE_UNTIL_MS) - monotonic_ms()) / 1000, 3),
@@ -410,7 +420,7 @@ class Supervisor:
             for p in range(count)
             if (topic, p) not in self.assignments and self.cooldown_until.get((topic, p), 0) <= monotonic
         ]
-        me = (coordinator.client, coordinator.instance)
+        me = self._me()
         free = coordinator.read(lambda world: [key for key in wanted if world.is_free(*key, now_ms, *me)])
         self._free_since = {key: self._free_since.get(key, monotonic) for key in free}
         random.shuffle(free)
@@ -503,8 +513,8 @@ class Supervisor:
 
     def _check_health(self, assignment: Assignment) -> None:
         """One health cycle: release the partition if its worker cannot keep up and someone else can."""
-        high = assignment.slot.get(Field.HIGH_WATERMARK)
-        if assignment.process is None or assignment.unhealthy or high < 0:
+        high = assignment.high_watermark
+        if assignment.process is None or assignment.unhealthy or high is None:
             return
         sample = Sample(time.monotonic(), assignment.next_offset, high)
         assignment.health, verdict = observe(assignment.health, sample, self.health_policy)
@@ -512,8 +522,7 @@ class Supervisor:
             return
         where = f"{assignment.topic}[{assignment.partition}]"
         coordinator = self._require_coordinator()
-        me = Owner(coordinator.client, coordinator.instance)
-        others = coordinator.read(lambda world: world.live_members(coordinator.now_ms())) - {me}
+        others = coordinator.read(lambda world: world.live_members(coordinator.now_ms())) - {self._me()}
         if not others:
             self.log.warning("%s is %s (lag %d) but no other member could take it: keeping it", where, verdict.value, sample.lag)
             assignment.health = PartitionHealth()  # judge it afresh rather than warn every cycle
@@ -841,9 +850,8 @@ class Supervisor:
         self._forget(assignment)
 
     def _owns(self, assignment: Assignment) -> bool:
-        coordinator = self._require_coordinator()
-        me = Owner(coordinator.client, coordinator.instance)
-        return coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition)) == me
+        owner = self._require_coordinator().read(lambda world: world.owner(assignment.topic, assignment.partition))
+        return owner == self._me()
 
     def _forget(self, assignment: Assignment) -> None:
         self.assignments.pop(assignment.key, None)
@@ -854,13 +862,13 @@ class Supervisor:
         """What the metrics endpoint shows; called from its thread, so it only reads."""
         partitions = []
         for a in sorted(list(self.assignments.values()), key=lambda a: a.key):
-            high = a.slot.get(Field.HIGH_WATERMARK)
             partitions.append(
                 PartitionStats(
                     topic=a.topic,
                     partition=a.partition,
                     next_offset=a.next_offset,
-                    high_watermark=high if high >= 0 else None,
+                    high_watermark=a.high_watermark,
+                    lag=a.lag,
                     messages_per_second=a.health.consume_rate,
                     handled=a.slot.get(Field.PROCESSED),
                     dead_lettered=a.slot.get(Field.DEAD_LETTERED),
@@ -901,11 +909,9 @@ class Supervisor:
 
 def _progress(assignment: Assignment) -> Progress:
     """The heartbeat of one partition: its worker's progress, with lag and rate once the monitor knows them."""
-    health, offset = assignment.health, assignment.next_offset
-    high = assignment.slot.get(Field.HIGH_WATERMARK)
-    lag = max(high - offset, 0) if high >= 0 else None
-    rate = None if health.consume_rate is None else round(max(health.consume_rate, 0.0), 1)
-    return Progress(assignment.topic, assignment.partition, offset, lag, rate)
+    rate = assignment.health.consume_rate
+    rate = None if rate is None else round(max(rate, 0.0), 1)
+    return Progress(assignment.topic, assignment.partition, assignment.next_offset, assignment.lag, rate)
 
 
 def _release_reason(phase: Phase, assignment: Assignment, sick: bool) -> str:

@@ -17,8 +17,8 @@ from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Sna
 def snapshot() -> Snapshot:
     latency = [0] * (len(LATENCY_BOUNDS) + 1)
     latency[0], latency[4], latency[-1] = 90, 9, 1  # <= 0.5ms, <= 10ms, > 10s
-    busy = PartitionStats("orders", 3, 1000, 1500, 250.5, 990, 2, latency, 12.5)
-    fresh = PartitionStats("orders", 4, 0, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
+    busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5)
+    fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
     return Snapshot("billing", [busy, fresh], counters, garbage_records=7)
