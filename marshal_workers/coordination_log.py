@@ -77,13 +77,9 @@ class CoordinationLog:
         self.own_instance = own_instance
         self._verdicts: dict[tuple[int, int], bool] = {}
         # Readable when a partition of the group was released: claimants need not wait for their next tick.
-        self.releases, self._releases_w = socket.socketpair()
-        for end in (self.releases, self._releases_w):
-            end.setblocking(False)
+        self.releases, self._releases_w = wakeup_pair()
         # Readable when a record of own_instance was folded (for writers that do not block: Coordinator.collect).
-        self.own_folds, self._own_folds_w = socket.socketpair()
-        for end in (self.own_folds, self._own_folds_w):
-            end.setblocking(False)
+        self.own_folds, self._own_folds_w = wakeup_pair()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
@@ -161,7 +157,7 @@ class CoordinationLog:
             )
             record_instance: str | None = record.instance
             if accepted and isinstance(record, Release):
-                self._announce_release()
+                _wake(self._releases_w)
         except DecodeError as exc:
             self._garbage_log.warning(
                 "coordination log %s[%d]@%d: skipped a record that is not valid: %s", self.topic, partition, offset, exc
@@ -173,9 +169,6 @@ class CoordinationLog:
             _wake(self._own_folds_w)
             if len(self._verdicts) > _MAX_UNCLAIMED_VERDICTS:  # writers that gave up waiting
                 del self._verdicts[next(iter(self._verdicts))]
-
-    def _announce_release(self) -> None:
-        _wake(self._releases_w)
 
     # -------------------------------------------------------------- reading
 
@@ -233,6 +226,14 @@ def read_group_state(settings: Settings, group: str) -> WorldState:
         return reader.snapshot()
     finally:
         reader.close()
+
+
+def wakeup_pair() -> tuple[socket.socket, socket.socket]:
+    """A non-blocking (read end, write end) pair: a byte written wakes whoever waits on the read end."""
+    read_end, write_end = socket.socketpair()
+    for end in (read_end, write_end):
+        end.setblocking(False)
+    return read_end, write_end
 
 
 def _wake(sock: socket.socket) -> None:

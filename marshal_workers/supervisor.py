@@ -49,7 +49,7 @@ from marshal_workers.balance import (
 )
 from marshal_workers.channel import Field, Slot, WorkerSpec, monotonic_ms
 from marshal_workers.config import Settings
-from marshal_workers.coordination_log import drain
+from marshal_workers.coordination_log import drain, wakeup_pair
 from marshal_workers.coordinator import Coordinator, PendingWrite, Progress
 from marshal_workers.errors import CoordinationWriteError, UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
@@ -238,9 +238,7 @@ class Supervisor:
     # ------------------------------------------------------------- signals
 
     def _install_signal_handlers(self) -> None:
-        self._wakeup_r, wakeup_w = socket.socketpair()
-        self._wakeup_r.setblocking(False)
-        wakeup_w.setblocking(False)
+        self._wakeup_r, wakeup_w = wakeup_pair()
         self._wakeup_w = wakeup_w  # kept open for the handler's wake-ups
         signal.set_wakeup_fd(wakeup_w.fileno(), warn_on_full_buffer=False)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1):

@@ -329,15 +329,16 @@ class WorldState:
         has no presence record, so a member that wants to be counted asks for a
         partition (see balance.py).  A member that released everything is gone.
         """
-        members = set(self.holdings(now))
-        limit = 2 * self.heartbeat_ms
-        members.update(Owner(self.clients[i], i) for i, at in self.last_claim.items() if now - at <= limit)
-        return members
+        return set(self.holdings(now)) | self._within_two_heartbeats(self.last_claim, now)
 
     def askers(self, now: int) -> set[Owner]:
         """Members whose claim of a partition with a live owner was refused within 2*HB: they want more."""
+        return self._within_two_heartbeats(self.last_refused_claim, now)
+
+    def _within_two_heartbeats(self, times: dict[str, int], now: int) -> set[Owner]:
+        """The instances whose time in ``times`` (by instance) is at most 2*HB before ``now``."""
         limit = 2 * self.heartbeat_ms
-        return {Owner(self.clients[i], i) for i, at in self.last_refused_claim.items() if now - at <= limit}
+        return {Owner(self.clients[i], i) for i, at in times.items() if now - at <= limit}
 
     def snapshot(self) -> WorldState:
         """An independent copy, safe to read while the original keeps folding."""
