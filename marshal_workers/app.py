@@ -146,8 +146,9 @@ class App:
         ``soft_time_limit`` and ``time_limit`` (e.g. "30s") override the settings of the same name
         for this handler; 0 turns a limit off.
         """
-        spec_options = _handler_options(topic, mode, batch_size, retries, retry_backoff, on_error)
-        spec_options |= _time_limits(topic, soft_time_limit, time_limit)
+        spec_options = _handler_options(
+            topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
+        )
 
         def register(function: Handler) -> Handler:
             existing = self.handlers.get(topic)
@@ -174,7 +175,14 @@ class App:
 
 
 def _handler_options(
-    topic: str, mode: str, batch_size: int, retries: int, retry_backoff: float | str, on_error: str
+    topic: str,
+    mode: str,
+    batch_size: int,
+    retries: int,
+    retry_backoff: float | str,
+    on_error: str,
+    soft_time_limit: float | str | None,
+    time_limit: float | str | None,
 ) -> dict[str, Any]:
     if not isinstance(topic, str) or not topic:
         raise ConfigError(f"a handler needs a topic name, got {topic!r}")
@@ -190,27 +198,27 @@ def _handler_options(
         raise ConfigError(f"handler for {topic!r}: batch_size must be a whole number >= 1, got {batch_size!r}")
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ConfigError(f"handler for {topic!r}: retries must be a whole number >= 0, got {retries!r}")
-    try:
-        backoff = parse_duration(retry_backoff)
-    except ConfigError as exc:
-        raise ConfigError(f"handler for {topic!r}: retry_backoff: {exc}") from None
     return {
         "mode": parsed_mode,
         "batch_size": batch_size,
         "retries": retries,
-        "retry_backoff": backoff,
+        "retry_backoff": _duration(topic, "retry_backoff", retry_backoff, parse_duration),
         "on_error": parsed_on_error,
+        "soft_time_limit": _time_limit(topic, "soft_time_limit", soft_time_limit),
+        "time_limit": _time_limit(topic, "time_limit", time_limit),
     }
 
 
-def _time_limits(topic: str, soft: float | str | None, hard: float | str | None) -> dict[str, float | None]:
-    limits: dict[str, float | None] = {}
-    for name, value in (("soft_time_limit", soft), ("time_limit", hard)):
-        try:
-            limits[name] = None if value is None else parse_limit(value)
-        except ConfigError as exc:
-            raise ConfigError(f"handler for {topic!r}: {name}: {exc}") from None
-    return limits
+def _time_limit(topic: str, name: str, value: float | str | None) -> float | None:
+    """None (not given: the setting of the same name applies), 0 (none) or seconds."""
+    return None if value is None else _duration(topic, name, value, parse_limit)
+
+
+def _duration(topic: str, name: str, value: float | str, parse: Callable[[Any], float]) -> float:
+    try:
+        return parse(value)
+    except ConfigError as exc:
+        raise ConfigError(f"handler for {topic!r}: {name}: {exc}") from None
 
 
 def effective_time_limits(handler: HandlerSpec, settings: Settings) -> tuple[float, float]:
