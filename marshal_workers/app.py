@@ -108,6 +108,17 @@ class HandlerSpec:
     def dlq_topic(self) -> str:
         return f"{self.topic}.dlq"
 
+    def retry_delay(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (0 for the first): retry_backoff, doubling."""
+        return self.retry_backoff * 2**attempt
+
+    def call(self, records: list[Any]) -> None:
+        """The user's function on raw Kafka records: on the batch (batch=True) or on its one message."""
+        if self.batch:
+            self.function([Message(r) for r in records])
+        else:
+            self.function(Message(records[0]))
+
 
 class App:
     """Handlers by topic, hooks, and settings given in code (the lowest precedence but defaults)."""

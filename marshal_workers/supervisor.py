@@ -796,7 +796,7 @@ class Supervisor:
         handler = self.app.handlers[assignment.topic]
         where = f"{assignment.topic}[{assignment.partition}]"
         if handler.mode is Mode.AMO or assignment.time_limit_kills <= handler.retries:
-            assignment.restart_at = time.monotonic() + handler.retry_backoff * 2 ** (assignment.time_limit_kills - 1)
+            assignment.restart_at = time.monotonic() + handler.retry_delay(assignment.time_limit_kills - 1)
         elif handler.on_error is OnError.RELEASE:
             self.log.error("%s: offset %d timed out %d times: releasing it", where, killed[0], assignment.time_limit_kills)
             self._release(assignment, sick=True)

@@ -62,14 +62,6 @@ class _Outcome(enum.Enum):
     STOP = "stop"  # asked to stop while retrying: it is not done
 
 
-def _call(handler: HandlerSpec, records: list[Any]) -> None:
-    """The user's function, on the batch (batch=True) or on its one message."""
-    if handler.batch:
-        handler.function([Message(r) for r in records])
-    else:
-        handler.function(Message(records[0]))
-
-
 def _resident_bytes() -> int | None:
     try:
         with open("/proc/self/statm") as statm:
@@ -407,7 +399,7 @@ class Worker:
     def _handle(self, handler: HandlerSpec, records: list[Any]) -> _Outcome:
         """Call the handler on one message (or on the batch); recover from a failure by the policy."""
         try:
-            _call(handler, records)
+            handler.call(records)
             return _Outcome.DONE
         except Exception as exc:
             return self._recover(handler, records, exc)
@@ -419,9 +411,9 @@ class Worker:
             if self.stopping:
                 return _Outcome.STOP  # not done: the next owner handles it again
             self.log.warning("handler %s failed at offset %d (%r); retry %d", handler.name, offset, error, attempt + 1)
-            time.sleep(handler.retry_backoff * 2**attempt)
+            time.sleep(handler.retry_delay(attempt))
             try:
-                _call(handler, records)
+                handler.call(records)
                 return _Outcome.DONE
             except Exception as exc:
                 error = exc

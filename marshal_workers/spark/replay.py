@@ -214,16 +214,9 @@ def _handle(handler: HandlerSpec, records: list[Any]) -> tuple[int, tuple[int, E
     return len(records), None
 
 
-def _call(handler: HandlerSpec, records: list[Any]) -> None:
-    if handler.batch:
-        handler.function([Message(r) for r in records])
-    else:
-        handler.function(Message(records[0]))
-
-
 def _call_with_retries(handler: HandlerSpec, records: list[Any]) -> Exception | None:
     try:
-        _call(handler, records)
+        handler.call(records)
         return None
     except Exception as exc:  # noqa: BLE001 - a handler may raise anything
         return _retry(handler, records, exc)
@@ -232,9 +225,9 @@ def _call_with_retries(handler: HandlerSpec, records: list[Any]) -> Exception | 
 def _retry(handler: HandlerSpec, records: list[Any], error: Exception) -> Exception | None:
     """After a first failure: the handler's retries with backoff; None once one succeeds, else the last error."""
     for attempt in range(handler.retries):
-        time.sleep(handler.retry_backoff * 2**attempt)
+        time.sleep(handler.retry_delay(attempt))
         try:
-            _call(handler, records)
+            handler.call(records)
             return None
         except Exception as exc:  # noqa: BLE001 - a handler may raise anything
             error = exc
