@@ -20,6 +20,7 @@ from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, client_config, require_topic, topic_partition_count
 from marshal_workers.positions import offsets_for_time, partition_bounds, position_consumer
+from marshal_workers.status import utc_iso
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 
@@ -160,15 +161,8 @@ def format_record(value: bytes | None, partition: int, offset: int, group: str) 
         return None
     who = f"{record.client}/{record.instance}"
     kind = type(record).__struct_config__.tag
-    stamp = _utc(record.ts)
+    stamp = utc_iso(record.ts)
     if isinstance(record, codec.ReleaseGroup):
-        return f"{where} {stamp} {kind} {who} expires={_utc(record.expires)}"
+        return f"{where} {stamp} {kind} {who} expires={utc_iso(record.expires)}"
     detail = f" offset={record.offset}" if not isinstance(record, codec.Claim) else ""
     return f"{where} {stamp} {kind} {who} {record.topic}[{record.partition}]{detail}"
-
-
-def _utc(ms: int) -> str:
-    try:
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
-    except (ValueError, OverflowError, OSError):  # any int >= 0 is valid on the wire, not every one is a date
-        return f"{ms}ms"

@@ -101,25 +101,21 @@ _settings_options = _options(
 _kafka_options = _options(_CONFIG, _BROKERS, _CONNECT_TIMEOUT, _LOG_LEVEL, _LOG_FORMAT)
 
 
-def _spark_options(command: F) -> F:
-    """Where Spark runs (replay, audit)."""
-    options = [
-        click.option(
-            "--spark-master",
-            default="local[*]",
-            show_default=True,
-            help="Spark master URL: local[N], spark://HOST:PORT, yarn, k8s://...",
-        ),
-        click.option(
-            "--spark-conf",
-            multiple=True,
-            metavar="KEY=VALUE",
-            help="A Spark setting (repeatable), e.g. spark.executor.memory=4g.",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+# Where Spark runs (replay, audit).
+_spark_options = _options(
+    click.option(
+        "--spark-master",
+        default="local[*]",
+        show_default=True,
+        help="Spark master URL: local[N], spark://HOST:PORT, yarn, k8s://...",
+    ),
+    click.option(
+        "--spark-conf",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="A Spark setting (repeatable), e.g. spark.executor.memory=4g.",
+    ),
+)
 
 
 def _load(config_file: str | None, app_defaults: dict[str, Any] | None = None, **cli: Any) -> Settings:
@@ -324,19 +320,15 @@ def audit_command(
 ) -> None:
     """Audit the group's coordination log on Spark: ownership timeline, hand-overs and gaps, zombies, clients."""
     from marshal_workers.spark import audit
+    from marshal_workers.spark.planner import total_size
     from marshal_workers.spark.session import parse_spark_conf, spark_session
 
     conf = parse_spark_conf(spark_conf)
     settings = _load(config_file, **options)
     group = settings.require_group()
     partitions, splits = audit.plan_log(settings)
-    if not splits:
-        raise UnknownGroupError(
-            f"the coordination topic {settings.coordination_topic} on {settings.brokers} is empty: "
-            f"group {group!r} has no record there"
-        )
     click.echo(
-        f"audit of group {group}: {sum(s.size for s in splits):,} records of {settings.coordination_topic} "
+        f"audit of group {group}: {total_size(splits):,} records of {settings.coordination_topic} "
         f"({partitions} partitions), one task per partition, on {spark_master}",
         err=True,
     )
@@ -362,6 +354,7 @@ def admin_pause(config_file: str | None, duration: str, **options: Any) -> None:
     """Pause the group: every owner drops its partitions and nobody claims until the pause ends."""
     from marshal_workers.admin import pause
     from marshal_workers.config import parse_duration
+    from marshal_workers.status import utc_text
 
     settings = _load(config_file, **options)
     try:
@@ -369,7 +362,7 @@ def admin_pause(config_file: str | None, duration: str, **options: Any) -> None:
     except ConfigError as exc:
         raise ConfigError(f"--for: {exc}") from None
     expires = pause(settings, seconds)
-    click.echo(f"group {settings.group} paused until {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires / 1000))}")
+    click.echo(f"group {settings.group} paused until {utc_text(expires)}")
 
 
 @admin.command("set-position")

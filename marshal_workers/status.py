@@ -6,6 +6,7 @@ Pure functions over a WorldState and ``now``; reading the log is the CLI's job.
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 from marshal_workers.world_state import Liveness, WorldState
@@ -55,8 +56,8 @@ _COLUMNS = ("TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE", "
 def render_table(document: dict[str, Any], now_ms: int) -> str:
     """A table for people: one line per partition, aligned columns."""
     paused = document["paused_until"]
-    header = f"group {document['group']}   as of {_utc(now_ms)}"
-    header += f"   PAUSED until {_utc(paused)}" if paused is not None else ""
+    header = f"group {document['group']}   as of {utc_text(now_ms)}"
+    header += f"   PAUSED until {utc_text(paused)}" if paused is not None else ""
     rows = [
         (
             row["topic"],
@@ -86,9 +87,18 @@ def _count_states(document: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-def _utc(ms: int) -> str:
+def utc_text(ms: int) -> str:
+    """A time (ms since epoch) for people: ``2026-11-22 10:00:00 UTC``."""
     try:
         moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
     except (ValueError, OverflowError, OSError):  # any int is valid on the wire, not every int is a date
         return f"{ms} ms since epoch"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def utc_iso(ms: int) -> str:
+    """A time (ms since epoch) as ISO 8601 with milliseconds: ``2026-11-22T10:00:00.123Z``."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+    except (ValueError, OverflowError, OSError):  # any int >= 0 is valid on the wire, not every one is a date
+        return f"{ms}ms"

@@ -44,6 +44,7 @@ from marshal_workers.spark import ownership
 from marshal_workers.spark.jobs import run_job
 from marshal_workers.spark.planner import Split, plan_splits
 from marshal_workers.spark.split_reader import SplitReader
+from marshal_workers.status import utc_iso
 from marshal_workers.world_state import record_time
 
 if TYPE_CHECKING:
@@ -113,7 +114,10 @@ class _Tables(NamedTuple):
 
 
 def plan_log(settings: Settings) -> tuple[int, list[Split]]:
-    """The coordination topic's partition count, and one split per partition: all of it, as it ends now."""
+    """The coordination topic's partition count, and one split per partition: all of it, as it ends now.
+
+    UnknownGroupError if the topic is missing or empty: there is nothing to audit, so Spark need not start.
+    """
     topic = settings.coordination_topic
     count = topic_partition_count(admin_client(settings), settings, topic)
     if count is None:
@@ -128,7 +132,13 @@ def plan_log(settings: Settings) -> tuple[int, list[Split]]:
         consumer.close()
     # Never cut: the fold needs each partition in order, in one task.  Empty partitions make no task.
     whole = [Split(topic, p, low, high) for p, (low, high) in bounds.items()]
-    return count, plan_splits(whole, max_split=2**62)
+    splits = plan_splits(whole, max_split=2**62)
+    if not splits:
+        raise UnknownGroupError(
+            f"the coordination topic {topic} on {settings.brokers} is empty: "
+            f"group {settings.require_group()!r} has no record there"
+        )
+    return count, splits
 
 
 def audit(
@@ -347,8 +357,8 @@ def render(report: AuditReport) -> list[str]:
     if report.timeline:
         lines += ["", "ownership timeline:"]
         for t in report.timeline:
-            until = "end of the log (still the owner)" if t.end_ms is None else f"{_utc(t.end_ms)} ({t.end_reason})"
-            lines.append(f"  {t.topic}[{t.partition}] {t.client}/{t.instance}: {_utc(t.start_ms)} -> {until}")
+            until = "end of the log (still the owner)" if t.end_ms is None else f"{utc_iso(t.end_ms)} ({t.end_reason})"
+            lines.append(f"  {t.topic}[{t.partition}] {t.client}/{t.instance}: {utc_iso(t.start_ms)} -> {until}")
     elif report.tenures:
         lines.append(
             f"\n{report.tenures:,} tenures in the ownership timeline: --out DIR writes it (and more) as Parquet"
@@ -358,11 +368,7 @@ def render(report: AuditReport) -> list[str]:
     return lines
 
 
-def _utc(ms: int) -> str:
-    try:
-        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
-    except (ValueError, OverflowError, OSError):
-        return f"{ms}ms"
+
 
 
 # ------------------------------------------------------------------ schemas

@@ -165,19 +165,9 @@ def failure_summary(report: ReplayReport) -> str:
 
 # ---------------------------------------------------------------- executors
 
-_apps: dict[str, App] = {}  # per Python worker process: a reused worker imports the application once
-
-
-def _app(app_path: str) -> App:
-    app = _apps.get(app_path)
-    if app is None:
-        app = _apps[app_path] = load_app(app_path)
-    return app
-
-
 def replay_split(app_path: str, settings: Settings, split: Split) -> SplitResult:
     """In a task: the worker hooks, then the handler on every message of ``split``."""
-    app = _app(app_path)
+    app = load_app(app_path)  # imported once per Python worker: then sys.modules has it
     handler = app.handlers.get(split.topic)
     if handler is None:
         raise SparkJobError(f"{app_path} has no handler for topic {split.topic!r} on this executor")
