@@ -18,7 +18,7 @@ from marshal_workers.config import Settings
 from marshal_workers.coordination_log import read_group_state
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
-from marshal_workers.kafka_clients import admin_client, client_config, require_topic, topic_partition_count
+from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
 from marshal_workers.positions import offsets_for_time, partition_bounds, position_consumer
 from marshal_workers.status import utc_iso
 
@@ -127,12 +127,7 @@ def log_lines(settings: Settings, follow: bool, stop: Callable[[], bool] = lambd
     count = topic_partition_count(admin, settings, settings.coordination_topic)
     if count is None:
         return
-    consumer = Consumer(
-        client_config(
-            settings,
-            **{"group.id": f"marshal-workers-log-{time.time_ns()}", "enable.auto.commit": False, "enable.partition.eof": True},
-        )
-    )
+    consumer = Consumer(reader_config(settings, "log"))
     consumer.assign([TopicPartition(settings.coordination_topic, p, OFFSET_BEGINNING) for p in range(count)])
     at_end: set[int] = set()
     try:

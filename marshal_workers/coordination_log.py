@@ -16,7 +16,6 @@ import logging
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -25,7 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consume
 from marshal_workers.codec import Release
 from marshal_workers.config import Settings
 from marshal_workers.errors import DecodeError, KafkaUnavailable
-from marshal_workers.kafka_clients import admin_client, client_config, topic_partition_count
+from marshal_workers.kafka_clients import admin_client, reader_config, topic_partition_count
 from marshal_workers.world_state import WorldState
 
 log = logging.getLogger(__name__)
@@ -84,15 +83,10 @@ class CoordinationLog:
         self._thread: threading.Thread | None = None
         self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
         self._consumer = Consumer(
-            client_config(
+            reader_config(
                 settings,
+                "log",
                 **{
-                    # A private id: we only assign(), never join a group or commit.
-                    "group.id": f"marshal-workers-log-{uuid.uuid4().hex}",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "enable.partition.eof": True,
-                    "auto.offset.reset": "earliest",
                     # Every write waits for the tail to fold it. Kafka answers a waiting fetch as soon as
                     # data arrives; Tansu holds it for the whole wait, so the wait bounds write latency.
                     "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),

@@ -23,7 +23,6 @@ from typing import TextIO
 
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 import marshal_workers
 from marshal_workers.config import Settings
@@ -31,6 +30,7 @@ from marshal_workers.coordination_log import CoordinationLog, read_group_state
 from marshal_workers.coordinator import ensure_coordination_topic
 from marshal_workers.embedded_broker import EmbeddedBroker
 from marshal_workers.errors import ConfigError
+from marshal_workers.kafka_clients import admin_client, ensure_topic, reader_config
 from marshal_workers.world_state import WorldState
 
 DEMO_APP = "examples.quickstart:app"
@@ -113,13 +113,13 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         settings = Settings(
             brokers=broker.bootstrap, group=DEMO_GROUP, heartbeat_interval=options.heartbeat_interval
         )
-        _create_topics(settings, options.partitions)
+        coordination_partitions = _create_topics(settings, options.partitions)
         producer = SteadyProducer(broker.bootstrap, options.rate)
         producer.start()
         supervisors = [_start_supervisor(settings, examples.parent, f"demo-{i + 1}", log_dir) for i in range(options.supervisors)]
         out.write(f"demo: broker {broker.bootstrap}; supervisor logs in {log_dir}; Ctrl-C stops\n")
         try:
-            _live_view(settings, options, producer, supervisors, stop_requested, out)
+            _live_view(settings, coordination_partitions, options, producer, supervisors, stop_requested, out)
         finally:
             out.write("\ndemo: stopping the supervisors (SIGTERM: each releases its partitions at their exact offsets)\n")
             codes = _stop_supervisors(supervisors, timeout=30)
@@ -133,10 +133,11 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
     return 0 if all(code == 0 for code in codes) else 1
 
 
-def _create_topics(settings: Settings, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": settings.brokers})
-    admin.create_topics([NewTopic(DEMO_TOPIC, num_partitions=partitions, replication_factor=1)])[DEMO_TOPIC].result(10)
-    ensure_coordination_topic(admin, settings)
+def _create_topics(settings: Settings, partitions: int) -> int:
+    """The demo topic and the coordination topic; returns the coordination topic's partition count."""
+    admin = admin_client(settings)
+    ensure_topic(admin, settings, DEMO_TOPIC, partitions)
+    return ensure_coordination_topic(admin, settings)
 
 
 def _start_supervisor(settings: Settings, cwd: Path, client_id: str, log_dir: Path) -> subprocess.Popen[bytes]:
@@ -178,9 +179,9 @@ def _resume_offsets(state: WorldState, partitions: int) -> list[int]:
 class _HighWatermarks:
     """End offsets from fetch responses (Tansu's ListOffsets under-reports them)."""
 
-    def __init__(self, brokers: str, partitions: int) -> None:
+    def __init__(self, settings: Settings, partitions: int) -> None:
         self.partitions = partitions
-        self._consumer = Consumer({"bootstrap.servers": brokers, "group.id": "marshal-workers-demo-view"})
+        self._consumer = Consumer(reader_config(settings, "demo-view"))
         self._consumer.assign([TopicPartition(DEMO_TOPIC, p, OFFSET_END) for p in range(partitions)])
 
     def read(self) -> list[int]:
@@ -194,16 +195,15 @@ class _HighWatermarks:
 
 def _live_view(
     settings: Settings,
+    coordination_partitions: int,
     options: DemoOptions,
     producer: SteadyProducer,
     supervisors: list[subprocess.Popen[bytes]],
     stop_requested: list[int],
     out: TextIO,
 ) -> None:
-    admin = AdminClient({"bootstrap.servers": settings.brokers})
-    count = ensure_coordination_topic(admin, settings)
-    log = CoordinationLog(settings, DEMO_GROUP, count).start()
-    marks = _HighWatermarks(settings.brokers, options.partitions)
+    log = CoordinationLog(settings, DEMO_GROUP, coordination_partitions).start()
+    marks = _HighWatermarks(settings, options.partitions)
     handled_rate, produced_rate = Throughput(), Throughput()
     started = time.monotonic()
     try:

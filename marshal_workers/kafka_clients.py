@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+import uuid
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -34,6 +35,22 @@ def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
     config.update(settings.kafka)
     config.update(overrides)
     return config
+
+
+def reader_config(settings: Settings, purpose: str, **tuning: Any) -> dict[str, Any]:
+    """A consumer that only assign()s and reads: a private group id (never joined, never committed),
+    partition-end events on, and the log's start where an asked-for offset is gone; then ``tuning``."""
+    return client_config(
+        settings,
+        **{
+            "group.id": f"marshal-workers-{purpose}-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+        | tuning,
+    )
 
 
 def _log_client_error(error: KafkaError) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -25,7 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from marshal_workers.config import Settings
 from marshal_workers.errors import KafkaUnavailable
-from marshal_workers.kafka_clients import client_config
+from marshal_workers.kafka_clients import reader_config
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +45,8 @@ class Stamped(NamedTuple):
 
 def position_consumer(settings: Settings) -> Consumer:
     """A consumer for looking things up: assign() only, a throwaway group id, never a commit."""
-    return Consumer(
-        client_config(
-            settings,
-            **{
-                "group.id": f"marshal-workers-positions-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-                # Tansu holds a waiting fetch for the whole wait: keep probes quick.
-                "fetch.wait.max.ms": 10,
-            },
-        )
-    )
+    # Tansu holds a waiting fetch for the whole wait: keep probes quick.
+    return Consumer(reader_config(settings, "positions", **{"fetch.wait.max.ms": 10}))
 
 
 def partition_bounds(

@@ -11,7 +11,6 @@ is read, which is what makes a retried task at-least-once and no more.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Self
@@ -19,7 +18,7 @@ from typing import Any, Self
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from marshal_workers.config import Settings
-from marshal_workers.kafka_clients import client_config
+from marshal_workers.kafka_clients import reader_config
 from marshal_workers.spark.planner import Split
 
 _CONSUME_WAIT_S = 0.5
@@ -30,15 +29,12 @@ class SplitReadError(RuntimeError):
 
 
 def split_consumer_config(settings: Settings) -> dict[str, Any]:
-    return client_config(
+    # Partition-end events tell a split whose last offsets are gone; offsets deleted by retention since
+    # the plan start it at what is left (it counts fewer records).
+    return reader_config(
         settings,
+        "split",
         **{
-            "group.id": f"marshal-workers-split-{uuid.uuid4().hex}",  # never joined, never committed
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,  # an end-of-partition event tells a split whose last offsets are gone
-            # Offsets deleted by retention since the plan: start at what is left, and count fewer records.
-            "auto.offset.reset": "earliest",
             # As the workers (worker.consumer_settings): librdkafka's defaults throttle a fast consumer.
             "fetch.queue.backoff.ms": 10,
             "fetch.wait.max.ms": 100,
