@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -19,10 +19,11 @@ from marshal_workers.coordination_log import read_group_state
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
-from marshal_workers.positions import offsets_for_time, partition_bounds, position_consumer
+from marshal_workers.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
 from marshal_workers.status import utc_iso
 
 MAX_TIMESTAMP_MS = 2**63 - 1
+_HINT = "use --earliest, --latest, --timestamp, or --partition to pick partitions"
 
 
 def admin_settings(settings: Settings) -> Settings:
@@ -51,21 +52,11 @@ def pause(settings: Settings, seconds: float) -> int:
         return expires
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where to set a partition: exactly one of these."""
-
-    offset: int | None = None
-    earliest: bool = False
-    latest: bool = False
-    timestamp_ms: int | None = None
-
-
 def set_position(
     settings: Settings,
     topic: str,
     partitions: Sequence[int] | None,
-    target: Target,
+    target: Bound,
     report: Callable[[str], None] = print,
 ) -> dict[int, int]:
     """Move the group on ``topic`` (all partitions, or those given) to ``target``.
@@ -77,10 +68,7 @@ def set_position(
     """
     require_known_group(settings)
     count = require_topic(admin_client(settings), settings, topic)
-    chosen = list(range(count)) if partitions is None else list(partitions)
-    for partition in chosen:
-        if not 0 <= partition < count:
-            raise ConfigError(f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition}")
+    chosen = chosen_partitions(count, topic, partitions, ConfigError)
     positions = resolve_positions(settings, topic, chosen, target)
 
     with Coordinator(admin_settings(settings)) as coordinator:
@@ -97,25 +85,12 @@ def set_position(
     return positions
 
 
-def resolve_positions(settings: Settings, topic: str, partitions: Sequence[int], target: Target) -> dict[int, int]:
+def resolve_positions(settings: Settings, topic: str, partitions: Sequence[int], target: Bound) -> dict[int, int]:
     """The offset for each partition, checked against the partition's log: nothing beyond its end."""
     consumer = position_consumer(settings)
     try:
         bounds = partition_bounds(consumer, settings, topic, partitions)
-        if target.earliest:
-            return {p: bounds[p].low for p in partitions}
-        if target.latest:
-            return {p: bounds[p].high for p in partitions}
-        if target.timestamp_ms is not None:
-            return offsets_for_time(consumer, settings, topic, bounds, target.timestamp_ms)
-        assert target.offset is not None
-        for partition in partitions:
-            low, high = bounds[partition]
-            if not low <= target.offset <= high:
-                raise ConfigError(
-                    f"offset {target.offset} is outside {topic}[{partition}], which holds offsets {low}..{high}"
-                )
-        return {p: target.offset for p in partitions}
+        return offsets_at(consumer, settings, topic, bounds, target, "--offset", ConfigError, _HINT)
     finally:
         consumer.close()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import functools
 import signal
 import sys
@@ -385,25 +384,29 @@ def admin_set_position(
     **options: Any,
 ) -> None:
     """Move the group on a topic: pause it, set the positions, resume it."""
-    from marshal_workers.admin import Target, set_position
+    from marshal_workers.admin import set_position
+    from marshal_workers.positions import Bound
 
     given = [offset is not None, earliest, latest, timestamp is not None]
     if sum(given) != 1:
         raise ConfigError("give exactly one of --offset, --earliest, --latest, --timestamp")
     settings = _load(config_file, **options)
-    target = Target(offset=offset, earliest=earliest, latest=latest, timestamp_ms=_parse_timestamp(timestamp))
+    if offset is not None:
+        target = Bound("offset", offset)
+    elif timestamp is not None:
+        target = Bound("time", _parse_timestamp(timestamp))
+    else:
+        target = Bound("earliest" if earliest else "latest")
     set_position(settings, topic, list(partition) or None, target, report=click.echo)
 
 
-def _parse_timestamp(text: str | None) -> int | None:
-    if text is None:
-        return None
+def _parse_timestamp(text: str) -> int:
+    """--timestamp: ms since epoch, or ISO 8601 (UTC if no zone)."""
+    from marshal_workers.positions import iso_time_ms
+
     if text.isdigit():
         return int(text)
     try:
-        moment = datetime.datetime.fromisoformat(text)
+        return iso_time_ms(text)
     except ValueError:
         raise ConfigError(f"--timestamp: expected ms since epoch or ISO 8601 (2026-11-22T10:00:00), got {text!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
-    return int(moment.timestamp() * 1000)

@@ -15,10 +15,12 @@ broker differences (DESIGN.md section 8) shape it:
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -34,6 +36,67 @@ class Bounds(NamedTuple):
 
     low: int
     high: int
+
+
+BoundKind = Literal["earliest", "latest", "offset", "time"]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A position asked for in each chosen partition: its start, its end, an offset, or a time."""
+
+    kind: BoundKind
+    value: int = 0  # the offset, or the time in ms since the epoch
+
+    def __str__(self) -> str:
+        if self.kind == "offset":
+            return str(self.value)
+        if self.kind == "time":
+            return f"@{self.value}"
+        return self.kind
+
+
+def iso_time_ms(text: str) -> int:
+    """Milliseconds since the epoch of an ISO 8601 time, UTC if it has no zone; ValueError if it is not one."""
+    moment = datetime.datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def chosen_partitions(
+    count: int, topic: str, partitions: Sequence[int] | None, error: type[Exception]
+) -> list[int]:
+    """The partitions asked for (all ``count`` of them if none are given), each one that exists, or ``error``."""
+    chosen = sorted(set(range(count) if not partitions else partitions))
+    missing = [p for p in chosen if not 0 <= p < count]
+    if missing:
+        raise error(f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {missing[0]}")
+    return chosen
+
+
+def offsets_at(
+    consumer: Consumer,
+    settings: Settings,
+    topic: str,
+    bounds: Mapping[int, Bounds],
+    bound: Bound,
+    option: str,
+    error: type[Exception],
+    hint: str,
+) -> dict[int, int]:
+    """The offset ``bound`` names in each partition of ``bounds``; an offset outside a log is ``error``."""
+    if bound.kind == "earliest":
+        return {p: b.low for p, b in bounds.items()}
+    if bound.kind == "latest":
+        return {p: b.high for p, b in bounds.items()}
+    if bound.kind == "time":
+        return offsets_for_time(consumer, settings, topic, bounds, bound.value)
+    for partition, (low, high) in bounds.items():
+        if not low <= bound.value <= high:
+            held = f"offsets {low}..{high - 1}" if high > low else f"no offsets (it is empty at {high})"
+            raise error(f"{option} {bound.value} is outside {topic}[{partition}], which holds {held}; {hint}")
+    return {p: bound.value for p in bounds}
 
 
 class Stamped(NamedTuple):

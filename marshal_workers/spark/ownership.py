@@ -28,7 +28,6 @@ coordination partition is audited on its own, in one task.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from marshal_workers.codec import Claim, ClaimMessages, Heartbeat, Record, Release, ReleaseGroup
@@ -170,12 +169,6 @@ class OwnershipAudit:
             self.zombie_records += 1
             return (self._zombie(record, at, log_offset, owner_before),)
         return _NONE
-
-    def feed_all(self, entries: Iterable[tuple[Record, int, int]]) -> Iterator[Event]:
-        """``feed`` over (record, record time, log offset) in log order, then ``finish``."""
-        for record, at, log_offset in entries:
-            yield from self.feed(record, at, log_offset)
-        yield from self.finish()
 
     def finish(self) -> list[Event]:
         """The tenures still open at the end of the log, the counts per client instance, and the totals."""

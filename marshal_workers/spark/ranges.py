@@ -11,38 +11,25 @@ start after the end.
 
 from __future__ import annotations
 
-import datetime
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal
-
-from confluent_kafka import Consumer
+from collections.abc import Sequence
 
 from marshal_workers.config import Settings
 from marshal_workers.errors import OffsetRangeError
 from marshal_workers.kafka_clients import admin_client, require_topic
-from marshal_workers.positions import Bounds, offsets_for_time, partition_bounds, position_consumer
+from marshal_workers.positions import (
+    Bound,
+    chosen_partitions,
+    iso_time_ms,
+    offsets_at,
+    partition_bounds,
+    position_consumer,
+)
 from marshal_workers.spark.planner import Split
 
-BoundKind = Literal["earliest", "latest", "offset", "time"]
+__all__ = ["Bound", "check_order", "parse_bound", "resolve_ranges"]
+
 FORMS = "earliest, latest, an offset (1234), or a time (2026-11-22T10:00:00, UTC if no zone; or @<ms since epoch>)"
-
-
-@dataclass(frozen=True)
-class Bound:
-    kind: BoundKind
-    value: int = 0  # the offset, or the time in ms since the epoch
-
-    def __str__(self) -> str:
-        if self.kind == "offset":
-            return str(self.value)
-        if self.kind == "time":
-            return f"@{self.value}"
-        return self.kind
-
-
-EARLIEST = Bound("earliest")
-LATEST = Bound("latest")
+_HINT = "use earliest/latest, a time, or --partition to pick partitions"
 
 
 def parse_bound(text: str, option: str = "--from") -> Bound:
@@ -55,12 +42,9 @@ def parse_bound(text: str, option: str = "--from") -> Bound:
     if cleaned.startswith("@") and cleaned[1:].isdigit():
         return Bound("time", int(cleaned[1:]))
     try:
-        moment = datetime.datetime.fromisoformat(cleaned)
+        return Bound("time", iso_time_ms(cleaned))
     except ValueError:
         raise OffsetRangeError(f"{option} {text!r}: expected {FORMS}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.UTC)
-    return Bound("time", int(moment.timestamp() * 1000))
 
 
 def check_order(start: Bound, end: Bound) -> None:
@@ -77,15 +61,12 @@ def resolve_ranges(
     """One range per partition (all of the topic's, or those given), each checked against its log."""
     check_order(start, end)
     count = require_topic(admin_client(settings), settings, topic)
-    chosen = sorted(set(range(count) if not partitions else partitions))
-    missing = [p for p in chosen if not 0 <= p < count]
-    if missing:
-        raise OffsetRangeError(f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {missing[0]}")
+    chosen = chosen_partitions(count, topic, partitions, OffsetRangeError)
     consumer = position_consumer(settings)
     try:
         bounds = partition_bounds(consumer, settings, topic, chosen)
-        starts = _offsets(consumer, settings, topic, bounds, start, "--from")
-        ends = _offsets(consumer, settings, topic, bounds, end, "--to")
+        starts = offsets_at(consumer, settings, topic, bounds, start, "--from", OffsetRangeError, _HINT)
+        ends = offsets_at(consumer, settings, topic, bounds, end, "--to", OffsetRangeError, _HINT)
     finally:
         consumer.close()
     for partition in chosen:
@@ -96,22 +77,3 @@ def resolve_ranges(
                 f"(offset {ends[partition]}); the partition holds offsets {low}..{high - 1}"
             )
     return [Split(topic, p, starts[p], ends[p]) for p in chosen]
-
-
-def _offsets(
-    consumer: Consumer, settings: Settings, topic: str, bounds: Mapping[int, Bounds], bound: Bound, option: str
-) -> dict[int, int]:
-    if bound.kind == "earliest":
-        return {p: b.low for p, b in bounds.items()}
-    if bound.kind == "latest":
-        return {p: b.high for p, b in bounds.items()}
-    if bound.kind == "time":
-        return offsets_for_time(consumer, settings, topic, bounds, bound.value)
-    for partition, (low, high) in bounds.items():
-        if not low <= bound.value <= high:
-            held = f"offsets {low}..{high - 1}" if high > low else f"no offsets (it is empty at {high})"
-            raise OffsetRangeError(
-                f"{option} {bound.value} is outside {topic}[{partition}], which holds {held}; "
-                f"use earliest/latest, a time, or --partition to pick partitions"
-            )
-    return {p: bound.value for p in bounds}

@@ -13,7 +13,7 @@ from spark_support import APP, ReplayApp, create_topic, produce
 from marshal_workers.config import Settings
 from marshal_workers.errors import SparkJobError
 from marshal_workers.spark.planner import Split, plan_splits
-from marshal_workers.spark.ranges import EARLIEST, LATEST, Bound, resolve_ranges
+from marshal_workers.spark.ranges import Bound, resolve_ranges
 from marshal_workers.spark.replay import failure_summary, replay
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -24,6 +24,9 @@ T0 = 1_700_000_000_000
 def numbered(partitions: int, per_partition: int) -> dict[int, list[bytes]]:
     """Message n (n = 0, 1, ...) on partition n % partitions, at offset n // partitions."""
     return {p: [str(p + partitions * i).encode() for i in range(per_partition)] for p in range(partitions)}
+
+
+EARLIEST, LATEST = Bound("earliest"), Bound("latest")
 
 
 def test_a_clean_replay_handles_every_message_of_the_range_exactly_once(

@@ -27,10 +27,16 @@ def rec(kind: type, client: str, instance: str, at: int, topic: str = "orders", 
     return kind(v=1, ts=T0 + at, group=fields.pop("group", GROUP), client=client, instance=instance, **where, **fields)
 
 
+def feed_all(audit: OwnershipAudit, entries) -> list:
+    """``feed`` over (record, record time, log offset) in log order, then ``finish``: every event."""
+    events = [event for record, at, offset in entries for event in audit.feed(record, at, offset)]
+    return events + list(audit.finish())
+
+
 def audit_of(*records: codec.Record) -> tuple[OwnershipAudit, list]:
     """Feed records (their ts as record time) in order; every event, finish() included."""
     audit = OwnershipAudit(GROUP, HB, None, 0)
-    events = list(audit.feed_all((r, r.ts, offset) for offset, r in enumerate(records)))
+    events = feed_all(audit, ((r, r.ts, offset) for offset, r in enumerate(records)))
     return audit, events
 
 
@@ -188,7 +194,7 @@ def test_auditing_each_coordination_partition_alone_agrees_with_the_whole_fold(b
 
     events = []
     for source, entries in by_source.items():
-        events += OwnershipAudit(bench.BUSY_GROUP, bench.HB_MS, bench.COORDINATION_PARTITIONS, source).feed_all(entries)
+        events += feed_all(OwnershipAudit(bench.BUSY_GROUP, bench.HB_MS, bench.COORDINATION_PARTITIONS, source), entries)
 
     summaries = of(events, LogSummary)
     assert sum(s.records for s in summaries) == whole.stats.applied
