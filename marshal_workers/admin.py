@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
-from marshal_workers.coordination_log import read_group_state
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
@@ -30,24 +30,34 @@ def admin_settings(settings: Settings) -> Settings:
     return replace(settings, client_id=f"admin@{settings.client_id}")
 
 
-def require_known_group(settings: Settings) -> None:
-    """A group the coordination log has never heard of is most likely a typo: refuse it, write nothing."""
+@contextmanager
+def known_group(settings: Settings) -> Iterator[Coordinator]:
+    """The operator's coordinator, once its reading of the log shows the group.
+
+    A group the coordination log has never heard of is most likely a typo:
+    refuse it and write nothing, not even a coordination topic.  (The log is
+    read once, by the coordinator that then writes.)
+    """
     group = settings.require_group()
-    state = read_group_state(settings, group)
-    if not state.partitions and not state.pauses:
-        raise UnknownGroupError(
-            f"group {group!r} has no record in {settings.coordination_topic} on {settings.brokers}; "
-            "check --group and --coordination-topic"
-        )
+    unknown = UnknownGroupError(
+        f"group {group!r} has no record in {settings.coordination_topic} on {settings.brokers}; "
+        "check --group and --coordination-topic"
+    )
+    if topic_partition_count(admin_client(settings), settings, settings.coordination_topic) is None:
+        raise unknown
+    with Coordinator(admin_settings(settings)) as coordinator:
+        if not coordinator.read(lambda state: bool(state.partitions or state.pauses)):
+            raise unknown
+        yield coordinator
 
 
 def pause(settings: Settings, seconds: float) -> int:
     """Pause the group for ``seconds``: every owner is dropped and nobody may claim. Returns the expiry (ms)."""
-    require_known_group(settings)
-    with Coordinator(admin_settings(settings)) as coordinator:
-        expires = coordinator.now_ms() + int(seconds * 1000)
-        if expires > MAX_TIMESTAMP_MS:
-            raise ConfigError(f"a pause of {seconds:g}s ends past what the protocol can write (int64 ms); use less")
+    duration_ms = int(seconds * 1000)
+    if time.time() * 1000 + duration_ms > MAX_TIMESTAMP_MS:  # checked before anything is read or opened
+        raise ConfigError(f"a pause of {seconds:g}s ends past what the protocol can write (int64 ms); use less")
+    with known_group(settings) as coordinator:
+        expires = coordinator.now_ms() + duration_ms
         coordinator.release_group(expires)
         return expires
 
@@ -61,17 +71,16 @@ def set_position(
 ) -> dict[int, int]:
     """Move the group on ``topic`` (all partitions, or those given) to ``target``.
 
-    Every check comes first, so a bad request writes nothing.  Then: pause the
+    Every check comes first (the group's last), so a bad request writes nothing.  Then: pause the
     group, wait 2*HB (every worker's lease lapses, none handles anything more),
     write the positions as the operator's releases, and end the pause; running
     supervisors claim again and resume there.  Returns partition -> offset.
     """
-    require_known_group(settings)
     count = require_topic(admin_client(settings), settings, topic)
     chosen = chosen_partitions(count, topic, partitions, ConfigError)
     positions = resolve_positions(settings, topic, chosen, target)
 
-    with Coordinator(admin_settings(settings)) as coordinator:
+    with known_group(settings) as coordinator:
         hold_ms = 2 * settings.heartbeat_ms + 1000
         coordinator.release_group(coordinator.now_ms() + 2 * hold_ms)
         report(f"group {settings.group} paused; waiting {hold_ms / 1000:g}s for every worker to stop")
