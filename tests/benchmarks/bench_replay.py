@@ -46,11 +46,13 @@ import orjson
 from marshal_workers.config import Settings
 from marshal_workers.embedded_broker import EmbeddedBroker
 from marshal_workers.spark.planner import plan_splits
-from marshal_workers.spark.ranges import EARLIEST, LATEST, resolve_ranges
+from marshal_workers.spark.ranges import Bound, resolve_ranges
 from marshal_workers.spark.replay import ReplayReport, replay
 from marshal_workers.spark.session import start_session, stop_session
 
 APP = "bench_app:app"
+
+EARLIEST, LATEST = Bound("earliest"), Bound("latest")
 
 
 def stamps(outdir: Path, partitions: int) -> bench_run.Timing | None:
