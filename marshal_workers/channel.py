@@ -4,10 +4,12 @@
   progress (next offset, counts, the high watermark it sees); the
   supervisor writes the lease.  Single writer per field, so no lock.
 * A pipe, for AMO: the worker sends the offset after the batch it wants to
-  claim, the supervisor answers True (claimed: process it) or False (the
-  partition is not ours: stop).  EOF on it means the supervisor is gone.
-* Signals from the supervisor: SIGTERM asks the worker to finish the message
-  or batch in hand and exit.
+  claim, the supervisor answers a ClaimAnswer.  EOF on it means the
+  supervisor is gone.
+* A stop request: the supervisor sets the slot's STOP_REQUESTED, then sends
+  SIGTERM.  The signal interrupts a worker at once; the flag covers a worker
+  forked just before the request, which inherits the fork server's ignored
+  SIGTERM until it installs its handler (it reads the flag right after).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+class ClaimAnswer(enum.IntEnum):
+    """The supervisor's answer to a worker's AMO batch claim."""
+
+    REFUSED = 0  # the partition is not ours (any more): stop, handle nothing
+    CLAIMED = 1  # written and accepted: handle the batch (while the lease holds)
+    UNCONFIRMED = 2  # Kafka did not confirm the claim within an HB: handle nothing yet, ask again
+
+
 class Field(enum.IntEnum):
     NEXT_OFFSET = 0  # worker: the next offset to process (everything before it is done)
     LEASE_UNTIL_MS = 1  # supervisor: process nothing at or after this time (monotonic_ms)
@@ -39,6 +49,7 @@ class Field(enum.IntEnum):
     CALL_STARTED_MS = 5  # worker: start of the handler call in progress (monotonic_ms); 0 between calls
     CALL_END_OFFSET = 6  # worker: the offset after the message(s) of that call
     LATENCY_SUM_NS = 7  # worker: total time spent in handler calls
+    STOP_REQUESTED = 8  # supervisor: 1 = finish the message or batch in hand and exit (SIGTERM follows)
 
 
 # Handler latency histogram (metrics on): upper bounds in seconds; after the Field entries, one count

@@ -31,6 +31,7 @@ from marshal_workers.world_state import WorldState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+_PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}  # failures we caused by replacing the producer
 _PRODUCER_ID_RETRY_S = 0.6
 T = TypeVar("T")
 
@@ -56,6 +57,7 @@ class _Delivery:
     error: KafkaError | None = None
     done: bool = False
     verdict: bool | None = None  # once folded (submit/collect only)
+    producer: int = 0  # the generation of the producer that sent it (see Coordinator._replace_producer)
 
     def __call__(self, error: KafkaError | None, message: Message) -> None:
         self.error, self.done = error, True
@@ -79,6 +81,7 @@ class PendingWrite:
 
     deadline: float
     deliveries: list[_Delivery] = field(default_factory=list)
+    submitted_at: float = field(default_factory=time.monotonic)
 
 
 class Coordinator:
@@ -97,6 +100,8 @@ class Coordinator:
         self._clock = clock
         self._log: CoordinationLog | None = None
         self._producer: Producer | None = None
+        self._generation = 0  # bumped by each _replace_producer
+        self._outstanding: list[_Delivery] = []  # sent by the current producer, not yet confirmed or failed
         self.partition_count = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -160,7 +165,10 @@ class Coordinator:
 
     def claim(self, topic: str, partition: int) -> bool:
         """Try to own a partition; True if our claim was accepted (we own it now)."""
-        return self.write([codec.Claim(**self._common(), topic=topic, partition=partition)])[0]
+        return self.write([self.claim_record(topic, partition)])[0]
+
+    def claim_record(self, topic: str, partition: int) -> codec.Record:
+        return codec.Claim(**self._common(), topic=topic, partition=partition)
 
     def heartbeat(self, topic: str, partition: int, offset: int) -> bool:
         """Report progress; False means we are not the owner (any more)."""
@@ -168,17 +176,21 @@ class Coordinator:
 
     def heartbeats(self, progress: Sequence[Progress]) -> list[bool]:
         """Heartbeat several partitions at once: one round trip for all."""
+        return self.write(self.heartbeat_records(progress))
+
+    def heartbeat_records(self, progress: Sequence[Progress]) -> list[codec.Record]:
         common = self._common()
-        return self.write(
-            [
-                codec.Heartbeat(**common, topic=p.topic, partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate)
-                for p in progress
-            ]
-        )
+        return [
+            codec.Heartbeat(**common, topic=p.topic, partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate)
+            for p in progress
+        ]
 
     def release(self, topic: str, partition: int, offset: int) -> bool:
         """Give a partition up; the next owner resumes at ``offset``."""
-        return self.write([codec.Release(**self._common(), topic=topic, partition=partition, offset=offset)])[0]
+        return self.write([self.release_record(topic, partition, offset)])[0]
+
+    def release_record(self, topic: str, partition: int, offset: int) -> codec.Record:
+        return codec.Release(**self._common(), topic=topic, partition=partition, offset=offset)
 
     def claim_messages(self, topic: str, partition: int, offset: int) -> bool:
         """At-most-once: claim every message before ``offset``; only process them if True."""
@@ -248,10 +260,14 @@ class Coordinator:
         if time.monotonic() > pending.deadline:
             late = next(d for d in pending.deliveries if d.verdict is None)
             if not late.done:
-                self._replace_producer()
+                self._replace_producer(late)
                 raise self._not_confirmed()
             raise self._not_read_back(late)
         return None
+
+    def awaiting_delivery(self, pending: PendingWrite) -> bool:
+        """True while Kafka has not confirmed every record of a submitted write."""
+        return not all(d.done for d in pending.deliveries)
 
     def own_folds(self) -> socket.socket:
         """Readable when a record this coordinator wrote has been folded: time to collect()."""
@@ -278,6 +294,10 @@ class Coordinator:
     def _produce(self, record: codec.Record, partition: int, delivery: _Delivery) -> None:
         assert self._producer is not None
         value, key = codec.encode(record), codec.record_key(record)
+        delivery.producer = self._generation
+        if len(self._outstanding) > 1000:
+            self._outstanding = [d for d in self._outstanding if not d.done]
+        self._outstanding.append(delivery)
         while True:
             try:
                 self._producer.produce(
@@ -294,29 +314,45 @@ class Coordinator:
         assert self._producer is not None
         while not all(d.done for d in deliveries):
             if time.monotonic() > deadline:
-                self._replace_producer()
+                self._replace_producer(next(d for d in deliveries if not d.done))
                 raise self._not_confirmed()
             self._producer.poll(0.01)
         self._raise_if_failed(deliveries)
 
     def _raise_if_failed(self, deliveries: list[_Delivery]) -> None:
-        failed = next((d.error for d in deliveries if d.error is not None), None)
+        failed = next((d for d in deliveries if d.error is not None), None)
         if failed is not None:
-            self._replace_producer()
-            raise CoordinationWriteError(f"group {self.group}: coordination write failed: {failed}")
+            if failed.error.code() not in _PURGED:  # type: ignore[union-attr]
+                self._replace_producer(failed)
+            raise CoordinationWriteError(f"group {self.group}: coordination write failed: {failed.error}")
 
-    def _replace_producer(self) -> None:
+    def _replace_producer(self, failed: _Delivery | None = None) -> None:
         """Start over with a fresh producer after a failed write.
 
         An idempotent producer whose write timed out bumps its epoch; Tansu
         answers that with PRODUCER_FENCED forever, and Kafka can leave it in a
         fatal state.  A new producer (new producer id) is always safe: the
         caller has been told the write failed and must re-read the world.
+
+        Only a failure of the current producer replaces it.  The old one's
+        writes still in flight are purged, and their failures (purged, or
+        timed out) must not replace the new one in turn: that cascade, with
+        a write always in flight under AMO, once left every claim of a
+        supervisor without a verdict for seconds.
         """
         assert self._producer is not None
+        if failed is not None and failed.producer != self._generation:
+            return
         self._producer.purge()
         self._producer.flush(0)
+        # librdkafka reports purged messages only on a later poll of the producer we drop: fail them here,
+        # so their writers learn it now instead of at their deadline.
+        for delivery in self._outstanding:
+            if not delivery.done:
+                delivery.error, delivery.done = KafkaError(KafkaError._PURGE_QUEUE), True
+        self._outstanding = []
         self._producer = self._new_producer()
+        self._generation += 1
 
     # ---------------------------------------------------------------- reads
 

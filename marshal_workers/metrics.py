@@ -37,6 +37,7 @@ class Counters:
     partitions_lost: int = 0  # taken over by another member while we held them
     worker_restarts: int = 0  # after a crash, a lifecycle limit or a time limit
     time_limit_kills: int = 0
+    message_claims_unconfirmed: int = 0  # AMO batch claims Kafka did not confirm within an HB
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,11 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ("partitions_lost", "Partitions another member took over while we held them.", counters.partitions_lost),
         ("worker_restarts", "Workers restarted (crash, lifecycle limit, time limit).", counters.worker_restarts),
         ("time_limit_kills", "Workers killed because a handler call ran past time_limit.", counters.time_limit_kills),
+        (
+            "message_claims_unconfirmed",
+            "AMO batch claims Kafka did not confirm within an HB (the worker asks again).",
+            counters.message_claims_unconfirmed,
+        ),
         ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
     ]
     families: list[Metric] = [next_offset, high, lag, rate, handled, dead, latency, owned, claims, releases]

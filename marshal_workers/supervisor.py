@@ -13,6 +13,7 @@ fork-safe), with the application module preloaded.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import enum
 import logging
 import multiprocessing
@@ -47,13 +48,14 @@ from marshal_workers.balance import (
     settled,
     yields_to_askers,
 )
-from marshal_workers.channel import Field, Slot, WorkerSpec, monotonic_ms
+from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec, monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import drain, wakeup_pair
-from marshal_workers.coordinator import Coordinator, PendingWrite, Progress
+from marshal_workers.coordinator import Coordinator, Progress
 from marshal_workers.errors import CoordinationWriteError, UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.health import HealthPolicy, PartitionHealth, Sample, observe
+from marshal_workers.in_flight import InFlightWrites
 from marshal_workers.kafka_clients import admin_client, cluster_metadata, ensure_topic
 from marshal_workers.loader import split_app_path
 from marshal_workers.logs import group_log
@@ -131,13 +133,7 @@ class Timers:
     stop_deadline: float | None = None
 
 
-@dataclass
-class ClaimsInFlight:
-    """AMO batch claims written together, waiting for their verdicts."""
-
-    pending: PendingWrite
-    asked: list[tuple[Assignment, Connection | None, int]]  # who asked (which worker's pipe), for what end offset
-    written_ms: int
+MessageClaim = tuple[Assignment, Connection | None, int]  # who asked (which worker's pipe), for what end offset
 
 
 class Supervisor:
@@ -165,7 +161,13 @@ class Supervisor:
         self._offsets: OffsetStore | None = None
         self._wakeup_r: socket.socket | None = None
         self._admin: AdminClient | None = None
-        self._claims_in_flight: list[ClaimsInFlight] = []
+        self._writes: InFlightWrites | None = None  # every coordination write of the loop: it never waits on one
+        self._claiming: set[Key] = set()  # claims in flight
+        self._releasing: set[Key] = set()  # releases in flight
+        self._stop_signalled = False  # SIGTERM/SIGINT received, perhaps not handled yet: fork nothing more
+        self._woken_by_own_fold = False
+        self._metadata_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata")
+        self._metadata: concurrent.futures.Future[Any] | None = None  # a refresh under way
         self._unexpected_errors = 0
         self._balance = BalanceState()
         self._free_since: dict[Key, float] = {}  # monotonic: when a partition was first seen free
@@ -179,6 +181,7 @@ class Supervisor:
         self._install_signal_handlers()
         self._context = self._start_fork_server()  # before any Kafka client exists
         self._coordinator = Coordinator(self.settings).start()
+        self._writes = InFlightWrites(self._coordinator)
         self._offsets = OffsetStore(self.settings)
         self._admin = admin_client(self.settings)
         try:
@@ -190,20 +193,31 @@ class Supervisor:
                 "supervisor %s/%s running %s on %s",
                 self._coordinator.client, self._coordinator.instance, self.app, self.settings.brokers,
             )  # fmt: skip
+            steps = (
+                self._handle_signals,
+                self._submit_message_claims,
+                self._collect_writes,
+                self._reap_workers,
+                self._periodic_work,
+            )
             while self.phase is not Phase.STOPPED:
                 try:
                     self._wait_for_events()
-                    self._handle_signals()
-                    self._submit_message_claims()
-                    self._answer_message_claims()
-                    self._reap_workers()
-                    self._periodic_work()
+                    for step in steps:
+                        began = time.monotonic()
+                        step()
+                        self._warn_if_slow(step, time.monotonic() - began)
                     self._unexpected_errors = 0
                 except Exception:
                     self._after_unexpected_error()
         finally:
             self._close()
         return self.exit_code
+
+    def _warn_if_slow(self, step: Any, seconds: float) -> None:
+        """Every step of the loop should take milliseconds: AMO workers wait for it to answer their claims."""
+        if seconds > self.hb_s / 4:
+            self.log.warning("the supervisor loop spent %.2fs in %s: workers waited meanwhile", seconds, step.__name__)
 
     def _after_unexpected_error(self) -> None:
         """A bug or an unforeseen Kafka error: stop in order (releasing) rather than die holding partitions."""
@@ -228,6 +242,7 @@ class Supervisor:
         if now >= self.timers.topics:
             self.timers.topics = now + max(2 * self.hb_s, 5.0)
             self._refresh_topics()
+        self._take_metadata()
         if now >= self.timers.claim:
             self.timers.claim = now + CLAIM_INTERVAL_S * random.uniform(0.5, 1.5)
             self._claim_free_partitions()
@@ -246,6 +261,8 @@ class Supervisor:
 
     def _record_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals.put_nowait(signum)  # nothing else here: no logging, no I/O
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self._stop_signalled = True
 
     def _handle_signals(self) -> None:
         while not self._signals.empty():
@@ -290,7 +307,7 @@ class Supervisor:
             "topics": self.partition_counts,
             "partitions": partitions,
             "cooling_down": [f"{t}[{p}]" for (t, p), until in self.cooldown_until.items() if until > time.monotonic()],
-            "message_claims_in_flight": len(self._claims_in_flight),
+            "writes_in_flight": self._require_writes().counts(),
         }
         self.log.info("state: %s", orjson.dumps(state).decode())
 
@@ -301,13 +318,13 @@ class Supervisor:
             if assignment.process is None:
                 self._release(assignment)  # waiting for a restart: nothing runs, release at once
             else:
-                self._signal_worker(assignment, signal.SIGTERM)
+                self._stop_worker(assignment)
         self._check_stop_progress(time.monotonic())
 
     def _check_stop_progress(self, now: float) -> None:
         if self.phase is not Phase.STOPPING:
             return
-        if not self.assignments:
+        if not self.assignments and not self._releasing:
             self.phase = Phase.STOPPED
         elif self.timers.stop_deadline is not None and now > self.timers.stop_deadline:
             self.log.warning("shutdown_timeout (%gs) passed: killing the workers left", self.settings.shutdown_timeout)
@@ -327,6 +344,15 @@ class Supervisor:
             self._signal_worker(assignment, signal.SIGKILL)
         self.assignments.clear()
         self.phase = Phase.STOPPED
+
+    def _stop_worker(self, assignment: Assignment) -> None:
+        """Ask a worker to finish the message or batch in hand and exit: the flag first, then the signal.
+
+        A worker forked a moment ago still ignores SIGTERM (inherited from the fork server) until it
+        installs its handler; it reads the flag right after doing so, so the request is never lost.
+        """
+        assignment.slot.set(Field.STOP_REQUESTED, 1)
+        self._signal_worker(assignment, signal.SIGTERM)
 
     def _signal_worker(self, assignment: Assignment, signum: int) -> None:
         if assignment.process is not None and assignment.process.pid is not None:
@@ -348,26 +374,46 @@ class Supervisor:
                 waitables.append(assignment.process.sentinel)
                 if assignment.connection is not None:
                     waitables.append(assignment.connection)
-        ready = multiprocessing.connection.wait(waitables, timeout=TICK_S)  # type: ignore[arg-type]
+        # Our record folded before Kafka's delivery report reached us: that report is a moment away, and
+        # nothing wakes us for it, so look again soon rather than at the next tick.
+        lagging_report = self._woken_by_own_fold and self._require_writes().awaiting_delivery()
+        ready = multiprocessing.connection.wait(waitables, timeout=0.002 if lagging_report else TICK_S)  # type: ignore[arg-type]
         if releases in ready:
             drain(releases)
             self.timers.claim = 0.0  # a partition was released: try to take it now, not at the next tick
+        self._woken_by_own_fold = own_folds in ready
         drain(own_folds)
         drain(self._wakeup_r)
 
     # --------------------------------------------------------------- topics
 
     def _refresh_topics(self, first: bool = False) -> None:
-        """Learn the partition counts of the handlers' topics; new partitions get claimed."""
+        """Learn the partition counts of the handlers' topics; new partitions get claimed.
+
+        Only the first time in the loop's thread: later, a metadata request (which waits for a broker that
+        does not answer) runs on a thread of its own, and _take_metadata applies its answer.
+        """
         admin = self._admin
         assert admin is not None
+        if first:
+            self._apply_metadata(cluster_metadata(admin, self.settings), first=True)
+        elif self._metadata is None:
+            self._metadata = self._metadata_thread.submit(cluster_metadata, admin, self.settings)
+
+    def _take_metadata(self) -> None:
+        if self._metadata is None or not self._metadata.done():
+            return
+        future, self._metadata = self._metadata, None
         try:
-            metadata = cluster_metadata(admin, self.settings)
+            metadata = future.result()
         except Exception as exc:
-            if first:
-                raise
             self.log.warning("could not refresh topic metadata: %s", exc)
             return
+        self._apply_metadata(metadata)
+
+    def _apply_metadata(self, metadata: Any, first: bool = False) -> None:
+        admin = self._admin
+        assert admin is not None
         self._check_coordination_partitions(metadata)
         for topic in self.app.topics:
             found = metadata.topics.get(topic)
@@ -409,14 +455,15 @@ class Supervisor:
             return
         coordinator = self._require_coordinator()
         now_ms, monotonic = coordinator.now_ms(), time.monotonic()
-        room = (self.settings.max_partitions or float("inf")) - len(self.assignments)
+        room = (self.settings.max_partitions or float("inf")) - self._held_or_claiming()
         if room <= 0:
             return
+        busy = self.assignments.keys() | self._claiming | self._releasing
         wanted = [
             (topic, p)
             for topic, count in self.partition_counts.items()
             for p in range(count)
-            if (topic, p) not in self.assignments and self.cooldown_until.get((topic, p), 0) <= monotonic
+            if (topic, p) not in busy and self.cooldown_until.get((topic, p), 0) <= monotonic
         ]
         me = self._me()
         free = coordinator.read(lambda world: [key for key in wanted if world.is_free(*key, now_ms, *me)])
@@ -435,37 +482,60 @@ class Supervisor:
         long_free = [key for key in free if monotonic - self._free_since[key] >= self.hb_s]
         if yields_to_askers(self._me(), counts, share, askers):
             return long_free
-        room = claim_cap(share, self.settings.max_partitions) - len(self.assignments)
+        room = claim_cap(share, self.settings.max_partitions) - self._held_or_claiming()
         just_freed = [key for key in free if key not in long_free]
         return just_freed[: max(room, 0)] + long_free
 
+    def _held_or_claiming(self) -> int:
+        return len(self.assignments) + len(self._claiming)
+
     def _claim(self, topic: str, partition: int, asking: bool = False) -> None:
-        coordinator = self._require_coordinator()
-        written_ms = monotonic_ms()  # before the write: the lease errs short
-        try:
-            if not coordinator.claim(topic, partition):
-                if asking:
-                    self.counters.asks += 1
-                else:
-                    self.counters.claims_refused += 1
-                return
-            self.counters.claims_accepted += 1
-            start = self._start_offset(topic, partition)
-            if not coordinator.heartbeat(topic, partition, start):
-                return
-        except CoordinationWriteError as exc:
-            self.log.warning("claim of %s[%d] not confirmed: %s", topic, partition, exc)
+        """Write a claim; its verdict (a later pass of the loop) starts the partition's worker."""
+        key = (topic, partition)
+        if self.phase is not Phase.RUNNING or key in self._claiming:
             return
+        written_ms = monotonic_ms()  # before the write: the lease errs short
+        self._claiming.add(key)
+        self._require_writes().submit(
+            "claim",
+            [self._require_coordinator().claim_record(topic, partition)],
+            lambda verdicts: self._after_claim(key, verdicts[0], written_ms, asking),
+            lambda exc: self._claim_failed(key, exc),
+        )
+
+    def _claim_failed(self, key: Key, exc: Exception) -> None:
+        self._claiming.discard(key)
+        self.log.warning("claim of %s[%d] not confirmed: %s", *key, exc)
+
+    def _after_claim(self, key: Key, accepted: bool, written_ms: int, asking: bool) -> None:
+        self._claiming.discard(key)
+        topic, partition = key
+        if not accepted:
+            if asking:
+                self.counters.asks += 1
+            else:
+                self.counters.claims_refused += 1
+            return
+        self.counters.claims_accepted += 1
+        try:
+            start = self._start_offset(topic, partition)
         except OffsetLookupError as exc:
             # Never guess a position: the claim lapses unused (2*HB) and the partition is tried again.
             self.log.warning("claimed %s[%d] but cannot tell where it starts (%s): leaving it", topic, partition, exc)
             return
         assert self._context is not None
         assignment = Assignment(topic, partition, Slot.create(self._context, start), started_offset=start)
-        self.assignments[assignment.key] = assignment
+        self.assignments[key] = assignment
         self._extend_lease(assignment, written_ms)
         self.log.info("claimed %s[%d], resuming at offset %d", topic, partition, start)
-        self._start_worker(assignment)
+        if self.phase is not Phase.RUNNING:
+            self._release(assignment)  # the claim was in flight when a stop began
+        elif self._stop_signalled:
+            assignment.restart_at = time.monotonic()  # a stop is on its way: handling it releases this one, unforked
+        else:
+            self._start_worker(assignment)
+        if key in self.assignments:
+            self._send_heartbeats([assignment])  # the log learns where it resumes, without waiting for the next round
 
     def _start_offset(self, topic: str, partition: int) -> int:
         """Resume point from the log; else the group's committed offset; else auto_offset_reset."""
@@ -488,25 +558,36 @@ class Supervisor:
     def _heartbeat(self) -> None:
         """Heartbeat every partition we hold with its worker's progress; a refusal means it is lost."""
         held = [a for a in self.assignments.values() if not a.lost]
-        if not held:
-            return
-        coordinator = self._require_coordinator()
+        if held:
+            self._send_heartbeats(held)
+
+    def _send_heartbeats(self, held: list[Assignment]) -> None:
         progress = [_progress(a) for a in held]
         written_ms = monotonic_ms()  # before the write: the lease errs short
-        try:
-            verdicts = coordinator.heartbeats(progress)
-        except CoordinationWriteError as exc:
-            self.log.warning("heartbeat not confirmed (leases run out unless the next one is): %s", exc)
-            self.counters.heartbeat_failures += 1
-            return
-        for assignment, accepted in zip(held, verdicts):
+        self._require_writes().submit(
+            "heartbeat",
+            self._require_coordinator().heartbeat_records(progress),
+            lambda verdicts: self._after_heartbeats(held, progress, verdicts, written_ms),
+            self._heartbeat_failed,
+        )
+
+    def _heartbeat_failed(self, exc: Exception) -> None:
+        self.log.warning("heartbeat not confirmed (leases run out unless the next one is): %s", exc)
+        self.counters.heartbeat_failures += 1
+
+    def _after_heartbeats(self, held: list[Assignment], progress: list[Progress], verdicts: list[bool], written_ms: int) -> None:
+        backup = []
+        for assignment, sent, accepted in zip(held, progress, verdicts):
+            if self.assignments.get(assignment.key) is not assignment or assignment.lost:
+                continue  # released, or lost, since this heartbeat was written
             if accepted:
                 self._extend_lease(assignment, written_ms)
                 self._check_health(assignment)
+                backup.append((sent.topic, sent.partition, sent.offset))
             else:
                 self._lose(assignment)
         # The backup holds only what we own: a lost partition's offset is its new owner's to commit.
-        self._require_offsets().commit([(p.topic, p.partition, p.offset) for p, accepted in zip(progress, verdicts) if accepted])
+        self._require_offsets().commit(backup)
         self._require_offsets().poll()
 
     def _check_health(self, assignment: Assignment) -> None:
@@ -527,7 +608,7 @@ class Supervisor:
             return
         self.log.warning("%s is %s (lag %d): handing it over to another member", where, verdict.value, sample.lag)
         assignment.unhealthy = True
-        self._signal_worker(assignment, signal.SIGTERM)
+        self._stop_worker(assignment)
 
     def _extend_lease(self, assignment: Assignment, written_ms: int) -> None:
         """Hold the partition until 2*HB after our accepted record, minus half an HB of safety."""
@@ -556,7 +637,7 @@ class Supervisor:
         if assignment.process is None:
             self._forget(assignment)
         else:
-            self._signal_worker(assignment, signal.SIGTERM)
+            self._stop_worker(assignment)
 
     # -------------------------------------------------------------- balance
 
@@ -616,7 +697,7 @@ class Supervisor:
         if assignment.process is None:
             self._release_handed_over(assignment)
         else:
-            self._signal_worker(assignment, signal.SIGTERM)  # released when it exits
+            self._stop_worker(assignment)  # released when it exits
 
     def _release_handed_over(self, assignment: Assignment) -> None:
         self._release(assignment)
@@ -627,57 +708,59 @@ class Supervisor:
 
     def _submit_message_claims(self) -> None:
         """Write every AMO batch claim the workers asked for, all in one go, without waiting."""
-        requests: list[tuple[Assignment, int]] = []
+        asked: list[MessageClaim] = []
         for assignment in self.assignments.values():
             connection = assignment.connection
             try:
                 while connection is not None and connection.poll(0):
                     end = int(connection.recv())
                     if assignment.lost:
-                        self._answer(assignment, False)  # not ours: refused without asking the log
+                        self._answer(assignment, ClaimAnswer.REFUSED)  # not ours: refused without asking the log
                     else:
-                        requests.append((assignment, end))
+                        asked.append((assignment, connection, end))
             except (EOFError, OSError):
                 assignment.connection = None  # the worker is gone; reaping deals with it
-        if requests:
-            coordinator = self._require_coordinator()
-            written_ms = monotonic_ms()  # before the write: the lease errs short
-            claims = [(a.topic, a.partition, end) for a, end in requests]
-            try:
-                pending = coordinator.submit(coordinator.message_claims(claims))
-            except CoordinationWriteError as exc:
-                self.log.warning("message claims not written: %s", exc)
-                for assignment, _ in requests:
-                    self._answer(assignment, False)
-                return
-            asked = [(a, a.connection, end) for a, end in requests]
-            self._claims_in_flight.append(ClaimsInFlight(pending, asked, written_ms))
+        if not asked:
+            return
+        written_ms = monotonic_ms()  # before the write: the lease errs short
+        self._require_writes().submit(
+            "message claim",
+            self._require_coordinator().message_claims([(a.topic, a.partition, end) for a, _, end in asked]),
+            lambda verdicts: self._after_message_claims(asked, verdicts, written_ms),
+            lambda exc: self._message_claims_failed(asked, exc),
+            # Fail fast: a worker waits on this.  Told so, it asks again (the log keeps the highest claim).
+            within=self.hb_s,
+        )
 
-    def _answer_message_claims(self) -> None:
-        """Answer the workers whose claims have been folded: claimed (handle it) or refused (stop)."""
-        coordinator = self._require_coordinator()
-        for batch in list(self._claims_in_flight):
-            try:
-                verdicts = coordinator.collect(batch.pending)
-            except CoordinationWriteError as exc:
-                self.log.warning("message claims not confirmed: %s", exc)
-                verdicts = [False] * len(batch.asked)
-            if verdicts is None:
-                continue
-            self._claims_in_flight.remove(batch)
-            for (assignment, connection, end), accepted in zip(batch.asked, verdicts):
-                if accepted:
-                    assignment.claimed_end = max(assignment.claimed_end, end)
-                    self._extend_lease(assignment, batch.written_ms)
-                if assignment.connection is connection:  # not a worker that has since been replaced
-                    self._answer(assignment, accepted)
+    def _after_message_claims(self, asked: list[MessageClaim], verdicts: list[bool], written_ms: int) -> None:
+        """Answer the workers whose claims have been folded: claimed (handle it) or refused (not ours: stop)."""
+        for (assignment, connection, end), accepted in zip(asked, verdicts):
+            if accepted:
+                assignment.claimed_end = max(assignment.claimed_end, end)
+                self._extend_lease(assignment, written_ms)
+            if assignment.connection is connection:  # not a worker that has since been replaced
+                self._answer(assignment, ClaimAnswer.CLAIMED if accepted else ClaimAnswer.REFUSED)
 
-    def _answer(self, assignment: Assignment, accepted: bool) -> None:
+    def _message_claims_failed(self, asked: list[MessageClaim], exc: Exception) -> None:
+        """Kafka did not confirm the claims in time: tell those workers, who ask again (or stop, if asked to)."""
+        for assignment, connection, end in asked:
+            self.counters.message_claims_unconfirmed += 1
+            self.log.warning(
+                "%s[%d]: claim of the messages before offset %d: %s; its worker asks again",
+                assignment.topic, assignment.partition, end, exc,
+            )  # fmt: skip
+            if assignment.connection is connection:
+                self._answer(assignment, ClaimAnswer.UNCONFIRMED)
+
+    def _answer(self, assignment: Assignment, answer: ClaimAnswer) -> None:
         if assignment.connection is not None:
             try:
-                assignment.connection.send(accepted)
+                assignment.connection.send(int(answer))
             except OSError:
                 pass  # the worker is gone; reaping deals with it
+
+    def _collect_writes(self) -> None:
+        self._require_writes().collect()
 
     # -------------------------------------------------------------- workers
 
@@ -687,6 +770,7 @@ class Supervisor:
         start = max(assignment.next_offset, assignment.claimed_end)
         assignment.slot.set(Field.NEXT_OFFSET, start)
         assignment.slot.set(Field.CALL_STARTED_MS, 0)  # a killed worker's call must not time the new one out
+        assignment.slot.set(Field.STOP_REQUESTED, 0)
         spec = WorkerSpec(
             self.app_path, assignment.topic, assignment.partition, start, self.settings, assignment.give_up_on
         )
@@ -825,27 +909,32 @@ class Supervisor:
 
     def _release(self, assignment: Assignment, sick: bool = False) -> None:
         """Write the release with the worker's progress, so the next owner resumes exactly there."""
-        coordinator = self._require_coordinator()
         offset = max(assignment.next_offset, assignment.claimed_end)
+        topic, partition = assignment.key
+        self._forget(assignment)
         if not self._owns(assignment):
             # Only an owner's release means anything; another's could pass for an operator's during a pause.
-            self.log.info("%s[%d] is no longer ours: nothing to release", assignment.topic, assignment.partition)
-            self._forget(assignment)
+            self.log.info("%s[%d] is no longer ours: nothing to release", topic, partition)
             return
-        try:
-            accepted = coordinator.release(assignment.topic, assignment.partition, offset)
-        except CoordinationWriteError as exc:
-            self.log.error("release of %s[%d] not confirmed: %s", assignment.topic, assignment.partition, exc)
-            accepted = False
-        how = "as sick " if sick else ""
-        self.counters.releases[_release_reason(self.phase, assignment, sick)] += 1
-        self.log.info(
-            "released %s[%d] %sat offset %d%s", assignment.topic, assignment.partition, how, offset,
-            "" if accepted else " (refused: no longer ours)",
-        )  # fmt: skip
+        reason = _release_reason(self.phase, assignment, sick)
+        self.counters.releases[reason] += 1
         if sick:
             self.cooldown_until[assignment.key] = time.monotonic() + self.settings.sick_cooldown
-        self._forget(assignment)
+        self._releasing.add(assignment.key)
+        how = "as sick " if sick else ""
+
+        def released(verdicts: list[bool]) -> None:
+            self._releasing.discard(assignment.key)
+            refused = "" if verdicts[0] else " (refused: no longer ours)"
+            self.log.info("released %s[%d] %sat offset %d%s", topic, partition, how, offset, refused)
+
+        def failed(exc: Exception) -> None:
+            self._releasing.discard(assignment.key)
+            self.log.error("release of %s[%d] at offset %d not confirmed: %s", topic, partition, offset, exc)
+
+        self._require_writes().submit(
+            "release", [self._require_coordinator().release_record(topic, partition, offset)], released, failed
+        )
 
     def _owns(self, assignment: Assignment) -> bool:
         owner = self._require_coordinator().read(lambda world: world.owner(assignment.topic, assignment.partition))
@@ -890,6 +979,10 @@ class Supervisor:
         assert self._coordinator is not None
         return self._coordinator
 
+    def _require_writes(self) -> InFlightWrites:
+        assert self._writes is not None
+        return self._writes
+
     def _require_offsets(self) -> OffsetStore:
         assert self._offsets is not None
         return self._offsets
@@ -897,6 +990,7 @@ class Supervisor:
     def _close(self) -> None:
         for assignment in self.assignments.values():
             self._signal_worker(assignment, signal.SIGKILL)
+        self._metadata_thread.shutdown(wait=False, cancel_futures=True)
         if self._metrics is not None:
             self._metrics.close()
         if self._offsets is not None:

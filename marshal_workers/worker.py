@@ -24,7 +24,7 @@ import setproctitle
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
-from marshal_workers.channel import Field, Slot, WorkerSpec
+from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
 from marshal_workers.errors import TimeLimitExceeded
 from marshal_workers.instrumentation import Instruments, instrument
 from marshal_workers.kafka_clients import client_config
@@ -173,6 +173,8 @@ class Worker:
         self._die_with_parent()
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
+        # Until the line above we ignored SIGTERM (as the fork server does): a stop asked for meanwhile is in the slot.
+        self._check_stop_flag()
         self._set_title(self.spec.start_offset)
 
     def _die_with_parent(self) -> None:
@@ -187,6 +189,10 @@ class Worker:
 
     def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
+
+    def _check_stop_flag(self) -> None:
+        if self.slot.get(Field.STOP_REQUESTED):
+            self.stopping = True
 
     def _set_title(self, offset: int) -> None:
         spec = self.spec
@@ -256,9 +262,9 @@ class Worker:
                 continue
             end = records[-1].offset() + 1
             if at_most_once:
-                if not self._claim_messages(end):
-                    self.log.warning("claim of messages before offset %d refused: the partition is not ours", end)
-                    return WorkerExit.LOST
+                refused = self._claim_batch(end)
+                if refused is not None:
+                    return refused
                 # Claimed: whatever happens now, these messages are never handled again.  A claim answered
                 # late (our supervisor was frozen) may come after another owner took over: the lease says.
                 if not self._wait_for_lease():
@@ -335,13 +341,27 @@ class Worker:
             self._check_supervisor()
             time.sleep(_LEASE_POLL_S)
 
-    def _claim_messages(self, end: int) -> bool:
+    def _claim_batch(self, end: int) -> WorkerExit | None:
+        """AMO: claim the messages before ``end`` through the supervisor; None once claimed, else how to exit."""
+        while True:
+            answer = self._claim_messages(end)
+            if answer is ClaimAnswer.CLAIMED:
+                return None
+            if answer is ClaimAnswer.REFUSED:
+                self.log.warning("claim of messages before offset %d refused: the partition is not ours", end)
+                return WorkerExit.LOST
+            # Kafka is slow or away.  The log keeps the highest claim, so asking again for the same end is safe.
+            self.log.warning("claim of messages before offset %d not confirmed in time: asking again", end)
+            if self.stopping or not self._wait_for_lease():
+                return WorkerExit.STOPPED  # nothing handled: the next owner starts at these messages
+
+    def _claim_messages(self, end: int) -> ClaimAnswer:
         """Ask the supervisor to claim every message before ``end``; wait for its answer."""
         try:
             self.connection.send(end)
             while not self.connection.poll(0.1):
                 pass
-            return bool(self.connection.recv())
+            return ClaimAnswer(self.connection.recv())
         except (EOFError, OSError):
             raise _SupervisorGone() from None
 
@@ -359,6 +379,7 @@ class Worker:
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + _HOUSEKEEPING_INTERVAL_S
+        self._check_stop_flag()
         self._check_supervisor()
         self._check_memory()
         self._publish_high_watermark()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from e2e_support import Fleet
+from fleet import Fleet
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from e2e_support import Fleet
+from fleet import Fleet
 from polling import poll_until
 
 from marshal_workers.exit_codes import ExitCode

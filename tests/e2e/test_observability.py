@@ -6,7 +6,7 @@ import socket
 import urllib.request
 
 import pytest
-from e2e_support import Fleet
+from fleet import Fleet
 from polling import poll_until
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from e2e_support import Fleet
+from fleet import Fleet
 from polling import poll_until
 
 from marshal_workers.exit_codes import ExitCode

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from e2e_support import Fleet
+from fleet import Fleet
 from polling import poll_until
 
 pytestmark = pytest.mark.broker

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from polling import poll_until
-from refusing_proxy import CREATE_TOPICS, RefusingProxy
+from kafka_proxy import CREATE_TOPICS, KafkaProxy
 
 from marshal_workers.config import Settings
 from marshal_workers.coordinator import Coordinator
@@ -184,7 +184,7 @@ def test_a_coordination_topic_that_cannot_be_created_is_a_clear_error(settings: 
     proxy_port = free_port()
     with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
         assert broker.port is not None
-        proxy = RefusingProxy(proxy_port, broker.port, refuse={CREATE_TOPICS}).start()
+        proxy = KafkaProxy(proxy_port, broker.port, refuse=frozenset({CREATE_TOPICS})).start()
         try:
             refusing = replace(settings, brokers=f"127.0.0.1:{proxy_port}", connect_timeout=3.0)
             started = time.monotonic()
@@ -227,3 +227,30 @@ def test_coordinators_recover_when_the_broker_is_frozen_for_a_while(settings: Se
             poll_until(lambda: reader.world().owner(topic, 2) == me(second), timeout=30, what="both tails to go on")
             assert reader.world().owner(topic, 0) == me(first)
             assert reader.world().get(topic, 0).offset == 6  # type: ignore[union-attr]
+
+
+def test_a_failed_write_replaces_the_producer_once_and_later_writes_go_through(settings: Settings, unique: str) -> None:
+    """Regression (issue 9): after one write timed out, the failures of the writes that the producer
+    replacement purged replaced the new producer in turn, purging the writes made since: with AMO
+    claims always in flight, no verdict came for seconds.  A purged write now fails at once, alone."""
+    topic = f"orders-{unique}"
+    with EmbeddedBroker() as broker:
+        # HB 5s: the freeze stays well within 2*HB, so the claims are accepted once they get through.
+        frozen = replace(settings, brokers=broker.bootstrap, write_timeout=2.0, heartbeat_interval=5.0)
+        with Coordinator(frozen) as coordinator:
+            assert coordinator.claim(topic, 0)
+            broker.pause()
+            try:
+                timed_out = coordinator.submit(coordinator.message_claims([(topic, 0, 10)]))
+                purged = coordinator.submit(coordinator.message_claims([(topic, 0, 20)]))
+                time.sleep(2.2)  # past the write timeout of both
+                with pytest.raises(CoordinationWriteError, match="did not confirm"):
+                    coordinator.collect(timed_out)  # replaces the producer, purging the other one
+                after = coordinator.submit(coordinator.message_claims([(topic, 0, 30)]))
+                with pytest.raises(CoordinationWriteError, match="PURGE"):
+                    coordinator.collect(purged)  # fails at once, and must not replace the new producer
+            finally:
+                broker.resume()
+            verdicts = poll_until(lambda: coordinator.collect(after), timeout=30, what="the write made after")
+            assert verdicts == [True]
+            assert coordinator.world().get(topic, 0).amo_offset == 30  # type: ignore[union-attr]

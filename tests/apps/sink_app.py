@@ -5,7 +5,9 @@ MW_TEST_TOPIC, MW_TEST_MODE (alo|amo), MW_TEST_BATCH (0|1), MW_TEST_BATCH_SIZE,
 MW_TEST_SINK (file), MW_TEST_DELAY (seconds per message), MW_TEST_FAIL_VALUE
 (a message value whose handling always raises), MW_TEST_CRASH_VALUE (one that
 kills the worker), MW_TEST_STUCK_VALUE (one the handler hangs on),
-MW_TEST_BOOT_FAILS=1 (on_worker_start raises), MW_TEST_ON_ERROR (dlq|release).
+MW_TEST_BOOT_FAILS=1 (on_worker_start raises), MW_TEST_ON_ERROR (dlq|release),
+MW_TEST_SLOW_FORK (seconds every new worker sleeps right after its fork, before it
+installs its SIGTERM handler: widens the window in which it ignores SIGTERM).
 """
 
 import os
@@ -21,7 +23,13 @@ CRASH_VALUE = os.environ.get("MW_TEST_CRASH_VALUE", "").encode() or None  # the 
 STUCK_VALUE = os.environ.get("MW_TEST_STUCK_VALUE", "").encode() or None  # the handler hangs on it
 BOOT_FAILS = os.environ.get("MW_TEST_BOOT_FAILS") == "1"
 CLIENT = os.environ.get("MARSHAL_WORKERS_CLIENT_ID", "?")
+SLOW_FORK = float(os.environ.get("MW_TEST_SLOW_FORK", "0"))
 _sink = None
+
+if SLOW_FORK:
+    # This module is preloaded in the fork server, so this runs in every worker just after its fork,
+    # while it still ignores SIGTERM as the fork server does.
+    os.register_at_fork(after_in_child=lambda: time.sleep(SLOW_FORK))
 
 
 @app.on_worker_start

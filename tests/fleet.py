@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from polling import poll_until
 from processes import cmdline, process_group
 
-APPS = Path(__file__).parent / "apps"
+APPS = Path(__file__).parent / "apps"  # the applications the e2e and chaos tests run
 HB = "1s"
 
 

@@ -1,10 +1,12 @@
-"""A TCP proxy in front of a real broker that hangs up on chosen Kafka requests.
+"""A TCP proxy in front of a real broker that hangs up on, or slows down, chosen Kafka requests.
 
 Tansu creates any topic it is asked for, so a cluster that refuses to create
 one (no CREATE permission, a policy) is played by this proxy: it forwards
 every request frame unchanged except those whose API key is refused, on
-which it closes the connection.  The broker behind it must advertise the
-proxy's address, so that clients never go around it.
+which it closes the connection.  A slow cluster is played by delaying the
+requests whose API key is in ``delay`` (e.g. every Produce) before passing
+them on.  The broker behind it must advertise the proxy's address, so that
+clients never go around it.
 """
 
 from __future__ import annotations
@@ -12,19 +14,30 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
-CREATE_TOPICS = 19  # Kafka API key
+PRODUCE = 0  # Kafka API keys
+CREATE_TOPICS = 19
 
 
-class RefusingProxy:
-    def __init__(self, listen_port: int, upstream_port: int, refuse: set[int], host: str = "127.0.0.1") -> None:
+class KafkaProxy:
+    def __init__(
+        self,
+        listen_port: int,
+        upstream_port: int,
+        refuse: frozenset[int] = frozenset(),
+        delay: frozenset[int] = frozenset(),
+        delay_s: float = 0.0,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.host, self.listen_port, self.upstream_port, self.refuse = host, listen_port, upstream_port, refuse
+        self.delay, self.delay_s = delay, delay_s
         self.refused = 0
         self._server = socket.create_server((host, listen_port))
         self._sockets: list[socket.socket] = [self._server]
         self._closing = False
 
-    def start(self) -> RefusingProxy:
+    def start(self) -> KafkaProxy:
         threading.Thread(target=self._accept, daemon=True).start()
         return self
 
@@ -57,6 +70,8 @@ class RefusingProxy:
                 if api_key in self.refuse:
                     self.refused += 1
                     break
+                if api_key in self.delay:
+                    time.sleep(self.delay_s)
                 upstream.sendall(header + body)
         except OSError:
             pass

@@ -1,0 +1,148 @@
+"""Judging a nemesis run from what a user sees: the produced messages, the handled ones, the faults.
+
+Pure functions over plain data (no Kafka, no processes), unit-tested in
+test_ledger.py.  Times are wall-clock seconds (``time.time()``), the clock
+of the sink lines and of the fault log, both written on this host.
+
+* Losses (at most once): messages delivered to Kafka that no handler ever
+  saw.  On a partition they come as runs of consecutive offsets; each run
+  must be explained by unclean faults that overlap it in time, at most one
+  claimed batch per partition per fault.
+* Duplicates (at least once): a message handled more than once.  Each
+  repeat must follow an unclean fault: a clean hand-over repeats nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from fleet import SinkLine as Handled  # one line of the sink: a message a handler saw
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    """A fault as it happened: from its first signal to its end (a kill has start == end)."""
+
+    kind: str
+    unclean: bool
+    start: float
+    end: float
+    target: str = ""
+
+    def overlaps(self, start: float, end: float) -> bool:
+        return self.start <= end and self.end >= start
+
+
+@dataclass(frozen=True)
+class LossRun:
+    """Consecutive offsets of one partition that were never handled."""
+
+    partition: int
+    first: int
+    last: int
+    after: float  # when the message before the run was handled (-inf: none was)
+    before: float  # when the message after the run was handled (+inf: none was)
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """A message handled again: its first handling and this one."""
+
+    partition: int
+    offset: int
+    first_at: float
+    again_at: float
+
+
+def by_offset(handled: Iterable[Handled]) -> dict[tuple[int, int], list[Handled]]:
+    """Every handling of each (partition, offset), in the order they happened."""
+    found: dict[tuple[int, int], list[Handled]] = collections.defaultdict(list)
+    for line in sorted(handled, key=lambda h: h.at):
+        found[(line.partition, line.offset)].append(line)
+    return found
+
+
+def loss_runs(delivered: Iterable[tuple[int, int]], handled: Sequence[Handled]) -> list[LossRun]:
+    """The delivered (partition, offset) pairs that were never handled, as runs per partition."""
+    seen = by_offset(handled)
+    per_partition: dict[int, list[int]] = collections.defaultdict(list)
+    for partition, offset in delivered:
+        per_partition[partition].append(offset)
+    runs = []
+    for partition, offsets in sorted(per_partition.items()):
+        offsets.sort()
+        run: list[int] = []
+        for i, offset in enumerate(offsets):
+            if (partition, offset) in seen:
+                continue
+            if run and offsets[i - 1] != run[-1]:  # a handled offset lies between: close the run
+                runs.append(_run(partition, run, offsets, seen))
+                run = []
+            run.append(offset)
+        if run:
+            runs.append(_run(partition, run, offsets, seen))
+    return runs
+
+
+def _run(partition: int, run: list[int], offsets: list[int], seen: dict[tuple[int, int], list[Handled]]) -> LossRun:
+    index = offsets.index(run[0])
+    before_run = offsets[index - 1] if index > 0 else None
+    after_index = index + len(run)
+    after_run = offsets[after_index] if after_index < len(offsets) else None
+    after = seen[(partition, before_run)][0].at if before_run is not None else -math.inf
+    before = seen[(partition, after_run)][0].at if after_run is not None else math.inf
+    return LossRun(partition, run[0], run[-1], after, before)
+
+
+def repeats(handled: Sequence[Handled]) -> list[Repeat]:
+    """Every handling of a message after its first."""
+    found = []
+    for (partition, offset), lines in by_offset(handled).items():
+        for again in lines[1:]:
+            found.append(Repeat(partition, offset, lines[0].at, again.at))
+    return sorted(found, key=lambda r: (r.partition, r.offset, r.again_at))
+
+
+def unexplained_losses(runs: Sequence[LossRun], faults: Sequence[FaultWindow], batch_size: int, slack: float) -> list[str]:
+    """Loss runs that the unclean faults cannot explain: each fault may account for at most one claimed
+    batch (``batch_size`` messages) per partition, and only a fault that overlaps the run in time.
+
+    A run lies between the handling of the message before it (``after``) and of the one after it
+    (``before``); the fault that lost it happened in that span, give or take ``slack`` seconds (a frozen
+    supervisor's workers go on until the lease lapses).  Faults are matched earliest-first per partition.
+    """
+    problems = []
+    unclean = sorted((f for f in faults if f.unclean), key=lambda f: f.start)
+    for partition in sorted({run.partition for run in runs}):
+        used: set[int] = set()
+        for run in sorted((r for r in runs if r.partition == partition), key=lambda r: r.first):
+            needed = math.ceil(run.size / batch_size)
+            candidates = [
+                i for i, f in enumerate(unclean) if i not in used and f.overlaps(run.after - slack, run.before + slack)
+            ]
+            used.update(candidates[:needed])
+            if len(candidates) < needed:
+                problems.append(
+                    f"partition {partition}: offsets {run.first}..{run.last} ({run.size} messages) were lost, which "
+                    f"needs {needed} unclean fault(s) of batch {batch_size}, but only {len(candidates)} unused one(s) "
+                    f"overlap that time"
+                )
+    return problems
+
+
+def unexplained_repeats(found: Sequence[Repeat], faults: Sequence[FaultWindow], slack: float) -> list[str]:
+    """Repeats with no unclean fault between the first handling and the repeat (give or take ``slack``)."""
+    unclean = [f for f in faults if f.unclean]
+    return [
+        f"partition {r.partition} offset {r.offset}: handled at {r.first_at:.3f} and again at {r.again_at:.3f} "
+        "with no unclean fault in between"
+        for r in found
+        if not any(f.overlaps(r.first_at - slack, r.again_at) for f in unclean)
+    ]

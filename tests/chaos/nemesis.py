@@ -1,0 +1,554 @@
+"""The nemesis: random faults against a fleet of real supervisors, then heal, and judge what a user sees.
+
+A seed fixes the plan: which faults, when, how long (``plan_faults``, pure).
+The run starts a broker of its own (it freezes it), a topic, a steady
+producer and several supervisors of the sink app, which writes one ledger
+line per handled message (client, pid, partition, offset, value, time).
+Faults fire on schedule, each on a target that no other fault holds.  Then
+everything is healed and the verdicts are taken from the outside only: the
+ledger, ``marshal-workers status --json``, exit codes and the process table,
+so they hold whatever shape the supervisor takes inside.
+
+Replay a run with the same seed (``MW_NEMESIS_SEED``); the plan is the same,
+the machine's timing is not.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from fleet import HB, Fleet, SinkLine
+from ledger import FaultWindow, LossRun, Repeat, loss_runs, repeats, unexplained_losses, unexplained_repeats
+from processes import process_group
+
+from marshal_workers.embedded_broker import EmbeddedBroker
+
+HB_S = float(HB.rstrip("s"))
+LEASE_S = 1.5 * HB_S  # a supervisor's workers stop at its last confirmed write plus 1.5 HB
+SIGTERM_GRACE_S = 1.0  # a SIGTERM exits within the handler's time plus this (plus any broker freeze meanwhile)
+
+
+class Kind(enum.Enum):
+    KILL_SUPERVISOR = "kill -9 a supervisor, restart it"
+    TERM_SUPERVISOR = "SIGTERM a supervisor, restart it"
+    TERM_WHILE_CLAIMING = "kill -9 a supervisor, restart it, SIGTERM it at its first claim, restart it"
+    FREEZE_SUPERVISOR = "SIGSTOP a supervisor for 2.5-4 HB"
+    KILL_WORKER = "kill -9 a worker"
+    KILL_WORKER_CLAIMING = "kill -9 a worker, then its replacement as it starts (claiming)"
+    FREEZE_BROKER = "SIGSTOP the broker for 1-2 s"
+    FREEZE_BROKER_PAST_LEASE = "SIGSTOP the broker for longer than a lease (2-3 HB)"
+
+
+BROKER_FAULTS = {Kind.FREEZE_BROKER, Kind.FREEZE_BROKER_PAST_LEASE}
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds after the faults began
+    kind: Kind
+    pick: int  # chooses the target among those no other fault holds at that time
+    length: float  # a freeze's length, or the pause before a restart
+
+
+def plan_faults(seed: int, seconds: float, hb_s: float = HB_S) -> list[Fault]:
+    """Every 2-6 s a fault of a random kind, for ``seconds``: the same seed, the same plan."""
+    rng = random.Random(seed)
+    faults, at = [], rng.uniform(1.0, 3.0)
+    while at < seconds:
+        kind = rng.choice(list(Kind))
+        if kind is Kind.FREEZE_SUPERVISOR:
+            length = rng.uniform(2.5, 4.0) * hb_s
+        elif kind is Kind.FREEZE_BROKER:
+            length = rng.uniform(1.0, 2.0)
+        elif kind is Kind.FREEZE_BROKER_PAST_LEASE:
+            length = rng.uniform(2.0, 3.0) * hb_s
+        else:
+            length = rng.uniform(0.2, 2.0)
+        faults.append(Fault(round(at, 3), kind, rng.randrange(1 << 30), round(length, 3)))
+        at += rng.uniform(2.0, 6.0)
+    return faults
+
+
+@dataclass(frozen=True)
+class NemesisConfig:
+    mode: str  # "alo" or "amo"
+    seed: int
+    fault_seconds: float
+    partitions: int = 12
+    supervisors: int = 3
+    rate: int = 1500  # messages per second, produced while the faults run
+    batch_size: int = 20  # AMO: the most messages one claim covers
+    handler_delay: float = 0.0005  # seconds per message
+    settle_timeout: float = 120.0
+
+    @property
+    def handler_seconds(self) -> float:
+        """The longest a worker takes to finish what it holds: a whole claimed batch under AMO."""
+        return self.handler_delay * (self.batch_size if self.mode == "amo" else 1)
+
+
+@dataclass(frozen=True)
+class SigtermExit:
+    client: str
+    sent_at: float
+    seconds: float
+    code: int | None  # None: it did not exit within a minute
+    broker_frozen_s: float  # how long the broker was frozen between the signal and the exit
+    when: str  # "faults" or "final"
+
+
+@dataclass
+class Report:
+    config: NemesisConfig
+    faults: list[FaultWindow] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    sigterms: list[SigtermExit] = field(default_factory=list)
+    delivered: int = 0
+    handled_lines: int = 0
+    losses: list[LossRun] = field(default_factory=list)
+    repeats: list[Repeat] = field(default_factory=list)
+    healed_at: float = 0.0
+    complete_after_s: float | None = None  # from the heal to a complete (ALO) or settled (AMO) ledger
+    problems: list[str] = field(default_factory=list)
+    workdir: Path | None = None
+
+    @property
+    def unclean_faults(self) -> int:
+        return sum(f.unclean for f in self.faults)
+
+    @property
+    def lost(self) -> int:
+        return sum(run.size for run in self.losses)
+
+    def summary(self) -> str:
+        c = self.config
+        kinds: dict[str, int] = {}
+        for f in self.faults:
+            kinds[f.kind] = kinds.get(f.kind, 0) + 1
+        slowest = max(self.sigterms, key=lambda s: s.seconds, default=None)
+        per_fault = max(self.unclean_faults, 1)
+        lines = [
+            f"nemesis {c.mode} seed={c.seed} (replay: MW_NEMESIS_SEED={c.seed}): {c.fault_seconds:g}s of faults, "
+            f"{c.supervisors} supervisors, {c.partitions} partitions, {c.rate} msgs/s, HB {HB}",
+            f"  faults: {len(self.faults)} ({self.unclean_faults} unclean), skipped {len(self.skipped)}: "
+            + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items())),
+            f"  delivered {self.delivered}, ledger lines {self.handled_lines}, lost {self.lost} "
+            f"({self.lost / per_fault:.1f} per unclean fault), repeated {len(self.repeats)} "
+            f"({len(self.repeats) / per_fault:.1f} per unclean fault)",
+            f"  {'complete' if c.mode == 'alo' else 'settled'} "
+            + (f"{self.complete_after_s:.1f}s after the last fault" if self.complete_after_s is not None else "NEVER"),
+            f"  SIGTERMs: {len(self.sigterms)}, slowest "
+            + (f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen "
+               f"{slowest.broker_frozen_s:.1f}s meanwhile)" if slowest else "none"),
+        ]  # fmt: skip
+        lines += [f"  PROBLEM: {p}" for p in self.problems]
+        if self.workdir is not None:
+            lines.append(f"  logs and ledger: {self.workdir}")
+        return "\n".join(lines)
+
+
+class Nemesis:
+    """One run: ``run()`` returns a Report whose ``problems`` list every verdict that failed."""
+
+    def __init__(self, config: NemesisConfig, broker: EmbeddedBroker, workdir: Path, unique: str) -> None:
+        self.config = config
+        self.broker = broker
+        self.workdir = workdir
+        topic = f"nemesis-{unique}"
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=config.partitions, replication_factor=1)])[topic].result(10)
+        self.fleet = Fleet(
+            brokers=broker.bootstrap,
+            group=f"nemesis-{unique}",
+            topic=topic,
+            coordination_topic=f"__marshal-{unique}",
+            sink=workdir / "ledger.txt",
+            partitions=config.partitions,
+            env={
+                "MW_TEST_MODE": config.mode,
+                "MW_TEST_BATCH_SIZE": str(config.batch_size),
+                "MW_TEST_DELAY": str(config.handler_delay),
+            },
+        )
+        self.clients = [f"s{i}" for i in range(config.supervisors)]
+        self.report = Report(config, workdir=workdir)
+        self._lock = threading.Lock()
+        self._busy: set[str] = set()  # supervisors a fault holds (down, frozen, being signalled)
+        self._broker_busy = False
+        self._frozen: list[tuple[float, float]] = []  # broker freezes (start, end)
+        self._delivered: dict[tuple[int, int], str] = {}
+        self._produce_errors: list[KafkaError] = []
+        self._started: list[subprocess.Popen[bytes]] = []  # every supervisor process, to check none is left
+
+    # ---------------------------------------------------------------- run
+
+    def run(self) -> Report:
+        stop_producing = threading.Event()
+        producer = threading.Thread(target=self._produce, args=(stop_producing,), name="nemesis-producer")
+        try:
+            for client in self.clients:
+                self._start(client)
+            self._wait(self._all_owned, 60, "every partition owned before the faults")
+            producer.start()
+            self._run_faults()
+            stop_producing.set()
+            producer.join(180)
+            self._heal()
+            self._wait_complete()
+            self._wait(self._one_owner_one_worker, 60, "every partition owned by one live supervisor with one worker")
+            self._final_stop()
+            self._judge()
+        except Exception:
+            self.report.problems.append(f"the nemesis itself failed: {traceback.format_exc()}")
+        finally:
+            stop_producing.set()
+            if self.broker.process is not None:
+                self.broker.resume()
+            self._kill_everything()
+        return self.report
+
+    def _run_faults(self) -> None:
+        began = time.monotonic()
+        threads = []
+        for fault in plan_faults(self.config.seed, self.config.fault_seconds):
+            time.sleep(max(0.0, began + fault.at - time.monotonic()))
+            thread = threading.Thread(target=self._guarded, args=(fault,), name=f"fault {fault.kind.name}")
+            thread.start()
+            threads.append(thread)
+        time.sleep(max(0.0, began + self.config.fault_seconds - time.monotonic()))
+        for thread in threads:
+            thread.join(180)
+
+    def _guarded(self, fault: Fault) -> None:
+        try:
+            self._apply(fault)
+        except Exception:
+            self.report.problems.append(f"fault {fault} failed: {traceback.format_exc()}")
+
+    def _heal(self) -> None:
+        """Every fault is over; make sure the broker runs and every supervisor is up."""
+        self.broker.resume()
+        for client in self.clients:
+            if self.fleet.processes[client].poll() is not None:
+                self.report.problems.append(f"{client} was down at the heal (exit {self.fleet.processes[client].poll()})")
+                self._start(client)
+        self.report.healed_at = time.time()
+
+    # ------------------------------------------------------------- faults
+
+    def _apply(self, fault: Fault) -> None:
+        if fault.kind in BROKER_FAULTS:
+            self._freeze_broker(fault)
+            return
+        client = self._take(fault)
+        if client is None:
+            return
+        try:
+            {
+                Kind.KILL_SUPERVISOR: self._kill_supervisor,
+                Kind.TERM_SUPERVISOR: self._term_supervisor,
+                Kind.TERM_WHILE_CLAIMING: self._term_while_claiming,
+                Kind.FREEZE_SUPERVISOR: self._freeze_supervisor,
+                Kind.KILL_WORKER: self._kill_worker,
+                Kind.KILL_WORKER_CLAIMING: self._kill_worker_claiming,
+            }[fault.kind](client, fault)
+        finally:
+            with self._lock:
+                self._busy.discard(client)
+
+    def _take(self, fault: Fault) -> str | None:
+        with self._lock:
+            free = [c for c in self.clients if c not in self._busy]
+            if not free:
+                self.report.skipped.append(f"{fault.kind.value} at {fault.at}s: every supervisor was taken")
+                return None
+            client = free[fault.pick % len(free)]
+            self._busy.add(client)
+            return client
+
+    def _record(self, kind: Kind | str, unclean: bool, start: float, end: float, target: str) -> None:
+        name = kind.name.lower() if isinstance(kind, Kind) else kind
+        with self._lock:
+            self.report.faults.append(FaultWindow(name, unclean, start, end, target))
+
+    def _kill_supervisor(self, client: str, fault: Fault) -> None:
+        self._kill(client, fault.kind)
+        time.sleep(fault.length)
+        self._start(client)
+
+    def _kill(self, client: str, kind: Kind) -> None:
+        process = self.fleet.processes[client]
+        at = time.time()
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        self._record(kind, True, at, at, client)
+
+    def _term_supervisor(self, client: str, fault: Fault) -> None:
+        self._term(client, "faults")
+        time.sleep(fault.length)
+        self._start(client)
+
+    def _term_while_claiming(self, client: str, fault: Fault) -> None:
+        """A restarted supervisor takes its partitions back at once (fast reclaim): SIGTERM it in the middle."""
+        self._kill(client, fault.kind)
+        time.sleep(fault.length)
+        log_from = self._start(client)
+        self._wait(lambda: "claimed " in self._log_since(client, log_from), 30, f"{client} to claim", interval=0.002)
+        self._term(client, "faults")
+        self._start(client)
+
+    def _term(self, client: str, when: str) -> None:
+        process = self.fleet.processes[client]
+        sent = time.time()
+        process.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            code = None
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+        exited = time.time()
+        self._record("sigterm", False, sent, exited, client)
+        with self._lock:
+            frozen = sum(max(0.0, min(end, exited) - max(start, sent)) for start, end in self._frozen)
+            self.report.sigterms.append(SigtermExit(client, sent, exited - sent, code, frozen, when))
+
+    def _freeze_supervisor(self, client: str, fault: Fault) -> None:
+        process = self.fleet.processes[client]
+        at = time.time()
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(fault.length)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        self._record(fault.kind, True, at, time.time(), client)
+
+    def _kill_worker(self, client: str, fault: Fault) -> None:
+        workers = self.fleet.worker_pids(client)
+        if not workers:
+            self.report.skipped.append(f"{fault.kind.value} at {fault.at}s: {client} ran no worker")
+            return
+        partition = sorted(workers)[fault.pick % len(workers)]
+        at = time.time()
+        _kill_quietly(workers[partition])
+        self._record(fault.kind, True, at, at, client)
+
+    def _kill_worker_claiming(self, client: str, fault: Fault) -> None:
+        """Kill a worker, then its replacement as soon as it shows up: a new worker's first act is its claim."""
+        workers = self.fleet.worker_pids(client)
+        if not workers:
+            self.report.skipped.append(f"{fault.kind.value} at {fault.at}s: {client} ran no worker")
+            return
+        partition = sorted(workers)[fault.pick % len(workers)]
+        first = workers[partition]
+        at = time.time()
+        _kill_quietly(first)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            replacement = self.fleet.worker_pids(client).get(partition)
+            if replacement not in (None, first):
+                _kill_quietly(replacement)
+                break
+            time.sleep(0.002)
+        self._record(fault.kind, True, at, time.time(), client)
+
+    def _freeze_broker(self, fault: Fault) -> None:
+        with self._lock:
+            if self._broker_busy:
+                self.report.skipped.append(f"{fault.kind.value} at {fault.at}s: the broker was frozen already")
+                return
+            self._broker_busy = True
+        at = time.time()
+        self.broker.pause()
+        try:
+            time.sleep(fault.length)
+        finally:
+            self.broker.resume()
+            end = time.time()
+            with self._lock:
+                self._frozen.append((at, end))
+                self._broker_busy = False
+        self._record(fault.kind, True, at, end, "broker")
+
+    # --------------------------------------------------------- supervisors
+
+    def _start(self, client: str) -> int:
+        """Start (or restart) a supervisor and wait until it runs; returns where its new log lines begin."""
+        log_path = self.fleet.sink.with_name(f"{client}.log")
+        log_from = log_path.stat().st_size if log_path.exists() else 0
+        process = self.fleet.start(client, "--balance", "fair")
+        self._started.append(process)
+        self._wait(
+            lambda: process.poll() is not None or " running " in self._log_since(client, log_from),
+            60,
+            f"{client} to start",
+        )
+        if process.poll() is not None:
+            raise RuntimeError(f"{client} exited with {process.poll()} at start:\n{self._log_since(client, log_from)}")
+        return log_from
+
+    def _log_since(self, client: str, offset: int) -> str:
+        with open(self.fleet.logs[client], "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    def _final_stop(self) -> None:
+        """SIGTERM every supervisor at once: each exits 0 in time, and nothing of them is left."""
+        threads = [threading.Thread(target=self._term, args=(client, "final")) for client in self.clients]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+
+    def _kill_everything(self) -> None:
+        for process in self._started:
+            for pid in [process.pid, *process_group(process.pid)]:
+                _kill_quietly(pid)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+
+    # ------------------------------------------------------------ producer
+
+    def _produce(self, stop: threading.Event) -> None:
+        """Messages 'N' at the configured rate, partition N mod the count; remembers where each landed."""
+        producer = Producer(
+            {
+                "bootstrap.servers": self.broker.bootstrap,
+                "linger.ms": 5,
+                "enable.idempotence": True,
+                "message.timeout.ms": 300_000,  # a broker freeze delays messages, it does not lose them
+            }
+        )
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                self._produce_errors.append(error)
+            else:
+                self._delivered[(message.partition(), message.offset())] = message.value().decode()
+
+        began, n = time.monotonic(), 0
+        while not stop.is_set():
+            due = int((time.monotonic() - began) * self.config.rate)
+            while n < due:
+                producer.produce(self.fleet.topic, value=str(n).encode(), partition=n % self.config.partitions,
+                                 on_delivery=delivered)  # fmt: skip
+                n += 1
+            producer.poll(0.01)
+        left = producer.flush(150)
+        if left or self._produce_errors:
+            self.report.problems.append(f"the producer lost messages: {left} undelivered, errors {self._produce_errors[:3]}")
+
+    # ------------------------------------------------------------ verdicts
+
+    def _ends(self) -> dict[int, int]:
+        ends = dict.fromkeys(range(self.config.partitions), 0)
+        for partition, offset in self._delivered:
+            ends[partition] = max(ends[partition], offset + 1)
+        return ends
+
+    def _all_owned(self) -> bool:
+        rows = self.fleet.status_rows()
+        return len(rows) == self.config.partitions and all(row["state"] == "fresh" for row in rows.values())
+
+    def _wait_complete(self) -> None:
+        """ALO: every delivered message handled; both modes: every partition's position at its end."""
+        ends, delivered = self._ends(), set(self._delivered)
+
+        def complete() -> bool:
+            rows = self.fleet.status_rows()
+            if any((rows[p]["offset"] or 0) < end for p, end in ends.items()):
+                return False
+            if self.config.mode == "alo":
+                return delivered <= {(line.partition, line.offset) for line in self.fleet.lines()}
+            return True
+
+        if self._wait(complete, self.config.settle_timeout, "a complete ledger", fail=False):
+            self.report.complete_after_s = time.time() - self.report.healed_at
+        else:
+            rows = self.fleet.status_rows()
+            behind = {p: (rows[p]["offset"], end) for p, end in ends.items() if (rows[p]["offset"] or 0) < end}
+            self.report.problems.append(
+                f"not {'complete' if self.config.mode == 'alo' else 'settled'} {self.config.settle_timeout:g}s after "
+                f"the heal; partitions behind (position, end): {behind}"
+            )
+
+    def _one_owner_one_worker(self) -> bool:
+        rows = self.fleet.status_rows()
+        workers: dict[int, list[str]] = {}
+        for client in self.clients:
+            for partition in self.fleet.worker_pids(client):
+                workers.setdefault(partition, []).append(client)
+        return all(
+            row["state"] == "fresh" and workers.get(partition) == [row["client"]] for partition, row in rows.items()
+        ) and len(rows) == self.config.partitions
+
+    def _judge(self) -> None:
+        report, config = self.report, self.config
+        handled = self.fleet.lines()
+        report.delivered, report.handled_lines = len(self._delivered), len(handled)
+        report.losses = loss_runs(self._delivered, handled)
+        report.repeats = repeats(handled)
+        if config.mode == "alo":
+            report.problems += [f"at least once, yet lost: {run}" for run in report.losses]
+            report.problems += unexplained_repeats(report.repeats, report.faults, slack=LEASE_S)
+        else:
+            report.problems += [f"at most once, yet handled twice: {r}" for r in report.repeats]
+            report.problems += unexplained_losses(report.losses, report.faults, config.batch_size, slack=LEASE_S)
+        for exit_ in report.sigterms:
+            allowed = config.handler_seconds + SIGTERM_GRACE_S + exit_.broker_frozen_s
+            if exit_.code != 0 or exit_.seconds > allowed:
+                report.problems.append(
+                    f"SIGTERM to {exit_.client} ({exit_.when}): exit {exit_.code} after {exit_.seconds:.2f}s "
+                    f"(allowed {allowed:.2f}s)"
+                )
+        left = self._wait(self._nothing_left, 15, "every process to end", fail=False)
+        if not left:
+            report.problems.append(f"processes left after the final SIGTERM: {self._leftovers()}")
+
+    def _leftovers(self) -> list[int]:
+        return [pid for process in self._started for pid in process_group(process.pid)]
+
+    def _nothing_left(self) -> bool:
+        return not self._leftovers()
+
+    def _wait(
+        self, condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.2, fail: bool = True
+    ) -> bool:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                if fail:
+                    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+                return False
+            time.sleep(interval)
+        return True
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def seed_from_environment(default: int | None = None) -> int:
+    """MW_NEMESIS_SEED if set, else ``default``, else a fresh random seed."""
+    value = os.environ.get("MW_NEMESIS_SEED")
+    if value:
+        return int(value)
+    return default if default is not None else random.randrange(1 << 31)
+

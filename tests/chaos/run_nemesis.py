@@ -1,0 +1,63 @@
+"""The long nemesis run: several seeds per delivery mode, each with its own broker, and a table of results.
+
+    python tests/chaos/run_nemesis.py --modes alo,amo --seeds 1-5 --seconds 90
+
+Prints each run's summary (seed, faults, losses, repeats, time to settle,
+slowest SIGTERM) and exits 1 if any verdict failed.  Logs and ledgers stay in
+--workdir (a fresh temporary folder by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]  # ledger, fleet, processes
+
+from nemesis import Nemesis, NemesisConfig, Report  # noqa: E402
+
+from marshal_workers.embedded_broker import EmbeddedBroker  # noqa: E402
+
+
+def seeds(text: str) -> list[int]:
+    """'1-5' or '3,7,9'."""
+    if "-" in text:
+        low, high = text.split("-")
+        return list(range(int(low), int(high) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default="alo,amo")
+    parser.add_argument("--seeds", type=seeds, default=seeds("1-5"))
+    parser.add_argument("--seconds", type=float, default=90.0, help="seconds of faults per run")
+    parser.add_argument("--rate", type=int, default=1500, help="messages per second")
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nemesis-"))
+    reports: list[Report] = []
+    for mode in args.modes.split(","):
+        for seed in args.seeds:
+            run_dir = workdir / f"{mode}-{seed}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            config = NemesisConfig(mode=mode, seed=seed, fault_seconds=args.seconds, rate=args.rate)
+            with EmbeddedBroker(log_path=str(run_dir / "broker.log")) as broker:
+                report = Nemesis(config, broker, run_dir, uuid.uuid4().hex[:10]).run()
+            print(report.summary(), flush=True)
+            reports.append(report)
+    print()
+    print("mode seed faults unclean lost repeated settle_s slowest_sigterm_s problems")
+    for r in reports:
+        slowest = max((s.seconds for s in r.sigterms), default=0.0)
+        settle = "never" if r.complete_after_s is None else f"{r.complete_after_s:.1f}"
+        print(f"{r.config.mode} {r.config.seed} {len(r.faults)} {r.unclean_faults} {r.lost} {len(r.repeats)} "
+              f"{settle} {slowest:.2f} {len(r.problems)}")  # fmt: skip
+    return 1 if any(r.problems for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

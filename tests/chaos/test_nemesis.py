@@ -1,0 +1,33 @@
+"""The nemesis in the suite: about half a minute of random faults per delivery mode, then the verdicts.
+
+The seed is printed; replay a run with MW_NEMESIS_SEED=<seed>.  The long run
+(several seeds, 90 s of faults each) is ``python tests/chaos/run_nemesis.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from nemesis import Nemesis, NemesisConfig, seed_from_environment
+
+from marshal_workers.embedded_broker import EmbeddedBroker
+
+pytestmark = [pytest.mark.broker, pytest.mark.chaos]
+
+SUITE_FAULT_SECONDS = 30.0
+
+
+@pytest.mark.parametrize("mode", ["alo", "amo"])
+def test_random_faults_keep_the_delivery_guarantees(
+    mode: str, own_broker: EmbeddedBroker, tmp_path: Path, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = NemesisConfig(mode=mode, seed=seed_from_environment(), fault_seconds=SUITE_FAULT_SECONDS, rate=800)
+    with capsys.disabled():
+        print(f"\nnemesis {mode}: seed {config.seed} (replay with MW_NEMESIS_SEED={config.seed})")
+    report = Nemesis(config, own_broker, tmp_path, unique).run()
+    with capsys.disabled():
+        print(report.summary())
+    assert report.problems == [], report.summary()
+    # The run must have been a real test: faults fired, messages flowed, the fleet settled.
+    assert report.unclean_faults >= 3 and report.delivered > 10_000 and report.complete_after_s is not None

@@ -1,0 +1,85 @@
+"""Deterministic regressions for the faults the nemesis found (issue 9); the nemesis itself is tests/chaos."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from fleet import Fleet
+from kafka_proxy import PRODUCE, KafkaProxy
+from polling import poll_until
+
+from marshal_workers.embedded_broker import EmbeddedBroker, free_port
+from marshal_workers.exit_codes import ExitCode
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.mark.parametrize("mode", ["alo", "amo"])
+def test_a_sigterm_right_after_a_claim_stops_the_worker_forked_for_it(fleet: Fleet, mode: str) -> None:
+    """A worker still ignores SIGTERM for a moment after its fork (the fork server does): a stop asked for
+    then was lost, and the worker went on until shutdown_timeout killed it.  Here every new worker sleeps
+    half a second in that moment, so the SIGTERM sent at the first claim always lands in it."""
+    total = 4000
+    fleet.env |= {"MW_TEST_MODE": mode, "MW_TEST_SLOW_FORK": "0.5", "MW_TEST_DELAY": "0.002", "MW_TEST_BATCH_SIZE": "20"}
+    fleet.produce(range(total))  # a backlog: a worker that missed the stop would keep handling it
+    supervisor = fleet.start("first", "--shutdown-timeout", "20s")
+    poll_until(lambda: "claimed " in fleet.log_of("first"), interval=0.002, what="the first claim")
+    supervisor.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert supervisor.wait(timeout=60) == ExitCode.OK
+    took = time.monotonic() - sent
+    assert took < 0.5 + 2.5, f"the stop took {took:.1f}s: a worker did not hear it"
+    assert "shutdown_timeout" not in fleet.log_of("first")
+
+    fleet.start("second")  # a clean stop hands everything over: nothing lost, nothing repeated
+    poll_until(lambda: len(fleet.counts()) == total, timeout=90, what="every message")
+    assert max(fleet.counts().values()) == 1
+
+
+def test_a_restarted_amo_supervisor_answers_claims_while_it_takes_its_partitions_back(
+    kafka_brokers: str, unique: str, tmp_path: Path
+) -> None:
+    """A supervisor restarted after kill -9 takes its 8 partitions back at once (fast reclaim) while their
+    workers already claim batches.  Its loop once waited on every claim and heartbeat write in turn, so on a
+    slow cluster (here every Produce takes 150 ms more) no worker had a verdict for seconds and every
+    partition looked stalled.  Now the backlog drains steadily: at most one lost batch per partition (the
+    kill), nothing twice, no partition seen as stalled, and a SIGTERM is prompt."""
+    total, batch = 6000, 20
+    proxy_port = free_port()
+    with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
+        assert broker.port is not None
+        proxy = KafkaProxy(proxy_port, broker.port, delay=frozenset({PRODUCE}), delay_s=0.15).start()
+        fleet = Fleet(
+            brokers=f"127.0.0.1:{proxy_port}", group=f"group-{unique}", topic=f"seq-{unique}",
+            coordination_topic=f"__marshal-{unique}", sink=tmp_path / "sink.txt", partitions=8,
+            env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": "0.0005", "MW_TEST_BATCH_SIZE": str(batch)},
+        )  # fmt: skip
+        try:
+            admin = AdminClient({"bootstrap.servers": fleet.brokers})
+            admin.create_topics([NewTopic(fleet.topic, num_partitions=8, replication_factor=1)])[fleet.topic].result(10)
+            first = fleet.start("only")
+            poll_until(lambda: len(fleet.worker_pids("only")) == 8, timeout=60, what="8 workers")
+            fleet.produce(range(total // 4))
+            poll_until(lambda: len(fleet.counts()) > total // 8, timeout=60, what="handling under way")
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(timeout=10)
+            fleet.produce(range(total // 4, total))
+
+            restarted = fleet.start("only")
+            poll_until(lambda: len(fleet.counts()) >= total - 8 * batch, timeout=90, what="all but the lost batches")
+            said = fleet.log_of("only").rsplit(" running ", 1)[1]  # what the restarted one logged
+            assert "stalled" not in said and "not confirmed" not in said, said
+            assert max(fleet.counts().values()) == 1, "at most once: nothing handled twice"
+
+            restarted.send_signal(signal.SIGTERM)
+            sent = time.monotonic()
+            assert restarted.wait(timeout=60) == ExitCode.OK
+            assert time.monotonic() - sent < 3.0
+        finally:
+            fleet.stop_all()
+            proxy.close()
