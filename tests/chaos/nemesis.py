@@ -217,7 +217,15 @@ class Nemesis:
             if self.broker.process is not None:
                 self.broker.resume()
             self._kill_everything()
+            self._write_fault_log()
         return self.report
+
+    def _write_fault_log(self) -> None:
+        """faults.txt beside the ledger and the logs: what happened when, for reading a failed run."""
+        lines = [f"{f.start:.3f} {f.end:.3f} {f.kind} {f.target} {'unclean' if f.unclean else 'clean'}"
+                 for f in sorted(self.report.faults, key=lambda f: f.start)]  # fmt: skip
+        lines += [f"skipped: {why}" for why in self.report.skipped]
+        (self.workdir / "faults.txt").write_text("\n".join(lines) + "\n")
 
     def _run_faults(self) -> None:
         began = time.monotonic()
