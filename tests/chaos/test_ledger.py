@@ -1,0 +1,79 @@
+"""The nemesis's own logic, without a broker: its plans and its verdicts on made-up ledgers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fleet import SinkLine
+from ledger import FaultWindow, loss_runs, repeats, unexplained_losses, unexplained_repeats
+from nemesis import Kind, plan_faults
+
+
+def line(offset: int, at: float, partition: int = 0, pid: int = 1) -> SinkLine:
+    return SinkLine("s0", pid, partition, offset, str(offset), at)
+
+
+def kill(at: float) -> FaultWindow:
+    return FaultWindow("kill_supervisor", True, at, at)
+
+
+def test_a_seed_fixes_the_plan() -> None:
+    assert plan_faults(7, 90) == plan_faults(7, 90)
+    assert plan_faults(7, 90) != plan_faults(8, 90)
+
+
+def test_a_long_plan_has_every_kind_of_fault_every_2_to_6_seconds() -> None:
+    plan = plan_faults(1, 600)
+    assert {fault.kind for fault in plan} == set(Kind)
+    gaps = [b.at - a.at for a, b in zip(plan, plan[1:])]
+    assert all(2.0 - 1e-3 <= gap <= 6.0 + 1e-3 for gap in gaps)
+    freezes = [f.length for f in plan if f.kind is Kind.FREEZE_BROKER_PAST_LEASE]
+    assert all(f > 1.5 for f in freezes), "longer than a lease (1.5 HB)"
+
+
+def test_losses_come_as_runs_with_the_times_around_them() -> None:
+    delivered = [(0, o) for o in range(10)] + [(1, o) for o in range(3)]
+    handled = [line(o, 100.0 + o) for o in (0, 1, 2, 5, 6, 7, 9)] + [line(o, 50.0, partition=1) for o in range(3)]
+    runs = loss_runs(delivered, handled)
+    assert [(r.partition, r.first, r.last, r.after, r.before) for r in runs] == [
+        (0, 3, 4, 102.0, 105.0),
+        (0, 8, 8, 107.0, 109.0),
+    ]
+
+
+def test_a_run_needs_one_overlapping_unclean_fault_per_claimed_batch() -> None:
+    delivered = [(0, o) for o in range(40)]
+    handled = [line(o, 10.0) for o in range(5)] + [line(o, 20.0) for o in range(30, 40)]
+    [run] = loss_runs(delivered, handled)  # 25 lost: needs 2 faults with batches of 20
+    assert unexplained_losses([run], [kill(15.0), kill(16.0)], batch_size=20, slack=0.0) == []
+    assert len(unexplained_losses([run], [kill(15.0)], batch_size=20, slack=0.0)) == 1
+    assert len(unexplained_losses([run], [kill(15.0), kill(25.0)], batch_size=20, slack=0.0)) == 1, "out of time"
+    clean = FaultWindow("sigterm", False, 15.0, 15.5)
+    assert len(unexplained_losses([run], [kill(15.0), clean], batch_size=20, slack=0.0)) == 1, "a clean stop"
+
+
+def test_one_fault_explains_one_run_per_partition() -> None:
+    delivered = [(0, o) for o in range(10)]
+    handled = [line(o, 10.0 + o) for o in (0, 3, 4, 9)]
+    runs = loss_runs(delivered, handled)
+    assert len(runs) == 2
+    assert len(unexplained_losses(runs, [kill(12.0)], batch_size=20, slack=5.0)) == 1
+    assert unexplained_losses(runs, [kill(12.0), kill(13.0)], batch_size=20, slack=5.0) == []
+
+
+def test_a_repeat_must_follow_an_unclean_fault() -> None:
+    handled = [line(1, 10.0, pid=1), line(1, 20.0, pid=2), line(2, 10.5)]
+    found = repeats(handled)
+    assert [(r.offset, r.first_at, r.again_at) for r in found] == [(1, 10.0, 20.0)]
+    assert unexplained_repeats(found, [kill(15.0)], slack=0.0) == []
+    assert len(unexplained_repeats(found, [FaultWindow("sigterm", False, 15.0, 15.2)], slack=0.0)) == 1
+    assert len(unexplained_repeats(found, [kill(25.0)], slack=0.0)) == 1
+
+
+@pytest.mark.parametrize("script", ["run_nemesis.py"])
+def test_the_long_run_command_starts(script: str) -> None:
+    result = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--seeds" in result.stdout
