@@ -324,7 +324,7 @@ class Supervisor:
     def _check_stop_progress(self, now: float) -> None:
         if self.phase is not Phase.STOPPING:
             return
-        if not self.assignments and not self._releasing:
+        if not self.assignments and not self._releasing and not self._claiming:  # a claim won now is released
             self.phase = Phase.STOPPED
         elif self.timers.stop_deadline is not None and now > self.timers.stop_deadline:
             self.log.warning("shutdown_timeout (%gs) passed: killing the workers left", self.settings.shutdown_timeout)
