@@ -63,11 +63,16 @@ class Fault:
 
 
 def plan_faults(seed: int, seconds: float, hb_s: float = HB_S) -> list[Fault]:
-    """Every 2-6 s a fault of a random kind, for ``seconds``: the same seed, the same plan."""
+    """Every 2-6 s a fault, for ``seconds``: the same seed, the same plan.
+
+    Kinds are dealt from shuffled decks of all of them, so a short run still meets every kind.
+    """
     rng = random.Random(seed)
-    faults, at = [], rng.uniform(1.0, 3.0)
+    faults, at, deck = [], rng.uniform(1.0, 3.0), []
     while at < seconds:
-        kind = rng.choice(list(Kind))
+        if not deck:
+            deck = rng.sample(list(Kind), len(Kind))
+        kind = deck.pop()
         if kind is Kind.FREEZE_SUPERVISOR:
             length = rng.uniform(2.5, 4.0) * hb_s
         elif kind is Kind.FREEZE_BROKER:
@@ -553,10 +558,10 @@ def _kill_quietly(pid: int) -> None:
         pass
 
 
-def seed_from_environment(default: int | None = None) -> int:
-    """MW_NEMESIS_SEED if set, else ``default``, else a fresh random seed."""
-    value = os.environ.get("MW_NEMESIS_SEED")
-    if value:
-        return int(value)
-    return default if default is not None else random.randrange(1 << 31)
+def seed_from_environment(default: int) -> int:
+    """MW_NEMESIS_SEED if set (a number, or "random" for a fresh one), else ``default``."""
+    value = os.environ.get("MW_NEMESIS_SEED", "")
+    if value == "random":
+        return random.randrange(1 << 31)
+    return int(value) if value else default
 

@@ -10,6 +10,7 @@ import pytest
 from fleet import SinkLine
 from ledger import FaultWindow, loss_runs, repeats, unexplained_losses, unexplained_repeats
 from nemesis import Kind, plan_faults
+from test_nemesis import SUITE_FAULT_SECONDS, SUITE_SEEDS
 
 
 def line(offset: int, at: float, partition: int = 0, pid: int = 1) -> SinkLine:
@@ -32,6 +33,11 @@ def test_a_long_plan_has_every_kind_of_fault_every_2_to_6_seconds() -> None:
     assert all(2.0 - 1e-3 <= gap <= 6.0 + 1e-3 for gap in gaps)
     freezes = [f.length for f in plan if f.kind is Kind.FREEZE_BROKER_PAST_LEASE]
     assert all(f > 1.5 for f in freezes), "longer than a lease (1.5 HB)"
+
+
+@pytest.mark.parametrize("mode", sorted(SUITE_SEEDS))
+def test_the_suite_meets_every_kind_of_fault(mode: str) -> None:
+    assert {fault.kind for fault in plan_faults(SUITE_SEEDS[mode], SUITE_FAULT_SECONDS)} == set(Kind)
 
 
 def test_losses_come_as_runs_with_the_times_around_them() -> None:

@@ -1,7 +1,9 @@
-"""The nemesis in the suite: about half a minute of random faults per delivery mode, then the verdicts.
+"""The nemesis in the suite: half a minute of random faults per delivery mode, then the verdicts.
 
-The seed is printed; replay a run with MW_NEMESIS_SEED=<seed>.  The long run
-(several seeds, 90 s of faults each) is ``python tests/chaos/run_nemesis.py``.
+The suite runs one fixed seed per mode, so a red CI is a regression, not bad
+luck; MW_NEMESIS_SEED=<seed> replays another plan, MW_NEMESIS_SEED=random draws
+a fresh one (the seed is printed).  The long run (several seeds, 90 s of
+faults each) is ``python tests/chaos/run_nemesis.py``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from marshal_workers.embedded_broker import EmbeddedBroker
 pytestmark = [pytest.mark.broker, pytest.mark.chaos]
 
 SUITE_FAULT_SECONDS = 30.0
+SUITE_SEEDS = {"alo": 3, "amo": 7}  # their 30 s plans meet every kind of fault (test_ledger checks it)
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_random_faults_keep_the_delivery_guarantees(
     mode: str, own_broker: EmbeddedBroker, tmp_path: Path, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = NemesisConfig(mode=mode, seed=seed_from_environment(), fault_seconds=SUITE_FAULT_SECONDS, rate=800)
+    config = NemesisConfig(mode=mode, seed=seed_from_environment(SUITE_SEEDS[mode]), fault_seconds=SUITE_FAULT_SECONDS, rate=800)
     with capsys.disabled():
         print(f"\nnemesis {mode}: seed {config.seed} (replay with MW_NEMESIS_SEED={config.seed})")
     report = Nemesis(config, own_broker, tmp_path, unique).run()
