@@ -57,17 +57,27 @@ class Heartbeat(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="hear
     :func:`reported_number` accepts them.  (One limit: a number beyond the
     double range, such as 1e999, is not valid JSON to the decoder, so the
     whole record is skipped, as orjson would.)
+
+    ``done`` (optional, same loose typing) lists the offsets done above
+    ``offset`` when messages finish out of order (DESIGN.md section 10), as
+    :mod:`marshal_workers.done_set` runs; the fold keeps it only if
+    ``done_set.parse`` accepts it.
     """
 
     offset: NonNegative
     lag: Any = None
     rate: Any = None
+    done: Any = None
 
 
-class Release(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="release"):
-    """The owner gives the partition up; the next owner resumes at ``offset``."""
+class Release(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="release", omit_defaults=True):
+    """The owner gives the partition up; the next owner resumes at ``offset``.
+
+    ``done``: the offsets done above ``offset``, as in :class:`Heartbeat`.
+    """
 
     offset: NonNegative
+    done: Any = None
 
 
 class ClaimMessages(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim_messages"):

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from marshal_workers import done_set
 from marshal_workers.codec import (
     Claim,
     ClaimMessages,
@@ -67,6 +68,8 @@ class PartitionState:
     last_ts: int = 0  # record time of the owner's last claim, heartbeat or claim_messages
     offset: int | None = None  # from heartbeats and releases
     amo_offset: int | None = None  # from claim_messages
+    # The offsets done above ``offset`` (done_set runs), from the same heartbeat or release; None: none.
+    done: tuple[int, ...] | None = None
     # The owner's optional report in its last heartbeat (numbers >= 0 only: see codec.reported_number).
     lag: int | float | None = None
     rate: int | float | None = None
@@ -79,6 +82,19 @@ class PartitionState:
         if self.amo_offset is None:
             return self.offset
         return max(self.offset, self.amo_offset)
+
+    def skip_ranges(self) -> list[tuple[int, int]]:
+        """The offsets at or above ``resume_offset`` that a new owner must not process: half-open ranges.
+
+        Together with ``resume_offset`` this is the whole position: process every
+        offset from ``resume_offset`` on except these (the previous owner did them
+        out of order).  Below ``amo_offset`` nothing is delivered anyway, so the
+        done set is moot where the two overlap and the ranges are clipped to it.
+        """
+        if self.done is None or self.offset is None:
+            return []
+        floor = self.resume_offset or 0
+        return [(max(start, floor), stop) for start, stop in done_set.decode(self.offset, self.done) if stop > floor]
 
 
 @dataclass(slots=True, frozen=True)
@@ -219,6 +235,8 @@ class WorldState:
         assert state is not None
         state.last_ts = at
         state.offset = record.offset
+        done = record.done  # goes with the offset: a heartbeat without it clears the previous one
+        state.done = None if done is None else (done_set.parse(record.offset, done) or None)
         # Optional extras, kept only as numbers: whatever else a writer put there stays out of the state.
         lag, rate = record.lag, record.rate
         state.lag = None if lag is None else reported_number(lag)
@@ -232,6 +250,8 @@ class WorldState:
             assert state is not None
             state.owner = None
             state.offset = record.offset
+            done = record.done
+            state.done = None if done is None else (done_set.parse(record.offset, done) or None)
             state.lag = state.rate = None
             return True
         pause = self._paused_at(source, at)
@@ -241,6 +261,7 @@ class WorldState:
                 state = self.partitions[key] = PartitionState()
             state.offset = record.offset
             state.amo_offset = None
+            state.done = None  # a position set by an operator: everything from it on is processed
             return True
         return False
 

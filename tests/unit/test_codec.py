@@ -480,3 +480,14 @@ def test_heartbeat_extras_are_written_only_when_set() -> None:
     assert set(plain) == {"v", "type", "ts", "group", "client", "instance", "topic", "partition", "offset"}
     extras = codec.decode(codec.encode(Heartbeat(**common, offset=5, lag=7, rate=12.5)))
     assert (extras.lag, extras.rate) == (7, 12.5)
+
+
+def test_done_sets_are_written_only_when_set_and_read_back_as_written() -> None:
+    common = {"v": 1, "ts": 1, "group": "g", "client": "c", "instance": "i", "topic": "t", "partition": 0}
+    for kind in (Heartbeat, Release):
+        plain = orjson.loads(codec.encode(kind(**common, offset=5)))
+        assert "done" not in plain
+        assert codec.decode(codec.encode(kind(**common, offset=5, done=[3, 1, 2]))).done == [3, 1, 2]
+    # Typed loosely like lag and rate: a malformed done set does not make the record garbage.
+    junk = orjson.dumps({**VALID["release"], "done": {"not": "runs"}})
+    assert codec.decode(junk).done == {"not": "runs"}

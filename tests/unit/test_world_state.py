@@ -318,3 +318,93 @@ def test_heartbeat_extras_are_kept_only_as_numbers() -> None:
     found = state.get("orders", 0)
     assert found is not None and (found.offset, found.lag, found.rate) == (3, None, None)
     state.snapshot()  # nothing deep or large is kept: a copy of the state works
+
+
+# ------------------------------------------- done above the offset (section 10)
+
+
+def test_the_owners_done_set_travels_with_its_offset_and_survives_a_takeover() -> None:
+    state, verdicts = world(
+        claim("a", "a1", 0), heartbeat("a", "a1", 10, 40, done=[2, 1, 3]), claim("b", "b1", 10 + 2 * HB + 1)
+    )
+    assert verdicts == [True, True, True]
+    found = state.get("orders", 0)
+    assert found is not None and (found.resume_offset, found.done) == (40, (2, 1, 3))
+    assert found.skip_ranges() == [(41, 43), (44, 47)]  # b processes 40, 43, then 47 on
+
+
+def test_a_release_carries_its_done_set_and_one_without_clears_it() -> None:
+    state, _ = world(
+        claim("a", "a1", 0), heartbeat("a", "a1", 5, 40, done=[3]), release("a", "a1", 10, 41, done=[0, 1, 1])
+    )
+    assert state.get("orders", 0).skip_ranges() == [(43, 44)]  # type: ignore[union-attr]
+    state, _ = world(claim("a", "a1", 0), heartbeat("a", "a1", 5, 40, done=[3]), release("a", "a1", 10, 41))
+    assert state.get("orders", 0).done is None  # type: ignore[union-attr]
+
+
+def test_a_heartbeat_without_a_done_set_clears_the_previous_one() -> None:
+    state, _ = world(claim("a", "a1", 0), heartbeat("a", "a1", 5, 40, done=[3]), heartbeat("a", "a1", 6, 44))
+    found = state.get("orders", 0)
+    assert found is not None and (found.offset, found.done, found.skip_ranges()) == (44, None, [])
+
+
+@pytest.mark.parametrize("done", [[1, 2], [-1], [True], "3", {"x": 1}, [1.5], [0], [2**63], [1] * 8193])
+def test_a_malformed_done_set_is_absent_and_the_heartbeat_still_counts(done: object) -> None:
+    state, verdicts = world(
+        claim("a", "a1", 0), heartbeat("a", "a1", 5, 40, done=[3]), heartbeat("a", "a1", 6, 41, done=done)
+    )
+    assert verdicts == [True, True, True]
+    found = state.get("orders", 0)
+    assert found is not None and (found.offset, found.last_ts, found.done) == (41, 6, None)
+
+
+def test_an_empty_done_set_is_none() -> None:
+    state, _ = world(claim("a", "a1", 0), heartbeat("a", "a1", 5, 40, done=[]))
+    assert state.get("orders", 0).done is None  # type: ignore[union-attr]
+
+
+def test_a_done_set_from_anyone_but_the_owner_is_ignored() -> None:
+    state, verdicts = world(
+        claim("a", "a1", 0),
+        heartbeat("a", "a1", 5, 40, done=[3]),
+        heartbeat("b", "b1", 6, 40, done=[9]),
+        release("a", "a0", 7, 40, done=[9]),
+    )
+    assert verdicts == [True, True, False, False]
+    assert state.get("orders", 0).done == (3,)  # type: ignore[union-attr]
+
+
+def test_messages_claimed_at_most_once_make_the_done_set_moot_where_they_overlap() -> None:
+    state, _ = world(
+        claim("a", "a1", 0), heartbeat("a", "a1", 5, 40, done=[2, 1, 3, 2, 1]), claim_messages("a", "a1", 6, 45)
+    )
+    found = state.get("orders", 0)
+    assert found is not None and found.resume_offset == 45
+    assert found.skip_ranges() == [(45, 47), (49, 50)]  # 41-42 lie below 45; 44-46 is clipped to 45-46
+
+
+def test_an_operators_position_drops_the_done_set() -> None:
+    state, _ = world(
+        claim("a", "a1", 0),
+        heartbeat("a", "a1", 5, 40, done=[3]),
+        release_group("op", 100, expires=5000),
+        release("op", "op1", 110, 7, done=[1]),
+    )
+    found = state.get("orders", 0)
+    assert found is not None and (found.resume_offset, found.done) == (7, None)
+
+
+def test_a_done_set_on_the_wire_is_folded_and_garbage_in_it_is_not_garbage() -> None:
+    head = (
+        b'{"v":1,"type":"heartbeat","ts":5,"group":"%s","client":"a","instance":"a1","topic":"orders",'
+        b'"partition":0,"offset":3' % GROUP.encode()
+    )
+    state, _ = world(claim("a", "a1", 0))
+    assert state.apply_value(head + b',"done":[1,2,1]}')[1]
+    assert state.get("orders", 0).done == (1, 2, 1)  # type: ignore[union-attr]
+    deep = b"[" * 900 + b"]" * 900
+    for junk in (deep, b'"' + b"x" * 100_000 + b'"', b"[1e300]", b"[99999999999999999999999]", b"null"):
+        assert state.apply_value(head + b',"done":' + junk + b"}")[1]
+        assert state.get("orders", 0).done is None  # type: ignore[union-attr]
+    assert state.stats.garbage == 0
+    state.snapshot()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from marshal_workers import codec
+from marshal_workers import codec, done_set
 from marshal_workers.errors import DecodeError
 from marshal_workers.world_state import Owner, PartitionState, WorldState
 
@@ -18,6 +18,8 @@ GROUP = "g"
 CLIENTS = [("a", "a1"), ("a", "a2"), ("b", "b1"), ("b", "b2"), ("c", "c1"), ("op", "op1")]
 TOPICS = ["orders", "payments", "audit"]
 STEPS = [0, 1, 10, HB // 2, HB, 2 * HB, 2 * HB + 1, 3 * HB]
+# Done sets as writers send them: mostly none, some valid, some malformed (which the fold treats as none).
+DONE = [None, None, None, [], [1], [0, 2, 1], [3, 1, 2], [True], [1, 2], "x", [-1]]
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 
@@ -41,9 +43,9 @@ def logs(draw: st.DrawFn, max_size: int = 120) -> list[codec.Record]:
         if kind == "claim":
             records.append(codec.Claim(**common, **where))
         elif kind == "heartbeat":
-            records.append(codec.Heartbeat(**common, **where, offset=offset))
+            records.append(codec.Heartbeat(**common, **where, offset=offset, done=draw(st.sampled_from(DONE))))
         elif kind == "release":
-            records.append(codec.Release(**common, **where, offset=offset))
+            records.append(codec.Release(**common, **where, offset=offset, done=draw(st.sampled_from(DONE))))
         else:
             records.append(codec.ClaimMessages(**common, **where, offset=offset))
     return records
@@ -108,11 +110,16 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
         elif isinstance(record, codec.Heartbeat):
             assert accepted == (owner == me)
             assert (after.offset if after else None) == (record.offset if accepted else (before.offset if before else None))
+            if accepted:
+                assert after is not None and after.done == (done_set.parse(record.offset, record.done) or None)
+            elif before is not None:
+                assert after is not None and after.done == before.done
         elif isinstance(record, codec.Release):
             operator = paused and state.pauses[0].client == record.client
             assert accepted == (owner == me or operator)
             if owner == me:
                 assert after is not None and after.owner is None and after.offset == record.offset
+                assert after.done == (done_set.parse(record.offset, record.done) or None)
         elif isinstance(record, codec.ClaimMessages):
             fresh = before is not None and at - before.last_ts <= 2 * HB
             assert accepted == (owner == me and fresh and not paused)
