@@ -125,7 +125,10 @@ class Report:
     losses: list[LossRun] = field(default_factory=list)
     repeats: list[Repeat] = field(default_factory=list)
     healed_at: float = 0.0
-    complete_after_s: float | None = None  # from the heal to a complete (ALO) or settled (AMO) ledger
+    # From the heal (every fault over, production stopped) to the ledger line that completed it: for ALO the
+    # first handling of the last message to be handled, for AMO the last line.  Read off the ledger, so the
+    # time `status` takes to read the log does not count; 0 if the ledger was complete at the heal.
+    complete_after_s: float | None = None
     problems: list[str] = field(default_factory=list)
     workdir: Path | None = None
 
@@ -490,7 +493,16 @@ class Nemesis:
             return True
 
         if self._wait(complete, self.config.settle_timeout, "a complete ledger", fail=False):
-            self.report.complete_after_s = time.time() - self.report.healed_at
+            handled = self.fleet.lines()
+            if self.config.mode == "alo":
+                first = {}
+                for line in handled:
+                    key = (line.partition, line.offset)
+                    first[key] = min(first.get(key, line.at), line.at)
+                completed = max((first[key] for key in delivered), default=0.0)
+            else:
+                completed = max((line.at for line in handled), default=0.0)
+            self.report.complete_after_s = max(0.0, completed - self.report.healed_at)
         else:
             rows = self.fleet.status_rows()
             behind = {p: (rows[p]["offset"], end) for p, end in ends.items() if (rows[p]["offset"] or 0) < end}
