@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import HB, Fleet, SinkLine
 from ledger import FaultWindow, LossRun, Repeat, loss_runs, repeats, unexplained_losses, unexplained_repeats
@@ -485,7 +485,10 @@ class Nemesis:
         ends, delivered = self._ends(), set(self._delivered)
 
         def complete() -> bool:
-            rows = self.fleet.status_rows()
+            try:
+                rows = self.fleet.status_rows()
+            except (subprocess.TimeoutExpired, AssertionError):
+                return False  # status could not read the log: judged (and probed) at the deadline
             if any((rows[p]["offset"] or 0) < end for p, end in ends.items()):
                 return False
             if self.config.mode == "alo":
@@ -504,12 +507,45 @@ class Nemesis:
                 completed = max((line.at for line in handled), default=0.0)
             self.report.complete_after_s = max(0.0, completed - self.report.healed_at)
         else:
-            rows = self.fleet.status_rows()
-            behind = {p: (rows[p]["offset"], end) for p, end in ends.items() if (rows[p]["offset"] or 0) < end}
+            try:
+                rows = self.fleet.status_rows()
+                behind: object = {p: (rows[p]["offset"], end) for p, end in ends.items() if (rows[p]["offset"] or 0) < end}
+            except (subprocess.TimeoutExpired, AssertionError) as exc:
+                behind = f"unknown: status failed ({str(exc)[-300:]})"
             self.report.problems.append(
                 f"not {'complete' if self.config.mode == 'alo' else 'settled'} {self.config.settle_timeout:g}s after "
-                f"the heal; partitions behind (position, end): {behind}"
+                f"the heal; partitions behind (position, end): {behind}; the coordination log: {self._probe_log()}"
             )
+
+    def _probe_log(self) -> dict[str, object]:
+        """What a fresh reader gets from the coordination topic (to tell a broker fault from ours)."""
+        found: dict[str, object] = {}
+        for isolation in ("read_committed", "read_uncommitted"):
+            consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": f"probe-{isolation}",
+                                 "isolation.level": isolation, "enable.partition.eof": True})  # fmt: skip
+            try:
+                count = AdminClient({"bootstrap.servers": self.broker.bootstrap}).list_topics(timeout=10).topics
+                partitions = len(count[self.fleet.coordination_topic].partitions)
+                consumer.assign([TopicPartition(self.fleet.coordination_topic, p, 0) for p in range(partitions)])
+                last: dict[int, int] = {}
+                eof: set[int] = set()
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and len(eof) < partitions:
+                    message = consumer.poll(0.2)
+                    if message is None:
+                        continue
+                    if message.error() is None:
+                        last[message.partition()] = message.offset()
+                    elif message.error().code() == KafkaError._PARTITION_EOF:
+                        eof.add(message.partition())
+                ends = {p: consumer.get_watermark_offsets(TopicPartition(self.fleet.coordination_topic, p), timeout=5)
+                        for p in last}  # fmt: skip
+                found[isolation] = {"last read": last, "at end": sorted(eof), "watermarks": ends}
+            except Exception as exc:
+                found[isolation] = repr(exc)
+            finally:
+                consumer.close()
+        return found
 
     def _one_owner_one_worker(self) -> bool:
         rows = self.fleet.status_rows()
