@@ -131,6 +131,7 @@ class Report:
     complete_after_s: float | None = None
     problems: list[str] = field(default_factory=list)
     workdir: Path | None = None
+    coordination_records: int | None = None  # the coordination topic's size at the end (ListOffsets: about)
 
     @property
     def unclean_faults(self) -> int:
@@ -157,6 +158,7 @@ class Report:
             f"({len(self.repeats) / per_fault:.1f} per unclean fault)",
             f"  {'complete' if c.mode == 'alo' else 'settled'} "
             + (f"{self.complete_after_s:.1f}s after the last fault" if self.complete_after_s is not None else "NEVER"),
+            f"  coordination log: about {self.coordination_records} records",
             f"  SIGTERMs: {len(self.sigterms)}, slowest "
             + (f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen "
                f"{slowest.broker_frozen_s:.1f}s meanwhile)" if slowest else "none"),
@@ -557,7 +559,22 @@ class Nemesis:
             row["state"] == "fresh" and workers.get(partition) == [row["client"]] for partition, row in rows.items()
         ) and len(rows) == self.config.partitions
 
+    def _count_coordination_records(self) -> None:
+        consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "nemesis-count"})
+        try:
+            topics = AdminClient({"bootstrap.servers": self.broker.bootstrap}).list_topics(timeout=10).topics
+            partitions = len(topics[self.fleet.coordination_topic].partitions)
+            self.report.coordination_records = sum(
+                consumer.get_watermark_offsets(TopicPartition(self.fleet.coordination_topic, p), timeout=10)[1]
+                for p in range(partitions)
+            )
+        except Exception:
+            pass  # a figure for the summary, not a verdict
+        finally:
+            consumer.close()
+
     def _judge(self) -> None:
+        self._count_coordination_records()
         report, config = self.report, self.config
         handled = self.fleet.lines()
         report.delivered, report.handled_lines = len(self._delivered), len(handled)
