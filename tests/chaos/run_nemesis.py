@@ -36,6 +36,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=seeds, default=seeds("1-5"))
     parser.add_argument("--seconds", type=float, default=90.0, help="seconds of faults per run")
     parser.add_argument("--rate", type=int, default=1500, help="messages per second")
+    parser.add_argument("--partitions", type=int, default=12, help="partitions of the topic")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nemesis-"))
@@ -44,7 +45,9 @@ def main() -> int:
         for seed in args.seeds:
             run_dir = workdir / f"{mode}-{seed}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            config = NemesisConfig(mode=mode, seed=seed, fault_seconds=args.seconds, rate=args.rate)
+            config = NemesisConfig(
+                mode=mode, seed=seed, fault_seconds=args.seconds, rate=args.rate, partitions=args.partitions
+            )
             with EmbeddedBroker(log_path=str(run_dir / "broker.log")) as broker:
                 report = Nemesis(config, broker, run_dir, uuid.uuid4().hex[:10]).run()
             print(report.summary(), flush=True)
