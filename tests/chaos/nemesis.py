@@ -353,24 +353,28 @@ class Nemesis:
             os.kill(process.pid, signal.SIGCONT)
         self._record(fault.kind, True, at, time.time(), client)
 
-    def _kill_worker(self, client: str, fault: Fault) -> None:
+    def _pick_worker(self, client: str, fault: Fault) -> tuple[int, int] | None:
+        """(partition, pid) of one of the supervisor's workers, or None (skipped) if it runs none."""
         workers = self.fleet.worker_pids(client)
         if not workers:
             self.report.skipped.append(f"{fault.kind.value} at {fault.at}s: {client} ran no worker")
-            return
+            return None
         partition = sorted(workers)[fault.pick % len(workers)]
-        at = time.time()
-        _kill_quietly(workers[partition])
-        self._record(fault.kind, True, at, at, client)
+        return partition, workers[partition]
+
+    def _kill_worker(self, client: str, fault: Fault) -> None:
+        picked = self._pick_worker(client, fault)
+        if picked is not None:
+            at = time.time()
+            _kill_quietly(picked[1])
+            self._record(fault.kind, True, at, at, client)
 
     def _kill_worker_claiming(self, client: str, fault: Fault) -> None:
         """Kill a worker, then its replacement as soon as it shows up: a new worker's first act is its claim."""
-        workers = self.fleet.worker_pids(client)
-        if not workers:
-            self.report.skipped.append(f"{fault.kind.value} at {fault.at}s: {client} ran no worker")
+        picked = self._pick_worker(client, fault)
+        if picked is None:
             return
-        partition = sorted(workers)[fault.pick % len(workers)]
-        first = workers[partition]
+        partition, first = picked
         at = time.time()
         _kill_quietly(first)
         deadline = time.monotonic() + 5
