@@ -52,7 +52,7 @@ from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec, monoto
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import drain, wakeup_pair
 from marshal_workers.coordinator import Coordinator, Progress
-from marshal_workers.errors import CoordinationWriteError, UnknownTopicError
+from marshal_workers.errors import UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.health import HealthPolicy, PartitionHealth, Sample, observe
 from marshal_workers.in_flight import InFlightWrites

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from fleet import HB, Fleet, SinkLine
+from fleet import HB, Fleet
 from ledger import FaultWindow, LossRun, Repeat, loss_runs, repeats, unexplained_losses, unexplained_repeats
 from processes import process_group
 

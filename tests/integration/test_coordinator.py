@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
-from polling import poll_until
 from kafka_proxy import CREATE_TOPICS, KafkaProxy
+from polling import poll_until
 
 from marshal_workers.config import Settings
 from marshal_workers.coordinator import Coordinator
