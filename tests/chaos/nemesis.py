@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -38,6 +38,8 @@ from marshal_workers.embedded_broker import EmbeddedBroker
 HB_S = float(HB.rstrip("s"))
 LEASE_S = 1.5 * HB_S  # a supervisor's workers stop at its last confirmed write plus 1.5 HB
 SIGTERM_GRACE_S = 1.0  # a SIGTERM exits within the handler's time plus this (plus any broker freeze meanwhile)
+# After SIGCONT the broker answers a backlog and readers catch up: a release may wait that long too.
+BROKER_RECOVERY_S = 2 * HB_S
 
 
 class Kind(enum.Enum):
@@ -110,7 +112,7 @@ class SigtermExit:
     sent_at: float
     seconds: float
     code: int | None  # None: it did not exit within a minute
-    broker_frozen_s: float  # how long the broker was frozen between the signal and the exit
+    broker_frozen_s: float  # how long the broker was frozen, or recovering from a freeze, between signal and exit
     when: str  # "faults" or "final"
 
 
@@ -161,7 +163,7 @@ class Report:
             f"  coordination log: about {self.coordination_records} records",
             f"  SIGTERMs: {len(self.sigterms)}, slowest "
             + (f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen "
-               f"{slowest.broker_frozen_s:.1f}s meanwhile)" if slowest else "none"),
+               f"{slowest.broker_frozen_s:.1f}s meanwhile or just before)" if slowest else "none"),
         ]  # fmt: skip
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         if self.workdir is not None:
@@ -340,8 +342,7 @@ class Nemesis:
         exited = time.time()
         self._record("sigterm", False, sent, exited, client)
         with self._lock:
-            frozen = sum(max(0.0, min(end, exited) - max(start, sent)) for start, end in self._frozen)
-            self.report.sigterms.append(SigtermExit(client, sent, exited - sent, code, frozen, when))
+            self.report.sigterms.append(SigtermExit(client, sent, exited - sent, code, 0.0, when))
 
     def _freeze_supervisor(self, client: str, fault: Fault) -> None:
         process = self.fleet.processes[client]
@@ -590,7 +591,12 @@ class Nemesis:
         else:
             report.problems += [f"at most once, yet handled twice: {r}" for r in report.repeats]
             report.problems += unexplained_losses(report.losses, report.faults, config.batch_size, slack=LEASE_S)
-        for exit_ in report.sigterms:
+        for i, exit_ in enumerate(report.sigterms):
+            exited = exit_.sent_at + exit_.seconds
+            frozen = sum(
+                max(0.0, min(end + BROKER_RECOVERY_S, exited) - max(start, exit_.sent_at)) for start, end in self._frozen
+            )
+            exit_ = report.sigterms[i] = replace(exit_, broker_frozen_s=frozen)
             allowed = config.handler_seconds + SIGTERM_GRACE_S + exit_.broker_frozen_s
             if exit_.code != 0 or exit_.seconds > allowed:
                 report.problems.append(
