@@ -353,7 +353,9 @@ class Worker:
             # Kafka is slow or away.  The log keeps the highest claim, so asking again for the same end is safe.
             self.log.warning("claim of messages before offset %d not confirmed in time: asking again", end)
             if self.stopping or not self._wait_for_lease():
-                return WorkerExit.STOPPED  # nothing handled: the next owner starts at these messages
+                # Nothing handled.  Should the claim still land, these messages count as claimed (lost), as
+                # after any stop while Kafka does not answer; otherwise the next owner starts at them.
+                return WorkerExit.STOPPED
 
     def _claim_messages(self, end: int) -> ClaimAnswer:
         """Ask the supervisor to claim every message before ``end``; wait for its answer."""
