@@ -80,7 +80,7 @@ def is_paused(state: WorldState, at: int) -> bool:
     return pause is not None and at < pause.until
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs())
 def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
     """Checked at every prefix: ownership moves only as the rules allow, so the
