@@ -203,6 +203,7 @@ class Nemesis:
         self._delivered: dict[tuple[int, int], str] = {}
         self._produce_errors: list[KafkaError] = []
         self._started: list[subprocess.Popen[bytes]] = []  # every supervisor process, to check none is left
+        self._ending = False  # set by the clean-up: a fault thread still running starts nothing more
 
     # ---------------------------------------------------------------- run
 
@@ -411,8 +412,11 @@ class Nemesis:
         """Start (or restart) a supervisor and wait until it runs; returns where its new log lines begin."""
         log_path = self.fleet.sink.with_name(f"{client}.log")
         log_from = log_path.stat().st_size if log_path.exists() else 0
-        process = self.fleet.start(client, "--balance", "fair")
-        self._started.append(process)
+        with self._lock:
+            if self._ending:
+                raise RuntimeError(f"not restarting {client}: the run is being cleaned up")
+            process = self.fleet.start(client, "--balance", "fair")
+            self._started.append(process)
         self._wait(
             lambda: process.poll() is not None or " running " in self._log_since(client, log_from),
             60,
@@ -436,6 +440,8 @@ class Nemesis:
             thread.join(120)
 
     def _kill_everything(self) -> None:
+        with self._lock:
+            self._ending = True
         for process in self._started:
             for pid in [process.pid, *process_group(process.pid)]:
                 _kill_quietly(pid)

@@ -10,6 +10,7 @@ slowest SIGTERM) and exits 1 if any verdict failed.  Logs and ledgers stay in
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import uuid
@@ -39,6 +40,10 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=12, help="partitions of the topic")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
+    # Stopped from outside (timeout, kill): leave by an exception, so each run's clean-up kills its fleet and
+    # broker (the supervisors run in sessions of their own and would outlive us).
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda signum, _frame: sys.exit(128 + signum))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nemesis-"))
     reports: list[Report] = []
     for mode in args.modes.split(","):
