@@ -31,7 +31,6 @@ from marshal_workers.world_state import WorldState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-_PURGED = {KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}  # failures we caused by replacing the producer
 _PRODUCER_ID_RETRY_S = 0.6
 T = TypeVar("T")
 
@@ -322,8 +321,7 @@ class Coordinator:
     def _raise_if_failed(self, deliveries: list[_Delivery]) -> None:
         failed = next((d for d in deliveries if d.error is not None), None)
         if failed is not None:
-            if failed.error.code() not in _PURGED:  # type: ignore[union-attr]
-                self._replace_producer(failed)
+            self._replace_producer(failed)  # a no-op for a write of an earlier producer (those we purged)
             raise CoordinationWriteError(f"group {self.group}: coordination write failed: {failed.error}")
 
     def _replace_producer(self, failed: _Delivery | None = None) -> None:

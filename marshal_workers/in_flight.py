@@ -13,6 +13,7 @@ their order, so writes about a partition are folded in the order submitted.
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,13 +84,7 @@ class InFlightWrites:
 
     def counts(self) -> dict[str, int]:
         """Writes in flight by kind (the state dump)."""
-        found: dict[str, int] = {}
-        for write in self._writes:
-            found[write.what] = found.get(write.what, 0) + 1
-        return found
-
-    def __len__(self) -> int:
-        return len(self._writes)
+        return dict(collections.Counter(write.what for write in self._writes))
 
 
 def _age(write: _Write, now: float) -> float:

@@ -25,6 +25,7 @@ import random
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
@@ -214,7 +215,7 @@ class Supervisor:
             self._close()
         return self.exit_code
 
-    def _warn_if_slow(self, step: Any, seconds: float) -> None:
+    def _warn_if_slow(self, step: Callable[[], None], seconds: float) -> None:
         """Every step of the loop should take milliseconds: AMO workers wait for it to answer their claims."""
         if seconds > self.hb_s / 4:
             self.log.warning("the supervisor loop spent %.2fs in %s: workers waited meanwhile", seconds, step.__name__)

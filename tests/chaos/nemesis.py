@@ -533,12 +533,14 @@ class Nemesis:
     def _probe_log(self) -> dict[str, object]:
         """What a fresh reader gets from the coordination topic (to tell a broker fault from ours)."""
         found: dict[str, object] = {}
+        try:
+            partitions = self._coordination_partitions()
+        except Exception as exc:
+            return {"metadata": repr(exc)}
         for isolation in ("read_committed", "read_uncommitted"):
             consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": f"probe-{isolation}",
                                  "isolation.level": isolation, "enable.partition.eof": True})  # fmt: skip
             try:
-                count = AdminClient({"bootstrap.servers": self.broker.bootstrap}).list_topics(timeout=10).topics
-                partitions = len(count[self.fleet.coordination_topic].partitions)
                 consumer.assign([TopicPartition(self.fleet.coordination_topic, p, 0) for p in range(partitions)])
                 last: dict[int, int] = {}
                 eof: set[int] = set()
@@ -573,16 +575,18 @@ class Nemesis:
     def _count_coordination_records(self) -> None:
         consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "nemesis-count"})
         try:
-            topics = AdminClient({"bootstrap.servers": self.broker.bootstrap}).list_topics(timeout=10).topics
-            partitions = len(topics[self.fleet.coordination_topic].partitions)
             self.report.coordination_records = sum(
                 consumer.get_watermark_offsets(TopicPartition(self.fleet.coordination_topic, p), timeout=10)[1]
-                for p in range(partitions)
+                for p in range(self._coordination_partitions())
             )
         except Exception:
             pass  # a figure for the summary, not a verdict
         finally:
             consumer.close()
+
+    def _coordination_partitions(self) -> int:
+        topics = AdminClient({"bootstrap.servers": self.broker.bootstrap}).list_topics(timeout=10).topics
+        return len(topics[self.fleet.coordination_topic].partitions)
 
     def _judge(self) -> None:
         self._count_coordination_records()
