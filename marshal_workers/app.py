@@ -15,6 +15,7 @@ an unknown mode or error policy), so a bad application never reaches a fork.
 from __future__ import annotations
 
 import enum
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,9 @@ from typing import Any
 import orjson
 
 from marshal_workers.config import SETTINGS, Settings, parse_duration, parse_limit
+from marshal_workers.done_set import MAX_RUNS
 from marshal_workers.errors import ConfigError
+from marshal_workers.lanes import Ordering
 
 
 class Mode(str, enum.Enum):
@@ -99,6 +102,24 @@ class HandlerSpec:
     on_error: OnError = OnError.DLQ
     soft_time_limit: float | None = None  # seconds; None: the soft_time_limit setting
     time_limit: float | None = None  # seconds; None: the time_limit setting
+    concurrency: int = 1  # messages (batches, for a batch handler) in flight at once in a worker
+    ordering: Ordering = Ordering.PARTITION  # which messages may be in flight together (lanes.Ordering)
+    window: int = 1  # most offsets from the lowest unfinished message to the furthest fetched one
+
+    @property
+    def is_async(self) -> bool:
+        """An ``async def`` handler: its calls run as tasks on the worker's event loop."""
+        return inspect.iscoroutinefunction(self.function)
+
+    @property
+    def runs_on_lanes(self) -> bool:
+        """Handled by the concurrent runner (lane_runner) rather than the one-call-at-a-time loop."""
+        return self.concurrency > 1 or self.is_async
+
+    @property
+    def lane_capacity(self) -> int:
+        """Messages in flight at once: a batch handler's concurrency counts batches."""
+        return self.concurrency * (self.batch_size if self.batch else 1)
 
     @property
     def name(self) -> str:
@@ -151,22 +172,36 @@ class App:
         on_error: str = "dlq",
         soft_time_limit: float | str | None = None,
         time_limit: float | str | None = None,
+        concurrency: int = 1,
+        ordering: str | None = None,
+        window: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``.
 
         ``soft_time_limit`` and ``time_limit`` (e.g. "30s") override the settings of the same name
-        for this handler; 0 turns a limit off.
+        for this handler; 0 turns a limit off.  ``concurrency`` N runs up to N calls at once in each
+        worker (a ``def`` handler on N threads, an ``async def`` one as N tasks), ``ordering`` says
+        which may overlap ("key", the default then; "none"; "partition") and ``window`` bounds how
+        far past a stuck message the worker reads (docs/concurrency.md).
         """
         spec_options = _handler_options(
             topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
         )
+        lane_options = _lane_options(topic, batch, spec_options, concurrency, ordering, window)
 
         def register(function: Handler) -> Handler:
             existing = self.handlers.get(topic)
             if existing is not None:
                 what = "is already registered" if existing.function is function else f"already has {existing.name}"
                 raise ConfigError(f"topic {topic!r} {what}: one handler per topic; call the others from it")
-            self.handlers[topic] = HandlerSpec(topic=topic, function=function, batch=batch, **spec_options)
+            if inspect.isasyncgenfunction(function) or (batch and inspect.iscoroutinefunction(function)):
+                raise ConfigError(
+                    f"handler for {topic!r}: {'an async generator' if not batch else 'an async def batch handler'} "
+                    "is not supported; use an async def handler of one message, or a def batch handler"
+                )
+            self.handlers[topic] = HandlerSpec(
+                topic=topic, function=function, batch=batch, **spec_options, **lane_options
+            )
             return function
 
         return register
@@ -218,6 +253,55 @@ def _handler_options(
         "soft_time_limit": _time_limit(topic, "soft_time_limit", soft_time_limit),
         "time_limit": _time_limit(topic, "time_limit", time_limit),
     }
+
+
+# Default window: room for every lane to run and plenty queued behind a slow message, within the done-set bound.
+_WINDOW_PER_LANE = 16
+_MIN_WINDOW = 1024
+
+
+def _lane_options(
+    topic: str, batch: bool, options: dict[str, Any], concurrency: int, ordering: str | None, window: int | None
+) -> dict[str, Any]:
+    """concurrency, ordering and window checked together: a wrong combination is refused with what to do."""
+    where = f"handler for {topic!r}"
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 4096:
+        raise ConfigError(f"{where}: concurrency must be a whole number in [1, 4096], got {concurrency!r}")
+    if ordering is None:  # key order where it means something, else one at a time
+        parsed = Ordering.PARTITION if concurrency == 1 else (Ordering.NONE if batch else Ordering.KEY)
+    else:
+        try:
+            parsed = Ordering(ordering)
+        except ValueError:
+            raise ConfigError(f"{where}: ordering must be 'key', 'none' or 'partition', got {ordering!r}") from None
+        if concurrency == 1 and parsed is not Ordering.PARTITION:
+            raise ConfigError(
+                f"{where}: ordering={ordering!r} needs concurrency > 1 (with concurrency=1 messages run one at a "
+                "time in offset order); set concurrency=N, or drop ordering"
+            )
+        if concurrency > 1 and parsed is Ordering.PARTITION:
+            raise ConfigError(
+                f"{where}: ordering='partition' runs one message at a time; drop concurrency, or use "
+                "ordering='key' (same-key messages in order) or 'none'"
+            )
+        if batch and parsed is Ordering.KEY:
+            raise ConfigError(
+                f"{where}: a batch handler cannot keep key order across batches in flight; use ordering='none', "
+                "or a message handler with ordering='key'"
+            )
+    batch_size: int = options["batch_size"]
+    in_flight = concurrency * (batch_size if batch else 1)
+    # At most once claims a whole fetch (batch_size) before dispatching it: the window must hold it.
+    least = max(in_flight, batch_size if options["mode"] is Mode.AMO else 1)
+    if window is None:
+        window = max(least, min(MAX_RUNS, max(_MIN_WINDOW, _WINDOW_PER_LANE * in_flight)))
+    if not isinstance(window, int) or isinstance(window, bool) or not least <= window <= MAX_RUNS:
+        raise ConfigError(
+            f"{where}: window must be a whole number in [{least}, {MAX_RUNS}] (at least the messages in flight"
+            f"{' and an AMO claim of batch_size' if options['mode'] is Mode.AMO else ''}), got {window!r}"
+            + ("; lower batch_size or concurrency" if least > MAX_RUNS else "")
+        )
+    return {"concurrency": concurrency, "ordering": parsed, "window": window}
 
 
 def _time_limit(topic: str, name: str, value: float | str | None) -> float | None:

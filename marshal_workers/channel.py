@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import enum
 import time
+from array import array
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
 
 from marshal_workers.config import Settings
+from marshal_workers.done_set import MAX_RUNS, Range, Runs, decode, encode
 
 NOT_YET = -1  # a field that has no value yet
 
@@ -50,13 +52,28 @@ class Field(enum.IntEnum):
     CALL_END_OFFSET = 6  # worker: the offset after the message(s) of that call
     LATENCY_SUM_NS = 7  # worker: total time spent in handler calls
     STOP_REQUESTED = 8  # supervisor: 1 = finish the message or batch in hand and exit (SIGTERM follows)
+    CALL_FIRST_OFFSET = 9  # worker: the first offset of the tracked call (with CALL_STARTED_MS)
+    IN_FLIGHT = 10  # worker: handler calls running now (concurrency > 1)
+    WINDOW_USED = 11  # worker: offsets from the lowest unfinished message to the furthest fetched one
 
 
 # Handler latency histogram (metrics on): upper bounds in seconds; after the Field entries, one count
 # per bound and one for +Inf, each the number of handler calls that took at most that long (not cumulative).
 LATENCY_BOUNDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENCY_FIRST_BUCKET = len(Field)
-SLOT_SIZE = LATENCY_FIRST_BUCKET + len(LATENCY_BOUNDS) + 1
+# The done set (done_set runs) behind a sequence lock, after the histogram: the worker writes it now and
+# then, the supervisor reads it for heartbeats, releases and restarts.  [sequence, offset, length, runs...]
+_DONE_SEQUENCE = LATENCY_FIRST_BUCKET + len(LATENCY_BOUNDS) + 1
+_DONE_OFFSET = _DONE_SEQUENCE + 1
+_DONE_LENGTH = _DONE_SEQUENCE + 2
+_DONE_RUNS = _DONE_SEQUENCE + 3
+SLOT_SIZE = _DONE_RUNS + MAX_RUNS
+_READ_TRIES = 100
+
+
+def above(ranges: list[Range], offset: int) -> list[Range]:
+    """The parts of ``ranges`` strictly above ``offset``."""
+    return [(max(start, offset + 1), stop) for start, stop in ranges if stop > offset + 1]
 
 
 class Slot:
@@ -81,9 +98,48 @@ class Slot:
     def set(self, field: Field, value: int) -> None:
         self.fields[field] = value
 
+    def publish_done(self, offset: int, runs: list[int]) -> None:
+        """The worker's position: every offset below ``offset`` is done, and ``runs`` above it (done_set).
+
+        A sequence lock: odd while writing, so a reader never takes half of one write and half of another.
+        """
+        fields = self.fields
+        fields[_DONE_SEQUENCE] += 1
+        fields[_DONE_OFFSET] = offset
+        fields[_DONE_LENGTH] = len(runs)
+        fields[_DONE_RUNS : _DONE_RUNS + len(runs)] = memoryview(array("q", runs))
+        fields[_DONE_SEQUENCE] += 1
+
+    def read_done(self) -> tuple[int, Runs] | None:
+        """The last published (offset, runs), or None if never published (or a write never finished)."""
+        fields = self.fields
+        for _ in range(_READ_TRIES):
+            sequence = fields[_DONE_SEQUENCE]
+            if sequence % 2:
+                continue
+            offset, length = fields[_DONE_OFFSET], fields[_DONE_LENGTH]
+            runs = tuple(fields[_DONE_RUNS : _DONE_RUNS + min(max(length, 0), MAX_RUNS)].tolist())
+            if fields[_DONE_SEQUENCE] == sequence:
+                return (offset, runs) if sequence else None
+        return None  # a writer killed mid-write: what it wrote is not to be trusted
+
+    def position(self) -> tuple[int, list[int]]:
+        """(offset, done runs) for a heartbeat or release: the worker's next offset, with the done set above it.
+
+        NEXT_OFFSET and the done set are written at different moments; both only move forward, so the
+        higher offset is true and the done ranges above it are true too.
+        """
+        offset = self.get(Field.NEXT_OFFSET)
+        published = self.read_done()
+        if published is None:
+            return offset, []
+        published_offset, runs = published
+        offset = max(offset, published_offset)
+        return offset, encode(offset, above(decode(published_offset, runs), offset))
+
     def latency_counts(self) -> list[int]:
         """Handler calls per latency bucket (LATENCY_BOUNDS, then +Inf); not cumulative."""
-        return self.fields[LATENCY_FIRST_BUCKET:SLOT_SIZE].tolist()
+        return self.fields[LATENCY_FIRST_BUCKET:_DONE_SEQUENCE].tolist()
 
 
 @dataclass(frozen=True)
@@ -98,6 +154,8 @@ class WorkerSpec:
     # Messages [start, end) whose handler call the hard time limit killed more often than its retries
     # allow: the worker applies on_error to them without calling the handler again.
     give_up_on: tuple[int, int] | None = None
+    # Offsets at or above start_offset that are done already (a previous owner handled them out of order).
+    skip: tuple[Range, ...] = ()
 
     @property
     def group(self) -> str:

@@ -68,6 +68,8 @@ class Heartbeat(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="hear
     lag: Any = None
     rate: Any = None
     done: Any = None
+    in_flight: Any = None  # handler calls running (concurrency inside a worker), for ``status``
+    window_used: Any = None  # offsets from the lowest unfinished message to the furthest fetched one
 
 
 class Release(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="release", omit_defaults=True):

@@ -72,6 +72,9 @@ class Progress(NamedTuple):
     offset: int
     lag: int | None = None
     rate: float | None = None
+    done: list[int] | None = None  # done_set runs above offset (concurrency: messages done out of order)
+    in_flight: int | None = None  # handler calls running (concurrency)
+    window_used: int | None = None  # offsets from the lowest unfinished message to the furthest fetched one
 
 
 @dataclass
@@ -180,7 +183,10 @@ class Coordinator:
     def heartbeat_records(self, progress: Sequence[Progress]) -> list[codec.Record]:
         common = self._common()
         return [
-            codec.Heartbeat(**common, topic=p.topic, partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate)
+            codec.Heartbeat(
+                **common, topic=p.topic, partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate,
+                done=p.done, in_flight=p.in_flight, window_used=p.window_used,
+            )  # fmt: skip
             for p in progress
         ]
 
@@ -188,8 +194,9 @@ class Coordinator:
         """Give a partition up; the next owner resumes at ``offset``."""
         return self.write([self.release_record(topic, partition, offset)])[0]
 
-    def release_record(self, topic: str, partition: int, offset: int) -> codec.Record:
-        return codec.Release(**self._common(), topic=topic, partition=partition, offset=offset)
+    def release_record(self, topic: str, partition: int, offset: int, done: list[int] | None = None) -> codec.Record:
+        """The release of a partition at ``offset``, with the done set above it (done_set runs) if any."""
+        return codec.Release(**self._common(), topic=topic, partition=partition, offset=offset, done=done or None)
 
     def claim_messages(self, topic: str, partition: int, offset: int) -> bool:
         """At-most-once: claim every message before ``offset``; only process them if True."""

@@ -1,4 +1,8 @@
-"""Exit codes of the marshal-workers command, by name (scripts and supervisors of supervisors use them)."""
+"""Exit codes by name.
+
+ExitCode: the marshal-workers command's (scripts and supervisors of supervisors use them).
+WorkerExit: a worker's, telling its supervisor what to do next.
+"""
 
 from __future__ import annotations
 
@@ -21,3 +25,14 @@ class ExitCode(enum.IntEnum):
     BAD_RANGE = 12  # replay: --from/--to do not fit the topic's log; nothing was started
     SPARK_UNAVAILABLE = 13  # pyspark is not installed (pip install 'marshal-workers[spark]') or Spark cannot start
     SPARK_JOB_FAILED = 14  # a Spark job failed: a split could not be read, or a handler failed after its retries
+
+
+class WorkerExit(enum.IntEnum):
+    """Exit codes that tell the supervisor what to do next."""
+
+    STOPPED = 0  # asked to stop: release at the slot's next offset
+    BOOT_ERROR = 3  # could not start (a hook failed): every worker would, so the supervisor stops
+    RELEASE = 4  # on_error="release": release the partition at the failing message
+    LOST = 5  # the partition is not ours any more: nothing to release
+    SUPERVISOR_GONE = 6  # the supervisor died: exit without a word
+    RECYCLE = 7  # a lifecycle limit (messages, memory) was reached: start a fresh worker at once

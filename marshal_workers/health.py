@@ -1,7 +1,10 @@
 """Is a worker keeping up with its partition?  Pure decisions over samples (DESIGN.md section 6).
 
 Each cycle the supervisor samples, per claimed partition, the worker's next
-offset and the partition's high watermark.  ``observe`` turns the new sample
+offset, the messages it has handled, and the partition's high watermark.
+Progress and speed are judged by messages handled: with concurrency inside a
+worker (section 10) one slow message holds the next offset while the other
+lanes keep handling, and that partition is busy, not stalled.  ``observe`` turns the new sample
 and the partition's history into a verdict:
 
 * keep: caught up (no lag), catching up (lag shrinking), or a burst the
@@ -32,6 +35,7 @@ class Sample:
     at: float  # seconds, monotonic
     consumed: int  # the worker's next offset
     high: int  # the partition's high watermark
+    handled: int | None = None  # messages handled so far (None: judge by the next offset alone)
 
     @property
     def lag(self) -> int:
@@ -65,9 +69,10 @@ def observe(health: PartitionHealth, sample: Sample, policy: HealthPolicy) -> tu
     if last is None or sample.at <= last.at:
         return PartitionHealth(last=sample, last_progress_at=sample.at), Verdict.KEEP
     elapsed = sample.at - last.at
-    consume_rate = _average(health.consume_rate, (sample.consumed - last.consumed) / elapsed, policy.smoothing)
+    done = _done_since(last, sample)
+    consume_rate = _average(health.consume_rate, done / elapsed, policy.smoothing)
     produce_rate = _average(health.produce_rate, max(sample.high - last.high, 0) / elapsed, policy.smoothing)
-    progressed = sample.consumed > last.consumed
+    progressed = done > 0 or sample.consumed > last.consumed
     last_progress_at = sample.at if progressed or sample.lag == 0 else (health.last_progress_at or last.at)
     behind = sample.lag > 0 and sample.lag > last.lag and consume_rate < produce_rate
     updated = replace(
@@ -83,6 +88,15 @@ def observe(health: PartitionHealth, sample: Sample, policy: HealthPolicy) -> tu
     if updated.behind_cycles >= policy.behind_cycles:
         return updated, Verdict.FALLING_BEHIND
     return updated, Verdict.KEEP
+
+
+def _done_since(last: Sample, sample: Sample) -> int:
+    """Progress between two samples: messages handled, or how far the next offset moved if that is more
+    (compaction and transaction markers move the offset without a message to handle)."""
+    moved = sample.consumed - last.consumed
+    if sample.handled is None or last.handled is None:
+        return moved
+    return max(sample.handled - last.handled, moved)
 
 
 def _average(previous: float | None, newest: float, weight: float) -> float:

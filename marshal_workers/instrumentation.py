@@ -60,6 +60,7 @@ def instrument(function: Handler, batch: bool, slot: Slot, instruments: Instrume
 
     def call(argument: Any) -> Any:
         if track:
+            fields[Field.CALL_FIRST_OFFSET] = argument[0].offset if batch else argument.offset
             fields[Field.CALL_END_OFFSET] = (argument[-1].offset if batch else argument.offset) + 1
             fields[Field.CALL_STARTED_MS] = monotonic_ms()
         in_call[0] = True  # before the timer is armed, so a very short limit is never missed

@@ -52,6 +52,8 @@ class PartitionStats:
     dead_lettered: int
     latency_counts: list[int]  # per bucket of LATENCY_BOUNDS, then +Inf; not cumulative
     latency_sum_s: float
+    in_flight: int = 0  # handler calls running now (concurrency inside a worker)
+    window_used: int = 0  # offsets from the lowest unfinished message to the furthest fetched one
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,12 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     rate = per_partition(GaugeMetricFamily, "partition_messages_per_second", "Moving average of messages handled/s.")
     handled = per_partition(CounterMetricFamily, "messages_handled", "Messages handled since the partition was claimed.")
     dead = per_partition(CounterMetricFamily, "messages_dead_lettered", "Messages sent to the dead-letter topic.")
+    in_flight = per_partition(GaugeMetricFamily, "partition_in_flight", "Handler calls running now (concurrency).")
+    window = per_partition(
+        GaugeMetricFamily,
+        "partition_window_used",
+        "Offsets from the lowest unfinished message to the furthest fetched (a stuck message holds it).",
+    )
     latency = per_partition(
         HistogramMetricFamily,
         "handler_duration_seconds",
@@ -86,6 +94,8 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         next_offset.add_metric(where, p.next_offset)
         handled.add_metric(where, p.handled)
         dead.add_metric(where, p.dead_lettered)
+        in_flight.add_metric(where, p.in_flight)
+        window.add_metric(where, p.window_used)
         if p.high_watermark is not None:
             high.add_metric(where, p.high_watermark)
         if p.lag is not None:
@@ -120,7 +130,7 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ),
         ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
     ]
-    families: list[Metric] = [next_offset, high, lag, rate, handled, dead, latency, owned, claims, releases]
+    families: list[Metric] = [next_offset, high, lag, rate, handled, dead, in_flight, window, latency, owned, claims, releases]
     for name, doc, value in simple:
         counter = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group"])
         counter.add_metric([group], value)

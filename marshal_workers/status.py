@@ -47,10 +47,12 @@ def _partition_row(state: WorldState, topic: str, partition: int, now_ms: int) -
         # Reported by the owner in its last heartbeat (optional extras; None when it sent none).
         "lag": None if found is None else found.lag,
         "rate": None if found is None else found.rate,
+        "in_flight": None if found is None else found.in_flight,
+        "window_used": None if found is None else found.window_used,
     }
 
 
-_COLUMNS = ("TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE", "LAG", "MSGS/S")
+_COLUMNS = ("TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE", "LAG", "MSGS/S", "IN FLIGHT", "WINDOW")
 
 
 def render_table(document: dict[str, Any], now_ms: int) -> str:
@@ -68,6 +70,8 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
             "-" if row["heartbeat_age_s"] is None else f"{row['heartbeat_age_s']:.1f}s",
             "-" if row["lag"] is None else f"{row['lag']:.0f}",
             "-" if row["rate"] is None else f"{row['rate']:.0f}",
+            "-" if row["in_flight"] is None else f"{row['in_flight']:.0f}",
+            "-" if row["window_used"] is None else f"{row['window_used']:.0f}",
         )
         for row in document["partitions"]
     ]

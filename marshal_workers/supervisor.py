@@ -37,6 +37,7 @@ import orjson
 import setproctitle
 from confluent_kafka.admin import AdminClient
 
+from marshal_workers import done_set
 from marshal_workers.app import App, Mode, OnError, effective_time_limits
 from marshal_workers.balance import (
     BalanceState,
@@ -49,7 +50,7 @@ from marshal_workers.balance import (
     settled,
     yields_to_askers,
 )
-from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec, monotonic_ms
+from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec, above, monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import drain, wakeup_pair
 from marshal_workers.coordinator import Coordinator, Progress
@@ -293,6 +294,8 @@ class Supervisor:
                     "lag": a.lag,
                     "processed": a.slot.get(Field.PROCESSED),
                     "dead_lettered": a.slot.get(Field.DEAD_LETTERED),
+                    "in_flight": a.slot.get(Field.IN_FLIGHT),
+                    "window_used": a.slot.get(Field.WINDOW_USED),
                     "lease_left_s": round((a.slot.get(Field.LEASE_UNTIL_MS) - monotonic_ms()) / 1000, 3),
                     "crashes_in_a_row": a.crashes_in_a_row,
                     "claimed_end": a.claimed_end,
@@ -519,13 +522,17 @@ class Supervisor:
             return
         self.counters.claims_accepted += 1
         try:
-            start = self._start_offset(topic, partition)
+            start, skip = self._start_position(topic, partition)
         except OffsetLookupError as exc:
             # Never guess a position: the claim lapses unused (2*HB) and the partition is tried again.
             self.log.warning("claimed %s[%d] but cannot tell where it starts (%s): leaving it", topic, partition, exc)
             return
         assert self._context is not None
-        assignment = Assignment(topic, partition, Slot.create(self._context, start), started_offset=start)
+        start, skip = _skip_leading(start, skip)
+        slot = Slot.create(self._context, start)
+        if skip:  # the heartbeat below carries it on; a heartbeat without it would tell the log nothing is done
+            slot.publish_done(start, done_set.encode(start, skip))
+        assignment = Assignment(topic, partition, slot, started_offset=start)
         self.assignments[key] = assignment
         self._extend_lease(assignment, written_ms)
         self.log.info("claimed %s[%d], resuming at offset %d", topic, partition, start)
@@ -538,21 +545,22 @@ class Supervisor:
         if key in self.assignments:
             self._send_heartbeats([assignment])  # the log learns where it resumes, without waiting for the next round
 
-    def _start_offset(self, topic: str, partition: int) -> int:
-        """Resume point from the log; else the group's committed offset; else auto_offset_reset."""
+    def _start_position(self, topic: str, partition: int) -> tuple[int, list[done_set.Range]]:
+        """Resume point (and the done ranges above it) from the log; else the group's committed offset;
+        else auto_offset_reset."""
         coordinator, offsets = self._require_coordinator(), self._require_offsets()
-        resume = coordinator.read(lambda world: _resume_offset(world, topic, partition))
+        resume, skip = coordinator.read(lambda world: _resume_position(world, topic, partition))
         if resume is not None:
-            return resume
+            return resume, skip
         committed = offsets.committed(topic, partition)
         if committed is not None:
-            return committed
+            return committed, []
         reset = offsets.reset_offset(topic, partition)
         self.log.info(
             "%s[%d] has no known position: starting at %s offset %d",
             topic, partition, self.settings.auto_offset_reset, reset,
         )  # fmt: skip
-        return reset
+        return reset, []
 
     # ------------------------------------------------------------ heartbeats
 
@@ -596,7 +604,7 @@ class Supervisor:
         high = assignment.high_watermark
         if assignment.process is None or assignment.unhealthy or high is None:
             return
-        sample = Sample(time.monotonic(), assignment.next_offset, high)
+        sample = Sample(time.monotonic(), assignment.next_offset, high, assignment.slot.get(Field.PROCESSED))
         assignment.health, verdict = observe(assignment.health, sample, self.health_policy)
         if not verdict.release or not self.settings.release_if_behind or self.phase is not Phase.RUNNING:
             return
@@ -768,12 +776,17 @@ class Supervisor:
     def _start_worker(self, assignment: Assignment) -> None:
         assert self._context is not None
         # AMO: messages before claimed_end were claimed; whatever became of them, they are never handled again.
-        start = max(assignment.next_offset, assignment.claimed_end)
-        assignment.slot.set(Field.NEXT_OFFSET, start)
-        assignment.slot.set(Field.CALL_STARTED_MS, 0)  # a killed worker's call must not time the new one out
-        assignment.slot.set(Field.STOP_REQUESTED, 0)
+        # ALO: what the last worker did out of order is skipped (its done set, as published in the slot).
+        offset, runs = assignment.slot.position()
+        start, skip = _skip_leading(max(offset, assignment.claimed_end), done_set.decode(offset, runs))
+        slot = assignment.slot
+        slot.set(Field.NEXT_OFFSET, start)
+        slot.set(Field.CALL_STARTED_MS, 0)  # a killed worker's call must not time the new one out
+        slot.set(Field.STOP_REQUESTED, 0)
+        slot.set(Field.IN_FLIGHT, 0)
         spec = WorkerSpec(
-            self.app_path, assignment.topic, assignment.partition, start, self.settings, assignment.give_up_on
+            self.app_path, assignment.topic, assignment.partition, start, self.settings, assignment.give_up_on,
+            skip=tuple(skip),
         )
         assignment.give_up_on = None
         if assignment.restart_at is not None:
@@ -855,7 +868,8 @@ class Supervisor:
             if not limit or assignment.process is None or started <= 0 or assignment.timed_out is not None:
                 continue
             if now_ms - started > limit * 1000:
-                killed = (assignment.next_offset, assignment.slot.get(Field.CALL_END_OFFSET))
+                slot = assignment.slot
+                killed = (slot.get(Field.CALL_FIRST_OFFSET), slot.get(Field.CALL_END_OFFSET))
                 if assignment.slot.get(Field.CALL_STARTED_MS) != started:
                     continue  # that call just ended (another began): the offsets may be the next call's
                 assignment.timed_out = killed
@@ -910,7 +924,7 @@ class Supervisor:
 
     def _release(self, assignment: Assignment, sick: bool = False) -> None:
         """Write the release with the worker's progress, so the next owner resumes exactly there."""
-        offset = max(assignment.next_offset, assignment.claimed_end)
+        offset, done = _position(assignment)
         topic, partition = assignment.key
         self._forget(assignment)
         if not self._owns(assignment):
@@ -934,7 +948,7 @@ class Supervisor:
             self.log.error("release of %s[%d] at offset %d not confirmed: %s", topic, partition, offset, exc)
 
         self._require_writes().submit(
-            "release", [self._require_coordinator().release_record(topic, partition, offset)], released, failed
+            "release", [self._require_coordinator().release_record(topic, partition, offset, done)], released, failed
         )
 
     def _owns(self, assignment: Assignment) -> bool:
@@ -960,6 +974,8 @@ class Supervisor:
                     messages_per_second=a.health.consume_rate,
                     handled=a.slot.get(Field.PROCESSED),
                     dead_lettered=a.slot.get(Field.DEAD_LETTERED),
+                    in_flight=a.slot.get(Field.IN_FLIGHT),
+                    window_used=a.slot.get(Field.WINDOW_USED),
                     latency_counts=a.slot.latency_counts(),
                     latency_sum_s=a.slot.get(Field.LATENCY_SUM_NS) / 1e9,
                 )
@@ -1001,10 +1017,33 @@ class Supervisor:
 
 
 def _progress(assignment: Assignment) -> Progress:
-    """The heartbeat of one partition: its worker's progress, with lag and rate once the monitor knows them."""
+    """The heartbeat of one partition: its worker's position, with lag, rate, calls in flight and window use."""
     rate = assignment.health.consume_rate
     rate = None if rate is None else round(max(rate, 0.0), 1)
-    return Progress(assignment.topic, assignment.partition, assignment.next_offset, assignment.lag, rate)
+    offset, done = _position(assignment)
+    slot = assignment.slot
+    in_flight, window_used = slot.get(Field.IN_FLIGHT), slot.get(Field.WINDOW_USED)
+    return Progress(
+        assignment.topic, assignment.partition, offset, assignment.lag, rate, done or None,
+        in_flight or None, window_used or None,
+    )  # fmt: skip
+
+
+def _position(assignment: Assignment) -> tuple[int, list[int]]:
+    """Where the next owner resumes, and the done set above it (ALO); AMO never resumes before a claim."""
+    offset, done = assignment.slot.position()
+    if assignment.claimed_end <= offset:
+        return offset, done
+    ranges = done_set.decode(offset, done)
+    return assignment.claimed_end, done_set.encode(assignment.claimed_end, above(ranges, assignment.claimed_end))
+
+
+def _skip_leading(start: int, skip: list[done_set.Range]) -> tuple[int, list[done_set.Range]]:
+    """Start past a done range that begins at the start (a done set is only ever above its offset)."""
+    skip = above(skip, start - 1)
+    while skip and skip[0][0] <= start:
+        start = max(start, skip.pop(0)[1])
+    return start, above(skip, start)
 
 
 def _release_reason(phase: Phase, assignment: Assignment, sick: bool) -> str:
@@ -1015,9 +1054,9 @@ def _release_reason(phase: Phase, assignment: Assignment, sick: bool) -> str:
     return "shutdown" if phase is not Phase.RUNNING else "error"
 
 
-def _resume_offset(world: WorldState, topic: str, partition: int) -> int | None:
+def _resume_position(world: WorldState, topic: str, partition: int) -> tuple[int | None, list[done_set.Range]]:
     state = world.get(topic, partition)
-    return None if state is None else state.resume_offset
+    return (None, []) if state is None else (state.resume_offset, state.skip_ranges())
 
 
 def _describe_exit(code: int) -> str:

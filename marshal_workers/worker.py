@@ -26,8 +26,10 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
 from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
 from marshal_workers.errors import TimeLimitExceeded
+from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.instrumentation import Instruments, instrument
 from marshal_workers.kafka_clients import client_config
+from marshal_workers.lane_runner import LaneRunner
 from marshal_workers.loader import load_app
 from marshal_workers.logs import ContextLog, configure_logging, partition_log
 
@@ -37,17 +39,6 @@ _PR_SET_PDEATHSIG = 1
 _HOUSEKEEPING_INTERVAL_S = 0.5
 _LEASE_POLL_S = 0.01
 _LATENCY_SAMPLE_INTERVAL_S = 0.1  # metrics on: how often a fetch's handler calls are timed
-
-
-class WorkerExit(enum.IntEnum):
-    """Exit codes that tell the supervisor what to do next."""
-
-    STOPPED = 0  # asked to stop: release at the slot's next offset
-    BOOT_ERROR = 3  # could not start (a hook failed): every worker would, so the supervisor stops
-    RELEASE = 4  # on_error="release": release the partition at the failing message
-    LOST = 5  # the partition is not ours any more: nothing to release
-    SUPERVISOR_GONE = 6  # the supervisor died: exit without a word
-    RECYCLE = 7  # a lifecycle limit (messages, memory) was reached: start a fresh worker at once
 
 
 class _SupervisorGone(Exception):
@@ -76,7 +67,14 @@ def _exit_for(outcome: _Outcome) -> WorkerExit:
 
 def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection) -> None:
     """Entry point in the worker process (the target of the fork server's Process)."""
-    sys.exit(int(Worker(spec, Slot(slot_array), connection).run()))
+    code = Worker(spec, Slot(slot_array), connection).run()
+    # Exit now, without joining threads: a handler call stuck in a thread (concurrency) must not keep the
+    # process alive once the worker is done, nor keep the fork server alive after the supervisor died (every
+    # child of the fork server holds its keep-alive pipe).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code))
 
 
 def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
@@ -123,7 +121,13 @@ class Worker:
         self._init_process()
         try:
             app = load_app(self.spec.app_path)
-            handler, self._timed = self._instrumented(app.handlers[self.spec.topic])
+            handler = app.handlers[self.spec.topic]
+            # Skipping what a previous owner did out of order takes the lanes, whatever the concurrency.
+            on_lanes = handler.runs_on_lanes or bool(self.spec.skip)
+            if on_lanes:
+                effective_time_limits(handler, self.spec.settings)  # refuses a soft limit past the hard one
+            else:
+                handler, self._timed = self._instrumented(handler)
             for hook in app.worker_start_hooks:
                 hook()
         except Exception:
@@ -132,10 +136,14 @@ class Worker:
         try:
             self._consumer = Consumer(consumer_settings(self.spec))
             self._consumer.assign([TopicPartition(self.spec.topic, self.spec.partition, self.spec.start_offset)])
-            self.log.info("worker started at offset %d (%s)", self.spec.start_offset, handler.mode.value)
-            if self.spec.give_up_on is not None and not self._give_up_on(handler, *self.spec.give_up_on):
+            self.log.info("worker started at offset %d (%s%s)", self.spec.start_offset, handler.mode.value,
+                          f", concurrency {handler.concurrency}" if on_lanes else "")  # fmt: skip
+            if on_lanes:
+                code = LaneRunner(self, handler).run()
+            elif self.spec.give_up_on is not None and not self._give_up_on(handler, *self.spec.give_up_on):
                 return WorkerExit.STOPPED
-            code = self._consume(handler)
+            else:
+                code = self._consume(handler)
             if code is WorkerExit.STOPPED and self._recycle_reason is not None:
                 self.log.info("worker restarts: %s", self._recycle_reason)
                 return WorkerExit.RECYCLE
@@ -304,11 +312,11 @@ class Worker:
         self._recycle_reason = reason
         self.stopping = True
 
-    def _fetch(self, most: int) -> list[Any]:
-        """Up to ``most`` messages: wait a little for the first, then take what is already fetched."""
+    def _fetch(self, most: int, wait: float = 0.1) -> list[Any]:
+        """Up to ``most`` messages: wait up to ``wait`` seconds for the first, then take what is already fetched."""
         assert self._consumer is not None
         self._housekeeping()
-        first = self._consumer.poll(0.1)
+        first = self._consumer.poll(wait)
         if first is None:
             return []
         batch = [first, *self._consumer.consume(most - 1, 0)] if most > 1 else [first]

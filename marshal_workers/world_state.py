@@ -73,6 +73,8 @@ class PartitionState:
     # The owner's optional report in its last heartbeat (numbers >= 0 only: see codec.reported_number).
     lag: int | float | None = None
     rate: int | float | None = None
+    in_flight: int | float | None = None  # handler calls running (concurrency inside a worker)
+    window_used: int | float | None = None  # offsets from the lowest unfinished message to the furthest fetched
 
     @property
     def resume_offset(self) -> int | None:
@@ -215,7 +217,7 @@ class WorldState:
             return False
         state.owner = Owner(record.client, record.instance)
         state.last_ts = at
-        state.lag = state.rate = None  # the previous owner's numbers
+        state.lag = state.rate = state.in_flight = state.window_used = None  # the previous owner's numbers
         return True
 
     def _claimable_by(self, state: PartitionState, client: str, instance: str, at: int) -> bool:
@@ -241,6 +243,9 @@ class WorldState:
         lag, rate = record.lag, record.rate
         state.lag = None if lag is None else reported_number(lag)
         state.rate = None if rate is None else reported_number(rate)
+        in_flight, window_used = record.in_flight, record.window_used
+        state.in_flight = None if in_flight is None else reported_number(in_flight)
+        state.window_used = None if window_used is None else reported_number(window_used)
         return True
 
     def _release(self, record: Release, at: int, source: int) -> bool:
@@ -252,7 +257,7 @@ class WorldState:
             state.offset = record.offset
             done = record.done
             state.done = None if done is None else (done_set.parse(record.offset, done) or None)
-            state.lag = state.rate = None
+            state.lag = state.rate = state.in_flight = state.window_used = None
             return True
         pause = self._paused_at(source, at)
         if pause is not None and pause.client == record.client:
@@ -282,7 +287,7 @@ class WorldState:
         for (topic, _), state in self.partitions.items():
             if self._routed_here(topic, source):
                 state.owner = None
-                state.lag = state.rate = None
+                state.lag = state.rate = state.in_flight = state.window_used = None
         return True
 
     def _paused_at(self, source: int, at: int) -> Pause | None:

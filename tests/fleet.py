@@ -43,6 +43,7 @@ class Fleet:
     sink: Path
     partitions: int
     env: dict[str, str] = field(default_factory=dict)
+    app: str = "sink_app:app"  # MODULE:APP in tests/apps
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
 
@@ -56,7 +57,7 @@ class Fleet:
             "MW_TEST_SINK": str(self.sink),
         } | self.env | env
         command = [
-            sys.executable, "-m", "marshal_workers", "run", "sink_app:app",
+            sys.executable, "-m", "marshal_workers", "run", self.app,
             "--brokers", self.brokers, "--group", self.group, "--coordination-topic", self.coordination_topic,
             "--heartbeat-interval", HB, *args,
         ]  # fmt: skip

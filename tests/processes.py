@@ -19,6 +19,20 @@ def process_group(pgid: int) -> list[int]:
     return found
 
 
+def pid_gone(pid: int) -> bool:
+    """The process has exited: no such pid, or a zombie (which handles nothing) not yet reaped."""
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return True
+
+
+def group_gone(pgid: int) -> bool:
+    """Every process of a supervisor's group (its fork server, its workers) has exited."""
+    return all(pid_gone(pid) for pid in process_group(pgid))
+
+
 def cmdline(pid: int) -> str:
     """A process's command line as one string (its title, for our processes); "" once it is gone."""
     try:

@@ -277,10 +277,17 @@ class SupervisorProcess:
 
     @classmethod
     def start(
-        cls, bootstrap: str, group: str, coordination_topic: str, client_id: str, log_path: Path, env: dict[str, str]
+        cls,
+        bootstrap: str,
+        group: str,
+        coordination_topic: str,
+        client_id: str,
+        log_path: Path,
+        env: dict[str, str],
+        app: str = "bench_app:app",
     ) -> SupervisorProcess:
         command = [
-            sys.executable, "-m", "marshal_workers", "run", "bench_app:app",
+            sys.executable, "-m", "marshal_workers", "run", app,
             "--brokers", bootstrap, "--group", group, "--coordination-topic", coordination_topic,
             "--heartbeat-interval", HB, "--client-id", client_id,
         ]  # fmt: skip

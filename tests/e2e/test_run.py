@@ -14,6 +14,7 @@ import orjson
 import pytest
 from fleet import Fleet
 from polling import poll_until
+from processes import pid_gone
 
 from marshal_workers.exit_codes import ExitCode
 
@@ -22,14 +23,6 @@ pytestmark = pytest.mark.broker
 
 def all_handled(fleet: Fleet, count: int) -> bool:
     return len(fleet.counts()) == count
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # a zombie handles nothing
 
 
 def test_two_supervisors_share_a_topic_and_sigterm_hands_over_with_nothing_lost_or_repeated(fleet: Fleet) -> None:
@@ -219,6 +212,7 @@ def test_a_second_sigterm_skips_the_wait(fleet: Fleet) -> None:
     assert fleet.status_rows()[4] | {"heartbeat_age_s": None} == {
         "topic": fleet.topic, "partition": 4, "state": "released", "client": None, "instance": None,
         "offset": 1, "heartbeat_age_s": None, "lag": None, "rate": None,
+        "in_flight": None, "window_used": None,
     }  # fmt: skip
 
 

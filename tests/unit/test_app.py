@@ -354,3 +354,79 @@ def test_a_soft_limit_not_shorter_than_the_hard_one_is_refused() -> None:
 def test_bad_time_limits_are_refused_naming_the_topic(value: Any) -> None:
     with pytest.raises(ConfigError, match="'orders'.*time_limit"):
         App().handler("orders", time_limit=value)
+
+
+# ------------------------------------------------------------- concurrency
+
+
+def test_concurrency_defaults_to_key_ordering_and_a_window_with_room_behind_a_slow_message() -> None:
+    app = App(group="g")
+
+    @app.handler("emails", concurrency=64)
+    def send(msg: Message) -> None: ...
+
+    spec = app.handlers["emails"]
+    assert (spec.concurrency, spec.ordering.value, spec.window) == (64, "key", 1024)
+    assert spec.runs_on_lanes and not spec.is_async
+
+
+def test_an_async_handler_runs_on_lanes_even_one_at_a_time() -> None:
+    app = App(group="g")
+
+    @app.handler("pushes")
+    async def push(msg: Message) -> None: ...
+
+    spec = app.handlers["pushes"]
+    assert spec.is_async and spec.runs_on_lanes
+    assert (spec.concurrency, spec.ordering.value) == (1, "partition")
+
+
+def test_a_plain_handler_keeps_the_one_call_loop() -> None:
+    app = App(group="g")
+    app.handler("orders")(lambda msg: None)
+    assert not app.handlers["orders"].runs_on_lanes
+
+
+def test_a_batch_handler_counts_batches_in_flight_and_needs_a_window_for_them() -> None:
+    app = App(group="g")
+    app.handler("audit", batch=True, batch_size=100, concurrency=8)(lambda msgs: None)
+    spec = app.handlers["audit"]
+    assert (spec.ordering.value, spec.lane_capacity) == ("none", 800)
+    assert spec.window >= 800
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"concurrency": 0}, "concurrency must be a whole number in"),
+        ({"concurrency": True}, "concurrency must be a whole number in"),
+        ({"concurrency": "8"}, "concurrency must be a whole number in"),
+        ({"ordering": "key"}, "ordering='key' needs concurrency > 1"),
+        ({"ordering": "none"}, "ordering='none' needs concurrency > 1"),
+        ({"concurrency": 8, "ordering": "partition"}, "ordering='partition' runs one message at a time"),
+        ({"concurrency": 8, "ordering": "random"}, "ordering must be 'key', 'none' or 'partition'"),
+        ({"concurrency": 8, "window": 4}, r"window must be a whole number in \[8, 8192\]"),
+        ({"concurrency": 8, "window": 10_000}, r"window must be a whole number in \[8, 8192\]"),
+        ({"concurrency": 8, "mode": "amo", "window": 100}, "and an AMO claim of batch_size"),
+        ({"concurrency": 8, "batch": True, "ordering": "key"}, "a batch handler cannot keep key order"),
+        ({"concurrency": 100, "batch": True}, "lower batch_size or concurrency"),
+    ],
+)
+def test_wrong_concurrency_options_are_refused_with_what_to_do(options: dict[str, Any], says: str) -> None:
+    app = App(group="g")
+    with pytest.raises(ConfigError, match=says):
+        app.handler("t", **options)(lambda msg: None)
+
+
+def test_async_batch_handlers_and_async_generators_are_refused() -> None:
+    app = App(group="g")
+
+    async def batch(msgs: list[Message]) -> None: ...
+
+    async def generator(msg: Message):  # type: ignore[no-untyped-def]
+        yield msg
+
+    with pytest.raises(ConfigError, match="async def batch handler is not supported"):
+        app.handler("a", batch=True)(batch)
+    with pytest.raises(ConfigError, match="async generator is not supported"):
+        app.handler("b")(generator)

@@ -89,3 +89,22 @@ def test_a_worker_that_is_never_behind_is_never_released(steps: list[tuple[int, 
         high += arrived
         series.append((float(t), high, high))
     assert set(verdicts(series)) == {Verdict.KEEP}
+
+
+def test_a_slow_message_holding_the_offset_while_other_lanes_handle_is_not_stalled() -> None:
+    # Concurrency inside a worker: offset 500 is stuck for a minute, the other lanes handle 200/s behind it.
+    health, seen = PartitionHealth(), []
+    for t in range(60):
+        sample = Sample(float(t), 500, 10_000 + 100 * t, handled=200 * t)
+        health, verdict = observe(health, sample, POLICY)
+        seen.append(verdict)
+    assert set(seen) == {Verdict.KEEP}
+    assert health.consume_rate is not None and health.consume_rate > 150
+
+
+def test_lanes_that_all_stop_are_stalled_like_a_single_call() -> None:
+    health, seen = PartitionHealth(), []
+    for t in range(30):
+        health, verdict = observe(health, Sample(100.0 + t, 500, 10_000, handled=1_000), POLICY)
+        seen.append(verdict)
+    assert Verdict.STALLED in seen and seen.index(Verdict.STALLED) == POLICY.stall_after_s

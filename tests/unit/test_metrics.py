@@ -17,7 +17,7 @@ from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Sna
 def snapshot() -> Snapshot:
     latency = [0] * (len(LATENCY_BOUNDS) + 1)
     latency[0], latency[4], latency[-1] = 90, 9, 1  # <= 0.5ms, <= 10ms, > 10s
-    busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5)
+    busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5, in_flight=32, window_used=700)
     fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
@@ -62,6 +62,12 @@ def test_per_partition_progress_lag_and_rate(served: dict) -> None:
     # A partition whose end is not known yet has no lag rather than a made-up one.
     assert ("marshal_workers_partition_lag", where(4)) not in served
     assert served[("marshal_workers_partition_next_offset", where(4))] == 0
+
+
+def test_calls_in_flight_and_window_use_per_partition(served: dict) -> None:
+    assert served[("marshal_workers_partition_in_flight", where(3))] == 32
+    assert served[("marshal_workers_partition_window_used", where(3))] == 700
+    assert served[("marshal_workers_partition_in_flight", where(4))] == 0
 
 
 def test_handler_latency_is_a_cumulative_histogram(served: dict) -> None:

@@ -16,7 +16,7 @@ HB = 5_000  # ms
 T0 = 1_700_000_000_000  # ms since epoch
 
 DOCUMENT_KEYS = {"group", "paused_until", "partitions"}
-ROW_KEYS = {"topic", "partition", "state", "client", "instance", "offset", "heartbeat_age_s", "lag", "rate"}
+ROW_KEYS = {"topic", "partition", "state", "client", "instance", "offset", "heartbeat_age_s", "lag", "rate", "in_flight", "window_used"}
 STATES = {"fresh", "unknown", "stale", "released", "unclaimed"}
 
 
@@ -108,6 +108,8 @@ def test_owned_partition_row() -> None:
         "heartbeat_age_s": 1.5,
         "lag": None,
         "rate": None,
+        "in_flight": None,
+        "window_used": None,
     }
 
 
@@ -175,6 +177,8 @@ def test_released_partition() -> None:
         "heartbeat_age_s": None,
         "lag": None,
         "rate": None,
+        "in_flight": None,
+        "window_used": None,
     }
 
 
@@ -210,6 +214,8 @@ def test_unclaimed_partitions_are_listed_with_topic_and_partition_count() -> Non
             "heartbeat_age_s": None,
             "lag": None,
             "rate": None,
+            "in_flight": None,
+            "window_used": None,
         }
 
 
@@ -409,7 +415,18 @@ def test_status_shows_the_lag_and_rate_of_the_owners_last_heartbeat() -> None:
     assert (row["offset"], row["lag"], row["rate"]) == (20, 42, 99.0)
     table = render_table(status_document(state, T0 + 2500), T0 + 2500)
     assert "LAG" in table and "MSGS/S" in table
-    assert table.splitlines()[2].split()[-2:] == ["42", "99"]
+    assert table.splitlines()[2].split()[-4:] == ["42", "99", "-", "-"]
+
+
+def test_status_shows_calls_in_flight_and_window_use_and_forgets_them_on_release() -> None:
+    state = world(claim("orders", 0, T0))
+    state.apply_value(heartbeat_value(T0 + 1000, 20, in_flight=32, window_used=1024, done=[3, 1, 2]))
+    row = only_row(status_document(state, T0 + 1500))
+    assert (row["in_flight"], row["window_used"]) == (32, 1024)
+    assert render_table(status_document(state, T0 + 1500), T0 + 1500).splitlines()[2].split()[-2:] == ["32", "1024"]
+    state.apply_value(heartbeat_value(T0 + 2000, 20, in_flight="lots", window_used=-1))
+    row = only_row(status_document(state, T0 + 2500))
+    assert (row["in_flight"], row["window_used"]) == (None, None)
 
 
 @pytest.mark.parametrize(

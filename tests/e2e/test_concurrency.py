@@ -1,0 +1,284 @@
+"""Concurrency inside a worker (DESIGN.md section 10), end to end: real broker, real supervisors.
+
+The application (tests/apps/lanes_app.py) logs the start ("S") and the end
+("E") of every handler call, so each test can say exactly which messages
+ran, overlapped, were in flight at a fault, and ran twice.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from fleet import Fleet
+from polling import poll_until
+from processes import group_gone
+
+
+@dataclass(frozen=True)
+class Call:
+    kind: str  # "S": the call began, "E": it returned
+    client: str
+    pid: int
+    partition: int
+    offset: int
+    key: str
+    value: str
+    at: float
+
+
+def calls(fleet: Fleet) -> list[Call]:
+    if not fleet.sink.exists():
+        return []
+    out = []
+    for raw in fleet.sink.read_text().splitlines():
+        parts = raw.split()
+        if len(parts) == 8:
+            kind, client, pid, partition, offset, key, value, at = parts
+            out.append(Call(kind, client, int(pid), int(partition), int(offset), key, value, float(at)))
+    return out
+
+
+def ends(fleet: Fleet) -> collections.Counter[int]:
+    """offset -> times its handler call returned."""
+    return collections.Counter(c.offset for c in calls(fleet) if c.kind == "E")
+
+
+def make_fleet(kafka_brokers: str, unique: str, tmp_path: Path, name: str, partitions: int = 1) -> Fleet:
+    topic = f"lanes-{name}-{unique}"
+    admin = AdminClient({"bootstrap.servers": kafka_brokers})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)
+    return Fleet(
+        brokers=kafka_brokers,
+        group=f"group-{name}-{unique}",
+        topic=topic,
+        coordination_topic=f"__marshal-{unique}",
+        sink=tmp_path / f"{name}.txt",
+        partitions=partitions,
+        app="lanes_app:app",
+    )
+
+
+@pytest.fixture
+def fleets(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[list[Fleet]]:
+    """Fleets made by a test (one topic and group each); every supervisor of each is killed at the end."""
+    made: list[Fleet] = []
+    try:
+        yield made
+    finally:
+        for fleet in made:
+            fleet.stop_all()
+
+
+def produce_keyed(fleet: Fleet, count: int, keys: int) -> None:
+    """Values 0..count-1 on partition 0, key ``k<value % keys>``."""
+    producer = Producer({"bootstrap.servers": fleet.brokers, "linger.ms": 5})
+    for n in range(count):
+        producer.produce(fleet.topic, value=str(n).encode(), key=f"k{n % keys}".encode(), partition=0)
+    assert producer.flush(30) == 0
+
+
+def stop(fleet: Fleet, client: str, signum: int = signal.SIGTERM) -> None:
+    process = fleet.processes[client]
+    os.kill(process.pid, signum)
+    process.wait(timeout=60)
+
+
+# ---------------------------------------------------------------- throughput
+
+
+def handled_span(fleet: Fleet) -> float:
+    """Seconds from the first call's start to the last call's end."""
+    seen = calls(fleet)
+    return max(c.at for c in seen if c.kind == "E") - min(c.at for c in seen if c.kind == "S")
+
+
+def test_concurrency_32_handles_every_message_once_and_many_times_faster(
+    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+) -> None:
+    count = 300
+    spans = {}
+    for concurrency in (1, 32):
+        fleet = make_fleet(kafka_brokers, unique, tmp_path, f"c{concurrency}")
+        fleets.append(fleet)
+        produce_keyed(fleet, count, keys=1000)
+        fleet.start("a", MW_TEST_CONCURRENCY=str(concurrency), MW_TEST_DELAY="0.02")
+        poll_until(lambda: len(ends(fleet)) >= count, timeout=120, what=f"{count} messages at concurrency {concurrency}")
+        stop(fleet, "a")
+        assert ends(fleet) == collections.Counter(range(count))  # every message once, none twice
+        spans[concurrency] = handled_span(fleet)
+    # 20 ms per call: one lane needs 6 s for 300 messages, 32 lanes a few hundred ms.
+    assert spans[1] / spans[32] >= 15, spans
+
+
+# ------------------------------------------------------------------ ordering
+
+
+def test_key_ordering_never_overlaps_a_key_and_keeps_its_offset_order(
+    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+) -> None:
+    fleet = make_fleet(kafka_brokers, unique, tmp_path, "keys")
+    fleets.append(fleet)
+    count = 400
+    produce_keyed(fleet, count, keys=10)
+    fleet.start("a", MW_TEST_ASYNC="1", MW_TEST_CONCURRENCY="16", MW_TEST_MAX_DELAY="0.01")
+    poll_until(lambda: len(ends(fleet)) >= count, timeout=120, what=f"{count} messages")
+    stop(fleet, "a")
+    assert ends(fleet) == collections.Counter(range(count))
+    by_key: dict[str, list[tuple[int, float, float]]] = collections.defaultdict(list)
+    seen = calls(fleet)
+    started = {c.offset: c.at for c in seen if c.kind == "S"}
+    for c in seen:
+        if c.kind == "E":
+            by_key[c.key].append((c.offset, started[c.offset], c.at))
+    for key, runs in by_key.items():
+        runs.sort(key=lambda run: run[1])  # by start time
+        assert [offset for offset, _, _ in runs] == sorted(offset for offset, _, _ in runs), f"{key} out of order"
+        for (_, _, previous_end), (offset, start, _) in zip(runs, runs[1:]):
+            assert start >= previous_end, f"{key}: offset {offset} began before the previous one of its key ended"
+    # Different keys did overlap: the lanes ran side by side.
+    assert max_overlap(seen) > 1
+
+
+def max_overlap(seen: list[Call]) -> int:
+    events = sorted((c.at, 1 if c.kind == "S" else -1) for c in seen)
+    running = most = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+# --------------------------------------------------------------------- faults
+
+
+def in_flight(seen: list[Call], client: str) -> set[int]:
+    """Offsets whose call began under ``client`` and never returned there."""
+    began = {c.offset for c in seen if c.client == client and c.kind == "S"}
+    return began - {c.offset for c in seen if c.client == client and c.kind == "E"}
+
+
+def all_gated_calls_block(fleet: Fleet, client: str, lanes: int) -> bool:
+    return len(in_flight(calls(fleet), client)) >= lanes
+
+
+@pytest.mark.parametrize("mode", ["alo", "amo"])
+def test_kill_9_with_32_in_flight_reruns_exactly_those_under_alo_and_none_under_amo(
+    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path, mode: str
+) -> None:
+    fleet = make_fleet(kafka_brokers, unique, tmp_path, f"kill-{mode}")
+    fleets.append(fleet)
+    count, gate = 2000, tmp_path / "gate"
+    produce_keyed(fleet, count, keys=1000)
+    # Every 20th message blocks until the gate opens: under ALO all 32 lanes end up on blocked ones.
+    # Under AMO a claim is a batch of 100, so its 5 blocked messages are what is in flight at the kill.
+    env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_GATE_VALUES": "20",
+           "MW_TEST_GATE_FILE": str(gate), "MW_TEST_BATCH_SIZE": "100"}  # fmt: skip
+    fleet.start("a", **env)
+    blocked = 32 if mode == "alo" else 5
+    poll_until(lambda: all_gated_calls_block(fleet, "a", blocked), timeout=60, what=f"{blocked} blocked calls")
+    # Nothing can finish now: wait until a heartbeat (every 1 s) has carried the last done set, then kill.
+    done_before = len(ends(fleet))
+    poll_until(lambda: heartbeat_seen_after(fleet), timeout=30, what="a heartbeat after the lanes blocked")
+    assert len(ends(fleet)) == done_before
+    os.kill(fleet.processes["a"].pid, signal.SIGKILL)
+    fleet.processes["a"].wait(timeout=30)
+    # Its worker dies with its fork server: only then may the gate open (a live worker would finish them).
+    poll_until(lambda: group_gone(fleet.processes["a"].pid), timeout=30, what="a's workers gone")
+    killed_in_flight = in_flight(calls(fleet), "a")
+    assert len(killed_in_flight) == blocked
+    gate.touch()
+    fleet.start("b", **env)
+    done_by_a = {c.offset for c in calls(fleet) if c.client == "a" and c.kind == "E"}
+    if mode == "alo":
+        poll_until(lambda: set(ends(fleet)) >= set(range(count)), timeout=120, what="every message handled")
+        seen = calls(fleet)
+        rerun = {c.offset for c in seen if c.client == "b" and c.kind == "S"} & {c.offset for c in seen if c.client == "a"}
+        assert rerun == killed_in_flight  # exactly what was in flight ran again: no done message did
+        assert not done_by_a & {c.offset for c in seen if c.client == "b"}
+        assert max(ends(fleet).values()) == 1  # and so nothing returned twice
+    else:
+        expected = set(range(count)) - killed_in_flight
+        poll_until(lambda: set(ends(fleet)) >= expected, timeout=120, what="every message not lost handled")
+        seen = calls(fleet)
+        started_twice = collections.Counter(c.offset for c in seen if c.kind == "S")
+        assert max(started_twice.values()) == 1  # at most once: nothing ran twice
+        assert set(ends(fleet)) == expected  # lost: only the blocked calls of the claimed batch
+        assert max(killed_in_flight) < 100
+
+
+def heartbeat_seen_after(fleet: Fleet) -> bool:
+    """True once the log shows the partition's heartbeat with a done set (a heartbeat after the lanes blocked)."""
+    row = fleet.status_rows()[0]
+    return row["in_flight"] is not None and row["in_flight"] >= 5
+
+
+@pytest.mark.parametrize("mode", ["alo", "amo"])
+def test_sigterm_mid_flight_loses_nothing_and_repeats_nothing(
+    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path, mode: str
+) -> None:
+    fleet = make_fleet(kafka_brokers, unique, tmp_path, f"term-{mode}")
+    fleets.append(fleet)
+    count = 1500
+    produce_keyed(fleet, count, keys=1000)
+    env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_MAX_DELAY": "0.05",
+           "MW_TEST_BATCH_SIZE": "100"}  # fmt: skip
+    fleet.start("a", **env)
+    poll_until(lambda: len(ends(fleet)) >= 300, timeout=60, what="300 messages handled")
+    stop(fleet, "a")
+    assert fleet.processes["a"].returncode == 0
+    assert in_flight(calls(fleet), "a") == set()  # every call that began also returned
+    fleet.start("b", **env)
+    poll_until(lambda: len(ends(fleet)) >= count, timeout=120, what="every message handled")
+    stop(fleet, "b")
+    assert ends(fleet) == collections.Counter(range(count))  # zero lost, zero duplicates
+
+
+def test_retries_of_one_key_do_not_delay_the_other_keys(
+    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+) -> None:
+    fleet = make_fleet(kafka_brokers, unique, tmp_path, "retry")
+    fleets.append(fleet)
+    count = 100
+    produce_keyed(fleet, count, keys=20)
+    # Every call on key k0 fails twice before it succeeds, 0.2 s then 0.4 s later: 0.6 s per k0 message.
+    fleet.start("a", MW_TEST_CONCURRENCY="8", MW_TEST_DELAY="0.01", MW_TEST_FAIL_KEY="k0", MW_TEST_RETRY_BACKOFF="0.2s")
+    poll_until(lambda: len(ends(fleet)) >= count, timeout=120, what=f"{count} messages")
+    stop(fleet, "a")
+    assert ends(fleet) == collections.Counter(range(count))
+    seen = calls(fleet)
+    k0 = [c for c in seen if c.key == "k0"]
+    assert collections.Counter(c.offset for c in k0 if c.kind == "S") == {o: 3 for o in range(0, count, 20)}
+    first_k0_done = min(c.at for c in k0 if c.kind == "E")
+    others_done = max(c.at for c in seen if c.kind == "E" and c.key != "k0")
+    assert others_done < first_k0_done  # the other 95 messages were done while k0's first one still waited
+    k0_ends = sorted((c.at, c.offset) for c in k0 if c.kind == "E")
+    assert [offset for _, offset in k0_ends] == list(range(0, count, 20))  # k0 kept its order through retries
+
+
+def test_a_call_past_the_hard_time_limit_kills_the_worker_and_after_its_retries_is_dead_lettered(
+    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+) -> None:
+    fleet = make_fleet(kafka_brokers, unique, tmp_path, "limit")
+    fleets.append(fleet)
+    count = 200
+    produce_keyed(fleet, count, keys=1000)
+    # Message 0 blocks for ever (its gate never opens); the time limit kills its worker each time.
+    fleet.start("a", MW_TEST_CONCURRENCY="8", MW_TEST_GATE_VALUES="1000", MW_TEST_GATE_FILE=str(tmp_path / "never"),
+                MARSHAL_WORKERS_TIME_LIMIT="1s")  # fmt: skip
+    [dead] = fleet.dead_letters(1)
+    headers = dict(dead.headers())
+    assert (headers["error_type"], headers["original_offset"], dead.value()) == (b"TimeLimitExceeded", b"0", b"0")
+    poll_until(lambda: set(ends(fleet)) >= set(range(1, count)), timeout=60, what="every other message handled")
+    stop(fleet, "a")
+    starts = collections.Counter(c.offset for c in calls(fleet) if c.kind == "S")
+    assert starts[0] == 4  # the first call and its 3 retries, each killed; then dead-lettered without a call
+    assert 0 not in ends(fleet)
+    assert "ran past time_limit" in fleet.log_of("a")
