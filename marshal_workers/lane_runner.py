@@ -147,10 +147,12 @@ class LaneRunner:
         return max(1, min(self.handler.batch_size, self.lanes.window - self.lanes.window_used))
 
     def _fetch_wait(self, now: float) -> float:
-        """Block on Kafka only when nothing else could happen meanwhile (no call running, no retry due)."""
-        if self.lanes.in_flight:
+        """Block on Kafka only when nothing else could happen meanwhile: no call running, none ready to
+        start, no retry due sooner."""
+        lanes = self.lanes
+        if lanes.in_flight or lanes.next_runnable(now) is not None:
             return 0.0
-        due = self.lanes.next_due()
+        due = lanes.next_due()
         return 0.1 if due is None else min(0.1, max(due - now, 0.0))
 
     def _offer_held(self) -> None:
@@ -203,7 +205,7 @@ class LaneRunner:
 
     def _watch_window(self, now: float) -> None:
         """A message that holds the window full is reported (the log, and WINDOW_USED in the slot)."""
-        full = bool(self.held) and self.lanes.window_used >= self.lanes.window
+        full = self.lanes.window_used >= self.lanes.window
         if not full:
             self.window_full_since = None
             return

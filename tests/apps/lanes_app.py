@@ -11,7 +11,8 @@ MW_TEST_TOPIC, MW_TEST_MODE (alo|amo), MW_TEST_CONCURRENCY, MW_TEST_ORDERING (ke
 MW_TEST_ASYNC (1: an async def handler), MW_TEST_DELAY (seconds per call), MW_TEST_MAX_DELAY (a random
 wait in [0, this) instead), MW_TEST_GATE_VALUES (every value divisible by this blocks until the file
 MW_TEST_GATE_FILE exists), MW_TEST_FAIL_KEY (calls on this key fail until their third attempt),
-MW_TEST_BATCH_SIZE, MW_TEST_RETRY_BACKOFF.
+MW_TEST_BATCH_SIZE, MW_TEST_RETRY_BACKOFF, MW_TEST_WINDOW, MW_TEST_BATCH (1: a batch handler, which logs
+each message of a batch).
 """
 
 from __future__ import annotations
@@ -98,7 +99,17 @@ async def handle_async(msg: Message) -> None:
     _line("E", msg)
 
 
+def handle_batch(msgs: list[Message]) -> None:
+    for msg in msgs:
+        _line("S", msg)
+    time.sleep(_wait())
+    for msg in msgs:
+        _line("E", msg)
+
+
 ordering = os.environ.get("MW_TEST_ORDERING") or None
+batch = os.environ.get("MW_TEST_BATCH") == "1"
+window = int(os.environ["MW_TEST_WINDOW"]) if "MW_TEST_WINDOW" in os.environ else None
 app.handler(
     os.environ.get("MW_TEST_TOPIC", "test-topic"),
     mode=os.environ.get("MW_TEST_MODE", "alo"),
@@ -107,4 +118,6 @@ app.handler(
     batch_size=int(os.environ.get("MW_TEST_BATCH_SIZE", "500")),
     retries=3,
     retry_backoff=os.environ.get("MW_TEST_RETRY_BACKOFF", "10ms"),
-)(handle_async if os.environ.get("MW_TEST_ASYNC") == "1" else handle)
+    batch=batch,
+    window=window,
+)(handle_batch if batch else handle_async if os.environ.get("MW_TEST_ASYNC") == "1" else handle)

@@ -282,3 +282,43 @@ def test_a_call_past_the_hard_time_limit_kills_the_worker_and_after_its_retries_
     assert starts[0] == 4  # the first call and its 3 retries, each killed; then dead-lettered without a call
     assert 0 not in ends(fleet)
     assert "ran past time_limit" in fleet.log_of("a")
+
+
+def test_a_stuck_message_holds_the_window_visibly_and_lets_go_when_done(
+    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+) -> None:
+    fleet = make_fleet(kafka_brokers, unique, tmp_path, "window")
+    fleets.append(fleet)
+    count, gate = 300, tmp_path / "gate"
+    produce_keyed(fleet, count, keys=1000)
+    # Message 0 blocks until the gate opens; the window of 50 lets the worker read only up to offset 49.
+    fleet.start("a", MW_TEST_CONCURRENCY="4", MW_TEST_WINDOW="50", MW_TEST_GATE_VALUES="100000",
+                MW_TEST_GATE_FILE=str(gate))  # fmt: skip
+    poll_until(lambda: set(ends(fleet)) == set(range(1, 50)), timeout=60, what="offsets 1-49 done around the stuck 0")
+    row = poll_until(
+        lambda: (r := fleet.status_rows()[0])["window_used"] == 50 and r, timeout=30, what="status to show a full window"
+    )
+    assert (row["offset"], row["in_flight"]) == (0, 1)  # resumes at the stuck message; one call running
+    poll_until(lambda: "the window (50 offsets) has been full" in fleet.log_of("a"), timeout=30, what="the warning")
+    assert "offset 0 is not done (running" in fleet.log_of("a")
+    assert set(ends(fleet)) == set(range(1, 50))  # nothing past the window was read meanwhile
+    gate.touch()
+    poll_until(lambda: len(ends(fleet)) >= count, timeout=60, what="every message handled")
+    stop(fleet, "a")
+    assert ends(fleet) == collections.Counter(range(count))
+
+
+def test_a_batch_handler_runs_batches_side_by_side_each_message_once(
+    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+) -> None:
+    fleet = make_fleet(kafka_brokers, unique, tmp_path, "batches")
+    fleets.append(fleet)
+    count = 400
+    produce_keyed(fleet, count, keys=1000)
+    fleet.start("a", MW_TEST_BATCH="1", MW_TEST_BATCH_SIZE="10", MW_TEST_CONCURRENCY="4", MW_TEST_DELAY="0.05")
+    poll_until(lambda: len(ends(fleet)) >= count, timeout=60, what="every message handled")
+    stop(fleet, "a")
+    assert ends(fleet) == collections.Counter(range(count))
+    seen = calls(fleet)
+    assert max_overlap(seen) > 10  # more than one batch of 10 in flight at once
+    assert max_overlap(seen) <= 40  # never more than 4 batches

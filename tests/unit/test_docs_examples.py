@@ -1,0 +1,41 @@
+"""The Python examples in README.md and docs/ run, so they cannot rot: each block must execute and
+register what it says."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    return [
+        (page.name, number, code)
+        for page in PAGES
+        for number, code in enumerate(BLOCK.findall(page.read_text()), start=1)
+    ]
+
+
+@pytest.mark.parametrize(("page", "number", "code"), python_blocks(), ids=lambda v: str(v)[:30])
+def test_a_python_example_runs(page: str, number: int, code: str) -> None:
+    namespace: dict[str, Any] = {"__name__": f"example_{number}"}
+    exec(compile(code, f"{page} example {number}", "exec"), namespace)
+
+
+def test_the_concurrency_page_registers_what_it_describes() -> None:
+    [code, *_] = BLOCK.findall((ROOT / "docs" / "concurrency.md").read_text())
+    namespace: dict[str, Any] = {"__name__": "concurrency_example"}
+    exec(code, namespace)
+    handlers = namespace["app"].handlers
+    described = {topic: (h.concurrency, h.ordering.value, h.is_async, h.batch) for topic, h in handlers.items()}
+    assert described == {
+        "emails": (64, "key", False, False),
+        "pushes": (256, "none", True, False),
+        "audit": (8, "none", False, True),
+    }
