@@ -90,7 +90,7 @@ class LaneRunner:
                 self.worker._housekeeping()
                 self.executor.enforce_soft_limit(now)
                 draining = self.worker.stopping or self.exit is not None
-                if draining and not self._finishing_claimed_batch():
+                if draining and not self._finishing_claimed_batch(now):
                     if self.lanes.in_flight == 0:
                         break
                     self._absorb(self.executor.wait(_BUSY_WAIT_S))
@@ -111,9 +111,10 @@ class LaneRunner:
             self.executor.close()
             self._publish()
 
-    def _finishing_claimed_batch(self) -> bool:
-        """AMO: a claimed batch is handled to its end even while stopping (its messages are never handled again)."""
-        return self.at_most_once and self.exit is None and self.lanes.unfinished > 0
+    def _finishing_claimed_batch(self, now: float) -> bool:
+        """AMO: a claimed batch is handled to its end while stopping (its messages are never handled again),
+        as long as the lease holds: a partition lost meanwhile loses the rest of it, as claimed."""
+        return self.at_most_once and self.exit is None and self.lanes.unfinished > 0 and self._lease_valid(now)
 
     def _lease_valid(self, now: float) -> bool:
         worker = self.worker
