@@ -171,6 +171,16 @@ class Skipper:
         return f"Skipper({self.ranges()!r})"
 
 
+def resume_past(start: int, done: Iterable[Range]) -> tuple[int, list[Range]]:
+    """Where to resume and what to skip, given a start offset and done ranges (any order, any overlap):
+    the first offset at or after ``start`` not done, and the done ranges above it, merged and sorted
+    (a done set is only ever above its offset)."""
+    ranges = [(max(a, start), b) for a, b in _merged(r for r in done if r[1] > r[0]) if b > start]
+    while ranges and ranges[0][0] <= start:
+        start = max(start, ranges.pop(0)[1])
+    return start, ranges
+
+
 def _as_ranges(done: Iterable[int | Range]) -> list[Range]:
     ranges: list[Range] = []
     for item in done:

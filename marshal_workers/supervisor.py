@@ -528,7 +528,7 @@ class Supervisor:
             self.log.warning("claimed %s[%d] but cannot tell where it starts (%s): leaving it", topic, partition, exc)
             return
         assert self._context is not None
-        start, skip = _skip_leading(start, skip)
+        start, skip = done_set.resume_past(start, skip)
         slot = Slot.create(self._context, start)
         if skip:  # the heartbeat below carries it on; a heartbeat without it would tell the log nothing is done
             slot.publish_done(start, done_set.encode(start, skip))
@@ -778,7 +778,7 @@ class Supervisor:
         # AMO: messages before claimed_end were claimed; whatever became of them, they are never handled again.
         # ALO: what the last worker did out of order is skipped (its done set, as published in the slot).
         offset, runs = assignment.slot.position()
-        start, skip = _skip_leading(max(offset, assignment.claimed_end), done_set.decode(offset, runs))
+        start, skip = done_set.resume_past(max(offset, assignment.claimed_end), done_set.decode(offset, runs))
         slot = assignment.slot
         slot.set(Field.NEXT_OFFSET, start)
         slot.set(Field.CALL_STARTED_MS, 0)  # a killed worker's call must not time the new one out
@@ -1038,12 +1038,6 @@ def _position(assignment: Assignment) -> tuple[int, list[int]]:
     return assignment.claimed_end, done_set.encode(assignment.claimed_end, above(ranges, assignment.claimed_end))
 
 
-def _skip_leading(start: int, skip: list[done_set.Range]) -> tuple[int, list[done_set.Range]]:
-    """Start past a done range that begins at the start (a done set is only ever above its offset)."""
-    skip = above(skip, start - 1)
-    while skip and skip[0][0] <= start:
-        start = max(start, skip.pop(0)[1])
-    return start, above(skip, start)
 
 
 def _release_reason(phase: Phase, assignment: Assignment, sick: bool) -> str:

@@ -3,7 +3,7 @@
     /work/venv/bin/python tests/benchmarks/bench_concurrency.py [--messages 10000] [--concurrency 1,16,64,256]
 
 Starts its own embedded broker and measures, per configuration, one
-supervisor (``bench_concurrency_app``) on a fresh 1-partition topic whose
+supervisor (``concurrency_app``) on a fresh 1-partition topic whose
 messages were all produced first, each with its own key (10,000 keys for
 10,000 messages, ordering "key"):
 
@@ -79,7 +79,7 @@ def measure(bootstrap: str, workdir: Path, kind: str, concurrency: int, count: i
         "MW_BENCH_TOTAL": str(count), "MW_BENCH_RESULT": str(result_file),
     }  # fmt: skip
     supervisor = SupervisorProcess.start(
-        bootstrap, f"g-{name}", f"__marshal-{name}", "bench", workdir / f"{name}.log", env, app="bench_concurrency_app:app"
+        bootstrap, f"g-{name}", f"__marshal-{name}", "bench", workdir / f"{name}.log", env, app="concurrency_app:app"
     )
     try:
         poll_until(lambda: result_file.exists() and result_file.read_text().endswith("\n"), 300, name, supervisor.alive)

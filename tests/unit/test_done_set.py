@@ -165,3 +165,20 @@ def test_decode_of_encode_is_the_set_and_the_size_is_bounded_by_the_gaps(case: t
         assert (x in skipper) == (x in done)
         following = skipper.next_not_done(x)
         assert following >= x and following not in done and all(y in done for y in range(x, following))
+
+
+@PROPERTY
+@given(
+    start=st.integers(0, 60),
+    done=st.lists(st.tuples(st.integers(0, 80), st.integers(0, 20)).map(lambda t: (t[0], t[0] + t[1])), max_size=8),
+)
+def test_resume_past_starts_at_the_first_offset_not_done_and_skips_exactly_the_rest(
+    start: int, done: list[tuple[int, int]]
+) -> None:
+    resume, skip = done_set.resume_past(start, done)
+    is_done = {o for a, b in done for o in range(a, b)}
+    assert resume >= start and resume not in is_done
+    assert all(o in is_done for o in range(start, resume))  # everything skipped at the front was done
+    assert {o for a, b in skip for o in range(a, b)} == {o for o in is_done if o > resume}
+    assert skip == sorted(skip) and all(a < b for a, b in skip)
+    assert all(b1 < a2 for (_, b1), (a2, _) in zip(skip, skip[1:]))  # merged: no touching ranges
