@@ -143,5 +143,8 @@ def format_record(value: bytes | None, partition: int, offset: int, group: str) 
     stamp = utc_iso(record.ts)
     if isinstance(record, codec.ReleaseGroup):
         return f"{where} {stamp} {kind} {who} expires={utc_iso(record.expires)}"
+    if isinstance(record, codec.Heartbeats):
+        beats = " ".join(f"[{b.partition}]={b.offset}" for b in record.beats)
+        return f"{where} {stamp} {kind} {who} {record.topic} {beats}"
     detail = f" offset={record.offset}" if not isinstance(record, codec.Claim) else ""
     return f"{where} {stamp} {kind} {who} {record.topic}[{record.partition}]{detail}"

@@ -82,6 +82,45 @@ class Release(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="releas
     done: Any = None
 
 
+class Beat(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
+    """One partition's entry in a :class:`Heartbeats` record: the fields of a :class:`Heartbeat` about it."""
+
+    partition: NonNegative
+    offset: NonNegative
+    lag: Any = None
+    rate: Any = None
+    done: Any = None
+    in_flight: Any = None
+    window_used: Any = None
+
+
+# A member heartbeats every partition of a topic it owns in one record; more than this many entries is
+# not a member's heartbeat but a hostile record, skipped as garbage (it would make every reader work).
+MAX_BEATS: Final = 65536
+
+
+class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats"):
+    """Heartbeats of several partitions of one topic by one owner (release 0.2.0; DESIGN.md section 13).
+
+    Folded exactly as one :class:`Heartbeat` per entry, in order, at the record's time: the
+    coordination traffic of a member grows with its topics, not with its partitions.
+    """
+
+    topic: Name
+    beats: Annotated[tuple[Beat, ...], msgspec.Meta(min_length=1, max_length=MAX_BEATS)]
+
+    def heartbeats(self) -> list[Heartbeat]:
+        """The entries as the single-partition heartbeats they stand for."""
+        common = {"v": self.v, "ts": self.ts, "group": self.group, "client": self.client, "instance": self.instance}
+        return [
+            Heartbeat(
+                **common, topic=self.topic, partition=b.partition, offset=b.offset, lag=b.lag, rate=b.rate,
+                done=b.done, in_flight=b.in_flight, window_used=b.window_used,
+            )  # fmt: skip
+            for b in self.beats
+        ]
+
+
 class ClaimMessages(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim_messages"):
     """At-most-once: the owner claims every message before ``offset``."""
 
@@ -94,9 +133,9 @@ class ReleaseGroup(_Record, frozen=True, gc=False, kw_only=True, tag="release_gr
     expires: NonNegative
 
 
-Record = Union[Claim, Heartbeat, Release, ClaimMessages, ReleaseGroup]
+Record = Union[Claim, Heartbeat, Heartbeats, Release, ClaimMessages, ReleaseGroup]
 PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
-RECORD_TYPES: Final = (Claim, Heartbeat, Release, ClaimMessages, ReleaseGroup)
+RECORD_TYPES: Final = (Claim, Heartbeat, Heartbeats, Release, ClaimMessages, ReleaseGroup)
 
 _decoder = msgspec.json.Decoder(Record)
 _encoder = msgspec.json.Encoder()
@@ -128,6 +167,11 @@ def decode(value: bytes | None) -> Record:
         raise DecodeError(f"{type(exc).__name__}: {exc}") from None
 
 
+def expand(record: Record) -> list[Record]:
+    """The record as the single-partition records it stands for (a Heartbeats record: its heartbeats)."""
+    return record.heartbeats() if isinstance(record, Heartbeats) else [record]  # type: ignore[return-value]
+
+
 def reported_number(value: Any) -> int | float | None:
     """An optional extra (``lag``, ``rate``) if it is a finite number >= 0, else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -138,9 +182,11 @@ def reported_number(value: Any) -> int | float | None:
 
 
 def record_key(record: Record) -> bytes:
-    """The Kafka key: ``group/topic/partition``, or just the group for release_group."""
+    """The Kafka key: ``group/topic/partition``, ``group/topic`` for heartbeats, the group for release_group."""
     if isinstance(record, ReleaseGroup):
         return record.group.encode()
+    if isinstance(record, Heartbeats):
+        return f"{record.group}/{record.topic}".encode()
     return f"{record.group}/{record.topic}/{record.partition}".encode()
 
 

@@ -64,6 +64,49 @@ class _Delivery:
             self.partition, self.offset = message.partition(), message.offset()
 
 
+# A Heartbeats record stays well below Kafka's default 1 MB message limit, whatever the done sets.
+_MAX_BEATS_PER_RECORD = 4096
+_MAX_RECORD_BYTES = 256 * 1024
+
+
+def _beat(p: Progress) -> codec.Beat:
+    return codec.Beat(
+        partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate, done=p.done, in_flight=p.in_flight,
+        window_used=p.window_used,
+    )  # fmt: skip
+
+
+def _heartbeat_chunks(progress: Sequence[Progress]) -> list[list[int]]:
+    """Indices of ``progress`` grouped by topic (topics in order of first appearance), split where a
+    record would be large: one Heartbeats record per list."""
+    by_topic: dict[str, list[int]] = {}
+    for i, p in enumerate(progress):
+        by_topic.setdefault(p.topic, []).append(i)
+    chunks: list[list[int]] = []
+    for indices in by_topic.values():
+        chunk: list[int] = []
+        size = 0
+        for i in indices:
+            estimate = 100 + 21 * len(progress[i].done or ())  # generous: digits and commas of the done runs
+            if chunk and (len(chunk) >= _MAX_BEATS_PER_RECORD or size + estimate > _MAX_RECORD_BYTES):
+                chunks.append(chunk)
+                chunk, size = [], 0
+            chunk.append(i)
+            size += estimate
+        chunks.append(chunk)
+    return chunks
+
+
+def heartbeat_verdicts(progress: Sequence[Progress], verdicts: Sequence[Any]) -> list[bool]:
+    """The verdicts of ``heartbeat_records(progress)``'s records, as one per entry of ``progress``, in its order."""
+    result = [False] * len(progress)
+    for chunk, verdict in zip(_heartbeat_chunks(progress), verdicts):
+        per_entry = verdict if isinstance(verdict, tuple) else [bool(verdict)] * len(chunk)
+        for i, accepted in zip(chunk, per_entry):
+            result[i] = bool(accepted)
+    return result
+
+
 class Progress(NamedTuple):
     """What a heartbeat reports about one partition; lag and rate are optional extras for ``status``."""
 
@@ -177,17 +220,18 @@ class Coordinator:
         return self.heartbeats([Progress(topic, partition, offset)])[0]
 
     def heartbeats(self, progress: Sequence[Progress]) -> list[bool]:
-        """Heartbeat several partitions at once: one round trip for all."""
-        return self.write(self.heartbeat_records(progress))
+        """Heartbeat several partitions at once: one round trip for all; a verdict per partition."""
+        return heartbeat_verdicts(progress, self.write(self.heartbeat_records(progress)))
 
     def heartbeat_records(self, progress: Sequence[Progress]) -> list[codec.Record]:
+        """One Heartbeats record per topic (more if it would be large), entries in the order of ``progress``.
+
+        :func:`heartbeat_verdicts` maps the records' verdicts back to ``progress``.
+        """
         common = self._common()
         return [
-            codec.Heartbeat(
-                **common, topic=p.topic, partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate,
-                done=p.done, in_flight=p.in_flight, window_used=p.window_used,
-            )  # fmt: skip
-            for p in progress
+            codec.Heartbeats(**common, topic=progress[chunk[0]].topic, beats=tuple(_beat(progress[i]) for i in chunk))
+            for chunk in _heartbeat_chunks(progress)
         ]
 
     def release(self, topic: str, partition: int, offset: int) -> bool:
@@ -262,7 +306,7 @@ class Coordinator:
             if delivery.verdict is None and delivery.done:
                 delivery.verdict = self._log.take_verdict(delivery.partition, delivery.offset)
         if all(d.verdict is not None for d in pending.deliveries):
-            return [bool(d.verdict) for d in pending.deliveries]
+            return [d.verdict for d in pending.deliveries]  # type: ignore[misc]  # bool, or Verdicts per entry
         if time.monotonic() > pending.deadline:
             late = next(d for d in pending.deliveries if d.verdict is None)
             if not late.done:

@@ -53,7 +53,7 @@ from marshal_workers.balance import (
 from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec, above, monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import drain, wakeup_pair
-from marshal_workers.coordinator import Coordinator, Progress
+from marshal_workers.coordinator import Coordinator, Progress, heartbeat_verdicts
 from marshal_workers.errors import UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.health import HealthPolicy, PartitionHealth, Sample, observe
@@ -576,7 +576,7 @@ class Supervisor:
         self._require_writes().submit(
             "heartbeat",
             self._require_coordinator().heartbeat_records(progress),
-            lambda verdicts: self._after_heartbeats(held, progress, verdicts, written_ms),
+            lambda verdicts: self._after_heartbeats(held, progress, heartbeat_verdicts(progress, verdicts), written_ms),
             self._heartbeat_failed,
         )
 

@@ -35,6 +35,7 @@ from marshal_workers.codec import (
     Claim,
     ClaimMessages,
     Heartbeat,
+    Heartbeats,
     Record,
     Release,
     ReleaseGroup,
@@ -58,6 +59,16 @@ class Liveness(str, enum.Enum):
 class Owner(NamedTuple):
     client: str
     instance: str
+
+
+class Verdicts(tuple):  # type: ignore[type-arg]
+    """The verdicts of a record about several partitions (Heartbeats), one per entry, in order.
+
+    True if any entry was accepted, so code that wants one verdict per record still works.
+    """
+
+    def __bool__(self) -> bool:
+        return any(self)
 
 
 @dataclass(slots=True)
@@ -248,6 +259,10 @@ class WorldState:
         state.window_used = None if window_used is None else reported_number(window_used)
         return True
 
+    def _heartbeats(self, record: Heartbeats, at: int, source: int) -> Verdicts:
+        """One heartbeat per entry, in order, at the record's time; a verdict per entry."""
+        return Verdicts(self._heartbeat(beat, at, source) for beat in record.heartbeats())
+
     def _release(self, record: Release, at: int, source: int) -> bool:
         key = (record.topic, record.partition)
         state = self.partitions.get(key)
@@ -373,6 +388,7 @@ class WorldState:
 
 _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
     Heartbeat: WorldState._heartbeat,
+    Heartbeats: WorldState._heartbeats,
     Claim: WorldState._claim,
     ClaimMessages: WorldState._claim_messages,
     Release: WorldState._release,

@@ -282,7 +282,7 @@ def audit_split(
     """
     log_partition = split.partition
     audit = ownership.OwnershipAudit(group, heartbeat_ms, coordination_partitions, log_partition)
-    stats, feed, decode = audit.state.stats, audit.feed, codec.decode
+    stats, feed, decode, expand = audit.state.stats, audit.feed, codec.decode, codec.expand
     with SplitReader(settings, split) as reader:
         for messages in reader.batches(READ_BATCH):
             for message in messages:
@@ -299,11 +299,12 @@ def audit_split(
                 kind, stamp = message.timestamp()
                 at = record_time(record, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
                 log_offset = message.offset()
-                if with_records:
-                    yield _RECORD, _row(record, log_partition, log_offset, at)
-                events = feed(record, at, log_offset)
-                if events:
-                    yield from _tagged(events)
+                for single in expand(record):  # a Heartbeats record: audited as the heartbeats it holds
+                    if with_records:
+                        yield _RECORD, _row(single, log_partition, log_offset, at)
+                    events = feed(single, at, log_offset)
+                    if events:
+                        yield from _tagged(events)
     yield from _tagged(audit.finish())
 
 

@@ -491,3 +491,53 @@ def test_done_sets_are_written_only_when_set_and_read_back_as_written() -> None:
     # Typed loosely like lag and rate: a malformed done set does not make the record garbage.
     junk = orjson.dumps({**VALID["release"], "done": {"not": "runs"}})
     assert codec.decode(junk).done == {"not": "runs"}
+
+
+# ------------------------------------------------------------ heartbeats (0.2.0)
+
+HEARTBEATS = {
+    "v": 1, "type": "heartbeats", "ts": 1_700_000_001_000, "group": "billing", "client": "host-a",
+    "instance": "5f1c", "topic": "orders",
+    "beats": [{"partition": 3, "offset": 42}, {"partition": 7, "offset": 9, "lag": 5, "done": [2, 1, 1]}],
+}  # fmt: skip
+
+
+def test_a_heartbeats_record_decodes_and_stands_for_one_heartbeat_per_entry() -> None:
+    record = codec.decode(orjson.dumps(HEARTBEATS))
+    assert isinstance(record, codec.Heartbeats)
+    assert orjson.loads(codec.encode(record)) == HEARTBEATS
+    assert codec.record_key(record) == b"billing/orders"
+    singles = codec.expand(record)
+    assert [(h.topic, h.partition, h.offset, h.lag, h.done) for h in singles] == [  # type: ignore[union-attr]
+        ("orders", 3, 42, None, None),
+        ("orders", 7, 9, 5, [2, 1, 1]),
+    ]
+    assert all(isinstance(h, Heartbeat) and h.ts == record.ts and h.instance == "5f1c" for h in singles)
+
+
+@pytest.mark.parametrize(
+    "beats",
+    [
+        [],  # says nothing: not a heartbeat
+        [{"partition": -1, "offset": 1}],
+        [{"partition": 0}],
+        [{"offset": 3}],
+        [{"partition": 0, "offset": "3"}],
+        "all",
+        [[0, 3]],
+        None,
+    ],
+)
+def test_a_malformed_heartbeats_record_is_garbage(beats: Any) -> None:
+    expect_decode_error(orjson.dumps(HEARTBEATS | {"beats": beats}))
+
+
+def test_a_heartbeats_record_with_more_entries_than_any_member_writes_is_garbage() -> None:
+    beats = [{"partition": p, "offset": 0} for p in range(codec.MAX_BEATS + 1)]
+    expect_decode_error(orjson.dumps(HEARTBEATS | {"beats": beats}))
+    assert codec.expand(codec.decode(orjson.dumps(HEARTBEATS | {"beats": beats[:-1]}))).__len__() == codec.MAX_BEATS
+
+
+def test_expand_leaves_every_other_record_as_it_is() -> None:
+    record = _record("claim")
+    assert codec.expand(record) == [record]

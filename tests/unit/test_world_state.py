@@ -408,3 +408,17 @@ def test_a_done_set_on_the_wire_is_folded_and_garbage_in_it_is_not_garbage() -> 
         assert state.get("orders", 0).done is None  # type: ignore[union-attr]
     assert state.stats.garbage == 0
     state.snapshot()
+
+
+def test_heartbeats_of_several_partitions_in_one_record_have_a_verdict_each() -> None:
+    state = WorldState("g", 1000)
+    common = {"v": 1, "group": "g", "client": "a", "instance": "a1"}
+    state.apply(codec.Claim(**common, ts=0, topic="orders", partition=0), 0)
+    state.apply(codec.Claim(**common, ts=0, topic="orders", partition=2), 0)
+    state.apply(codec.Claim(**common | {"client": "b", "instance": "b1"}, ts=0, topic="orders", partition=1), 0)
+    beats = tuple(codec.Beat(partition=p, offset=10 + p) for p in (0, 1, 2))
+    verdict = state.apply(codec.Heartbeats(**common, ts=500, topic="orders", beats=beats), 500)
+    assert list(verdict) == [True, False, True]  # partition 1 is b's: a's beat for it is ignored
+    assert bool(verdict)
+    assert [state.get("orders", p).offset for p in (0, 1, 2)] == [10, None, 12]  # type: ignore[union-attr]
+    assert state.stats.applied == 3 + 1  # one record, however many entries

@@ -208,3 +208,61 @@ def test_a_race_of_many_claimants_has_exactly_one_winner_the_earliest() -> None:
         state = fold_all(log)
         assert state.owner("orders", 0) == Owner(*claimants[0])
         assert isinstance(state.get("orders", 0), PartitionState)
+
+
+def batched(records: list[codec.Record]) -> list[codec.Record]:
+    """The same log with each run of heartbeats of one writer, topic and time joined into one Heartbeats record."""
+    out: list[codec.Record] = []
+    for record in records:
+        previous = out[-1] if out else None
+        if isinstance(record, codec.Heartbeat):
+            beat = codec.Beat(partition=record.partition, offset=record.offset, done=record.done)
+            same = (
+                isinstance(previous, codec.Heartbeats)
+                and (previous.ts, previous.client, previous.instance, previous.topic)
+                == (record.ts, record.client, record.instance, record.topic)
+            )
+            if same:
+                assert isinstance(previous, codec.Heartbeats)
+                out[-1] = codec.Heartbeats(
+                    v=1, ts=previous.ts, group=previous.group, client=previous.client, instance=previous.instance,
+                    topic=previous.topic, beats=(*previous.beats, beat),
+                )  # fmt: skip
+                continue
+            common = {"v": 1, "ts": record.ts, "group": record.group, "client": record.client}
+            out.append(codec.Heartbeats(**common, instance=record.instance, topic=record.topic, beats=(beat,)))
+        else:
+            out.append(record)
+    return out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.lists(st.integers(0, 2), min_size=1, max_size=6))
+def test_a_heartbeats_record_folds_exactly_as_its_heartbeats_one_by_one(
+    records: list[codec.Record], partitions: list[int]
+) -> None:
+    # Make runs of same-time heartbeats by one writer, as a member's heartbeat round writes them.
+    runs: list[codec.Record] = []
+    for record in records:
+        runs.append(record)
+        if isinstance(record, codec.Heartbeat):
+            for p in partitions:
+                runs.append(codec.Heartbeat(
+                    v=1, ts=record.ts, group=record.group, client=record.client, instance=record.instance,
+                    topic=record.topic, partition=p, offset=record.offset + p, done=record.done,
+                ))  # fmt: skip
+    one_by_one, joined = WorldState(GROUP, HB), WorldState(GROUP, HB)
+    singles = [one_by_one.apply(r, r.ts) for r in runs]
+    verdicts = []
+    for record in batched(runs):
+        verdict = joined.apply(record, record.ts)
+        verdicts.extend(verdict if isinstance(record, codec.Heartbeats) else [verdict])
+        if isinstance(record, codec.Heartbeats):
+            assert bool(verdict) == any(verdict)
+    assert joined.partitions == one_by_one.partitions
+    assert [bool(v) for v in verdicts] == singles
+    # And a reader of the raw values agrees: the record survives the wire.
+    from_wire = WorldState(GROUP, HB)
+    for record in batched(runs):
+        from_wire.apply_value(codec.encode(record))
+    assert from_wire.partitions == one_by_one.partitions

@@ -1,0 +1,144 @@
+"""Benchmark: a fleet on many partitions: time until every partition is owned, and coordination traffic.
+
+    /work/venv/bin/python tests/benchmarks/bench_scale.py [--partitions 256] [--members 4] [--window 20]
+
+Starts its own embedded broker, creates a topic with --partitions partitions
+(empty: the handler never runs), then starts --members supervisors of one
+group (``--balance fair``, HB 2 s) at once and measures:
+
+1. the seconds from their start until every partition is owned and fresh
+   (``marshal-workers status --json``, polled), and until the ownership is
+   balanced (every member within one partition of the others);
+2. the coordination records written per second once the fleet is settled,
+   over --window seconds (the coordination topic's end offsets before and
+   after), and how many of them each kind is.
+
+A benchmark, not a test: the exit status is 0 unless the benchmark could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from bench_run import SupervisorProcess, base_env, create_topic, machine_info, poll_until  # noqa: E402
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+
+HB = "2s"
+
+
+def status(bootstrap: str, group: str, coordination: str, topic: str) -> list[dict]:
+    result = subprocess.run(
+        [sys.executable, "-m", "marshal_workers", "status", "--brokers", bootstrap, "--group", group,
+         "--coordination-topic", coordination, "--heartbeat-interval", HB, "--topic", topic, "--json"],
+        capture_output=True, text=True, timeout=120, env=base_env(), cwd=ROOT,
+    )  # fmt: skip
+    if result.returncode != 0:
+        return []
+    return json.loads(result.stdout)["partitions"]
+
+
+def end_offsets(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-scale-reader"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+    finally:
+        consumer.close()
+
+
+def kinds_between(bootstrap: str, topic: str, started: float, ended: float) -> collections.Counter[str]:
+    """Record types in the coordination topic with a timestamp in [started, ended)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-scale-kinds", "enable.auto.commit": False})
+    counts: collections.Counter[str] = collections.Counter()
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < 2:
+            messages = consumer.consume(10_000, 0.5)
+            if messages:
+                idle_since = time.monotonic()
+            for message in messages:
+                if message.error() is None and started * 1000 <= message.timestamp()[1] < ended * 1000:
+                    counts[json.loads(message.value()).get("type", "?")] += 1
+    finally:
+        consumer.close()
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--partitions", type=int, default=256)
+    parser.add_argument("--members", type=int, default=4)
+    parser.add_argument("--window", type=float, default=20.0, help="seconds over which traffic is counted")
+    args = parser.parse_args()
+
+    from marshal_workers.embedded_broker import EmbeddedBroker
+
+    print(f"a fleet of {args.members} supervisors on {args.partitions} partitions (--balance fair, HB {HB})")
+    for line in machine_info():
+        print("  " + line)
+    workdir = Path(tempfile.mkdtemp(prefix="mw-bench-scale-"))
+    name = uuid.uuid4().hex[:8]
+    topic, group, coordination = f"scale-{name}", f"g-{name}", f"__marshal-{name}"
+    supervisors: list[SupervisorProcess] = []
+    with EmbeddedBroker(log_path=str(workdir / "broker.log")) as broker:
+        bootstrap = broker.bootstrap
+        create_topic(bootstrap, topic, args.partitions)
+        env = {"MARSHAL_WORKERS_BALANCE": "fair", "MARSHAL_WORKERS_HEARTBEAT_INTERVAL": HB}
+        try:
+            started = time.monotonic()
+            for n in range(args.members):
+                supervisors.append(
+                    SupervisorProcess.start(
+                        bootstrap, group, coordination, f"member-{n}", workdir / f"member-{n}.log",
+                        env | {"MW_BENCH_TOPIC": topic},
+                    )  # fmt: skip
+                )
+
+            def owned() -> list[dict] | None:
+                rows = status(bootstrap, group, coordination, topic)
+                return rows if rows and all(r["state"] == "fresh" for r in rows) else None
+
+            poll_until(owned, 300, "every partition owned and fresh", supervisors[0].alive)
+            all_owned = time.monotonic() - started
+
+            def balanced() -> bool:
+                counts = collections.Counter(r["client"] for r in status(bootstrap, group, coordination, topic))
+                return len(counts) == args.members and max(counts.values()) - min(counts.values()) <= 1
+
+            poll_until(balanced, 300, "a balanced fleet", supervisors[0].alive)
+            all_balanced = time.monotonic() - started
+            print(f"\n1. every partition owned and fresh after {all_owned:.1f}s; balanced after {all_balanced:.1f}s")
+
+            time.sleep(4)  # let the last hand-overs settle
+            before, window_start = end_offsets(bootstrap, coordination), time.time()
+            time.sleep(args.window)
+            after, window_end = end_offsets(bootstrap, coordination), time.time()
+            rate = (after - before) / (window_end - window_start)
+            kinds = kinds_between(bootstrap, coordination, window_start, window_end)
+            print(f"2. coordination records once settled: {rate:.1f} records/s over {args.window:g}s "
+                  f"({rate / args.members:.1f} per member); by type: {dict(kinds)}")  # fmt: skip
+        finally:
+            for supervisor in supervisors:
+                supervisor.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
