@@ -16,6 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
+from marshal_workers.coordination_log import find_checkpoints
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
@@ -104,15 +105,24 @@ def resolve_positions(settings: Settings, topic: str, partitions: Sequence[int],
         consumer.close()
 
 
-def log_lines(settings: Settings, follow: bool, stop: Callable[[], bool] = lambda: False) -> Iterator[str]:
-    """The group's coordination records, decoded, one line each, in log order per coordination partition."""
+def log_lines(
+    settings: Settings, follow: bool, stop: Callable[[], bool] = lambda: False, from_beginning: bool = False
+) -> Iterator[str]:
+    """The group's coordination records, decoded, one line each, in log order per coordination partition.
+
+    From the latest checkpoint of each partition on (the checkpoint included), or the whole log.
+    """
     group = settings.require_group()
     admin = admin_client(settings)
     count = topic_partition_count(admin, settings, settings.coordination_topic)
     if count is None:
         return
     consumer = Consumer(reader_config(settings, "log"))
-    consumer.assign([TopicPartition(settings.coordination_topic, p, OFFSET_BEGINNING) for p in range(count)])
+    starts = [OFFSET_BEGINNING] * count
+    if not from_beginning:
+        found = find_checkpoints(settings, settings.coordination_topic, count, group)
+        starts = [OFFSET_BEGINNING if parts is None else parts[0].as_of for parts in found]
+    consumer.assign([TopicPartition(settings.coordination_topic, p, starts[p]) for p in range(count)])
     at_end: set[int] = set()
     try:
         while not stop() and (follow or len(at_end) < count):
@@ -143,6 +153,9 @@ def format_record(value: bytes | None, partition: int, offset: int, group: str) 
     stamp = utc_iso(record.ts)
     if isinstance(record, codec.ReleaseGroup):
         return f"{where} {stamp} {kind} {who} expires={utc_iso(record.expires)}"
+    if isinstance(record, codec.Checkpoint):
+        return f"{where} {stamp} {kind} {who} part {record.part + 1}/{record.parts} as_of={record.as_of} " \
+               f"positions={len(record.positions)}"  # fmt: skip
     if isinstance(record, codec.Heartbeats):
         beats = " ".join(f"[{b.partition}]={b.offset}" for b in record.beats)
         return f"{where} {stamp} {kind} {who} {record.topic} {beats}"

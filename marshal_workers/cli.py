@@ -217,16 +217,19 @@ def demo(partitions: int, rate: int, supervisors: int, duration: float) -> None:
 @main.command("log")
 @_settings_options
 @click.option("--follow", is_flag=True, help="Keep printing new records until Ctrl-C.")
+@click.option(
+    "--from-beginning", is_flag=True, help="Print the whole log, not only what follows the latest checkpoint."
+)
 @_reports_errors
-def log_command(config_file: str | None, follow: bool, **options: Any) -> None:
-    """Print the group's coordination records, decoded, one per line."""
+def log_command(config_file: str | None, follow: bool, from_beginning: bool, **options: Any) -> None:
+    """Print the group's coordination records, decoded, one per line (from its latest checkpoint on)."""
     from marshal_workers.admin import log_lines
 
     settings = _load(config_file, **options)
     stop: list[int] = []
     signal.signal(signal.SIGINT, lambda signum, _frame: stop.append(signum))
     signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signum))
-    for line in log_lines(settings, follow, stop=lambda: bool(stop)):
+    for line in log_lines(settings, follow, stop=lambda: bool(stop), from_beginning=from_beginning):
         click.echo(line)
 
 

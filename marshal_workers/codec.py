@@ -121,6 +121,52 @@ class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats")
         ]
 
 
+class Position(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
+    """One partition's state in a :class:`Checkpoint`: what the fold knows about it (world_state.PartitionState)."""
+
+    topic: Name
+    partition: NonNegative
+    owner_client: Name | None = None
+    owner_instance: Name | None = None
+    last_ts: NonNegative = 0
+    offset: NonNegative | None = None
+    amo_offset: NonNegative | None = None
+    done: Any = None
+    lag: Any = None
+    rate: Any = None
+    in_flight: Any = None
+    window_used: Any = None
+
+
+class PausePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """A group pause as a Checkpoint carries it (world_state.Pause)."""
+
+    until: NonNegative
+    client: Name
+
+
+MAX_POSITIONS: Final = 65536
+
+
+class Checkpoint(_Record, frozen=True, gc=False, kw_only=True, tag="checkpoint", omit_defaults=True):
+    """The fold's state of one coordination partition, so a reader need not read the log before it.
+
+    Release 0.2.0 (DESIGN.md section 13).  Written to coordination partition
+    ``source``: part ``part`` of ``parts`` (a large state takes several
+    records) of the state folded from every record of that partition before
+    log offset ``as_of``.  A reader that starts here seeds its state from all
+    the parts and folds the log from ``as_of``; a reader that has read the
+    log before it learns nothing from it (its state already holds it all).
+    """
+
+    source: NonNegative
+    as_of: NonNegative
+    part: NonNegative = 0
+    parts: Annotated[int, msgspec.Meta(ge=1, le=MAX_POSITIONS)] = 1
+    positions: Annotated[tuple[Position, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
+    pause: PausePosition | None = None
+
+
 class ClaimMessages(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim_messages"):
     """At-most-once: the owner claims every message before ``offset``."""
 
@@ -133,9 +179,9 @@ class ReleaseGroup(_Record, frozen=True, gc=False, kw_only=True, tag="release_gr
     expires: NonNegative
 
 
-Record = Union[Claim, Heartbeat, Heartbeats, Release, ClaimMessages, ReleaseGroup]
+Record = Union[Claim, Heartbeat, Heartbeats, Release, ClaimMessages, ReleaseGroup, Checkpoint]
 PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
-RECORD_TYPES: Final = (Claim, Heartbeat, Heartbeats, Release, ClaimMessages, ReleaseGroup)
+RECORD_TYPES: Final = (Claim, Heartbeat, Heartbeats, Release, ClaimMessages, ReleaseGroup, Checkpoint)
 
 _decoder = msgspec.json.Decoder(Record)
 _encoder = msgspec.json.Encoder()
@@ -185,6 +231,8 @@ def record_key(record: Record) -> bytes:
     """The Kafka key: ``group/topic/partition``, ``group/topic`` for heartbeats, the group for release_group."""
     if isinstance(record, ReleaseGroup):
         return record.group.encode()
+    if isinstance(record, Checkpoint):
+        return f"{record.group}/checkpoint/{record.source}".encode()
     if isinstance(record, Heartbeats):
         return f"{record.group}/{record.topic}".encode()
     return f"{record.group}/{record.topic}/{record.partition}".encode()

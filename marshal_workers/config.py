@@ -23,13 +23,13 @@ ENV_PREFIX = "MARSHAL_WORKERS_"
 ENV_KAFKA_PREFIX = ENV_PREFIX + "KAFKA_"
 ENV_CONFIG_FILE = ENV_PREFIX + "CONFIG"
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _SECRET_WORDS = ("password", "secret", "token", "key", "jaas")
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a number (seconds) or a string such as ``250ms``, ``5s``, ``2m``, ``1h``."""
+    """Seconds from a number (seconds) or a string such as ``250ms``, ``5s``, ``2m``, ``1h``, ``7d``."""
     if isinstance(value, bool):
         raise ConfigError(f"expected a duration such as 5s or 250ms, got {value!r}")
     if isinstance(value, (int, float)):
@@ -138,6 +138,16 @@ SETTINGS: dict[str, Setting] = {
             parse_duration,
             "Longest wait of the coordination log's fetches (fetch.wait.max.ms): bounds how soon a write is confirmed.",
         ),
+        Setting(
+            "checkpoint_interval",
+            parse_limit,
+            "How often the group writes a checkpoint of its state, so readers start near the end (0: never).",
+        ),
+        Setting(
+            "coordination_retention",
+            parse_limit,
+            "retention.ms given to the coordination topic when it is created (0: the broker's default).",
+        ),
         Setting("log_level", _parse_choice("debug", "info", "warning", "error"), "Log level."),
         Setting("log_format", _parse_choice("text", "json"), "Log lines as text, or as one JSON object each."),
         Setting("max_partitions", _parse_int(0), "Most partitions one supervisor claims (0: no cap)."),
@@ -198,6 +208,8 @@ class Settings:
     connect_timeout: float = 10.0
     write_timeout: float = 10.0
     coordination_fetch_wait: float = 0.005
+    checkpoint_interval: float = 60.0
+    coordination_retention: float = 7 * 24 * 3600.0
     log_level: str = "info"
     log_format: str = "text"
     max_partitions: int = 0

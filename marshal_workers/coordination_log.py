@@ -19,8 +19,17 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
+from marshal_workers import checkpoints, codec
 from marshal_workers.codec import Release
 from marshal_workers.config import Settings
 from marshal_workers.errors import DecodeError, KafkaUnavailable
@@ -64,7 +73,14 @@ class CoordinationLog:
     through ``read()``, which holds the lock.
     """
 
-    def __init__(self, settings: Settings, group: str, partition_count: int, own_instance: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        group: str,
+        partition_count: int,
+        own_instance: str | None = None,
+        from_beginning: bool = False,
+    ) -> None:
         self.settings = settings
         self.topic = settings.coordination_topic
         self.partition_count = partition_count
@@ -82,6 +98,8 @@ class CoordinationLog:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
+        self.from_beginning = from_beginning
+        self.started_at: list[int] = [0] * partition_count  # where reading began, per partition
         self._consumer = Consumer(
             reader_config(
                 settings,
@@ -98,10 +116,24 @@ class CoordinationLog:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> CoordinationLog:
-        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(self.partition_count)])
+        """Start tailing: from the latest checkpoint of each partition (or the beginning, if there is none)."""
+        starts = [OFFSET_BEGINNING] * self.partition_count
+        if not self.from_beginning:
+            found = find_checkpoints(self.settings, self.topic, self.partition_count, self._state.group)
+            for partition, parts in enumerate(found):
+                if parts is not None:
+                    starts[partition] = self._seed(partition, parts)
+        self._consumer.assign([TopicPartition(self.topic, p, starts[p]) for p in range(self.partition_count)])
         self._thread = threading.Thread(target=self._run, name="coordination-log", daemon=True)
         self._thread.start()
         return self
+
+    def _seed(self, partition: int, parts: list[codec.Checkpoint]) -> int:
+        """Seed the state from a partition's checkpoint; the offset to read from."""
+        checkpoints.seed(self._state, parts, partition)
+        as_of = parts[0].as_of
+        self._next_offset[partition] = self.started_at[partition] = as_of
+        return as_of
 
     def close(self) -> None:
         self._stopping.set()
@@ -174,6 +206,11 @@ class CoordinationLog:
     def snapshot(self) -> WorldState:
         return self.read(WorldState.snapshot)
 
+    def checkpoint(self, partition: int, common: dict[str, object]) -> list[codec.Checkpoint]:
+        """The checkpoint records of a partition: the state as folded, and the offset it is folded to."""
+        with self._lock:
+            return checkpoints.state_records(self._state, partition, self._next_offset[partition], common)
+
     def wait_caught_up(self, stall_timeout: float) -> None:
         """Block until every partition reached its end once; give up after ``stall_timeout`` without progress."""
         with self._lock:
@@ -205,8 +242,108 @@ class CoordinationLog:
             return self._verdicts.pop(key)
 
 
+# How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far.
+_FIRST_LOOK = 20_000
+
+
+def find_checkpoints(
+    settings: Settings, topic: str, partition_count: int, group: str
+) -> list[list[codec.Checkpoint] | None]:
+    """The latest complete checkpoint of ``group`` on each coordination partition (None: it has none).
+
+    Looks at the last records of every partition at once, then 4 times as far back each time where none
+    was found, so the cost is the records since the last checkpoint.  (Offsets, not times: Tansu answers
+    every "offset for a time" with the log start.)
+    """
+    found: list[list[codec.Checkpoint] | None] = [None] * partition_count
+    consumer = Consumer(
+        reader_config(
+            settings,
+            "checkpoints",
+            **{"fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)), "fetch.queue.backoff.ms": 5},
+        )
+    )
+    try:
+        bounds = [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
+            for p in range(partition_count)
+        ]
+        assemblers = [checkpoints.Assembler() for _ in range(partition_count)]
+        looking = {p for p, (low, high) in enumerate(bounds) if high > low}  # an empty partition has none
+        stops: dict[int, int | None] = {p: None for p in looking}  # None: to the end
+        look = _FIRST_LOOK
+        while looking:
+            begins = {p: max(bounds[p][0], bounds[p][1] - look) for p in looking}
+            _scan(consumer, topic, group, {p: (begins[p], stops[p]) for p in looking}, assemblers, settings)
+            for p in sorted(looking):
+                latest = assemblers[p].latest
+                if latest is not None and latest[0].as_of >= bounds[p][0]:
+                    found[p] = latest
+                    looking.discard(p)
+                elif begins[p] <= bounds[p][0]:
+                    looking.discard(p)  # read back to the start: no checkpoint
+                else:
+                    stops[p] = begins[p]
+            look *= 4
+        return found
+    except KafkaException as exc:
+        log.warning("coordination log %s: cannot look for checkpoints (%s): reading it all", topic, exc)
+        return [None] * partition_count
+    finally:
+        consumer.close()
+
+
+def find_checkpoint(settings: Settings, topic: str, partition: int, group: str) -> list[codec.Checkpoint] | None:
+    """The latest complete checkpoint of one coordination partition (see find_checkpoints)."""
+    return find_checkpoints(settings, topic, partition + 1, group)[partition]
+
+
+def _scan(
+    consumer: Consumer,
+    topic: str,
+    group: str,
+    spans: dict[int, tuple[int, int | None]],
+    assemblers: list[checkpoints.Assembler],
+    settings: Settings,
+) -> None:
+    """Feed the group's checkpoints in [begin, stop) of each partition (stop None: to its end) to its assembler."""
+    consumer.assign([TopicPartition(topic, p, begin) for p, (begin, _) in spans.items()])
+    reading = set(spans)
+    last_progress = time.monotonic()
+    while reading:
+        batch = consumer.consume(num_messages=_BATCH, timeout=0.1)
+        if batch:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > settings.connect_timeout:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no progress while looking for checkpoints"))
+        for message in batch:
+            partition = message.partition()
+            if partition not in reading:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    reading.discard(partition)
+                continue
+            offset, stop = message.offset(), spans[partition][1]
+            if stop is not None and offset >= stop:
+                reading.discard(partition)
+                continue
+            value = message.value()
+            if value is None or b'"checkpoint"' not in value:
+                continue
+            try:
+                record = codec.decode(value)
+            except DecodeError:
+                continue
+            # A checkpoint of this group and partition, describing the log before itself.
+            if isinstance(record, codec.Checkpoint) and record.group == group and record.source == partition:
+                if record.as_of <= offset:
+                    assemblers[partition].add(record)
+
+
 def read_group_state(settings: Settings, group: str) -> WorldState:
-    """The group's world state as of now, read from the whole coordination log (read-only).
+    """The group's world state as of now, read from the latest checkpoints on (read-only).
 
     A coordination topic that does not exist yet is an empty log: it is not created here.
     """

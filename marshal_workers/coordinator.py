@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, NamedTuple, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
@@ -37,14 +37,32 @@ T = TypeVar("T")
 
 def ensure_coordination_topic(admin: AdminClient, settings: Settings) -> int:
     """The coordination topic's partition count, creating the topic first if it is missing."""
-    return ensure_topic(
-        admin,
-        settings,
-        settings.coordination_topic,
-        settings.coordination_partitions,
-        # The fold prefers broker time, so members' clock skew matters less (Tansu ignores it).
-        config={"message.timestamp.type": "LogAppendTime"},
-    )
+    # The fold prefers broker time, so members' clock skew matters less (Tansu ignores it).
+    config = {"message.timestamp.type": "LogAppendTime"}
+    if settings.coordination_retention:
+        # Checkpoints carry the whole state every checkpoint_interval: older records are history only.
+        config["retention.ms"] = str(round(settings.coordination_retention * 1000))
+    count = ensure_topic(admin, settings, settings.coordination_topic, settings.coordination_partitions, config=config)
+    _warn_if_kept_forever(admin, settings)
+    return count
+
+
+def _warn_if_kept_forever(admin: AdminClient, settings: Settings) -> None:
+    """An existing coordination topic without retention works (readers start at checkpoints) but only grows."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.coordination_topic)
+    try:
+        found = admin.describe_configs([resource], request_timeout=settings.connect_timeout)[resource].result(
+            timeout=settings.connect_timeout + 1
+        )
+        retention = found.get("retention.ms")
+        if retention is not None and retention.value is not None and int(retention.value) < 0:
+            log.warning(
+                "the coordination topic %s keeps its records for ever (retention.ms=-1): readers start at "
+                "checkpoints, but the topic only grows; set retention.ms (e.g. %d, coordination_retention)",
+                settings.coordination_topic, round((settings.coordination_retention or 7 * 86400) * 1000),
+            )  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - a broker that cannot describe configs: nothing to say
+        log.debug("cannot read the coordination topic's retention: %s", exc)
 
 
 @dataclass
@@ -250,6 +268,11 @@ class Coordinator:
         """claim_messages records for (topic, partition, end offset) triples, stamped now."""
         common = self._common()
         return [codec.ClaimMessages(**common, topic=t, partition=p, offset=o) for t, p, o in claims]
+
+    def checkpoint_records(self, partition: int) -> list[codec.Record]:
+        """A checkpoint of a coordination partition (written there: pass ``partitions``)."""
+        assert self._log is not None, "call start() first"
+        return list(self._log.checkpoint(partition, self._common()))
 
     def release_group(self, expires_ms: int) -> bool:
         """Pause the whole group until ``expires_ms``: every owner is dropped, claims are refused."""

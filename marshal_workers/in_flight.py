@@ -47,6 +47,7 @@ class InFlightWrites:
         on_verdicts: OnVerdicts,
         on_failure: OnFailure,
         within: float | None = None,
+        partitions: Sequence[int] | None = None,
     ) -> None:
         """Produce ``records`` now; their verdicts (one per record) reach ``on_verdicts`` from a later collect().
 
@@ -54,7 +55,7 @@ class InFlightWrites:
         (default: the write timeout).  A late verdict is then ignored.
         """
         try:
-            pending = self._coordinator.submit(records)
+            pending = self._coordinator.submit(records, partitions)
         except CoordinationWriteError as exc:
             on_failure(exc)
             return

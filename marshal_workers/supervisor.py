@@ -37,7 +37,7 @@ import orjson
 import setproctitle
 from confluent_kafka.admin import AdminClient
 
-from marshal_workers import done_set
+from marshal_workers import checkpoints, done_set
 from marshal_workers.app import App, Mode, OnError, effective_time_limits
 from marshal_workers.balance import (
     BalanceState,
@@ -132,6 +132,7 @@ class Timers:
     claim: float = 0.0
     ask: float = 0.0  # the next time we may ask another member for a partition
     topics: float = 0.0
+    checkpoint: float = 0.0
     stop_deadline: float | None = None
 
 
@@ -165,6 +166,7 @@ class Supervisor:
         self._admin: AdminClient | None = None
         self._writes: InFlightWrites | None = None  # every coordination write of the loop: it never waits on one
         self._claiming: set[Key] = set()  # claims in flight
+        self._checkpointing: set[int] = set()  # coordination partitions whose checkpoint is being written
         self._releasing: set[Key] = set()  # releases in flight
         self._stop_signalled = False  # SIGTERM/SIGINT received, perhaps not handled yet: fork nothing more
         self._woken_by_own_fold = False
@@ -244,6 +246,9 @@ class Supervisor:
         if now >= self.timers.topics:
             self.timers.topics = now + max(2 * self.hb_s, 5.0)
             self._refresh_topics()
+        if now >= self.timers.checkpoint:
+            self.timers.checkpoint = now + self.hb_s
+            self._write_checkpoints()
         self._take_metadata()
         if now >= self.timers.claim:
             self.timers.claim = now + CLAIM_INTERVAL_S * random.uniform(0.5, 1.5)
@@ -770,6 +775,34 @@ class Supervisor:
 
     def _collect_writes(self) -> None:
         self._require_writes().collect()
+
+    # ---------------------------------------------------------- checkpoints
+
+    def _write_checkpoints(self) -> None:
+        """Write the checkpoint of each coordination partition that is due from us (checkpoints.due)."""
+        interval_ms = round(self.settings.checkpoint_interval * 1000)
+        if not interval_ms or self.phase is not Phase.RUNNING:
+            return
+        coordinator, me = self._require_coordinator(), self._me()
+        now_ms = coordinator.now_ms()
+        for partition in range(coordinator.partition_count):
+            if partition in self._checkpointing:
+                continue
+            if not coordinator.read(lambda world: checkpoints.due(world, partition, now_ms, interval_ms, me)):
+                continue
+            records = coordinator.checkpoint_records(partition)
+            self._checkpointing.add(partition)
+            self._require_writes().submit(
+                "checkpoint",
+                records,
+                lambda _verdicts, p=partition: self._checkpointing.discard(p),
+                lambda exc, p=partition: self._checkpoint_failed(p, exc),
+                partitions=[partition] * len(records),
+            )
+
+    def _checkpoint_failed(self, partition: int, exc: Exception) -> None:
+        self._checkpointing.discard(partition)
+        self.log.warning("checkpoint of coordination partition %d not confirmed: %s", partition, exc)
 
     # -------------------------------------------------------------- workers
 

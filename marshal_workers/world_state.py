@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from marshal_workers import done_set
 from marshal_workers.codec import (
+    Checkpoint,
     Claim,
     ClaimMessages,
     Heartbeat,
@@ -163,6 +164,8 @@ class WorldState:
     # asking for partitions (fair balance, see balance.py).
     last_refused_claim: dict[str, int] = field(default_factory=dict)
     clients: dict[str, str] = field(default_factory=dict)
+    # The time of the latest checkpoint on each coordination partition (who writes the next: checkpoints.py).
+    checkpoints: dict[int, int] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
     _routes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # topic -> coordination partition
 
@@ -180,7 +183,7 @@ class WorldState:
             stats.other_groups += 1
             return False
         kind = type(record)
-        if kind is not ReleaseGroup and self.coordination_partitions is not None:
+        if kind is not ReleaseGroup and kind is not Checkpoint and self.coordination_partitions is not None:
             home = self._routes.get(record.topic)  # type: ignore[union-attr]
             if home is None:
                 home = self._routes[record.topic] = coordination_partition(record.topic, self.coordination_partitions)  # type: ignore[union-attr]
@@ -305,6 +308,14 @@ class WorldState:
                 state.lag = state.rate = state.in_flight = state.window_used = None
         return True
 
+    def _checkpoint(self, record: Checkpoint, at: int, source: int) -> bool:
+        """A checkpoint adds nothing to a state that has read the log before it: only its time is kept."""
+        if self.coordination_partitions is not None and record.source != source:
+            self.stats.misrouted += 1
+            return False
+        self.checkpoints[source] = max(at, self.checkpoints.get(source, 0))
+        return True
+
     def _paused_at(self, source: int, at: int) -> Pause | None:
         pause = self.pauses.get(source)
         return pause if pause is not None and at < pause.until else None
@@ -389,6 +400,7 @@ class WorldState:
 _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
     Heartbeat: WorldState._heartbeat,
     Heartbeats: WorldState._heartbeats,
+    Checkpoint: WorldState._checkpoint,
     Claim: WorldState._claim,
     ClaimMessages: WorldState._claim_messages,
     Release: WorldState._release,

@@ -294,8 +294,8 @@ def audit_split(
                     text = None if key is None else key.decode("utf-8", "replace")
                     yield _GARBAGE, (log_partition, message.offset(), text, str(exc))
                     continue
-                if record.group != group:
-                    continue
+                if record.group != group or isinstance(record, codec.Checkpoint):
+                    continue  # another group's; or a checkpoint, which tells a reader of the whole log nothing
                 kind, stamp = message.timestamp()
                 at = record_time(record, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
                 log_offset = message.offset()

@@ -52,30 +52,30 @@ def status(bootstrap: str, group: str, coordination: str, topic: str) -> list[di
     return json.loads(result.stdout)["partitions"]
 
 
-def end_offsets(bootstrap: str, topic: str) -> int:
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """The end offset of each partition of ``topic``."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-scale-reader"})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
     finally:
         consumer.close()
 
 
-def kinds_between(bootstrap: str, topic: str, started: float, ended: float) -> collections.Counter[str]:
-    """Record types in the coordination topic with a timestamp in [started, ended)."""
+def kinds_between(bootstrap: str, topic: str, start: dict[int, int], end: dict[int, int]) -> collections.Counter[str]:
+    """Record types in the coordination topic between two sets of end offsets."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-scale-kinds", "enable.auto.commit": False})
     counts: collections.Counter[str] = collections.Counter()
+    left = {p: end[p] - start[p] for p in end if end[p] > start[p]}
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        idle_since = time.monotonic()
-        while time.monotonic() - idle_since < 2:
-            messages = consumer.consume(10_000, 0.5)
-            if messages:
-                idle_since = time.monotonic()
-            for message in messages:
-                if message.error() is None and started * 1000 <= message.timestamp()[1] < ended * 1000:
+        consumer.assign([TopicPartition(topic, p, start[p]) for p in left])
+        deadline = time.monotonic() + 120
+        while any(n > 0 for n in left.values()) and time.monotonic() < deadline:
+            for message in consumer.consume(10_000, 0.5):
+                p = message.partition()
+                if message.error() is None and message.offset() < end[p]:
                     counts[json.loads(message.value()).get("type", "?")] += 1
+                    left[p] -= 1
     finally:
         consumer.close()
     return counts
@@ -124,14 +124,15 @@ def main() -> int:
 
             poll_until(balanced, 300, "a balanced fleet", supervisors[0].alive)
             all_balanced = time.monotonic() - started
-            print(f"\n1. every partition owned and fresh after {all_owned:.1f}s; balanced after {all_balanced:.1f}s")
+            print(f"\n1. every partition owned and fresh after {all_owned:.1f}s; balanced after {all_balanced:.1f}s",
+                  flush=True)  # fmt: skip
 
             time.sleep(4)  # let the last hand-overs settle
-            before, window_start = end_offsets(bootstrap, coordination), time.time()
+            before, window_start = end_offsets(bootstrap, coordination), time.monotonic()
             time.sleep(args.window)
-            after, window_end = end_offsets(bootstrap, coordination), time.time()
-            rate = (after - before) / (window_end - window_start)
-            kinds = kinds_between(bootstrap, coordination, window_start, window_end)
+            after, window_end = end_offsets(bootstrap, coordination), time.monotonic()
+            rate = (sum(after.values()) - sum(before.values())) / (window_end - window_start)
+            kinds = kinds_between(bootstrap, coordination, before, after)
             print(f"2. coordination records once settled: {rate:.1f} records/s over {args.window:g}s "
                   f"({rate / args.members:.1f} per member); by type: {dict(kinds)}")  # fmt: skip
         finally:

@@ -243,7 +243,9 @@ def test_a_failed_write_replaces_the_producer_once_and_later_writes_go_through(s
             try:
                 timed_out = coordinator.submit(coordinator.message_claims([(topic, 0, 10)]))
                 purged = coordinator.submit(coordinator.message_claims([(topic, 0, 20)]))
-                time.sleep(2.2)  # past the write timeout of both
+                # Our deadline passes now; librdkafka's own timeout (the same 2 s) must not fire first, or
+                # the write would fail as timed out by the client instead of being given up by us.
+                timed_out.deadline = time.monotonic()
                 with pytest.raises(CoordinationWriteError, match="did not confirm"):
                     coordinator.collect(timed_out)  # replaces the producer, purging the other one
                 after = coordinator.submit(coordinator.message_claims([(topic, 0, 30)]))

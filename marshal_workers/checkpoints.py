@@ -1,0 +1,133 @@
+"""Checkpoints: a reader's start-up does not grow with the coordination log's age (DESIGN.md section 13).
+
+Every ``checkpoint_interval`` one member writes, to each coordination
+partition, the fold's state of that partition (every position, owner and
+pause of the topics routed there) as of a log offset ``as_of``: a
+:class:`codec.Checkpoint`, in parts if large.  A reader starts at the latest
+complete checkpoint it finds near the end of each partition, seeds its state
+from it and folds the log from ``as_of``, instead of reading from the
+beginning.  A reader that did read the log before a checkpoint ignores it.
+
+Agreement: a reader seeded from a checkpoint written by an honest member
+and a reader that read everything hold the same positions, owners and
+pauses once they have folded the same offsets (property-tested).  What the
+fold keeps about members for balance (``last_claim``, ``last_refused_claim``)
+only matters within 2 HB of ``now`` and is rebuilt from the records read,
+so a reader that starts 2 HB before ``now`` agrees on it too.
+
+Everything here is pure: states, records and numbers in, records out.
+Where each piece of state lives once the log before a checkpoint is gone:
+``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from marshal_workers import codec, done_set
+from marshal_workers.world_state import Owner, PartitionState, Pause, WorldState
+
+# Positions per record: well below Kafka's default 1 MB message, even with done sets.
+POSITIONS_PER_RECORD = 1000
+
+
+def state_records(
+    state: WorldState, source: int, as_of: int, common: dict[str, Any], per_record: int = POSITIONS_PER_RECORD
+) -> list[codec.Checkpoint]:
+    """The checkpoint of coordination partition ``source``: ``state`` as folded up to log offset ``as_of``."""
+    positions = [_position(topic, partition, found) for (topic, partition), found in sorted(state.partitions.items())
+                 if _routed(state, topic, source)]  # fmt: skip
+    pause = state.pauses.get(source)
+    chunks = [positions[i : i + per_record] for i in range(0, len(positions), per_record)] or [[]]
+    return [
+        codec.Checkpoint(
+            **common, source=source, as_of=as_of, part=index, parts=len(chunks), positions=tuple(chunk),
+            pause=None if pause is None else codec.PausePosition(until=pause.until, client=pause.client),
+        )  # fmt: skip
+        for index, chunk in enumerate(chunks)
+    ]
+
+
+def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> None:
+    """Load a complete checkpoint of ``source`` into ``state`` (which has read nothing of ``source`` yet).
+
+    Positions of topics that are not routed to ``source`` are ignored, as the fold ignores misrouted records.
+    """
+    for part in parts:
+        for position in part.positions:
+            if _routed(state, position.topic, source):
+                state.partitions[(position.topic, position.partition)] = _partition_state(position)
+    pause = parts[0].pause if parts else None
+    if pause is not None:
+        state.pauses[source] = Pause(until=pause.until, client=pause.client)
+
+
+class Assembler:
+    """Collects the parts of the checkpoints met while scanning a partition; keeps the latest complete one."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[str, int], dict[int, codec.Checkpoint]] = {}
+        self.latest: list[codec.Checkpoint] | None = None
+
+    def add(self, record: codec.Checkpoint) -> None:
+        key = (record.instance, record.as_of)
+        parts = self._parts.setdefault(key, {})
+        if parts and next(iter(parts.values())).parts != record.parts:
+            return  # parts of one checkpoint that disagree on their number: not an honest writer's
+        parts[record.part] = record
+        if len(parts) == record.parts and all(i in parts for i in range(record.parts)):
+            complete = [parts[i] for i in range(record.parts)]
+            if self.latest is None or record.as_of >= self.latest[0].as_of:
+                self.latest = complete
+            del self._parts[key]
+
+
+def due(state: WorldState, source: int, now: int, interval_ms: int, me: Owner) -> bool:
+    """Should ``me`` write the checkpoint of ``source`` now?
+
+    The live member with the lowest instance id writes one every ``interval_ms``;
+    any member does once the last is 2 intervals old (the writer is gone).
+    """
+    last = state.checkpoints.get(source)
+    age = now - last if last is not None else None
+    if age is not None and age < interval_ms:
+        return False
+    if age is None or age >= 2 * interval_ms:
+        return True
+    members = state.live_members(now) | {me}
+    return min(members, key=lambda owner: owner.instance) == me
+
+
+def _routed(state: WorldState, topic: str, source: int) -> bool:
+    count = state.coordination_partitions
+    return count is None or codec.coordination_partition(topic, count) == source
+
+
+def _position(topic: str, partition: int, found: PartitionState) -> codec.Position:
+    owner = found.owner
+    return codec.Position(
+        topic=topic, partition=partition,
+        owner_client=None if owner is None else owner.client, owner_instance=None if owner is None else owner.instance,
+        last_ts=found.last_ts, offset=found.offset, amo_offset=found.amo_offset,
+        done=None if found.done is None else list(found.done),
+        lag=found.lag, rate=found.rate, in_flight=found.in_flight, window_used=found.window_used,
+    )  # fmt: skip
+
+
+def _partition_state(position: codec.Position) -> PartitionState:
+    owner = None
+    if position.owner_client is not None and position.owner_instance is not None:
+        owner = Owner(position.owner_client, position.owner_instance)
+    done = None
+    if position.done is not None and position.offset is not None:
+        done = done_set.parse(position.offset, position.done) or None
+    return PartitionState(
+        owner=owner, last_ts=position.last_ts, offset=position.offset, amo_offset=position.amo_offset, done=done,
+        lag=_number(position.lag), rate=_number(position.rate), in_flight=_number(position.in_flight),
+        window_used=_number(position.window_used),
+    )  # fmt: skip
+
+
+def _number(value: Any) -> int | float | None:
+    return None if value is None else codec.reported_number(value)

@@ -1,0 +1,106 @@
+"""Benchmark: reading a group's state (what start-up and ``status`` do) against the coordination log's length.
+
+    /work/venv/bin/python tests/benchmarks/bench_startup.py [--records 100000,1000000,3000000]
+
+Starts its own embedded broker.  For each length N: a fresh coordination
+topic (1 partition) gets N records of a group's past (claims and heartbeats
+of 64 partitions), then
+
+  a. the time to read the group's state from the beginning (what every reader did before checkpoints),
+  b. a checkpoint is written, then 1,000 more records, and the time to read the state again: from the
+     latest checkpoint, as ``status`` and a starting supervisor do now;
+
+and checks that both give the same positions.  Target: b flat in N and under 2 s.
+A benchmark, not a test: the exit status is 0 unless it could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from bench_run import machine_info, verdict  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+
+from marshal_workers import codec  # noqa: E402
+from marshal_workers.config import Settings  # noqa: E402
+from marshal_workers.coordination_log import CoordinationLog  # noqa: E402
+from marshal_workers.coordinator import Coordinator  # noqa: E402
+
+
+def history(settings: Settings, count: int, start_ts: int) -> None:
+    producer = Producer({"bootstrap.servers": settings.brokers, "linger.ms": 50, "batch.num.messages": 100_000,
+                         "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576})  # fmt: skip
+    common = {"v": 1, "group": settings.group, "client": "old-host", "instance": "old-1"}
+    send = producer.produce
+    for p in range(64):
+        send(settings.coordination_topic, codec.encode(codec.Claim(**common, ts=start_ts, topic="orders", partition=p)))
+    for n in range(count):
+        value = codec.encode(codec.Heartbeat(**common, ts=start_ts + n // 1000, topic="orders", partition=n % 64,
+                                             offset=n))  # fmt: skip
+        try:
+            send(settings.coordination_topic, value, partition=0)
+        except BufferError:
+            producer.poll(0.1)
+            send(settings.coordination_topic, value, partition=0)
+    if producer.flush(300):
+        raise RuntimeError("history not delivered")
+
+
+def read_time(settings: Settings, from_beginning: bool) -> tuple[float, int, dict]:
+    started = time.perf_counter()
+    reader = CoordinationLog(settings, settings.group or "", 1, from_beginning=from_beginning).start()
+    try:
+        reader.wait_caught_up(stall_timeout=60)
+        state = reader.snapshot()
+    finally:
+        reader.close()
+    return time.perf_counter() - started, state.stats.applied, state.partitions
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", default="100000,1000000,3000000")
+    args = parser.parse_args()
+    from marshal_workers.embedded_broker import EmbeddedBroker
+
+    print("reading a group's state against the coordination log's length")
+    for line in machine_info():
+        print("  " + line)
+    print(f"\n  {'records':>10} {'whole log (s)':>14} {'folded':>10} {'from checkpoint (s)':>20} {'folded':>8}")
+    worst = 0.0
+    with EmbeddedBroker() as broker:
+        for count in (int(n) for n in args.records.split(",")):
+            name = uuid.uuid4().hex[:8]
+            settings = Settings(brokers=broker.bootstrap, group=f"g-{name}", client_id="bench",
+                                heartbeat_interval=3600.0, coordination_topic=f"__marshal-{name}",
+                                coordination_partitions=1, connect_timeout=60.0, write_timeout=60.0)  # fmt: skip
+            with Coordinator(replace(settings, checkpoint_interval=0)) as writer:
+                history(settings, count, writer.now_ms() - 3_600_000)
+            whole, whole_folded, expected = read_time(settings, from_beginning=True)
+            with Coordinator(settings) as writer:
+                writer.write(writer.checkpoint_records(0), partitions=[0])
+                history(settings, 1_000, writer.now_ms())
+            _, _, expected = read_time(settings, from_beginning=True)
+            seconds, folded, partitions = read_time(settings, from_beginning=False)
+            worst = max(worst, seconds)
+            same = "same state" if partitions == expected else "STATES DIFFER"
+            print(f"  {count:>10,} {whole:>14.2f} {whole_folded:>10,} {seconds:>20.2f} {folded:>8,}   {same}",
+                  flush=True)  # fmt: skip
+    print(f"\n  slowest start from a checkpoint: {worst:.2f}s (target < 2 s) {verdict(worst < 2)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
