@@ -11,7 +11,7 @@ import collections
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,12 +67,23 @@ def make_fleet(kafka_brokers: str, unique: str, tmp_path: Path, name: str, parti
     )
 
 
+NewFleet = Callable[..., Fleet]
+
+
 @pytest.fixture
-def fleets(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[list[Fleet]]:
-    """Fleets made by a test (one topic and group each); every supervisor of each is killed at the end."""
+def fleets(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[NewFleet]:
+    """``fleets(name, count, keys)``: a fresh 1-partition topic holding ``count`` keyed messages, and a group;
+    every supervisor started through it is killed at the end."""
     made: list[Fleet] = []
+
+    def new(name: str, count: int, keys: int) -> Fleet:
+        fleet = make_fleet(kafka_brokers, unique, tmp_path, name)
+        made.append(fleet)
+        produce_keyed(fleet, count, keys)
+        return fleet
+
     try:
-        yield made
+        yield new
     finally:
         for fleet in made:
             fleet.stop_all()
@@ -92,6 +103,15 @@ def stop(fleet: Fleet, client: str, signum: int = signal.SIGTERM) -> None:
     process.wait(timeout=60)
 
 
+def handle_all(fleet: Fleet, count: int, **env: str) -> list[Call]:
+    """Run supervisor "a" until it has handled messages 0..count-1, stop it, check each ran to its end once."""
+    fleet.start("a", **env)
+    poll_until(lambda: len(ends(fleet)) >= count, timeout=120, what=f"{count} messages handled")
+    stop(fleet, "a")
+    assert ends(fleet) == collections.Counter(range(count))  # every message once, none twice
+    return calls(fleet)
+
+
 # ---------------------------------------------------------------- throughput
 
 
@@ -101,19 +121,12 @@ def handled_span(fleet: Fleet) -> float:
     return max(c.at for c in seen if c.kind == "E") - min(c.at for c in seen if c.kind == "S")
 
 
-def test_concurrency_32_handles_every_message_once_and_many_times_faster(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
-) -> None:
+def test_concurrency_32_handles_every_message_once_and_many_times_faster(fleets: NewFleet) -> None:
     count = 200
     spans = {}
     for concurrency in (1, 32):
-        fleet = make_fleet(kafka_brokers, unique, tmp_path, f"c{concurrency}")
-        fleets.append(fleet)
-        produce_keyed(fleet, count, keys=1000)
-        fleet.start("a", MW_TEST_CONCURRENCY=str(concurrency), MW_TEST_DELAY="0.02")
-        poll_until(lambda: len(ends(fleet)) >= count, timeout=120, what=f"{count} messages at concurrency {concurrency}")
-        stop(fleet, "a")
-        assert ends(fleet) == collections.Counter(range(count))  # every message once, none twice
+        fleet = fleets(f"c{concurrency}", count, keys=1000)
+        handle_all(fleet, count, MW_TEST_CONCURRENCY=str(concurrency), MW_TEST_DELAY="0.02")
         spans[concurrency] = handled_span(fleet)
     # 20 ms per call: one lane needs 4 s for 200 messages, 32 lanes a few hundred ms.
     assert spans[1] / spans[32] >= 15, spans
@@ -123,18 +136,12 @@ def test_concurrency_32_handles_every_message_once_and_many_times_faster(
 
 
 def test_key_ordering_never_overlaps_a_key_and_keeps_its_offset_order(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+    fleets: NewFleet
 ) -> None:
-    fleet = make_fleet(kafka_brokers, unique, tmp_path, "keys")
-    fleets.append(fleet)
     count = 400
-    produce_keyed(fleet, count, keys=10)
-    fleet.start("a", MW_TEST_ASYNC="1", MW_TEST_CONCURRENCY="16", MW_TEST_MAX_DELAY="0.01")
-    poll_until(lambda: len(ends(fleet)) >= count, timeout=120, what=f"{count} messages")
-    stop(fleet, "a")
-    assert ends(fleet) == collections.Counter(range(count))
+    fleet = fleets("keys", count, keys=10)
+    seen = handle_all(fleet, count, MW_TEST_ASYNC="1", MW_TEST_CONCURRENCY="16", MW_TEST_MAX_DELAY="0.01")
     by_key: dict[str, list[tuple[int, float, float]]] = collections.defaultdict(list)
-    seen = calls(fleet)
     started = {c.offset: c.at for c in seen if c.kind == "S"}
     for c in seen:
         if c.kind == "E":
@@ -172,12 +179,10 @@ def all_gated_calls_block(fleet: Fleet, client: str, lanes: int) -> bool:
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_kill_9_with_32_in_flight_reruns_exactly_those_under_alo_and_none_under_amo(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path, mode: str
+    fleets: NewFleet, tmp_path: Path, mode: str
 ) -> None:
-    fleet = make_fleet(kafka_brokers, unique, tmp_path, f"kill-{mode}")
-    fleets.append(fleet)
     count, gate = 2000, tmp_path / "gate"
-    produce_keyed(fleet, count, keys=1000)
+    fleet = fleets(f"kill-{mode}", count, keys=1000)
     # Every 20th message blocks until the gate opens: under ALO all 32 lanes end up on blocked ones.
     # Under AMO a claim is a batch of 100, so its 5 blocked messages are what is in flight at the kill.
     env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_GATE_VALUES": "20",
@@ -223,12 +228,10 @@ def heartbeat_seen_after(fleet: Fleet) -> bool:
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_sigterm_mid_flight_loses_nothing_and_repeats_nothing(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path, mode: str
+    fleets: NewFleet, mode: str
 ) -> None:
-    fleet = make_fleet(kafka_brokers, unique, tmp_path, f"term-{mode}")
-    fleets.append(fleet)
     count = 1500
-    produce_keyed(fleet, count, keys=1000)
+    fleet = fleets(f"term-{mode}", count, keys=1000)
     env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_MAX_DELAY": "0.05",
            "MW_TEST_BATCH_SIZE": "100"}  # fmt: skip
     fleet.start("a", **env)
@@ -244,12 +247,10 @@ def test_sigterm_mid_flight_loses_nothing_and_repeats_nothing(
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_a_supervisor_frozen_past_its_lease_loses_nothing_under_alo_and_repeats_nothing_under_amo(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path, mode: str
+    fleets: NewFleet, mode: str
 ) -> None:
-    fleet = make_fleet(kafka_brokers, unique, tmp_path, f"stop-{mode}")
-    fleets.append(fleet)
     count = 3000
-    produce_keyed(fleet, count, keys=1000)
+    fleet = fleets(f"stop-{mode}", count, keys=1000)
     env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "8", "MW_TEST_MAX_DELAY": "0.02", "MW_TEST_BATCH_SIZE": "100"}
     fleet.start("a", **env)
     poll_until(lambda: len(ends(fleet)) >= 500, timeout=60, what="500 messages handled")
@@ -281,18 +282,14 @@ def test_a_supervisor_frozen_past_its_lease_loses_nothing_under_alo_and_repeats_
 
 
 def test_retries_of_one_key_do_not_delay_the_other_keys(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+    fleets: NewFleet
 ) -> None:
-    fleet = make_fleet(kafka_brokers, unique, tmp_path, "retry")
-    fleets.append(fleet)
     count = 100
-    produce_keyed(fleet, count, keys=20)
+    fleet = fleets("retry", count, keys=20)
     # Every call on key k0 fails twice before it succeeds, 0.2 s then 0.4 s later: 0.6 s per k0 message.
-    fleet.start("a", MW_TEST_CONCURRENCY="8", MW_TEST_DELAY="0.01", MW_TEST_FAIL_KEY="k0", MW_TEST_RETRY_BACKOFF="0.2s")
-    poll_until(lambda: len(ends(fleet)) >= count, timeout=120, what=f"{count} messages")
-    stop(fleet, "a")
-    assert ends(fleet) == collections.Counter(range(count))
-    seen = calls(fleet)
+    seen = handle_all(
+        fleet, count, MW_TEST_CONCURRENCY="8", MW_TEST_DELAY="0.01", MW_TEST_FAIL_KEY="k0", MW_TEST_RETRY_BACKOFF="0.2s"
+    )
     k0 = [c for c in seen if c.key == "k0"]
     assert collections.Counter(c.offset for c in k0 if c.kind == "S") == {o: 3 for o in range(0, count, 20)}
     first_k0_done = min(c.at for c in k0 if c.kind == "E")
@@ -303,12 +300,10 @@ def test_retries_of_one_key_do_not_delay_the_other_keys(
 
 
 def test_a_call_past_the_hard_time_limit_kills_the_worker_and_after_its_retries_is_dead_lettered(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+    fleets: NewFleet, tmp_path: Path
 ) -> None:
-    fleet = make_fleet(kafka_brokers, unique, tmp_path, "limit")
-    fleets.append(fleet)
     count = 200
-    produce_keyed(fleet, count, keys=1000)
+    fleet = fleets("limit", count, keys=1000)
     # Message 0 blocks for ever (its gate never opens); the time limit kills its worker each time.
     fleet.start("a", MW_TEST_CONCURRENCY="8", MW_TEST_GATE_VALUES="1000", MW_TEST_GATE_FILE=str(tmp_path / "never"),
                 MARSHAL_WORKERS_TIME_LIMIT="1s")  # fmt: skip
@@ -324,12 +319,10 @@ def test_a_call_past_the_hard_time_limit_kills_the_worker_and_after_its_retries_
 
 
 def test_a_stuck_message_holds_the_window_visibly_and_lets_go_when_done(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+    fleets: NewFleet, tmp_path: Path
 ) -> None:
-    fleet = make_fleet(kafka_brokers, unique, tmp_path, "window")
-    fleets.append(fleet)
     count, gate = 300, tmp_path / "gate"
-    produce_keyed(fleet, count, keys=1000)
+    fleet = fleets("window", count, keys=1000)
     # Message 0 blocks until the gate opens; the window of 50 lets the worker read only up to offset 49.
     fleet.start("a", MW_TEST_CONCURRENCY="4", MW_TEST_WINDOW="50", MW_TEST_GATE_VALUES="100000",
                 MW_TEST_GATE_FILE=str(gate))  # fmt: skip
@@ -348,16 +341,11 @@ def test_a_stuck_message_holds_the_window_visibly_and_lets_go_when_done(
 
 
 def test_a_batch_handler_runs_batches_side_by_side_each_message_once(
-    fleets: list[Fleet], kafka_brokers: str, unique: str, tmp_path: Path
+    fleets: NewFleet
 ) -> None:
-    fleet = make_fleet(kafka_brokers, unique, tmp_path, "batches")
-    fleets.append(fleet)
     count = 400
-    produce_keyed(fleet, count, keys=1000)
-    fleet.start("a", MW_TEST_BATCH="1", MW_TEST_BATCH_SIZE="10", MW_TEST_CONCURRENCY="4", MW_TEST_DELAY="0.05")
-    poll_until(lambda: len(ends(fleet)) >= count, timeout=60, what="every message handled")
-    stop(fleet, "a")
-    assert ends(fleet) == collections.Counter(range(count))
-    seen = calls(fleet)
+    fleet = fleets("batches", count, keys=1000)
+    seen = handle_all(fleet, count, MW_TEST_BATCH="1", MW_TEST_BATCH_SIZE="10", MW_TEST_CONCURRENCY="4",
+                      MW_TEST_DELAY="0.05")  # fmt: skip
     assert max_overlap(seen) > 10  # more than one batch of 10 in flight at once
     assert max_overlap(seen) <= 40  # never more than 4 batches
