@@ -28,6 +28,12 @@ def pid_gone(pid: int) -> bool:
         return True
 
 
+def titled(text: str) -> list[int]:
+    """The pids, other than ours, whose command line (a process title, for ours) contains ``text``."""
+    pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return [pid for pid in pids if pid != os.getpid() and text in cmdline(pid)]
+
+
 def group_gone(pgid: int) -> bool:
     """Every process of a supervisor's group (its fork server, its workers) has exited."""
     return all(pid_gone(pid) for pid in process_group(pgid))

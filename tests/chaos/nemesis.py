@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import HB, Fleet
 from ledger import FaultWindow, LossRun, Repeat, loss_runs, repeats, unexplained_losses, unexplained_repeats
-from processes import process_group
+from processes import process_group, titled
 
 from marshal_workers.embedded_broker import EmbeddedBroker
 
@@ -449,6 +449,10 @@ class Nemesis:
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 pass
+        # A supervisor whose start a stop signal interrupted (after its fork, before it was recorded) is found
+        # by its title, which names the run's group; its workers too.
+        for pid in titled(f" {self.fleet.group}"):
+            _kill_quietly(pid)
 
     # ------------------------------------------------------------ producer
 
