@@ -190,6 +190,9 @@ class WorldState:
             if home != source:
                 stats.misrouted += 1
                 return False
+        elif kind is Checkpoint and self.coordination_partitions is not None and record.source != source:  # type: ignore[union-attr]
+            stats.misrouted += 1  # a checkpoint belongs to the partition it describes
+            return False
         accepted = _RULES[kind](self, record, at, source)
         stats.applied += 1
         if accepted:
@@ -310,9 +313,6 @@ class WorldState:
 
     def _checkpoint(self, record: Checkpoint, at: int, source: int) -> bool:
         """A checkpoint adds nothing to a state that has read the log before it: only its time is kept."""
-        if self.coordination_partitions is not None and record.source != source:
-            self.stats.misrouted += 1
-            return False
         self.checkpoints[source] = max(at, self.checkpoints.get(source, 0))
         return True
 
