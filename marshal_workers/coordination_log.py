@@ -293,11 +293,6 @@ def find_checkpoints(
         consumer.close()
 
 
-def find_checkpoint(settings: Settings, topic: str, partition: int, group: str) -> list[codec.Checkpoint] | None:
-    """The latest complete checkpoint of one coordination partition (see find_checkpoints)."""
-    return find_checkpoints(settings, topic, partition + 1, group)[partition]
-
-
 def _scan(
     consumer: Consumer,
     topic: str,

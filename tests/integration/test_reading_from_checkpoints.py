@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
-from marshal_workers.coordination_log import CoordinationLog, find_checkpoint, read_group_state
+from marshal_workers.coordination_log import CoordinationLog, find_checkpoints, read_group_state
 from marshal_workers.coordinator import Coordinator, Progress
 
 pytestmark = pytest.mark.broker
@@ -48,7 +48,7 @@ def test_a_reader_starts_at_the_latest_checkpoint_and_agrees_with_one_that_read_
         # Life goes on after the checkpoint: a new member claims and heartbeats partition 0's old owner out.
         writer.write([writer.claim_record(topic, 0)])  # refused: old-1 still owns it (HB is an hour)
         writer.heartbeats([Progress(topic, 1, 5)])  # refused too: not the owner
-    found = find_checkpoint(settings, settings.coordination_topic, 0, settings.group)
+    found = find_checkpoints(settings, settings.coordination_topic, 1, settings.group)[0]
     assert found is not None and found[0].as_of > HISTORY
     everything = CoordinationLog(settings, settings.group, 1, from_beginning=True).start()
     try:
@@ -75,7 +75,7 @@ def test_without_a_checkpoint_a_reader_reads_the_whole_log(settings: Settings, u
     topic = f"orders-{unique}"
     with Coordinator(settings) as writer:
         write_history(settings, topic, 1_000, writer.now_ms())
-    assert find_checkpoint(settings, settings.coordination_topic, 0, settings.group) is None
+    assert find_checkpoints(settings, settings.coordination_topic, 1, settings.group)[0] is None
     state = read_group_state(settings, settings.group)
     assert state.get(topic, 3).offset == 777_777  # type: ignore[union-attr]
     assert state.stats.applied == 1_000 + 5

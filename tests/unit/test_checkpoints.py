@@ -6,19 +6,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_world_state_properties import GROUP, HB, logs
+from test_world_state_properties import fold_all as fold
 
 from marshal_workers import checkpoints, codec
 from marshal_workers.world_state import Owner, WorldState
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 WRITER = {"v": 1, "group": GROUP, "client": "w", "instance": "w1"}
-
-
-def fold(records: list[codec.Record], state: WorldState | None = None) -> WorldState:
-    state = state or WorldState(GROUP, HB)
-    for record in records:
-        state.apply(record, record.ts)
-    return state
 
 
 def agree(a: WorldState, b: WorldState) -> None:
