@@ -294,20 +294,20 @@ class LaneRunner:
     def _failed(self, offsets: list[int], error: BaseException) -> int:
         """Retry later (the key's later messages wait; other keys go on), or apply on_error; how many got done."""
         attempts = self.lanes.attempts(offsets[0])
-        first = offsets[0]
-        if attempts <= self.handler.retries and not (self.worker.stopping and not self.at_most_once):
+        if attempts > self.handler.retries:
+            return self._on_error(offsets, error)
+        if self.worker.stopping and not self.at_most_once:
+            until = float("inf")  # stopping: not done, the next owner handles it again
+        else:
             delay = self.handler.retry_delay(attempts - 1)
             self.worker.log.warning(
-                "handler %s failed at offset %d (%r); retry %d in %.2fs", self.handler.name, first, error, attempts, delay
+                "handler %s failed at offset %d (%r); retry %d in %.2fs", self.handler.name, offsets[0], error,
+                attempts, delay,
             )  # fmt: skip
-            for offset in offsets:
-                self.lanes.defer(offset, time.monotonic() + delay)
-            return 0
-        if attempts <= self.handler.retries:  # stopping: not done, the next owner handles it again
-            for offset in offsets:
-                self.lanes.defer(offset, float("inf"))
-            return 0
-        return self._on_error(offsets, error)
+            until = time.monotonic() + delay
+        for offset in offsets:
+            self.lanes.defer(offset, until)
+        return 0
 
     def _on_error(self, offsets: list[int], error: BaseException) -> int:
         """The retries are spent: dead-letter the messages (done), or stop and release the partition at them."""
