@@ -159,5 +159,8 @@ def format_record(value: bytes | None, partition: int, offset: int, group: str) 
     if isinstance(record, codec.Heartbeats):
         beats = " ".join(f"[{b.partition}]={b.offset}" for b in record.beats)
         return f"{where} {stamp} {kind} {who} {record.topic} {beats}"
+    if isinstance(record, codec.MessageClaims):
+        claims = " ".join(f"[{c.partition}]<{c.offset}" for c in record.claims)
+        return f"{where} {stamp} {kind} {who} {record.topic} {claims}"
     detail = f" offset={record.offset}" if not isinstance(record, codec.Claim) else ""
     return f"{where} {stamp} {kind} {who} {record.topic}[{record.partition}]{detail}"

@@ -173,15 +173,38 @@ class ClaimMessages(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="
     offset: NonNegative
 
 
+class MessageClaim(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """One partition's entry in a :class:`MessageClaims` record: the fields of a :class:`ClaimMessages` about it."""
+
+    partition: NonNegative
+    offset: NonNegative
+
+
+class MessageClaims(_Record, frozen=True, gc=False, kw_only=True, tag="message_claims"):
+    """At-most-once claims of several partitions of one topic by one owner (release 0.3.0; DESIGN.md section 13).
+
+    Folded exactly as one :class:`ClaimMessages` per entry, in order, at the record's time: a
+    supervisor writes one record per topic for every claim its workers asked for at once.
+    """
+
+    topic: Name
+    claims: Annotated[tuple[MessageClaim, ...], msgspec.Meta(min_length=1, max_length=MAX_BEATS)]
+
+    def claim_messages(self) -> list[ClaimMessages]:
+        """The entries as the single-partition claims they stand for."""
+        common = {"v": self.v, "ts": self.ts, "group": self.group, "client": self.client, "instance": self.instance}
+        return [ClaimMessages(**common, topic=self.topic, partition=c.partition, offset=c.offset) for c in self.claims]
+
+
 class ReleaseGroup(_Record, frozen=True, gc=False, kw_only=True, tag="release_group"):
     """An operator pauses the whole group until ``expires`` (ms since epoch)."""
 
     expires: NonNegative
 
 
-Record = Union[Claim, Heartbeat, Heartbeats, Release, ClaimMessages, ReleaseGroup, Checkpoint]
+Record = Union[Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint]
 PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
-RECORD_TYPES: Final = (Claim, Heartbeat, Heartbeats, Release, ClaimMessages, ReleaseGroup, Checkpoint)
+RECORD_TYPES: Final = (Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint)
 
 _decoder = msgspec.json.Decoder(Record)
 _encoder = msgspec.json.Encoder()
@@ -214,8 +237,12 @@ def decode(value: bytes | None) -> Record:
 
 
 def expand(record: Record) -> list[Record]:
-    """The record as the single-partition records it stands for (a Heartbeats record: its heartbeats)."""
-    return record.heartbeats() if isinstance(record, Heartbeats) else [record]  # type: ignore[return-value]
+    """The record as the single-partition records it stands for (Heartbeats, MessageClaims: their entries)."""
+    if isinstance(record, Heartbeats):
+        return record.heartbeats()  # type: ignore[return-value]
+    if isinstance(record, MessageClaims):
+        return record.claim_messages()  # type: ignore[return-value]
+    return [record]
 
 
 def reported_number(value: Any) -> int | float | None:
@@ -228,12 +255,13 @@ def reported_number(value: Any) -> int | float | None:
 
 
 def record_key(record: Record) -> bytes:
-    """The Kafka key: ``group/topic/partition``, ``group/topic`` for heartbeats, the group for release_group."""
+    """The Kafka key: ``group/topic/partition``, ``group/topic`` for heartbeats and message_claims, the group for
+    release_group."""
     if isinstance(record, ReleaseGroup):
         return record.group.encode()
     if isinstance(record, Checkpoint):
         return f"{record.group}/checkpoint/{record.source}".encode()
-    if isinstance(record, Heartbeats):
+    if isinstance(record, (Heartbeats, MessageClaims)):
         return f"{record.group}/{record.topic}".encode()
     return f"{record.group}/{record.topic}/{record.partition}".encode()
 

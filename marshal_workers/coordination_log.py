@@ -99,6 +99,11 @@ class CoordinationLog:
         self._thread: threading.Thread | None = None
         self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
         self.from_beginning = from_beginning
+        # fold_delivered: the timestamp kind last read per partition, what it folded (time used), on or off.
+        self._timestamp_kinds: list[int | None] = [None] * partition_count
+        self._folded_early: dict[tuple[int, int], int | None] = {}
+        self.fast_verdicts = True
+        self.early_folds = 0  # records fold_delivered folded
         self.started_at: list[int] = [0] * partition_count  # where reading began, per partition
         self._consumer = Consumer(
             reader_config(
@@ -177,10 +182,17 @@ class CoordinationLog:
             return
         offset = message.offset()
         kind, stamp = message.timestamp()
+        self._timestamp_kinds[partition] = kind
+        at = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
+        if offset < self._next_offset[partition]:
+            self._check_folded_early(partition, offset, at)
+            return
+        self._fold_value(partition, offset, message.value(), at)
+
+    def _fold_value(self, partition: int, offset: int, value: bytes | None, log_append_time: int | None) -> None:
+        """Fold the record at (partition, offset): the one place the tail and fold_delivered both fold through."""
         try:
-            record, accepted = self._state.apply_value(
-                message.value(), partition, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
-            )
+            record, accepted = self._state.apply_value(value, partition, log_append_time)
             record_instance: str | None = record.instance
             if accepted and isinstance(record, Release):
                 _wake(self._releases_w)
@@ -195,6 +207,50 @@ class CoordinationLog:
             _wake(self._own_folds_w)
             if len(self._verdicts) > _MAX_UNCLAIMED_VERDICTS:  # writers that gave up waiting
                 del self._verdicts[next(iter(self._verdicts))]
+
+    # ------------------------------------------------- folding our own writes
+
+    def fold_delivered(self, partition: int, offset: int, value: bytes, timestamp: tuple[int, int]) -> bool:
+        """Fold a record we wrote from its delivery report, if the tail has folded everything before it.
+
+        The fast path of a verdict (DESIGN.md section 13): the record's place in the log is known, and
+        so is every record before it, so folding it now gives exactly the state and verdict the tail
+        would reach when it reads it, without waiting for that read.  The tail then skips it.  Only
+        when the report's timestamp is of the kind the tail sees in that partition: a broker that
+        stamps LogAppendTime but does not return it in its produce response (seen in Redpanda) would
+        give a different record time.  Returns True if folded.
+        """
+        kind, stamp = timestamp
+        with self._lock:
+            if (
+                not self.fast_verdicts
+                or self._next_offset[partition] != offset
+                or self._timestamp_kinds[partition] != kind
+            ):
+                return False
+            at = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
+            self._fold_value(partition, offset, value, at)
+            self._folded_early[(partition, offset)] = at
+            self.early_folds += 1
+            if len(self._folded_early) > _MAX_UNCLAIMED_VERDICTS:  # cannot happen while the tail reads
+                del self._folded_early[next(iter(self._folded_early))]
+            self._lock.notify_all()
+            return True
+
+    def notify_own_folds(self) -> None:
+        """Wake whoever waits on own_folds: a delivery report came, a verdict may now be complete."""
+        _wake(self._own_folds_w)
+
+    def _check_folded_early(self, partition: int, offset: int, at: int | None) -> None:
+        """The tail reached a record fold_delivered folded: it must have folded it at the same time."""
+        used = self._folded_early.pop((partition, offset), at)
+        if used != at:
+            self.fast_verdicts = False
+            log.error(
+                "coordination log %s[%d]@%d: the delivery report gave record time %s, the log %s: this member's "
+                "state may differ from the others' for this record; verdicts now always wait for the log",
+                self.topic, partition, offset, used, at,
+            )  # fmt: skip
 
     # -------------------------------------------------------------- reading
 

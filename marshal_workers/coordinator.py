@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -65,9 +66,12 @@ def _warn_if_kept_forever(admin: AdminClient, settings: Settings) -> None:
         log.debug("cannot read the coordination topic's retention: %s", exc)
 
 
+DeliveredHook = Callable[[int, int, bytes, tuple[int, int]], object]
+
+
 @dataclass
 class _Delivery:
-    """The outcome of one produce call, filled by the delivery callback."""
+    """The outcome of one produce call, filled by the delivery callback (on the delivery thread)."""
 
     partition: int = -1
     offset: int = -1
@@ -75,15 +79,22 @@ class _Delivery:
     done: bool = False
     verdict: bool | None = None  # once folded (submit/collect only)
     producer: int = 0  # the generation of the producer that sent it (see Coordinator._replace_producer)
+    value: bytes = b""
+    on_delivered: DeliveredHook | None = None  # (partition, offset, value, timestamp), before done is set
 
     def __call__(self, error: KafkaError | None, message: Message) -> None:
-        self.error, self.done = error, True
+        if self.done:
+            return  # failed already (its producer was replaced): the first outcome stands
         if error is None:
             self.partition, self.offset = message.partition(), message.offset()
+            if self.on_delivered is not None:
+                self.on_delivered(self.partition, self.offset, self.value, message.timestamp())
+        self.error = error
+        self.done = True  # last: a reader that sees done sees the rest
 
 
-# A Heartbeats record stays well below Kafka's default 1 MB message limit, whatever the done sets.
-_MAX_BEATS_PER_RECORD = 4096
+# A Heartbeats or MessageClaims record stays well below Kafka's default 1 MB message limit, whatever the done sets.
+_MAX_ENTRIES_PER_RECORD = 4096
 _MAX_RECORD_BYTES = 256 * 1024
 
 
@@ -94,19 +105,19 @@ def _beat(p: Progress) -> codec.Beat:
     )  # fmt: skip
 
 
-def _heartbeat_chunks(progress: Sequence[Progress]) -> list[list[int]]:
-    """Indices of ``progress`` grouped by topic (topics in order of first appearance), split where a
-    record would be large: one Heartbeats record per list."""
+def topic_chunks(topics: Sequence[str], sizes: Sequence[int] | None = None) -> list[list[int]]:
+    """Indices of entries grouped by topic (topics in order of first appearance), split where a record would
+    be large (``sizes``: each entry's estimated bytes): one multi-partition record per list."""
     by_topic: dict[str, list[int]] = {}
-    for i, p in enumerate(progress):
-        by_topic.setdefault(p.topic, []).append(i)
+    for i, topic in enumerate(topics):
+        by_topic.setdefault(topic, []).append(i)
     chunks: list[list[int]] = []
     for indices in by_topic.values():
         chunk: list[int] = []
         size = 0
         for i in indices:
-            estimate = 100 + 21 * len(progress[i].done or ())  # generous: digits and commas of the done runs
-            if chunk and (len(chunk) >= _MAX_BEATS_PER_RECORD or size + estimate > _MAX_RECORD_BYTES):
+            estimate = 100 if sizes is None else sizes[i]
+            if chunk and (len(chunk) >= _MAX_ENTRIES_PER_RECORD or size + estimate > _MAX_RECORD_BYTES):
                 chunks.append(chunk)
                 chunk, size = [], 0
             chunk.append(i)
@@ -115,14 +126,29 @@ def _heartbeat_chunks(progress: Sequence[Progress]) -> list[list[int]]:
     return chunks
 
 
-def heartbeat_verdicts(progress: Sequence[Progress], verdicts: Sequence[Any]) -> list[bool]:
-    """The verdicts of ``heartbeat_records(progress)``'s records, as one per entry of ``progress``, in its order."""
-    result = [False] * len(progress)
-    for chunk, verdict in zip(_heartbeat_chunks(progress), verdicts):
+def _heartbeat_chunks(progress: Sequence[Progress]) -> list[list[int]]:
+    # Generous: the digits and commas of the done runs.
+    return topic_chunks([p.topic for p in progress], [100 + 21 * len(p.done or ()) for p in progress])
+
+
+def entry_verdicts(chunks: list[list[int]], verdicts: Sequence[Any], count: int) -> list[bool]:
+    """The verdicts of the records written for ``chunks`` (of :func:`topic_chunks`), as one per entry."""
+    result = [False] * count
+    for chunk, verdict in zip(chunks, verdicts):
         per_entry = verdict if isinstance(verdict, tuple) else [bool(verdict)] * len(chunk)
         for i, accepted in zip(chunk, per_entry):
             result[i] = bool(accepted)
     return result
+
+
+def heartbeat_verdicts(progress: Sequence[Progress], verdicts: Sequence[Any]) -> list[bool]:
+    """The verdicts of ``heartbeat_records(progress)``'s records, as one per entry of ``progress``, in its order."""
+    return entry_verdicts(_heartbeat_chunks(progress), verdicts, len(progress))
+
+
+def message_claim_verdicts(claims: Sequence[tuple[str, int, int]], verdicts: Sequence[Any]) -> list[bool]:
+    """The verdicts of ``message_claims(claims)``'s records, as one per claim, in its order."""
+    return entry_verdicts(topic_chunks([topic for topic, _, _ in claims]), verdicts, len(claims))
 
 
 class Progress(NamedTuple):
@@ -166,6 +192,8 @@ class Coordinator:
         self._generation = 0  # bumped by each _replace_producer
         self._outstanding: list[_Delivery] = []  # sent by the current producer, not yet confirmed or failed
         self.partition_count = 0
+        self._deliveries: threading.Thread | None = None
+        self._closing = threading.Event()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -175,6 +203,8 @@ class Coordinator:
         producer_created = time.monotonic()
         self._producer = self._new_producer()
         self._log = CoordinationLog(self.settings, self.group, self.partition_count, own_instance=self.instance).start()
+        self._deliveries = threading.Thread(target=self._serve_deliveries, name="coordination-deliveries", daemon=True)
+        self._deliveries.start()
         try:
             self._log.wait_caught_up(stall_timeout=self.settings.connect_timeout)
         except BaseException:
@@ -203,14 +233,35 @@ class Coordinator:
                 **{
                     "acks": "all",
                     "enable.idempotence": True,
-                    "linger.ms": 1,
+                    "linger.ms": 0,
                     # A write that cannot be delivered fails within the write timeout instead of retrying forever.
                     "message.timeout.ms": int(self.settings.write_timeout * 1000),
                 },
             )
         )
 
+    def _serve_deliveries(self) -> None:
+        """Take delivery reports as they come (a thread): our records are folded early where they can be
+        (CoordinationLog.fold_delivered), and whoever waits on own_folds() learns that a report came."""
+        while not self._closing.is_set():
+            producer = self._producer  # a replaced producer's last reports are failed by _replace_producer
+            if producer is None:
+                return
+            try:
+                producer.poll(0.05)
+            except Exception:  # a callback's bug must not stop the reports
+                log.exception("group %s: handling a coordination delivery report failed", self.group)
+
+    def _delivered(self, partition: int, offset: int, value: bytes, timestamp: tuple[int, int]) -> None:
+        if self._log is not None:
+            self._log.fold_delivered(partition, offset, value, timestamp)
+            self._log.notify_own_folds()
+
     def close(self) -> None:
+        self._closing.set()
+        if self._deliveries is not None:
+            self._deliveries.join(timeout=5)
+            self._deliveries = None
         if self._producer is not None:
             self._producer.flush(self.settings.write_timeout)
             self._producer = None
@@ -262,12 +313,23 @@ class Coordinator:
 
     def claim_messages(self, topic: str, partition: int, offset: int) -> bool:
         """At-most-once: claim every message before ``offset``; only process them if True."""
-        return self.write(self.message_claims([(topic, partition, offset)]))[0]
+        claims = [(topic, partition, offset)]
+        return message_claim_verdicts(claims, self.write(self.message_claims(claims)))[0]
 
     def message_claims(self, claims: Sequence[tuple[str, int, int]]) -> list[codec.Record]:
-        """claim_messages records for (topic, partition, end offset) triples, stamped now."""
+        """One MessageClaims record per topic for (topic, partition, end offset) triples, stamped now.
+
+        :func:`message_claim_verdicts` maps the records' verdicts back to ``claims``.
+        """
         common = self._common()
-        return [codec.ClaimMessages(**common, topic=t, partition=p, offset=o) for t, p, o in claims]
+        return [
+            codec.MessageClaims(
+                **common,
+                topic=claims[chunk[0]][0],
+                claims=tuple(codec.MessageClaim(partition=claims[i][1], offset=claims[i][2]) for i in chunk),
+            )
+            for chunk in topic_chunks([topic for topic, _, _ in claims])
+        ]
 
     def checkpoint_records(self, partition: int) -> list[codec.Record]:
         """A checkpoint of a coordination partition (written there: pass ``partitions``)."""
@@ -323,7 +385,6 @@ class Coordinator:
         Raises CoordinationWriteError if a delivery failed or the write timeout passed.
         """
         assert self._producer is not None and self._log is not None, "call start() first"
-        self._producer.poll(0)
         self._raise_if_failed(pending.deliveries)
         for delivery in pending.deliveries:
             if delivery.verdict is None and delivery.done:
@@ -337,10 +398,6 @@ class Coordinator:
                 raise self._not_confirmed()
             raise self._not_read_back(late)
         return None
-
-    def awaiting_delivery(self, pending: PendingWrite) -> bool:
-        """True while Kafka has not confirmed every record of a submitted write."""
-        return not all(d.done for d in pending.deliveries)
 
     def own_folds(self) -> socket.socket:
         """Readable when a record this coordinator wrote has been folded: time to collect()."""
@@ -367,7 +424,7 @@ class Coordinator:
     def _produce(self, record: codec.Record, partition: int, delivery: _Delivery) -> None:
         assert self._producer is not None
         value, key = codec.encode(record), codec.record_key(record)
-        delivery.producer = self._generation
+        delivery.producer, delivery.value, delivery.on_delivered = self._generation, value, self._delivered
         if len(self._outstanding) > 1000:
             self._outstanding = [d for d in self._outstanding if not d.done]
         self._outstanding.append(delivery)
@@ -389,7 +446,7 @@ class Coordinator:
             if time.monotonic() > deadline:
                 self._replace_producer(next(d for d in deliveries if not d.done))
                 raise self._not_confirmed()
-            self._producer.poll(0.01)
+            time.sleep(0.001)  # the delivery thread takes the reports
         self._raise_if_failed(deliveries)
 
     def _raise_if_failed(self, deliveries: list[_Delivery]) -> None:
@@ -445,6 +502,12 @@ class Coordinator:
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+    @property
+    def early_verdicts(self) -> int:
+        """How many of our records were folded from their delivery report (CoordinationLog.fold_delivered)."""
+        assert self._log is not None
+        return self._log.early_folds
 
     @property
     def garbage_seen(self) -> int:

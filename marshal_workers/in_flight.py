@@ -79,10 +79,6 @@ class InFlightWrites:
                 self._writes.remove(write)
                 write.on_failure(CoordinationWriteError(f"{write.what} not confirmed within {_age(write, now):.1f}s"))
 
-    def awaiting_delivery(self) -> bool:
-        """True while Kafka has yet to confirm a record that is in flight (its verdict may be folded already)."""
-        return any(self._coordinator.awaiting_delivery(write.pending) for write in self._writes)
-
     def counts(self) -> dict[str, int]:
         """Writes in flight by kind (the state dump)."""
         return dict(collections.Counter(write.what for write in self._writes))

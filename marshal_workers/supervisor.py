@@ -53,7 +53,7 @@ from marshal_workers.balance import (
 from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec, above, monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import drain, wakeup_pair
-from marshal_workers.coordinator import Coordinator, Progress, heartbeat_verdicts
+from marshal_workers.coordinator import Coordinator, Progress, heartbeat_verdicts, message_claim_verdicts
 from marshal_workers.errors import UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.health import HealthPolicy, PartitionHealth, Sample, observe
@@ -169,7 +169,6 @@ class Supervisor:
         self._checkpointing: set[int] = set()  # coordination partitions whose checkpoint is being written
         self._releasing: set[Key] = set()  # releases in flight
         self._stop_signalled = False  # SIGTERM/SIGINT received, perhaps not handled yet: fork nothing more
-        self._woken_by_own_fold = False
         self._metadata_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata")
         self._metadata: concurrent.futures.Future[Any] | None = None  # a refresh under way
         self._unexpected_errors = 0
@@ -383,14 +382,11 @@ class Supervisor:
                 waitables.append(assignment.process.sentinel)
                 if assignment.connection is not None:
                     waitables.append(assignment.connection)
-        # Our record folded before Kafka's delivery report reached us: that report is a moment away, and
-        # nothing wakes us for it, so look again soon rather than at the next tick.
-        lagging_report = self._woken_by_own_fold and self._require_writes().awaiting_delivery()
-        ready = multiprocessing.connection.wait(waitables, timeout=0.002 if lagging_report else TICK_S)  # type: ignore[arg-type]
+        # own_folds also wakes us when a delivery report of ours comes (Coordinator._serve_deliveries).
+        ready = multiprocessing.connection.wait(waitables, timeout=TICK_S)  # type: ignore[arg-type]
         if releases in ready:
             drain(releases)
             self.timers.claim = 0.0  # a partition was released: try to take it now, not at the next tick
-        self._woken_by_own_fold = own_folds in ready
         drain(own_folds)
         drain(self._wakeup_r)
 
@@ -737,10 +733,11 @@ class Supervisor:
         if not asked:
             return
         written_ms = monotonic_ms()  # before the write: the lease errs short
+        claims = [(a.topic, a.partition, end) for a, _, end in asked]
         self._require_writes().submit(
             "message claim",
-            self._require_coordinator().message_claims([(a.topic, a.partition, end) for a, _, end in asked]),
-            lambda verdicts: self._after_message_claims(asked, verdicts, written_ms),
+            self._require_coordinator().message_claims(claims),
+            lambda verdicts: self._after_message_claims(asked, message_claim_verdicts(claims, verdicts), written_ms),
             lambda exc: self._message_claims_failed(asked, exc),
             # Fail fast: a worker waits on this.  Told so, it asks again (the log keeps the highest claim).
             within=self.hb_s,

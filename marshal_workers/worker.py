@@ -114,6 +114,8 @@ class Worker:
         self._consumer: Consumer | None = None
         self._timed: HandlerSpec | None = None  # metrics on: the handler, timing each call
         self._next_timed_fetch = 0.0
+        # _consume_alo's next look at the lease (seconds, monotonic): a list, so the SIGTERM handler can zero it.
+        self._check_at = [0.0]
 
     # ------------------------------------------------------------ lifecycle
 
@@ -197,6 +199,7 @@ class Worker:
 
     def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
+        self._check_at[0] = 0.0  # _consume_alo notices at its next message
 
     def _check_stop_flag(self) -> None:
         if self.slot.get(Field.STOP_REQUESTED):
@@ -226,23 +229,27 @@ class Worker:
 
     def _consume_alo(self, handler: HandlerSpec) -> WorkerExit:
         """At least once, one message per call: handle, then record progress; the heartbeat carries it."""
-        fields, next_offset, processed = self.slot.fields, Field.NEXT_OFFSET, Field.PROCESSED
+        fields, next_offset, processed = self.slot.fields, int(Field.NEXT_OFFSET), int(Field.PROCESSED)
         wrap, now = Message, time.monotonic  # the slot's clock (monotonic_ms)
+        check_at = self._check_at
         plain = handler
         while not self.stopping:
             records = self._fetch(self._fetch_size(plain))
             handler = self._sampled(plain, records)
             function = handler.function
             handled = 0
-            check_at = min(self._lease_until / 1000, self._next_housekeeping)
+            self._set_check_at()
             for record in records:
-                if self.stopping:
-                    break
-                if now() >= check_at:  # the lease to check, or housekeeping due (a slow handler, a long batch)
+                # One clock read per message covers the lease, housekeeping and a stop (SIGTERM zeroes check_at).
+                if now() >= check_at[0]:
+                    if self.stopping:
+                        break
                     self._housekeeping()
                     if now() * 1000 >= self._lease_until and not self._wait_for_lease():
                         break
-                    check_at = min(self._lease_until / 1000, self._next_housekeeping)
+                    self._set_check_at()
+                    if self.stopping:
+                        break
                 # The hot path: one call, one store.  Retries and dead letters only after a failure.
                 try:
                     function(wrap(record))
@@ -256,6 +263,10 @@ class Worker:
             fields[processed] += handled
             self._count_handled(handled)
         return WorkerExit.STOPPED
+
+    def _set_check_at(self) -> None:
+        """When _consume_alo next looks up from its messages: the lease's end or housekeeping, now if stopping."""
+        self._check_at[0] = 0.0 if self.stopping else min(self._lease_until / 1000, self._next_housekeeping)
 
     def _consume_batches(self, handler: HandlerSpec) -> WorkerExit:
         """Batch handlers, and at most once: fetch a batch, (AMO: claim it first), handle it, record progress."""
@@ -277,15 +288,34 @@ class Worker:
                 # late (our supervisor was frozen) may come after another owner took over: the lease says.
                 if not self._wait_for_lease():
                     return WorkerExit.STOPPED
-            for chunk in [records] if handler.batch else [[r] for r in records]:
-                self._housekeeping()
-                outcome = self._handle(handler, chunk)
-                if outcome is not _Outcome.DONE:
-                    return _exit_for(outcome)
-                self.slot.fields[Field.PROCESSED] += len(chunk)
+            outcome = self._handle(handler, records) if handler.batch else self._handle_each(handler, records)
+            if outcome is not _Outcome.DONE:
+                return _exit_for(outcome)
+            if handler.batch:
+                self.slot.fields[Field.PROCESSED] += len(records)
             self.slot.fields[Field.NEXT_OFFSET] = end
             self._count_handled(len(records))
         return WorkerExit.STOPPED
+
+    def _handle_each(self, handler: HandlerSpec, records: list[Any]) -> _Outcome:
+        """At most once, one message per call: handle every message of a claimed batch, stopping or not (a
+        clean stop finishes the claim).  As lean as _consume_alo: one call per message, housekeeping when due."""
+        fields, function, wrap, now = self.slot.fields, handler.function, Message, time.monotonic
+        handled = 0
+        try:
+            for record in records:
+                if now() >= self._next_housekeeping:
+                    self._housekeeping()
+                try:
+                    function(wrap(record))
+                except Exception as exc:
+                    outcome = self._recover(handler, [record], exc)
+                    if outcome is not _Outcome.DONE:
+                        return outcome
+                handled += 1
+            return _Outcome.DONE
+        finally:
+            fields[Field.PROCESSED] += handled
 
     # ----------------------------------------------------- lifecycle limits
 

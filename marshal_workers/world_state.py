@@ -37,6 +37,7 @@ from marshal_workers.codec import (
     ClaimMessages,
     Heartbeat,
     Heartbeats,
+    MessageClaims,
     Record,
     Release,
     ReleaseGroup,
@@ -63,7 +64,7 @@ class Owner(NamedTuple):
 
 
 class Verdicts(tuple):  # type: ignore[type-arg]
-    """The verdicts of a record about several partitions (Heartbeats), one per entry, in order.
+    """The verdicts of a record about several partitions (Heartbeats, MessageClaims), one per entry, in order.
 
     True if any entry was accepted, so code that wants one verdict per record still works.
     """
@@ -303,6 +304,10 @@ class WorldState:
         state.last_ts = at
         return True
 
+    def _message_claims(self, record: MessageClaims, at: int, source: int) -> Verdicts:
+        """One claim_messages per entry, in order, at the record's time; a verdict per entry."""
+        return Verdicts(self._claim_messages(claim, at, source) for claim in record.claim_messages())
+
     def _release_group(self, record: ReleaseGroup, at: int, source: int) -> bool:
         self.pauses[source] = Pause(until=record.expires, client=record.client)
         for (topic, _), state in self.partitions.items():
@@ -403,6 +408,7 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
     Checkpoint: WorldState._checkpoint,
     Claim: WorldState._claim,
     ClaimMessages: WorldState._claim_messages,
+    MessageClaims: WorldState._message_claims,
     Release: WorldState._release,
     ReleaseGroup: WorldState._release_group,
 }

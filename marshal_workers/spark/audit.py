@@ -299,7 +299,7 @@ def audit_split(
                 kind, stamp = message.timestamp()
                 at = record_time(record, stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
                 log_offset = message.offset()
-                for single in expand(record):  # a Heartbeats record: audited as the heartbeats it holds
+                for single in expand(record):  # Heartbeats, MessageClaims: audited as the records they hold
                     if with_records:
                         yield _RECORD, _row(single, log_partition, log_offset, at)
                     events = feed(single, at, log_offset)

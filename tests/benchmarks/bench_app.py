@@ -15,8 +15,8 @@ else except:
 
 * throughput: ``first-<partition>`` when it handles offset 0 and
   ``last-<partition>`` when it handles the last offset, each holding the wall
-  time (``time.time()``), written to a temporary name and renamed so a poller
-  never reads half a file;
+  time (``time.time()``) and the process's CPU seconds (``time.process_time()``),
+  written to a temporary name and renamed so a poller never reads half a file;
 * handover: one line ``<pid> <offset> <walltime>`` appended to ``starts`` when
   a worker process handles its first message.
 
@@ -43,14 +43,15 @@ _started = False  # handover: has this worker process handled a message yet? (Fa
 
 
 def _stamp(name: str, at: float) -> None:
+    """``<wall time> <CPU seconds of this process>`` (every thread: librdkafka's too)."""
     path = os.path.join(OUT, name)
     with open(path + ".tmp", "w") as f:
-        f.write(repr(at))
+        f.write(f"{at!r} {time.process_time()!r}")
     os.replace(path + ".tmp", path)
 
 
 def handle_throughput(msg: Message) -> None:
-    msg.json()
+    msg.json()["amount"]
     offset = msg.offset
     if offset == 0:
         _stamp(f"first-{msg.partition}", time.time())

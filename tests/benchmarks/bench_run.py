@@ -92,8 +92,14 @@ SUPERVISOR_TITLE = "marshal-workers: supervisor "
 FORK_SERVER_TITLE = "marshal-workers: fork server"
 
 
-def value_of(n: int) -> bytes:
-    return b'{"id": %d, "amount": 1.5}' % n
+VALUE_BYTES = 26  # --value-bytes: the smallest value, '{"id": N, "amount": 1.5}' with a short N
+
+
+def value_of(n: int, size: int | None = None) -> bytes:
+    """A JSON object of about ``size`` bytes (VALUE_BYTES by default): an id, an amount, padding."""
+    value = b'{"id": %d, "amount": 1.5}' % n
+    missing = (VALUE_BYTES if size is None else size) - len(value) - len(b', "pad": ""')
+    return value if missing <= 0 else value[:-1] + b', "pad": "%s"}' % (b"x" * missing)
 
 
 def poll_until(condition: Callable[[], Any], timeout: float, what: str, alive: Callable[[], bool] | None = None) -> Any:
@@ -161,11 +167,12 @@ def new_topic(bootstrap: str, name: str, count: int, partitions: int) -> str:
 
 @dataclass
 class Timing:
-    """Wall times of each partition's first and last message."""
+    """Wall times of each partition's first and last message, and the CPU seconds spent between them."""
 
     count: int
     firsts: list[float]
     lasts: list[float]
+    cpu: float | None = None  # every consuming process from its first message to its last (+ the supervisor)
 
     @property
     def window(self) -> float:
@@ -175,12 +182,36 @@ class Timing:
     def rate(self) -> float:
         return self.count / self.window
 
+    @property
+    def per_cpu(self) -> float | None:
+        """Messages per CPU-second."""
+        return self.count / self.cpu if self.cpu else None
+
     def describe(self) -> str:
         spans = [last - first for first, last in zip(self.firsts, self.lasts)]
+        cpu = f"; {self.cpu:.2f} CPU-s, {self.per_cpu:,.0f} msgs per CPU-s" if self.per_cpu else ""
         return (
             f"window {self.window:.3f}s; first messages within {1000 * (max(self.firsts) - min(self.firsts)):.0f} ms; "
-            f"each partition took {min(spans):.3f}-{max(spans):.3f}s"
+            f"each partition took {min(spans):.3f}-{max(spans):.3f}s{cpu}"
         )
+
+
+def read_stamps(outdir: Path, partitions: int) -> tuple[list[float], list[float], float]:
+    """The handler's stamps (bench_app._stamp): wall times of the first and last messages, and the CPU seconds
+    the processes spent in between."""
+    firsts = [(outdir / f"first-{p}").read_text().split() for p in range(partitions)]
+    lasts = [(outdir / f"last-{p}").read_text().split() for p in range(partitions)]
+    cpu = sum(float(last[1]) - float(first[1]) for first, last in zip(firsts, lasts))
+    return [float(f[0]) for f in firsts], [float(last[0]) for last in lasts], cpu
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -------------------------------------------------------- a/b: raw consumers
@@ -255,7 +286,8 @@ def run_baseline(
     if any(seen != per_partition for _, _, _, seen in got):
         raise RuntimeError(f"baseline consumers saw {[g[3] for g in got]} messages, expected {per_partition} each")
     got.sort()
-    return Timing(count, [g[1] for g in got], [g[2] for g in got])
+    _, _, cpu = read_stamps(outdir, partitions)
+    return Timing(count, [g[1] for g in got], [g[2] for g in got], cpu)
 
 
 # ------------------------------------------------------------- supervisors
@@ -449,14 +481,17 @@ def run_supervised(
             f"first messages ({supervisor.log_path})",
             supervisor.alive,
         )
+        supervisor_cpu = cpu_seconds(supervisor.pid)
         if sample_memory:
             result.memory["after first messages"] = memory_snapshot(supervisor)
         poll_until(
             lambda: all(f.exists() for f in lasts), timeout, f"last messages ({supervisor.log_path})", supervisor.alive
         )
+        supervisor_cpu = cpu_seconds(supervisor.pid) - supervisor_cpu  # polled: within POLL_S of the window
         if sample_memory:
             result.memory["after all messages"] = memory_snapshot(supervisor)
-        result.timing = Timing(count, [float(f.read_text()) for f in firsts], [float(f.read_text()) for f in lasts])
+        first_times, last_times, workers_cpu = read_stamps(outdir, partitions)
+        result.timing = Timing(count, first_times, last_times, workers_cpu + supervisor_cpu)
         code = supervisor.stop()
         if code != 0:
             print(f"    ! supervisor exited with code {code} after SIGTERM (log: {supervisor.log_path})")
@@ -752,13 +787,17 @@ def scan_logs(workdir: Path) -> list[str]:
 
 
 def main() -> int:
+    global VALUE_BYTES
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000, help="N, messages per throughput run")
     parser.add_argument("--partitions", type=int, default=4, help="partitions (and processes) per throughput run")
     parser.add_argument("--handover-rounds", type=int, default=10)
     parser.add_argument("--runs", type=int, default=2, help="runs of each throughput measurement (best counts)")
+    parser.add_argument("--value-bytes", type=int, default=VALUE_BYTES, help="bytes of each JSON value (padded)")
+    parser.add_argument("--only", default="abcde", help="the throughput measurements to run, e.g. bd (default abcde)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) even if nothing went wrong")
     args = parser.parse_args()
+    VALUE_BYTES = args.value_bytes
     if args.partitions < 1 or args.messages < args.partitions:
         parser.error("need --partitions >= 1 and --messages >= --partitions")
     count = args.messages - args.messages % args.partitions  # evenly spread
@@ -772,6 +811,7 @@ def main() -> int:
     print("marshal-workers run benchmark")
     for line in machine_info():
         print("  " + line)
+    print(f"  values: JSON of {len(value_of(0))} bytes, e.g. {value_of(0)[:60]!r}; handler: msg.json()[\"amount\"]")
     print(f"  N = {count:,} messages over {args.partitions} partitions, {args.runs} runs each, best counts; "
           f"{args.handover_rounds} hand-over rounds")  # fmt: skip
 
@@ -783,6 +823,7 @@ def main() -> int:
     print(f"  tuned baseline (b) settings, from marshal_workers.worker.consumer_settings(): {tuned}")
 
     rates: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": [], "e": []}
+    per_cpu: dict[str, list[float]] = {key: [] for key in rates}
     memory: dict[str, list[Memory]] = {}
     rounds: list[Round] = []
     failed: list[str] = []
@@ -801,6 +842,8 @@ def main() -> int:
                 ("d", f"marshal-workers run, AMO batch_size {AMO_BATCH_SIZE}"),
                 ("e", "marshal-workers run, ALO, --metrics-port (every handler call timed)"),
             ):
+                if key not in args.only:
+                    continue
                 print(f"  run {run} {key}: {label}", flush=True)
                 try:
                     topic = new_topic(bootstrap, f"bench-{key}{run}", count, args.partitions)
@@ -818,6 +861,8 @@ def main() -> int:
                         timing = result.timing
                         memory |= result.memory
                     rates[key].append(timing.rate)
+                    if timing.per_cpu:
+                        per_cpu[key].append(timing.per_cpu)
                     print(f"    {timing.rate:12,.0f} msgs/s   ({timing.describe()})", flush=True)
                 except Exception as exc:  # noqa: BLE001 - report the failed measurement and go on
                     failed.append(f"throughput run {run} {key}: {exc}")
@@ -864,6 +909,17 @@ def main() -> int:
             print(f"   {num}/{den} = {ratio:5.2f}   target >= {target:.1f}   {verdict(ratio >= target)}")
         else:
             print(f"   {num}/{den} = n/a    target >= {target:.1f}   FAIL (no measurement)")
+    print("   Messages per CPU-second (the consuming processes from first to last message, + the supervisor; "
+          "not the broker):")  # fmt: skip
+    best_cpu = {k: max(v) if v else None for k, v in per_cpu.items()}
+    for key, label in labels.items():
+        runs = ", ".join(f"{r:,.0f}" for r in per_cpu[key])
+        shown = f"{best_cpu[key]:12,.0f}" if best_cpu[key] else f"{'-':>12}"
+        print(f"   {label:<42} {shown}   [{runs}]")
+    for num, den, target in (("c", "b", TARGET_ALO), ("d", "b", TARGET_AMO)):
+        if best_cpu[num] and best_cpu[den]:
+            ratio = best_cpu[num] / best_cpu[den]
+            print(f"   {num}/{den} per CPU-s = {ratio:5.2f}   target >= {target:.1f}   {verdict(ratio >= target)}")
     print()
     print("2. Memory of `run` (ALO, first run of c): USS = Private_Clean + Private_Dirty")
     if memory:

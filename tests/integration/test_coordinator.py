@@ -16,7 +16,8 @@ from kafka_proxy import CREATE_TOPICS, KafkaProxy
 from polling import poll_until
 
 from marshal_workers.config import Settings
-from marshal_workers.coordinator import Coordinator
+from marshal_workers.coordination_log import read_group_state
+from marshal_workers.coordinator import Coordinator, message_claim_verdicts
 from marshal_workers.embedded_broker import EmbeddedBroker, free_port
 from marshal_workers.errors import CoordinationTopicError, CoordinationWriteError, KafkaUnavailable
 from marshal_workers.world_state import Owner
@@ -254,5 +255,26 @@ def test_a_failed_write_replaces_the_producer_once_and_later_writes_go_through(s
             finally:
                 broker.resume()
             verdicts = poll_until(lambda: coordinator.collect(after), timeout=30, what="the write made after")
-            assert verdicts == [True]
+            assert message_claim_verdicts([(topic, 0, 30)], verdicts) == [True]
             assert coordinator.world().get(topic, 0).amo_offset == 30  # type: ignore[union-attr]
+
+
+def test_verdicts_of_a_lone_writer_come_from_its_delivery_reports_and_every_reader_agrees(
+    coordinators: Callable[[str], Coordinator], settings: Settings, unique: str
+) -> None:
+    """The AMO fast path (issue 11): with everything before its record folded, a writer folds its record from
+    the delivery report instead of waiting to read it back; the tail then skips it.  Its state must be the
+    one every other reader folds from the log."""
+    topic = f"payments-{unique}"
+    writer = coordinators("fast")
+    assert writer.claim(topic, 0) and writer.claim(topic, 1)
+    for end in range(1, 101):
+        assert message_claim_verdicts([(topic, 0, end), (topic, 1, 2 * end)], writer.write(
+            writer.message_claims([(topic, 0, end), (topic, 1, 2 * end)])
+        )) == [True, True]  # fmt: skip
+    assert writer.early_verdicts > 50, "most verdicts came from the delivery report"
+    assert not writer.claim_messages(topic, 2, 10), "a partition we do not own: refused on the fast path too"
+    mine = writer.world()
+    other = read_group_state(settings, settings.require_group())
+    assert other.partitions == mine.partitions
+    assert (mine.get(topic, 0).amo_offset, mine.get(topic, 1).amo_offset) == (100, 200)  # type: ignore[union-attr]

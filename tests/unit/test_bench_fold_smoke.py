@@ -56,8 +56,8 @@ def test_log_is_realistic(bench, log) -> None:
     records, garbage = decoded(log)
 
     kinds = Counter(type(record).__name__ for record, _, _ in records)
-    # The log of release 0.1.0 (one record per partition heartbeat, no checkpoints): the heaviest to fold.
-    assert set(kinds) == {cls.__name__ for cls in codec.RECORD_TYPES} - {"Heartbeats", "Checkpoint"}, kinds
+    # The log of release 0.1.0 (one record per partition heartbeat or claim, no checkpoints): the heaviest to fold.
+    assert set(kinds) == {cls.__name__ for cls in codec.RECORD_TYPES} - {"Heartbeats", "MessageClaims", "Checkpoint"}, kinds
     assert kinds.most_common(1)[0][0] == "Heartbeat"  # mostly heartbeats (a short log is heavy on claim rushes)
     assert 0 < garbage == log.garbage
 

@@ -538,6 +538,40 @@ def test_a_heartbeats_record_with_more_entries_than_any_member_writes_is_garbage
     assert codec.expand(codec.decode(orjson.dumps(HEARTBEATS | {"beats": beats[:-1]}))).__len__() == codec.MAX_BEATS
 
 
+# ------------------------------------------------------- message_claims (0.3.0)
+
+MESSAGE_CLAIMS = {
+    "v": 1, "type": "message_claims", "ts": 1_700_000_003_500, "group": "billing", "client": "host-b",
+    "instance": "90e2", "topic": "payments", "claims": [{"partition": 0, "offset": 1100}, {"partition": 2, "offset": 7}],
+}  # fmt: skip
+
+
+def test_a_message_claims_record_decodes_and_stands_for_one_claim_messages_per_entry() -> None:
+    record = codec.decode(orjson.dumps(MESSAGE_CLAIMS))
+    assert isinstance(record, codec.MessageClaims)
+    assert orjson.loads(codec.encode(record)) == MESSAGE_CLAIMS
+    assert codec.record_key(record) == b"billing/payments"
+    singles = codec.expand(record)
+    assert [(type(c), c.topic, c.partition, c.offset, c.ts, c.instance) for c in singles] == [  # type: ignore[union-attr]
+        (ClaimMessages, "payments", 0, 1100, record.ts, "90e2"),
+        (ClaimMessages, "payments", 2, 7, record.ts, "90e2"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [[], [{"partition": 0}], [{"offset": 3}], [{"partition": 0, "offset": -1}], [{"partition": 0, "offset": "3"}],
+     [[0, 3]], {"partition": 0, "offset": 3}, None],
+)  # fmt: skip
+def test_a_malformed_message_claims_record_is_garbage(claims: Any) -> None:
+    expect_decode_error(orjson.dumps(MESSAGE_CLAIMS | {"claims": claims}))
+
+
+def test_a_message_claims_record_with_more_entries_than_any_member_writes_is_garbage() -> None:
+    claims = [{"partition": p, "offset": 0} for p in range(codec.MAX_BEATS + 1)]
+    expect_decode_error(orjson.dumps(MESSAGE_CLAIMS | {"claims": claims}))
+
+
 def test_expand_leaves_every_other_record_as_it_is() -> None:
     record = _record("claim")
     assert codec.expand(record) == [record]

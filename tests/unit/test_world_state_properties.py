@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import random
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -210,54 +211,60 @@ def test_a_race_of_many_claimants_has_exactly_one_winner_the_earliest() -> None:
         assert isinstance(state.get("orders", 0), PartitionState)
 
 
+def _entry(record: codec.Record) -> codec.Beat | codec.MessageClaim | None:
+    """A single-partition record as an entry of a multi-partition record, or None if it has no such form."""
+    if isinstance(record, codec.Heartbeat):
+        return codec.Beat(partition=record.partition, offset=record.offset, done=record.done)
+    if isinstance(record, codec.ClaimMessages):
+        return codec.MessageClaim(partition=record.partition, offset=record.offset)
+    return None
+
+
 def batched(records: list[codec.Record]) -> list[codec.Record]:
-    """The same log with each run of heartbeats of one writer, topic and time joined into one Heartbeats record."""
+    """The same log with each run of heartbeats (claim_messages) of one writer, topic and time joined into one
+    Heartbeats (MessageClaims) record, as a member writes them."""
     out: list[codec.Record] = []
     for record in records:
-        previous = out[-1] if out else None
-        if isinstance(record, codec.Heartbeat):
-            beat = codec.Beat(partition=record.partition, offset=record.offset, done=record.done)
-            same = (
-                isinstance(previous, codec.Heartbeats)
-                and (previous.ts, previous.client, previous.instance, previous.topic)
-                == (record.ts, record.client, record.instance, record.topic)
-            )
-            if same:
-                assert isinstance(previous, codec.Heartbeats)
-                out[-1] = codec.Heartbeats(
-                    v=1, ts=previous.ts, group=previous.group, client=previous.client, instance=previous.instance,
-                    topic=previous.topic, beats=(*previous.beats, beat),
-                )  # fmt: skip
-                continue
-            common = {"v": 1, "ts": record.ts, "group": record.group, "client": record.client}
-            out.append(codec.Heartbeats(**common, instance=record.instance, topic=record.topic, beats=(beat,)))
-        else:
+        entry = _entry(record)
+        if entry is None:
             out.append(record)
+            continue
+        assert isinstance(record, (codec.Heartbeat, codec.ClaimMessages))
+        joined_type = codec.Heartbeats if isinstance(record, codec.Heartbeat) else codec.MessageClaims
+        entries_field = "beats" if joined_type is codec.Heartbeats else "claims"
+        previous = out[-1] if out else None
+        common = {"v": 1, "ts": record.ts, "group": record.group, "client": record.client,
+                  "instance": record.instance, "topic": record.topic}  # fmt: skip
+        if isinstance(previous, joined_type) and (previous.ts, previous.client, previous.instance, previous.topic) == (
+            record.ts, record.client, record.instance, record.topic
+        ):
+            out[-1] = joined_type(**common, **{entries_field: (*getattr(previous, entries_field), entry)})
+        else:
+            out.append(joined_type(**common, **{entries_field: (entry,)}))
     return out
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.lists(st.integers(0, 2), min_size=1, max_size=6))
-def test_a_heartbeats_record_folds_exactly_as_its_heartbeats_one_by_one(
+def test_a_multi_partition_record_folds_exactly_as_its_entries_one_by_one(
     records: list[codec.Record], partitions: list[int]
 ) -> None:
-    # Make runs of same-time heartbeats by one writer, as a member's heartbeat round writes them.
+    """heartbeats and message_claims: the same state and a verdict per entry as the single records."""
+    # Make runs of same-time heartbeats (message claims) by one writer, as a member's round writes them.
     runs: list[codec.Record] = []
     for record in records:
         runs.append(record)
-        if isinstance(record, codec.Heartbeat):
+        if isinstance(record, (codec.Heartbeat, codec.ClaimMessages)):
             for p in partitions:
-                runs.append(codec.Heartbeat(
-                    v=1, ts=record.ts, group=record.group, client=record.client, instance=record.instance,
-                    topic=record.topic, partition=p, offset=record.offset + p, done=record.done,
-                ))  # fmt: skip
+                runs.append(msgspec.structs.replace(record, partition=p, offset=record.offset + p))
     one_by_one, joined = WorldState(GROUP, HB), WorldState(GROUP, HB)
     singles = [one_by_one.apply(r, r.ts) for r in runs]
     verdicts = []
+    multi = (codec.Heartbeats, codec.MessageClaims)
     for record in batched(runs):
         verdict = joined.apply(record, record.ts)
-        verdicts.extend(verdict if isinstance(record, codec.Heartbeats) else [verdict])
-        if isinstance(record, codec.Heartbeats):
+        verdicts.extend(verdict if isinstance(record, multi) else [verdict])
+        if isinstance(record, multi):
             assert bool(verdict) == any(verdict)
     assert joined.partitions == one_by_one.partitions
     assert [bool(v) for v in verdicts] == singles
