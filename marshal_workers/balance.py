@@ -54,6 +54,14 @@ def fair_share(total_partitions: int, members: int) -> FairShare:
     return FairShare(low=low, high=low + (1 if rest else 0))
 
 
+def greedy_claims(free: int, members: int, least: int) -> int:
+    """balance="greedy": how many of ``free`` partitions a member claims in one round: its part of them, so
+    that members starting together share, but at least ``least`` (a lone member takes everything at once)."""
+    if members < 1:
+        raise ValueError(f"members must be >= 1, got {members}")
+    return min(free, max(least, -(-free // members)))
+
+
 def partitions_to_hand_over(me: M, counts: Mapping[M, int], share: FairShare, asking: Collection[M]) -> int:
     """How many of its partitions ``me`` should hand over, every member seeing the same counts and askers.
 

@@ -11,9 +11,10 @@ import logging
 from collections.abc import Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import OffsetSpec
 
 from marshal_workers.config import Settings
-from marshal_workers.kafka_clients import client_config
+from marshal_workers.kafka_clients import admin_client, client_config
 from marshal_workers.logs import group_log
 
 _log = logging.getLogger(__name__)
@@ -40,30 +41,44 @@ class OffsetStore:
             )
         )
         self._commit_failures_logged = False
+        self._admin = admin_client(settings)
 
-    def committed(self, topic: str, partition: int) -> int | None:
-        """The group's committed offset for a partition, or None if it has none.
+    def committed_many(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        """The group's committed offsets of (topic, partition) pairs, one request for all; None: it has none.
 
         Raises OffsetLookupError when Kafka does not say: "none" and "unknown" must not be confused,
         or a partition would restart from auto_offset_reset instead of its backup.
         """
+        where = ", ".join(f"{t}[{p}]" for t, p in keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
         try:
-            [found] = self._consumer.committed([TopicPartition(topic, partition)], timeout=self.settings.connect_timeout)
+            found = self._consumer.committed([TopicPartition(t, p) for t, p in keys], timeout=self.settings.connect_timeout)
         except KafkaException as exc:
-            raise OffsetLookupError(f"could not read the committed offset of {topic}[{partition}]: {exc}") from None
-        if found.error is not None:
-            raise OffsetLookupError(f"could not read the committed offset of {topic}[{partition}]: {found.error}")
-        return found.offset if found.offset >= 0 else None
+            raise OffsetLookupError(f"could not read the committed offsets of {where}: {exc}") from None
+        failed = next((tp for tp in found if tp.error is not None), None)
+        if failed is not None:
+            raise OffsetLookupError(f"could not read the committed offset of {failed.topic}[{failed.partition}]: "
+                                    f"{failed.error}")  # fmt: skip
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
 
-    def reset_offset(self, topic: str, partition: int) -> int:
-        """Where a partition with no known position starts, per auto_offset_reset."""
+    def reset_offsets(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int | OffsetLookupError]:
+        """Where partitions with no known position start, per auto_offset_reset: one request for all (a
+        partition's lookup error in place of its offset)."""
+        spec = OffsetSpec.earliest() if self.settings.auto_offset_reset == "earliest" else OffsetSpec.latest()
+        result: dict[tuple[str, int], int | OffsetLookupError] = {}
         try:
-            low, high = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=self.settings.connect_timeout, cached=False
+            futures = self._admin.list_offsets(
+                {TopicPartition(t, p): spec for t, p in keys}, request_timeout=self.settings.connect_timeout
             )
         except KafkaException as exc:
-            raise OffsetLookupError(f"could not read the watermarks of {topic}[{partition}]: {exc}") from None
-        return int(low if self.settings.auto_offset_reset == "earliest" else high)
+            return {key: OffsetLookupError(f"could not read the offsets of {key[0]}[{key[1]}]: {exc}") for key in keys}
+        for tp, future in futures.items():
+            try:
+                result[(tp.topic, tp.partition)] = int(future.result(timeout=self.settings.connect_timeout + 1).offset)
+            except Exception as exc:  # noqa: BLE001 - KafkaException, or a timeout: Kafka did not say
+                result[(tp.topic, tp.partition)] = OffsetLookupError(
+                    f"could not read the {spec} offset of {tp.topic}[{tp.partition}]: {exc}"
+                )
+        return result
 
     def commit(self, progress: Sequence[tuple[str, int, int]]) -> None:
         """Commit (topic, partition, next offset) asynchronously; failures are logged once."""

@@ -44,6 +44,7 @@ from marshal_workers.balance import (
     FairShare,
     claim_cap,
     fair_share,
+    greedy_claims,
     is_hungry,
     partition_to_ask_for,
     partitions_to_hand_over,
@@ -72,7 +73,8 @@ _log = logging.getLogger(__name__)
 Key = tuple[str, int]
 TICK_S = 0.1
 CLAIM_INTERVAL_S = 0.25
-CLAIMS_PER_TICK = 4  # claim gradually, so supervisors that start together share
+CLAIMS_PER_TICK = 4  # our first claims (others see us), and partitions free for an HB, per round
+START_BUDGET_S = 0.02  # seconds per pass of the loop spent starting the workers of new claims
 
 
 class Phase(enum.Enum):
@@ -169,6 +171,8 @@ class Supervisor:
         self._checkpointing: set[int] = set()  # coordination partitions whose checkpoint is being written
         self._releasing: set[Key] = set()  # releases in flight
         self._stop_signalled = False  # SIGTERM/SIGINT received, perhaps not handled yet: fork nothing more
+        self._announced = False  # our first claims are written: later rounds claim our part at once
+        self._to_start: collections.deque[Assignment] = collections.deque()  # claimed, worker not started yet
         self._metadata_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata")
         self._metadata: concurrent.futures.Future[Any] | None = None  # a refresh under way
         self._unexpected_errors = 0
@@ -200,6 +204,7 @@ class Supervisor:
                 self._handle_signals,
                 self._submit_message_claims,
                 self._collect_writes,
+                self._start_queued_workers,
                 self._reap_workers,
                 self._periodic_work,
             )
@@ -383,7 +388,7 @@ class Supervisor:
                 if assignment.connection is not None:
                     waitables.append(assignment.connection)
         # own_folds also wakes us when a delivery report of ours comes (Coordinator._serve_deliveries).
-        ready = multiprocessing.connection.wait(waitables, timeout=TICK_S)  # type: ignore[arg-type]
+        ready = multiprocessing.connection.wait(waitables, timeout=0 if self._to_start else TICK_S)  # type: ignore[arg-type]
         if releases in ready:
             drain(releases)
             self.timers.claim = 0.0  # a partition was released: try to take it now, not at the next tick
@@ -474,64 +479,81 @@ class Supervisor:
         free = coordinator.read(lambda world: [key for key in wanted if world.is_free(*key, now_ms, *me)])
         self._free_since = {key: self._free_since.get(key, monotonic) for key in free}
         random.shuffle(free)
-        if self.settings.balance == "fair":
+        if not self._announced:
+            # Our first claims tell the members that start with us that we are here: claim a few, then our part.
+            free = free[:CLAIMS_PER_TICK]
+        elif self.settings.balance == "fair":
             free = self._fair_claims(free, now_ms, monotonic)
-        for topic, partition in free[: int(min(room, CLAIMS_PER_TICK))]:
-            self._claim(topic, partition)
+        else:
+            members = len(self._group_view(now_ms)[0])
+            free = free[: greedy_claims(len(free), members, CLAIMS_PER_TICK)]
+        if free:
+            self._announced = True
+            self._claim_all(free[: int(min(room, len(free)))])
 
     def _fair_claims(self, free: list[Key], now_ms: int, monotonic: float) -> list[Key]:
         """balance="fair": which free partitions to claim.  One freed just now only up to our share, and not
-        while a member that asks for partitions could take it; one free for an HB is anyone's."""
+        while a member that asks for partitions could take it; one free for an HB is anyone's (a few a round)."""
         counts, askers = self._group_view(now_ms)
         share = fair_share(sum(self.partition_counts.values()), len(counts))
-        long_free = [key for key in free if monotonic - self._free_since[key] >= self.hb_s]
+        long_free = [key for key in free if monotonic - self._free_since[key] >= self.hb_s][:CLAIMS_PER_TICK]
         if yields_to_askers(self._me(), counts, share, askers):
             return long_free
         room = claim_cap(share, self.settings.max_partitions) - self._held_or_claiming()
-        just_freed = [key for key in free if key not in long_free]
+        just_freed = [key for key in free if monotonic - self._free_since[key] < self.hb_s]
         return just_freed[: max(room, 0)] + long_free
 
     def _held_or_claiming(self) -> int:
         return len(self.assignments) + len(self._claiming)
 
     def _claim(self, topic: str, partition: int, asking: bool = False) -> None:
-        """Write a claim; its verdict (a later pass of the loop) starts the partition's worker."""
-        key = (topic, partition)
-        if self.phase is not Phase.RUNNING or key in self._claiming:
+        self._claim_all([(topic, partition)], asking)
+
+    def _claim_all(self, keys: list[Key], asking: bool = False) -> None:
+        """Write claims, all in one round trip; their verdicts (a later pass of the loop) start the workers."""
+        keys = [key for key in keys if key not in self._claiming]
+        if self.phase is not Phase.RUNNING or not keys:
             return
         written_ms = monotonic_ms()  # before the write: the lease errs short
-        self._claiming.add(key)
+        self._claiming.update(keys)
+        coordinator = self._require_coordinator()
         self._require_writes().submit(
             "claim",
-            [self._require_coordinator().claim_record(topic, partition)],
-            lambda verdicts: self._after_claim(key, verdicts[0], written_ms, asking),
-            lambda exc: self._claim_failed(key, exc),
+            [coordinator.claim_record(*key) for key in keys],
+            lambda verdicts: self._after_claims(keys, verdicts, written_ms, asking),
+            lambda exc: self._claims_failed(keys, exc),
         )
 
-    def _claim_failed(self, key: Key, exc: Exception) -> None:
-        self._claiming.discard(key)
-        self.log.warning("claim of %s[%d] not confirmed: %s", *key, exc)
+    def _claims_failed(self, keys: list[Key], exc: Exception) -> None:
+        self._claiming.difference_update(keys)
+        for key in keys:
+            self.log.warning("claim of %s[%d] not confirmed: %s", *key, exc)
 
-    def _after_claim(self, key: Key, accepted: bool, written_ms: int, asking: bool) -> None:
-        self._claiming.discard(key)
-        topic, partition = key
-        if not accepted:
-            if asking:
-                self.counters.asks += 1
-            else:
-                self.counters.claims_refused += 1
-            return
-        self.counters.claims_accepted += 1
-        try:
-            start, skip = self._start_position(topic, partition)
-        except OffsetLookupError as exc:
-            # Never guess a position: the claim lapses unused (2*HB) and the partition is tried again.
-            self.log.warning("claimed %s[%d] but cannot tell where it starts (%s): leaving it", topic, partition, exc)
-            return
+    def _after_claims(self, keys: list[Key], verdicts: list[bool], written_ms: int, asking: bool) -> None:
+        """Start a worker for every claim accepted (positions looked up together), then heartbeat them all."""
+        self._claiming.difference_update(keys)
+        won = [key for key, accepted in zip(keys, verdicts) if accepted]
+        refused = len(keys) - len(won)
+        if asking:
+            self.counters.asks += refused
+        else:
+            self.counters.claims_refused += refused
+        self.counters.claims_accepted += len(won)
+        started = []
+        for key, position in self._start_positions(won).items():
+            assignment = self._take(key, position, written_ms)
+            if assignment is not None:
+                started.append(assignment)
+        if started:
+            self._send_heartbeats(started)  # the log learns where they resume, without waiting for the next round
+
+    def _take(self, key: Key, position: tuple[int, list[done_set.Range]], written_ms: int) -> Assignment | None:
+        """A partition just claimed: its assignment and worker (None if a stop began and it was released)."""
         assert self._context is not None
-        start, skip = done_set.resume_past(start, skip)
+        topic, partition = key
+        start, skip = done_set.resume_past(*position)
         slot = Slot.create(self._context, start)
-        if skip:  # the heartbeat below carries it on; a heartbeat without it would tell the log nothing is done
+        if skip:  # the heartbeat carries it on; a heartbeat without it would tell the log nothing is done
             slot.publish_done(start, done_set.encode(start, skip))
         assignment = Assignment(topic, partition, slot, started_offset=start)
         self.assignments[key] = assignment
@@ -542,26 +564,40 @@ class Supervisor:
         elif self._stop_signalled:
             assignment.restart_at = time.monotonic()  # a stop is on its way: handling it releases this one, unforked
         else:
-            self._start_worker(assignment)
-        if key in self.assignments:
-            self._send_heartbeats([assignment])  # the log learns where it resumes, without waiting for the next round
+            self._to_start.append(assignment)  # started by _start_queued_workers, a few per pass of the loop
+        return assignment if key in self.assignments else None
 
-    def _start_position(self, topic: str, partition: int) -> tuple[int, list[done_set.Range]]:
-        """Resume point (and the done ranges above it) from the log; else the group's committed offset;
-        else auto_offset_reset."""
-        coordinator, offsets = self._require_coordinator(), self._require_offsets()
-        resume, skip = coordinator.read(lambda world: _resume_position(world, topic, partition))
-        if resume is not None:
-            return resume, skip
-        committed = offsets.committed(topic, partition)
-        if committed is not None:
-            return committed, []
-        reset = offsets.reset_offset(topic, partition)
-        self.log.info(
-            "%s[%d] has no known position: starting at %s offset %d",
-            topic, partition, self.settings.auto_offset_reset, reset,
-        )  # fmt: skip
-        return reset, []
+    def _start_positions(self, keys: list[Key]) -> dict[Key, tuple[int, list[done_set.Range]]]:
+        """Where each partition resumes, and the done ranges above it: from the log; else the group's committed
+        offsets (one lookup for all); else auto_offset_reset.  A partition whose position Kafka does not tell
+        is left out: never guess a position; the claim lapses unused (2*HB) and the partition is tried again."""
+        found = self._require_coordinator().read(lambda world: {key: _resume_position(world, *key) for key in keys})
+        positions = {key: (resume, skip) for key, (resume, skip) in found.items() if resume is not None}
+        unknown = [key for key in keys if key not in positions]
+        if not unknown:
+            return positions
+        offsets = self._require_offsets()
+        try:
+            committed = offsets.committed_many(unknown)
+        except OffsetLookupError as exc:
+            self.log.warning("claimed %d partition(s) but cannot tell where they start (%s): leaving them",
+                             len(unknown), exc)  # fmt: skip
+            return positions
+        for key in unknown:
+            offset = committed[key]
+            if offset is not None:
+                positions[key] = (offset, [])
+        never_seen = [key for key in unknown if key not in positions]
+        for key, reset in (offsets.reset_offsets(never_seen) if never_seen else {}).items():
+            if isinstance(reset, OffsetLookupError):
+                self.log.warning("claimed %s[%d] but cannot tell where it starts (%s): leaving it", *key, reset)
+                continue
+            self.log.info(
+                "%s[%d] has no known position: starting at %s offset %d",
+                *key, self.settings.auto_offset_reset, reset,
+            )  # fmt: skip
+            positions[key] = (reset, [])
+        return positions
 
     # ------------------------------------------------------------ heartbeats
 
@@ -942,6 +978,19 @@ class Supervisor:
             assignment.restart_at = time.monotonic()
         else:
             self._release(assignment)
+
+    def _start_queued_workers(self) -> None:
+        """Start the workers of partitions just claimed, for up to START_BUDGET_S per pass of the loop.
+
+        A fork waits for the fork server, which competes for the CPU with every worker starting: starting
+        a hundred in one pass once held the loop for seconds, and the heartbeats with it.
+        """
+        budget_ends = time.monotonic() + START_BUDGET_S
+        while self._to_start and time.monotonic() < budget_ends:
+            assignment = self._to_start.popleft()
+            current = self.assignments.get(assignment.key) is assignment and not assignment.lost
+            if current and assignment.process is None and self.phase is Phase.RUNNING and not self._stop_signalled:
+                self._start_worker(assignment)
 
     def _restart_due_workers(self, now: float) -> None:
         if self.phase is not Phase.RUNNING:

@@ -13,6 +13,7 @@ from marshal_workers.balance import (
     FairShare,
     claim_cap,
     fair_share,
+    greedy_claims,
     is_hungry,
     partition_to_ask_for,
     partitions_to_hand_over,
@@ -179,3 +180,14 @@ def test_a_fleet_settles_and_then_never_moves(members: int, total: int, seed: in
         if not any(caps.values()):  # everyone at low or more leaves at most this for one member
             assert n <= total - (members - 1) * share.low, history
     assert history[8:] == [settled_counts] * 4, "no flapping once settled"
+
+
+def test_a_greedy_member_claims_its_part_of_the_free_partitions_and_a_lone_one_takes_them_all() -> None:
+    assert greedy_claims(256, 1, 4) == 256
+    assert greedy_claims(256, 4, 4) == 64
+    assert greedy_claims(10, 4, 4) == 4, "at least a few a round"
+    assert greedy_claims(3, 4, 4) == 3, "never more than is free"
+    assert greedy_claims(0, 2, 4) == 0
+    assert greedy_claims(257, 4, 4) == 65, "rounded up: nothing is left over for lack of a claim"
+    with pytest.raises(ValueError):
+        greedy_claims(5, 0, 4)
