@@ -310,12 +310,17 @@ def replay_command(
 @_settings_options
 @click.option("--out", metavar="DIR", help="Write the tables as Parquet under DIR (or a URL Spark writes to).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option(
+    "--from-beginning", is_flag=True,
+    help="Audit the whole log still kept, not only what came after the latest checkpoints.",
+)  # fmt: skip
 @_spark_options
 @_reports_errors
 def audit_command(
     config_file: str | None,
     out: str | None,
     as_json: bool,
+    from_beginning: bool,
     spark_master: str,
     spark_conf: tuple[str, ...],
     **options: Any,
@@ -328,14 +333,15 @@ def audit_command(
     conf = parse_spark_conf(spark_conf)
     settings = _load(config_file, **options)
     group = settings.require_group()
-    partitions, splits = audit.plan_log(settings)
+    partitions, splits, seeds = audit.plan_log(settings, from_beginning)
+    since = f", from the latest checkpoints of {len(seeds)} of them" if seeds else ""
     click.echo(
         f"audit of group {group}: {total_size(splits):,} records of {settings.coordination_topic} "
-        f"({partitions} partitions), one task per partition, on {spark_master}",
+        f"({partitions} partitions{since}), one task per partition, on {spark_master}",
         err=True,
     )
     with spark_session(spark_master, conf, f"marshal-workers audit {group}", settings.log_level) as spark:
-        report = audit.audit(spark, settings, partitions, splits, out)
+        report = audit.audit(spark, settings, partitions, splits, out, seeds)
     if as_json:
         click.echo(orjson.dumps(audit.document(report)).decode())
     else:

@@ -281,6 +281,11 @@ class CoordinationLog:
                         f"(no progress for {stall_timeout:g}s)"
                     )
 
+    def records_read(self) -> int:
+        """Records folded (or skipped as garbage) since reading began: a bounded number when it began at checkpoints."""
+        with self._lock:
+            return sum(end - start for end, start in zip(self._next_offset, self.started_at))
+
     def take_verdict(self, partition: int, offset: int) -> bool | None:
         """The verdict of our record at (partition, offset) if it is folded already, else None."""
         with self._lock:

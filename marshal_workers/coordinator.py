@@ -217,12 +217,14 @@ class Coordinator:
         if remaining > 0:
             time.sleep(remaining)
         log.info(
-            "group %s: coordinator %s/%s ready on %s (%d partitions)",
+            "group %s: coordinator %s/%s ready on %s (%d partitions; read %d records, %s)",
             self.group,
             self.client,
             self.instance,
             self.settings.coordination_topic,
             self.partition_count,
+            self._log.records_read(),
+            "from the latest checkpoints" if any(self._log.started_at) else "the whole log: no checkpoint yet",
         )
         return self
 

@@ -37,6 +37,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
+from marshal_workers.coordination_log import find_checkpoints
 from marshal_workers.errors import DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, topic_partition_count
 from marshal_workers.positions import partition_bounds, position_consumer
@@ -113,8 +114,12 @@ class _Tables(NamedTuple):
 # ------------------------------------------------------------------ driver
 
 
-def plan_log(settings: Settings) -> tuple[int, list[Split]]:
-    """The coordination topic's partition count, and one split per partition: all of it, as it ends now.
+Seeds = dict[int, list[codec.Checkpoint]]  # coordination partition -> the checkpoint its split starts at
+
+
+def plan_log(settings: Settings, from_beginning: bool = False) -> tuple[int, list[Split], Seeds]:
+    """The coordination topic's partition count, one split per partition from its latest checkpoint of the
+    group (from its beginning if it has none, or if asked) to its end as it is now, and those checkpoints.
 
     UnknownGroupError if the topic is missing or empty: there is nothing to audit, so Spark need not start.
     """
@@ -130,15 +135,23 @@ def plan_log(settings: Settings) -> tuple[int, list[Split]]:
         bounds = partition_bounds(consumer, settings, topic, list(range(count)))
     finally:
         consumer.close()
-    # Never cut: the fold needs each partition in order, in one task.  Empty partitions make no task.
-    whole = [Split(topic, p, low, high) for p, (low, high) in bounds.items()]
-    splits = plan_splits(whole, max_split=2**62)
-    if not splits:
+    if not any(high > low for low, high in bounds.values()):
         raise UnknownGroupError(
             f"the coordination topic {topic} on {settings.brokers} is empty: "
             f"group {settings.require_group()!r} has no record there"
         )
-    return count, splits
+    seeds: Seeds = {}
+    if not from_beginning:
+        found = find_checkpoints(settings, topic, count, settings.require_group())
+        seeds = {p: parts for p, parts in enumerate(found) if parts is not None}
+    # Never cut: the fold needs each partition in order, in one task.  A partition with nothing to read and
+    # no checkpoint makes no task.
+    whole = [
+        Split(topic, p, max(low, seeds[p][0].as_of) if p in seeds else low, high) for p, (low, high) in bounds.items()
+    ]
+    splits = plan_splits(whole, max_split=2**62)
+    splits += [split for split in whole if split.start == split.end and split.partition in seeds]
+    return count, splits, seeds
 
 
 def audit(
@@ -147,6 +160,7 @@ def audit(
     coordination_partitions: int,
     splits: list[Split],
     out: str | Path | None = None,
+    seeds: Seeds | None = None,
 ) -> AuditReport:
     """Read, decode and fold the group's coordination log; write the tables under ``out`` if given.
 
@@ -157,14 +171,14 @@ def audit(
     sc = spark.sparkContext
     sc.setJobDescription(f"marshal-workers audit {group}")
     task = functools.partial(
-        audit_split, settings, group, settings.heartbeat_ms, coordination_partitions, out is not None
+        audit_split, settings, group, settings.heartbeat_ms, coordination_partitions, out is not None, seeds or {}
     )
     events = sc.parallelize(splits, max(1, len(splits))).flatMap(task).persist()
     small = events.filter(lambda event: event[0] != _RECORD).persist() if out is not None else events
     try:
         summaries = run_job("audit (read and fold)", lambda: _select(small, _SUMMARY).collect())
         records = sum(s.records for s in summaries)
-        if records == 0:
+        if records == 0 and not seeds:
             raise UnknownGroupError(
                 f"group {group!r} has no record in {settings.coordination_topic} on {settings.brokers} "
                 f"({sum(s.garbage for s in summaries)} garbage values); check --group and --coordination-topic"
@@ -273,15 +287,27 @@ def _write_tables(tables: _Tables, out: str | Path) -> dict[str, str]:
 
 
 def audit_split(
-    settings: Settings, group: str, heartbeat_ms: int, coordination_partitions: int, with_records: bool, split: Split
+    settings: Settings,
+    group: str,
+    heartbeat_ms: int,
+    coordination_partitions: int,
+    with_records: bool,
+    seeds: Seeds,
+    split: Split,
 ) -> Iterator[tuple[int, Any]]:
-    """In a task: read one whole coordination partition, decode it, fold the group's records in log order.
+    """In a task: read one coordination partition from its checkpoint (seeds) or its start, decode it, fold the
+    group's records in log order.
 
     Yields (tag, row): the audit's events as they happen, the garbage, every record of the group if asked,
     and at the end the open tenures, the counts and the partition's summary.
     """
     log_partition = split.partition
     audit = ownership.OwnershipAudit(group, heartbeat_ms, coordination_partitions, log_partition)
+    if log_partition in seeds:
+        audit.seed(seeds[log_partition])
+    if split.start == split.end:  # nothing since the checkpoint
+        yield from _tagged(audit.finish())
+        return
     stats, feed, decode, expand = audit.state.stats, audit.feed, codec.decode, codec.expand
     with SplitReader(settings, split) as reader:
         for messages in reader.batches(READ_BATCH):

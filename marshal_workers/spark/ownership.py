@@ -28,9 +28,11 @@ coordination partition is audited on its own, in one task.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
-from marshal_workers.codec import Claim, ClaimMessages, Heartbeat, Record, Release, ReleaseGroup
+from marshal_workers import checkpoints
+from marshal_workers.codec import Checkpoint, Claim, ClaimMessages, Heartbeat, Record, Release, ReleaseGroup
 from marshal_workers.world_state import Owner, WorldState
 
 
@@ -144,6 +146,18 @@ class OwnershipAudit:
         self._counts: dict[tuple[str, str], list[int]] = {}  # (client, instance) -> counters (see _ZOMBIE etc.)
         self.zombie_records = 0
         self.tenures = 0
+
+    def seed(self, parts: Sequence[Checkpoint]) -> None:
+        """Start from a checkpoint of this coordination partition instead of the log before it.
+
+        Its owners' tenures are open from the checkpoint's time (they began earlier: the log before it
+        is not read), so hand-overs and zombies are audited from there on.
+        """
+        checkpoints.seed(self.state, parts, self.log_partition)
+        since, as_of = parts[0].ts, parts[0].as_of
+        for key, entry in self.state.partitions.items():
+            if entry.owner is not None:
+                self._open[key] = _Open(entry.owner, since, as_of)
 
     # ---------------------------------------------------------------- feed
 

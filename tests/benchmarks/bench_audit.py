@@ -188,7 +188,7 @@ def main() -> int:
 
 
 def _audit(spark, settings: Settings, out: Path | None) -> AuditReport:
-    partitions, splits = plan_log(settings)
+    partitions, splits, _ = plan_log(settings, from_beginning=True)  # the whole log: what is measured
     return audit(spark, settings, partitions, splits, out)
 
 

@@ -14,6 +14,7 @@ from spark_support import T0, LogWriter, create_topic
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
+from marshal_workers.coordination_log import CoordinationLog
 from marshal_workers.errors import UnknownGroupError
 from marshal_workers.spark.audit import audit, document, plan_log, render
 
@@ -50,9 +51,9 @@ def history(settings: Settings, unique: str) -> tuple[LogWriter, str, str]:
     return write, orders, refunds
 
 
-def run_audit(spark, settings: Settings, out: Path | None = None):
-    partitions, splits = plan_log(settings)
-    return audit(spark, settings, partitions, splits, out)
+def run_audit(spark, settings: Settings, out: Path | None = None, from_beginning: bool = False):
+    partitions, splits, seeds = plan_log(settings, from_beginning)
+    return audit(spark, settings, partitions, splits, out, seeds)
 
 
 def test_the_audit_reports_hand_overs_with_their_gaps_and_no_zombie_in_a_clean_log(
@@ -113,3 +114,30 @@ def test_the_audit_flags_a_zombie_heartbeat(spark, settings: Settings, history, 
 def test_a_group_without_records_is_unknown(spark, settings: Settings, history) -> None:
     with pytest.raises(UnknownGroupError, match="has no record"):
         run_audit(spark, replace(settings, group="nobody-here"))
+
+
+def test_the_audit_starts_at_the_latest_checkpoints_and_knows_the_owners_they_hold(
+    spark, settings: Settings, history, tmp_path: Path
+) -> None:
+    """Issue 11: like every reader, the audit reads what came after the latest checkpoints (seeded by them);
+    --from-beginning reads all the log still kept."""
+    write, _, refunds = history
+    log = CoordinationLog(settings, settings.group, settings.coordination_partitions, from_beginning=True).start()
+    try:
+        log.wait_caught_up(stall_timeout=30)
+        common = {"v": 1, "ts": T0 + 3500, "group": settings.group, "client": "e", "instance": "e-1"}
+        for partition in range(settings.coordination_partitions):
+            for record in log.checkpoint(partition, common):
+                write.write(codec.encode(record), partition)
+    finally:
+        log.close()
+    write(codec.Heartbeat, "c", 3600, refunds, partition=1, offset=7)  # c missed the news: d owns it since 3000
+
+    report = run_audit(spark, settings, tmp_path)
+    assert (report.records, report.handoffs, report.zombie_records) == (1, 0, 1)
+    [zombie] = spark.read.parquet(str(tmp_path / "zombies")).collect()
+    # The checkpoint says d owns it; since when, the audit knows only as "at least since the checkpoint".
+    assert (zombie.client, zombie.owner_client, zombie.owner_since_ms - T0) == ("c", "d", 3500)
+
+    everything = run_audit(spark, settings, from_beginning=True)
+    assert (everything.records, everything.handoffs, everything.zombie_records) == (11, 2, 1)
