@@ -7,8 +7,9 @@ Starts its own embedded broker, creates a topic with --partitions partitions
 group (``--balance fair``, HB 2 s) at once and measures:
 
 1. the seconds from their start until every partition is owned and fresh
-   (``marshal-workers status --json``, polled), and until the ownership is
-   balanced (every member within one partition of the others);
+   (a tail of the coordination log, folded as ``status`` folds it, polled
+   every 20 ms), and until the ownership is balanced (every member within
+   one partition of the others); then ``status --json`` is asked once;
 2. the coordination records written per second once the fleet is settled,
    over --window seconds (the coordination topic's end offsets before and
    after), and how many of them each kind is.
@@ -37,6 +38,11 @@ if str(HERE) not in sys.path:
 
 from bench_run import SupervisorProcess, base_env, create_topic, machine_info, poll_until  # noqa: E402
 from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+
+from marshal_workers.config import Settings  # noqa: E402
+from marshal_workers.coordination_log import CoordinationLog  # noqa: E402
+from marshal_workers.kafka_clients import admin_client, topic_partition_count  # noqa: E402
+from marshal_workers.world_state import Liveness, Owner  # noqa: E402
 
 HB = "2s"
 
@@ -111,21 +117,37 @@ def main() -> int:
                     )  # fmt: skip
                 )
 
-            def owned() -> list[dict] | None:
-                rows = status(bootstrap, group, coordination, topic)
-                return rows if rows and all(r["state"] == "fresh" for r in rows) else None
+            # A tail of the coordination log, as status reads it, polled every 20 ms (status itself takes ~1 s).
+            settings = Settings(brokers=bootstrap, group=group, coordination_topic=coordination, heartbeat_interval=2.0)
+            count = poll_until(
+                lambda: topic_partition_count(admin_client(settings), settings, coordination), 60, "the coordination topic"
+            )
+            tail = CoordinationLog(settings, group, count, from_beginning=True).start()
+            try:
+                def owners() -> list[Owner | None]:
+                    now = int(time.time() * 1000)
+                    return tail.read(lambda world: [
+                        world.owner(topic, p) if world.liveness(topic, p, now) is Liveness.FRESH else None
+                        for p in range(args.partitions)
+                    ])  # fmt: skip
 
-            poll_until(owned, 300, "every partition owned and fresh", supervisors[0].alive)
-            all_owned = time.monotonic() - started
+                poll_until(lambda: all(owners()), 300, "every partition owned and fresh", supervisors[0].alive)
+                all_owned = time.monotonic() - started
 
-            def balanced() -> bool:
-                counts = collections.Counter(r["client"] for r in status(bootstrap, group, coordination, topic))
-                return len(counts) == args.members and max(counts.values()) - min(counts.values()) <= 1
+                def balanced() -> bool:
+                    counts = collections.Counter(owners())
+                    fresh = [n for owner, n in counts.items() if owner is not None]
+                    return len(fresh) == args.members and max(fresh) - min(fresh) <= 1
 
-            poll_until(balanced, 300, "a balanced fleet", supervisors[0].alive)
-            all_balanced = time.monotonic() - started
+                poll_until(balanced, 300, "a balanced fleet", supervisors[0].alive)
+                all_balanced = time.monotonic() - started
+            finally:
+                tail.close()
             print(f"\n1. every partition owned and fresh after {all_owned:.1f}s; balanced after {all_balanced:.1f}s",
                   flush=True)  # fmt: skip
+            rows = status(bootstrap, group, coordination, topic)
+            print(f"   status --json agrees: {len(rows)} partitions, "
+                  f"{len({r['client'] for r in rows})} owners, all fresh: {all(r['state'] == 'fresh' for r in rows)}")
 
             time.sleep(4)  # let the last hand-overs settle
             before, window_start = end_offsets(bootstrap, coordination), time.monotonic()
