@@ -23,6 +23,7 @@ from typing import Any
 import setproctitle
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from marshal_workers.alarm import Alarm
 from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
 from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
 from marshal_workers.errors import TimeLimitExceeded
@@ -114,8 +115,7 @@ class Worker:
         self._consumer: Consumer | None = None
         self._timed: HandlerSpec | None = None  # metrics on: the handler, timing each call
         self._next_timed_fetch = 0.0
-        # _consume_alo's next look at the lease (seconds, monotonic): a list, so the SIGTERM handler can zero it.
-        self._check_at = [0.0]
+        self._alarm: Alarm | None = None  # _consume_alo's next look at the lease and housekeeping
 
     # ------------------------------------------------------------ lifecycle
 
@@ -199,7 +199,8 @@ class Worker:
 
     def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
-        self._check_at[0] = 0.0  # _consume_alo notices at its next message
+        if self._alarm is not None:
+            self._alarm.raise_now()  # _consume_alo notices at its next message
 
     def _check_stop_flag(self) -> None:
         if self.slot.get(Field.STOP_REQUESTED):
@@ -231,7 +232,8 @@ class Worker:
         """At least once, one message per call: handle, then record progress; the heartbeat carries it."""
         fields, next_offset, processed = self.slot.fields, int(Field.NEXT_OFFSET), int(Field.PROCESSED)
         wrap, now = Message, time.monotonic  # the slot's clock (monotonic_ms)
-        check_at = self._check_at
+        self._alarm = Alarm()
+        due = self._alarm.due
         plain = handler
         while not self.stopping:
             records = self._fetch(self._fetch_size(plain))
@@ -240,8 +242,8 @@ class Worker:
             handled = 0
             self._set_check_at()
             for record in records:
-                # One clock read per message covers the lease, housekeeping and a stop (SIGTERM zeroes check_at).
-                if now() >= check_at[0]:
+                # The lease's end, housekeeping or a stop (SIGTERM raises it too): the alarm says when to look.
+                if due[0]:
                     if self.stopping:
                         break
                     self._housekeeping()
@@ -266,7 +268,11 @@ class Worker:
 
     def _set_check_at(self) -> None:
         """When _consume_alo next looks up from its messages: the lease's end or housekeeping, now if stopping."""
-        self._check_at[0] = 0.0 if self.stopping else min(self._lease_until / 1000, self._next_housekeeping)
+        assert self._alarm is not None
+        if self.stopping:
+            self._alarm.raise_now()
+        else:
+            self._alarm.set(min(self._lease_until / 1000, self._next_housekeeping))
 
     def _consume_batches(self, handler: HandlerSpec) -> WorkerExit:
         """Batch handlers, and at most once: fetch a batch, (AMO: claim it first), handle it, record progress."""
