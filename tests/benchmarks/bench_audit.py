@@ -37,13 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-HERE = Path(__file__).resolve().parent
-if __package__ in (None, ""):  # run as a script from a checkout without installing
-    sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE))
-
 import bench_fold
 import bench_run
+import checkout  # noqa: F401 - puts the checkout on sys.path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 

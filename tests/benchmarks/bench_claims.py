@@ -20,20 +20,13 @@ import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import checkout  # noqa: F401 - puts the checkout on sys.path
+from bench_run import machine_info
 
-from bench_run import machine_info  # noqa: E402
-
-from marshal_workers.config import Settings  # noqa: E402
-from marshal_workers.coordinator import Coordinator, message_claim_verdicts  # noqa: E402
-from marshal_workers.embedded_broker import EmbeddedBroker  # noqa: E402
+from marshal_workers.config import Settings
+from marshal_workers.coordinator import Coordinator, message_claim_verdicts
+from marshal_workers.embedded_broker import EmbeddedBroker
 
 
 def claims_per_ms(coordinator: Coordinator, topic: str, count: int, first_end: int) -> float:

@@ -33,15 +33,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-
-from bench_run import SupervisorProcess, create_topic, machine_info, poll_until, verdict  # noqa: E402
-from confluent_kafka import Producer  # noqa: E402
+import checkout  # noqa: F401 - puts the checkout on sys.path
+from bench_run import SupervisorProcess, create_topic, machine_info, poll_until, verdict
+from confluent_kafka import Producer
 
 TARGET_ASYNC = 15_000
 TARGET_THREADS = 8_000

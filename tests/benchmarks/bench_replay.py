@@ -34,14 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-if __package__ in (None, ""):  # run as a script from a checkout without installing
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
-
 import bench_run
 import orjson
+from checkout import HERE, ROOT  # and the checkout on sys.path
 
 from marshal_workers.config import Settings
 from marshal_workers.embedded_broker import EmbeddedBroker

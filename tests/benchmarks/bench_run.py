@@ -59,16 +59,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-if __package__ in (None, ""):  # run as a script from a checkout without installing
-    sys.path.insert(0, str(ROOT))
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))  # bench_app, for the baseline processes
-if str(HERE.parent) not in sys.path:
-    sys.path.insert(0, str(HERE.parent))  # tests/processes.py
-
 import confluent_kafka
+from checkout import HERE, ROOT  # and the checkout on sys.path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from processes import cmdline, process_group

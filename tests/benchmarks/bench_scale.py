@@ -29,20 +29,14 @@ import time
 import uuid
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+from bench_run import SupervisorProcess, base_env, create_topic, machine_info, poll_until
+from checkout import ROOT  # and the checkout on sys.path
+from confluent_kafka import Consumer, TopicPartition
 
-from bench_run import SupervisorProcess, base_env, create_topic, machine_info, poll_until  # noqa: E402
-from confluent_kafka import Consumer, TopicPartition  # noqa: E402
-
-from marshal_workers.config import Settings  # noqa: E402
-from marshal_workers.coordination_log import CoordinationLog  # noqa: E402
-from marshal_workers.kafka_clients import admin_client, topic_partition_count  # noqa: E402
-from marshal_workers.world_state import Liveness, Owner  # noqa: E402
+from marshal_workers.config import Settings
+from marshal_workers.coordination_log import CoordinationLog
+from marshal_workers.kafka_clients import admin_client, topic_partition_count
+from marshal_workers.world_state import Liveness, Owner
 
 HB = "2s"
 

@@ -21,22 +21,15 @@ import sys
 import time
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+import checkout  # noqa: F401 - puts the checkout on sys.path
+from bench_run import machine_info, verdict
+from confluent_kafka import Producer
 
-from bench_run import machine_info, verdict  # noqa: E402
-from confluent_kafka import Producer  # noqa: E402
-
-from marshal_workers import codec  # noqa: E402
-from marshal_workers.config import Settings  # noqa: E402
-from marshal_workers.coordination_log import CoordinationLog  # noqa: E402
-from marshal_workers.coordinator import Coordinator  # noqa: E402
+from marshal_workers import codec
+from marshal_workers.config import Settings
+from marshal_workers.coordination_log import CoordinationLog
+from marshal_workers.coordinator import Coordinator
 
 
 def history(settings: Settings, count: int, start_ts: int) -> None:
