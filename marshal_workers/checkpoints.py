@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from marshal_workers import codec, done_set
+from marshal_workers.codec import reported_number
 from marshal_workers.world_state import Owner, PartitionState, Pause, WorldState
 
 # Positions per record: well below Kafka's default 1 MB message, even with done sets.
@@ -37,7 +38,7 @@ def state_records(
 ) -> list[codec.Checkpoint]:
     """The checkpoint of coordination partition ``source``: ``state`` as folded up to log offset ``as_of``."""
     positions = [_position(topic, partition, found) for (topic, partition), found in sorted(state.partitions.items())
-                 if _routed(state, topic, source)]  # fmt: skip
+                 if state.routed_here(topic, source)]  # fmt: skip
     pause = state.pauses.get(source)
     chunks = [positions[i : i + per_record] for i in range(0, len(positions), per_record)] or [[]]
     return [
@@ -56,7 +57,7 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
     """
     for part in parts:
         for position in part.positions:
-            if _routed(state, position.topic, source):
+            if state.routed_here(position.topic, source):
                 state.partitions[(position.topic, position.partition)] = _partition_state(position)
     pause = parts[0].pause if parts else None
     if pause is not None:
@@ -99,11 +100,6 @@ def due(state: WorldState, source: int, now: int, interval_ms: int, me: Owner) -
     return min(members, key=lambda owner: owner.instance) == me
 
 
-def _routed(state: WorldState, topic: str, source: int) -> bool:
-    count = state.coordination_partitions
-    return count is None or codec.coordination_partition(topic, count) == source
-
-
 def _position(topic: str, partition: int, found: PartitionState) -> codec.Position:
     owner = found.owner
     return codec.Position(
@@ -124,10 +120,6 @@ def _partition_state(position: codec.Position) -> PartitionState:
         done = done_set.parse(position.offset, position.done) or None
     return PartitionState(
         owner=owner, last_ts=position.last_ts, offset=position.offset, amo_offset=position.amo_offset, done=done,
-        lag=_number(position.lag), rate=_number(position.rate), in_flight=_number(position.in_flight),
-        window_used=_number(position.window_used),
+        lag=reported_number(position.lag), rate=reported_number(position.rate),
+        in_flight=reported_number(position.in_flight), window_used=reported_number(position.window_used),
     )  # fmt: skip
-
-
-def _number(value: Any) -> int | float | None:
-    return None if value is None else codec.reported_number(value)

@@ -212,7 +212,8 @@ class WorldState:
             raise
         return record, self.apply(record, record_time(record, log_append_time), source)
 
-    def _routed_here(self, topic: str, source: int) -> bool:
+    def routed_here(self, topic: str, source: int) -> bool:
+        """Is coordination partition ``source`` the one that carries every record about ``topic``?"""
         count = self.coordination_partitions
         return count is None or coordination_partition(topic, count) == source
 
@@ -311,7 +312,7 @@ class WorldState:
     def _release_group(self, record: ReleaseGroup, at: int, source: int) -> bool:
         self.pauses[source] = Pause(until=record.expires, client=record.client)
         for (topic, _), state in self.partitions.items():
-            if self._routed_here(topic, source):
+            if self.routed_here(topic, source):
                 state.owner = None
                 state.lag = state.rate = state.in_flight = state.window_used = None
         return True
