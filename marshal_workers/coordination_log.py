@@ -105,18 +105,7 @@ class CoordinationLog:
         self.fast_verdicts = True
         self.early_folds = 0  # records fold_delivered folded
         self.started_at: list[int] = [0] * partition_count  # where reading began, per partition
-        self._consumer = Consumer(
-            reader_config(
-                settings,
-                "log",
-                **{
-                    # Every write waits for the tail to fold it. Kafka answers a waiting fetch as soon as
-                    # data arrives; Tansu holds it for the whole wait, so the wait bounds write latency.
-                    "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
-                    "fetch.queue.backoff.ms": 5,
-                },
-            )
-        )
+        self._consumer = _log_consumer(settings, "log")
 
     # ------------------------------------------------------------ lifecycle
 
@@ -303,6 +292,22 @@ class CoordinationLog:
             return self._verdicts.pop(key)
 
 
+def _log_consumer(settings: Settings, purpose: str) -> Consumer:
+    """A reader of the coordination topic that gets each record as soon as the broker has it."""
+    return Consumer(
+        reader_config(
+            settings,
+            purpose,
+            **{
+                # Every write waits for the tail to fold it. Kafka answers a waiting fetch as soon as
+                # data arrives; Tansu holds it for the whole wait, so the wait bounds write latency.
+                "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
+                "fetch.queue.backoff.ms": 5,
+            },
+        )
+    )
+
+
 # How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far.
 _FIRST_LOOK = 20_000
 
@@ -317,13 +322,7 @@ def find_checkpoints(
     every "offset for a time" with the log start.)
     """
     found: list[list[codec.Checkpoint] | None] = [None] * partition_count
-    consumer = Consumer(
-        reader_config(
-            settings,
-            "checkpoints",
-            **{"fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)), "fetch.queue.backoff.ms": 5},
-        )
-    )
+    consumer = _log_consumer(settings, "checkpoints")
     try:
         bounds = [
             consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
