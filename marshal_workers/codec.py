@@ -37,6 +37,10 @@ class _Record(msgspec.Struct, frozen=True, gc=False, tag_field="type", kw_only=T
     client: Name
     instance: Name
 
+    def common_fields(self) -> dict[str, Any]:
+        """The fields above, for the records a multi-partition record stands for."""
+        return {"v": self.v, "ts": self.ts, "group": self.group, "client": self.client, "instance": self.instance}
+
 
 class _PartitionRecord(_Record, frozen=True, gc=False, kw_only=True):
     topic: Name
@@ -111,7 +115,7 @@ class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats")
 
     def heartbeats(self) -> list[Heartbeat]:
         """The entries as the single-partition heartbeats they stand for."""
-        common = {"v": self.v, "ts": self.ts, "group": self.group, "client": self.client, "instance": self.instance}
+        common = self.common_fields()
         return [
             Heartbeat(
                 **common, topic=self.topic, partition=b.partition, offset=b.offset, lag=b.lag, rate=b.rate,
@@ -192,7 +196,7 @@ class MessageClaims(_Record, frozen=True, gc=False, kw_only=True, tag="message_c
 
     def claim_messages(self) -> list[ClaimMessages]:
         """The entries as the single-partition claims they stand for."""
-        common = {"v": self.v, "ts": self.ts, "group": self.group, "client": self.client, "instance": self.instance}
+        common = self.common_fields()
         return [ClaimMessages(**common, topic=self.topic, partition=c.partition, offset=c.offset) for c in self.claims]
 
 
