@@ -49,10 +49,10 @@ class OffsetStore:
         Raises OffsetLookupError when Kafka does not say: "none" and "unknown" must not be confused,
         or a partition would restart from auto_offset_reset instead of its backup.
         """
-        where = ", ".join(f"{t}[{p}]" for t, p in keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
         try:
             found = self._consumer.committed([TopicPartition(t, p) for t, p in keys], timeout=self.settings.connect_timeout)
         except KafkaException as exc:
+            where = ", ".join(f"{t}[{p}]" for t, p in keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
             raise OffsetLookupError(f"could not read the committed offsets of {where}: {exc}") from None
         failed = next((tp for tp in found if tp.error is not None), None)
         if failed is not None:
