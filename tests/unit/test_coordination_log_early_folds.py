@@ -1,16 +1,16 @@
 """CoordinationLog.fold_delivered, the fast path of a writer's verdicts, without a broker.
 
-The tail's side is fed the records a broker would return (plain objects with a Kafka message's
-accessors); the integration test of the coordinator runs the same path against a real broker.
+The tail's side is fed the records a broker would return (fake_record.FakeRecord, with a Kafka
+message's accessors); the integration test of the coordinator runs the same path against a real broker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
+from fake_record import FakeRecord
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
@@ -21,29 +21,9 @@ GROUP, TOPIC = "billing", "orders"
 ME = {"v": 1, "group": GROUP, "client": "host-a", "instance": "a1"}
 
 
-@dataclass
-class Read:
-    """A record as the tail's consumer returns it."""
-
-    value_: bytes
-    offset_: int
-    timestamp_: tuple[int, int]
-    partition_: int = 0
-
-    def partition(self) -> int:
-        return self.partition_
-
-    def offset(self) -> int:
-        return self.offset_
-
-    def value(self) -> bytes:
-        return self.value_
-
-    def timestamp(self) -> tuple[int, int]:
-        return self.timestamp_
-
-    def error(self) -> None:
-        return None
+def read(value: bytes, offset: int, timestamp: tuple[int, int]) -> FakeRecord:
+    """A record as the tail's consumer returns it (coordination partition 0)."""
+    return FakeRecord(topic="__marshal", partition=0, offset=offset, key=None, value=value, timestamp=timestamp)
 
 
 @pytest.fixture
@@ -63,18 +43,18 @@ def claim_messages(ts: int, offset: int) -> bytes:
 
 
 def test_a_record_right_after_what_the_tail_folded_is_folded_from_its_delivery_report(log: CoordinationLog) -> None:
-    log._fold_message(Read(claim(1000), 0, (TIMESTAMP_CREATE_TIME, 1000)))  # type: ignore[arg-type]
+    log._fold_message(read(claim(1000), 0, (TIMESTAMP_CREATE_TIME, 1000)))  # type: ignore[arg-type]
     assert log.fold_delivered(0, 1, claim_messages(1100, 50), (TIMESTAMP_CREATE_TIME, 1100))
     assert log.take_verdict(0, 1) is True
     assert log.read(lambda s: s.get(TOPIC, 0).amo_offset) == 50  # type: ignore[union-attr]
     # The tail then reads it and skips it: folded once.
-    log._fold_message(Read(claim_messages(1100, 50), 1, (TIMESTAMP_CREATE_TIME, 1100)))  # type: ignore[arg-type]
+    log._fold_message(read(claim_messages(1100, 50), 1, (TIMESTAMP_CREATE_TIME, 1100)))  # type: ignore[arg-type]
     assert log.read(lambda s: s.stats.applied) == 2
     assert log.fast_verdicts and log.early_folds == 1
 
 
 def test_a_record_with_something_unread_before_it_waits_for_the_tail(log: CoordinationLog) -> None:
-    log._fold_message(Read(claim(1000), 0, (TIMESTAMP_CREATE_TIME, 1000)))  # type: ignore[arg-type]
+    log._fold_message(read(claim(1000), 0, (TIMESTAMP_CREATE_TIME, 1000)))  # type: ignore[arg-type]
     # Offset 1 (another member's, say) is not folded yet: offset 2's verdict may depend on it.
     assert not log.fold_delivered(0, 2, claim_messages(1100, 50), (TIMESTAMP_CREATE_TIME, 1100))
     assert log.take_verdict(0, 2) is None
@@ -90,15 +70,15 @@ def test_a_delivery_report_whose_timestamp_kind_differs_from_the_logs_waits_for_
 ) -> None:
     """A broker that stamps LogAppendTime but answers a produce with none (Redpanda did): the report's time
     is not the log's, so the verdict must come from the log."""
-    log._fold_message(Read(claim(1000), 0, (TIMESTAMP_LOG_APPEND_TIME, 1005)))  # type: ignore[arg-type]
+    log._fold_message(read(claim(1000), 0, (TIMESTAMP_LOG_APPEND_TIME, 1005)))  # type: ignore[arg-type]
     assert not log.fold_delivered(0, 1, claim_messages(1100, 50), (TIMESTAMP_CREATE_TIME, 1100))
 
 
 def test_a_report_time_the_log_contradicts_turns_the_fast_path_off_for_good(log: CoordinationLog) -> None:
-    log._fold_message(Read(claim(1000), 0, (TIMESTAMP_LOG_APPEND_TIME, 1005)))  # type: ignore[arg-type]
+    log._fold_message(read(claim(1000), 0, (TIMESTAMP_LOG_APPEND_TIME, 1005)))  # type: ignore[arg-type]
     assert log.fold_delivered(0, 1, claim_messages(1100, 50), (TIMESTAMP_LOG_APPEND_TIME, 1106))
-    log._fold_message(Read(claim_messages(1100, 50), 1, (TIMESTAMP_LOG_APPEND_TIME, 1107)))  # type: ignore[arg-type]
+    log._fold_message(read(claim_messages(1100, 50), 1, (TIMESTAMP_LOG_APPEND_TIME, 1107)))  # type: ignore[arg-type]
     assert not log.fast_verdicts
-    log._fold_message(Read(claim_messages(1200, 60), 2, (TIMESTAMP_LOG_APPEND_TIME, 1207)))  # type: ignore[arg-type]
+    log._fold_message(read(claim_messages(1200, 60), 2, (TIMESTAMP_LOG_APPEND_TIME, 1207)))  # type: ignore[arg-type]
     assert not log.fold_delivered(0, 3, claim_messages(1300, 70), (TIMESTAMP_LOG_APPEND_TIME, 1306))
     assert log.read(lambda s: (s.owner(TOPIC, 0), s.get(TOPIC, 0).amo_offset)) == (Owner("host-a", "a1"), 60)  # type: ignore[union-attr]
