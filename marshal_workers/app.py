@@ -26,6 +26,7 @@ from marshal_workers.config import SETTINGS, Settings, parse_duration, parse_lim
 from marshal_workers.done_set import MAX_RUNS
 from marshal_workers.errors import ConfigError
 from marshal_workers.lanes import Ordering
+from marshal_workers.range_leases import MAX_LEASE_MS, MAX_RANGE
 
 
 class Mode(str, enum.Enum):
@@ -105,6 +106,11 @@ class HandlerSpec:
     concurrency: int = 1  # messages (batches, for a batch handler) in flight at once in a worker
     ordering: Ordering = Ordering.PARTITION  # which messages may be in flight together (lanes.Ordering)
     window: int = 1  # most offsets from the lowest unfinished message to the furthest fetched one
+    # Shared partitions (DESIGN.md section 11, docs/shared-partitions.md): workers lease ranges of offsets.
+    shared: bool = False
+    range_size: int = 100  # offsets per range claim
+    pending_timeout: float = 60.0  # seconds a lease lasts unless renewed; past it another worker may take it
+    max_deliveries: int = 5  # deliveries of a message (at least once) before it is dead-lettered instead
 
     @property
     def is_async(self) -> bool:
@@ -175,6 +181,10 @@ class App:
         concurrency: int = 1,
         ordering: str | None = None,
         window: int | None = None,
+        shared: bool = False,
+        range_size: int = 100,
+        pending_timeout: float | str = 60.0,
+        max_deliveries: int = 5,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``.
 
@@ -183,11 +193,18 @@ class App:
         worker (a ``def`` handler on N threads, an ``async def`` one as N tasks), ``ordering`` says
         which may overlap ("key", the default then; "none"; "partition") and ``window`` bounds how
         far past a stuck message the worker reads (docs/concurrency.md).
+
+        ``shared=True`` lets many workers on many hosts share each partition: they lease ranges of
+        ``range_size`` offsets for ``pending_timeout`` (renewed while they work), and a message
+        delivered ``max_deliveries`` times goes to the dead-letter topic (docs/shared-partitions.md).
         """
         spec_options = _handler_options(
             topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
         )
         lane_options = _lane_options(topic, batch, spec_options, concurrency, ordering, window)
+        shared_options = _shared_options(
+            topic, shared, range_size, pending_timeout, max_deliveries, batch, concurrency, spec_options
+        )
 
         def register(function: Handler) -> Handler:
             existing = self.handlers.get(topic)
@@ -200,7 +217,7 @@ class App:
                     "is not supported; use an async def handler of one message, or a def batch handler"
                 )
             self.handlers[topic] = HandlerSpec(
-                topic=topic, function=function, batch=batch, **spec_options, **lane_options
+                topic=topic, function=function, batch=batch, **spec_options, **lane_options, **shared_options
             )
             return function
 
@@ -302,6 +319,40 @@ def _lane_options(
             + ("; lower batch_size or concurrency" if least > MAX_RUNS else "")
         )
     return {"concurrency": concurrency, "ordering": parsed, "window": window}
+
+
+def _shared_options(
+    topic: str,
+    shared: bool,
+    range_size: int,
+    pending_timeout: float | str,
+    max_deliveries: int,
+    batch: bool,
+    concurrency: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """The shared-partition options, checked: refused with what to do instead."""
+    where = f"handler for {topic!r}"
+    if not isinstance(shared, bool):
+        raise ConfigError(f"{where}: shared must be True or False, got {shared!r}")
+    if not isinstance(range_size, int) or isinstance(range_size, bool) or not 1 <= range_size <= MAX_RANGE:
+        raise ConfigError(f"{where}: range_size must be a whole number in [1, {MAX_RANGE}], got {range_size!r}")
+    if not isinstance(max_deliveries, int) or isinstance(max_deliveries, bool) or max_deliveries < 1:
+        raise ConfigError(f"{where}: max_deliveries must be a whole number >= 1, got {max_deliveries!r}")
+    timeout = _duration(topic, "pending_timeout", pending_timeout, parse_duration)
+    if not 1.0 <= timeout <= MAX_LEASE_MS / 1000:
+        raise ConfigError(f"{where}: pending_timeout must be between 1s and 24h, got {pending_timeout!r}")
+    if shared and (batch or concurrency > 1):
+        raise ConfigError(
+            f"{where}: a shared handler takes one message per call in each worker; drop batch/concurrency and "
+            "raise --processes (workers per supervisor) instead"
+        )
+    if shared and options["on_error"] is OnError.RELEASE:
+        raise ConfigError(
+            f"{where}: on_error='release' releases a whole partition, which a shared handler never holds; "
+            "failures are delivered again up to max_deliveries, then dead-lettered"
+        )
+    return {"shared": shared, "range_size": range_size, "pending_timeout": timeout, "max_deliveries": max_deliveries}
 
 
 def _time_limit(topic: str, name: str, value: float | str | None) -> float | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from marshal_workers import codec, done_set
 from marshal_workers.codec import reported_number
+from marshal_workers.range_leases import Holder, Lease, SharedPartition, Tries
 from marshal_workers.world_state import Owner, PartitionState, Pause, WorldState
 
 # Positions per record: well below Kafka's default 1 MB message, even with done sets.
@@ -39,14 +40,20 @@ def state_records(
     """The checkpoint of coordination partition ``source``: ``state`` as folded up to log offset ``as_of``."""
     positions = [_position(topic, partition, found) for (topic, partition), found in sorted(state.partitions.items())
                  if state.routed_here(topic, source)]  # fmt: skip
+    shared = [_shared_position(topic, partition, found) for (topic, partition), found in sorted(state.shared.items())
+              if state.routed_here(topic, source)]  # fmt: skip
     pause = state.pauses.get(source)
     chunks = [positions[i : i + per_record] for i in range(0, len(positions), per_record)] or [[]]
+    # Shared partitions ride in parts of their own after the positions: a few per record, as leases add up.
+    per_shared = max(per_record // 10, 1)
+    shared_chunks = [shared[i : i + per_shared] for i in range(0, len(shared), per_shared)]
+    parts = [(tuple(chunk), ()) for chunk in chunks] + [((), tuple(chunk)) for chunk in shared_chunks]
     return [
         codec.Checkpoint(
-            **common, source=source, as_of=as_of, part=index, parts=len(chunks), positions=tuple(chunk),
+            **common, source=source, as_of=as_of, part=index, parts=len(parts), positions=chunk, shared=shared_chunk,
             pause=None if pause is None else codec.PausePosition(until=pause.until, client=pause.client),
         )  # fmt: skip
-        for index, chunk in enumerate(chunks)
+        for index, (chunk, shared_chunk) in enumerate(parts)
     ]
 
 
@@ -59,6 +66,10 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
         for position in part.positions:
             if state.routed_here(position.topic, source):
                 state.partitions[(position.topic, position.partition)] = _partition_state(position)
+        for shared in part.shared:
+            found = _shared_partition(shared)
+            if found is not None and state.routed_here(shared.topic, source):
+                state.shared[(shared.topic, shared.partition)] = found
     pause = parts[0].pause if parts else None
     if pause is not None:
         state.pauses[source] = Pause(until=pause.until, client=pause.client)
@@ -122,4 +133,47 @@ def _partition_state(position: codec.Position) -> PartitionState:
         owner=owner, last_ts=position.last_ts, offset=position.offset, amo_offset=position.amo_offset, done=done,
         lag=reported_number(position.lag), rate=reported_number(position.rate),
         in_flight=reported_number(position.in_flight), window_used=reported_number(position.window_used),
+    )  # fmt: skip
+
+
+def _shared_position(topic: str, partition: int, found: SharedPartition) -> codec.SharedPosition:
+    return codec.SharedPosition(
+        topic=topic, partition=partition, low=found.low, done=tuple(found.done),
+        leases=tuple(
+            codec.LeasePosition(offset=lease.start, end=lease.end, client=lease.holder.client,
+                                instance=lease.holder.instance, expires=lease.expires, claimed_at=lease.claimed_at,
+                                amo=lease.amo)
+            for lease in sorted(found.leases.values(), key=lambda lease: lease.start)
+        ),
+        tries=tuple(tuple(t) for t in found.tries),  # type: ignore[misc]
+        acked=found.acked, dead_letters=found.dead_letters, lost=found.lost, lapsed=found.lapsed, high=found.high,
+    )  # fmt: skip
+
+
+def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
+    """The bookkeeping a checkpoint carries, or None if it breaks the invariants (not an honest writer's)."""
+    low = position.low
+    runs = [(start, end) for start, end in position.done] + [(lease.offset, lease.end) for lease in position.leases]
+    if low is None and runs:
+        return None
+    if any(start >= end or start < (low or 0) for start, end in runs):
+        return None
+    done = list(position.done)
+    if (done and done[0][0] <= (low or 0)) or any(a[1] >= b[0] for a, b in zip(done, done[1:])):
+        return None  # done ranges out of order (the fold's lookups bisect them), touching, or not above ``low``
+    ordered = sorted(runs)
+    if any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
+        return None  # a done range and a lease, or two leases, overlap
+    tries = [Tries(*t) for t in position.tries]
+    if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in zip(tries, tries[1:])):
+        return None
+    leases = {
+        lease.offset: Lease(lease.offset, lease.end, Holder(lease.client, lease.instance), lease.expires, lease.amo,
+                            lease.claimed_at)
+        for lease in position.leases
+    }  # fmt: skip
+    return SharedPartition(
+        low=low, done=[(start, end) for start, end in done], leases=leases, tries=tries,
+        acked=position.acked, dead_letters=position.dead_letters, lost=position.lost, lapsed=position.lapsed,
+        high=position.high,
     )  # fmt: skip

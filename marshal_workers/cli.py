@@ -180,6 +180,9 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 @click.option("--client-id", help="Stable name of this host/instance (default: hostname); unique per supervisor.")
 @click.option("--max-partitions", type=click.IntRange(0), help="Most partitions to claim (0: no cap).")
 @click.option(
+    "--processes", type=click.IntRange(0), help="Worker processes per shared handler (0, the default: one per CPU)."
+)
+@click.option(
     "--balance",
     type=click.Choice(["greedy", "fair"]),
     help="greedy (default): claim every free partition; fair: hold an equal share of the group's partitions.",
@@ -188,7 +191,8 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port (0: off).")
 @_reports_errors
 def run(app_path: str, config_file: str | None, **options: Any) -> None:
-    """Run the handlers of MODULE:APP, one worker process per claimed partition."""
+    """Run the handlers of MODULE:APP: one worker process per claimed partition, and --processes workers per
+    shared handler."""
     from marshal_workers.loader import ensure_cwd_importable, load_app
     from marshal_workers.supervisor import Supervisor
 

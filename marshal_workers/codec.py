@@ -149,6 +149,34 @@ class PausePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     client: Name
 
 
+class LeasePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
+    """A live range lease as a Checkpoint carries it (range_leases.Lease)."""
+
+    offset: NonNegative
+    end: NonNegative
+    client: Name
+    instance: Name
+    expires: NonNegative
+    claimed_at: NonNegative
+    amo: bool = False
+
+
+class SharedPosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
+    """One shared partition's range bookkeeping in a :class:`Checkpoint` (range_leases.SharedPartition; 0.4.0)."""
+
+    topic: Name
+    partition: NonNegative
+    low: NonNegative | None = None
+    done: tuple[tuple[NonNegative, NonNegative], ...] = ()
+    leases: tuple[LeasePosition, ...] = ()
+    tries: tuple[tuple[NonNegative, NonNegative, NonNegative], ...] = ()
+    acked: NonNegative = 0
+    dead_letters: NonNegative = 0
+    lost: NonNegative = 0
+    lapsed: NonNegative = 0
+    high: NonNegative = 0
+
+
 MAX_POSITIONS: Final = 65536
 
 
@@ -169,6 +197,7 @@ class Checkpoint(_Record, frozen=True, gc=False, kw_only=True, tag="checkpoint",
     parts: Annotated[int, msgspec.Meta(ge=1, le=MAX_POSITIONS)] = 1
     positions: Annotated[tuple[Position, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
     pause: PausePosition | None = None
+    shared: Annotated[tuple[SharedPosition, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()  # release 0.4.0
 
 
 class ClaimMessages(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim_messages"):
@@ -200,15 +229,87 @@ class MessageClaims(_Record, frozen=True, gc=False, kw_only=True, tag="message_c
         return [ClaimMessages(**common, topic=self.topic, partition=c.partition, offset=c.offset) for c in self.claims]
 
 
+# A lease lasts at most a day: a longer pending timeout is a mistake, not a plan.
+LeaseMs = Annotated[int, msgspec.Meta(ge=1, le=86_400_000)]
+
+
+class RangeEntry(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """The offsets ``[offset, end)`` of one partition, in a range record (DESIGN.md section 11)."""
+
+    partition: NonNegative
+    offset: NonNegative
+    end: NonNegative
+
+
+class AckEntry(RangeEntry, frozen=True, gc=False, kw_only=True, omit_defaults=True):
+    """A lease settled: every offset of the range is done except ``failed`` ones (tried, to be tried again).
+
+    ``dead``: the offsets written to the dead-letter topic (done, and counted).  Both strictly increasing.
+    ``high``: the partition's end offset as the holder's fetches saw it: every member learns from it how far
+    ranges may be claimed (ListOffsets may under-report the end; DESIGN.md section 8).
+    """
+
+    failed: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
+    dead: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
+    high: NonNegative | None = None  # the partition's end as the holder's fetches saw it (for the claimers)
+
+
+RangeEntries = Annotated[tuple[RangeEntry, ...], msgspec.Meta(min_length=1, max_length=MAX_BEATS)]
+
+
+class ClaimRanges(_Record, frozen=True, gc=False, kw_only=True, tag="claim_ranges", omit_defaults=True):
+    """Range claims of a shared topic's partitions (release 0.4.0; DESIGN.md section 11).
+
+    Each accepted entry is a lease for ``lease_ms`` from the record's time.  ``amo``: the writer handles the
+    offsets at most once, so a lapse makes them lost rather than claimable again.
+    """
+
+    topic: Name
+    lease_ms: LeaseMs
+    amo: bool = False
+    ranges: RangeEntries
+
+
+class RenewRanges(_Record, frozen=True, gc=False, kw_only=True, tag="renew_ranges"):
+    """The holder extends its leases on these exact ranges to ``lease_ms`` from the record's time (0.4.0)."""
+
+    topic: Name
+    lease_ms: LeaseMs
+    ranges: RangeEntries
+
+
+class AckRanges(_Record, frozen=True, gc=False, kw_only=True, tag="ack_ranges"):
+    """The holder settles its leases on these exact ranges (0.4.0): see :class:`AckEntry`."""
+
+    topic: Name
+    ranges: Annotated[tuple[AckEntry, ...], msgspec.Meta(min_length=1, max_length=MAX_BEATS)]
+
+
+class CancelRanges(_Record, frozen=True, gc=False, kw_only=True, tag="cancel_ranges"):
+    """The holder gives its leases on these exact ranges back untried: claimable again at once (0.4.0)."""
+
+    topic: Name
+    ranges: RangeEntries
+
+
+RANGE_RECORD_TYPES: Final = (ClaimRanges, RenewRanges, AckRanges, CancelRanges)
+
+
 class ReleaseGroup(_Record, frozen=True, gc=False, kw_only=True, tag="release_group"):
     """An operator pauses the whole group until ``expires`` (ms since epoch)."""
 
     expires: NonNegative
 
 
-Record = Union[Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint]
+Record = Union[
+    Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
+    ClaimRanges, RenewRanges, AckRanges, CancelRanges,
+]
 PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
-RECORD_TYPES: Final = (Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint)
+RECORD_TYPES: Final = (
+    Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
+    ClaimRanges, RenewRanges, AckRanges, CancelRanges,
+)
 
 _decoder = msgspec.json.Decoder(Record)
 _encoder = msgspec.json.Encoder()
@@ -259,13 +360,13 @@ def reported_number(value: Any) -> int | float | None:
 
 
 def record_key(record: Record) -> bytes:
-    """The Kafka key: ``group/topic/partition``, ``group/topic`` for heartbeats and message_claims, the group for
-    release_group."""
+    """The Kafka key: ``group/topic/partition``, ``group/topic`` for records about several partitions (heartbeats,
+    message_claims, range records), the group for release_group."""
     if isinstance(record, ReleaseGroup):
         return record.group.encode()
     if isinstance(record, Checkpoint):
         return f"{record.group}/checkpoint/{record.source}".encode()
-    if isinstance(record, (Heartbeats, MessageClaims)):
+    if isinstance(record, (Heartbeats, MessageClaims, *RANGE_RECORD_TYPES)):
         return f"{record.group}/{record.topic}".encode()
     return f"{record.group}/{record.topic}/{record.partition}".encode()
 

@@ -151,6 +151,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("log_level", _parse_choice("debug", "info", "warning", "error"), "Log level."),
         Setting("log_format", _parse_choice("text", "json"), "Log lines as text, or as one JSON object each."),
         Setting("max_partitions", _parse_int(0), "Most partitions one supervisor claims (0: no cap)."),
+        Setting("processes", _parse_int(0), "Worker processes per supervisor for each shared handler (0: one per CPU)."),
         Setting("shutdown_timeout", parse_duration, "On SIGTERM, how long workers may finish before they are killed."),
         Setting(
             "auto_offset_reset",
@@ -213,6 +214,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     max_partitions: int = 0
+    processes: int = 0
     shutdown_timeout: float = 30.0
     auto_offset_reset: str = "earliest"
     crash_limit: int = 5
@@ -231,6 +233,11 @@ class Settings:
     @property
     def heartbeat_ms(self) -> int:
         return round(self.heartbeat_interval * 1000)  # round: 4.007 * 1000 is 4006.99...
+
+    @property
+    def shared_processes(self) -> int:
+        """Worker processes per shared handler: ``processes``, or one per CPU."""
+        return self.processes or os.cpu_count() or 1
 
     def require_group(self) -> str:
         if not self.group:

@@ -344,6 +344,10 @@ class Coordinator:
         # One copy per coordination partition, so the pause is ordered against every topic's claims.
         return all(self.write([record] * self.partition_count, partitions=range(self.partition_count)))
 
+    def record_fields(self) -> dict[str, Any]:
+        """The common fields of a record written now by this member (codec._Record)."""
+        return self._common()
+
     def _common(self) -> dict[str, Any]:
         return {
             "v": codec.VERSION,

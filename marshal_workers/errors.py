@@ -96,3 +96,8 @@ class SoftTimeLimitExceeded(TimeLimitExceeded):
     failed and the handler's error policy (retries, then dead letter or
     release) applies.  Past ``time_limit`` the worker is killed instead.
     """
+
+
+class MaxDeliveriesExceeded(Exception):
+    """A shared handler's message was delivered ``max_deliveries`` times without success: it is dead-lettered
+    with this as its ``error_type``."""

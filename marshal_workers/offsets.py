@@ -8,7 +8,8 @@ log has forgotten resumes at its committed offset.  Workers never commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
@@ -79,6 +80,17 @@ class OffsetStore:
                     f"could not read the {spec} offset of {tp.topic}[{tp.partition}]: {exc}"
                 )
         return result
+
+    def request_ends(self, topic: str, partitions: Iterable[int]) -> dict[TopicPartition, Any]:
+        """Ask for the partitions' end offsets without waiting: a future per partition (one request)."""
+        spec = OffsetSpec.latest()
+        try:
+            return self._admin.list_offsets(  # type: ignore[no-any-return]
+                {TopicPartition(topic, p): spec for p in partitions}, request_timeout=self.settings.connect_timeout
+            )
+        except KafkaException as exc:
+            self.log.warning("could not ask for the ends of %s: %s", topic, exc)
+            return {}
 
     def commit(self, progress: Sequence[tuple[str, int, int]]) -> None:
         """Commit (topic, partition, next offset) asynchronously; failures are logged once."""

@@ -65,6 +65,7 @@ from marshal_workers.logs import group_log
 from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Snapshot
 from marshal_workers.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.restarts import RestartPolicy
+from marshal_workers.shared_pool import SharedPool
 from marshal_workers.worker import WorkerExit, worker_main
 from marshal_workers.world_state import Owner, WorldState
 
@@ -155,7 +156,9 @@ class Supervisor:
         self.time_limits = {topic: effective_time_limits(h, settings) for topic, h in app.handlers.items()}
         self.assignments: dict[Key, Assignment] = {}
         self.cooldown_until: dict[Key, float] = {}  # monotonic; partitions released as sick
-        self.partition_counts: dict[str, int] = {}
+        self.partition_counts: dict[str, int] = {}  # topics whose partitions are claimed whole
+        self.shared_partition_counts: dict[str, int] = {}  # shared handlers' topics (shared_pool)
+        self.shared = SharedPool(app, app_path, settings, self.log, self.shared_partition_counts.get)
         self.phase = Phase.RUNNING
         self.exit_code = 0
         self.claiming = True
@@ -191,6 +194,7 @@ class Supervisor:
         self._writes = InFlightWrites(self._coordinator)
         self._offsets = OffsetStore(self.settings)
         self._admin = admin_client(self.settings)
+        self.shared.attach(self._context, self._coordinator, self._writes, self._offsets)
         try:
             self._refresh_topics(first=True)
             if self.settings.metrics_port:
@@ -206,6 +210,7 @@ class Supervisor:
                 self._collect_writes,
                 self._start_queued_workers,
                 self._reap_workers,
+                self.shared.step,
                 self._periodic_work,
             )
             while self.phase is not Phase.STOPPED:
@@ -317,8 +322,9 @@ class Supervisor:
             "phase": self.phase.value,
             "claiming": self.claiming,
             "balance": self.settings.balance,
-            "topics": self.partition_counts,
+            "topics": self.partition_counts | self.shared_partition_counts,
             "partitions": partitions,
+            "shared": self.shared.state(),
             "cooling_down": [f"{t}[{p}]" for (t, p), until in self.cooldown_until.items() if until > time.monotonic()],
             "writes_in_flight": self._require_writes().counts(),
         }
@@ -332,13 +338,14 @@ class Supervisor:
                 self._release(assignment)  # waiting for a restart: nothing runs, release at once
             else:
                 self._stop_worker(assignment)
+        self.shared.begin_stop()
         self._check_stop_progress(time.monotonic())
 
     def _check_stop_progress(self, now: float) -> None:
         if self.phase is not Phase.STOPPING:
             return
-        if not self.assignments and not self._releasing and not self._claiming:  # a claim won now is released
-            self.phase = Phase.STOPPED
+        if not self.assignments and not self._releasing and not self._claiming and self.shared.stopped():
+            self.phase = Phase.STOPPED  # (a claim won meanwhile is released, a range leased is cancelled)
         elif self.timers.stop_deadline is not None and now > self.timers.stop_deadline:
             self.log.warning("shutdown_timeout (%gs) passed: killing the workers left", self.settings.shutdown_timeout)
             self.timers.stop_deadline = None
@@ -349,12 +356,14 @@ class Supervisor:
         self.phase = Phase.STOPPING
         for assignment in self.assignments.values():
             self._signal_worker(assignment, signal.SIGKILL)
+        self.shared.kill_workers()
 
     def _quit_now(self) -> None:
         """SIGQUIT: exit at once, release nothing (others take over after 2*HB)."""
         self.log.warning("SIGQUIT: exiting without releasing; partitions go stale after 2*HB")
         for assignment in self.assignments.values():
             self._signal_worker(assignment, signal.SIGKILL)
+        self.shared.kill_workers()
         self.assignments.clear()
         self.phase = Phase.STOPPED
 
@@ -381,7 +390,7 @@ class Supervisor:
         assert self._wakeup_r is not None
         coordinator = self._require_coordinator()
         releases, own_folds = coordinator.release_events(), coordinator.own_folds()
-        waitables: list[object] = [self._wakeup_r, releases, own_folds]
+        waitables: list[object] = [self._wakeup_r, releases, own_folds, *self.shared.waitables()]
         for assignment in self.assignments.values():
             if assignment.process is not None:
                 waitables.append(assignment.process.sentinel)
@@ -436,9 +445,10 @@ class Supervisor:
                 self.log.error("topic %s has disappeared from the cluster", topic)
                 continue
             count = len(found.partitions)
-            if topic in self.partition_counts and count != self.partition_counts[topic]:
-                self.log.info("topic %s now has %d partitions (was %d)", topic, count, self.partition_counts[topic])
-            self.partition_counts[topic] = count
+            counts = self.shared_partition_counts if self.app.handlers[topic].shared else self.partition_counts
+            if topic in counts and count != counts[topic]:
+                self.log.info("topic %s now has %d partitions (was %d)", topic, count, counts[topic])
+            counts[topic] = count
             if first and self.app.handlers[topic].on_error is OnError.DLQ:
                 ensure_topic(admin, self.settings, self.app.handlers[topic].dlq_topic, count)
 
@@ -606,6 +616,9 @@ class Supervisor:
         held = [a for a in self.assignments.values() if not a.lost]
         if held:
             self._send_heartbeats(held)
+        if self.shared.topics:
+            # Shared partitions: the low-water marks, as the group's offsets (a backup of the log's bookkeeping).
+            self._require_offsets().commit(self.shared.low_water_marks())
 
     def _send_heartbeats(self, held: list[Assignment]) -> None:
         progress = [_progress(a) for a in held]

@@ -21,11 +21,12 @@ from types import FrameType
 from typing import Any
 
 import setproctitle
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from marshal_workers.alarm import Alarm
 from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
 from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
+from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import TimeLimitExceeded
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.instrumentation import Instruments, instrument
@@ -98,6 +99,17 @@ def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
     )
 
 
+def die_with_parent() -> None:
+    """SIGKILL when the fork server dies, which it does as soon as the supervisor dies."""
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the pipe EOF check still catches it
+    if os.getppid() != parent:
+        os._exit(WorkerExit.SUPERVISOR_GONE)
+
+
 class Worker:
     def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection) -> None:
         self.spec = spec
@@ -107,7 +119,7 @@ class Worker:
         self.log: ContextLog = partition_log(_log, spec.group, spec.topic, spec.partition)
         self._lease_until = 0
         self._next_housekeeping = 0.0
-        self._dlq: Producer | None = None
+        self._dlq = DeadLetterWriter(spec.settings)
         self._first_fetched = False
         self._partition = TopicPartition(spec.topic, spec.partition)
         self._handled_total = 0
@@ -180,22 +192,12 @@ class Worker:
 
     def _init_process(self) -> None:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
-        self._die_with_parent()
+        die_with_parent()
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
         # Until the line above we ignored SIGTERM (as the fork server does): a stop asked for meanwhile is in the slot.
         self._check_stop_flag()
         self._set_title(self.spec.start_offset)
-
-    def _die_with_parent(self) -> None:
-        """SIGKILL when the fork server dies, which it does as soon as the supervisor dies."""
-        parent = os.getppid()
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass  # not Linux: the pipe EOF check below still catches it
-        if os.getppid() != parent:
-            os._exit(WorkerExit.SUPERVISOR_GONE)
 
     def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
@@ -216,8 +218,7 @@ class Worker:
                 hook()
             except Exception:
                 self.log.exception("on_worker_stop hook failed")
-        if self._dlq is not None:
-            self._dlq.flush(10)
+        self._dlq.close()
         if self._consumer is not None:
             self._consumer.close()
 
@@ -492,36 +493,8 @@ class Worker:
 
     def _dead_letter(self, handler: HandlerSpec, records: list[Any], error: Exception) -> None:
         """Write the messages to the dead-letter topic and make sure they are there, or crash trying."""
-        if self._dlq is None:
-            self._dlq = Producer(client_config(self.spec.settings, **{"acks": "all", "enable.idempotence": True}))
-        failures: list[KafkaError] = []
-
-        def delivered(err: KafkaError | None, _msg: Any) -> None:
-            if err is not None:
-                failures.append(err)
-
-        for record in records:
-            headers = [
-                ("error", repr(error)[:2000].encode()),
-                ("error_type", type(error).__qualname__.encode()),
-                ("handler", handler.name.encode()),
-                ("original_topic", record.topic().encode()),
-                ("original_partition", str(record.partition()).encode()),
-                ("original_offset", str(record.offset()).encode()),
-            ]
-            while True:
-                try:
-                    self._dlq.produce(
-                        handler.dlq_topic, value=record.value(), key=record.key(), headers=headers, on_delivery=delivered
-                    )
-                    break
-                except BufferError:
-                    self._dlq.poll(0.1)
         # A crash here is deliberate: progress stays before the message, so it is handled again.
-        if self._dlq.flush(30) > 0:
-            raise RuntimeError(f"could not write to {handler.dlq_topic} within 30s")
-        if failures:
-            raise RuntimeError(f"could not write to {handler.dlq_topic}: {failures[0]}")
+        self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, error) for r in records])
         self.slot.fields[Field.DEAD_LETTERED] += len(records)
         self.log.error(
             "handler %s failed at offset %d after %d retries (%r): sent %d message(s) to %s",

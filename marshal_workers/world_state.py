@@ -32,20 +32,25 @@ from typing import Any, NamedTuple
 
 from marshal_workers import done_set
 from marshal_workers.codec import (
+    AckRanges,
+    CancelRanges,
     Checkpoint,
     Claim,
     ClaimMessages,
+    ClaimRanges,
     Heartbeat,
     Heartbeats,
     MessageClaims,
     Record,
     Release,
     ReleaseGroup,
+    RenewRanges,
     coordination_partition,
     decode,
     reported_number,
 )
 from marshal_workers.errors import DecodeError
+from marshal_workers.range_leases import Holder, SharedPartition
 
 
 class Liveness(str, enum.Enum):
@@ -167,6 +172,8 @@ class WorldState:
     clients: dict[str, str] = field(default_factory=dict)
     # The time of the latest checkpoint on each coordination partition (who writes the next: checkpoints.py).
     checkpoints: dict[int, int] = field(default_factory=dict)
+    # Shared partitions (DESIGN.md section 11): range leases, done offsets and tries, by (topic, partition).
+    shared: dict[tuple[str, int], SharedPartition] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
     _routes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # topic -> coordination partition
 
@@ -322,6 +329,49 @@ class WorldState:
         self.checkpoints[source] = max(at, self.checkpoints.get(source, 0))
         return True
 
+    # Range records (DESIGN.md section 11): one verdict per entry, by the rules of range_leases.SharedPartition.
+    # A pause stops new leases and renewals; what is in hand may still be acked or given back.
+
+    def _claim_ranges(self, record: ClaimRanges, at: int, source: int) -> Verdicts:
+        if self._paused_at(source, at) is not None:
+            return Verdicts(False for _ in record.ranges)
+        holder, topic, lease_ms, amo = Holder(record.client, record.instance), record.topic, record.lease_ms, record.amo
+        verdicts = []
+        for entry in record.ranges:
+            key = (topic, entry.partition)
+            shared = self.shared.get(key)
+            if shared is None:
+                shared = self.shared[key] = SharedPartition()
+            verdicts.append(shared.claim(entry.offset, entry.end, holder, at, lease_ms, amo))
+        return Verdicts(verdicts)
+
+    def _renew_ranges(self, record: RenewRanges, at: int, source: int) -> Verdicts:
+        if self._paused_at(source, at) is not None:
+            return Verdicts(False for _ in record.ranges)
+        holder = Holder(record.client, record.instance)
+        return Verdicts(
+            shared is not None and shared.renew(entry.offset, entry.end, holder, at, record.lease_ms)
+            for entry, shared in self._shared_of(record.topic, record.ranges)
+        )
+
+    def _ack_ranges(self, record: AckRanges, at: int, source: int) -> Verdicts:
+        holder = Holder(record.client, record.instance)
+        return Verdicts(
+            shared is not None and shared.ack(entry.offset, entry.end, holder, at, entry.failed, entry.dead, entry.high)
+            for entry, shared in self._shared_of(record.topic, record.ranges)
+        )
+
+    def _cancel_ranges(self, record: CancelRanges, at: int, source: int) -> Verdicts:
+        holder = Holder(record.client, record.instance)
+        return Verdicts(
+            shared is not None and shared.cancel(entry.offset, entry.end, holder, at)
+            for entry, shared in self._shared_of(record.topic, record.ranges)
+        )
+
+    def _shared_of(self, topic: str, entries: Iterable[Any]) -> Iterator[tuple[Any, SharedPartition | None]]:
+        for entry in entries:
+            yield entry, self.shared.get((topic, entry.partition))
+
     def _paused_at(self, source: int, at: int) -> Pause | None:
         pause = self.pauses.get(source)
         return pause if pause is not None and at < pause.until else None
@@ -398,6 +448,10 @@ class WorldState:
         limit = 2 * self.heartbeat_ms
         return {Owner(self.clients[i], i) for i, at in times.items() if now - at <= limit}
 
+    def shared_partition(self, topic: str, partition: int) -> SharedPartition | None:
+        """The range bookkeeping of a shared partition, or None if no range of it was ever claimed."""
+        return self.shared.get((topic, partition))
+
     def snapshot(self) -> WorldState:
         """An independent copy, safe to read while the original keeps folding."""
         return copy.deepcopy(self)
@@ -412,6 +466,10 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
     MessageClaims: WorldState._message_claims,
     Release: WorldState._release,
     ReleaseGroup: WorldState._release_group,
+    ClaimRanges: WorldState._claim_ranges,
+    RenewRanges: WorldState._renew_ranges,
+    AckRanges: WorldState._ack_ranges,
+    CancelRanges: WorldState._cancel_ranges,
 }
 
 

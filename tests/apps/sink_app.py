@@ -8,6 +8,8 @@ kills the worker), MW_TEST_STUCK_VALUE (one the handler hangs on),
 MW_TEST_BOOT_FAILS=1 (on_worker_start raises), MW_TEST_ON_ERROR (dlq|release),
 MW_TEST_SLOW_FORK (seconds every new worker sleeps right after its fork, before it
 installs its SIGTERM handler: widens the window in which it ignores SIGTERM).
+Shared partitions: MW_TEST_SHARED=1, MW_TEST_RANGE_SIZE, MW_TEST_PENDING_TIMEOUT,
+MW_TEST_MAX_DELIVERIES.
 """
 
 import os
@@ -77,4 +79,8 @@ app.handler(
     retries=2,
     retry_backoff="10ms",
     on_error=os.environ.get("MW_TEST_ON_ERROR", "dlq"),
+    shared=os.environ.get("MW_TEST_SHARED") == "1",
+    range_size=int(os.environ.get("MW_TEST_RANGE_SIZE", "100")),
+    pending_timeout=os.environ.get("MW_TEST_PENDING_TIMEOUT", "60s"),
+    max_deliveries=int(os.environ.get("MW_TEST_MAX_DELIVERIES", "5")),
 )(handle_batch if BATCH else handle)

@@ -1,0 +1,70 @@
+"""Writing messages to a handler's dead-letter topic, ``<topic>.dlq``, and making sure they are there.
+
+Shared by the partition worker (after a handler's retries) and the shared worker
+(after ``max_deliveries``).  Each dead letter keeps the original value and key; its
+headers say what failed, where the message came from and, for shared handlers, how
+many times it was delivered.  A write that Kafka does not confirm raises: the caller
+then has not moved past the message, so it is handled again rather than lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer
+
+from marshal_workers.config import Settings
+from marshal_workers.kafka_clients import client_config
+
+FLUSH_TIMEOUT_S = 30
+
+
+def error_headers(handler_name: str, record: Any, error: BaseException) -> list[tuple[str, bytes]]:
+    """The headers of a dead letter: the error, the handler and where the message came from."""
+    return [
+        ("error", repr(error)[:2000].encode()),
+        ("error_type", type(error).__qualname__.encode()),
+        ("handler", handler_name.encode()),
+        ("original_topic", record.topic().encode()),
+        ("original_partition", str(record.partition()).encode()),
+        ("original_offset", str(record.offset()).encode()),
+    ]
+
+
+class DeadLetterWriter:
+    """One idempotent producer per worker process, created at the first dead letter."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._producer: Producer | None = None
+
+    def write(self, topic: str, records: Sequence[Any], headers: Sequence[Sequence[tuple[str, bytes]]]) -> None:
+        """Write ``records`` (raw Kafka messages) to ``topic`` with their ``headers``; wait until Kafka has them."""
+        if self._producer is None:
+            self._producer = Producer(client_config(self._settings, **{"acks": "all", "enable.idempotence": True}))
+        producer = self._producer
+        failures: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                failures.append(err)
+
+        for record, record_headers in zip(records, headers):
+            while True:
+                try:
+                    producer.produce(
+                        topic, value=record.value(), key=record.key(), headers=list(record_headers),
+                        on_delivery=delivered,
+                    )  # fmt: skip
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        if producer.flush(FLUSH_TIMEOUT_S) > 0:
+            raise RuntimeError(f"could not write to {topic} within {FLUSH_TIMEOUT_S}s")
+        if failures:
+            raise RuntimeError(f"could not write to {topic}: {failures[0]}")
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)

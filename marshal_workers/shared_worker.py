@@ -1,0 +1,324 @@
+"""A shared worker: one process that handles the ranges of offsets its supervisor leased for it.
+
+Shared handlers (``@app.handler(topic, shared=True)``, DESIGN.md section 11)
+are not tied to a partition: the supervisor leases ranges ``[start, end)`` of
+any partition of the topic in the coordination log and hands them to its
+shared workers through their pipes, two at a time, so the next range is
+leased while the current one is handled.  A worker reads its ranges from
+Kafka itself (payloads never cross the supervisor), handles each message,
+and reports the range settled: which offsets failed (to be delivered again,
+at least once) and which went to the dead-letter topic.
+
+A worker never handles a message once its lease's deadline has passed (the
+supervisor moves the deadline on as it renews the lease): past it, another
+worker may hold the range.
+
+What passes on the pipe (tuples, first item the kind):
+
+supervisor to worker
+    ``("lease", partition, start, end, deadline_ms, tries)``: handle ``[start, end)`` before
+    ``deadline_ms`` (monotonic, see channel.monotonic_ms); its messages were delivered ``tries`` times.
+    ``("renewed", partition, start, deadline_ms)``: the lease now lasts until ``deadline_ms``.
+    ``("stop",)``: finish the range in hand, give the others back, exit.
+worker to supervisor
+    ``("started", partition, start)``: handling that range now.
+    ``("settled", partition, start, end, failed, dead, handled, high)``: done with ``[start, end)`` (``end``
+    is short of the lease's when a stop found nothing more to read); ``high`` is the partition's end as its
+    fetches saw it (or None).
+    ``("abandoned", partition, start, end)``: its deadline passed first; it was left alone from there.
+    ``("returned", partition, start, end)``: never started (a stop): the supervisor cancels it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from types import FrameType
+from typing import Any
+
+import setproctitle
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from marshal_workers.app import App, HandlerSpec, Mode
+from marshal_workers.channel import monotonic_ms
+from marshal_workers.config import Settings
+from marshal_workers.dead_letters import DeadLetterWriter, error_headers
+from marshal_workers.errors import MaxDeliveriesExceeded
+from marshal_workers.exit_codes import WorkerExit
+from marshal_workers.kafka_clients import client_config
+from marshal_workers.loader import load_app
+from marshal_workers.logs import configure_logging, group_log
+from marshal_workers.worker import die_with_parent
+
+_log = logging.getLogger(__name__)
+
+_FETCH_MOST = 500
+_IDLE_WAIT_S = 0.5
+
+
+@dataclass(frozen=True)
+class SharedWorkerSpec:
+    """Everything a shared worker needs to start; picklable, built in the supervisor."""
+
+    app_path: str
+    topic: str
+    index: int  # this worker's number among the topic's shared workers of its supervisor
+    settings: Settings
+
+
+@dataclass
+class _Range:
+    partition: int
+    start: int
+    end: int
+    deadline_ms: int
+    tries: int
+    failed: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+    handled: int = 0
+
+
+class _SupervisorGone(Exception):
+    pass
+
+
+def shared_worker_main(spec: SharedWorkerSpec, connection: Connection) -> None:
+    """Entry point in the worker process (the target of the fork server's Process)."""
+    code = SharedWorker(spec, connection).run()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code))
+
+
+class SharedWorker:
+    def __init__(self, spec: SharedWorkerSpec, connection: Connection) -> None:
+        self.spec = spec
+        self.connection = connection
+        self.log = group_log(_log, spec.settings.require_group())
+        self.stopping = False
+        self.ranges: collections.deque[_Range] = collections.deque()
+        self._consumer: Consumer | None = None
+        self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
+        self._dlq = DeadLetterWriter(spec.settings)
+
+    def run(self) -> WorkerExit:
+        configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
+        die_with_parent()
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "
+                                  f"#{self.spec.index}")  # fmt: skip
+        app: App | None = None
+        try:
+            app = load_app(self.spec.app_path)
+            handler = app.handlers[self.spec.topic]
+            for hook in app.worker_start_hooks:
+                hook()
+        except Exception:
+            self.log.exception("shared worker for %s cannot start", self.spec.topic)
+            return WorkerExit.BOOT_ERROR
+        try:
+            self._consumer = Consumer(_consumer_settings(self.spec.settings))
+            return self._loop(handler)
+        except _SupervisorGone:
+            return WorkerExit.SUPERVISOR_GONE
+        finally:
+            self._finish(app)
+
+    def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def _finish(self, app: App | None) -> None:
+        for hook in app.worker_stop_hooks if app else []:
+            try:
+                hook()
+            except Exception:
+                self.log.exception("on_worker_stop hook failed")
+        self._dlq.close()
+        if self._consumer is not None:
+            self._consumer.close()
+
+    # ------------------------------------------------------------------ loop
+
+    def _loop(self, handler: HandlerSpec) -> WorkerExit:
+        while True:
+            self._read_pipe(wait=0 if self.ranges else _IDLE_WAIT_S)
+            if self.stopping:
+                # A stop waits for the range in hand (_handle_range finishes it); the rest was never begun.
+                for leased in self.ranges:
+                    self._send(("returned", leased.partition, leased.start, leased.end))
+                return WorkerExit.STOPPED
+            if self.ranges:
+                self._handle_range(handler, self.ranges[0])
+                self.ranges.popleft()
+
+    def _read_pipe(self, wait: float) -> None:
+        try:
+            ready = self.connection.poll(wait)
+            while ready:
+                self._on_message(self.connection.recv())
+                ready = self.connection.poll(0)
+        except (EOFError, OSError):
+            raise _SupervisorGone() from None
+
+    def _on_message(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "lease":
+            _, partition, start, end, deadline_ms, tries = message
+            self.ranges.append(_Range(partition, start, end, deadline_ms, tries))
+        elif kind == "renewed":
+            _, partition, start, deadline_ms = message
+            for leased in self.ranges:
+                if leased.partition == partition and leased.start == start:
+                    leased.deadline_ms = max(leased.deadline_ms, deadline_ms)
+        elif kind == "stop":
+            self.stopping = True
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        try:
+            self.connection.send(message)
+        except (BrokenPipeError, OSError):
+            raise _SupervisorGone() from None
+
+    # ---------------------------------------------------------------- ranges
+
+    def _handle_range(self, handler: HandlerSpec, leased: _Range) -> None:
+        """Handle every message of ``leased`` while its lease holds, then report it settled (or abandoned)."""
+        assert self._consumer is not None
+        self._send(("started", leased.partition, leased.start))
+        setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} "
+                                  f"{self.spec.topic}[{leased.partition}] @{leased.start}")  # fmt: skip
+        if self._position != (leased.partition, leased.start):
+            self._consumer.assign([TopicPartition(self.spec.topic, leased.partition, leased.start)])
+        self._position = (leased.partition, leased.start)
+        next_offset = leased.start
+        end_seen: int | None = None  # the partition's end when the last fetch reached it
+        while next_offset < leased.end:
+            if monotonic_ms() >= leased.deadline_ms:
+                return self._abandon(leased, next_offset)
+            if self.stopping and end_seen is not None and end_seen <= next_offset:
+                return self._stop_at_the_end(leased, next_offset)  # nothing more to read: don't wait for it
+            records = self._consumer.consume(min(leased.end - next_offset, _FETCH_MOST), 0.1)
+            self._read_pipe(wait=0)  # renewals (and a stop, which waits for this range to end)
+            for record in records:
+                error = record.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        self.log.warning("%s[%d]: fetch error: %s", self.spec.topic, leased.partition, error)
+                    elif record.offset() >= leased.end:
+                        next_offset = leased.end  # the offsets left hold no message (transaction markers)
+                    else:
+                        end_seen = record.offset()
+                    continue
+                offset = record.offset()
+                if offset < next_offset:
+                    continue
+                if offset >= leased.end:
+                    next_offset = leased.end
+                    break
+                if monotonic_ms() >= leased.deadline_ms:
+                    return self._abandon(leased, offset)
+                self._handle_message(handler, leased, record)
+                next_offset = offset + 1
+        self._settle(leased, leased.end)
+
+    def _settle(self, leased: _Range, end: int) -> None:
+        """Report ``[leased.start, end)`` handled (the lease's offsets from ``end`` on go back untried)."""
+        assert self._consumer is not None
+        self._position = (leased.partition, end)
+        high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, leased.partition), cached=True)
+        self._send(("settled", leased.partition, leased.start, end, leased.failed, leased.dead, leased.handled,
+                    None if high is None or high[1] < 0 else high[1]))  # fmt: skip
+
+    def _stop_at_the_end(self, leased: _Range, next_offset: int) -> None:
+        """Stopping, with the partition read to its end inside the lease: settle what was handled, give the rest
+        back, rather than wait for messages that may not come before the shutdown timeout."""
+        if next_offset > leased.start:
+            self._settle(leased, next_offset)
+        else:
+            self._position = None
+            self._send(("returned", leased.partition, leased.start, leased.end))
+
+    def _abandon(self, leased: _Range, offset: int) -> None:
+        self.log.warning(
+            "%s[%d]: the lease on %d..%d ran out at offset %d (is the supervisor stopped?): leaving the rest",
+            self.spec.topic, leased.partition, leased.start, leased.end - 1, offset,
+        )  # fmt: skip
+        self._position = None
+        self._send(("abandoned", leased.partition, leased.start, leased.end))
+
+    def _handle_message(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
+        """Call the handler, retrying by its policy; a message that keeps failing is failed (delivered again
+        later, at least once) or dead-lettered (at most once, or delivered max_deliveries times)."""
+        deliveries = leased.tries + 1
+        if leased.tries >= handler.max_deliveries:
+            error: Exception = MaxDeliveriesExceeded(
+                f"delivered {leased.tries} times without success (max_deliveries={handler.max_deliveries})"
+            )
+            self._dead_letter(handler, record, error, leased.tries)
+            leased.dead.append(record.offset())
+            return
+        error_or_none = self._call_with_retries(handler, record, leased)
+        if error_or_none is None:
+            leased.handled += 1
+        elif handler.mode is Mode.AMO:
+            self._dead_letter(handler, record, error_or_none, deliveries)
+            leased.dead.append(record.offset())
+        else:
+            self.log.warning(
+                "%s[%d]: handler %s failed at offset %d, delivery %d of %d (%r): it will be delivered again",
+                record.topic(), record.partition(), handler.name, record.offset(), deliveries,
+                handler.max_deliveries, error_or_none,
+            )  # fmt: skip
+            leased.failed.append(record.offset())
+
+    def _call_with_retries(self, handler: HandlerSpec, record: Any, leased: _Range) -> Exception | None:
+        """None if the handler succeeded (at once or on a retry), else its last error."""
+        try:
+            handler.call([record])
+            return None
+        except Exception as exc:
+            error = exc
+        for attempt in range(handler.retries):
+            delay = handler.retry_delay(attempt)
+            if self.stopping or monotonic_ms() + delay * 1000 >= leased.deadline_ms:
+                break  # no time left in the lease: the next delivery retries it
+            time.sleep(delay)
+            try:
+                handler.call([record])
+                return None
+            except Exception as exc:
+                error = exc
+        return error
+
+    def _dead_letter(self, handler: HandlerSpec, record: Any, error: Exception, deliveries: int) -> None:
+        headers = error_headers(handler.name, record, error) + [("deliveries", str(deliveries).encode())]
+        self._dlq.write(handler.dlq_topic, [record], [headers])
+        self.log.error(
+            "%s[%d]: offset %d sent to %s after %d deliveries (%r)",
+            record.topic(), record.partition(), record.offset(), handler.dlq_topic, deliveries, error,
+        )  # fmt: skip
+
+
+def _consumer_settings(settings: Settings) -> dict[str, Any]:
+    return client_config(
+        settings,
+        **{
+            "group.id": settings.require_group(),  # never joined: ranges are assigned by hand
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,  # a range that ends in offsets with no message (markers) ends there
+            "auto.offset.reset": "earliest",  # a leased offset that retention deleted: go on from the oldest
+            "fetch.queue.backoff.ms": 10,
+            "fetch.wait.max.ms": 100,
+            # A worker reads short ranges here and there: a small read-ahead, not 64 MB of it.
+            "queued.max.messages.kbytes": 4096,
+        },
+    )
