@@ -57,11 +57,26 @@ class PartitionStats:
 
 
 @dataclass(frozen=True)
+class SharedStats:
+    """One shared handler's topic (shared_pool): what this supervisor's workers did, and the log's view."""
+
+    topic: str
+    leases_held: int
+    workers: int
+    ranges: dict[str, int]  # by result: claimed, refused, acked, ack_refused, cancelled, abandoned
+    messages: dict[str, int]  # by outcome: handled, failed, dead_lettered
+    worker_restarts: int
+    low_water_marks: dict[int, int]  # partition -> low-water mark in the log
+    lost: dict[int, int]  # partition -> offsets lost (at most once) in the log
+
+
+@dataclass(frozen=True)
 class Snapshot:
     group: str
     partitions: list[PartitionStats]
     counters: Counters
     garbage_records: int  # coordination records that did not decode
+    shared: list[SharedStats] = field(default_factory=list)
 
 
 def metric_families(snapshot: Snapshot) -> list[Metric]:
@@ -135,7 +150,43 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         counter = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group"])
         counter.add_metric([group], value)
         families.append(counter)
-    return families
+    return families + _shared_families(group, snapshot.shared)
+
+
+def _shared_families(group: str, shared: list[SharedStats]) -> list[Metric]:
+    """Shared partitions (range leases): per topic, and per partition from the coordination log."""
+    if not shared:
+        return []
+    by_topic = ["group", "topic"]
+    leases = GaugeMetricFamily(f"{PREFIX}_shared_leases_held", "Range leases this supervisor holds.", labels=by_topic)
+    workers = GaugeMetricFamily(f"{PREFIX}_shared_workers", "Shared workers running.", labels=by_topic)
+    ranges = CounterMetricFamily(f"{PREFIX}_shared_ranges", "Range leases by result.", labels=[*by_topic, "result"])
+    messages = CounterMetricFamily(
+        f"{PREFIX}_shared_messages", "Messages of leased ranges by outcome.", labels=[*by_topic, "outcome"]
+    )
+    restarts = CounterMetricFamily(f"{PREFIX}_shared_worker_restarts", "Shared workers restarted.", labels=by_topic)
+    by_partition = [*by_topic, "partition"]
+    low = GaugeMetricFamily(
+        f"{PREFIX}_shared_low_water_mark", "Every offset below it is done (the coordination log).", labels=by_partition
+    )
+    lost = CounterMetricFamily(
+        f"{PREFIX}_shared_messages_lost", "Offsets of at-most-once leases that lapsed (never delivered again).",
+        labels=by_partition,
+    )
+    for stats in shared:
+        where = [group, stats.topic]
+        leases.add_metric(where, stats.leases_held)
+        workers.add_metric(where, stats.workers)
+        restarts.add_metric(where, stats.worker_restarts)
+        for result, count in stats.ranges.items():
+            ranges.add_metric([*where, result], count)
+        for outcome, count in stats.messages.items():
+            messages.add_metric([*where, outcome], count)
+        for partition, mark in sorted(stats.low_water_marks.items()):
+            low.add_metric([*where, str(partition)], mark)
+        for partition, count in sorted(stats.lost.items()):
+            lost.add_metric([*where, str(partition)], count)
+    return [leases, workers, ranges, messages, restarts, low, lost]
 
 
 class _SnapshotCollector(Collector):

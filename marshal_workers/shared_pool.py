@@ -39,6 +39,7 @@ from marshal_workers.coordinator import Coordinator, entry_verdicts
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.in_flight import InFlightWrites
 from marshal_workers.logs import ContextLog
+from marshal_workers.metrics import SharedStats
 from marshal_workers.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.shared_worker import SharedWorkerSpec, shared_worker_main
@@ -72,6 +73,20 @@ class SharedWorkerHandle:
 
 
 @dataclass
+class SharedCounters:
+    ranges_claimed: int = 0
+    ranges_refused: int = 0
+    ranges_acked: int = 0
+    acks_refused: int = 0  # the lease had lapsed (or we never held it): another worker handles it again
+    ranges_cancelled: int = 0
+    ranges_abandoned: int = 0  # a worker's lease ran out while it handled the range
+    handled: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    worker_restarts: int = 0
+
+
+@dataclass
 class SharedTopic:
     """One shared handler's topic: its workers and what is in flight for it."""
 
@@ -87,6 +102,7 @@ class SharedTopic:
     cancels: list[codec.RangeEntry] = field(default_factory=list)
     high_futures: dict[Any, Any] | None = None
     next_high: float = 0.0
+    counters: SharedCounters = field(default_factory=lambda: SharedCounters())
 
     @property
     def lease_ms(self) -> int:
@@ -96,20 +112,6 @@ class SharedTopic:
     def safety_ms(self) -> int:
         """How much earlier than the lease's end in the log the worker stops: clock skew and the write's time."""
         return min(self.lease_ms // 2, max(500, self.lease_ms // 10))
-
-
-@dataclass
-class SharedCounters:
-    ranges_claimed: int = 0
-    ranges_refused: int = 0
-    ranges_acked: int = 0
-    acks_refused: int = 0  # the lease had lapsed (or we never held it): another worker handles it again
-    ranges_cancelled: int = 0
-    ranges_abandoned: int = 0  # a worker's lease ran out while it handled the range
-    handled: int = 0
-    failed: int = 0
-    dead_lettered: int = 0
-    worker_restarts: int = 0
 
 
 class SharedPool:
@@ -127,7 +129,6 @@ class SharedPool:
         self.settings = settings
         self.log = log
         self.partition_counts = partition_counts
-        self.counters = SharedCounters()
         self.restart_policy = RestartPolicy(limit=settings.crash_limit)
         self.topics = {
             topic: SharedTopic(handler, [SharedWorkerHandle(i) for i in range(settings.shared_processes)])
@@ -256,15 +257,15 @@ class SharedPool:
             _, _, _, end, failed, dead, handled, high = message
             worker.handled += handled
             worker.crashes_in_a_row = 0
-            self.counters.handled += handled
-            self.counters.failed += len(failed)
-            self.counters.dead_lettered += len(dead)
+            shared.counters.handled += handled
+            shared.counters.failed += len(failed)
+            shared.counters.dead_lettered += len(dead)
             shared.acks.append(codec.AckEntry(partition=partition, offset=start, end=end, failed=tuple(failed),
                                               dead=tuple(dead), high=high))  # fmt: skip
         elif kind == "returned":
             shared.cancels.append(codec.RangeEntry(partition=partition, offset=start, end=leased.end))
         elif kind == "abandoned":
-            self.counters.ranges_abandoned += 1  # its lease lapses in the log: handled again (ALO) or lost (AMO)
+            shared.counters.ranges_abandoned += 1  # its lease lapses in the log: handled again (ALO) or lost (AMO)
 
     def _reap(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, now: float) -> None:
         process = worker.process
@@ -293,7 +294,7 @@ class SharedPool:
             worker.crashes_in_a_row += 1
         delay = self.restart_policy.delay(max(worker.crashes_in_a_row, 1)) or self.settings.sick_cooldown
         self.log.warning("shared worker %s #%d exited (code %s): restarting in %.1fs", topic, worker.index, code, delay)
-        self.counters.worker_restarts += 1
+        shared.counters.worker_restarts += 1
         worker.restart_at = now + (0.0 if code == WorkerExit.STOPPED else delay)
 
     # --------------------------------------------------------------- claims
@@ -335,8 +336,8 @@ class SharedPool:
                      verdicts: Sequence[bool], written_ms: int) -> None:  # fmt: skip
         shared.claiming = False
         won = [entry for entry, accepted in zip(picked, verdicts) if accepted]
-        self.counters.ranges_claimed += len(won)
-        self.counters.ranges_refused += len(picked) - len(won)
+        shared.counters.ranges_claimed += len(won)
+        shared.counters.ranges_refused += len(picked) - len(won)
         deadline = written_ms + shared.lease_ms - shared.safety_ms
         for partition, start, end, tries in won:
             worker = self._hungriest(shared)
@@ -405,8 +406,8 @@ class SharedPool:
 
             def acked(verdicts: Sequence[bool]) -> None:
                 refused = [a for a, ok in zip(acks, verdicts) if not ok]
-                self.counters.ranges_acked += len(acks) - len(refused)
-                self.counters.acks_refused += len(refused)
+                shared.counters.ranges_acked += len(acks) - len(refused)
+                shared.counters.acks_refused += len(refused)
                 for ack in refused:
                     self.log.warning("%s[%d]: ack of %d..%d refused: its lease had lapsed, so it is delivered again "
                                      "(at most once: counted lost)", topic, ack.partition, ack.offset, ack.end - 1)  # fmt: skip
@@ -417,7 +418,7 @@ class SharedPool:
             record = codec.CancelRanges(**coordinator.record_fields(), topic=topic, ranges=tuple(cancels))
 
             def cancelled(verdicts: Sequence[bool]) -> None:
-                self.counters.ranges_cancelled += sum(1 for ok in verdicts if ok)
+                shared.counters.ranges_cancelled += sum(1 for ok in verdicts if ok)
 
             self._submit("range cancel", record, cancelled, lambda exc: self._settle_failed(topic, shared, [], cancels, exc))
 
@@ -471,6 +472,30 @@ class SharedPool:
             return
         shared.next_high = now + HIGH_WATERMARK_INTERVAL_S
         shared.high_futures = self._require_offsets().request_ends(topic, range(count))
+
+    def stats(self) -> list[SharedStats]:
+        """For the metrics endpoint (its thread): counts of ours, low-water marks and losses from the log."""
+        if self._coordinator is None or not self.topics:
+            return []
+        marks = self._coordinator.read(
+            lambda world: {key: (s.low, s.lost) for key, s in world.shared.items() if s.low is not None}
+        )
+        found = []
+        for topic, shared in list(self.topics.items()):
+            c = shared.counters
+            found.append(SharedStats(
+                topic=topic,
+                leases_held=sum(len(w.leases) for w in shared.workers),
+                workers=sum(1 for w in shared.workers if w.process is not None),
+                ranges={"claimed": c.ranges_claimed, "refused": c.ranges_refused, "acked": c.ranges_acked,
+                        "ack_refused": c.acks_refused, "cancelled": c.ranges_cancelled,
+                        "abandoned": c.ranges_abandoned},
+                messages={"handled": c.handled, "failed": c.failed, "dead_lettered": c.dead_lettered},
+                worker_restarts=c.worker_restarts,
+                low_water_marks={p: low for (t, p), (low, _) in marks.items() if t == topic},
+                lost={p: lost for (t, p), (_, lost) in marks.items() if t == topic},
+            ))  # fmt: skip
+        return found
 
     def _require_coordinator(self) -> Coordinator:
         assert self._coordinator is not None

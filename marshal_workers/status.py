@@ -24,12 +24,48 @@ def status_document(
     keys = {key for key in state.partitions if topic is None or key[0] == topic}
     if topic is not None and topic_partitions is not None:
         keys.update((topic, p) for p in range(topic_partitions))
+    shared_keys = {key for key in state.shared if topic is None or key[0] == topic}
+    keys -= shared_keys  # a shared topic's partitions are never owned whole: listed with their leases instead
     rows = [_partition_row(state, t, p, now_ms) for t, p in sorted(keys)]
     pause = state.paused_until()
-    return {
+    document: dict[str, Any] = {
         "group": state.group,
         "paused_until": pause if pause is not None and pause > now_ms else None,
         "partitions": rows,
+    }
+    if shared_keys:  # an extension of DESIGN.md section 9's document, there only when the group shares partitions
+        document["shared"] = [_shared_row(state, t, p, now_ms) for t, p in sorted(shared_keys)]
+    return document
+
+
+def _shared_row(state: WorldState, topic: str, partition: int, now_ms: int) -> dict[str, Any]:
+    """A shared partition (DESIGN.md section 11): its low-water mark, counts and the leases live at ``now_ms``."""
+    shared = state.shared[(topic, partition)]
+    leases = []
+    for lease in shared.live_leases(now_ms):
+        tries = shared.tries_in(lease.start, lease.end)
+        leases.append({
+            "client": lease.holder.client,
+            "instance": lease.holder.instance,
+            "offset": lease.start,
+            "end": lease.end,
+            "age_s": round((now_ms - lease.claimed_at) / 1000, 3),
+            "expires_in_s": round((lease.expires - now_ms) / 1000, 3),
+            "deliveries": 1 + max((t.count for t in tries), default=0),
+            "amo": lease.amo,
+        })  # fmt: skip
+    return {
+        "topic": topic,
+        "partition": partition,
+        "low_water_mark": shared.low,
+        "end": shared.high or None,  # as the holders' fetches last saw it
+        "done_above_low": sum(stop - start for start, stop in shared.done),
+        "acked": shared.acked,
+        "dead_letters": shared.dead_letters,
+        "lost": shared.lost,
+        "lapsed_leases": shared.lapsed,
+        "to_retry": sum(t.end - t.start for t in shared.tries),
+        "leases": leases,
     }
 
 
@@ -75,13 +111,42 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
         )
         for row in document["partitions"]
     ]
-    if not rows:
+    shared = document.get("shared", [])
+    if not rows and not shared:
         return f"{header}\n(no partitions: the coordination log holds no record of this group)"
-    widths = [max(len(cell) for cell in column) for column in zip(_COLUMNS, *rows)]
-    lines = [header] + ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (_COLUMNS, *rows)]
-    counts = _count_states(document)
-    lines.append(", ".join(f"{n} {name}" for name, n in counts.items() if n))
+    lines = [header]
+    if rows:
+        lines += _aligned(_COLUMNS, rows)
+        counts = _count_states(document)
+        lines.append(", ".join(f"{n} {name}" for name, n in counts.items() if n))
+    if shared:
+        lines += ["", "shared partitions (range leases)"] + _aligned(_SHARED_COLUMNS, [_shared_cells(r) for r in shared])
+        leases = [
+            (row["topic"], str(row["partition"]), f"{lease['client']}/{lease['instance']}",
+             f"{lease['offset']}..{lease['end'] - 1}", f"{lease['age_s']:.1f}s", f"{lease['expires_in_s']:.1f}s",
+             str(lease["deliveries"]))
+            for row in shared for lease in row["leases"]
+        ]  # fmt: skip
+        if leases:
+            lines += ["", "leases in flight"] + _aligned(_LEASE_COLUMNS, leases)
     return "\n".join(lines)
+
+
+_SHARED_COLUMNS = ("TOPIC", "PARTITION", "LOW-WATER", "END", "LEASES", "ACKED", "DEAD LETTERS", "LOST", "LAPSED", "TO RETRY")
+_LEASE_COLUMNS = ("TOPIC", "PARTITION", "HOLDER", "OFFSETS", "AGE", "EXPIRES IN", "DELIVERY")
+
+
+def _shared_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    return (
+        row["topic"], str(row["partition"]), "-" if row["low_water_mark"] is None else str(row["low_water_mark"]),
+        "-" if row["end"] is None else str(row["end"]), str(len(row["leases"])), str(row["acked"]),
+        str(row["dead_letters"]), str(row["lost"]), str(row["lapsed_leases"]), str(row["to_retry"]),
+    )  # fmt: skip
+
+
+def _aligned(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(cell) for cell in column) for column in zip(columns, *rows)]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (columns, *rows)]
 
 
 def _count_states(document: dict[str, Any]) -> dict[str, int]:

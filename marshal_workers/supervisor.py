@@ -1073,7 +1073,7 @@ class Supervisor:
                 )
             )
         counters = replace(self.counters, releases=collections.Counter(self.counters.releases))
-        return Snapshot(self.group, partitions, counters, self._require_coordinator().garbage_seen)
+        return Snapshot(self.group, partitions, counters, self._require_coordinator().garbage_seen, self.shared.stats())
 
     # ----------------------------------------------------------- plumbing
 

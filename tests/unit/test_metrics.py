@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from marshal_workers.channel import LATENCY_BOUNDS
 from marshal_workers.errors import ConfigError
-from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Snapshot
+from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, SharedStats, Snapshot
 
 
 def snapshot() -> Snapshot:
@@ -21,7 +21,13 @@ def snapshot() -> Snapshot:
     fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
-    return Snapshot("billing", [busy, fresh], counters, garbage_records=7)
+    thumbs = SharedStats(
+        "thumbs", leases_held=8, workers=4,
+        ranges={"claimed": 40, "refused": 3, "acked": 30, "ack_refused": 1, "cancelled": 2, "abandoned": 1},
+        messages={"handled": 2990, "failed": 6, "dead_lettered": 4}, worker_restarts=1,
+        low_water_marks={0: 1500, 1: 1480}, lost={0: 0, 1: 20},
+    )  # fmt: skip
+    return Snapshot("billing", [busy, fresh], counters, garbage_records=7, shared=[thumbs])
 
 
 def scrape(server_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -96,3 +102,15 @@ def test_a_port_in_use_is_a_clear_error() -> None:
         taken.listen()
         with pytest.raises(ConfigError, match="in use.*--metrics-port"):
             MetricsServer("127.0.0.1", taken.getsockname()[1], snapshot)
+
+
+def test_shared_partitions_leases_ranges_messages_and_the_logs_low_water_marks(served: dict) -> None:
+    def thumbs(**more: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted({"group": "billing", "topic": "thumbs", **more}.items()))
+
+    assert served[("marshal_workers_shared_leases_held", thumbs())] == 8
+    assert served[("marshal_workers_shared_workers", thumbs())] == 4
+    assert served[("marshal_workers_shared_ranges_total", thumbs(result="ack_refused"))] == 1
+    assert served[("marshal_workers_shared_messages_total", thumbs(outcome="dead_lettered"))] == 4
+    assert served[("marshal_workers_shared_low_water_mark", thumbs(partition="1"))] == 1480
+    assert served[("marshal_workers_shared_messages_lost_total", thumbs(partition="1"))] == 20
