@@ -26,7 +26,9 @@ from marshal_workers.config import SETTINGS, Settings, parse_duration, parse_lim
 from marshal_workers.done_set import MAX_RUNS
 from marshal_workers.errors import ConfigError
 from marshal_workers.lanes import Ordering
-from marshal_workers.range_leases import MAX_LEASE_MS, MAX_RANGE
+from marshal_workers.range_leases import MAX_LEASE_MS
+
+MAX_RANGE_SIZE = 10_000  # offsets per lease: a crash acks them all as failed in one record, which must stay small
 
 
 class Mode(str, enum.Enum):
@@ -335,8 +337,8 @@ def _shared_options(
     where = f"handler for {topic!r}"
     if not isinstance(shared, bool):
         raise ConfigError(f"{where}: shared must be True or False, got {shared!r}")
-    if not isinstance(range_size, int) or isinstance(range_size, bool) or not 1 <= range_size <= MAX_RANGE:
-        raise ConfigError(f"{where}: range_size must be a whole number in [1, {MAX_RANGE}], got {range_size!r}")
+    if not isinstance(range_size, int) or isinstance(range_size, bool) or not 1 <= range_size <= MAX_RANGE_SIZE:
+        raise ConfigError(f"{where}: range_size must be a whole number in [1, {MAX_RANGE_SIZE}], got {range_size!r}")
     if not isinstance(max_deliveries, int) or isinstance(max_deliveries, bool) or max_deliveries < 1:
         raise ConfigError(f"{where}: max_deliveries must be a whole number >= 1, got {max_deliveries!r}")
     timeout = _duration(topic, "pending_timeout", pending_timeout, parse_duration)

@@ -32,7 +32,7 @@ from typing import Final, NamedTuple
 # One claim covers at most this many offsets, and no claim reaches further than MAX_WINDOW past the
 # low-water mark: what a reader keeps per partition (done ranges, retry counts) stays bounded whatever
 # a writer asks for.
-MAX_RANGE: Final = 100_000
+MAX_RANGE: Final = 65_536  # codec.MAX_BEATS: an ack can list every offset of a range as failed
 MAX_WINDOW: Final = 10_000_000
 MAX_LEASE_MS: Final = 86_400_000  # a lease lasts at most a day (codec.LeaseMs)
 

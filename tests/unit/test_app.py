@@ -393,3 +393,21 @@ def test_async_batch_handlers_and_async_generators_are_refused() -> None:
         app.handler("a", batch=True)(batch)
     with pytest.raises(ConfigError, match="async generator is not supported"):
         app.handler("b")(generator)
+
+
+def test_shared_handler_options_are_checked_with_what_to_do() -> None:
+    app = App(group="g")
+    with pytest.raises(ConfigError, match="drop batch/concurrency and raise --processes"):
+        app.handler("a", shared=True, concurrency=4)(lambda msg: None)
+    with pytest.raises(ConfigError, match="drop batch/concurrency"):
+        app.handler("b", shared=True, batch=True)(lambda msgs: None)
+    with pytest.raises(ConfigError, match="on_error='release'"):
+        app.handler("c", shared=True, on_error="release")(lambda msg: None)
+    with pytest.raises(ConfigError, match="range_size must be a whole number"):
+        app.handler("d", shared=True, range_size=0)(lambda msg: None)
+    with pytest.raises(ConfigError, match="pending_timeout must be between 1s and 24h"):
+        app.handler("e", shared=True, pending_timeout="100ms")(lambda msg: None)
+    with pytest.raises(ConfigError, match="max_deliveries must be a whole number >= 1"):
+        app.handler("f", shared=True, max_deliveries=0)(lambda msg: None)
+    app.handler("g", shared=True, pending_timeout="2m")(lambda msg: None)
+    assert (app.handlers["g"].shared, app.handlers["g"].pending_timeout, app.handlers["g"].range_size) == (True, 120.0, 100)

@@ -39,3 +39,12 @@ def test_the_concurrency_page_registers_what_it_describes() -> None:
         "pushes": (256, "none", True, False),
         "audit": (8, "none", False, True),
     }
+
+
+def test_the_shared_partitions_page_registers_what_it_describes() -> None:
+    [code, *_] = BLOCK.findall((ROOT / "docs" / "shared-partitions.md").read_text())
+    namespace: dict[str, Any] = {"__name__": "shared_example"}
+    exec(code, namespace)
+    handlers = namespace["app"].handlers
+    described = {t: (h.shared, h.mode.value, h.range_size, h.pending_timeout, h.max_deliveries) for t, h in handlers.items()}
+    assert described == {"thumbnails": (True, "alo", 50, 60.0, 5), "uploads-audit": (True, "amo", 200, 60.0, 5)}
