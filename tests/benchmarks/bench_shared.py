@@ -1,0 +1,173 @@
+"""Benchmark: shared partitions (range leases) against one worker per partition.
+
+    /work/venv/bin/python tests/benchmarks/bench_shared.py [--only slow|fast|records] [--slow-seconds 8]
+
+Starts its own embedded broker (Tansu, memory only), a fresh 2-partition topic and group per run, and
+measures, with ``tests/benchmarks/shared_bench_app.py`` under ``python -m marshal_workers run``:
+
+1. slow handler (sleeps 20 ms: at most 50 msgs/s per process): throughput of the classic handler (one
+   worker per partition: 2) and of the shared one with 1, 4 and 16 processes on one supervisor and 16 on
+   each of 3 supervisors (48), against the ideal (processes x 50 msgs/s).  Each run gets enough messages
+   for about --slow-seconds at the ideal rate.  Target: >= 0.8 of the ideal up to what 2 cores allow.
+2. fast handler (``msg.json()["amount"]``, as bench_run.py): the classic handler (2 workers) against the
+   shared one with 2 processes, range_size 100, 1000 and 10000, on the same 200,000 messages: wall-clock
+   rate and messages per CPU-second (every process of the supervisor's session).
+3. coordination records per handled message at the default range size (100): the group's records in the
+   coordination log after a run, over the messages.
+
+Throughput = messages / (last handled - first handled, wall time, over every worker).  A benchmark, not a
+test: misses print FAIL; the exit status is non-zero only if the benchmark itself could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import checkout  # noqa: F401  (sys.path: the checkout's package, this folder)
+from bench_run import base_env, cpu_seconds, create_topic, leftovers, machine_info, produce, verdict
+from processes import process_group
+
+from marshal_workers.config import Settings
+from marshal_workers.coordination_log import read_group_state
+from marshal_workers.embedded_broker import EmbeddedBroker
+
+PARTITIONS = 2
+SLOW_DELAY = 0.02
+
+
+@dataclass
+class Result:
+    name: str
+    messages: int
+    seconds: float
+    cpu_seconds: float
+    records: int
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def per_cpu_second(self) -> float:
+        return self.messages / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
+
+
+def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: int = 1, supervisors: int = 1,
+        range_size: int = 100, delay: float = 0.0, timeout: float = 300.0) -> Result:  # fmt: skip
+    topic, group = f"bench-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, PARTITIONS)
+    produce(bootstrap, topic, messages, PARTITIONS)
+    coordination = f"__marshal-{group}"
+    out = Path(tempfile.mkdtemp(prefix="bench-shared-"))
+    env = base_env() | {
+        "MW_BENCH_TOPIC": topic, "MW_BENCH_SHARED": "1" if shared else "0", "MW_BENCH_RANGE_SIZE": str(range_size),
+        "MW_BENCH_DELAY": str(delay), "MW_BENCH_OUT": str(out),
+    }  # fmt: skip
+    started = []
+    for n in range(supervisors):
+        command = [
+            sys.executable, "-m", "marshal_workers", "run", "shared_bench_app:app", "--brokers", bootstrap,
+            "--group", group, "--coordination-topic", coordination, "--client-id", f"bench-{n}",
+            "--processes", str(processes), "--heartbeat-interval", "2s", "--log-level", "warning",
+        ]  # fmt: skip
+        log = open(out / f"supervisor-{n}.log", "wb")
+        started.append(subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True))
+    deadline = time.monotonic() + timeout
+    cpu: dict[int, float] = {}
+    try:
+        while True:
+            for supervisor in started:
+                for pid in [supervisor.pid, *process_group(supervisor.pid)]:
+                    cpu[pid] = max(cpu.get(pid, 0.0), cpu_seconds(pid))
+            counts = _read(out)
+            if sum(c for c, _, _ in counts) >= messages:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: {sum(c for c, _, _ in counts)} of {messages} handled in {timeout:.0f}s")
+            time.sleep(0.1)
+        time.sleep(0.3)  # the last reports
+        counts = _read(out)
+        first, last = min(f for _, f, _ in counts), max(t for _, _, t in counts)
+    finally:
+        for supervisor in started:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+            supervisor.wait(30)
+    settings = Settings(brokers=bootstrap, group=group, coordination_topic=coordination, heartbeat_interval=2.0)
+    records = read_group_state(settings, group).stats.applied
+    return Result(name, sum(c for c, _, _ in counts), last - first, sum(cpu.values()), records)
+
+
+def _read(out: Path) -> list[tuple[int, float, float]]:
+    found = []
+    for path in out.iterdir():
+        if path.name.isdigit():
+            count, first, last = path.read_text().split()
+            found.append((int(count), float(first), float(last)))
+    return found
+
+
+def slow(bootstrap: str, seconds: float) -> None:
+    print("\n1. slow handler (20 ms per message) on a 2-partition topic", flush=True)
+    ideal_per_process = 1 / SLOW_DELAY
+    cases = [("classic (2 workers)", False, 1, 1, 2), ("shared 1 x 1", True, 1, 1, 1), ("shared 1 x 4", True, 4, 1, 4),
+             ("shared 1 x 16", True, 16, 1, 16), ("shared 3 x 16", True, 16, 3, 48)]  # fmt: skip
+    for name, shared, processes, supervisors, workers in cases:
+        ideal = workers * ideal_per_process
+        messages = int(ideal * seconds)
+        result = run(bootstrap, name, messages, shared=shared, processes=processes, supervisors=supervisors,
+                     delay=SLOW_DELAY)  # fmt: skip
+        ratio = result.rate / ideal
+        print(f"    {name:22} {result.messages:6,} msgs in {result.seconds:5.1f}s = {result.rate:7.1f} msgs/s; ideal "
+              f"{ideal:6.0f}: {ratio:.2f} {verdict(ratio >= 0.8)}; CPU {result.cpu_seconds:5.1f}s", flush=True)  # fmt: skip
+
+
+def fast(bootstrap: str, messages: int) -> None:
+    print(f"\n2. fast handler (msg.json()) on a 2-partition topic, {messages:,} messages", flush=True)
+    classic = run(bootstrap, "classic", messages, shared=False)
+    print(f"    {'classic (2 workers)':26} {classic.rate:8.0f} msgs/s  {classic.per_cpu_second:8.0f} msgs/CPU-s", flush=True)
+    for size in (100, 1000, 10000):
+        result = run(bootstrap, f"shared range {size}", messages, shared=True, processes=2, range_size=size)
+        print(f"    {f'shared 1 x 2, range {size}':26} {result.rate:8.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s"
+              f"   ratio to classic: wall {result.rate / classic.rate:.2f}, per CPU-s "
+              f"{result.per_cpu_second / classic.per_cpu_second:.2f}; {result.records / result.messages:.4f} "
+              "records/msg", flush=True)  # fmt: skip
+
+
+def records(bootstrap: str) -> None:
+    print("\n3. coordination records per message, range_size 100 (default), slow handler, 1 x 4", flush=True)
+    result = run(bootstrap, "records", 2000, shared=True, processes=4, delay=0.005)
+    print(f"    {result.records:,} records for {result.messages:,} messages: {result.records / result.messages:.3f} "
+          "per message (claims, acks, renewals, checkpoints)", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=["slow", "fast", "records"])
+    parser.add_argument("--slow-seconds", type=float, default=8.0)
+    parser.add_argument("--fast-messages", type=int, default=200_000)
+    args = parser.parse_args()
+    print("\n".join(machine_info()), flush=True)
+    with EmbeddedBroker() as broker:
+        if args.only in (None, "slow"):
+            slow(broker.bootstrap, args.slow_seconds)
+        if args.only in (None, "fast"):
+            fast(broker.bootstrap, args.fast_messages)
+        if args.only in (None, "records"):
+            records(broker.bootstrap)
+    stray = leftovers()
+    if stray:
+        print(f"FAIL: processes left behind: {stray}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The application that tests/benchmarks/bench_shared.py runs: one handler, shared or not.
+
+MW_BENCH_TOPIC, MW_BENCH_SHARED (1: shared=True), MW_BENCH_RANGE_SIZE, MW_BENCH_DELAY (seconds slept per
+message: a slow handler; 0: parse the JSON value, the fast handler of bench_run.py), MW_BENCH_OUT (a
+directory).  Each worker process writes ``<pid>``: "count first_time last_time" of what it handled, every
+0.1 s from a thread, so the benchmark sums them without the handler doing I/O per message.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from marshal_workers import App, Message
+
+app = App()
+TOPIC = os.environ.get("MW_BENCH_TOPIC", "bench")
+DELAY = float(os.environ.get("MW_BENCH_DELAY", "0"))
+OUT = Path(os.environ.get("MW_BENCH_OUT", "/tmp"))
+_handled = [0, 0.0, 0.0]  # count, first, last (wall time)
+
+
+def _report() -> None:
+    path, temporary = OUT / str(os.getpid()), OUT / f".{os.getpid()}"
+    while True:
+        time.sleep(0.1)
+        if _handled[0]:
+            temporary.write_text(f"{_handled[0]} {_handled[1]:.4f} {_handled[2]:.4f}\n")
+            temporary.rename(path)
+
+
+@app.on_worker_start
+def start_reporting() -> None:
+    threading.Thread(target=_report, daemon=True).start()
+
+
+def handle(msg: Message) -> None:
+    if DELAY:
+        time.sleep(DELAY)
+    else:
+        msg.json()["amount"]
+    now = time.time()
+    if not _handled[0]:
+        _handled[1] = now
+    _handled[0] += 1
+    _handled[2] = now
+
+
+app.handler(
+    TOPIC,
+    shared=os.environ.get("MW_BENCH_SHARED") == "1",
+    range_size=int(os.environ.get("MW_BENCH_RANGE_SIZE", "100")),
+)(handle)
