@@ -164,7 +164,7 @@ def test_kill_9_of_a_supervisor_redelivers_only_its_ranges_or_nothing_at_most_on
 
 
 def test_a_supervisor_stopped_past_the_pending_timeout_handles_nothing_from_lapsed_leases(shared_fleet: Fleet) -> None:
-    total = 1200
+    total = 2400  # 24 ranges of 100 for 8 workers: each holds two when b is stopped
     pending = 3.0
     # A range takes 2s to handle: with its successor queued, a worker is mid-range when its lease runs out.
     shared_fleet.env |= {"MW_TEST_DELAY": "0.02", "MW_TEST_MODE": "amo", "MW_TEST_PENDING_TIMEOUT": f"{pending}s",
