@@ -304,6 +304,7 @@ class SharedPool:
             return
         hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
         want = sum(LEASES_PER_WORKER - len(w.leases) for w in hungry)
+        idle = sum(1 for w in hungry if not w.leases)
         if not want or not shared.high:
             return
         coordinator = self._require_coordinator()
@@ -311,7 +312,7 @@ class SharedPool:
         size = shared.handler.range_size
 
         candidates, members, unknown = coordinator.read(
-            lambda world: _candidates(world, topic, shared, now_ms, size, want)
+            lambda world: _candidates(world, topic, shared, now_ms, size, want, idle)
         )
         if unknown:
             self._look_up_initial(topic, shared, unknown)
@@ -340,7 +341,7 @@ class SharedPool:
         shared.counters.ranges_refused += len(picked) - len(won)
         deadline = written_ms + shared.lease_ms - shared.safety_ms
         for partition, start, end, tries in won:
-            worker = self._hungriest(shared)
+            worker = self._hungriest(shared)  # a range at a partition's end goes to an idle worker (see _candidates)
             if worker is None or self.stopping:
                 shared.cancels.append(codec.RangeEntry(partition=partition, offset=start, end=end))
                 continue
@@ -520,10 +521,15 @@ class SharedPool:
 
 
 def _candidates(
-    world: WorldState, topic: str, shared: SharedTopic, now_ms: int, size: int, want: int
+    world: WorldState, topic: str, shared: SharedTopic, now_ms: int, size: int, want: int, idle: int
 ) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
     """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
-    partitions never leased whose start is not known yet."""
+    partitions never leased whose start is not known yet.
+
+    A partition read to its end, with nobody waiting there, gets a one-offset range at its end if a worker
+    is idle (``idle``): that worker waits for the next message (and its fetches tell the true end, which
+    ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.
+    """
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
     holders = set()
@@ -543,9 +549,8 @@ def _candidates(
         for start, stop in state.free_ranges(now_ms, end, size, want + 8):
             tries = state.tries_in(start, stop)
             ranges.append((start, stop, tries[0].count if tries else 0))
-        if not ranges and not live:
-            # Nothing to claim as far as we know, and nobody waits at the end: lease the next offset anyway, so a
-            # worker waits there for it (and its fetches tell us the true end, which ListOffsets may under-report).
+        if not ranges and not live and idle > 0:
+            idle -= 1
             start = state.low
             tries = state.tries_in(start, start + 1)
             ranges.append((start, start + 1, tries[0].count if tries else 0))

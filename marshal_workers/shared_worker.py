@@ -203,8 +203,10 @@ class SharedWorker:
         while next_offset < leased.end:
             if monotonic_ms() >= leased.deadline_ms:
                 return self._abandon(leased, next_offset)
-            if self.stopping and end_seen is not None and end_seen <= next_offset:
-                return self._stop_at_the_end(leased, next_offset)  # nothing more to read: don't wait for it
+            if end_seen is not None and end_seen <= next_offset and (self.stopping or len(self.ranges) > 1):
+                # Read to the partition's end inside the lease: don't wait there for messages while a stop or
+                # another range waits.
+                return self._leave_at_the_end(leased, next_offset)
             records = self._consumer.consume(min(leased.end - next_offset, _FETCH_MOST), 0.1)
             self._read_pipe(wait=0)  # renewals (and a stop, which waits for this range to end)
             for record in records:
@@ -237,9 +239,9 @@ class SharedWorker:
         self._send(("settled", leased.partition, leased.start, end, leased.failed, leased.dead, leased.handled,
                     None if high is None or high[1] < 0 else high[1]))  # fmt: skip
 
-    def _stop_at_the_end(self, leased: _Range, next_offset: int) -> None:
-        """Stopping, with the partition read to its end inside the lease: settle what was handled, give the rest
-        back, rather than wait for messages that may not come before the shutdown timeout."""
+    def _leave_at_the_end(self, leased: _Range, next_offset: int) -> None:
+        """The partition read to its end inside the lease: settle what was handled and give the rest back, rather
+        than wait for messages that may not come before the shutdown timeout, or hold up the next range."""
         if next_offset > leased.start:
             self._settle(leased, next_offset)
         else:

@@ -39,6 +39,7 @@ from processes import process_group
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import read_group_state
 from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.status import render_table, status_document
 
 PARTITIONS = 2
 SLOW_DELAY = 0.02
@@ -92,7 +93,15 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
             if sum(c for c, _, _ in counts) >= messages:
                 break
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{name}: {sum(c for c, _, _ in counts)} of {messages} handled in {timeout:.0f}s")
+                settings = Settings(brokers=bootstrap, group=group, coordination_topic=coordination,
+                                    heartbeat_interval=2.0)  # fmt: skip
+                state = read_group_state(settings, group)
+                print(render_table(status_document(state, int(time.time() * 1000)), int(time.time() * 1000)))
+                for supervisor in started:
+                    supervisor.send_signal(signal.SIGUSR1)
+                time.sleep(0.5)
+                raise RuntimeError(f"{name}: {sum(c for c, _, _ in counts)} of {messages} handled in {timeout:.0f}s "
+                                   f"(logs in {out})")  # fmt: skip
             time.sleep(0.1)
         time.sleep(0.3)  # the last reports
         counts = _read(out)
