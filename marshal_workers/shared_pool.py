@@ -136,6 +136,7 @@ class SharedPool:
             if handler.shared
         }
         self.stopping = False
+        self._last_tries = False  # past the shutdown timeout: a settlement that fails is not written again
         self._writes_in_flight = 0
         self._context: BaseContext | None = None
         self._coordinator: Coordinator | None = None
@@ -197,6 +198,8 @@ class SharedPool:
         ) and self._writes_in_flight == 0 and not any(s.acks or s.cancels for s in self.topics.values())
 
     def kill_workers(self) -> None:
+        """Past the shutdown timeout: kill every worker; what they held is settled once more, then left to lapse."""
+        self._last_tries = True
         for shared in self.topics.values():
             for worker in shared.workers:
                 if worker.process is not None and worker.process.pid is not None:
@@ -425,7 +428,11 @@ class SharedPool:
 
     def _settle_failed(self, topic: str, shared: SharedTopic, acks: list[codec.AckEntry],
                        cancels: list[codec.RangeEntry], exc: Exception) -> None:  # fmt: skip
-        """Not confirmed: try again (the fold refuses a second ack of the same lease, so a repeat is harmless)."""
+        """Not confirmed: try again (the fold refuses a second ack of the same lease, so a repeat is harmless),
+        unless the shutdown timeout has passed: then the leases lapse (ALO: delivered again; AMO: lost)."""
+        if self._last_tries:
+            self.log.error("settling ranges of %s not confirmed (%s): leaving them to lapse", topic, exc)
+            return
         self.log.warning("settling ranges of %s not confirmed (%s): writing again", topic, exc)
         shared.acks.extend(acks)
         shared.cancels.extend(cancels)
