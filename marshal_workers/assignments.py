@@ -1,0 +1,83 @@
+"""What a supervisor holds: whole partitions (Assignment), its phase and its timers.
+
+Shared by the supervisor's parts: the partition policy (partition_claims.py), the
+worker pool (worker_pool.py) and the loop (supervisor.py).  Leased ranges of
+shared partitions are the shared pool's (shared_pool.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from marshal_workers.channel import Field, Slot
+from marshal_workers.health import PartitionHealth
+
+Key = tuple[str, int]
+
+
+class Phase(enum.Enum):
+    RUNNING = "running"
+    STOPPING = "stopping"  # graceful: workers finish what they hold, then we release
+    STOPPED = "stopped"
+
+
+@dataclass
+class Assignment:
+    """A partition we own, and its worker."""
+
+    topic: str
+    partition: int
+    slot: Slot
+    process: BaseProcess | None = None
+    connection: Connection | None = None
+    started_offset: int = 0
+    claimed_end: int = -1  # AMO: end of the last batch claim accepted; a restart never starts before it
+    crashes_in_a_row: int = 0
+    restart_at: float | None = None  # monotonic time of a pending restart
+    lost: bool = False  # someone else owns it now: stop the worker, release nothing
+    unhealthy: bool = False  # its worker cannot keep up: stop it and release the partition as sick
+    handing_over: bool = False  # balance="fair": we hold more than our share; stop it and release it
+    timed_out: tuple[int, int] | None = None  # messages [start, end) whose call the hard time limit is killing
+    last_killed: tuple[int, int] | None = None  # the messages of the previous kill
+    time_limit_kills: int = 0  # kills in a row on those same messages
+    give_up_on: tuple[int, int] | None = None  # for the next worker: apply on_error to these, don't call
+    claimed_at: float = field(default_factory=time.monotonic)
+    health: PartitionHealth = field(default_factory=PartitionHealth)
+
+    @property
+    def key(self) -> Key:
+        return (self.topic, self.partition)
+
+    @property
+    def next_offset(self) -> int:
+        return self.slot.get(Field.NEXT_OFFSET)
+
+    @property
+    def high_watermark(self) -> int | None:
+        """The partition's end as its worker's last fetch saw it; None before the first fetch."""
+        high = self.slot.get(Field.HIGH_WATERMARK)
+        return None if high < 0 else high
+
+    @property
+    def lag(self) -> int | None:
+        high = self.high_watermark
+        return None if high is None else max(high - self.next_offset, 0)
+
+
+@dataclass
+class Timers:
+    """Monotonic times at which periodic work is next due."""
+
+    heartbeat: float = 0.0
+    claim: float = 0.0
+    ask: float = 0.0  # the next time we may ask another member for a partition
+    topics: float = 0.0
+    checkpoint: float = 0.0
+    stop_deadline: float | None = None
+
+
+MessageClaim = tuple[Assignment, Connection | None, int]  # who asked (which worker's pipe), for what end offset
