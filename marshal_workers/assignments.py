@@ -1,4 +1,4 @@
-"""What a supervisor holds: whole partitions (Assignment), its phase and its timers.
+"""What a supervisor holds: whole partitions (Assignment), its phase, its timers, and the state its parts share.
 
 Shared by the supervisor's parts: the partition policy (partition_claims.py), the
 worker pool (worker_pool.py) and the loop (supervisor.py).  Leased ranges of
@@ -7,14 +7,28 @@ shared partitions are the shared pool's (shared_pool.py).
 
 from __future__ import annotations
 
+import collections
 import enum
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
 
 from marshal_workers.channel import Field, Slot
 from marshal_workers.health import PartitionHealth
+
+if TYPE_CHECKING:
+    from marshal_workers.app import App
+    from marshal_workers.balance import BalanceState
+    from marshal_workers.config import Settings
+    from marshal_workers.coordinator import Coordinator
+    from marshal_workers.health import HealthPolicy
+    from marshal_workers.in_flight import InFlightWrites
+    from marshal_workers.metrics import Counters
+    from marshal_workers.offsets import OffsetStore
+    from marshal_workers.restarts import RestartPolicy
 
 Key = tuple[str, int]
 
@@ -81,3 +95,40 @@ class Timers:
 
 
 MessageClaim = tuple[Assignment, Connection | None, int]  # who asked (which worker's pipe), for what end offset
+
+
+class SupervisorState:
+    """The state the supervisor's parts share (set in Supervisor.__init__), declared once for them."""
+
+    app: App
+    app_path: str
+    settings: Settings
+    log: Any
+    hb_s: float
+    assignments: dict[Key, Assignment]
+    cooldown_until: dict[Key, float]
+    partition_counts: dict[str, int]
+    phase: Phase
+    exit_code: int
+    claiming: bool
+    timers: Timers
+    counters: Counters
+    restart_policy: RestartPolicy
+    health_policy: HealthPolicy
+    time_limits: dict[str, tuple[float, float]]
+    shared: Any
+    _context: BaseContext | None
+    _claiming: set[Key]
+    _releasing: set[Key]
+    _stop_signalled: bool
+    _announced: bool
+    _to_start: collections.deque[Assignment]
+    _balance: BalanceState
+    _free_since: dict[Key, float]
+
+    if TYPE_CHECKING:  # provided by the Supervisor and its other parts
+
+        def _require_coordinator(self) -> Coordinator: ...
+        def _require_writes(self) -> InFlightWrites: ...
+        def _require_offsets(self) -> OffsetStore: ...
+        def _begin_graceful_stop(self) -> None: ...

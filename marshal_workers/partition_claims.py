@@ -8,18 +8,14 @@ lost.  Shared partitions are leased by range instead (shared_pool.py).
 
 from __future__ import annotations
 
-import collections
 import logging
 import random
 import time
-from multiprocessing.context import BaseContext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from marshal_workers import done_set
-from marshal_workers.app import App
-from marshal_workers.assignments import Assignment, Key, MessageClaim, Phase, Timers
+from marshal_workers.assignments import Assignment, Key, MessageClaim, Phase, SupervisorState
 from marshal_workers.balance import (
-    BalanceState,
     FairShare,
     claim_cap,
     fair_share,
@@ -31,55 +27,19 @@ from marshal_workers.balance import (
     yields_to_askers,
 )
 from marshal_workers.channel import ClaimAnswer, Field, Slot, above, monotonic_ms
-from marshal_workers.config import Settings
-from marshal_workers.coordinator import Coordinator, Progress, heartbeat_verdicts, message_claim_verdicts
-from marshal_workers.health import HealthPolicy, PartitionHealth, Sample, observe
-from marshal_workers.in_flight import InFlightWrites
-from marshal_workers.metrics import Counters
-from marshal_workers.offsets import OffsetLookupError, OffsetStore
-from marshal_workers.restarts import RestartPolicy
+from marshal_workers.coordinator import Progress, heartbeat_verdicts, message_claim_verdicts
+from marshal_workers.health import PartitionHealth, Sample, observe
+from marshal_workers.offsets import OffsetLookupError
 from marshal_workers.world_state import Owner, WorldState
 
 _log = logging.getLogger(__name__)
 CLAIMS_PER_TICK = 4  # our first claims (others see us), and partitions free for an HB, per round
 
 
-class PartitionClaims:
+class PartitionClaims(SupervisorState):
     """The Supervisor's part that claims and keeps whole partitions (a mixin: the state is the supervisor's)."""
 
-    # The supervisor's state these methods share (set in Supervisor.__init__).
-    app: App
-    app_path: str
-    settings: Settings
-    log: Any
-    hb_s: float
-    assignments: dict[Key, Assignment]
-    cooldown_until: dict[Key, float]
-    partition_counts: dict[str, int]
-    phase: Phase
-    exit_code: int
-    claiming: bool
-    timers: Timers
-    counters: Counters
-    restart_policy: RestartPolicy
-    health_policy: HealthPolicy
-    time_limits: dict[str, tuple[float, float]]
-    shared: Any
-    _context: BaseContext | None
-    _claiming: set[Key]
-    _releasing: set[Key]
-    _stop_signalled: bool
-    _announced: bool
-    _to_start: collections.deque[Assignment]
-    _balance: BalanceState
-    _free_since: dict[Key, float]
-
-    if TYPE_CHECKING:  # provided by the Supervisor and its other parts
-
-        def _require_coordinator(self) -> Coordinator: ...
-        def _require_writes(self) -> InFlightWrites: ...
-        def _require_offsets(self) -> OffsetStore: ...
-        def _begin_graceful_stop(self) -> None: ...
+    if TYPE_CHECKING:  # provided by the other parts
 
         def _stop_worker(self, assignment: Assignment) -> None: ...
         def _start_worker(self, assignment: Assignment) -> None: ...

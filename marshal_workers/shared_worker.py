@@ -54,7 +54,7 @@ from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
 from marshal_workers.logs import configure_logging, group_log
-from marshal_workers.worker import die_with_parent
+from marshal_workers.worker import die_with_parent, finish_worker
 
 _log = logging.getLogger(__name__)
 
@@ -136,14 +136,7 @@ class SharedWorker:
         self.stopping = True
 
     def _finish(self, app: App | None) -> None:
-        for hook in app.worker_stop_hooks if app else []:
-            try:
-                hook()
-            except Exception:
-                self.log.exception("on_worker_stop hook failed")
-        self._dlq.close()
-        if self._consumer is not None:
-            self._consumer.close()
+        finish_worker(app, self.log, self._dlq, self._consumer)
 
     # ------------------------------------------------------------------ loop
 

@@ -99,6 +99,18 @@ def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
     )
 
 
+def finish_worker(app: App | None, log: Any, dlq: DeadLetterWriter, consumer: Consumer | None) -> None:
+    """A worker's last steps (both kinds): the on_worker_stop hooks, then its dead letters and consumer closed."""
+    for hook in app.worker_stop_hooks if app else []:
+        try:
+            hook()
+        except Exception:
+            log.exception("on_worker_stop hook failed")
+    dlq.close()
+    if consumer is not None:
+        consumer.close()
+
+
 def die_with_parent() -> None:
     """SIGKILL when the fork server dies, which it does as soon as the supervisor dies."""
     parent = os.getppid()
@@ -213,14 +225,7 @@ class Worker:
         setproctitle.setproctitle(f"marshal-workers: worker {spec.group} {spec.topic}[{spec.partition}] @{offset}")
 
     def _finish(self, app: App | None) -> None:
-        for hook in app.worker_stop_hooks if app else []:
-            try:
-                hook()
-            except Exception:
-                self.log.exception("on_worker_stop hook failed")
-        self._dlq.close()
-        if self._consumer is not None:
-            self._consumer.close()
+        finish_worker(app, self.log, self._dlq, self._consumer)
 
     # -------------------------------------------------------------- loops
 

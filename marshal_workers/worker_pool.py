@@ -9,7 +9,6 @@ partition policy's release (partition_claims.py).
 
 from __future__ import annotations
 
-import collections
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -18,66 +17,25 @@ import os
 import signal
 import time
 from multiprocessing.context import BaseContext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from marshal_workers import done_set
-from marshal_workers.app import App, Mode, OnError
-from marshal_workers.assignments import Assignment, Key, Phase, Timers
-from marshal_workers.balance import (
-    BalanceState,
-)
+from marshal_workers.app import Mode, OnError
+from marshal_workers.assignments import Assignment, Phase, SupervisorState
 from marshal_workers.channel import Field, WorkerSpec, monotonic_ms
-from marshal_workers.config import Settings
-from marshal_workers.coordinator import Coordinator
 from marshal_workers.exit_codes import ExitCode
-from marshal_workers.health import HealthPolicy, PartitionHealth
-from marshal_workers.in_flight import InFlightWrites
+from marshal_workers.health import PartitionHealth
 from marshal_workers.loader import split_app_path
-from marshal_workers.metrics import Counters
-from marshal_workers.offsets import OffsetStore
-from marshal_workers.restarts import RestartPolicy
 from marshal_workers.worker import WorkerExit, worker_main
 
 _log = logging.getLogger(__name__)
 START_BUDGET_S = 0.02  # seconds per pass of the loop spent starting the workers of new claims
 
 
-class WorkerPool:
+class WorkerPool(SupervisorState):
     """The Supervisor's part that runs workers (a mixin: the state is the supervisor's)."""
 
-    # The supervisor's state these methods share (set in Supervisor.__init__).
-    app: App
-    app_path: str
-    settings: Settings
-    log: Any
-    hb_s: float
-    assignments: dict[Key, Assignment]
-    cooldown_until: dict[Key, float]
-    partition_counts: dict[str, int]
-    phase: Phase
-    exit_code: int
-    claiming: bool
-    timers: Timers
-    counters: Counters
-    restart_policy: RestartPolicy
-    health_policy: HealthPolicy
-    time_limits: dict[str, tuple[float, float]]
-    shared: Any
-    _context: BaseContext | None
-    _claiming: set[Key]
-    _releasing: set[Key]
-    _stop_signalled: bool
-    _announced: bool
-    _to_start: collections.deque[Assignment]
-    _balance: BalanceState
-    _free_since: dict[Key, float]
-
-    if TYPE_CHECKING:  # provided by the Supervisor and its other parts
-
-        def _require_coordinator(self) -> Coordinator: ...
-        def _require_writes(self) -> InFlightWrites: ...
-        def _require_offsets(self) -> OffsetStore: ...
-        def _begin_graceful_stop(self) -> None: ...
+    if TYPE_CHECKING:  # provided by the other parts
 
         def _release(self, assignment: Assignment, sick: bool = False) -> None: ...
         def _release_handed_over(self, assignment: Assignment) -> None: ...

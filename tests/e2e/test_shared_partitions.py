@@ -7,7 +7,7 @@ import collections
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,23 +44,31 @@ def new_fleet(brokers: str, unique: str, tmp_path: Path, shared: bool) -> Fleet:
 
 
 @pytest.fixture
-def shared_fleet(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[Fleet]:
-    """A fresh 2-partition topic whose handler is shared; supervisors killed at the end."""
-    running = new_fleet(kafka_brokers, unique, tmp_path, shared=True)
+def fleets(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[Callable[[bool], Fleet]]:
+    """Makes fleets (shared handler or not); every supervisor started through them is killed at the end."""
+    made: list[Fleet] = []
+
+    def make(shared: bool) -> Fleet:
+        made.append(new_fleet(kafka_brokers, unique, tmp_path, shared))
+        return made[-1]
+
     try:
-        yield running
+        yield make
     finally:
-        running.stop_all()
+        for fleet in made:
+            fleet.stop_all()
 
 
 @pytest.fixture
-def classic_fleet(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[Fleet]:
-    """The same, with the handler not shared: one worker per partition."""
-    running = new_fleet(kafka_brokers, unique, tmp_path, shared=False)
-    try:
-        yield running
-    finally:
-        running.stop_all()
+def shared_fleet(fleets: Callable[[bool], Fleet]) -> Fleet:
+    """A fresh 2-partition topic whose handler is shared."""
+    return fleets(True)
+
+
+@pytest.fixture
+def classic_fleet(fleets: Callable[[bool], Fleet]) -> Fleet:
+    """The same with the handler not shared: one worker per partition."""
+    return fleets(False)
 
 
 def shared_state(fleet: Fleet) -> WorldState:
