@@ -162,5 +162,20 @@ def format_record(value: bytes | None, partition: int, offset: int, group: str) 
     if isinstance(record, codec.MessageClaims):
         claims = " ".join(f"[{c.partition}]<{c.offset}" for c in record.claims)
         return f"{where} {stamp} {kind} {who} {record.topic} {claims}"
+    if isinstance(record, codec.RANGE_RECORD_TYPES):
+        lease = f" lease={record.lease_ms}ms" if isinstance(record, (codec.ClaimRanges, codec.RenewRanges)) else ""
+        amo = " amo" if isinstance(record, codec.ClaimRanges) and record.amo else ""
+        ranges = " ".join(_range_text(entry) for entry in record.ranges)
+        return f"{where} {stamp} {kind} {who} {record.topic}{lease}{amo} {ranges}"
     detail = f" offset={record.offset}" if not isinstance(record, codec.Claim) else ""
     return f"{where} {stamp} {kind} {who} {record.topic}[{record.partition}]{detail}"
+
+
+def _range_text(entry: codec.RangeEntry) -> str:
+    """``[partition]first..last``, with an ack's failed, dead-lettered offsets and seen end."""
+    text = f"[{entry.partition}]{entry.offset}..{entry.end - 1}"
+    if isinstance(entry, codec.AckEntry):
+        text += "".join(f" {name}={','.join(map(str, found))}" for name, found in (("failed", entry.failed),
+                        ("dead", entry.dead)) if found)  # fmt: skip
+        text += f" high={entry.high}" if entry.high is not None else ""
+    return text

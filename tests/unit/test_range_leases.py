@@ -448,3 +448,18 @@ def test_an_ack_of_a_prefix_settles_it_and_gives_the_rest_back_untried() -> None
     assert not shared.leases and shared.low == 2 and shared.done == [(3, 4)] and shared.high == 40
     assert shared.tries_in(0, 10) == [Tries(2, 3, 1)], "only the failed offset was tried: 4..9 go back untried"
     assert list(shared.free_ranges(6, 40, 100, 5)) == [(2, 3), (4, 40)]
+
+
+def test_the_log_command_prints_range_records_with_their_entries() -> None:
+    from marshal_workers.admin import format_record
+
+    common = {"v": 1, "ts": 1_764_000_005_000, "group": "g", "client": "host-a", "instance": "5f1c"}
+    claim = codec.ClaimRanges(**common, topic="thumbs", lease_ms=60_000, amo=True,
+                              ranges=(codec.RangeEntry(partition=0, offset=1500, end=1550),))  # fmt: skip
+    ack = codec.AckRanges(**common, topic="thumbs", ranges=(
+        codec.AckEntry(partition=0, offset=1500, end=1550, failed=(1507,), dead=(1512, 1513), high=4210),))  # fmt: skip
+    cancel = codec.CancelRanges(**common, topic="thumbs", ranges=(codec.RangeEntry(partition=1, offset=9, end=10),))
+    lines = [format_record(codec.encode(r), 3, 7, "g") for r in (claim, ack, cancel)]
+    assert lines[0] == "3@7 2025-11-24T16:00:05.000Z claim_ranges host-a/5f1c thumbs lease=60000ms amo [0]1500..1549"
+    assert lines[1].endswith("ack_ranges host-a/5f1c thumbs [0]1500..1549 failed=1507 dead=1512,1513 high=4210")
+    assert lines[2].endswith("cancel_ranges host-a/5f1c thumbs [1]9..9")
