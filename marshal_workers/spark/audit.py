@@ -43,6 +43,7 @@ from marshal_workers.kafka_clients import admin_client, topic_partition_count
 from marshal_workers.positions import partition_bounds, position_consumer
 from marshal_workers.spark import ownership
 from marshal_workers.spark.jobs import run_job
+from marshal_workers.spark.lease_audit import RangeLease
 from marshal_workers.spark.planner import Split, plan_splits
 from marshal_workers.spark.split_reader import SplitReader
 from marshal_workers.status import utc_iso
@@ -76,7 +77,7 @@ GARBAGE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("key", "string"),  # its Kafka key, the one hint of whose it was
     ("error", "string"),  # why it is not a record
 )
-_TAGS = {ownership.Tenure: 0, ownership.Handoff: 1, ownership.Zombie: 2, ownership.ClientCounts: 3}
+_TAGS = {ownership.Tenure: 0, ownership.Handoff: 1, ownership.Zombie: 2, ownership.ClientCounts: 3, RangeLease: 7}
 _SUMMARY, _GARBAGE, _RECORD = 4, 5, 6
 
 
@@ -98,6 +99,7 @@ class AuditReport:
     clients: list[dict[str, Any]] = field(default_factory=list)  # per client, most records first
     timeline: list[ownership.Tenure] = field(default_factory=list)  # when it is short enough to print
     tables: dict[str, str] = field(default_factory=dict)  # name -> Parquet directory written
+    shared: list[dict[str, Any]] = field(default_factory=list)  # per shared topic: its range leases (lease_audit)
 
 
 class _Tables(NamedTuple):
@@ -108,6 +110,7 @@ class _Tables(NamedTuple):
     zombies: DataFrame
     clients: DataFrame
     garbage: DataFrame
+    leases: DataFrame
     records: DataFrame | None  # only when the tables are written: 1M rows cost seconds to move
 
 
@@ -188,6 +191,7 @@ def audit(
         tenures = sum(s.tenures for s in summaries)
         timeline = run_job("audit (timeline)", lambda: _timeline(tables.tenures)) if tenures <= TIMELINE_SHOWN else []
         clients = run_job("audit (clients)", lambda: [row.asDict() for row in _client_table(tables.clients).collect()])
+        shared = run_job("audit (range leases)", lambda: [row.asDict() for row in _lease_table(tables.leases).collect()])
         written = run_job("audit (tables)", lambda: _write_tables(tables, out)) if out is not None else {}
     finally:
         small.unpersist()
@@ -209,6 +213,7 @@ def audit(
         clients=clients,
         timeline=timeline,
         tables=written,
+        shared=shared,
     )
 
 
@@ -226,6 +231,7 @@ def _tables(spark: SparkSession, events: RDD[Any], small: RDD[Any], with_records
         zombies=frame(_TAGS[ownership.Zombie], _schema_of(ownership.Zombie)),
         clients=frame(_TAGS[ownership.ClientCounts], _schema_of(ownership.ClientCounts)),
         garbage=frame(_GARBAGE, _schema(GARBAGE_COLUMNS)),
+        leases=frame(_TAGS[RangeLease], _schema_of(RangeLease)),
         records=frame(_RECORD, _schema(RECORD_COLUMNS), events) if with_records else None,
     )
 
@@ -265,6 +271,28 @@ def _client_table(counts: DataFrame) -> DataFrame:
     )
 
 
+def _lease_table(leases: DataFrame) -> DataFrame:
+    """Per shared topic: leases by outcome, offsets handed out again, lost and dead-lettered, claim-to-ack times."""
+    from pyspark.sql import functions as F
+
+    size = F.col("end") - F.col("start")
+    acked, amo = F.col("outcome") == "acked", F.col("amo") == 1
+    return (
+        leases.groupBy("topic")
+        .agg(
+            F.count(F.lit(1)).alias("leases"),
+            *(F.sum((F.col("outcome") == name).cast("long")).alias(name) for name in ("acked", "cancelled", "lapsed", "open")),
+            F.sum(F.when(F.col("deliveries") > 1, size).otherwise(0)).alias("offsets_delivered_again"),
+            F.sum(F.when(amo & (F.col("outcome") == "lapsed"), size).when(amo & acked, F.col("failed")).otherwise(0))
+            .alias("offsets_lost"),
+            F.sum("dead").alias("dead_letters"),
+            F.percentile(F.when(acked, F.col("claim_to_end_ms")), F.lit(0.5)).alias("claim_to_ack_p50_ms"),
+            F.percentile(F.when(acked, F.col("claim_to_end_ms")), F.lit(0.99)).alias("claim_to_ack_p99_ms"),
+        )
+        .orderBy("topic")
+    )
+
+
 def _write_tables(tables: _Tables, out: str | Path) -> dict[str, str]:
     assert tables.records is not None
     frames = {
@@ -274,6 +302,7 @@ def _write_tables(tables: _Tables, out: str | Path) -> dict[str, str]:
         "handoffs": tables.handoffs,
         "zombies": tables.zombies,
         "clients": _client_table(tables.clients),
+        "leases": tables.leases,
     }
     written = {}
     for name, frame in frames.items():
@@ -340,6 +369,8 @@ def _row(record: codec.Record, log_partition: int, log_offset: int, at: int) -> 
     head = (log_partition, log_offset, at, tag, record.ts, record.client, record.instance)
     if isinstance(record, codec.ReleaseGroup):
         return (*head, None, None, None, record.expires)
+    if isinstance(record, codec.RANGE_RECORD_TYPES):  # several partitions: the leases table has them one by one
+        return (*head, record.topic, None, None, None)
     offset = None if isinstance(record, codec.Claim) else record.offset
     return (*head, record.topic, record.partition, offset, None)
 
@@ -361,7 +392,7 @@ def document(report: AuditReport) -> dict[str, Any]:
         "partitions": report.partitions,
         "handoffs": {"count": report.handoffs, "p50_ms": report.handoff_p50_ms, "max_ms": report.handoff_max_ms},
         "zombie_records": report.zombie_records,
-    }
+    } | ({"shared": report.shared} if report.shared else {})  # only for a group that shares partitions
 
 
 def render(report: AuditReport) -> list[str]:
@@ -390,6 +421,16 @@ def render(report: AuditReport) -> list[str]:
         lines.append(
             f"\n{report.tenures:,} tenures in the ownership timeline: --out DIR writes it (and more) as Parquet"
         )
+    if report.shared:
+        lines += ["", "shared partitions (range leases):"]
+        for s in report.shared:
+            p50, p99 = s["claim_to_ack_p50_ms"], s["claim_to_ack_p99_ms"]
+            times = "-" if p50 is None else f"p50 {p50:,.0f} ms, p99 {p99:,.0f} ms"
+            lines.append(
+                f"  {s['topic']}: {s['leases']:,} leases ({s['acked']:,} acked, {s['cancelled']:,} cancelled, "
+                f"{s['lapsed']:,} lapsed, {s['open']:,} open); {s['offsets_delivered_again']:,} offsets delivered "
+                f"again, {s['offsets_lost']:,} lost, {s['dead_letters']:,} dead letters; claim to ack {times}"
+            )
     if report.tables:
         lines += ["", "tables written (Parquet): " + ", ".join(report.tables.values())]
     return lines

@@ -32,7 +32,17 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from marshal_workers import checkpoints
-from marshal_workers.codec import Checkpoint, Claim, ClaimMessages, Heartbeat, Record, Release, ReleaseGroup
+from marshal_workers.codec import (
+    RANGE_RECORD_TYPES,
+    Checkpoint,
+    Claim,
+    ClaimMessages,
+    Heartbeat,
+    Record,
+    Release,
+    ReleaseGroup,
+)
+from marshal_workers.spark.lease_audit import LeaseTracker, RangeLease
 from marshal_workers.world_state import Owner, WorldState
 
 
@@ -113,7 +123,7 @@ class LogSummary(NamedTuple):
     garbage: int  # values that did not decode (counted by the reader, as WorldState.apply_value does)
 
 
-Event = Tenure | Handoff | Zombie | ClientCounts | LogSummary
+Event = Tenure | Handoff | Zombie | ClientCounts | LogSummary | RangeLease
 HANDOFF_KINDS_MEASURED = ("release", "stale", "reclaim")  # a pause's gap is the operator's, not the fleet's
 
 _NONE: tuple[Event, ...] = ()
@@ -146,6 +156,7 @@ class OwnershipAudit:
         self._counts: dict[tuple[str, str], list[int]] = {}  # (client, instance) -> counters (see _ZOMBIE etc.)
         self.zombie_records = 0
         self.tenures = 0
+        self.leases = LeaseTracker(log_partition)  # shared partitions' range leases (lease_audit.py)
 
     def seed(self, parts: Sequence[Checkpoint]) -> None:
         """Start from a checkpoint of this coordination partition instead of the log before it.
@@ -154,6 +165,7 @@ class OwnershipAudit:
         is not read), so hand-overs and zombies are audited from there on.
         """
         checkpoints.seed(self.state, parts, self.log_partition)
+        self.leases.seed(self.state)
         since, as_of = parts[0].ts, parts[0].as_of
         for key, entry in self.state.partitions.items():
             if entry.owner is not None:
@@ -166,6 +178,8 @@ class OwnershipAudit:
         kind = type(record)
         if kind is ReleaseGroup:
             return self._pause(record, at)
+        if kind in RANGE_RECORD_TYPES:  # shared partitions: audited lease by lease (the summary counts them)
+            return self.leases.feed(self.state, record, at, log_offset)
         state = self.state
         entry = state.partitions.get((record.topic, record.partition))  # type: ignore[union-attr]
         owner_before, last_before = (None, 0) if entry is None else (entry.owner, entry.last_ts)
@@ -186,7 +200,7 @@ class OwnershipAudit:
 
     def finish(self) -> list[Event]:
         """The tenures still open at the end of the log, the counts per client instance, and the totals."""
-        events: list[Event] = []
+        events: list[Event] = list(self.leases.finish(self.state))
         for key, held in sorted(self._open.items()):
             events.append(self._tenure(key, held, None, None, self.state.partitions[key].last_ts))
         for (client, instance), c in self._counts.items():

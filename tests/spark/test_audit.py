@@ -141,3 +141,37 @@ def test_the_audit_starts_at_the_latest_checkpoints_and_knows_the_owners_they_ho
 
     everything = run_audit(spark, settings, from_beginning=True)
     assert (everything.records, everything.handoffs, everything.zombie_records) == (11, 2, 1)
+
+
+def test_the_audit_summarises_the_range_leases_of_shared_partitions(
+    spark, settings: Settings, history, tmp_path: Path
+) -> None:
+    write, orders, _ = history
+    thumbs = f"thumbs-{orders}"
+    home = codec.coordination_partition(thumbs, settings.coordination_partitions)
+
+    def put(kind: type, client: str, at: int, **fields: object) -> None:
+        record = kind(v=1, ts=T0 + at, group=settings.group, client=client, instance=f"{client}-1", topic=thumbs,
+                      **fields)  # fmt: skip
+        write.write(codec.encode(record), home)
+
+    def span(partition: int, offset: int, end: int) -> codec.RangeEntry:
+        return codec.RangeEntry(partition=partition, offset=offset, end=end)
+
+    put(codec.ClaimRanges, "a", 0, lease_ms=1000, ranges=(span(0, 0, 50), span(0, 50, 100)))
+    put(codec.AckRanges, "a", 300, ranges=(codec.AckEntry(partition=0, offset=0, end=50, dead=(7,)),))
+    # a dies holding 50..99: the lease lapses at 1000; b gets those offsets again at 2000 and acks them at 2500.
+    put(codec.ClaimRanges, "b", 2000, lease_ms=1000, ranges=(span(0, 50, 100),))
+    put(codec.AckRanges, "b", 2500, ranges=(codec.AckEntry(partition=0, offset=50, end=100),))
+    put(codec.ClaimRanges, "b", 2600, lease_ms=1000, ranges=(span(0, 100, 150),))
+    put(codec.CancelRanges, "b", 2700, ranges=(span(0, 100, 150),))
+
+    report = run_audit(spark, settings, out=tmp_path / "tables")
+    (shared,) = report.shared
+    assert shared["topic"] == thumbs
+    assert (shared["leases"], shared["acked"], shared["cancelled"], shared["lapsed"], shared["open"]) == (4, 2, 1, 1, 0)
+    assert (shared["offsets_delivered_again"], shared["offsets_lost"], shared["dead_letters"]) == (50, 0, 1)
+    assert shared["claim_to_ack_p50_ms"] in (300, 400, 500)
+    assert any("shared partitions (range leases)" in line for line in render(report))
+    assert document(report)["shared"][0]["lapsed"] == 1
+    assert "leases" in report.tables
