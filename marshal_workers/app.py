@@ -103,6 +103,7 @@ class HandlerSpec:
     retries: int = 3  # retries after the first failure, before on_error applies
     retry_backoff: float = 0.1  # seconds before the first retry; doubles each time
     on_error: OnError = OnError.DLQ
+    dlq_limit: int = 0  # dead letters in a row, after which the next failure releases the partition as sick (0: none)
     soft_time_limit: float | None = None  # seconds; None: the soft_time_limit setting
     time_limit: float | None = None  # seconds; None: the time_limit setting
     concurrency: int = 1  # messages (batches, for a batch handler) in flight at once in a worker
@@ -187,6 +188,7 @@ class App:
         range_size: int = 100,
         pending_timeout: float | str = 60.0,
         max_deliveries: int = 5,
+        dlq_limit: int = 0,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``.
 
@@ -199,6 +201,10 @@ class App:
         ``shared=True`` lets many workers on many hosts share each partition: they lease ranges of
         ``range_size`` offsets for ``pending_timeout`` (renewed while they work), and a message
         delivered ``max_deliveries`` times goes to the dead-letter topic (docs/shared-partitions.md).
+
+        ``dlq_limit`` N: once N messages in a row went to the dead-letter topic, the next failure
+        releases the partition as sick at that message instead (a broken dependency is not drained
+        into the dead-letter topic); 0, the default, sets no limit.
         """
         spec_options = _handler_options(
             topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
@@ -207,6 +213,13 @@ class App:
         shared_options = _shared_options(
             topic, shared, range_size, pending_timeout, max_deliveries, batch, concurrency, spec_options
         )
+        if not isinstance(dlq_limit, int) or isinstance(dlq_limit, bool) or dlq_limit < 0:
+            raise ConfigError(f"handler for {topic!r}: dlq_limit must be a whole number >= 0, got {dlq_limit!r}")
+        if dlq_limit and shared:
+            raise ConfigError(
+                f"handler for {topic!r}: dlq_limit releases a partition, which a shared handler never holds; "
+                "max_deliveries bounds how often a message is tried"
+            )
 
         def register(function: Handler) -> Handler:
             existing = self.handlers.get(topic)
@@ -219,7 +232,8 @@ class App:
                     "is not supported; use an async def handler of one message, or a def batch handler"
                 )
             self.handlers[topic] = HandlerSpec(
-                topic=topic, function=function, batch=batch, **spec_options, **lane_options, **shared_options
+                topic=topic, function=function, batch=batch, dlq_limit=dlq_limit, **spec_options, **lane_options,
+                **shared_options,
             )
             return function
 

@@ -1,8 +1,9 @@
 """Writing messages to a handler's dead-letter topic, ``<topic>.dlq``, and making sure they are there.
 
 Shared by the partition worker (after a handler's retries) and the shared worker
-(after ``max_deliveries``).  Each dead letter keeps the original value and key; its
-headers say what failed, where the message came from and, for shared handlers, how
+(after ``max_deliveries``).  Each dead letter keeps the original value, key,
+headers (a trace id survives) and timestamp; headers added after the original
+ones say what failed, where the message came from and, for shared handlers, how
 many times it was delivered.  A write that Kafka does not confirm raises: the caller
 then has not moved past the message, so it is handled again rather than lost.
 """
@@ -40,7 +41,8 @@ class DeadLetterWriter:
         self._producer: Producer | None = None
 
     def write(self, topic: str, records: Sequence[Any], headers: Sequence[Sequence[tuple[str, bytes]]]) -> None:
-        """Write ``records`` (raw Kafka messages) to ``topic`` with their ``headers``; wait until Kafka has them."""
+        """Write ``records`` (raw Kafka messages) to ``topic``, their own headers followed by ``headers``; wait until
+        Kafka has them."""
         if self._producer is None:
             self._producer = Producer(client_config(self._settings, **{"acks": "all", "enable.idempotence": True}))
         producer = self._producer
@@ -51,12 +53,14 @@ class DeadLetterWriter:
                 failures.append(err)
 
         for record, record_headers in zip(records, headers):
+            kept = list(record.headers() or []) + list(record_headers)  # ours last: they win in a dict() of them
+            kind, stamp = record.timestamp()
+            when = {"timestamp": stamp} if kind != 0 and stamp >= 0 else {}  # 0: the record has no timestamp
             while True:
                 try:
                     producer.produce(
-                        topic, value=record.value(), key=record.key(), headers=list(record_headers),
-                        on_delivery=delivered,
-                    )  # fmt: skip
+                        topic, value=record.value(), key=record.key(), headers=kept, on_delivery=delivered, **when
+                    )
                     break
                 except BufferError:
                     producer.poll(0.1)

@@ -311,7 +311,8 @@ class LaneRunner:
 
     def _on_error(self, offsets: list[int], error: BaseException) -> int:
         """The retries are spent: dead-letter the messages (done), or stop and release the partition at them."""
-        if self.handler.on_error is OnError.RELEASE:
+        failing = [self.records[o] for o in offsets]
+        if self.handler.on_error is OnError.RELEASE or self.worker.over_dlq_limit(self.handler, failing):
             self.worker.log.error(
                 "handler %s failed at offset %d (%r): releasing the partition", self.handler.name, offsets[0], error
             )  # fmt: skip
@@ -319,7 +320,7 @@ class LaneRunner:
                 self.lanes.defer(offset, float("inf"))  # never done here: the next owner starts at it
             self.exit = WorkerExit.RELEASE
             return 0
-        self.worker._dead_letter(self.handler, [self.records[o] for o in offsets], error)  # type: ignore[arg-type]
+        self.worker._dead_letter(self.handler, failing, error)  # type: ignore[arg-type]
         for offset in offsets:
             self.lanes.finish(offset)
             del self.records[offset]

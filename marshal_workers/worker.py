@@ -132,6 +132,8 @@ class Worker:
         self._lease_until = 0
         self._next_housekeeping = 0.0
         self._dlq = DeadLetterWriter(spec.settings)
+        self._dead_letters_in_a_row = 0  # dlq_limit: dead letters since the last message that was not one
+        self._dead_letters_end = -1  # the offset after the last dead letter
         self._first_fetched = False
         self._partition = TopicPartition(spec.topic, spec.partition)
         self._handled_total = 0
@@ -493,14 +495,36 @@ class Worker:
         if handler.on_error is OnError.RELEASE:
             self.log.error("handler %s failed at offset %d (%r): releasing the partition", handler.name, offset, error)
             return _Outcome.RELEASE
+        if self.over_dlq_limit(handler, records):
+            return _Outcome.RELEASE
         self._dead_letter(handler, records, error)
         return _Outcome.DONE
+
+    def over_dlq_limit(self, handler: HandlerSpec, records: list[Any]) -> bool:
+        """Have ``dlq_limit`` messages in a row gone to the dead-letter topic just before ``records``?  Then they
+        are not dead-lettered: the partition is released as sick at them.  "In a row" is read off the offsets
+        (the dead letters ended where these begin), so a handled message costs nothing here."""
+        limit = handler.dlq_limit
+        if not limit:
+            return False
+        first = records[0].offset()
+        if first != self._dead_letters_end:
+            self._dead_letters_in_a_row = 0
+        if self._dead_letters_in_a_row < limit:
+            return False
+        self.log.error(
+            "%d messages in a row went to %s (dlq_limit): releasing the partition as sick at offset %d instead",
+            self._dead_letters_in_a_row, handler.dlq_topic, first,
+        )  # fmt: skip
+        return True
 
     def _dead_letter(self, handler: HandlerSpec, records: list[Any], error: Exception) -> None:
         """Write the messages to the dead-letter topic and make sure they are there, or crash trying."""
         # A crash here is deliberate: progress stays before the message, so it is handled again.
         self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, error) for r in records])
         self.slot.fields[Field.DEAD_LETTERED] += len(records)
+        self._dead_letters_in_a_row += len(records)
+        self._dead_letters_end = records[-1].offset() + 1
         self.log.error(
             "handler %s failed at offset %d after %d retries (%r): sent %d message(s) to %s",
             handler.name, records[0].offset(), handler.retries, error, len(records), handler.dlq_topic,

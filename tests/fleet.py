@@ -93,11 +93,12 @@ class Fleet:
                 workers[int(title[len(prefix) :].split("]")[0])] = pid
         return workers
 
-    def produce(self, values: range) -> None:
-        """Values 'N' on partition N % partitions, in order."""
+    def produce(self, values: range, headers: list[tuple[str, bytes]] | None = None, timestamp: int = 0) -> None:
+        """Values 'N' on partition N % partitions, in order (with these headers and timestamp, if given)."""
         producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 5})
         for n in values:
-            producer.produce(self.topic, value=str(n).encode(), partition=n % self.partitions)
+            producer.produce(self.topic, value=str(n).encode(), partition=n % self.partitions, headers=headers,
+                             timestamp=timestamp)  # fmt: skip
         assert producer.flush(30) == 0
 
     def lines(self) -> list[SinkLine]:

@@ -8,6 +8,7 @@ kills the worker), MW_TEST_STUCK_VALUE (one the handler hangs on),
 MW_TEST_BOOT_FAILS=1 (on_worker_start raises), MW_TEST_ON_ERROR (dlq|release),
 MW_TEST_SLOW_FORK (seconds every new worker sleeps right after its fork, before it
 installs its SIGTERM handler: widens the window in which it ignores SIGTERM).
+MW_TEST_FAIL_FROM (every value from this number on fails), MW_TEST_DLQ_LIMIT.
 Shared partitions: MW_TEST_SHARED=1, MW_TEST_RANGE_SIZE, MW_TEST_PENDING_TIMEOUT,
 MW_TEST_MAX_DELIVERIES.
 """
@@ -21,6 +22,7 @@ app = App()
 SINK = os.environ.get("MW_TEST_SINK", os.devnull)
 DELAY = float(os.environ.get("MW_TEST_DELAY", "0"))
 FAIL_VALUE = os.environ.get("MW_TEST_FAIL_VALUE", "").encode() or None
+FAIL_FROM = int(os.environ.get("MW_TEST_FAIL_FROM", "-1"))
 CRASH_VALUE = os.environ.get("MW_TEST_CRASH_VALUE", "").encode() or None  # the worker process dies on it
 STUCK_VALUE = os.environ.get("MW_TEST_STUCK_VALUE", "").encode() or None  # the handler hangs on it
 BOOT_FAILS = os.environ.get("MW_TEST_BOOT_FAILS") == "1"
@@ -51,6 +53,8 @@ def close_sink() -> None:
 def record(msg: Message) -> None:
     if FAIL_VALUE is not None and msg.value == FAIL_VALUE:
         raise ValueError(f"cannot handle {msg.value!r}")
+    if FAIL_FROM >= 0 and int(msg.value) >= FAIL_FROM:
+        raise ConnectionError("the database is down")
     if CRASH_VALUE is not None and msg.value == CRASH_VALUE:
         os._exit(70)
     if STUCK_VALUE is not None and msg.value == STUCK_VALUE:
@@ -83,4 +87,5 @@ app.handler(
     range_size=int(os.environ.get("MW_TEST_RANGE_SIZE", "100")),
     pending_timeout=os.environ.get("MW_TEST_PENDING_TIMEOUT", "60s"),
     max_deliveries=int(os.environ.get("MW_TEST_MAX_DELIVERIES", "5")),
+    dlq_limit=int(os.environ.get("MW_TEST_DLQ_LIMIT", "0")),
 )(handle_batch if BATCH else handle)

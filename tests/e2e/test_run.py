@@ -120,17 +120,38 @@ def test_a_frozen_supervisor_handles_nothing_more_once_its_partitions_are_taken(
 def test_a_failing_message_is_retried_then_dead_lettered_and_the_partition_goes_on(fleet: Fleet) -> None:
     fleet.env["MW_TEST_FAIL_VALUE"] = "13"
     fleet.start("only")
-    fleet.produce(range(80))
+    produced_at = 1_700_000_000_000
+    fleet.produce(range(80), headers=[("traceparent", b"00-4bf92f35-00f067aa-01")], timestamp=produced_at)
     poll_until(lambda: all_handled(fleet, 79), what="every other message")
     assert "13" not in fleet.counts()
 
     [message] = fleet.dead_letters(1)
     headers = dict(message.headers())
     assert message.value() == b"13"
+    assert headers["traceparent"] == b"00-4bf92f35-00f067aa-01", "the original headers are kept"
+    assert message.timestamp()[1] == produced_at, "and so is the original timestamp"
     assert headers["original_topic"] == fleet.topic.encode()
     assert (headers["original_partition"], headers["original_offset"]) == (b"5", b"1")
     assert b"cannot handle" in headers["error"] and headers["error_type"] == b"ValueError"
     assert fleet.log_of("only").count("retry") == 2
+
+
+def test_dlq_limit_releases_the_partition_as_sick_instead_of_draining_it_into_the_dead_letter_topic(
+    fleet: Fleet,
+) -> None:
+    fleet.env |= {"MW_TEST_FAIL_FROM": "40", "MW_TEST_DLQ_LIMIT": "2"}  # offsets 5..9 of every partition fail
+    fleet.start("only")
+    fleet.produce(range(80))
+    poll_until(lambda: all_handled(fleet, 40), what="the messages before the failures")
+
+    def released_at_the_third_failure() -> bool:
+        rows = fleet.status_rows()
+        return len(rows) == 8 and all(row["state"] == "released" and row["offset"] == 7 for row in rows.values())
+
+    poll_until(released_at_the_third_failure, timeout=60, interval=0.5, what="every partition released at offset 7")
+    dead = fleet.dead_letters(16)
+    assert sorted(int(m.value()) for m in dead) == list(range(40, 56)), "two dead letters in a row per partition"
+    assert "(dlq_limit): releasing the partition as sick" in fleet.log_of("only")
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -411,3 +411,13 @@ def test_shared_handler_options_are_checked_with_what_to_do() -> None:
         app.handler("f", shared=True, max_deliveries=0)(lambda msg: None)
     app.handler("g", shared=True, pending_timeout="2m")(lambda msg: None)
     assert (app.handlers["g"].shared, app.handlers["g"].pending_timeout, app.handlers["g"].range_size) == (True, 120.0, 100)
+
+
+def test_dlq_limit_is_a_whole_number_and_not_for_shared_handlers() -> None:
+    app = App(group="g")
+    with pytest.raises(ConfigError, match="dlq_limit must be a whole number >= 0"):
+        app.handler("a", dlq_limit=-1)(lambda msg: None)
+    with pytest.raises(ConfigError, match="a shared handler never holds"):
+        app.handler("b", shared=True, dlq_limit=3)(lambda msg: None)
+    app.handler("c", dlq_limit=3)(lambda msg: None)
+    assert app.handlers["c"].dlq_limit == 3 and App(group="g").handler("d")(lambda m: None) is not None
