@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 import time
@@ -200,7 +201,15 @@ def run(app_path: str, config_file: str | None, **options: Any) -> None:
     app = load_app(app_path)
     settings = _load(config_file, app_defaults=app.settings, **options)
     settings.require_group()
-    sys.exit(Supervisor(app, app_path, settings).run())
+    supervisor = Supervisor(app, app_path, settings)
+    code = supervisor.run()
+    if supervisor.restart_requested and code == 0:
+        # SIGHUP: every partition was released; the same command, with the same client id, starts afresh (the
+        # application is imported anew) and claims again.  Its fork server and workers are gone with us.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "marshal_workers", *sys.argv[1:]])
+    sys.exit(code)
 
 
 @main.command()

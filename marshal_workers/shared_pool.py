@@ -22,6 +22,7 @@ The pool never blocks the supervisor's loop: writes go through
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -196,6 +197,15 @@ class SharedPool:
         return all(
             worker.process is None and not worker.leases for shared in self.topics.values() for worker in shared.workers
         ) and self._writes_in_flight == 0 and not any(s.acks or s.cancels for s in self.topics.values())
+
+    def signal_workers(self, signum: int) -> None:
+        for shared in self.topics.values():
+            for worker in shared.workers:
+                if worker.process is not None and worker.process.pid is not None:
+                    try:
+                        os.kill(worker.process.pid, signum)
+                    except ProcessLookupError:
+                        pass
 
     def kill_workers(self) -> None:
         """Past the shutdown timeout: kill every worker; what they held is settled once more, then left to lapse."""

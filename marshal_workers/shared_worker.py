@@ -54,7 +54,7 @@ from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
 from marshal_workers.logs import configure_logging, group_log
-from marshal_workers.worker import die_with_parent, finish_worker
+from marshal_workers.worker import die_with_parent, dump_tracebacks_on_sigusr2, finish_worker
 
 _log = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class SharedWorker:
     def run(self) -> WorkerExit:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
         die_with_parent()
+        dump_tracebacks_on_sigusr2()
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import faulthandler
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -94,6 +95,7 @@ class Supervisor(PartitionClaims, WorkerPool):
         self.shared = SharedPool(app, app_path, settings, self.log, self.shared_partition_counts.get)
         self.phase = Phase.RUNNING
         self.exit_code = 0
+        self.restart_requested = False  # SIGHUP: stop as on SIGTERM, then the command runs itself again
         self.claiming = True
         self.timers = Timers()
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -205,12 +207,12 @@ class Supervisor(PartitionClaims, WorkerPool):
         self._wakeup_r, wakeup_w = wakeup_pair()
         self._wakeup_w = wakeup_w  # kept open for the handler's wake-ups
         signal.set_wakeup_fd(wakeup_w.fileno(), warn_on_full_buffer=False)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
             signal.signal(signum, self._record_signal)
 
     def _record_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals.put_nowait(signum)  # nothing else here: no logging, no I/O
-        if signum in (signal.SIGTERM, signal.SIGINT):
+        if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self._stop_signalled = True
 
     def _handle_signals(self) -> None:
@@ -218,14 +220,30 @@ class Supervisor(PartitionClaims, WorkerPool):
             signum = self._signals.get_nowait()
             if signum == signal.SIGUSR1:
                 self._log_state()
+            elif signum == signal.SIGUSR2:
+                self._dump_tracebacks()
             elif signum == signal.SIGQUIT:
                 self._quit_now()
+            elif signum == signal.SIGHUP and self.phase is Phase.RUNNING:
+                self.log.info("SIGHUP: releasing every partition after its worker finishes, then restarting")
+                self.restart_requested = True  # the command re-executes itself once run() returns (cli.py)
+                self._begin_graceful_stop()
+            elif signum == signal.SIGHUP:
+                self.log.info("SIGHUP while stopping: ignored")
             elif self.phase is Phase.RUNNING:
                 self.log.info("%s: releasing every partition after its worker finishes", signal.Signals(signum).name)
                 self._begin_graceful_stop()
             else:
                 self.log.info("%s again: stopping workers now", signal.Signals(signum).name)
                 self._kill_workers()
+
+    def _dump_tracebacks(self) -> None:
+        """SIGUSR2: every thread's stack, of the supervisor and of each worker (they dump their own on it)."""
+        self.log.info("SIGUSR2: the supervisor's threads, then each worker's, follow on stderr")
+        faulthandler.dump_traceback(all_threads=True)
+        for assignment in self.assignments.values():
+            self._signal_worker(assignment, signal.SIGUSR2)
+        self.shared.signal_workers(signal.SIGUSR2)
 
     def _log_state(self) -> None:
         """SIGUSR1: everything the supervisor knows, in one log line (JSON after "state: ")."""

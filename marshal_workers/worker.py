@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import faulthandler
 import logging
 import os
 import signal
@@ -111,6 +112,11 @@ def finish_worker(app: App | None, log: Any, dlq: DeadLetterWriter, consumer: Co
         consumer.close()
 
 
+def dump_tracebacks_on_sigusr2() -> None:
+    """SIGUSR2 (sent by the supervisor on its own SIGUSR2): every thread's stack to stderr, the supervisor's log."""
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
+
+
 def die_with_parent() -> None:
     """SIGKILL when the fork server dies, which it does as soon as the supervisor dies."""
     parent = os.getppid()
@@ -207,6 +213,7 @@ class Worker:
     def _init_process(self) -> None:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
         die_with_parent()
+        dump_tracebacks_on_sigusr2()
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
         # Until the line above we ignored SIGTERM (as the fork server does): a stop asked for meanwhile is in the slot.

@@ -335,3 +335,29 @@ def test_json_logs_and_a_state_dump_on_sigusr1(fleet: Fleet) -> None:
     assert state["phase"] == "running" and len(state["partitions"]) == 8
     assert sum(p["processed"] for p in state["partitions"]) == 80
     assert all(p["lag"] == 0 and p["next_offset"] == 10 for p in state["partitions"])
+
+
+def test_sighup_releases_everything_and_restarts_the_same_process_which_claims_again(fleet: Fleet) -> None:
+    total = 3000
+    fleet.env["MW_TEST_DELAY"] = "0.001"
+    supervisor = fleet.start("only")
+    poll_until(lambda: len(fleet.worker_pids("only")) == 8, what="8 workers")
+    old_workers = set(fleet.worker_pids("only").values())
+    fleet.produce(range(total))
+    poll_until(lambda: len(fleet.counts()) > total // 4, what="processing to be under way")
+
+    supervisor.send_signal(signal.SIGHUP)
+    poll_until(lambda: fleet.log_of("only").count("running App(") == 2, what="the restarted supervisor")
+    poll_until(lambda: all_handled(fleet, total), timeout=60, what="every message")
+    assert supervisor.poll() is None, "the same process runs on (re-executed)"
+    assert not old_workers & set(fleet.worker_pids("only").values()), "with new workers"
+    assert max(fleet.counts().values()) == 1, "a clean restart repeats nothing"
+    log = fleet.log_of("only")
+    assert "SIGHUP: releasing every partition" in log and log.count("released ") >= 8
+
+    before = fleet.log_of("only").count("worker.py")
+    supervisor.send_signal(signal.SIGUSR2)  # every thread's stack: the supervisor's, then each worker's
+    poll_until(lambda: fleet.log_of("only").count("worker.py") >= before + 8, what="the 8 workers' stacks")
+    assert "supervisor.py" in fleet.log_of("only").split("SIGUSR2")[-1]
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == ExitCode.OK
