@@ -39,6 +39,8 @@ class InFlightWrites:
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
         self._writes: list[_Write] = []
+        self.last_confirmed = 0.0  # monotonic: the latest write confirmed, and the latest that failed (/healthz)
+        self.last_failed = 0.0
 
     def submit(
         self,
@@ -70,18 +72,21 @@ class InFlightWrites:
                 verdicts = self._coordinator.collect(write.pending)
             except CoordinationWriteError as exc:
                 self._writes.remove(write)
+                self.last_failed = now
                 write.on_failure(exc)
                 continue
             if verdicts is not None:
                 self._writes.remove(write)
+                self.last_confirmed = now
                 write.on_verdicts(verdicts)
             elif now > write.give_up_at:
                 self._writes.remove(write)
+                self.last_failed = now
                 write.on_failure(CoordinationWriteError(f"{write.what} not confirmed within {_age(write, now):.1f}s"))
 
     def counts(self) -> dict[str, int]:
         """Writes in flight by kind (the state dump)."""
-        return dict(collections.Counter(write.what for write in self._writes))
+        return dict(collections.Counter(write.what for write in list(self._writes)))
 
 
 def _age(write: _Write, now: float) -> float:

@@ -3,8 +3,9 @@
 The supervisor hands a function that returns a :class:`Snapshot` (plain
 data: its counters and, per partition, what the worker's slot and the health
 monitor say); :func:`metric_families` turns a snapshot into Prometheus
-metrics.  prometheus_client serves them from its own thread, calling the
-function at each scrape, so nothing is computed between scrapes.
+metrics.  The server (a thread of its own) calls the function at each scrape,
+so nothing is computed between scrapes; it also answers the health,
+readiness and state probes.
 """
 
 from __future__ import annotations
@@ -12,11 +13,15 @@ from __future__ import annotations
 import collections
 import errno
 import itertools
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
+import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import start_http_server
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from marshal_workers.channel import LATENCY_BOUNDS
@@ -197,20 +202,73 @@ class _SnapshotCollector(Collector):
         yield from metric_families(self._take_snapshot())
 
 
-class MetricsServer:
-    """The HTTP endpoint (``/metrics``), in a thread of prometheus_client's."""
+@dataclass(frozen=True)
+class Probes:
+    """What the probes answer (the supervisor's methods; called from the server's threads, so they only read).
 
-    def __init__(self, host: str, port: int, take_snapshot: Callable[[], Snapshot]) -> None:
+    ``health`` and ``ready`` return (ok, details); ``state`` the SIGUSR1 document.  None of them touches Kafka.
+    """
+
+    health: Callable[[], tuple[bool, dict[str, Any]]]
+    ready: Callable[[], tuple[bool, dict[str, Any]]]
+    state: Callable[[], dict[str, Any]]
+
+
+class MetricsServer:
+    """The HTTP endpoint on ``--metrics-port``, in threads of its own.
+
+    ``/metrics``: Prometheus (prometheus_client renders it).  With probes: ``/healthz`` and ``/readyz``
+    (200, or 503 when not, with a JSON body saying why: for Kubernetes' liveness and readiness probes or
+    systemd's watchdog scripts) and ``/state`` (the SIGUSR1 document as JSON).
+    """
+
+    def __init__(self, host: str, port: int, take_snapshot: Callable[[], Snapshot], probes: Probes | None = None) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(take_snapshot))
+        handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes})
         try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+            self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError(f"metrics port {port} is in use on {host}: choose another --metrics-port") from None
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from None
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    registry: CollectorRegistry
+    probes: Probes | None
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server name
+        path = self.path.split("?", 1)[0]
+        probes = self.probes
+        try:
+            if path in ("/metrics", "/"):
+                self._send(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+            elif probes is not None and path in ("/healthz", "/readyz"):
+                ok, details = (probes.health if path == "/healthz" else probes.ready)()
+                self._send(200 if ok else 503, orjson.dumps({"ok": ok, **details}), "application/json")
+            elif probes is not None and path == "/state":
+                self._send(200, orjson.dumps(probes.state()), "application/json")
+            else:
+                self._send(404, orjson.dumps({"error": f"no {path} here: /metrics, /healthz, /readyz, /state"}),
+                           "application/json")  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a probe that fails answers 500, the server goes on
+            self._send(500, orjson.dumps({"error": f"{type(exc).__name__}: {exc}"}), "application/json")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        pass  # a scrape or probe every few seconds is not worth a log line

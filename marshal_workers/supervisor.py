@@ -59,7 +59,7 @@ from marshal_workers.health import HealthPolicy
 from marshal_workers.in_flight import InFlightWrites
 from marshal_workers.kafka_clients import admin_client, cluster_metadata, ensure_topic
 from marshal_workers.logs import group_log
-from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Snapshot
+from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Probes, Snapshot
 from marshal_workers.offsets import OffsetStore
 from marshal_workers.partition_claims import PartitionClaims
 from marshal_workers.restarts import RestartPolicy
@@ -95,7 +95,8 @@ class Supervisor(PartitionClaims, WorkerPool):
         self.shared = SharedPool(app, app_path, settings, self.log, self.shared_partition_counts.get)
         self.phase = Phase.RUNNING
         self.exit_code = 0
-        self.restart_requested = False  # SIGHUP: stop as on SIGTERM, then the command runs itself again
+        self.restart_requested = False
+        self._last_tick = time.monotonic()  # the end of the loop's last pass (/healthz)  # SIGHUP: stop as on SIGTERM, then the command runs itself again
         self.claiming = True
         self.timers = Timers()
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -133,7 +134,10 @@ class Supervisor(PartitionClaims, WorkerPool):
         try:
             self._refresh_topics(first=True)
             if self.settings.metrics_port:
-                self._metrics = MetricsServer(self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot)
+                self._metrics = MetricsServer(
+                    self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
+                    Probes(health=self.health, ready=self.readiness, state=self.state_document),
+                )  # fmt: skip
             setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
             self.log.info(
                 "supervisor %s/%s running %s on %s",
@@ -156,6 +160,7 @@ class Supervisor(PartitionClaims, WorkerPool):
                         step()
                         self._warn_if_slow(step, time.monotonic() - began)
                     self._unexpected_errors = 0
+                    self._last_tick = time.monotonic()
                 except Exception:
                     self._after_unexpected_error()
         finally:
@@ -247,8 +252,20 @@ class Supervisor(PartitionClaims, WorkerPool):
 
     def _log_state(self) -> None:
         """SIGUSR1: everything the supervisor knows, in one log line (JSON after "state: ")."""
+        self.log.info("state: %s", orjson.dumps(self.state_document()).decode())
+
+    def state_document(self) -> dict[str, Any]:
+        """Everything the supervisor knows (SIGUSR1's log line, the /state probe); safe from another thread."""
+        for _ in range(5):
+            try:
+                return self._state_document()
+            except RuntimeError:  # a dict changed size under us (the probe's thread): read it again
+                time.sleep(0.001)
+        return {"phase": self.phase.value, "error": "the state kept changing while it was read"}
+
+    def _state_document(self) -> dict[str, Any]:
         partitions = []
-        for a in sorted(self.assignments.values(), key=lambda a: a.key):
+        for a in sorted(list(self.assignments.values()), key=lambda a: a.key):
             partitions.append(
                 {
                     "topic": a.topic,
@@ -273,13 +290,26 @@ class Supervisor(PartitionClaims, WorkerPool):
             "phase": self.phase.value,
             "claiming": self.claiming,
             "balance": self.settings.balance,
-            "topics": self.partition_counts | self.shared_partition_counts,
+            "topics": dict(self.partition_counts) | dict(self.shared_partition_counts),
             "partitions": partitions,
             "shared": self.shared.state(),
-            "cooling_down": [f"{t}[{p}]" for (t, p), until in self.cooldown_until.items() if until > time.monotonic()],
+            "cooling_down": [f"{t}[{p}]" for (t, p), until in list(self.cooldown_until.items()) if until > time.monotonic()],
             "writes_in_flight": self._require_writes().counts(),
         }
-        self.log.info("state: %s", orjson.dumps(state).decode())
+        return state
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """/healthz: the loop ticked within an HB and the last coordination write was confirmed (not failed)."""
+        tick_age = time.monotonic() - self._last_tick
+        writes = self._require_writes()
+        confirmed = writes.last_confirmed >= writes.last_failed
+        detail = {"loop_tick_age_s": round(tick_age, 3), "last_write_confirmed": confirmed, "phase": self.phase.value}
+        return tick_age < self.hb_s and confirmed, detail
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """/readyz: caught up with the coordination log (start-up read it) and running, so it may claim."""
+        ready = self._coordinator is not None and self.phase is Phase.RUNNING and self.claiming
+        return ready, {"phase": self.phase.value, "claiming": self.claiming}
 
     def _begin_graceful_stop(self) -> None:
         self.phase = Phase.STOPPING

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import urllib.error
 import urllib.request
 
+import orjson
 import pytest
 from fleet import Fleet
 from polling import poll_until
@@ -78,3 +81,33 @@ def test_the_metrics_endpoint_counts_messages_latency_and_claims(fleet: Fleet) -
         and len(scrape(port).get("marshal_workers_partition_lag", [])) == 8,
         what="lag 0 on all 8 partitions",
     )
+
+
+def probe(port: int, path: str) -> tuple[int, dict] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, orjson.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, orjson.loads(error.read())
+    except OSError:
+        return None  # not listening (yet, or any more)
+
+
+def test_health_readiness_and_state_probes_follow_the_supervisor(fleet: Fleet) -> None:
+    port = free_port()
+    fleet.env["MW_TEST_DELAY"] = "1.5"  # a stop waits for the message in hand: the probes are seen meanwhile
+    supervisor = fleet.start("only", "--metrics-port", str(port), **{"MARSHAL_WORKERS_METRICS_HOST": "127.0.0.1"})
+    poll_until(lambda: len(fleet.worker_pids("only")) == 8, what="8 workers")
+    assert poll_until(lambda: probe(port, "/healthz"), what="/healthz")[0] == 200
+    status, ready = probe(port, "/readyz")  # type: ignore[misc]
+    assert (status, ready["phase"]) == (200, "running")
+    state = probe(port, "/state")[1]  # type: ignore[index]
+    assert sorted(row["partition"] for row in state["partitions"]) == list(range(8))
+
+    fleet.produce(range(8))
+    poll_until(lambda: len(fleet.counts()) >= 1, what="messages in hand")
+    supervisor.send_signal(signal.SIGTERM)
+    status, ready = poll_until(lambda: (probe(port, "/readyz") or (200, {}))[0] == 503 and probe(port, "/readyz"),
+                               what="/readyz 503 while stopping")  # type: ignore[misc]  # fmt: skip
+    assert ready["phase"] == "stopping"
+    assert supervisor.wait(timeout=30) == 0

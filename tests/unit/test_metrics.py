@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import collections
 import socket
+import urllib.error
 import urllib.request
 
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from marshal_workers.channel import LATENCY_BOUNDS
 from marshal_workers.errors import ConfigError
-from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, SharedStats, Snapshot
+from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Probes, SharedStats, Snapshot
 
 
 def snapshot() -> Snapshot:
@@ -114,3 +116,55 @@ def test_shared_partitions_leases_ranges_messages_and_the_logs_low_water_marks(s
     assert served[("marshal_workers_shared_messages_total", thumbs(outcome="dead_lettered"))] == 4
     assert served[("marshal_workers_shared_low_water_mark", thumbs(partition="1"))] == 1480
     assert served[("marshal_workers_shared_messages_lost_total", thumbs(partition="1"))] == 20
+
+
+def get(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, orjson.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, orjson.loads(error.read())
+
+
+def test_the_probes_answer_from_the_supervisors_view_with_200_or_503() -> None:
+    healthy = [True]
+    probes = Probes(
+        health=lambda: (healthy[0], {"loop_tick_age_s": 0.1}),
+        ready=lambda: (False, {"phase": "stopping"}),
+        state=lambda: {"phase": "stopping", "partitions": []},
+    )
+    port = free_port()
+    server = MetricsServer("127.0.0.1", port, snapshot, probes)
+    try:
+        assert get(port, "/healthz") == (200, {"ok": True, "loop_tick_age_s": 0.1})
+        healthy[0] = False
+        assert get(port, "/healthz")[0] == 503
+        assert get(port, "/readyz") == (503, {"ok": False, "phase": "stopping"})
+        assert get(port, "/state") == (200, {"phase": "stopping", "partitions": []})
+        assert get(port, "/nothing")[0] == 404
+        assert scrape(port)[("marshal_workers_partitions_owned", (("group", "billing"),))] == 2, "metrics still there"
+    finally:
+        server.close()
+
+
+def test_a_supervisor_is_healthy_while_its_loop_ticks_and_its_writes_are_confirmed() -> None:
+    import time
+
+    from marshal_workers.app import App
+    from marshal_workers.config import Settings
+    from marshal_workers.in_flight import InFlightWrites
+    from marshal_workers.supervisor import Supervisor
+
+    supervisor = Supervisor(App(group="g"), "m:app", Settings(group="g", heartbeat_interval=1.0))
+    supervisor._writes = InFlightWrites(None)  # type: ignore[arg-type]  # never written through here
+    assert supervisor.health()[0]
+    supervisor._last_tick = time.monotonic() - 2.0
+    ok, details = supervisor.health()
+    assert not ok and details["loop_tick_age_s"] >= 2.0, "a loop stuck for an HB is not healthy"
+    supervisor._last_tick = time.monotonic()
+    supervisor._writes.last_failed = time.monotonic()
+    ok, details = supervisor.health()
+    assert not ok and details["last_write_confirmed"] is False, "the last coordination write failed"
+    supervisor._writes.last_confirmed = time.monotonic() + 1
+    assert supervisor.health()[0], "a confirmed write after the failure: healthy again"
+    assert supervisor.readiness() == (False, {"phase": "running", "claiming": True}), "not ready before start-up"
