@@ -59,6 +59,8 @@ class Assignment:
     last_killed: tuple[int, int] | None = None  # the messages of the previous kill
     time_limit_kills: int = 0  # kills in a row on those same messages
     give_up_on: tuple[int, int] | None = None  # for the next worker: apply on_error to these, don't call
+    give_up_reason: str = "time_limit"  # why: "time_limit" or "worker_lost" (a poison message)
+    restart_reason: str = "crash"  # why the pending restart (the worker_restarts metric's label)
     claimed_at: float = field(default_factory=time.monotonic)
     health: PartitionHealth = field(default_factory=PartitionHealth)
 

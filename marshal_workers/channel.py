@@ -154,6 +154,7 @@ class WorkerSpec:
     # Messages [start, end) whose handler call the hard time limit killed more often than its retries
     # allow: the worker applies on_error to them without calling the handler again.
     give_up_on: tuple[int, int] | None = None
+    give_up_reason: str = "time_limit"  # or "worker_lost": its worker died on them crash_limit times in a row
     # Offsets at or above start_offset that are done already (a previous owner handled them out of order).
     skip: tuple[Range, ...] = ()
 

@@ -98,6 +98,11 @@ class SoftTimeLimitExceeded(TimeLimitExceeded):
     """
 
 
+class WorkerLost(Exception):
+    """The worker died (a segfault, running out of memory, os._exit) while handling a message, ``crash_limit``
+    times in a row with no progress: the message is dead-lettered with this as its ``error_type``."""
+
+
 class MaxDeliveriesExceeded(Exception):
     """A shared handler's message was delivered ``max_deliveries`` times without success: it is dead-lettered
     with this as its ``error_type``."""

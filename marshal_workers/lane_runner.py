@@ -262,8 +262,7 @@ class LaneRunner:
         """Messages the hard time limit killed more often than the retries allow: on_error without a call."""
         if self.give_up is None or not any(self.give_up[0] <= o < self.give_up[1] for o in offsets):
             return False
-        error = TimeLimitExceeded(f"the handler ran past its time limit {self.handler.retries + 1} times")
-        self._on_error(offsets, error)
+        self._on_error(offsets, TimeLimitExceeded(f"the handler ran past its time limit {self.handler.retries + 1} times"))
         return True
 
     # ------------------------------------------------------------ completions

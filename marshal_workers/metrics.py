@@ -40,7 +40,9 @@ class Counters:
     releases: collections.Counter[str] = field(default_factory=collections.Counter)  # by reason
     heartbeat_failures: int = 0  # heartbeat writes not confirmed
     partitions_lost: int = 0  # taken over by another member while we held them
-    worker_restarts: int = 0  # after a crash, a lifecycle limit or a time limit
+    # Workers restarted, by reason: crash, lifecycle (a limit), time_limit, poison (a message dead-lettered as
+    # WorkerLost), lost_claim.
+    worker_restarts: collections.Counter[str] = field(default_factory=collections.Counter)
     time_limit_kills: int = 0
     message_claims_unconfirmed: int = 0  # AMO batch claims Kafka did not confirm within an HB
 
@@ -138,10 +140,17 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     releases = CounterMetricFamily(f"{PREFIX}_releases", "Partitions released, by reason.", labels=["group", "reason"])
     for reason, count in sorted(counters.releases.items()):
         releases.add_metric([group, reason], count)
+    restarts = CounterMetricFamily(
+        f"{PREFIX}_worker_restarts",
+        "Workers restarted, by reason: crash, lifecycle (a limit), time_limit, poison (a message dead-lettered as "
+        "WorkerLost after its worker died on it crash_limit times).",
+        labels=["group", "reason"],
+    )
+    for reason, count in sorted(counters.worker_restarts.items()):
+        restarts.add_metric([group, reason], count)
     simple = [
         ("heartbeat_failures", "Heartbeat writes that were not confirmed.", counters.heartbeat_failures),
         ("partitions_lost", "Partitions another member took over while we held them.", counters.partitions_lost),
-        ("worker_restarts", "Workers restarted (crash, lifecycle limit, time limit).", counters.worker_restarts),
         ("time_limit_kills", "Workers killed because a handler call ran past time_limit.", counters.time_limit_kills),
         (
             "message_claims_unconfirmed",
@@ -150,7 +159,9 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ),
         ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
     ]
-    families: list[Metric] = [next_offset, high, lag, rate, handled, dead, in_flight, window, latency, owned, claims, releases]
+    families: list[Metric] = [
+        next_offset, high, lag, rate, handled, dead, in_flight, window, latency, owned, claims, releases, restarts,
+    ]  # fmt: skip
     for name, doc, value in simple:
         counter = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group"])
         counter.add_metric([group], value)

@@ -481,7 +481,10 @@ class Supervisor(PartitionClaims, WorkerPool):
                     latency_sum_s=a.slot.get(Field.LATENCY_SUM_NS) / 1e9,
                 )
             )
-        counters = replace(self.counters, releases=collections.Counter(self.counters.releases))
+        counters = replace(
+            self.counters, releases=collections.Counter(self.counters.releases),
+            worker_restarts=collections.Counter(self.counters.worker_restarts),
+        )  # fmt: skip
         return Snapshot(self.group, partitions, counters, self._require_coordinator().garbage_seen, self.shared.stats())
 
     # ----------------------------------------------------------- plumbing

@@ -28,7 +28,7 @@ from marshal_workers.alarm import Alarm
 from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
 from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
-from marshal_workers.errors import TimeLimitExceeded
+from marshal_workers.errors import TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.instrumentation import Instruments, instrument
 from marshal_workers.kafka_clients import client_config
@@ -115,6 +115,13 @@ def finish_worker(app: App | None, log: Any, dlq: DeadLetterWriter, consumer: Co
 def dump_tracebacks_on_sigusr2() -> None:
     """SIGUSR2 (sent by the supervisor on its own SIGUSR2): every thread's stack to stderr, the supervisor's log."""
     faulthandler.register(signal.SIGUSR2, all_threads=True)
+
+
+def give_up_error(spec: WorkerSpec, handler: HandlerSpec) -> Exception:
+    """Why messages are given up on without a call (WorkerSpec.give_up_on): the dead letters' error."""
+    if spec.give_up_reason == "worker_lost":
+        return WorkerLost(f"the worker died on it {spec.settings.crash_limit} times in a row")
+    return TimeLimitExceeded(f"the handler ran past its time limit {handler.retries + 1} times")
 
 
 def die_with_parent() -> None:
@@ -470,7 +477,7 @@ class Worker:
                 self._consumer.seek(TopicPartition(self.spec.topic, self.spec.partition, message.offset()))
                 break
             records.append(message)
-        error = TimeLimitExceeded(f"the handler ran past its time limit {handler.retries + 1} times")
+        error = give_up_error(self.spec, handler)
         if records:
             self._dead_letter(handler, records, error)
         self.slot.fields[Field.NEXT_OFFSET] = max(self.slot.fields[Field.NEXT_OFFSET], end)

@@ -62,11 +62,12 @@ class WorkerPool(SupervisorState):
         slot.set(Field.IN_FLIGHT, 0)
         spec = WorkerSpec(
             self.app_path, assignment.topic, assignment.partition, start, self.settings, assignment.give_up_on,
+            assignment.give_up_reason,
             skip=tuple(skip),
         )
         assignment.give_up_on = None
         if assignment.restart_at is not None:
-            self.counters.worker_restarts += 1
+            self.counters.worker_restarts[assignment.restart_reason] += 1
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=worker_main,
@@ -136,6 +137,7 @@ class WorkerPool(SupervisorState):
             self._after_time_limit(assignment)
         elif code == WorkerExit.RECYCLE and assignment.next_offset > assignment.started_offset:
             assignment.restart_at = time.monotonic()  # a lifecycle limit, not a crash: a fresh worker now
+            assignment.restart_reason = "lifecycle"
             assignment.crashes_in_a_row = 0
         else:
             self._after_crash(assignment, code)
@@ -145,6 +147,16 @@ class WorkerPool(SupervisorState):
         assignment.crashes_in_a_row = 1 if made_progress else assignment.crashes_in_a_row + 1
         delay = self.restart_policy.delay(assignment.crashes_in_a_row)
         where = f"{assignment.topic}[{assignment.partition}]"
+        if delay is None and not made_progress and self._dead_letters_poison(assignment):
+            self.log.error(
+                "worker for %s died %d times in a row at offset %d (%s): dead-lettering that message as WorkerLost",
+                where, assignment.crashes_in_a_row, assignment.next_offset, _describe_exit(code),
+            )  # fmt: skip
+            offset = assignment.next_offset
+            assignment.give_up_on, assignment.give_up_reason = (offset, offset + 1), "worker_lost"
+            assignment.crashes_in_a_row = 0
+            assignment.restart_at, assignment.restart_reason = time.monotonic(), "poison"
+            return
         if delay is None:
             self.log.error("worker for %s crashed %d times in a row: releasing it as sick", where, assignment.crashes_in_a_row)
             self._release(assignment, sick=True)
@@ -153,7 +165,18 @@ class WorkerPool(SupervisorState):
             "worker for %s exited with %s at offset %d: restarting in %.1fs",
             where, _describe_exit(code), assignment.next_offset, delay,
         )  # fmt: skip
-        assignment.restart_at = time.monotonic() + delay
+        assignment.restart_at, assignment.restart_reason = time.monotonic() + delay, "crash"
+
+    def _dead_letters_poison(self, assignment: Assignment) -> bool:
+        """Does a message its worker keeps dying on go to the dead-letter topic (rather than the partition being
+        released as sick)?  At least once with on_error="dlq", one message per call, one call at a time: then the
+        message at the worker's progress is the one in hand.  (At most once never hands a message out twice; on
+        concurrent lanes or in a batch, which message killed the worker is not known.)"""
+        handler = self.app.handlers[assignment.topic]
+        return (
+            handler.mode is Mode.ALO and handler.on_error is OnError.DLQ and not handler.batch
+            and not handler.runs_on_lanes
+        )  # fmt: skip
 
     def _enforce_time_limits(self) -> None:
         """Kill a worker whose handler call has run past the hard time limit (it may be stuck in C code)."""
@@ -190,6 +213,7 @@ class WorkerPool(SupervisorState):
         assignment.last_killed = killed
         handler = self.app.handlers[assignment.topic]
         where = f"{assignment.topic}[{assignment.partition}]"
+        assignment.restart_reason = "time_limit"
         if handler.mode is Mode.AMO or assignment.time_limit_kills <= handler.retries:
             assignment.restart_at = time.monotonic() + handler.retry_delay(assignment.time_limit_kills - 1)
         elif handler.on_error is OnError.RELEASE:
@@ -198,14 +222,16 @@ class WorkerPool(SupervisorState):
         else:
             self.log.error("%s: offset %d timed out %d times: dead-lettering it", where, killed[0], assignment.time_limit_kills)
             assignment.give_up_on, assignment.time_limit_kills, assignment.last_killed = killed, 0, None
+            assignment.give_up_reason = "time_limit"
             assignment.restart_at = time.monotonic()
+
 
     def _after_lost_claim(self, assignment: Assignment) -> None:
         """An AMO claim was refused: gone if someone else owns it, else (a lapsed lease) start again."""
         if not self._owns(assignment):
             self._forget(assignment)
         elif self.phase is Phase.RUNNING:
-            assignment.restart_at = time.monotonic()
+            assignment.restart_at, assignment.restart_reason = time.monotonic(), "lost_claim"
         else:
             self._release(assignment)
 

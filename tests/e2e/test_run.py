@@ -186,8 +186,22 @@ def test_a_handler_for_a_missing_topic_is_a_clear_error_before_any_fork(tmp_path
     assert time.monotonic() - started < 30
 
 
-def test_a_worker_that_keeps_crashing_has_its_partition_released_as_sick(fleet: Fleet) -> None:
-    fleet.env |= {"MW_TEST_CRASH_VALUE": "10", "MARSHAL_WORKERS_CRASH_LIMIT": "3"}
+def test_a_message_its_worker_keeps_dying_on_is_dead_lettered_as_worker_lost_and_the_partition_goes_on(
+    fleet: Fleet,
+) -> None:
+    fleet.env |= {"MW_TEST_CRASH_VALUE": "10", "MARSHAL_WORKERS_CRASH_LIMIT": "3"}  # the worker os._exit()s on it
+    fleet.start("only")
+    fleet.produce(range(40))  # value 10 is partition 2's second message
+    poll_until(lambda: all_handled(fleet, 39), timeout=60, what="every other message, partition 2's included")
+    [dead] = fleet.dead_letters(1)
+    headers = dict(dead.headers())
+    assert (dead.value(), headers["error_type"], headers["original_offset"]) == (b"10", b"WorkerLost", b"1")
+    assert "died 3 times in a row at offset 1" in fleet.log_of("only")
+    assert fleet.status_rows()[2]["state"] == "fresh", "the partition goes on"
+
+
+def test_a_worker_that_keeps_crashing_with_on_error_release_has_its_partition_released_as_sick(fleet: Fleet) -> None:
+    fleet.env |= {"MW_TEST_CRASH_VALUE": "10", "MARSHAL_WORKERS_CRASH_LIMIT": "3", "MW_TEST_ON_ERROR": "release"}
     fleet.start("only")
     fleet.produce(range(40))  # value 10 is partition 2's second message
     poll_until(lambda: fleet.status_rows()[2]["state"] == "released", timeout=30, what="partition 2 released")

@@ -23,6 +23,7 @@ def snapshot() -> Snapshot:
     fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
+    counters.worker_restarts.update(crash=3, poison=1)
     thumbs = SharedStats(
         "thumbs", leases_held=8, workers=4,
         ranges={"claimed": 40, "refused": 3, "acked": 30, "ack_refused": 1, "cancelled": 2, "abandoned": 1},
@@ -168,3 +169,9 @@ def test_a_supervisor_is_healthy_while_its_loop_ticks_and_its_writes_are_confirm
     supervisor._writes.last_confirmed = time.monotonic() + 1
     assert supervisor.health()[0], "a confirmed write after the failure: healthy again"
     assert supervisor.readiness() == (False, {"phase": "running", "claiming": True}), "not ready before start-up"
+
+
+def test_worker_restarts_are_counted_by_reason(served: dict) -> None:
+    reason = lambda r: (("group", "billing"), ("reason", r))  # noqa: E731
+    assert served[("marshal_workers_worker_restarts_total", reason("crash"))] == 3
+    assert served[("marshal_workers_worker_restarts_total", reason("poison"))] == 1
