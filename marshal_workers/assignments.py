@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import os
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -94,6 +95,15 @@ class Timers:
     topics: float = 0.0
     checkpoint: float = 0.0
     stop_deadline: float | None = None
+
+
+def signal_process(process: BaseProcess | None, signum: int) -> None:
+    """Send a signal to a worker process, if it is (still) there."""
+    if process is not None and process.pid is not None:
+        try:
+            os.kill(process.pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 MessageClaim = tuple[Assignment, Connection | None, int]  # who asked (which worker's pipe), for what end offset

@@ -22,8 +22,8 @@ The pool never blocks the supervisor's loop: writes go through
 
 from __future__ import annotations
 
-import os
 import random
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +34,7 @@ from typing import Any
 
 from marshal_workers import codec
 from marshal_workers.app import App, HandlerSpec, Mode
+from marshal_workers.assignments import signal_process
 from marshal_workers.channel import monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.coordinator import Coordinator, entry_verdicts
@@ -201,19 +202,12 @@ class SharedPool:
     def signal_workers(self, signum: int) -> None:
         for shared in self.topics.values():
             for worker in shared.workers:
-                if worker.process is not None and worker.process.pid is not None:
-                    try:
-                        os.kill(worker.process.pid, signum)
-                    except ProcessLookupError:
-                        pass
+                signal_process(worker.process, signum)
 
     def kill_workers(self) -> None:
         """Past the shutdown timeout: kill every worker; what they held is settled once more, then left to lapse."""
         self._last_tries = True
-        for shared in self.topics.values():
-            for worker in shared.workers:
-                if worker.process is not None and worker.process.pid is not None:
-                    worker.process.kill()
+        self.signal_workers(signal.SIGKILL)
 
     def state(self) -> list[dict[str, Any]]:
         """For the SIGUSR1 dump: per shared topic, its workers and their leases."""

@@ -13,7 +13,6 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
-import os
 import signal
 import time
 from multiprocessing.context import BaseContext
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from marshal_workers import done_set
 from marshal_workers.app import Mode, OnError
-from marshal_workers.assignments import Assignment, Phase, SupervisorState
+from marshal_workers.assignments import Assignment, Phase, SupervisorState, signal_process
 from marshal_workers.channel import Field, WorkerSpec, monotonic_ms
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.health import PartitionHealth
@@ -245,11 +244,7 @@ class WorkerPool(SupervisorState):
         self._signal_worker(assignment, signal.SIGTERM)
 
     def _signal_worker(self, assignment: Assignment, signum: int) -> None:
-        if assignment.process is not None and assignment.process.pid is not None:
-            try:
-                os.kill(assignment.process.pid, signum)
-            except ProcessLookupError:
-                pass
+        signal_process(assignment.process, signum)
 
     def _kill_workers(self) -> None:
         """SIGKILL every worker; each is released at its last progress when reaped."""
