@@ -138,6 +138,7 @@ class SharedPool:
             if handler.shared
         }
         self.stopping = False
+        self.boot_failed = False  # a worker could not start (an on_worker_start hook failed)
         self._last_tries = False  # past the shutdown timeout: a settlement that fails is not written again
         self._writes_in_flight = 0
         self._context: BaseContext | None = None
@@ -294,7 +295,9 @@ class SharedPool:
                 shared.cancels.append(codec.RangeEntry(partition=leased.partition, offset=leased.start, end=leased.end))
         worker.leases.clear()
         if code == WorkerExit.BOOT_ERROR:
-            self.log.error("a shared worker for %s could not start (see its error above)", topic)
+            self.log.error("a shared worker for %s could not start (see its error above): stopping", topic)
+            self.boot_failed = True  # every worker would fail the same way: the supervisor stops
+            return
         if self.stopping:
             return
         if code not in (WorkerExit.STOPPED, WorkerExit.SUPERVISOR_GONE):

@@ -149,7 +149,7 @@ class Supervisor(PartitionClaims, WorkerPool):
                 self._collect_writes,
                 self._start_queued_workers,
                 self._reap_workers,
-                self.shared.step,
+                self._tend_shared_pool,
                 self._periodic_work,
             )
             while self.phase is not Phase.STOPPED:
@@ -185,6 +185,12 @@ class Supervisor(PartitionClaims, WorkerPool):
             self._quit_now()
         else:
             time.sleep(0.1)
+
+    def _tend_shared_pool(self) -> None:
+        self.shared.step()
+        if self.shared.boot_failed and self.phase is Phase.RUNNING:
+            self.exit_code = ExitCode.WORKER_BOOT_ERROR
+            self._begin_graceful_stop()
 
     def _periodic_work(self) -> None:
         now = time.monotonic()

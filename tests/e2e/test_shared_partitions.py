@@ -229,3 +229,10 @@ def test_a_poison_message_is_dead_lettered_after_max_deliveries_and_the_partitio
     for supervisor in supervisors:
         supervisor.send_signal(signal.SIGTERM)
         assert supervisor.wait(timeout=60) == ExitCode.OK
+
+
+def test_a_shared_worker_that_cannot_start_stops_the_supervisor_with_its_exit_code(shared_fleet: Fleet) -> None:
+    shared_fleet.env["MW_TEST_BOOT_FAILS"] = "1"  # on_worker_start raises
+    supervisor = shared_fleet.start("a", "--processes", "2")
+    assert supervisor.wait(timeout=60) == ExitCode.WORKER_BOOT_ERROR
+    assert "could not start" in shared_fleet.log_of("a")
