@@ -422,8 +422,60 @@ def admin_set_position(
     set_position(settings, topic, list(partition) or None, target, report=click.echo)
 
 
-def _parse_timestamp(text: str) -> int:
-    """--timestamp: ms since epoch, or ISO 8601 (UTC if no zone)."""
+@main.group()
+def dlq() -> None:
+    """Dead-letter topics: what is in one, and sending its messages back."""
+
+
+@dlq.command("list")
+@_kafka_options
+@click.option("--topic", required=True, help="The handler's topic: its dead letters are in TOPIC.dlq.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_reports_errors
+def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any) -> None:
+    """Summarise TOPIC.dlq by error type: how many, oldest and newest, where they came from."""
+    from marshal_workers.dlq import read_dead_letters, summary
+    from marshal_workers.status import utc_text
+
+    settings = _load(config_file, **options)
+    rows = summary(list(read_dead_letters(settings, f"{topic}.dlq")))
+    if as_json:
+        click.echo(orjson.dumps({"topic": f"{topic}.dlq", "error_types": rows}).decode())
+        return
+    click.echo(f"{topic}.dlq: {sum(r['count'] for r in rows)} dead letters")
+    for r in rows:
+        span = "-" if r["oldest_ms"] is None else f"{utc_text(r['oldest_ms'])} .. {utc_text(r['newest_ms'])}"
+        click.echo(f"  {r['error_type']}: {r['count']}   {span}   from {', '.join(r['from_topics'])}")
+
+
+@dlq.command("redrive")
+@_kafka_options
+@click.option("--topic", required=True, help="The handler's topic: its dead letters are in TOPIC.dlq.")
+@click.option("--error-type", help="Only dead letters of this error_type (e.g. ConnectionError).")
+@click.option("--since", help="Only dead letters written at or after this time: ms since epoch or ISO 8601.")
+@click.option("--to", "to_topic", help="Send them here instead of each one's original topic.")
+@click.option("--dry-run", is_flag=True, help="Say what would be sent; send nothing.")
+@_reports_errors
+def dlq_redrive(
+    config_file: str | None, topic: str, error_type: str | None, since: str | None, to_topic: str | None,
+    dry_run: bool, **options: Any,
+) -> None:  # fmt: skip
+    """Send dead letters of TOPIC.dlq back (each once, without the error headers); checks everything first."""
+    from marshal_workers.dlq import choose, read_dead_letters, redrive
+
+    settings = _load(config_file, **options)
+    letters = list(read_dead_letters(settings, f"{topic}.dlq"))
+    chosen = choose(letters, error_type, None if since is None else _parse_timestamp(since, "--since"))
+    if dry_run:
+        click.echo(f"would send {len(chosen)} of {len(letters)} dead letters of {topic}.dlq")
+        return
+    redrive(settings, f"{topic}.dlq", chosen, to_topic, click.echo)
+    if not chosen:
+        click.echo(f"nothing to send: none of the {len(letters)} dead letters of {topic}.dlq matched")
+
+
+def _parse_timestamp(text: str, option: str = "--timestamp") -> int:
+    """A time option: ms since epoch, or ISO 8601 (UTC if no zone)."""
     from marshal_workers.positions import iso_time_ms
 
     if text.isdigit():
@@ -431,4 +483,4 @@ def _parse_timestamp(text: str) -> int:
     try:
         return iso_time_ms(text)
     except ValueError:
-        raise ConfigError(f"--timestamp: expected ms since epoch or ISO 8601 (2026-11-22T10:00:00), got {text!r}") from None
+        raise ConfigError(f"{option}: expected ms since epoch or ISO 8601 (2026-11-22T10:00:00), got {text!r}") from None
