@@ -4,4 +4,4 @@ from marshal_workers.app import App, Message
 from marshal_workers.errors import SoftTimeLimitExceeded
 
 __all__ = ["App", "Message", "SoftTimeLimitExceeded", "__version__"]
-__version__ = "0.3.0"
+__version__ = "0.5.0"

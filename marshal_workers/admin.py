@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
@@ -22,6 +23,7 @@ from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
 from marshal_workers.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
 from marshal_workers.status import utc_iso
+from marshal_workers.world_state import Owner, WorldState
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 _HINT = "use --earliest, --latest, --timestamp, or --partition to pick partitions"
@@ -47,7 +49,7 @@ def known_group(settings: Settings) -> Iterator[Coordinator]:
     if topic_partition_count(admin_client(settings), settings, settings.coordination_topic) is None:
         raise unknown
     with Coordinator(admin_settings(settings)) as coordinator:
-        if not coordinator.read(lambda state: bool(state.partitions or state.pauses)):
+        if not coordinator.read(lambda state: bool(state.partitions or state.pauses or state.shared)):
             raise unknown
         yield coordinator
 
@@ -95,6 +97,152 @@ def set_position(
     return positions
 
 
+# ------------------------------------------------------------------ remote control (release 0.5.0)
+# Orders every member obeys (remote_control.py): written, then followed until the fleet has done what they ask,
+# so the operator sees the result, not just the request.
+
+Report = Callable[[str], None]
+
+
+def drain(settings: Settings, client: str, wait_s: float, report: Report = print) -> bool:
+    """Order ``client``'s supervisors to release everything and claim nothing until resumed."""
+    with known_group(settings) as coordinator:
+        _require_client(coordinator, client)
+        coordinator.write_everywhere(codec.Control(**coordinator.record_fields(), target=client, action="drain"))
+        report(f"client {client} drained: it releases everything and claims nothing until `admin resume --client`")
+        return _wait(coordinator, wait_s, report, lambda world, now: _holdings_of(world, now, client=client))
+
+
+def shutdown(settings: Settings, client: str, wait_s: float, report: Report = print) -> bool:
+    """Order ``client``'s running supervisors to stop as on SIGTERM (one started later is not affected)."""
+    with known_group(settings) as coordinator:
+        _require_client(coordinator, client)
+        coordinator.write_everywhere(codec.Control(**coordinator.record_fields(), target=client, action="shutdown"))
+        report(f"client {client}: shutdown ordered; its supervisors release everything and exit")
+        return _wait(coordinator, wait_s, report, lambda world, now: _holdings_of(world, now, client=client))
+
+
+def resume(settings: Settings, client: str | None = None, topic: str | None = None, report: Report = print) -> None:
+    """End a drain (``client``), a topic pause (``topic``) or, with neither, the group's pause."""
+    with known_group(settings) as coordinator:
+        now_ms = coordinator.now_ms()
+        if client is not None:
+            if not coordinator.read(lambda world: world.is_drained(client)):
+                raise ConfigError(f"client {client!r} is not drained in group {settings.group}: nothing to resume")
+            coordinator.write_everywhere(codec.Control(**coordinator.record_fields(), target=client, action="resume"))
+            report(f"client {client} resumed: it claims again")
+        elif topic is not None:
+            if not coordinator.read(lambda world: world.topic_paused(topic, now_ms)):
+                raise ConfigError(f"topic {topic!r} is not paused in group {settings.group}: nothing to resume")
+            coordinator.write([codec.PauseTopic(**coordinator.record_fields(), topic=topic, expires=0)])
+            report(f"topic {topic} resumed: its partitions are claimed again")
+        else:
+            if not coordinator.read(lambda world: world.is_paused(now_ms)):
+                raise ConfigError(
+                    f"group {settings.group} is not paused; to resume a drained client or a paused topic, "
+                    "give --client or --topic"
+                )
+            coordinator.release_group(now_ms)
+            report(f"group {settings.group} resumed")
+
+
+def pause_topic(settings: Settings, topic: str, seconds: float | None, wait_s: float, report: Report = print) -> bool:
+    """Pause one topic of the group (until ``admin resume --topic``, or for ``seconds``): owners release it."""
+    if seconds is not None and time.time() * 1000 + seconds * 1000 > MAX_TIMESTAMP_MS:
+        raise ConfigError(f"a pause of {seconds:g}s ends past what the protocol can write (int64 ms); use less")
+    require_topic(admin_client(settings), settings, topic)
+    with known_group(settings) as coordinator:
+        expires = MAX_TIMESTAMP_MS if seconds is None else coordinator.now_ms() + int(seconds * 1000)
+        coordinator.write([codec.PauseTopic(**coordinator.record_fields(), topic=topic, expires=expires)])
+        until = "until `admin resume --topic`" if seconds is None else f"until {utc_iso(expires)}"
+        report(f"topic {topic} paused {until}: its owners release it and nobody claims it")
+        return _wait(coordinator, wait_s, report, lambda world, now: _holdings_of(world, now, topic=topic))
+
+
+def release_partitions(
+    settings: Settings, topic: str, partitions: Sequence[int], wait_s: float, report: Report = print
+) -> bool:
+    """Ask the owners of these partitions to hand them over (to another member, if there is one)."""
+    count = require_topic(admin_client(settings), settings, topic)
+    chosen = chosen_partitions(count, topic, partitions, ConfigError)
+    with known_group(settings) as coordinator:
+        now_ms = coordinator.now_ms()
+        owners = coordinator.read(lambda world: {p: _live_owner(world, topic, p, now_ms) for p in chosen})
+        ownerless = [p for p, owner in owners.items() if owner is None]
+        if ownerless:
+            raise ConfigError(
+                f"{topic}{ownerless} has no live owner in group {settings.group}: nothing to release "
+                "(see `marshal-workers status`)"
+            )
+        common = coordinator.record_fields()
+        coordinator.write([codec.ReleasePartition(**common, topic=topic, partition=p) for p in chosen])
+        for p, owner in owners.items():
+            report(f"{topic}[{p}]: its owner {owner.client}/{owner.instance} is asked to hand it over")  # type: ignore[union-attr]
+
+        def still_held(world: WorldState, now: int) -> list[str]:
+            return [f"{topic}[{p}]" for p, owner in owners.items() if _live_owner(world, topic, p, now) == owner]
+
+        return _wait(coordinator, wait_s, report, still_held)
+
+
+def _require_client(coordinator: Coordinator, client: str) -> None:
+    """Refuse an order about a client the group has never heard of: most likely a typo."""
+    known = coordinator.read(_known_clients)
+    if client not in known:
+        listed = ", ".join(sorted(known)) or "none"
+        raise ConfigError(f"client {client!r} has no member in group {coordinator.group} (known clients: {listed})")
+
+
+def _known_clients(world: WorldState) -> set[str]:
+    known = set(world.clients.values()) | set(world.drained_clients())
+    known.update(state.owner.client for state in world.partitions.values() if state.owner is not None)
+    for shared in world.shared.values():
+        known.update(lease.holder.client for lease in shared.leases.values())
+    return known
+
+
+def _live_owner(world: WorldState, topic: str, partition: int, now_ms: int) -> Owner | None:
+    state = world.get(topic, partition)
+    if state is None or state.owner is None or now_ms - state.last_ts > 2 * world.heartbeat_ms:
+        return None
+    return state.owner
+
+
+def _holdings_of(world: WorldState, now_ms: int, client: str | None = None, topic: str | None = None) -> list[str]:
+    """What a client (or anyone, on a topic) still holds: live partitions and live range leases."""
+    held = [
+        f"{t}[{p}]"
+        for owner, keys in world.holdings(now_ms).items()
+        for t, p in keys
+        if (client is None or owner.client == client) and (topic is None or t == topic)
+    ]
+    for (t, p), shared in world.shared.items():
+        if topic is None or t == topic:
+            held += [
+                f"{t}[{p}]@{lease.start}..{lease.end - 1}"
+                for lease in shared.live_leases(now_ms)
+                if client is None or lease.holder.client == client
+            ]
+    return sorted(held)
+
+
+def _wait(coordinator: Coordinator, wait_s: float, report: Report, held: Callable[[WorldState, int], list[str]]) -> bool:
+    """Follow the log until nothing is ``held`` (True) or ``wait_s`` passes (False; 0: do not wait)."""
+    if wait_s <= 0:
+        return True
+    deadline = time.monotonic() + wait_s
+    while True:
+        now_ms = coordinator.now_ms()
+        left = coordinator.read(lambda world: held(world, now_ms))
+        if not left:
+            report("done: nothing of it is held any more")
+            return True
+        if time.monotonic() >= deadline:
+            report(f"still held after {wait_s:g}s: {', '.join(left)} (the order stands; see `marshal-workers status`)")
+            return False
+        time.sleep(0.2)
+
+
 def resolve_positions(settings: Settings, topic: str, partitions: Sequence[int], target: Bound) -> dict[int, int]:
     """The offset for each partition, checked against the partition's log: nothing beyond its end."""
     consumer = position_consumer(settings)
@@ -132,11 +280,21 @@ def log_lines(
             if message.error() is not None:
                 at_end.add(message.partition())
                 continue
+            if not follow and _last_in_fetch(consumer, message):
+                # A busy partition may never answer an empty fetch, so no end-of-partition event comes:
+                # the end as its latest fetch response saw it (correct on Tansu too: DESIGN.md section 8) will do.
+                at_end.add(message.partition())
             line = format_record(message.value(), message.partition(), message.offset(), group)
             if line is not None:
                 yield line
     finally:
         consumer.close()
+
+
+def _last_in_fetch(consumer: Consumer, message: Any) -> bool:
+    """Is ``message`` the last of its partition as the latest fetch response's high watermark says?"""
+    _, high = consumer.get_watermark_offsets(TopicPartition(message.topic(), message.partition()), cached=True)
+    return high >= 0 and message.offset() + 1 >= high
 
 
 def format_record(value: bytes | None, partition: int, offset: int, group: str) -> str | None:
@@ -153,6 +311,11 @@ def format_record(value: bytes | None, partition: int, offset: int, group: str) 
     stamp = utc_iso(record.ts)
     if isinstance(record, codec.ReleaseGroup):
         return f"{where} {stamp} {kind} {who} expires={utc_iso(record.expires)}"
+    if isinstance(record, codec.Control):
+        return f"{where} {stamp} {kind} {who} {record.action} {record.target}"
+    if isinstance(record, codec.PauseTopic):
+        until = f"until={utc_iso(record.expires)}" if record.expires > record.ts else "(ends its pause)"
+        return f"{where} {stamp} {kind} {who} {record.topic} {until}"
     if isinstance(record, codec.Checkpoint):
         return f"{where} {stamp} {kind} {who} part {record.part + 1}/{record.parts} as_of={record.as_of} " \
                f"positions={len(record.positions)}"  # fmt: skip
@@ -167,7 +330,7 @@ def format_record(value: bytes | None, partition: int, offset: int, group: str) 
         amo = " amo" if isinstance(record, codec.ClaimRanges) and record.amo else ""
         ranges = " ".join(_range_text(entry) for entry in record.ranges)
         return f"{where} {stamp} {kind} {who} {record.topic}{lease}{amo} {ranges}"
-    detail = f" offset={record.offset}" if not isinstance(record, codec.Claim) else ""
+    detail = f" offset={record.offset}" if not isinstance(record, (codec.Claim, codec.ReleasePartition)) else ""
     return f"{where} {stamp} {kind} {who} {record.topic}[{record.partition}]{detail}"
 
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from marshal_workers.metrics import Counters
     from marshal_workers.offsets import OffsetStore
     from marshal_workers.restarts import RestartPolicy
+    from marshal_workers.world_state import Owner
 
 Key = tuple[str, int]
 
@@ -56,6 +57,7 @@ class Assignment:
     lost: bool = False  # someone else owns it now: stop the worker, release nothing
     unhealthy: bool = False  # its worker cannot keep up: stop it and release the partition as sick
     handing_over: bool = False  # balance="fair": we hold more than our share; stop it and release it
+    ordered: str | None = None  # handed over on an operator's order (remote_control.py): drain, pause, release
     timed_out: tuple[int, int] | None = None  # messages [start, end) whose call the hard time limit is killing
     last_killed: tuple[int, int] | None = None  # the messages of the previous kill
     time_limit_kills: int = 0  # kills in a row on those same messages
@@ -123,6 +125,7 @@ class SupervisorState:
     phase: Phase
     exit_code: int
     claiming: bool
+    drained: bool  # an operator drained our client (remote_control.py): claim nothing
     timers: Timers
     counters: Counters
     restart_policy: RestartPolicy
@@ -144,3 +147,5 @@ class SupervisorState:
         def _require_writes(self) -> InFlightWrites: ...
         def _require_offsets(self) -> OffsetStore: ...
         def _begin_graceful_stop(self) -> None: ...
+        def _me(self) -> Owner: ...
+        def _give_back(self, assignment: Assignment) -> None: ...

@@ -28,7 +28,7 @@ from typing import Any
 from marshal_workers import codec, done_set
 from marshal_workers.codec import reported_number
 from marshal_workers.range_leases import Holder, Lease, SharedPartition, Tries
-from marshal_workers.world_state import Owner, PartitionState, Pause, WorldState
+from marshal_workers.world_state import Controls, Owner, PartitionState, Pause, WorldState
 
 # Positions per record: well below Kafka's default 1 MB message, even with done sets.
 POSITIONS_PER_RECORD = 1000
@@ -43,6 +43,7 @@ def state_records(
     shared = [_shared_position(topic, partition, found) for (topic, partition), found in sorted(state.shared.items())
               if state.routed_here(topic, source)]  # fmt: skip
     pause = state.pauses.get(source)
+    controls = _control_position(state, source)
     chunks = [positions[i : i + per_record] for i in range(0, len(positions), per_record)] or [[]]
     # Shared partitions ride in parts of their own after the positions: a few per record, as leases add up.
     per_shared = max(per_record // 10, 1)
@@ -52,6 +53,7 @@ def state_records(
         codec.Checkpoint(
             **common, source=source, as_of=as_of, part=index, parts=len(parts), positions=chunk, shared=shared_chunk,
             pause=None if pause is None else codec.PausePosition(until=pause.until, client=pause.client),
+            controls=controls,
         )  # fmt: skip
         for index, (chunk, shared_chunk) in enumerate(parts)
     ]
@@ -73,6 +75,24 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
     pause = parts[0].pause if parts else None
     if pause is not None:
         state.pauses[source] = Pause(until=pause.until, client=pause.client)
+    controls = parts[0].controls if parts else None
+    if controls is not None:
+        if controls.drained or controls.shutdowns:
+            state.controls[source] = Controls(drained=dict(controls.drained), shutdowns=dict(controls.shutdowns))
+        for topic, until in controls.topic_pauses:
+            if state.routed_here(topic, source):
+                state.topic_pauses[topic] = until
+
+
+def _control_position(state: WorldState, source: int) -> codec.ControlPosition | None:
+    """The operators' orders of coordination partition ``source`` (release 0.5.0), or None if it has none."""
+    controls = state.controls.get(source)
+    drained = tuple(sorted(controls.drained.items())) if controls is not None else ()
+    shutdowns = tuple(sorted(controls.shutdowns.items())) if controls is not None else ()
+    topic_pauses = tuple(sorted((t, until) for t, until in state.topic_pauses.items() if state.routed_here(t, source)))
+    if not (drained or shutdowns or topic_pauses):
+        return None
+    return codec.ControlPosition(drained=drained, shutdowns=shutdowns, topic_pauses=topic_pauses)
 
 
 class Assembler:
@@ -119,6 +139,7 @@ def _position(topic: str, partition: int, found: PartitionState) -> codec.Positi
         last_ts=found.last_ts, offset=found.offset, amo_offset=found.amo_offset,
         done=None if found.done is None else list(found.done),
         lag=found.lag, rate=found.rate, in_flight=found.in_flight, window_used=found.window_used,
+        release_requested=found.release_requested,
     )  # fmt: skip
 
 
@@ -133,6 +154,7 @@ def _partition_state(position: codec.Position) -> PartitionState:
         owner=owner, last_ts=position.last_ts, offset=position.offset, amo_offset=position.amo_offset, done=done,
         lag=reported_number(position.lag), rate=reported_number(position.rate),
         in_flight=reported_number(position.in_flight), window_used=reported_number(position.window_used),
+        release_requested=position.release_requested and owner is not None,
     )  # fmt: skip
 
 

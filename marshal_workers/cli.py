@@ -364,26 +364,104 @@ def audit_command(
 
 @main.group()
 def admin() -> None:
-    """Operator commands: pause a group, set its position."""
+    """Operator commands: pause, drain, release, resume, shut down, set positions (obeyed by every member)."""
+
+
+_wait_option = click.option(
+    "--wait",
+    "wait",
+    default="60s",
+    show_default=True,
+    help="Follow the log until the fleet has obeyed, at most this long (0: write the order and return).",
+)
+
+
+def _seconds(option: str, text: str) -> float:
+    from marshal_workers.config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+
+
+def _obeyed(done: bool) -> None:
+    if not done:
+        sys.exit(ExitCode.NOT_YET_OBEYED)
 
 
 @admin.command("pause")
 @_settings_options
-@click.option("--for", "duration", required=True, help="How long, e.g. 30s or 5m.")
+@click.option("--topic", help="Pause only this topic: its owners release it, nobody claims it until resumed.")
+@click.option("--for", "duration", help="How long, e.g. 30s or 5m (required for the whole group).")
+@_wait_option
 @_reports_errors
-def admin_pause(config_file: str | None, duration: str, **options: Any) -> None:
-    """Pause the group: every owner drops its partitions and nobody claims until the pause ends."""
-    from marshal_workers.admin import pause
-    from marshal_workers.config import parse_duration
+def admin_pause(config_file: str | None, topic: str | None, duration: str | None, wait: str, **options: Any) -> None:
+    """Pause the group (every owner drops its partitions; nobody claims until the pause ends), or one topic."""
+    from marshal_workers.admin import pause, pause_topic
     from marshal_workers.status import utc_text
 
     settings = _load(config_file, **options)
-    try:
-        seconds = parse_duration(duration)
-    except ConfigError as exc:
-        raise ConfigError(f"--for: {exc}") from None
+    seconds = None if duration is None else _seconds("--for", duration)
+    if topic is not None:
+        _obeyed(pause_topic(settings, topic, seconds, _seconds("--wait", wait), report=click.echo))
+        return
+    if seconds is None:
+        raise ConfigError("pausing the whole group needs --for (e.g. --for 5m); to pause one topic, give --topic")
     expires = pause(settings, seconds)
     click.echo(f"group {settings.group} paused until {utc_text(expires)}")
+
+
+@admin.command("resume")
+@_settings_options
+@click.option("--client", help="End the drain of this client.")
+@click.option("--topic", help="End the pause of this topic.")
+@_reports_errors
+def admin_resume(config_file: str | None, client: str | None, topic: str | None, **options: Any) -> None:
+    """End a drain (--client), a topic's pause (--topic) or, with neither, the group's pause."""
+    from marshal_workers.admin import resume
+
+    if client is not None and topic is not None:
+        raise ConfigError("give --client or --topic, not both")
+    resume(_load(config_file, **options), client=client, topic=topic, report=click.echo)
+
+
+@admin.command("drain")
+@_settings_options
+@click.option("--client", required=True, help="The client id (--client-id of its supervisors) to drain.")
+@_wait_option
+@_reports_errors
+def admin_drain(config_file: str | None, client: str, wait: str, **options: Any) -> None:
+    """Make a client's supervisors release everything and claim nothing until `admin resume --client`."""
+    from marshal_workers.admin import drain
+
+    _obeyed(drain(_load(config_file, **options), client, _seconds("--wait", wait), report=click.echo))
+
+
+@admin.command("shutdown")
+@_settings_options
+@click.option("--client", required=True, help="The client id (--client-id of its supervisors) to shut down.")
+@_wait_option
+@_reports_errors
+def admin_shutdown(config_file: str | None, client: str, wait: str, **options: Any) -> None:
+    """Stop a client's running supervisors as SIGTERM does (release everything at its exact offset, exit 0)."""
+    from marshal_workers.admin import shutdown
+
+    _obeyed(shutdown(_load(config_file, **options), client, _seconds("--wait", wait), report=click.echo))
+
+
+@admin.command("release")
+@_settings_options
+@click.option("--topic", required=True, help="The topic of the partitions.")
+@click.option("--partition", type=click.IntRange(0), multiple=True, required=True, help="A partition (repeatable).")
+@_wait_option
+@_reports_errors
+def admin_release(config_file: str | None, topic: str, partition: tuple[int, ...], wait: str, **options: Any) -> None:
+    """Ask the owners of these partitions to hand them over cleanly (to another member, if there is one)."""
+    from marshal_workers.admin import release_partitions
+
+    settings = _load(config_file, **options)
+    _obeyed(release_partitions(settings, topic, list(partition), _seconds("--wait", wait), report=click.echo))
 
 
 @admin.command("set-position")

@@ -140,6 +140,7 @@ class Position(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_default
     rate: Any = None
     in_flight: Any = None
     window_used: Any = None
+    release_requested: bool = False  # release 0.5.0
 
 
 class PausePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -180,6 +181,14 @@ class SharedPosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_d
 MAX_POSITIONS: Final = 65536
 
 
+class ControlPosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
+    """The operators' orders a Checkpoint carries for its coordination partition (world_state.Controls; 0.5.0)."""
+
+    drained: Annotated[tuple[tuple[Name, NonNegative], ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
+    shutdowns: Annotated[tuple[tuple[Name, NonNegative], ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
+    topic_pauses: Annotated[tuple[tuple[Name, NonNegative], ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
+
+
 class Checkpoint(_Record, frozen=True, gc=False, kw_only=True, tag="checkpoint", omit_defaults=True):
     """The fold's state of one coordination partition, so a reader need not read the log before it.
 
@@ -198,6 +207,7 @@ class Checkpoint(_Record, frozen=True, gc=False, kw_only=True, tag="checkpoint",
     positions: Annotated[tuple[Position, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
     pause: PausePosition | None = None
     shared: Annotated[tuple[SharedPosition, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()  # release 0.4.0
+    controls: ControlPosition | None = None  # release 0.5.0
 
 
 class ClaimMessages(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim_messages"):
@@ -301,15 +311,49 @@ class ReleaseGroup(_Record, frozen=True, gc=False, kw_only=True, tag="release_gr
     expires: NonNegative
 
 
+# Remote control (release 0.5.0): an operator's orders, written by ``marshal-workers admin`` and obeyed by every
+# member of the group.  They are folded like the rest, so ``status``, ``log`` and the audit see them too.
+
+ControlAction = Literal["drain", "resume", "shutdown"]
+
+
+class Control(_Record, frozen=True, gc=False, kw_only=True, tag="control"):
+    """An order to every supervisor of client ``target`` (release 0.5.0), written to every coordination partition.
+
+    ``drain``: release everything and claim nothing (whole partitions or ranges) until a ``resume``.
+    ``shutdown``: stop as on SIGTERM (a supervisor started after the order is not affected).
+    """
+
+    target: Name
+    action: ControlAction
+
+
+class PauseTopic(_Record, frozen=True, gc=False, kw_only=True, tag="pause_topic"):
+    """No claim of ``topic``'s partitions or ranges until ``expires`` (ms since epoch; release 0.5.0).
+
+    Owners keep what they hold until they release it, which they do on reading this; a later record about
+    the topic replaces it (``expires`` 0 ends a pause).
+    """
+
+    topic: Name
+    expires: NonNegative
+
+
+class ReleasePartition(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="release_partition"):
+    """The partition's current owner is asked to release it (release 0.5.0): it hands it over cleanly."""
+
+
 Record = Union[
     Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
-    ClaimRanges, RenewRanges, AckRanges, CancelRanges,
+    ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
 ]
 PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
 RECORD_TYPES: Final = (
     Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
-    ClaimRanges, RenewRanges, AckRanges, CancelRanges,
+    ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
 )
+# Records about no topic: written to every coordination partition, so they are ordered against every topic's claims.
+GROUP_RECORD_TYPES: Final = (ReleaseGroup, Control)
 
 _decoder = msgspec.json.Decoder(Record)
 _encoder = msgspec.json.Encoder()
@@ -364,9 +408,11 @@ def record_key(record: Record) -> bytes:
     message_claims, range records), the group for release_group."""
     if isinstance(record, ReleaseGroup):
         return record.group.encode()
+    if isinstance(record, Control):
+        return f"{record.group}/client/{record.target}".encode()
     if isinstance(record, Checkpoint):
         return f"{record.group}/checkpoint/{record.source}".encode()
-    if isinstance(record, (Heartbeats, MessageClaims, *RANGE_RECORD_TYPES)):
+    if isinstance(record, (Heartbeats, MessageClaims, PauseTopic, *RANGE_RECORD_TYPES)):
         return f"{record.group}/{record.topic}".encode()
     return f"{record.group}/{record.topic}/{record.partition}".encode()
 

@@ -340,8 +340,13 @@ class Coordinator:
 
     def release_group(self, expires_ms: int) -> bool:
         """Pause the whole group until ``expires_ms``: every owner is dropped, claims are refused."""
-        record = codec.ReleaseGroup(**self._common(), expires=expires_ms)
-        # One copy per coordination partition, so the pause is ordered against every topic's claims.
+        return self.write_everywhere(codec.ReleaseGroup(**self._common(), expires=expires_ms))
+
+    def write_everywhere(self, record: codec.Record) -> bool:
+        """Write a record about no topic (release_group, control) and wait for its fold; True if accepted.
+
+        One copy per coordination partition, so it is ordered against every topic's claims.
+        """
         return all(self.write([record] * self.partition_count, partitions=range(self.partition_count)))
 
     def record_fields(self) -> dict[str, Any]:
@@ -424,7 +429,7 @@ class Coordinator:
         )
 
     def _route(self, record: codec.Record) -> int:
-        assert not isinstance(record, codec.ReleaseGroup)
+        assert not isinstance(record, codec.GROUP_RECORD_TYPES), "write_everywhere() writes these"
         return codec.coordination_partition(record.topic, self.partition_count)
 
     def _produce(self, record: codec.Record, partition: int, delivery: _Delivery) -> None:

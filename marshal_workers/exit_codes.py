@@ -25,6 +25,7 @@ class ExitCode(enum.IntEnum):
     BAD_RANGE = 12  # replay: --from/--to do not fit the topic's log; nothing was started
     SPARK_UNAVAILABLE = 13  # pyspark is not installed (pip install 'marshal-workers[spark]') or Spark cannot start
     SPARK_JOB_FAILED = 14  # a Spark job failed: a split could not be read, or a handler failed after its retries
+    NOT_YET_OBEYED = 15  # admin drain/shutdown/pause --topic/release: written, but still held after --wait
 
 
 class WorkerExit(enum.IntEnum):

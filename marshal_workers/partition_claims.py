@@ -293,8 +293,8 @@ class PartitionClaims(SupervisorState):
         asks.  With balance="greedy" only an idle member asks, so the health
         monitor knows someone could take a partition.
         """
-        if self.phase is not Phase.RUNNING or not self.claiming:
-            return
+        if self.phase is not Phase.RUNNING or not self.claiming or self.drained:
+            return  # a drained member neither hands over by balance nor asks (it would look like a live member)
         coordinator = self._require_coordinator()
         now_ms, now, me = coordinator.now_ms(), time.monotonic(), self._me()
         if self.settings.balance == "fair":
@@ -322,6 +322,10 @@ class PartitionClaims(SupervisorState):
             "%s[%d]: handing it over (balance=fair: our share is %d to %d partitions)",
             assignment.topic, assignment.partition, share.low, share.high,
         )  # fmt: skip
+        self._give_back(assignment)
+
+    def _give_back(self, assignment: Assignment) -> None:
+        """Stop the partition's worker and release the partition when it exits, for another member to take."""
         assignment.handing_over = True
         if assignment.process is None:
             self._release_handed_over(assignment)
@@ -449,6 +453,8 @@ def _position(assignment: Assignment) -> tuple[int, list[int]]:
 def _release_reason(phase: Phase, assignment: Assignment, sick: bool) -> str:
     if sick:
         return "sick"
+    if assignment.ordered is not None:
+        return "operator"
     if assignment.handing_over:
         return "balance"
     return "shutdown" if phase is not Phase.RUNNING else "error"

@@ -138,6 +138,7 @@ class SharedPool:
             if handler.shared
         }
         self.stopping = False
+        self.held_back: set[str] = set()  # topics an operator paused (or all, drained): no new leases
         self.boot_failed = False  # a worker could not start (an on_worker_start hook failed)
         self._last_tries = False  # past the shutdown timeout: a settlement that fails is not written again
         self._writes_in_flight = 0
@@ -310,7 +311,7 @@ class SharedPool:
     # --------------------------------------------------------------- claims
 
     def _claim(self, topic: str, shared: SharedTopic) -> None:
-        if self.stopping or shared.claiming:
+        if self.stopping or shared.claiming or topic in self.held_back:
             return
         hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
         want = sum(LEASES_PER_WORKER - len(w.leases) for w in hungry)

@@ -35,6 +35,13 @@ def status_document(
     }
     if shared_keys:  # an extension of DESIGN.md section 9's document, there only when the group shares partitions
         document["shared"] = [_shared_row(state, t, p, now_ms) for t, p in sorted(shared_keys)]
+    # Operators' orders (release 0.5.0), there only when some are in force.
+    drained = state.drained_clients()
+    if drained:
+        document["drained"] = [{"client": client, "since": at} for client, at in sorted(drained.items())]
+    paused_topics = {t: until for t, until in state.paused_topics(now_ms).items() if topic is None or t == topic}
+    if paused_topics:
+        document["paused_topics"] = [{"topic": t, "until": until} for t, until in sorted(paused_topics.items())]
     return document
 
 
@@ -96,6 +103,11 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
     paused = document["paused_until"]
     header = f"group {document['group']}   as of {utc_text(now_ms)}"
     header += f"   PAUSED until {utc_text(paused)}" if paused is not None else ""
+    for entry in document.get("paused_topics", []):
+        until = "`admin resume --topic`" if entry["until"] >= 2**63 - 1 else utc_text(entry["until"])
+        header += f"\ntopic {entry['topic']} PAUSED until {until}"
+    for entry in document.get("drained", []):
+        header += f"\nclient {entry['client']} DRAINED since {utc_text(entry['since'])}"
     rows = [
         (
             row["topic"],

@@ -62,6 +62,7 @@ from marshal_workers.logs import group_log
 from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Probes, Snapshot
 from marshal_workers.offsets import OffsetStore
 from marshal_workers.partition_claims import PartitionClaims
+from marshal_workers.remote_control import RemoteControl
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.shared_pool import SharedPool
 from marshal_workers.worker_pool import WorkerPool
@@ -72,7 +73,7 @@ TICK_S = 0.1
 CLAIM_INTERVAL_S = 0.25
 
 
-class Supervisor(PartitionClaims, WorkerPool):
+class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
     """The loop, the signals and the shutdown; whole partitions are claimed by PartitionClaims
     (partition_claims.py) and run by WorkerPool (worker_pool.py), ranges of shared partitions by the
     SharedPool (shared_pool.py)."""
@@ -98,6 +99,8 @@ class Supervisor(PartitionClaims, WorkerPool):
         self.restart_requested = False
         self._last_tick = time.monotonic()  # the end of the loop's last pass (/healthz)  # SIGHUP: stop as on SIGTERM, then the command runs itself again
         self.claiming = True
+        self.drained = False  # an operator drained our client (remote_control.py)
+        self.started_ms = 0  # coordinator time at start: an operator's shutdown order before it is not for us
         self.timers = Timers()
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._context: BaseContext | None = None
@@ -127,6 +130,7 @@ class Supervisor(PartitionClaims, WorkerPool):
         self._install_signal_handlers()
         self._context = self._start_fork_server()  # before any Kafka client exists
         self._coordinator = Coordinator(self.settings).start()
+        self.started_ms = self._coordinator.now_ms()
         self._writes = InFlightWrites(self._coordinator)
         self._offsets = OffsetStore(self.settings)
         self._admin = admin_client(self.settings)
@@ -196,6 +200,7 @@ class Supervisor(PartitionClaims, WorkerPool):
         now = time.monotonic()
         if now >= self.timers.heartbeat:
             self.timers.heartbeat = now + self.hb_s / 2
+            self._obey_operators()
             self._heartbeat()
             self._rebalance()
         if now >= self.timers.topics:
@@ -295,6 +300,7 @@ class Supervisor(PartitionClaims, WorkerPool):
         state = {
             "phase": self.phase.value,
             "claiming": self.claiming,
+            "drained": self.drained,
             "balance": self.settings.balance,
             "topics": dict(self.partition_counts) | dict(self.shared_partition_counts),
             "partitions": partitions,

@@ -38,12 +38,15 @@ from marshal_workers.codec import (
     Claim,
     ClaimMessages,
     ClaimRanges,
+    Control,
     Heartbeat,
     Heartbeats,
     MessageClaims,
+    PauseTopic,
     Record,
     Release,
     ReleaseGroup,
+    ReleasePartition,
     RenewRanges,
     coordination_partition,
     decode,
@@ -93,6 +96,8 @@ class PartitionState:
     rate: int | float | None = None
     in_flight: int | float | None = None  # handler calls running (concurrency inside a worker)
     window_used: int | float | None = None  # offsets from the lowest unfinished message to the furthest fetched
+    # An operator asked the owner to hand the partition over (release_partition); cleared when the owner changes.
+    release_requested: bool = False
 
     @property
     def resume_offset(self) -> int | None:
@@ -123,6 +128,17 @@ class Pause:
 
     until: int
     client: str  # only this client's releases may set positions during the pause
+
+
+@dataclass(slots=True)
+class Controls:
+    """The operators' orders about clients (``control`` records) as seen on one coordination partition.
+
+    Kept per coordination partition, as pauses are: a claim is checked against the copy ordered with it.
+    """
+
+    drained: dict[str, int] = field(default_factory=dict)  # client -> time of the drain order still in force
+    shutdowns: dict[str, int] = field(default_factory=dict)  # client -> time of its latest shutdown order
 
 
 class Entry(NamedTuple):
@@ -174,6 +190,9 @@ class WorldState:
     checkpoints: dict[int, int] = field(default_factory=dict)
     # Shared partitions (DESIGN.md section 11): range leases, done offsets and tries, by (topic, partition).
     shared: dict[tuple[str, int], SharedPartition] = field(default_factory=dict)
+    # Remote control (release 0.5.0): orders about clients by coordination partition, and topic pauses (expiry).
+    controls: dict[int, Controls] = field(default_factory=dict)
+    topic_pauses: dict[str, int] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
     _routes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # topic -> coordination partition
 
@@ -191,7 +210,10 @@ class WorldState:
             stats.other_groups += 1
             return False
         kind = type(record)
-        if kind is not ReleaseGroup and kind is not Checkpoint and self.coordination_partitions is not None:
+        if (
+            kind is not ReleaseGroup and kind is not Checkpoint and kind is not Control
+            and self.coordination_partitions is not None
+        ):  # fmt: skip
             home = self._routes.get(record.topic)  # type: ignore[union-attr]
             if home is None:
                 home = self._routes[record.topic] = coordination_partition(record.topic, self.coordination_partitions)  # type: ignore[union-attr]
@@ -232,7 +254,7 @@ class WorldState:
     def _claim(self, record: Claim, at: int, source: int) -> bool:
         self.last_claim[record.instance] = at
         self.clients[record.instance] = record.client
-        if self._paused_at(source, at) is not None:
+        if self._paused_at(source, at) is not None or self._held_back(record.client, record.topic, source, at):
             return False
         key = (record.topic, record.partition)
         state = self.partitions.get(key)
@@ -243,6 +265,7 @@ class WorldState:
             return False
         state.owner = Owner(record.client, record.instance)
         state.last_ts = at
+        state.release_requested = False
         state.lag = state.rate = state.in_flight = state.window_used = None  # the previous owner's numbers
         return True
 
@@ -284,6 +307,7 @@ class WorldState:
         if self._is_owner(state, record):
             assert state is not None
             state.owner = None
+            state.release_requested = False
             state.offset = record.offset
             done = record.done
             state.done = None if done is None else (done_set.parse(record.offset, done) or None)
@@ -304,6 +328,8 @@ class WorldState:
         state = self.partitions.get((record.topic, record.partition))
         if not self._is_owner(state, record) or self._paused_at(source, at) is not None:
             return False
+        if at < self.topic_pauses.get(record.topic, 0):
+            return False  # the topic is paused: its owner is about to release it, and handles nothing more
         assert state is not None
         if at - state.last_ts > 2 * self.heartbeat_ms:
             return False  # the claim had lapsed: an AMO batch may not be claimed on a stale lease
@@ -321,6 +347,7 @@ class WorldState:
         for (topic, _), state in self.partitions.items():
             if self.routed_here(topic, source):
                 state.owner = None
+                state.release_requested = False
                 state.lag = state.rate = state.in_flight = state.window_used = None
         return True
 
@@ -333,7 +360,7 @@ class WorldState:
     # A pause stops new leases and renewals; what is in hand may still be acked or given back.
 
     def _claim_ranges(self, record: ClaimRanges, at: int, source: int) -> Verdicts:
-        if self._paused_at(source, at) is not None:
+        if self._paused_at(source, at) is not None or self._held_back(record.client, record.topic, source, at):
             return Verdicts(False for _ in record.ranges)
         holder, topic, lease_ms, amo = Holder(record.client, record.instance), record.topic, record.lease_ms, record.amo
         verdicts = []
@@ -367,6 +394,42 @@ class WorldState:
             shared is not None and shared.cancel(entry.offset, entry.end, holder, at)
             for entry, shared in self._shared_of(record.topic, record.ranges)
         )
+
+    # Remote control (release 0.5.0): an operator's orders.  They change what may be claimed; owners obey them
+    # by releasing (a supervisor reads them as it reads everything else: remote_control.py).
+
+    def _control(self, record: Control, at: int, source: int) -> bool:
+        controls, target = self.controls.get(source), record.target
+        if record.action == "resume":
+            if controls is None or controls.drained.pop(target, None) is None:
+                return False
+            if not (controls.drained or controls.shutdowns):
+                del self.controls[source]  # as if never drained: readers seeded from a checkpoint agree
+            return True
+        if controls is None:
+            controls = self.controls[source] = Controls()
+        if record.action == "drain":
+            controls.drained[target] = at
+        else:  # "shutdown"
+            controls.shutdowns[target] = max(at, controls.shutdowns.get(target, 0))
+        return True
+
+    def _pause_topic(self, record: PauseTopic, at: int, source: int) -> bool:
+        """The latest order about a topic wins: a pause, or (``expires`` in the past) the end of one."""
+        self.topic_pauses[record.topic] = record.expires
+        return True
+
+    def _release_partition(self, record: ReleasePartition, at: int, source: int) -> bool:
+        state = self.partitions.get((record.topic, record.partition))
+        if state is None or state.owner is None:
+            return False  # nobody to ask
+        state.release_requested = True
+        return True
+
+    def _held_back(self, client: str, topic: str, source: int, at: int) -> bool:
+        """May ``client`` not claim ``topic`` at ``at``: drained (on this coordination partition) or topic paused?"""
+        controls = self.controls.get(source)
+        return (controls is not None and client in controls.drained) or at < self.topic_pauses.get(topic, 0)
 
     def _shared_of(self, topic: str, entries: Iterable[Any]) -> Iterator[tuple[Any, SharedPartition | None]]:
         for entry in entries:
@@ -407,10 +470,33 @@ class WorldState:
 
     def is_free(self, topic: str, partition: int, now: int, client: str, instance: str) -> bool:
         """Would a claim by (client, instance) written at ``now`` be accepted, as far as we know?"""
-        if self.is_paused(now):
+        if self.is_paused(now) or self.is_drained(client) or self.topic_paused(topic, now):
             return False
         state = self.partitions.get((topic, partition))
         return state is None or self._claimable_by(state, client, instance, now)
+
+    def is_drained(self, client: str) -> bool:
+        """Has an operator drained ``client`` (on any coordination partition) and not resumed it?"""
+        return any(client in controls.drained for controls in self.controls.values())
+
+    def drained_clients(self) -> dict[str, int]:
+        """Every drained client and the time of its drain order."""
+        found: dict[str, int] = {}
+        for controls in self.controls.values():
+            for client, at in controls.drained.items():
+                found[client] = max(at, found.get(client, 0))
+        return found
+
+    def shutdown_ordered(self, client: str) -> int | None:
+        """The time of the latest order to shut ``client``'s supervisors down, if any."""
+        return max((c.shutdowns[client] for c in self.controls.values() if client in c.shutdowns), default=None)
+
+    def topic_paused(self, topic: str, now: int) -> bool:
+        return now < self.topic_pauses.get(topic, 0)
+
+    def paused_topics(self, now: int) -> dict[str, int]:
+        """The topics paused at ``now``, with the expiry of each pause."""
+        return {topic: until for topic, until in self.topic_pauses.items() if now < until}
 
     def owned_by(self, client: str, instance: str | None = None) -> Iterator[tuple[str, int]]:
         """The (topic, partition) pairs owned by a client (any instance if none is given)."""
@@ -470,6 +556,9 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
     RenewRanges: WorldState._renew_ranges,
     AckRanges: WorldState._ack_ranges,
     CancelRanges: WorldState._cancel_ranges,
+    Control: WorldState._control,
+    PauseTopic: WorldState._pause_topic,
+    ReleasePartition: WorldState._release_partition,
 }
 
 

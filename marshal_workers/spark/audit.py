@@ -62,14 +62,15 @@ RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("log_partition", "long"),  # where it is in the coordination topic
     ("log_offset", "long"),
     ("at_ms", "long"),  # the time the fold uses: LogAppendTime if the broker stamped one, else ts
-    ("type", "string"),  # claim, heartbeat, release, claim_messages, release_group
+    ("type", "string"),  # the record type (docs/protocol.md); multi-partition records one row per entry
     ("ts", "long"),
     ("client", "string"),
     ("instance", "string"),
     ("topic", "string"),
     ("partition", "long"),
     ("offset", "long"),
-    ("expires", "long"),
+    ("expires", "long"),  # release_group, pause_topic
+    ("command", "string"),  # control: an operator's order, "drain|resume|shutdown <client>" (release 0.5.0)
 )
 GARBAGE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("log_partition", "long"),
@@ -368,11 +369,15 @@ def _row(record: codec.Record, log_partition: int, log_offset: int, at: int) -> 
     tag = record.__struct_config__.tag
     head = (log_partition, log_offset, at, tag, record.ts, record.client, record.instance)
     if isinstance(record, codec.ReleaseGroup):
-        return (*head, None, None, None, record.expires)
+        return (*head, None, None, None, record.expires, None)
+    if isinstance(record, codec.Control):
+        return (*head, None, None, None, None, f"{record.action} {record.target}")
+    if isinstance(record, codec.PauseTopic):
+        return (*head, record.topic, None, None, record.expires, None)
     if isinstance(record, codec.RANGE_RECORD_TYPES):  # several partitions: the leases table has them one by one
-        return (*head, record.topic, None, None, None)
-    offset = None if isinstance(record, codec.Claim) else record.offset
-    return (*head, record.topic, record.partition, offset, None)
+        return (*head, record.topic, None, None, None, None)
+    offset = None if isinstance(record, (codec.Claim, codec.ReleasePartition)) else record.offset
+    return (*head, record.topic, record.partition, offset, None, None)
 
 
 def _tagged(events: Iterable[ownership.Event]) -> Iterator[tuple[int, Any]]:

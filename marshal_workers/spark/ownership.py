@@ -37,10 +37,13 @@ from marshal_workers.codec import (
     Checkpoint,
     Claim,
     ClaimMessages,
+    Control,
     Heartbeat,
+    PauseTopic,
     Record,
     Release,
     ReleaseGroup,
+    ReleasePartition,
 )
 from marshal_workers.spark.lease_audit import LeaseTracker, RangeLease
 from marshal_workers.world_state import Owner, WorldState
@@ -127,6 +130,7 @@ Event = Tenure | Handoff | Zombie | ClientCounts | LogSummary | RangeLease
 HANDOFF_KINDS_MEASURED = ("release", "stale", "reclaim")  # a pause's gap is the operator's, not the fleet's
 
 _NONE: tuple[Event, ...] = ()
+ORDER_TYPES = (Control, PauseTopic, ReleasePartition)  # remote control, release 0.5.0
 _TYPES = {Claim: 0, Heartbeat: 1, Release: 2, ClaimMessages: 3, ReleaseGroup: 4}
 _ZOMBIE, _FIRST, _LAST, _COUNTERS = 10, 11, 12, 13  # per instance: [total, accepted] per type, then these
 
@@ -180,6 +184,11 @@ class OwnershipAudit:
             return self._pause(record, at)
         if kind in RANGE_RECORD_TYPES:  # shared partitions: audited lease by lease (the summary counts them)
             return self.leases.feed(self.state, record, at, log_offset)
+        if kind in ORDER_TYPES:
+            # An operator's order changes what may be claimed; what the owners then do (their releases) is
+            # audited as usual.  The orders themselves are in the records table, by their writer (admin@...).
+            self.state.apply(record, at, self.log_partition)
+            return _NONE
         state = self.state
         entry = state.partitions.get((record.topic, record.partition))  # type: ignore[union-attr]
         owner_before, last_before = (None, 0) if entry is None else (entry.owner, entry.last_ts)

@@ -18,6 +18,7 @@ WRITER = {"v": 1, "group": GROUP, "client": "w", "instance": "w1"}
 def agree(a: WorldState, b: WorldState) -> None:
     assert a.partitions == b.partitions
     assert a.pauses == b.pauses
+    assert a.controls == b.controls and a.topic_pauses == b.topic_pauses
     assert a.checkpoints == b.checkpoints
 
 

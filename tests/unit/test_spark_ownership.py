@@ -237,3 +237,23 @@ def test_every_zombie_is_a_refused_record_from_a_non_owner(kinds: list[str], rng
         zombie = [e for e in events if isinstance(e, Zombie)]
         expected = kind == "heartbeat" and owner is not None and owner != (client, instance)
         assert bool(zombie) == expected
+
+
+def test_operators_orders_are_folded_and_the_hand_overs_they_cause_audited_as_usual() -> None:
+    from marshal_workers.spark.audit import RECORD_COLUMNS, _row
+
+    orders = [
+        codec.Control(v=1, ts=T0 + 100, group=GROUP, client="admin@ops", instance="o1", target="a", action="drain"),
+        codec.PauseTopic(v=1, ts=T0 + 200, group=GROUP, client="admin@ops", instance="o1", topic="payments", expires=0),
+        rec(codec.ReleasePartition, "admin@ops", "o1", 300),
+    ]
+    audit, events = audit_of(
+        rec(codec.Claim, "a", "a1", 0), *orders, rec(codec.Release, "a", "a1", 500, offset=9),
+        rec(codec.Claim, "a", "a1", 600), rec(codec.Claim, "b", "b1", 700),
+    )  # fmt: skip
+    [handoff] = of(events, Handoff)
+    assert (handoff.kind, handoff.from_client, handoff.to_client) == ("release", "a", "b")
+    assert audit.state.is_drained("a"), "a's claim after the drain was refused"
+    rows = [_row(order, 0, offset, order.ts) for offset, order in enumerate(orders)]
+    assert all(len(row) == len(RECORD_COLUMNS) for row in rows)
+    assert rows[0][-1] == "drain a" and rows[1][7] == "payments" and rows[2][7:9] == ("orders", 0)

@@ -35,14 +35,26 @@ def logs(draw: st.DrawFn, max_size: int = 120) -> list[codec.Record]:
         now += draw(st.sampled_from(STEPS))
         client, instance = draw(st.sampled_from(CLIENTS))
         common = {"v": 1, "ts": now, "group": GROUP, "client": client, "instance": instance}
-        kind = draw(st.sampled_from(["claim"] * 4 + ["heartbeat"] * 4 + ["release", "claim_messages", "release_group"]))
+        kind = draw(st.sampled_from(["claim"] * 4 + ["heartbeat"] * 4 + ["release", "claim_messages", "release_group"]
+                                    + ["control", "pause_topic", "release_partition"]))  # fmt: skip
         if kind == "release_group":
             records.append(codec.ReleaseGroup(**common, expires=now + draw(st.sampled_from([0, HB, 3 * HB]))))
+            continue
+        if kind == "control":  # an operator's order about a client (release 0.5.0)
+            target = draw(st.sampled_from(["a", "b", "c"]))
+            action = draw(st.sampled_from(["drain", "drain", "resume", "resume", "shutdown"]))
+            records.append(codec.Control(**common, target=target, action=action))
+            continue
+        if kind == "pause_topic":
+            expires = draw(st.sampled_from([0, now + HB, now + 3 * HB, 2**63 - 1]))
+            records.append(codec.PauseTopic(**common, topic=draw(st.sampled_from(TOPICS)), expires=expires))
             continue
         where = {"topic": draw(st.sampled_from(TOPICS)), "partition": draw(st.integers(0, 2))}
         offset = draw(st.integers(0, 1000))
         if kind == "claim":
             records.append(codec.Claim(**common, **where))
+        elif kind == "release_partition":
+            records.append(codec.ReleasePartition(**common, **where))
         elif kind == "heartbeat":
             records.append(codec.Heartbeat(**common, **where, offset=offset, done=draw(st.sampled_from(DONE))))
         elif kind == "release":
@@ -88,9 +100,13 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
     leases of two different clients never overlap, and the earliest valid claim
     since the partition became free is the owner."""
     state = WorldState(GROUP, HB)
+    drained: set[str] = set()  # the reference model of the operators' orders
+    topic_pauses: dict[str, int] = {}
     for record in log:
         at = record.ts
-        key = None if isinstance(record, codec.ReleaseGroup) else (record.topic, record.partition)
+        partition_record = isinstance(record, (codec.Claim, codec.Heartbeat, codec.Release, codec.ClaimMessages,
+                                               codec.ReleasePartition))  # fmt: skip
+        key = (record.topic, record.partition) if partition_record else None  # type: ignore[union-attr]
         before = copy.copy(state.partitions.get(key)) if key else None
         owners_before = {k: s.owner for k, s in state.partitions.items()}
         paused = is_paused(state, at)
@@ -105,7 +121,8 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
                 or at - before.last_ts > 2 * HB  # type: ignore[union-attr]
                 or (owner.client == record.client and owner.instance != record.instance)
             )
-            assert accepted == (claimable and not paused)
+            held_back = record.client in drained or at < topic_pauses.get(record.topic, 0)
+            assert accepted == (claimable and not paused and not held_back)
             assert after is not None or not accepted
             assert (after.owner if after else None) == (me if accepted else owner)
         elif isinstance(record, codec.Heartbeat):
@@ -123,11 +140,28 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
                 assert after.done == (done_set.parse(record.offset, record.done) or None)
         elif isinstance(record, codec.ClaimMessages):
             fresh = before is not None and at - before.last_ts <= 2 * HB
-            assert accepted == (owner == me and fresh and not paused)
+            topic_paused = at < topic_pauses.get(record.topic, 0)
+            assert accepted == (owner == me and fresh and not paused and not topic_paused)
             if accepted:
                 assert after is not None and after.amo_offset is not None and after.amo_offset >= record.offset
+        elif isinstance(record, codec.ReleasePartition):
+            assert accepted == (owner is not None)
+            assert (after.owner if after else None) == owner  # a request: the owner releases, the fold does not
+            assert after is None or after.release_requested == (accepted or before.release_requested)  # type: ignore[union-attr]
+        elif isinstance(record, codec.Control):
+            if record.action == "drain":
+                drained.add(record.target)
+            elif record.action == "resume":
+                assert accepted == (record.target in drained)
+                drained.discard(record.target)
+            assert state.is_drained(record.target) == (record.target in drained)
+        elif isinstance(record, codec.PauseTopic):
+            topic_pauses[record.topic] = record.expires
+            assert accepted and state.topic_paused(record.topic, at) == (at < record.expires)
         else:
             assert accepted and all(s.owner is None for s in state.partitions.values())
+        # A hand-over request lives only as long as the owner it was made to.
+        assert all(s.owner is not None for s in state.partitions.values() if s.release_requested)
 
         if not isinstance(record, codec.ReleaseGroup):
             # No other partition is touched by a partition record.
@@ -157,6 +191,7 @@ def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: l
             pass
     clean = fold_all(log)
     assert state.partitions == clean.partitions and state.pauses == clean.pauses
+    assert state.controls == clean.controls and state.topic_pauses == clean.topic_pauses
     assert state.stats.garbage == len(garbage) + 1
 
 
@@ -169,7 +204,7 @@ def test_readers_agree_whatever_order_they_fetch_the_coordination_partitions(
     count = 4
     per_partition: dict[int, list[codec.Record]] = {p: [] for p in range(count)}
     for record in log:
-        if isinstance(record, codec.ReleaseGroup):
+        if isinstance(record, codec.GROUP_RECORD_TYPES):
             for copies in per_partition.values():
                 copies.append(record)
         else:
@@ -190,6 +225,7 @@ def test_readers_agree_whatever_order_they_fetch_the_coordination_partitions(
     first, second = read_in_random_interleaving(), read_in_random_interleaving()
     assert first.partitions == second.partitions
     assert first.pauses == second.pauses
+    assert first.controls == second.controls and first.topic_pauses == second.topic_pauses
 
 
 @settings(max_examples=200, deadline=None)
