@@ -67,6 +67,19 @@ def parse_size(value: Any) -> int:
     return int(float(match.group(1)) * _UNIT_BYTES[unit])
 
 
+def parse_memory_limit(value: Any) -> int:
+    """A size of at least 1MB, or 0 for "no limit": a number without a unit is bytes, so ``512`` is refused."""
+    size = parse_size(value)
+    if 0 < size < 2**20:
+        text = str(value).strip()
+        hint = f"did you mean {text}MB?" if text.isdigit() else "give at least 1MB"
+        raise ConfigError(
+            f"{text} is {size} bytes, less than the least useful limit of 1MB; {hint} (a size without a unit is "
+            "bytes; 0 means no limit)"
+        )
+    return size
+
+
 def _parse_str(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -172,7 +185,7 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "max_memory_per_worker",
-            parse_size,
+            parse_memory_limit,
             "Restart a worker cleanly once its resident memory passes this, e.g. 512MB (0: never).",
         ),
         Setting("behind_cycles", _parse_int(1), "Health cycles (HB/2 each) in a row of falling behind before a release."),

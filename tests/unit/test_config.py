@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from marshal_workers.config import SETTINGS, Settings, load_settings, parse_duration
+from marshal_workers.config import SETTINGS, Settings, load_settings, parse_duration, parse_size
 from marshal_workers.errors import ConfigError
 
 
@@ -432,7 +432,19 @@ def test_app_settings_are_defaults_that_env_and_cli_override() -> None:
     ("text", "size"), [("0", 0), ("512", 512), ("64k", 64 * 2**10), ("512MB", 512 * 2**20), ("1.5 GiB", 3 * 2**29)]
 )
 def test_sizes(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(("text", "size"), [("0", 0), ("1MB", 2**20), ("1048576", 2**20), ("512MB", 512 * 2**20)])
+def test_memory_limits(text: str, size: int) -> None:
     assert load_settings(env={"MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER": text}).max_memory_per_worker == size
+
+
+def test_a_memory_limit_without_a_unit_under_1mb_is_refused_with_a_hint() -> None:
+    with pytest.raises(ConfigError, match=r"max_memory_per_worker in the command line: 512 is 512 bytes.*did you mean 512MB\?"):
+        load_settings(cli={"max_memory_per_worker": "512"}, env={})
+    with pytest.raises(ConfigError, match=r"64k is 65536 bytes.*at least 1MB"):
+        load_settings(env={"MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER": "64k"})
 
 
 @pytest.mark.parametrize("text", ["lots", "-1MB", "5 TB", "MB"])
