@@ -361,13 +361,14 @@ def test_sighup_releases_everything_and_restarts_the_same_process_which_claims_a
     poll_until(lambda: len(fleet.counts()) > total // 4, what="processing to be under way")
 
     supervisor.send_signal(signal.SIGHUP)
-    poll_until(lambda: fleet.log_of("only").count("running App(") == 2, what="the restarted supervisor")
+    poll_until(lambda: fleet.log_of("only").count(" running sink_app:app ") == 2, what="the restarted supervisor")
     poll_until(lambda: all_handled(fleet, total), timeout=60, what="every message")
     assert supervisor.poll() is None, "the same process runs on (re-executed)"
     assert not old_workers & set(fleet.worker_pids("only").values()), "with new workers"
     assert max(fleet.counts().values()) == 1, "a clean restart repeats nothing"
     log = fleet.log_of("only")
     assert "SIGHUP: releasing every partition" in log and log.count("released ") >= 8
+    assert "stopped cleanly: released 8 partitions at their offsets in " in log and "s, restarting" in log
 
     before = fleet.log_of("only").count("worker.py")
     supervisor.send_signal(signal.SIGUSR2)  # every thread's stack: the supervisor's, then each worker's
