@@ -13,9 +13,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
-from marshal_workers import codec
+from marshal_workers import checkpoints, codec
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import find_checkpoints
 from marshal_workers.coordinator import Coordinator
@@ -23,7 +23,7 @@ from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
 from marshal_workers.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
 from marshal_workers.status import utc_iso
-from marshal_workers.world_state import Owner, WorldState
+from marshal_workers.world_state import Owner, WorldState, record_time, refusals
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 _HINT = "use --earliest, --latest, --timestamp, or --partition to pick partitions"
@@ -258,7 +258,8 @@ def log_lines(
 ) -> Iterator[str]:
     """The group's coordination records, decoded, one line each, in log order per coordination partition.
 
-    From the latest checkpoint of each partition on (the checkpoint included), or the whole log.
+    From the latest checkpoint of each partition on (the checkpoint included), or the whole log.  Each record is
+    folded as every member folds it, from the checkpoint's state: one the rules refused says why at its end.
     """
     group = settings.require_group()
     admin = admin_client(settings)
@@ -267,9 +268,13 @@ def log_lines(
         return
     consumer = Consumer(reader_config(settings, "log"))
     starts = [OFFSET_BEGINNING] * count
+    state = WorldState(group, settings.heartbeat_ms, count)
     if not from_beginning:
         found = find_checkpoints(settings, settings.coordination_topic, count, group)
         starts = [OFFSET_BEGINNING if parts is None else parts[0].as_of for parts in found]
+        for partition, parts in enumerate(found):
+            if parts is not None:
+                checkpoints.seed(state, parts, partition)
     consumer.assign([TopicPartition(settings.coordination_topic, p, starts[p]) for p in range(count)])
     at_end: set[int] = set()
     try:
@@ -284,7 +289,9 @@ def log_lines(
                 # A busy partition may never answer an empty fetch, so no end-of-partition event comes:
                 # the end as its latest fetch response saw it (correct on Tansu too: DESIGN.md section 8) will do.
                 at_end.add(message.partition())
-            line = format_record(message.value(), message.partition(), message.offset(), group)
+            kind, stamp = message.timestamp()
+            log_append_time = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
+            line = fold_record(state, message.value(), message.partition(), message.offset(), log_append_time)
             if line is not None:
                 yield line
     finally:
@@ -297,6 +304,23 @@ def _last_in_fetch(consumer: Consumer, message: Any) -> bool:
     return high >= 0 and message.offset() + 1 >= high
 
 
+def fold_record(
+    state: WorldState, value: bytes | None, partition: int, offset: int, log_append_time: int | None = None
+) -> str | None:
+    """Fold one record into ``state`` and show it as ``format_record`` does, with the fold's verdict when it
+    refused the record (or some of its entries): ``... refused: owned by a/a1, ...``, ``... (ignored: not the owner;
+    ...)``.  None if it belongs to another group."""
+    where = f"{partition}@{offset}"
+    try:
+        record, verdict = state.apply_value(value, partition, log_append_time)
+    except DecodeError as exc:
+        return f"{where} garbage: {exc}"
+    if record.group != state.group:
+        return None
+    why = refusals(state, record, record_time(record, log_append_time), partition, verdict)
+    return _describe(record, where) + ("" if not why else " " + "; ".join(why))
+
+
 def format_record(value: bytes | None, partition: int, offset: int, group: str) -> str | None:
     """One record as a line for people; None if it belongs to another group.  Garbage is shown as such."""
     where = f"{partition}@{offset}"
@@ -306,6 +330,10 @@ def format_record(value: bytes | None, partition: int, offset: int, group: str) 
         return f"{where} garbage: {exc}"
     if record.group != group:
         return None
+    return _describe(record, where)
+
+
+def _describe(record: codec.Record, where: str) -> str:
     who = f"{record.client}/{record.instance}"
     kind = type(record).__struct_config__.tag
     stamp = utc_iso(record.ts)

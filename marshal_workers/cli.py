@@ -189,6 +189,10 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
     help="greedy (default): claim every free partition; fair: hold an equal share of the group's partitions.",
 )
 @click.option("--shutdown-timeout", help="On SIGTERM, how long workers may finish, e.g. 30s.")
+@click.option(
+    "--max-memory-per-worker",
+    help="Restart a worker cleanly once its resident memory passes this, e.g. 512MB (a bare number is bytes; 0: never).",
+)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port (0: off).")
 @_reports_errors
 def run(app_path: str, config_file: str | None, **options: Any) -> None:

@@ -3,7 +3,9 @@
 Every setting is declared once in ``SETTINGS`` with its parser and a one-line
 explanation; ``config/marshal-workers.toml`` lists them all with their
 defaults.  librdkafka settings (SASL, SSL, ...) go in the ``[kafka]`` table of
-the file or in ``MARSHAL_WORKERS_KAFKA_<NAME>`` variables (``_`` for ``.``).
+the file or in ``MARSHAL_WORKERS_KAFKA_<NAME>`` variables (``_`` for ``.``);
+settings of consumers only or producers only in ``[kafka.consumer]`` and
+``[kafka.producer]`` (``MARSHAL_WORKERS_KAFKA_CONSUMER_<NAME>``, ``..._PRODUCER_<NAME>``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from marshal_workers.errors import ConfigError
 
 ENV_PREFIX = "MARSHAL_WORKERS_"
 ENV_KAFKA_PREFIX = ENV_PREFIX + "KAFKA_"
+KAFKA_ROLES = ("consumer", "producer")  # the sub-tables of [kafka]: [kafka.consumer], [kafka.producer]
 ENV_CONFIG_FILE = ENV_PREFIX + "CONFIG"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -67,6 +70,19 @@ def parse_size(value: Any) -> int:
     return int(float(match.group(1)) * _UNIT_BYTES[unit])
 
 
+def parse_memory_limit(value: Any) -> int:
+    """A size of at least 1MB, or 0 for "no limit": a number without a unit is bytes, so ``512`` is refused."""
+    size = parse_size(value)
+    if 0 < size < 2**20:
+        text = str(value).strip()
+        hint = f"did you mean {text}MB?" if text.isdigit() else "give at least 1MB"
+        raise ConfigError(
+            f"{text} is {size} bytes, less than the least useful limit of 1MB; {hint} (a size without a unit is "
+            "bytes; 0 means no limit)"
+        )
+    return size
+
+
 def _parse_str(value: Any) -> str:
     text = str(value).strip()
     if not text:
@@ -108,6 +124,32 @@ def _parse_choice(*choices: str) -> Callable[[Any], str]:
         return text
 
     return parse
+
+
+# librdkafka's properties that only one kind of client takes (CONFIGURATION.md, column C/P); any other kind
+# warns (CONFWARN) that it ignores them.  Given under plain [kafka] they go to that kind of client only.
+CONSUMER_ONLY = frozenset(
+    """
+    auto.commit.enable auto.commit.interval.ms auto.offset.reset check.crcs consume.callback.max.messages
+    consume_cb coordinator.query.interval.ms enable.auto.commit enable.auto.offset.store enable.partition.eof
+    fetch.error.backoff.ms fetch.max.bytes fetch.message.max.bytes fetch.min.bytes fetch.queue.backoff.ms
+    fetch.wait.max.ms group.id group.instance.id group.protocol group.protocol.type group.remote.assignor
+    heartbeat.interval.ms isolation.level max.partition.fetch.bytes max.poll.interval.ms max.poll.records
+    offset.store.method offset.store.path offset.store.sync.interval.ms offset_commit_cb
+    partition.assignment.strategy queued.max.messages.kbytes queued.min.messages rebalance_cb session.timeout.ms
+    """.split()
+)
+PRODUCER_ONLY = frozenset(
+    """
+    acks batch.num.messages batch.size compression.codec compression.level compression.type
+    delivery.report.only.error delivery.timeout.ms dr_cb dr_msg_cb enable.gapless.guarantee enable.idempotence
+    linger.ms message.send.max.retries message.timeout.ms msg_order_cmp partitioner partitioner_cb
+    produce.offset.report queue.buffering.backpressure.threshold queue.buffering.max.kbytes
+    queue.buffering.max.messages queue.buffering.max.ms queuing.strategy request.required.acks request.timeout.ms
+    retries sticky.partitioning.linger.ms transaction.timeout.ms transactional.id
+    """.split()
+)
+_ONLY = {"consumer": CONSUMER_ONLY, "producer": PRODUCER_ONLY}
 
 
 @dataclass(frozen=True)
@@ -172,7 +214,7 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "max_memory_per_worker",
-            parse_size,
+            parse_memory_limit,
             "Restart a worker cleanly once its resident memory passes this, e.g. 512MB (0: never).",
         ),
         Setting("behind_cycles", _parse_int(1), "Health cycles (HB/2 each) in a row of falling behind before a release."),
@@ -228,7 +270,9 @@ class Settings:
     time_limit: float = 0.0
     metrics_port: int = 0
     metrics_host: str = "0.0.0.0"
-    kafka: Mapping[str, str] = field(default_factory=dict)
+    kafka: Mapping[str, str] = field(default_factory=dict)  # [kafka]: every client
+    kafka_consumer: Mapping[str, str] = field(default_factory=dict)  # [kafka.consumer]: consumers only
+    kafka_producer: Mapping[str, str] = field(default_factory=dict)  # [kafka.producer]: producers only
 
     @property
     def heartbeat_ms(self) -> int:
@@ -246,12 +290,33 @@ class Settings:
 
     def __repr__(self) -> str:
         # Settings travel in WorkerSpecs, exceptions and test reports: a repr never shows a secret.
-        shown = {f.name: getattr(self, f.name) for f in fields(self)} | {"kafka": self.kafka_redacted()}
+        shown = {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "kafka": self.kafka_redacted(),
+            "kafka_consumer": _redacted(self.kafka_consumer),
+            "kafka_producer": _redacted(self.kafka_producer),
+        }
         return f"Settings({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
 
     def kafka_redacted(self) -> dict[str, str]:
         """The librdkafka passthrough settings with secrets masked, fit for logs."""
-        return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in self.kafka.items()}
+        return _redacted(self.kafka)
+
+    def kafka_for(self, role: str) -> dict[str, str]:
+        """The librdkafka passthrough settings of a ``consumer``, a ``producer`` or an ``admin`` client.
+
+        [kafka] less what librdkafka takes only from another kind of client (so a consumer-only property given
+        there reaches consumers only), then [kafka.consumer] or [kafka.producer].
+        """
+        if role not in ("consumer", "producer", "admin"):
+            raise ValueError(f"role must be consumer, producer or admin, not {role!r}")
+        others = [only for kind, only in _ONLY.items() if kind != role]
+        common = {k: v for k, v in self.kafka.items() if not any(k in only for only in others)}
+        own = {"consumer": self.kafka_consumer, "producer": self.kafka_producer}.get(role, {})
+        return common | dict(own)
+
+
+def _redacted(kafka: Mapping[str, str]) -> dict[str, str]:
+    return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in kafka.items()}
 
 
 def _apply(values: dict[str, Any], raw: Mapping[str, Any], origin: str) -> None:
@@ -276,10 +341,39 @@ def _read_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
-def _kafka_table(raw: Any, origin: str) -> dict[str, str]:
+def _kafka_tables(raw: Any, origin: str) -> dict[str, dict[str, str]]:
+    """[kafka], [kafka.consumer] and [kafka.producer] of a file: {"": common, "consumer": ..., "producer": ...}."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"[kafka] in {origin} must be a table of librdkafka settings")
+    common = {k: v for k, v in raw.items() if k not in KAFKA_ROLES}
+    tables = {"": _kafka_table(common, "[kafka]", origin)}
+    for role in KAFKA_ROLES:
+        table = raw.get(role, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"[kafka.{role}] in {origin} must be a table of librdkafka settings")
+        tables[role] = _kafka_table(table, f"[kafka.{role}]", origin)
+    return tables
+
+
+def _kafka_table(raw: Mapping[str, Any], name: str, origin: str) -> dict[str, str]:
+    for key, value in raw.items():
+        if isinstance(value, Mapping):
+            raise ConfigError(
+                f"{name} in {origin}: {key} is a table; write librdkafka names in quotes, e.g. \"{key}.x\" = ..."
+            )
     return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in raw.items()}
+
+
+def _check_roles(sections: Mapping[str, Mapping[str, str]]) -> None:
+    """A property of one kind of client only, given in the other kind's section, is refused (librdkafka ignores it)."""
+    for role, section in sections.items():
+        for other, only in _ONLY.items():
+            wrong = sorted(k for k in section if other != role and k in only)
+            if wrong:
+                raise ConfigError(
+                    f"{', '.join(wrong)} under [kafka.{role}] only applies to {other}s: "
+                    f"put {'it' if len(wrong) == 1 else 'them'} under [kafka.{other}] (or [kafka])"
+                )
 
 
 def load_settings(
@@ -296,19 +390,31 @@ def load_settings(
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     kafka: dict[str, str] = {}
+    by_role: dict[str, dict[str, str]] = {role: {} for role in KAFKA_ROLES}
     _apply(values, app_defaults or {}, "App(...)")
 
     config_file = config_file or env.get(ENV_CONFIG_FILE)
     if config_file:
         raw = _read_file(config_file)
-        kafka.update(_kafka_table(raw.pop("kafka", {}), config_file))
+        tables = _kafka_tables(raw.pop("kafka", {}), config_file)
+        kafka.update(tables[""])
+        for role in KAFKA_ROLES:
+            by_role[role].update(tables[role])
         _apply(values, raw, config_file)
 
     env_values = {name: env[ENV_PREFIX + name.upper()] for name in SETTINGS if ENV_PREFIX + name.upper() in env}
     _apply(values, env_values, "the environment")
     for key, value in env.items():
         if key.startswith(ENV_KAFKA_PREFIX) and len(key) > len(ENV_KAFKA_PREFIX):
-            kafka[key[len(ENV_KAFKA_PREFIX) :].lower().replace("_", ".")] = value
+            name = key[len(ENV_KAFKA_PREFIX) :].lower()
+            role = name.split("_", 1)[0]
+            if role in KAFKA_ROLES and "_" in name:  # MARSHAL_WORKERS_KAFKA_CONSUMER_FETCH_MIN_BYTES
+                by_role[role][name.split("_", 1)[1].replace("_", ".")] = value
+            else:
+                kafka[name.replace("_", ".")] = value
+    _check_roles(by_role)
 
     _apply(values, {k: v for k, v in (cli or {}).items() if v is not None}, "the command line")
-    return replace(Settings(), kafka=kafka, **values)
+    return replace(
+        Settings(), kafka=kafka, kafka_consumer=by_role["consumer"], kafka_producer=by_role["producer"], **values
+    )

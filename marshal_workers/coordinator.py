@@ -232,6 +232,7 @@ class Coordinator:
         return Producer(
             client_config(
                 self.settings,
+                "producer",
                 **{
                     "acks": "all",
                     "enable.idempotence": True,

@@ -44,7 +44,8 @@ class DeadLetterWriter:
         """Write ``records`` (raw Kafka messages) to ``topic``, their own headers followed by ``headers``; wait until
         Kafka has them."""
         if self._producer is None:
-            self._producer = Producer(client_config(self._settings, **{"acks": "all", "enable.idempotence": True}))
+            config = client_config(self._settings, "producer", **{"acks": "all", "enable.idempotence": True})
+            self._producer = Producer(config)
         producer = self._producer
         failures: list[KafkaError] = []
 

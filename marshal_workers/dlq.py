@@ -123,7 +123,7 @@ def redrive(
     missing = sorted({t for _, t in targets if t and topic_partition_count(admin, settings, t) is None})
     if missing:
         raise UnknownTopicError(f"nothing sent: {', '.join(missing)} does not exist on {settings.brokers}")
-    producer = Producer(client_config(settings, **{"acks": "all", "enable.idempotence": True}))
+    producer = Producer(client_config(settings, "producer", **{"acks": "all", "enable.idempotence": True}))
     failures: list[KafkaError] = []
 
     def delivered(err: KafkaError | None, _msg: Any) -> None:

@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("marshal_workers.librdkafka")
 
 
-def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """Common librdkafka settings: brokers, client id, user passthrough, then overrides."""
+def client_config(settings: Settings, role: str, **overrides: Any) -> dict[str, Any]:
+    """The librdkafka settings of a ``consumer``, ``producer`` or ``admin`` client: brokers, client id, the user's
+    passthrough for that kind of client (Settings.kafka_for), then overrides."""
     config: dict[str, Any] = {
         "bootstrap.servers": settings.brokers,
         "client.id": f"marshal-workers-{settings.client_id}",
@@ -32,7 +33,7 @@ def client_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
         # Connection errors are reported by our own deadlines, with a message that says what to do.
         "error_cb": _log_client_error,
     }
-    config.update(settings.kafka)
+    config.update(settings.kafka_for(role))
     config.update(overrides)
     return config
 
@@ -42,6 +43,7 @@ def reader_config(settings: Settings, purpose: str, **tuning: Any) -> dict[str, 
     partition-end events on, and the log's start where an asked-for offset is gone; then ``tuning``."""
     return client_config(
         settings,
+        "consumer",
         **{
             "group.id": f"marshal-workers-{purpose}-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
@@ -58,7 +60,7 @@ def _log_client_error(error: KafkaError) -> None:
 
 
 def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient(client_config(settings))
+    return AdminClient(client_config(settings, "admin"))
 
 
 def cluster_metadata(admin: AdminClient, settings: Settings) -> ClusterMetadata:

@@ -33,6 +33,7 @@ class OffsetStore:
         self._consumer = Consumer(
             client_config(
                 settings,
+                "consumer",
                 **{
                     "group.id": self.group,
                     "enable.auto.commit": False,

@@ -311,6 +311,7 @@ class SharedWorker:
 def _consumer_settings(settings: Settings) -> dict[str, Any]:
     return client_config(
         settings,
+        "consumer",
         **{
             "group.id": settings.require_group(),  # never joined: ranges are assigned by hand
             "enable.auto.commit": False,

@@ -50,7 +50,7 @@ from marshal_workers.balance import (
     BalanceState,
 )
 from marshal_workers.channel import Field, monotonic_ms
-from marshal_workers.config import Settings
+from marshal_workers.config import SETTINGS, Settings
 from marshal_workers.coordination_log import drain, wakeup_pair
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import UnknownTopicError
@@ -122,6 +122,10 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         self._free_since: dict[Key, float] = {}  # monotonic: when a partition was first seen free
         self.counters = Counters()
         self._metrics: MetricsServer | None = None
+        # The graceful stop: when it began (monotonic), releases written before it, whether workers were killed.
+        self._stop_began: float | None = None
+        self._releases_before_stop = 0
+        self._workers_killed = False
 
     # ----------------------------------------------------------------- run
 
@@ -144,9 +148,8 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
                 )  # fmt: skip
             setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
             self.log.info(
-                "supervisor %s/%s running %s on %s",
-                self._coordinator.client, self._coordinator.instance, self.app, self.settings.brokers,
-            )  # fmt: skip
+                "%s", start_line(self.app, self.app_path, self.settings, self._coordinator.client, self._coordinator.instance)
+            )
             steps = (
                 self._handle_signals,
                 self._submit_message_claims,
@@ -167,9 +170,21 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
                     self._last_tick = time.monotonic()
                 except Exception:
                     self._after_unexpected_error()
+            self._log_stop()
         finally:
             self._close()
         return self.exit_code
+
+    def _log_stop(self) -> None:
+        """The last line: a clean stop says so at INFO, with what it released and how long it took."""
+        if self._stop_began is None:
+            return  # SIGQUIT: it said so already
+        released = sum(self.counters.releases.values()) - self._releases_before_stop
+        line = stop_line(released, time.monotonic() - self._stop_began, self.exit_code, self._workers_killed)
+        if self.exit_code == 0 and not self._workers_killed:
+            self.log.info("%s%s", line, ", restarting" if self.restart_requested else "")
+        else:
+            self.log.warning("%s", line)
 
     def _warn_if_slow(self, step: Callable[[], None], seconds: float) -> None:
         """Every step of the loop should take milliseconds: AMO workers wait for it to answer their claims."""
@@ -251,6 +266,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
                 self._begin_graceful_stop()
             else:
                 self.log.info("%s again: stopping workers now", signal.Signals(signum).name)
+                self._workers_killed = True
                 self._kill_workers()
 
     def _dump_tracebacks(self) -> None:
@@ -325,6 +341,8 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
 
     def _begin_graceful_stop(self) -> None:
         self.phase = Phase.STOPPING
+        self._stop_began = time.monotonic()
+        self._releases_before_stop = sum(self.counters.releases.values())
         self.timers.stop_deadline = time.monotonic() + self.settings.shutdown_timeout
         for assignment in list(self.assignments.values()):
             if assignment.process is None:
@@ -342,6 +360,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         elif self.timers.stop_deadline is not None and now > self.timers.stop_deadline:
             self.log.warning("shutdown_timeout (%gs) passed: killing the workers left", self.settings.shutdown_timeout)
             self.timers.stop_deadline = None
+            self._workers_killed = True
             self._kill_workers()
 
 
@@ -353,6 +372,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         self.shared.kill_workers()
         self.assignments.clear()
         self.phase = Phase.STOPPED
+        self._stop_began = None  # no last line but the warning above: nothing was released
 
 
     # ------------------------------------------------------- waiting loop
@@ -526,3 +546,48 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
             self._coordinator.close()
 
 
+
+
+# ------------------------------------------------------------- log lines
+
+# Shown in the start-up line whatever their value; other settings only where they differ from the default.
+_ALWAYS_SHOWN = ("coordination_topic", "heartbeat_interval", "balance", "max_partitions", "shutdown_timeout")
+_NEVER_SHOWN = ("group", "brokers", "client_id", "processes")  # processes: shown as the count in effect
+
+
+def start_line(app: App, app_path: str, settings: Settings, client: str, instance: str) -> str:
+    """The start-up line: the effective settings (option, environment, file or App(...)), not App's own arguments."""
+    topics = [t for t in app.topics if not app.handlers[t].shared]
+    shared = [t for t in app.topics if app.handlers[t].shared]
+    handled = f"topics {', '.join(topics) or '-'}" + (f"; shared {', '.join(shared)}" if shared else "")
+    defaults = Settings(client_id=settings.client_id)
+    shown = [
+        f"{name}={_setting_text(name, getattr(settings, name))}"
+        for name in SETTINGS
+        if name not in _NEVER_SHOWN
+        and (name in _ALWAYS_SHOWN or getattr(settings, name) != getattr(defaults, name))
+    ]
+    if shared:
+        shown.append(f"processes={settings.shared_processes}")
+    return (
+        f"supervisor {client}/{instance} running {app_path} ({handled}) in group {settings.group} "
+        f"on {settings.brokers}: {', '.join(shown)}"
+    )
+
+
+def _setting_text(name: str, value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:g}s"  # every float setting is a duration
+    if name == "max_memory_per_worker" and isinstance(value, int) and value:
+        return f"{value / 2**20:g}MB"
+    return str(value)
+
+
+def stop_line(released: int, seconds: float, exit_code: int, workers_killed: bool) -> str:
+    """The last line of a supervisor that stopped by releasing its partitions."""
+    what = f"released {released} partition{'' if released == 1 else 's'}"
+    if exit_code == 0 and not workers_killed:
+        return f"stopped cleanly: {what} at {'its offset' if released == 1 else 'their offsets'} in {seconds:.1f}s"
+    killed = "; workers were killed and released at their last progress" if workers_killed else ""
+    code = f" with exit code {exit_code}" if exit_code else ""
+    return f"stopped{code}: {what} in {seconds:.1f}s{killed}"

@@ -83,6 +83,7 @@ def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection) -> No
 def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
     return client_config(
         spec.settings,
+        "consumer",
         **{
             "group.id": spec.group,  # for the committed offsets the supervisor keeps as a backup; never joined
             "enable.auto.commit": False,

@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,20 @@ def test_broker_with_a_bad_binary_override_is_a_clear_error(tmp_path: Path) -> N
     result = run_cli("broker", "--port", "0", env={"MARSHAL_WORKERS_TANSU_BIN": str(missing)})
     assert result.returncode == ExitCode.EMBEDDED_BROKER_ERROR
     assert f"MARSHAL_WORKERS_TANSU_BIN='{missing}' is not an executable file" in result.stderr
+
+
+@pytest.mark.broker
+def test_log_shows_a_refused_claim_as_refused(
+    started_group: tuple[Settings, str], as_client: Callable[[str], Settings]
+) -> None:
+    settings, topic = started_group  # client-a owns partition 0, fresh (HB 60 s below)
+    with Coordinator(replace(as_client("client-b"), heartbeat_interval=60.0)) as other:
+        assert not other.claim(topic, 0), "partition 0 has a live owner"
+        assert other.claim(topic, 2)
+    result = run_cli("log", *connection_options(settings))
+    assert result.returncode == ExitCode.OK, result.stderr
+    claims = [line for line in result.stdout.splitlines() if " claim client-b/" in line]
+    assert len(claims) == 2, result.stdout
+    refused = next(line for line in claims if f" {topic}[0]" in line)
+    assert refused.split(f" {topic}[0] ", 1)[1].startswith("refused: owned by client-a/"), refused
+    assert claims[1 - claims.index(refused)].endswith(f" {topic}[2]"), "an accepted claim has no verdict shown"

@@ -361,13 +361,14 @@ def test_sighup_releases_everything_and_restarts_the_same_process_which_claims_a
     poll_until(lambda: len(fleet.counts()) > total // 4, what="processing to be under way")
 
     supervisor.send_signal(signal.SIGHUP)
-    poll_until(lambda: fleet.log_of("only").count("running App(") == 2, what="the restarted supervisor")
+    poll_until(lambda: fleet.log_of("only").count(" running sink_app:app ") == 2, what="the restarted supervisor")
     poll_until(lambda: all_handled(fleet, total), timeout=60, what="every message")
     assert supervisor.poll() is None, "the same process runs on (re-executed)"
     assert not old_workers & set(fleet.worker_pids("only").values()), "with new workers"
     assert max(fleet.counts().values()) == 1, "a clean restart repeats nothing"
     log = fleet.log_of("only")
     assert "SIGHUP: releasing every partition" in log and log.count("released ") >= 8
+    assert "stopped cleanly: released 8 partitions at their offsets in " in log and "s, restarting" in log
 
     before = fleet.log_of("only").count("worker.py")
     supervisor.send_signal(signal.SIGUSR2)  # every thread's stack: the supervisor's, then each worker's
@@ -375,3 +376,19 @@ def test_sighup_releases_everything_and_restarts_the_same_process_which_claims_a
     assert "supervisor.py" in fleet.log_of("only").split("SIGUSR2")[-1]
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == ExitCode.OK
+
+
+def test_the_start_line_shows_the_effective_group_and_a_clean_stop_logs_a_last_line(fleet: Fleet) -> None:
+    only = fleet.start("only", "--balance", "fair")  # sink_app's App() has no group: --group gives it
+    poll_until(lambda: len(fleet.worker_pids("only")) == 8, what="8 workers")
+    only.send_signal(signal.SIGTERM)
+    assert only.wait(timeout=30) == ExitCode.OK
+    lines = fleet.log_of("only").splitlines()
+    started = [line for line in lines if " running sink_app:app " in line]
+    assert len(started) == 1, lines[:5]
+    assert f"in group {fleet.group} " in started[0] and "balance=fair" in started[0], started[0]
+    assert "group=None" not in started[0] and "App(" not in started[0]
+    last = [line for line in lines if "stopped" in line]
+    assert len(last) == 1 and " INFO " in last[0], last
+    assert f"group {fleet.group}: stopped cleanly: released 8 partitions at their offsets in " in last[0]
+    assert "supervisor:" in last[0] and not [line for line in lines[lines.index(last[0]) + 1 :] if "supervisor:" in line]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from marshal_workers.config import SETTINGS, Settings, load_settings, parse_duration
+from marshal_workers.config import SETTINGS, Settings, load_settings, parse_duration, parse_size
 from marshal_workers.errors import ConfigError
 
 
@@ -432,10 +432,108 @@ def test_app_settings_are_defaults_that_env_and_cli_override() -> None:
     ("text", "size"), [("0", 0), ("512", 512), ("64k", 64 * 2**10), ("512MB", 512 * 2**20), ("1.5 GiB", 3 * 2**29)]
 )
 def test_sizes(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(("text", "size"), [("0", 0), ("1MB", 2**20), ("1048576", 2**20), ("512MB", 512 * 2**20)])
+def test_memory_limits(text: str, size: int) -> None:
     assert load_settings(env={"MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER": text}).max_memory_per_worker == size
+
+
+def test_a_memory_limit_without_a_unit_under_1mb_is_refused_with_a_hint() -> None:
+    with pytest.raises(ConfigError, match=r"max_memory_per_worker in the command line: 512 is 512 bytes.*did you mean 512MB\?"):
+        load_settings(cli={"max_memory_per_worker": "512"}, env={})
+    with pytest.raises(ConfigError, match=r"64k is 65536 bytes.*at least 1MB"):
+        load_settings(env={"MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER": "64k"})
 
 
 @pytest.mark.parametrize("text", ["lots", "-1MB", "5 TB", "MB"])
 def test_bad_sizes_are_refused_naming_the_setting(text: str) -> None:
     with pytest.raises(ConfigError, match="max_memory_per_worker"):
         load_settings(env={"MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER": text})
+
+
+# ------------------------------------------- librdkafka settings by kind of client
+
+
+def test_consumer_and_producer_sections_reach_only_their_kind_of_client(tmp_path: Path) -> None:
+    from marshal_workers.kafka_clients import client_config
+
+    path = write_toml(
+        tmp_path,
+        """
+        [kafka]
+        "security.protocol" = "SASL_SSL"
+        [kafka.consumer]
+        "fetch.min.bytes" = 4096
+        "isolation.level" = "read_committed"
+        [kafka.producer]
+        "compression.type" = "zstd"
+        """,
+    )
+    settings = load_settings(path, env={})
+    consumer, producer, admin = (client_config(settings, role) for role in ("consumer", "producer", "admin"))
+    assert consumer["fetch.min.bytes"] == "4096" and consumer["isolation.level"] == "read_committed"
+    assert "fetch.min.bytes" not in producer and "isolation.level" not in producer
+    assert producer["compression.type"] == "zstd" and "compression.type" not in consumer
+    assert not {"fetch.min.bytes", "compression.type"} & set(admin)
+    assert consumer["security.protocol"] == producer["security.protocol"] == admin["security.protocol"] == "SASL_SSL"
+
+
+def test_a_consumer_only_property_under_plain_kafka_reaches_consumers_only(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[kafka]\n"fetch.min.bytes" = 4096\n"linger.ms" = 7\n"client.rack" = "r1"\n')
+    settings = load_settings(path, env={})
+    assert settings.kafka_for("consumer") == {"fetch.min.bytes": "4096", "client.rack": "r1"}
+    assert settings.kafka_for("producer") == {"linger.ms": "7", "client.rack": "r1"}
+    assert settings.kafka_for("admin") == {"client.rack": "r1"}
+
+
+def test_a_property_in_the_wrong_section_is_refused_naming_the_right_one(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[kafka.producer]\n"fetch.min.bytes" = 4096\n')
+    with pytest.raises(ConfigError, match=r"fetch.min.bytes under \[kafka.producer\] only applies to consumers: "
+                                          r"put it under \[kafka.consumer\]"):  # fmt: skip
+        load_settings(path, env={})
+
+
+def test_consumer_and_producer_settings_from_the_environment() -> None:
+    settings = load_settings(
+        env={
+            "MARSHAL_WORKERS_KAFKA_CONSUMER_FETCH_MIN_BYTES": "4096",
+            "MARSHAL_WORKERS_KAFKA_PRODUCER_LINGER_MS": "7",
+            "MARSHAL_WORKERS_KAFKA_CLIENT_RACK": "r1",
+        }
+    )
+    assert (dict(settings.kafka_consumer), dict(settings.kafka_producer)) == ({"fetch.min.bytes": "4096"}, {"linger.ms": "7"})
+    assert dict(settings.kafka) == {"client.rack": "r1"}
+
+
+def test_an_unquoted_dotted_name_under_kafka_is_a_clear_error(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[kafka]\nsasl.username = 'alice'\n")
+    with pytest.raises(ConfigError, match="in quotes"):
+        load_settings(path, env={})
+
+
+def test_secrets_of_the_consumer_and_producer_sections_are_never_shown() -> None:
+    settings = dataclasses.replace(
+        Settings(), kafka_consumer={"sasl.password": "pw-1"}, kafka_producer={"ssl.key.password": "pw-2"}
+    )
+    assert "pw-1" not in repr(settings) and "pw-2" not in repr(settings)
+
+
+def test_a_producer_built_from_settings_with_consumer_properties_does_not_warn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from confluent_kafka import Producer
+
+    from marshal_workers.kafka_clients import client_config
+
+    path = write_toml(tmp_path, '[kafka]\n"fetch.min.bytes" = 4096\n[kafka.consumer]\n"isolation.level" = "read_committed"\n')
+    settings = dataclasses.replace(load_settings(path, env={}), brokers="127.0.0.1:1")  # never connects
+    with caplog.at_level("WARNING", logger="marshal_workers.librdkafka"):
+        producer = Producer(client_config(settings, "producer"))
+        producer.poll(0.3)  # librdkafka's log lines are served by poll
+        # The same property passed straight to a producer does warn: the check above can see a warning.
+        warned = Producer(client_config(settings, "producer") | {"fetch.min.bytes": "4096"})
+        warned.poll(0.3)
+    warnings = [r.getMessage() for r in caplog.records if "CONFWARN" in r.getMessage()]
+    assert len(warnings) == 1 and "fetch.min.bytes" in warnings[0], warnings
