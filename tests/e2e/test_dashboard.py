@@ -121,13 +121,14 @@ def test_the_dashboard_shows_every_partition_owned_then_a_hand_over(
 
 def take_screenshot(fleet: Fleet, page: object) -> None:
     """docs/dashboard.png: a backlog draining (lag, rates) and a dead letter, after the hand-over."""
-    fleet.produce(range(8 * 400))
     producer = Producer({"bootstrap.servers": fleet.brokers})
     producer.produce(fleet.topic, value=b"fail", partition=3)
     assert producer.flush(30) == 0
+    fleet.produce(range(8 * 3000))  # 30 s of work per partition at 10 ms a message: still draining when shot
     page.wait_for_function(  # type: ignore[attr-defined]
         "() => document.querySelector('#dead-letters table') !== null", timeout=60_000
     )
+    page.set_viewport_size({"width": 1440, "height": 900})  # type: ignore[attr-defined]  # no table cut short
     page.screenshot(path=str(SCREENSHOT), full_page=True)  # type: ignore[attr-defined]
 
 
