@@ -128,12 +128,18 @@ class GroupWatcher:
 
     def start(self) -> GroupWatcher:
         """Read the log up to its end (so the first document is whole), then keep tailing and polling."""
-        count = topic_partition_count(self._admin, self.settings, self.settings.coordination_topic)
-        if count is not None:  # no coordination topic yet: an empty group, shown as such (never created here)
-            self._log = CoordinationLog(self.settings, self.group, count).start()
-            self._log.wait_caught_up(stall_timeout=self.settings.connect_timeout)
+        self._open_log()
         self._poller.start()
         return self
+
+    def _open_log(self) -> None:
+        """Tail the coordination log if it exists; until it does the group is shown empty (it is never created
+        here: the poll thread looks again, so a dashboard started before the group's first supervisor works)."""
+        count = topic_partition_count(self._admin, self.settings, self.settings.coordination_topic)
+        if count is not None:
+            reader = CoordinationLog(self.settings, self.group, count).start()
+            reader.wait_caught_up(stall_timeout=self.settings.connect_timeout)
+            self._log = reader  # only once caught up: step() never shows a half-read log
 
     def close(self) -> None:
         self._stopping.set()
@@ -165,11 +171,16 @@ class GroupWatcher:
         next_letters = 0.0
         try:
             while not self._stopping.is_set():
-                topics = sorted(self._topics())
-                self._poll_highs(consumer, topics)
-                if time.monotonic() >= next_letters:
-                    self._poll_dead_letters(topics)
-                    next_letters = time.monotonic() + DEAD_LETTER_INTERVAL_S
+                try:
+                    if self._log is None:
+                        self._open_log()
+                    topics = sorted(self._topics())
+                    self._poll_highs(consumer, topics)
+                    if time.monotonic() >= next_letters:
+                        self._poll_dead_letters(topics)
+                        next_letters = time.monotonic() + DEAD_LETTER_INTERVAL_S
+                except Exception:  # noqa: BLE001 - the broker away or a surprise: show the last data, try again
+                    log.exception("dashboard: polling Kafka failed; trying again")
                 self._stopping.wait(HIGH_WATERMARK_INTERVAL_S)
         finally:
             consumer.close()
