@@ -176,6 +176,31 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 
 
 @main.command()
+@_settings_options
+@click.option("--port", "dashboard_port", type=click.IntRange(0, 65535), help="Port of the web server (default 8000).")
+@click.option("--host", "dashboard_host", help="Address to listen on (default 127.0.0.1: this host only).")
+@_reports_errors
+def dashboard(config_file: str | None, **options: Any) -> None:
+    """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters."""
+    import asyncio
+
+    from marshal_workers.dashboard import GroupWatcher, Publisher
+    from marshal_workers.dashboard_server import serve
+
+    settings = _load(config_file, **options)
+    group = settings.require_group()
+    watcher = GroupWatcher(settings, group).start()
+    publisher = Publisher(watcher.step).start()
+    try:
+        asyncio.run(serve(publisher, settings.dashboard_host, settings.dashboard_port,
+                          lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)")))  # fmt: skip
+    finally:
+        publisher.close()
+        watcher.close()
+    click.echo("dashboard stopped")
+
+
+@main.command()
 @click.argument("app_path", metavar="MODULE:APP")
 @_settings_options
 @click.option("--client-id", help="Stable name of this host/instance (default: hostname); unique per supervisor.")
@@ -194,6 +219,9 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
     help="Restart a worker cleanly once its resident memory passes this, e.g. 512MB (a bare number is bytes; 0: never).",
 )
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Serve Prometheus metrics on this port (0: off).")
+@click.option(
+    "--dashboard/--no-dashboard", default=None, help="Also serve the live dashboard on the metrics port, at /dashboard."
+)
 @_reports_errors
 def run(app_path: str, config_file: str | None, **options: Any) -> None:
     """Run the handlers of MODULE:APP: one worker process per claimed partition, and --processes workers per
@@ -205,6 +233,8 @@ def run(app_path: str, config_file: str | None, **options: Any) -> None:
     app = load_app(app_path)
     settings = _load(config_file, app_defaults=app.settings, **options)
     settings.require_group()
+    if settings.dashboard and not settings.metrics_port:
+        raise ConfigError("the dashboard is served on the metrics port: give --metrics-port too")
     supervisor = Supervisor(app, app_path, settings)
     code = supervisor.run()
     if supervisor.restart_requested and code == 0:

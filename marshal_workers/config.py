@@ -230,6 +230,9 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("metrics_port", _parse_int(0), "Serve Prometheus metrics on this port (0: off)."),
         Setting("metrics_host", _parse_str, "The address the metrics endpoint listens on."),
+        Setting("dashboard", _parse_bool, "run: also serve the live dashboard on the metrics port, at /dashboard."),
+        Setting("dashboard_port", _parse_int(0), "The port of the `dashboard` command's web server."),
+        Setting("dashboard_host", _parse_str, "The address the `dashboard` command listens on."),
         Setting(
             "balance",
             _parse_choice("greedy", "fair"),
@@ -270,6 +273,9 @@ class Settings:
     time_limit: float = 0.0
     metrics_port: int = 0
     metrics_host: str = "0.0.0.0"
+    dashboard: bool = False
+    dashboard_port: int = 8000
+    dashboard_host: str = "127.0.0.1"  # read-only, but it shows the group to anyone who can reach it
     kafka: Mapping[str, str] = field(default_factory=dict)  # [kafka]: every client
     kafka_consumer: Mapping[str, str] = field(default_factory=dict)  # [kafka.consumer]: consumers only
     kafka_producer: Mapping[str, str] = field(default_factory=dict)  # [kafka.producer]: producers only

@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from marshal_workers.channel import LATENCY_BOUNDS
+from marshal_workers.dashboard import KEEPALIVE_S, Publisher, page, sse_event
 from marshal_workers.errors import ConfigError
 
 PREFIX = "marshal_workers"
@@ -230,13 +231,23 @@ class MetricsServer:
 
     ``/metrics``: Prometheus (prometheus_client renders it).  With probes: ``/healthz`` and ``/readyz``
     (200, or 503 when not, with a JSON body saying why: for Kubernetes' liveness and readiness probes or
-    systemd's watchdog scripts) and ``/state`` (the SIGUSR1 document as JSON).
+    systemd's watchdog scripts) and ``/state`` (the SIGUSR1 document as JSON).  With a dashboard publisher
+    (``run --dashboard``): the live dashboard's page at ``/dashboard/``, its JSON at ``/dashboard/api/state``
+    and its server-sent events at ``/dashboard/events`` (the same page and documents as the ``dashboard``
+    command; each event stream holds one of the server's threads).
     """
 
-    def __init__(self, host: str, port: int, take_snapshot: Callable[[], Snapshot], probes: Probes | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        take_snapshot: Callable[[], Snapshot],
+        probes: Probes | None = None,
+        dashboard: Publisher | None = None,
+    ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(take_snapshot))
-        handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes})
+        handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes, "dashboard": dashboard})
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -256,12 +267,15 @@ class MetricsServer:
 class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
     probes: Probes | None
+    dashboard: Publisher | None
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server name
         path = self.path.split("?", 1)[0]
         probes = self.probes
         try:
-            if path in ("/metrics", "/"):
+            if self.dashboard is not None and path.startswith("/dashboard"):
+                self._dashboard(path[len("/dashboard"):], self.dashboard)
+            elif path in ("/metrics", "/"):
                 self._send(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
             elif probes is not None and path in ("/healthz", "/readyz"):
                 ok, details = (probes.health if path == "/healthz" else probes.ready)()
@@ -273,6 +287,43 @@ class _Handler(BaseHTTPRequestHandler):
                            "application/json")  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a probe that fails answers 500, the server goes on
             self._send(500, orjson.dumps({"error": f"{type(exc).__name__}: {exc}"}), "application/json")
+
+    def _dashboard(self, path: str, publisher: Publisher) -> None:
+        if path == "":  # the page's URLs are relative: they must resolve under /dashboard/
+            self.send_response(301)
+            self.send_header("Location", "/dashboard/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif path == "/":
+            self._send(200, page(), "text/html; charset=utf-8")
+        elif path == "/api/state":
+            self._send(200, publisher.latest()[1], "application/json")
+        elif path == "/events":
+            self._stream_events(publisher)
+        else:
+            self._send(404, orjson.dumps({"error": f"no /dashboard{path} here: /dashboard/, /dashboard/api/state, "
+                                                   "/dashboard/events"}), "application/json")  # fmt: skip
+
+    def _stream_events(self, publisher: Publisher) -> None:
+        """Server-sent events in this handler's thread: a document per update until the client or we go."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()  # HTTP/1.0 and no length: the stream lasts until either side closes
+        version, body = publisher.latest()
+        try:
+            self.wfile.write(sse_event(body))
+            self.wfile.flush()
+            while not publisher.closing.is_set():
+                newer = publisher.wait_newer(version, KEEPALIVE_S)
+                if newer is None:
+                    self.wfile.write(b": keep-alive\n\n")
+                else:
+                    version, body = newer
+                    self.wfile.write(sse_event(body))
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the browser went away
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)

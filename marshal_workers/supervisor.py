@@ -53,6 +53,8 @@ from marshal_workers.channel import Field, monotonic_ms
 from marshal_workers.config import SETTINGS, Settings
 from marshal_workers.coordination_log import drain, wakeup_pair
 from marshal_workers.coordinator import Coordinator
+from marshal_workers.dashboard import Publisher, supervisor_step
+from marshal_workers.dashboard_model import Dashboard
 from marshal_workers.errors import UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.health import HealthPolicy
@@ -126,6 +128,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         self._stop_began: float | None = None
         self._releases_before_stop = 0
         self._workers_killed = False
+        self._dashboard: Publisher | None = None  # run --dashboard: documents for /dashboard on the metrics port
 
     # ----------------------------------------------------------------- run
 
@@ -142,9 +145,11 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         try:
             self._refresh_topics(first=True)
             if self.settings.metrics_port:
+                if self.settings.dashboard:
+                    self._dashboard = Publisher(self._dashboard_step()).start()
                 self._metrics = MetricsServer(
                     self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
-                    Probes(health=self.health, ready=self.readiness, state=self.state_document),
+                    Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
                 )  # fmt: skip
             setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
             self.log.info(
@@ -519,6 +524,14 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         )  # fmt: skip
         return Snapshot(self.group, partitions, counters, self._require_coordinator().garbage_seen, self.shared.stats())
 
+    def _dashboard_step(self) -> Callable[[Dashboard], Dashboard]:
+        """The dashboard's update from our own WorldState, and the ends our workers' fetches saw."""
+        return supervisor_step(
+            self._require_coordinator().read,
+            lambda: {a.key: a.high_watermark for a in list(self.assignments.values()) if a.high_watermark is not None},
+            lambda: dict(self.partition_counts),
+        )
+
     # ----------------------------------------------------------- plumbing
 
 
@@ -538,6 +551,8 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         for assignment in self.assignments.values():
             self._signal_worker(assignment, signal.SIGKILL)
         self._metadata_thread.shutdown(wait=False, cancel_futures=True)
+        if self._dashboard is not None:
+            self._dashboard.close()  # first: its event streams end, so the metrics server's threads do too
         if self._metrics is not None:
             self._metrics.close()
         if self._offsets is not None:

@@ -125,6 +125,9 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "time_limit": "1m",
         "metrics_port": "9400",
         "metrics_host": "127.0.0.1",
+        "dashboard": "true",
+        "dashboard_port": "8080",
+        "dashboard_host": "0.0.0.0",
     }
     assert set(values) == set(SETTINGS), "update this test when a setting is added"
     expected = {
@@ -157,6 +160,9 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "time_limit": 60.0,
         "metrics_port": 9400,
         "metrics_host": "127.0.0.1",
+        "dashboard": True,
+        "dashboard_port": 8080,
+        "dashboard_host": "0.0.0.0",
     }
     toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
     from_file = load_settings(write_toml(tmp_path, toml), env={})
