@@ -17,6 +17,7 @@ message).
 from __future__ import annotations
 
 import bisect
+import functools
 import signal
 import time
 from collections.abc import Callable
@@ -34,7 +35,7 @@ _BOUNDS_NS = [round(bound * 1e9) for bound in LATENCY_BOUNDS]
 @dataclass(frozen=True)
 class Instruments:
     soft_time_limit: float = 0.0  # seconds; 0: none
-    track_calls: bool = False  # publish the call in progress (a hard time limit is set)
+    track_calls: bool = False  # publish the call in progress (a hard time limit; a batch handler)
     latency: bool = False  # count handler latency (metrics are on)
 
     @property
@@ -58,6 +59,7 @@ def instrument(function: Handler, batch: bool, slot: Slot, instruments: Instrume
 
         signal.signal(signal.SIGALRM, on_alarm)
 
+    @functools.wraps(function)  # the handler's name, in logs and dead letters, stays the user's
     def call(argument: Any) -> Any:
         if track:
             fields[Field.CALL_FIRST_OFFSET] = argument[0].offset if batch else argument.offset

@@ -198,7 +198,9 @@ class Worker:
     def _instrumented(self, handler: HandlerSpec) -> tuple[HandlerSpec, HandlerSpec | None]:
         """The handler with its time limits, and (metrics on) the same also timing each call."""
         soft, hard = effective_time_limits(handler, self.spec.settings)
-        limits = Instruments(soft_time_limit=soft, track_calls=bool(hard))
+        # The call in progress is published for a hard time limit, and for a batch: if the worker dies in it, the
+        # supervisor knows which batch to dead-letter as WorkerLost (worker_pool.py; a few writes per batch).
+        limits = Instruments(soft_time_limit=soft, track_calls=bool(hard) or handler.batch)
         plain = replace(handler, function=instrument(handler.function, handler.batch, self.slot, limits))
         if not self.spec.settings.metrics_port:
             return plain, None

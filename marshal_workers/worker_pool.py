@@ -146,13 +146,14 @@ class WorkerPool(SupervisorState):
         assignment.crashes_in_a_row = 1 if made_progress else assignment.crashes_in_a_row + 1
         delay = self.restart_policy.delay(assignment.crashes_in_a_row)
         where = f"{assignment.topic}[{assignment.partition}]"
-        if delay is None and not made_progress and self._dead_letters_poison(assignment):
+        in_hand = self._poison_in_hand(assignment) if delay is None and not made_progress else None
+        if in_hand is not None:
+            what = "that message" if in_hand[1] - in_hand[0] == 1 else f"its batch (offsets {in_hand[0]}..{in_hand[1] - 1})"
             self.log.error(
-                "worker for %s died %d times in a row at offset %d (%s): dead-lettering that message as WorkerLost",
-                where, assignment.crashes_in_a_row, assignment.next_offset, _describe_exit(code),
+                "worker for %s died %d times in a row at offset %d (%s): dead-lettering %s as WorkerLost",
+                where, assignment.crashes_in_a_row, assignment.next_offset, _describe_exit(code), what,
             )  # fmt: skip
-            offset = assignment.next_offset
-            assignment.give_up_on, assignment.give_up_reason = (offset, offset + 1), "worker_lost"
+            assignment.give_up_on, assignment.give_up_reason = in_hand, "worker_lost"
             assignment.crashes_in_a_row = 0
             assignment.restart_at, assignment.restart_reason = time.monotonic(), "poison"
             return
@@ -166,16 +167,25 @@ class WorkerPool(SupervisorState):
         )  # fmt: skip
         assignment.restart_at, assignment.restart_reason = time.monotonic() + delay, "crash"
 
-    def _dead_letters_poison(self, assignment: Assignment) -> bool:
-        """Does a message its worker keeps dying on go to the dead-letter topic (rather than the partition being
-        released as sick)?  At least once with on_error="dlq", one message per call, one call at a time: then the
-        message at the worker's progress is the one in hand.  (At most once never hands a message out twice; on
-        concurrent lanes or in a batch, which message killed the worker is not known.)"""
+    def _poison_in_hand(self, assignment: Assignment) -> tuple[int, int] | None:
+        """The offsets ``[first, end)`` a worker keeps dying on, to be dead-lettered rather than the partition
+        released as sick; None if that is not what to do.
+
+        At least once with on_error="dlq", one call at a time: one message per call, the message at the worker's
+        progress; a batch, the batch of the call it died in (its slot still tells which).  At most once never
+        hands a message out twice, so it cannot loop; on concurrent lanes, which call killed the worker is not
+        known, so the partition is released as sick.
+        """
         handler = self.app.handlers[assignment.topic]
-        return (
-            handler.mode is Mode.ALO and handler.on_error is OnError.DLQ and not handler.batch
-            and not handler.runs_on_lanes
-        )  # fmt: skip
+        if handler.mode is not Mode.ALO or handler.on_error is not OnError.DLQ or handler.runs_on_lanes:
+            return None
+        if not handler.batch:
+            return assignment.next_offset, assignment.next_offset + 1
+        slot = assignment.slot
+        first, end = slot.get(Field.CALL_FIRST_OFFSET), slot.get(Field.CALL_END_OFFSET)
+        if slot.get(Field.CALL_STARTED_MS) <= 0 or not assignment.next_offset <= first < end:
+            return None  # it died between calls, or the slot holds an older call: nothing known to be in hand
+        return first, end
 
     def _enforce_time_limits(self) -> None:
         """Kill a worker whose handler call has run past the hard time limit (it may be stuck in C code)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -198,6 +199,26 @@ def test_a_message_its_worker_keeps_dying_on_is_dead_lettered_as_worker_lost_and
     assert (dead.value(), headers["error_type"], headers["original_offset"]) == (b"10", b"WorkerLost", b"1")
     assert "died 3 times in a row at offset 1" in fleet.log_of("only")
     assert fleet.status_rows()[2]["state"] == "fresh", "the partition goes on"
+
+
+def test_a_batch_its_worker_keeps_dying_on_is_dead_lettered_as_worker_lost_and_the_partition_goes_on(
+    fleet: Fleet,
+) -> None:
+    fleet.env |= {"MW_TEST_CRASH_VALUE": "10", "MARSHAL_WORKERS_CRASH_LIMIT": "3", "MW_TEST_BATCH": "1"}
+    fleet.produce(range(40))  # value 10 is partition 2's second message: its batch is partition 2's first
+    fleet.start("only")
+    found = poll_until(lambda: re.search(r"died 3 times in a row .*dead-lettering its batch \(offsets (\d+)\.\.(\d+)\)",
+                                         fleet.log_of("only")), timeout=60, what="the batch to be given up on")  # fmt: skip
+    batch = range(int(found.group(1)), int(found.group(2)) + 1)
+    assert 1 in batch, "the batch dead-lettered is the one the worker died in"
+    dead = fleet.dead_letters(len(batch))
+    assert sorted(int(dict(d.headers())["original_offset"]) for d in dead) == list(batch)
+    assert {(dict(d.headers())["error_type"], dict(d.headers())["original_partition"]) for d in dead} == {
+        (b"WorkerLost", b"2")
+    }
+    fleet.produce(range(40, 48))  # one more message on every partition, partition 2's included
+    poll_until(lambda: "42" in fleet.counts(), timeout=60, what="partition 2 to go on after its dead batch")
+    assert fleet.status_rows()[2]["state"] == "fresh"
 
 
 def test_a_worker_that_keeps_crashing_with_on_error_release_has_its_partition_released_as_sick(fleet: Fleet) -> None:

@@ -81,3 +81,11 @@ def test_latency_lands_in_the_right_buckets() -> None:
     over_25ms = sum(n for bound, n in zip(LATENCY_BOUNDS, counts) if bound > 0.025) + counts[-1]
     assert over_25ms == 1
     assert 0.03 <= slot.get(Field.LATENCY_SUM_NS) / 1e9 < 1.0
+
+
+def test_an_instrumented_handler_keeps_its_name_for_logs_and_dead_letters() -> None:
+    def on_order(msg: object) -> None: ...
+
+    wrapped = instrument(on_order, False, new_slot(), Instruments(track_calls=True))
+    assert wrapped is not on_order
+    assert (wrapped.__module__, wrapped.__qualname__) == (on_order.__module__, on_order.__qualname__)
