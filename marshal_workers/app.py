@@ -27,6 +27,7 @@ from marshal_workers.done_set import MAX_RUNS
 from marshal_workers.errors import ConfigError
 from marshal_workers.lanes import Ordering
 from marshal_workers.range_leases import MAX_LEASE_MS
+from marshal_workers.retry_policy import RetryPolicy
 
 MAX_RANGE_SIZE = 10_000  # offsets per lease: a crash acks them all as failed in one record, which must stay small
 
@@ -44,10 +45,11 @@ class OnError(str, enum.Enum):
 class Message:
     """One Kafka message, as handlers see it.  Reads the underlying record lazily."""
 
-    __slots__ = ("_record",)
+    __slots__ = ("_record", "attempt")
 
-    def __init__(self, record: Any) -> None:
+    def __init__(self, record: Any, attempt: int = 1) -> None:
         self._record = record
+        self.attempt = attempt  # which try of this message this call is: 1 for the first, 2 for the first retry...
 
     @property
     def topic(self) -> str:
@@ -102,6 +104,8 @@ class HandlerSpec:
     batch_size: int = 500  # most messages per handler call (batch) or per AMO claim
     retries: int = 3  # retries after the first failure, before on_error applies
     retry_backoff: float = 0.1  # seconds before the first retry; doubles each time
+    # Which errors are retried, how long between tries (retries and retry_backoff included): retry_policy.py.
+    retry_policy: RetryPolicy = RetryPolicy()
     on_error: OnError = OnError.DLQ
     dlq_limit: int = 0  # dead letters in a row, after which the next failure releases the partition as sick (0: none)
     soft_time_limit: float | None = None  # seconds; None: the soft_time_limit setting
@@ -138,16 +142,13 @@ class HandlerSpec:
     def dlq_topic(self) -> str:
         return f"{self.topic}.dlq"
 
-    def retry_delay(self, attempt: int) -> float:
-        """Seconds to wait before retry number ``attempt`` (0 for the first): retry_backoff, doubling."""
-        return self.retry_backoff * 2**attempt
-
-    def call(self, records: list[Any]) -> None:
-        """The user's function on raw Kafka records: on the batch (batch=True) or on its one message."""
+    def call(self, records: list[Any], attempt: int = 1) -> None:
+        """The user's function on raw Kafka records: on the batch (batch=True) or on its one message.
+        ``attempt``: which try this is (``msg.attempt``), 1 for the first."""
         if self.batch:
-            self.function([Message(r) for r in records])
+            self.function([Message(r, attempt) for r in records])
         else:
-            self.function(Message(records[0]))
+            self.function(Message(records[0], attempt))
 
 
 class App:
@@ -178,6 +179,10 @@ class App:
         batch_size: int = 500,
         retries: int = 3,
         retry_backoff: float | str = 0.1,
+        retry_backoff_max: float | str = "10m",
+        retry_jitter: bool = True,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+        no_retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
         on_error: str = "dlq",
         soft_time_limit: float | str | None = None,
         time_limit: float | str | None = None,
@@ -205,9 +210,18 @@ class App:
         ``dlq_limit`` N: once N messages in a row went to the dead-letter topic, the next failure
         releases the partition as sick at that message instead (a broken dependency is not drained
         into the dead-letter topic); 0, the default, sets no limit.
+
+        A failed call is retried ``retries`` times if its error is one of ``retry_on`` and none of
+        ``no_retry_on``, after ``retry_backoff`` doubling up to ``retry_backoff_max``, each wait a random
+        time up to that with ``retry_jitter`` (on by default, as in Celery); then ``on_error`` applies.
+        A handler may also ``raise Retry(delay=...)``, ``Reject(reason)`` (to the dead-letter topic at
+        once) or ``Ignore()`` (skip it, counted); ``msg.attempt`` is the try number (docs/handlers.md).
         """
         spec_options = _handler_options(
             topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
+        )
+        spec_options["retry_policy"] = _retry_policy(
+            topic, spec_options, retry_backoff_max, retry_jitter, retry_on, no_retry_on
         )
         lane_options = _lane_options(topic, batch, spec_options, concurrency, ordering, window)
         shared_options = _shared_options(
@@ -286,6 +300,37 @@ def _handler_options(
         "soft_time_limit": _time_limit(topic, "soft_time_limit", soft_time_limit),
         "time_limit": _time_limit(topic, "time_limit", time_limit),
     }
+
+
+def _retry_policy(
+    topic: str,
+    options: dict[str, Any],
+    backoff_max: float | str,
+    jitter: bool,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...],
+    no_retry_on: type[BaseException] | tuple[type[BaseException], ...],
+) -> RetryPolicy:
+    if not isinstance(jitter, bool):
+        raise ConfigError(f"handler for {topic!r}: retry_jitter must be True or False, got {jitter!r}")
+    return RetryPolicy(
+        retries=options["retries"],
+        backoff=options["retry_backoff"],
+        backoff_max=_duration(topic, "retry_backoff_max", backoff_max, parse_duration),
+        jitter=jitter,
+        retry_on=_exception_types(topic, "retry_on", retry_on),
+        no_retry_on=_exception_types(topic, "no_retry_on", no_retry_on),
+    )
+
+
+def _exception_types(topic: str, name: str, value: Any) -> tuple[type[BaseException], ...]:
+    """An exception class or a tuple of them, as ``except`` takes them."""
+    found = value if isinstance(value, tuple) else (value,)
+    if not all(isinstance(t, type) and issubclass(t, BaseException) for t in found):
+        raise ConfigError(
+            f"handler for {topic!r}: {name} must be an exception class or a tuple of them, e.g. "
+            f"{name}=(ConnectionError, TimeoutError); got {value!r}"
+        )
+    return found
 
 
 # Default window: room for every lane to run and plenty queued behind a slow message, within the done-set bound.

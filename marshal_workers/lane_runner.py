@@ -40,6 +40,7 @@ from marshal_workers.errors import TimeLimitExceeded
 from marshal_workers.executors import AsyncExecutor, Completion, Executor, ThreadExecutor
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.lanes import Lanes
+from marshal_workers.retry_policy import Action, next_step
 
 if TYPE_CHECKING:
     from marshal_workers.worker import Worker
@@ -253,10 +254,10 @@ class LaneRunner:
         self.calls[first] = offsets
         if self.track_calls:
             self.started_ms[first] = monotonic_ms()
-        records = self.records
+        records, attempt = self.records, self.lanes.attempts(first)  # started just now: this try included
         if self.handler.batch:
-            return first, [Message(records[o]) for o in offsets]
-        return first, Message(records[first])
+            return first, [Message(records[o], attempt) for o in offsets]
+        return first, Message(records[first], attempt)
 
     def _given_up(self, offsets: list[int]) -> bool:
         """Messages the hard time limit killed more often than the retries allow: on_error without a call."""
@@ -292,18 +293,28 @@ class LaneRunner:
 
     def _failed(self, offsets: list[int], error: BaseException) -> int:
         """Retry later (the key's later messages wait; other keys go on), or apply on_error; how many got done."""
-        attempts = self.lanes.attempts(offsets[0])
-        if attempts > self.handler.retries:
+        attempts, outcomes = self.lanes.attempts(offsets[0]), self.worker.outcomes
+        outcomes.failed(error)
+        step = next_step(self.handler.retry_policy, error, attempts)
+        if step.action is Action.IGNORE:
+            outcomes.ignored += len(offsets)
+            self.worker.log.info("handler %s ignored offset %d (%r)", self.handler.name, offsets[0], error)
+            return self._done(offsets)
+        if step.action is Action.REJECT:
+            outcomes.rejected += len(offsets)
+            self.worker._dead_letter(self.handler, [self.records[o] for o in offsets], error)  # type: ignore[arg-type]
+            return self._done(offsets)
+        if step.action is Action.GIVE_UP:
             return self._on_error(offsets, error)
         if self.worker.stopping and not self.at_most_once:
             until = float("inf")  # stopping: not done, the next owner handles it again
         else:
-            delay = self.handler.retry_delay(attempts - 1)
             self.worker.log.warning(
                 "handler %s failed at offset %d (%r); retry %d in %.2fs", self.handler.name, offsets[0], error,
-                attempts, delay,
+                attempts, step.delay,
             )  # fmt: skip
-            until = time.monotonic() + delay
+            outcomes.retries += 1
+            until = time.monotonic() + step.delay
         for offset in offsets:
             self.lanes.defer(offset, until)
         return 0
@@ -320,6 +331,10 @@ class LaneRunner:
             self.exit = WorkerExit.RELEASE
             return 0
         self.worker._dead_letter(self.handler, failing, error)  # type: ignore[arg-type]
+        return self._done(offsets)
+
+    def _done(self, offsets: list[int]) -> int:
+        """Messages finished without a successful call (dead-lettered, ignored): done all the same."""
         for offset in offsets:
             self.lanes.finish(offset)
             del self.records[offset]

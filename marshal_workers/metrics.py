@@ -46,6 +46,24 @@ class Counters:
     worker_restarts: collections.Counter[str] = field(default_factory=collections.Counter)
     time_limit_kills: int = 0
     message_claims_unconfirmed: int = 0  # AMO batch claims Kafka did not confirm within an HB
+    # What became of failed handler calls, as workers report it (handler_outcomes.py).
+    handler_errors: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)  # topic, type
+    handler_retries: collections.Counter[str] = field(default_factory=collections.Counter)  # by topic
+    handler_outcomes: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)  # topic, what
+
+    def add_outcomes(self, topic: str, counts: dict[str, Any]) -> None:
+        """A worker's report of its failed calls (handler_outcomes.OutcomeCounts.take); anything malformed is
+        dropped (it comes from a process running user code)."""
+        try:
+            errors = {str(name): int(n) for name, n in dict(counts.get("errors", {})).items()}
+            retries, ignored, rejected = (int(counts.get(k, 0)) for k in ("retries", "ignored", "rejected"))
+        except (TypeError, ValueError, AttributeError):
+            return
+        for name, n in errors.items():
+            self.handler_errors[(topic, name)] += max(n, 0)
+        self.handler_retries[topic] += max(retries, 0)
+        self.handler_outcomes[(topic, "ignored")] += max(ignored, 0)
+        self.handler_outcomes[(topic, "rejected")] += max(rejected, 0)
 
 
 @dataclass(frozen=True)
@@ -149,6 +167,21 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     )
     for reason, count in sorted(counters.worker_restarts.items()):
         restarts.add_metric([group, reason], count)
+    errors = CounterMetricFamily(
+        f"{PREFIX}_handler_errors", "Failed handler calls, by the type of the error raised.",
+        labels=["group", "topic", "error_type"],
+    )
+    for (topic, error_type), count in sorted(counters.handler_errors.items()):
+        errors.add_metric([group, topic, error_type], count)
+    retries = CounterMetricFamily(f"{PREFIX}_handler_retries", "Handler calls retried.", labels=["group", "topic"])
+    for topic, count in sorted(counters.handler_retries.items()):
+        retries.add_metric([group, topic], count)
+    outcomes = CounterMetricFamily(
+        f"{PREFIX}_handler_outcomes", "Messages a handler ignored (raise Ignore) or rejected (raise Reject).",
+        labels=["group", "topic", "outcome"],
+    )
+    for (topic, outcome), count in sorted(counters.handler_outcomes.items()):
+        outcomes.add_metric([group, topic, outcome], count)
     simple = [
         ("heartbeat_failures", "Heartbeat writes that were not confirmed.", counters.heartbeat_failures),
         ("partitions_lost", "Partitions another member took over while we held them.", counters.partitions_lost),
@@ -162,6 +195,7 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     ]
     families: list[Metric] = [
         next_offset, high, lag, rate, handled, dead, in_flight, window, latency, owned, claims, releases, restarts,
+        errors, retries, outcomes,
     ]  # fmt: skip
     for name, doc, value in simple:
         counter = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group"])

@@ -28,6 +28,7 @@ from marshal_workers.balance import (
 )
 from marshal_workers.channel import ClaimAnswer, Field, Slot, above, monotonic_ms
 from marshal_workers.coordinator import Progress, heartbeat_verdicts, message_claim_verdicts
+from marshal_workers.handler_outcomes import OUTCOMES
 from marshal_workers.health import PartitionHealth, Sample, observe
 from marshal_workers.offsets import OffsetLookupError
 from marshal_workers.world_state import Owner, WorldState
@@ -344,7 +345,12 @@ class PartitionClaims(SupervisorState):
             connection = assignment.connection
             try:
                 while connection is not None and connection.poll(0):
-                    end = int(connection.recv())
+                    message = connection.recv()
+                    if isinstance(message, tuple):  # ("outcomes", counts): what became of failed calls
+                        if message[:1] == (OUTCOMES,) and len(message) == 2 and isinstance(message[1], dict):
+                            self.counters.add_outcomes(assignment.topic, message[1])
+                        continue
+                    end = int(message)
                     if assignment.lost:
                         self._answer(assignment, ClaimAnswer.REFUSED)  # not ours: refused without asking the log
                     else:

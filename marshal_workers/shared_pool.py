@@ -39,6 +39,7 @@ from marshal_workers.channel import monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.coordinator import Coordinator, entry_verdicts
 from marshal_workers.exit_codes import WorkerExit
+from marshal_workers.handler_outcomes import OUTCOMES
 from marshal_workers.in_flight import InFlightWrites
 from marshal_workers.logs import ContextLog
 from marshal_workers.metrics import SharedStats
@@ -139,6 +140,7 @@ class SharedPool:
         }
         self.stopping = False
         self.held_back: set[str] = set()  # topics an operator paused (or all, drained): no new leases
+        self.record_outcomes: Callable[[str, dict[str, Any]], None] | None = None  # workers' reports (metrics)
         self.boot_failed = False  # a worker could not start (an on_worker_start hook failed)
         self._last_tries = False  # past the shutdown timeout: a settlement that fails is not written again
         self._writes_in_flight = 0
@@ -254,6 +256,10 @@ class SharedPool:
             pass  # it exited: _reap settles what it held
 
     def _on_worker_message(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, message: tuple[Any, ...]) -> None:
+        if message[0] == OUTCOMES:
+            if len(message) == 2 and isinstance(message[1], dict) and self.record_outcomes is not None:
+                self.record_outcomes(topic, message[1])
+            return
         kind, partition, start = message[0], message[1], message[2]
         leased = next((r for r in worker.leases if r.partition == partition and r.start == start), None)
         if leased is None:

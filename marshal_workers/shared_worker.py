@@ -51,9 +51,11 @@ from marshal_workers.config import Settings
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import MaxDeliveriesExceeded
 from marshal_workers.exit_codes import WorkerExit
+from marshal_workers.handler_outcomes import OutcomeCounts
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
 from marshal_workers.logs import configure_logging, group_log
+from marshal_workers.retry_policy import Action, next_step
 from marshal_workers.worker import die_with_parent, dump_tracebacks_on_sigusr2, finish_worker
 
 _log = logging.getLogger(__name__)
@@ -107,6 +109,7 @@ class SharedWorker:
         self._consumer: Consumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
         self._dlq = DeadLetterWriter(spec.settings)
+        self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
 
     def run(self) -> WorkerExit:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
@@ -137,7 +140,16 @@ class SharedWorker:
         self.stopping = True
 
     def _finish(self, app: App | None) -> None:
+        try:
+            self._send_outcomes()
+        except _SupervisorGone:
+            pass
         finish_worker(app, self.log, self._dlq, self._consumer)
+
+    def _send_outcomes(self) -> None:
+        message = self.outcomes.take()
+        if message is not None:
+            self._send(message)
 
     # ------------------------------------------------------------------ loop
 
@@ -235,6 +247,7 @@ class SharedWorker:
         assert self._consumer is not None
         self._position = (leased.partition, end)
         high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, leased.partition), cached=True)
+        self._send_outcomes()
         self._send(("settled", leased.partition, leased.start, end, leased.failed, leased.dead, leased.handled,
                     None if high is None or high[1] < 0 else high[1]))  # fmt: skip
 
@@ -266,10 +279,14 @@ class SharedWorker:
             self._dead_letter(handler, record, error, leased.tries)
             leased.dead.append(record.offset())
             return
-        error_or_none = self._call_with_retries(handler, record, leased)
+        error_or_none, action = self._call_with_retries(handler, record, leased)
         if error_or_none is None:
             leased.handled += 1
-        elif handler.mode is Mode.AMO:
+        elif action is Action.IGNORE:
+            self.outcomes.ignored += 1
+            leased.handled += 1
+        elif action is Action.REJECT or handler.mode is Mode.AMO:
+            self.outcomes.rejected += action is Action.REJECT
             self._dead_letter(handler, record, error_or_none, deliveries)
             leased.dead.append(record.offset())
         else:
@@ -280,24 +297,27 @@ class SharedWorker:
             )  # fmt: skip
             leased.failed.append(record.offset())
 
-    def _call_with_retries(self, handler: HandlerSpec, record: Any, leased: _Range) -> Exception | None:
-        """None if the handler succeeded (at once or on a retry), else its last error."""
-        try:
-            handler.call([record])
-            return None
-        except Exception as exc:
-            error = exc
-        for attempt in range(handler.retries):
-            delay = handler.retry_delay(attempt)
-            if self.stopping or monotonic_ms() + delay * 1000 >= leased.deadline_ms:
-                break  # no time left in the lease: the next delivery retries it
-            time.sleep(delay)
+    def _call_with_retries(
+        self, handler: HandlerSpec, record: Any, leased: _Range
+    ) -> tuple[Exception | None, Action | None]:
+        """(None, None) if the handler succeeded (at once or on a retry), else its last error and what the
+        handler's retry policy says to do with it (IGNORE, REJECT or GIVE_UP)."""
+        failures = 0
+        while True:
             try:
-                handler.call([record])
-                return None
+                handler.call([record], failures + 1)
+                return None, None
             except Exception as exc:
                 error = exc
-        return error
+            failures += 1
+            self.outcomes.failed(error)
+            step = next_step(handler.retry_policy, error, failures)
+            if step.action is not Action.RETRY:
+                return error, step.action
+            if self.stopping or monotonic_ms() + step.delay * 1000 >= leased.deadline_ms:
+                return error, Action.GIVE_UP  # no time left in the lease: the next delivery retries it
+            self.outcomes.retries += 1
+            time.sleep(step.delay)
 
     def _dead_letter(self, handler: HandlerSpec, record: Any, error: Exception, deliveries: int) -> None:
         headers = error_headers(handler.name, record, error) + [("deliveries", str(deliveries).encode())]

@@ -123,6 +123,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         self._balance = BalanceState()
         self._free_since: dict[Key, float] = {}  # monotonic: when a partition was first seen free
         self.counters = Counters()
+        self.shared.record_outcomes = self.counters.add_outcomes  # what became of shared handlers' failed calls
         self._metrics: MetricsServer | None = None
         # The graceful stop: when it began (monotonic), releases written before it, whether workers were killed.
         self._stop_began: float | None = None

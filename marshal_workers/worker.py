@@ -30,11 +30,13 @@ from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
+from marshal_workers.handler_outcomes import OutcomeCounts
 from marshal_workers.instrumentation import Instruments, instrument
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.lane_runner import LaneRunner
 from marshal_workers.loader import load_app
 from marshal_workers.logs import ContextLog, configure_logging, partition_log
+from marshal_workers.retry_policy import Action, next_step
 
 _log = logging.getLogger(__name__)
 
@@ -141,6 +143,7 @@ class Worker:
         self.spec = spec
         self.slot = slot
         self.connection = connection
+        self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
         self.stopping = False
         self.log: ContextLog = partition_log(_log, spec.group, spec.topic, spec.partition)
         self._lease_until = 0
@@ -244,6 +247,7 @@ class Worker:
         setproctitle.setproctitle(f"marshal-workers: worker {spec.group} {spec.topic}[{spec.partition}] @{offset}")
 
     def _finish(self, app: App | None) -> None:
+        self.send_outcomes()
         finish_worker(app, self.log, self._dlq, self._consumer)
 
     # -------------------------------------------------------------- loops
@@ -455,6 +459,16 @@ class Worker:
         self._check_memory()
         self._publish_high_watermark()
         self._set_title(self.slot.get(Field.NEXT_OFFSET))
+        self.send_outcomes()
+
+    def send_outcomes(self) -> None:
+        """What became of failed calls since the last time, to the supervisor for its metrics."""
+        message = self.outcomes.take()
+        if message is not None:
+            try:
+                self.connection.send(message)
+            except OSError:
+                pass  # the supervisor is gone: _check_supervisor deals with it
 
     def _publish_high_watermark(self) -> None:
         """The partition's end as the last fetch response told it (the supervisor computes lag from it)."""
@@ -497,15 +511,32 @@ class Worker:
             return self._recover(handler, records, exc)
 
     def _recover(self, handler: HandlerSpec, records: list[Any], error: Exception) -> _Outcome:
-        """After a first failure: retry with backoff, then dead-letter (DONE) or give the partition up."""
-        offset = records[0].offset()
-        for attempt in range(handler.retries):
-            if self.stopping:
+        """After a first failure: retry as the handler's policy says (retry_policy.py), then dead-letter (DONE)
+        or give the partition up; a message the handler ignored is done, one it rejected dead-lettered."""
+        offset, failures = records[0].offset(), 1
+        while True:
+            self.outcomes.failed(error)
+            step = next_step(handler.retry_policy, error, failures)
+            if step.action is Action.IGNORE:
+                self.outcomes.ignored += len(records)
+                self.log.info("handler %s ignored offset %d (%r)", handler.name, offset, error)
+                return _Outcome.DONE
+            if step.action is Action.REJECT:
+                self.outcomes.rejected += len(records)
+                self._dead_letter(handler, records, error)
+                return _Outcome.DONE
+            if step.action is Action.GIVE_UP:
+                break
+            self.log.warning(
+                "handler %s failed at offset %d (%r); retry %d in %.2fs", handler.name, offset, error, failures,
+                step.delay,
+            )  # fmt: skip
+            if not self._sleep_unless_stopped(step.delay):
                 return _Outcome.STOP  # not done: the next owner handles it again
-            self.log.warning("handler %s failed at offset %d (%r); retry %d", handler.name, offset, error, attempt + 1)
-            time.sleep(handler.retry_delay(attempt))
+            self.outcomes.retries += 1
+            failures += 1
             try:
-                handler.call(records)
+                handler.call(records, failures)
                 return _Outcome.DONE
             except Exception as exc:
                 error = exc
@@ -516,6 +547,17 @@ class Worker:
             return _Outcome.RELEASE
         self._dead_letter(handler, records, error)
         return _Outcome.DONE
+
+    def _sleep_unless_stopped(self, seconds: float) -> bool:
+        """Wait before a retry, looking after the worker meanwhile; False (at once) if asked to stop."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, _HOUSEKEEPING_INTERVAL_S / 5))
+            self._housekeeping()
+        return False
 
     def over_dlq_limit(self, handler: HandlerSpec, records: list[Any]) -> bool:
         """Have ``dlq_limit`` messages in a row gone to the dead-letter topic just before ``records``?  Then they
@@ -543,6 +585,6 @@ class Worker:
         self._dead_letters_in_a_row += len(records)
         self._dead_letters_end = records[-1].offset() + 1
         self.log.error(
-            "handler %s failed at offset %d after %d retries (%r): sent %d message(s) to %s",
-            handler.name, records[0].offset(), handler.retries, error, len(records), handler.dlq_topic,
+            "handler %s gave up on offset %d (%r): sent %d message(s) to %s",
+            handler.name, records[0].offset(), error, len(records), handler.dlq_topic,
         )  # fmt: skip

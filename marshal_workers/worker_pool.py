@@ -224,7 +224,7 @@ class WorkerPool(SupervisorState):
         where = f"{assignment.topic}[{assignment.partition}]"
         assignment.restart_reason = "time_limit"
         if handler.mode is Mode.AMO or assignment.time_limit_kills <= handler.retries:
-            assignment.restart_at = time.monotonic() + handler.retry_delay(assignment.time_limit_kills - 1)
+            assignment.restart_at = time.monotonic() + handler.retry_policy.backoff_delay(assignment.time_limit_kills)
         elif handler.on_error is OnError.RELEASE:
             self.log.error("%s: offset %d timed out %d times: releasing it", where, killed[0], assignment.time_limit_kills)
             self._release(assignment, sick=True)

@@ -33,6 +33,7 @@ from marshal_workers.app import App, HandlerSpec, Message
 from marshal_workers.config import Settings
 from marshal_workers.errors import SparkJobError
 from marshal_workers.loader import load_app
+from marshal_workers.retry_policy import Action, next_step
 from marshal_workers.spark.jobs import run_job
 from marshal_workers.spark.planner import Split, total_size
 from marshal_workers.spark.split_reader import SplitReader
@@ -213,15 +214,22 @@ def _call_with_retries(handler: HandlerSpec, records: list[Any]) -> Exception | 
 
 
 def _retry(handler: HandlerSpec, records: list[Any], error: Exception) -> Exception | None:
-    """After a first failure: the handler's retries with backoff; None once one succeeds, else the last error."""
-    for attempt in range(handler.retries):
-        time.sleep(handler.retry_delay(attempt))
+    """After a first failure: the handler's retry policy (retry_policy.py); None once a try succeeds or the
+    handler ignored the message, else the last error (the retries spent, not retried, or rejected)."""
+    failures = 1
+    while True:
+        step = next_step(handler.retry_policy, error, failures)
+        if step.action is Action.IGNORE:
+            return None
+        if step.action is not Action.RETRY:
+            return error
+        time.sleep(step.delay)
+        failures += 1
         try:
-            handler.call(records)
+            handler.call(records, failures)
             return None
         except Exception as exc:  # noqa: BLE001 - a handler may raise anything
             error = exc
-    return error
 
 
 def _describe(error: Exception) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 from fleet import Fleet
 from polling import poll_until
 from processes import pid_gone
@@ -413,3 +414,46 @@ def test_the_start_line_shows_the_effective_group_and_a_clean_stop_logs_a_last_l
     assert len(last) == 1 and " INFO " in last[0], last
     assert f"group {fleet.group}: stopped cleanly: released 8 partitions at their offsets in " in last[0]
     assert "supervisor:" in last[0] and not [line for line in lines[lines.index(last[0]) + 1 :] if "supervisor:" in line]
+
+
+@pytest.mark.parametrize("runner", ["plain", "lanes", "shared"])
+def test_handlers_say_retry_reject_or_ignore_and_the_policy_retries_only_what_it_should(
+    fleet: Fleet, runner: str
+) -> None:
+    from test_observability import free_port, scrape, total
+
+    fleet.app = "outcomes_app:app"
+    fleet.env |= {"MW_TEST_RUNNER": runner}
+    values = ["ok", "retry", "reject", "ignore", "down", "bad"]
+    producer = Producer({"bootstrap.servers": fleet.brokers})
+    for value in values:
+        producer.produce(fleet.topic, value=value.encode(), partition=0)
+    assert producer.flush(30) == 0
+    port = free_port()
+    fleet.start("only", "--metrics-port", str(port), "--processes", "1", MARSHAL_WORKERS_METRICS_HOST="127.0.0.1")
+
+    # A shared handler's message that fails is delivered again (max_deliveries, 5), each delivery with its retries.
+    deliveries = 5 if runner == "shared" else 1
+    given_up = "MaxDeliveriesExceeded" if runner == "shared" else None
+    dead = {d.value().decode(): dict(d.headers()) for d in fleet.dead_letters(3)}
+    assert {value: headers["error_type"].decode() for value, headers in dead.items()} == {
+        "reject": "Reject", "down": given_up or "ConnectionError", "bad": given_up or "KeyError",
+    }  # fmt: skip
+    poll_until(lambda: len(fleet.sink.read_text().splitlines()) == 2 if fleet.sink.exists() else False,
+               what="the two recorded messages")  # fmt: skip
+    assert sorted(fleet.sink.read_text().splitlines()) == ["ok 1", "retry 3"], "retried on its third try"
+
+    def counted() -> dict[str, float]:
+        samples = scrape(port)
+        return {
+            "Retry": total(samples, "marshal_workers_handler_errors_total", error_type="Retry"),
+            "ConnectionError": total(samples, "marshal_workers_handler_errors_total", error_type="ConnectionError"),
+            "KeyError": total(samples, "marshal_workers_handler_errors_total", error_type="KeyError"),
+            "retries": total(samples, "marshal_workers_handler_retries_total"),
+            "ignored": total(samples, "marshal_workers_handler_outcomes_total", outcome="ignored"),
+            "rejected": total(samples, "marshal_workers_handler_outcomes_total", outcome="rejected"),
+        }
+
+    expected = {"Retry": 2, "ConnectionError": 3 * deliveries, "KeyError": deliveries, "retries": 2 + 2 * deliveries,
+                "ignored": 1, "rejected": 1}  # fmt: skip
+    poll_until(lambda: counted() == expected, what=f"the metrics to count {expected}")

@@ -48,3 +48,37 @@ def test_the_shared_partitions_page_registers_what_it_describes() -> None:
     handlers = namespace["app"].handlers
     described = {t: (h.shared, h.mode.value, h.range_size, h.pending_timeout, h.max_deliveries) for t, h in handlers.items()}
     assert described == {"thumbnails": (True, "alo", 50, 60.0, 5), "uploads-audit": (True, "amo", 200, 60.0, 5)}
+
+
+def test_the_handlers_page_registers_the_policy_it_describes_and_its_handler_does_what_it_says() -> None:
+    from marshal_workers import Ignore, Reject, Retry
+    from marshal_workers.app import Message
+    from marshal_workers.retry_policy import RetryPolicy
+
+    [code, *_] = BLOCK.findall((ROOT / "docs" / "handlers.md").read_text())
+    namespace: dict[str, Any] = {"__name__": "handlers_example"}
+    exec(code, namespace)
+    handler = namespace["app"].handlers["orders"]
+    assert handler.retry_policy == RetryPolicy(
+        retries=5, backoff=1.0, backoff_max=120.0, jitter=True,
+        retry_on=(ConnectionError, TimeoutError, namespace["PaymentsDown"]), no_retry_on=(ConnectionRefusedError,),
+    )  # fmt: skip
+
+    class Record:  # what confluent-kafka hands a worker, as far as the handler looks
+        def __init__(self, value: bytes) -> None:
+            self._value = value
+
+        def value(self) -> bytes:
+            return self._value
+
+    def outcome(value: bytes, attempt: int = 1) -> type[BaseException] | None:
+        try:
+            handler.function(Message(Record(value), attempt))
+        except (Ignore, Reject, Retry) as exc:
+            return type(exc)
+        return None
+
+    assert outcome(b"{}") is Reject
+    assert outcome(b'{"amount": 1, "test": true}') is Ignore
+    assert outcome(b'{"amount": 1, "provider_busy": true}') is Retry
+    assert outcome(b'{"amount": 1, "provider_busy": true}', attempt=3) is None
