@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -25,6 +25,7 @@ import orjson
 from marshal_workers.config import SETTINGS, Settings, parse_duration, parse_limit
 from marshal_workers.done_set import MAX_RUNS
 from marshal_workers.errors import ConfigError
+from marshal_workers.hooks import AfterHook, BeforeHook, DeadLetterHook, Hooks, PartitionHook, with_message_hooks
 from marshal_workers.lanes import Ordering
 from marshal_workers.range_leases import MAX_LEASE_MS
 from marshal_workers.retry_policy import RetryPolicy
@@ -162,6 +163,7 @@ class App:
         self.handlers: dict[str, HandlerSpec] = {}
         self.worker_start_hooks: list[Hook] = []
         self.worker_stop_hooks: list[Hook] = []
+        self.hooks = Hooks()  # per message and per partition, in the workers (hooks.py)
 
     @property
     def group(self) -> str | None:
@@ -262,6 +264,38 @@ class App:
         """Run ``hook()`` in each worker process as it stops (close connections here)."""
         self.worker_stop_hooks.append(hook)
         return hook
+
+    def before_message(self, hook: BeforeHook) -> BeforeHook:
+        """Run ``hook(msg)`` before each handler call (``msg``: what the handler gets; a list for a batch)."""
+        self.hooks.before_message.append(hook)
+        return hook
+
+    def after_message(self, hook: AfterHook) -> AfterHook:
+        """Run ``hook(msg, outcome, error, seconds)`` after each handler call; ``outcome`` is done, failed, retry,
+        ignored or rejected (docs/handlers.md#hooks), ``error`` the exception raised or None."""
+        self.hooks.after_message.append(hook)
+        return hook
+
+    def on_dead_letter(self, hook: DeadLetterHook) -> DeadLetterHook:
+        """Run ``hook(msg, error)`` for each message written to the dead-letter topic."""
+        self.hooks.on_dead_letter.append(hook)
+        return hook
+
+    def on_partition_claimed(self, hook: PartitionHook) -> PartitionHook:
+        """Run ``hook(topic, partition)`` in a worker as it starts on its partition."""
+        self.hooks.on_partition_claimed.append(hook)
+        return hook
+
+    def on_partition_released(self, hook: PartitionHook) -> PartitionHook:
+        """Run ``hook(topic, partition)`` in a worker as it stops on its partition (before on_worker_stop)."""
+        self.hooks.on_partition_released.append(hook)
+        return hook
+
+    def handler_in_worker(self, topic: str) -> HandlerSpec:
+        """The handler of ``topic`` as a worker runs it: with the message hooks around each call, if any."""
+        spec = self.handlers[topic]
+        hooked = with_message_hooks(spec.function, self.hooks)
+        return spec if hooked is spec.function else replace(spec, function=hooked)
 
     def __repr__(self) -> str:
         return f"App(group={self.group!r}, topics={list(self.topics)})"

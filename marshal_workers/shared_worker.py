@@ -45,13 +45,14 @@ from typing import Any
 import setproctitle
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from marshal_workers.app import App, HandlerSpec, Mode
+from marshal_workers.app import App, HandlerSpec, Message, Mode
 from marshal_workers.channel import monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import MaxDeliveriesExceeded
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.handler_outcomes import OutcomeCounts
+from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
 from marshal_workers.logs import configure_logging, group_log
@@ -110,6 +111,7 @@ class SharedWorker:
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
         self._dlq = DeadLetterWriter(spec.settings)
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
+        self.hooks = Hooks()  # the app's, once it is loaded
 
     def run(self) -> WorkerExit:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
@@ -122,7 +124,8 @@ class SharedWorker:
         app: App | None = None
         try:
             app = load_app(self.spec.app_path)
-            handler = app.handlers[self.spec.topic]
+            handler = app.handler_in_worker(self.spec.topic)
+            self.hooks = app.hooks
             for hook in app.worker_start_hooks:
                 hook()
         except Exception:
@@ -322,6 +325,7 @@ class SharedWorker:
     def _dead_letter(self, handler: HandlerSpec, record: Any, error: Exception, deliveries: int) -> None:
         headers = error_headers(handler.name, record, error) + [("deliveries", str(deliveries).encode())]
         self._dlq.write(handler.dlq_topic, [record], [headers])
+        run_hooks(self.hooks.on_dead_letter, Message(record), error)
         self.log.error(
             "%s[%d]: offset %d sent to %s after %d deliveries (%r)",
             record.topic(), record.partition(), record.offset(), handler.dlq_topic, deliveries, error,

@@ -31,6 +31,7 @@ from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.handler_outcomes import OutcomeCounts
+from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.instrumentation import Instruments, instrument
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.lane_runner import LaneRunner
@@ -144,6 +145,8 @@ class Worker:
         self.slot = slot
         self.connection = connection
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
+        self.hooks = Hooks()  # the app's, once it is loaded
+        self._partition_hooks_due = False
         self.stopping = False
         self.log: ContextLog = partition_log(_log, spec.group, spec.topic, spec.partition)
         self._lease_until = 0
@@ -166,7 +169,8 @@ class Worker:
         self._init_process()
         try:
             app = load_app(self.spec.app_path)
-            handler = app.handlers[self.spec.topic]
+            handler = app.handler_in_worker(self.spec.topic)
+            self.hooks = app.hooks
             # Skipping what a previous owner did out of order takes the lanes, whatever the concurrency.
             on_lanes = handler.runs_on_lanes or bool(self.spec.skip)
             if on_lanes:
@@ -178,6 +182,8 @@ class Worker:
         except Exception:
             self.log.exception("worker cannot start")
             return WorkerExit.BOOT_ERROR
+        run_hooks(app.hooks.on_partition_claimed, self.spec.topic, self.spec.partition)
+        self._partition_hooks_due = True  # on_partition_released runs as the worker stops
         try:
             self._consumer = Consumer(consumer_settings(self.spec))
             self._consumer.assign([TopicPartition(self.spec.topic, self.spec.partition, self.spec.start_offset)])
@@ -247,6 +253,8 @@ class Worker:
         setproctitle.setproctitle(f"marshal-workers: worker {spec.group} {spec.topic}[{spec.partition}] @{offset}")
 
     def _finish(self, app: App | None) -> None:
+        if self._partition_hooks_due:
+            run_hooks(self.hooks.on_partition_released, self.spec.topic, self.spec.partition)
         self.send_outcomes()
         finish_worker(app, self.log, self._dlq, self._consumer)
 
@@ -581,6 +589,8 @@ class Worker:
         """Write the messages to the dead-letter topic and make sure they are there, or crash trying."""
         # A crash here is deliberate: progress stays before the message, so it is handled again.
         self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, error) for r in records])
+        for record in records if self.hooks.on_dead_letter else ():
+            run_hooks(self.hooks.on_dead_letter, Message(record), error)
         self.slot.fields[Field.DEAD_LETTERED] += len(records)
         self._dead_letters_in_a_row += len(records)
         self._dead_letters_end = records[-1].offset() + 1

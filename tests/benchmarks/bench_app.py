@@ -9,6 +9,7 @@ MW_BENCH_MODE         "alo" (default) or "amo"
 MW_BENCH_BATCH_SIZE   messages per fetch / AMO claim (default 500)
 MW_BENCH_OUT          directory the handler writes its stamps to
 MW_BENCH_LAST_OFFSET  throughput: the last offset of each partition (N/partitions - 1)
+MW_BENCH_HOOKS        "1": register an empty before_message and after_message hook (their cost)
 
 Every handler parses the value with ``msg.json()`` (orjson) and writes nothing
 else except:
@@ -70,6 +71,17 @@ def handle_handover(msg: Message) -> None:
             os.write(fd, line.encode())  # one write with O_APPEND: lines from two workers never interleave
         finally:
             os.close(fd)
+
+
+if os.environ.get("MW_BENCH_HOOKS") == "1":
+
+    @app.before_message
+    def before(msg: Message) -> None:
+        pass
+
+    @app.after_message
+    def after(msg: Message, outcome: str, error: BaseException | None, seconds: float) -> None:
+        pass
 
 
 app.handler(TOPIC, mode=MODE, batch_size=BATCH_SIZE)(handle_handover if KIND == "handover" else handle_throughput)

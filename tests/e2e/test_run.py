@@ -457,3 +457,28 @@ def test_handlers_say_retry_reject_or_ignore_and_the_policy_retries_only_what_it
     expected = {"Retry": 2, "ConnectionError": 3 * deliveries, "KeyError": deliveries, "retries": 2 + 2 * deliveries,
                 "ignored": 1, "rejected": 1}  # fmt: skip
     poll_until(lambda: counted() == expected, what=f"the metrics to count {expected}")
+
+
+def test_hooks_run_around_each_call_on_dead_letters_and_as_workers_take_and_leave_partitions(fleet: Fleet) -> None:
+    fleet.app = "hooks_app:app"
+    producer = Producer({"bootstrap.servers": fleet.brokers})
+    for value in ("ok", "fail", "ignore"):
+        producer.produce(fleet.topic, value=value.encode(), partition=0)
+    assert producer.flush(30) == 0
+    supervisor = fleet.start("only")
+
+    def lines() -> list[str]:
+        return fleet.sink.read_text().splitlines() if fleet.sink.exists() else []
+
+    poll_until(lambda: "after ignore ignored Ignore" in lines(), what="the three messages through the hooks")
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=60) == 0
+    found = lines()
+    assert sorted(line for line in found if line.startswith("claimed")) == sorted(f"claimed {p}" for p in range(8))
+    assert sorted(line for line in found if line.startswith("released")) == sorted(f"released {p}" for p in range(8))
+    assert [line for line in found if not line.startswith(("claimed", "released"))] == [
+        "before ok 1", "after ok done -",
+        "before fail 1", "after fail failed ValueError", "before fail 2", "after fail failed ValueError",
+        "dead fail ValueError",
+        "before ignore 1", "after ignore ignored Ignore",
+    ]  # fmt: skip
