@@ -1,0 +1,242 @@
+"""Testing your handlers: in process without a broker (:func:`run_handler`), or against a real one (the pytest
+plugin's fixtures ``marshal_broker`` and ``running_app``, in :mod:`marshal_workers.pytest_plugin`).
+
+:func:`run_handler` runs a handler the way a worker does (docs/handlers.md): its retry policy (``retries``,
+``retry_on``, ``Retry``/``Reject``/``Ignore``, the backoff, not slept unless asked), its ``on_error``, its time
+limits (raised inside the call: past ``soft_time_limit`` a ``SoftTimeLimitExceeded``, past ``time_limit`` a
+``TimeLimitExceeded``, where a worker would be killed; both count as failures), the hooks (per message, on
+dead letters, per partition, per worker) and batches of ``batch_size``.  It returns what became of each
+message.  Nothing is written anywhere: a dead letter is an outcome with the headers it would carry.
+
+    from marshal_workers.testing import make_message, run_handler
+
+    [result] = run_handler(app, "orders", [make_message({"id": 1, "amount": 5})])
+    assert result.outcome == "done"
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import signal
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import orjson
+
+from marshal_workers.app import App, HandlerSpec, Message, OnError, effective_time_limits
+from marshal_workers.config import load_settings
+from marshal_workers.dead_letters import error_headers
+from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimitExceeded
+from marshal_workers.hooks import run_hooks
+from marshal_workers.retry_policy import Action, next_step
+
+__all__ = ["HandlerResult", "make_message", "run_handler"]
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A Kafka record as a worker gets it from confluent-kafka (the methods a Message reads)."""
+
+    _topic: str
+    _partition: int
+    _offset: int
+    _key: bytes | None
+    _value: bytes | None
+    _headers: list[tuple[str, bytes]] | None
+    _timestamp: int | None
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, -1) if self._timestamp is None else (1, self._timestamp)  # 1: TIMESTAMP_CREATE_TIME
+
+
+def make_message(
+    value: bytes | str | Mapping[str, Any] | list[Any] | None = b"",
+    *,
+    topic: str = "test",
+    partition: int = 0,
+    offset: int = 0,
+    key: bytes | str | None = None,
+    headers: Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]] | None = None,
+    timestamp: int | None = None,
+) -> Message:
+    """A message as a handler gets it.  ``value``: bytes, a str (UTF-8) or a dict/list (JSON, as ``msg.json()``
+    reads it); ``timestamp`` in ms since the epoch (None: the record has none)."""
+    pairs = headers.items() if isinstance(headers, Mapping) else (headers or [])
+    record = _Record(
+        topic, partition, offset, _bytes(key), _bytes(value),
+        [(str(name), _bytes(data) or b"") for name, data in pairs] or None, timestamp,
+    )  # fmt: skip
+    return Message(record)
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value)
+    raise TypeError(f"expected bytes, str, or (for a value) a dict or list; got {type(value).__name__}")
+
+
+@dataclass
+class HandlerResult:
+    """What became of one message."""
+
+    message: Message
+    # done: handled; ignored: the handler raised Ignore; dead_letter: rejected, or failed past its retries with
+    # on_error="dlq"; released: failed past its retries with on_error="release" (the partition would be released
+    # there); not_handled: after a release, the partition's later messages (the next owner gets them).
+    outcome: str
+    attempts: int = 0  # handler calls made for it
+    error: BaseException | None = None  # the last error, if any
+    delays: list[float] = field(default_factory=list)  # the waits before each retry, as the policy chose them
+    dead_letter_headers: list[tuple[str, bytes]] | None = None  # the headers its dead letter would carry
+
+
+def run_handler(
+    app: App,
+    topic: str,
+    messages: Sequence[Message | bytes | str | Mapping[str, Any]],
+    *,
+    sleep: bool = False,
+    lifecycle: bool = True,
+    seed: int | None = None,
+) -> list[HandlerResult]:
+    """Run ``app``'s handler of ``topic`` on ``messages`` (Messages, or values for :func:`make_message`; plain
+    values get offsets 0, 1, 2...) as a worker would; one result per message, in order.
+
+    ``sleep``: wait the retry backoff for real (default: record it in ``delays`` and go on).  ``lifecycle``:
+    run the ``on_worker_start``/``on_partition_claimed`` hooks first and the released/stop hooks last.
+    ``seed``: the random source of the retry jitter.  Time limits use SIGALRM: call from the main thread.
+    """
+    if topic not in app.handlers:
+        raise ConfigError(f"the app has no handler for topic {topic!r}; it has: {', '.join(app.topics) or 'none'}")
+    handler = app.handler_in_worker(topic)
+    given = [m if isinstance(m, Message) else make_message(m, topic=topic, offset=i) for i, m in enumerate(messages)]
+    soft, hard = effective_time_limits(handler, load_settings(app_defaults=app.settings, env={}))
+    rng = random.Random(seed)
+    partitions = sorted({m.partition for m in given})
+    if lifecycle:
+        for hook in app.worker_start_hooks:
+            hook()  # one that fails stops everything, as it stops a worker from starting
+        for partition in partitions:
+            run_hooks(app.hooks.on_partition_claimed, topic, partition)
+    results: dict[int, HandlerResult] = {}
+    released: set[int] = set()
+    try:
+        for unit in _units(handler, given):
+            if unit[0].partition in released:
+                for msg in unit:
+                    results[id(msg)] = HandlerResult(msg, "not_handled")
+                continue
+            for result in _run_unit(app, handler, unit, soft, hard, sleep, rng):
+                results[id(result.message)] = result
+                if result.outcome == "released":
+                    released.add(result.message.partition)
+    finally:
+        if lifecycle:
+            for partition in partitions:
+                run_hooks(app.hooks.on_partition_released, topic, partition)
+            run_hooks(app.worker_stop_hooks)
+    return [results[id(m)] for m in given]
+
+
+def _units(handler: HandlerSpec, messages: list[Message]) -> Iterator[list[Message]]:
+    """What one call gets: each message, or for a batch handler up to batch_size messages of one partition."""
+    if not handler.batch:
+        yield from ([m] for m in messages)
+        return
+    by_partition: dict[int, list[Message]] = {}
+    for msg in messages:
+        by_partition.setdefault(msg.partition, []).append(msg)
+    for batch in by_partition.values():
+        for start in range(0, len(batch), handler.batch_size):
+            yield batch[start : start + handler.batch_size]
+
+
+def _run_unit(
+    app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, rng: random.Random
+) -> list[HandlerResult]:
+    attempts, delays = 0, []
+    while True:
+        attempts += 1
+        argument: Any = [Message(m._record, attempts) for m in unit] if handler.batch else Message(unit[0]._record, attempts)
+        try:
+            _call(handler, argument, soft, hard)
+            return [HandlerResult(m, "done", attempts, None, delays) for m in unit]
+        except Exception as exc:
+            error: Exception = exc
+        step = next_step(handler.retry_policy, error, attempts, rng)
+        if step.action is Action.RETRY:
+            delays.append(step.delay)
+            if sleep:
+                time.sleep(step.delay)
+            continue
+        if step.action is Action.IGNORE:
+            return [HandlerResult(m, "ignored", attempts, error, delays) for m in unit]
+        if step.action is Action.GIVE_UP and handler.on_error is OnError.RELEASE:
+            return [HandlerResult(m, "released", attempts, error, delays) for m in unit]
+        results = []
+        for msg in unit:
+            headers = error_headers(handler.name, msg._record, error)
+            run_hooks(app.hooks.on_dead_letter, msg, error)
+            results.append(HandlerResult(msg, "dead_letter", attempts, error, delays, headers))
+        return results
+
+
+def _call(handler: HandlerSpec, argument: Any, soft: float, hard: float) -> None:
+    """One call, with the time limits raised inside it (SIGALRM), as a worker's soft limit is."""
+    function = handler.function
+    limits = [(soft, SoftTimeLimitExceeded), (hard, TimeLimitExceeded)] if soft else [(hard, TimeLimitExceeded)]
+    limits = [(seconds, kind) for seconds, kind in limits if seconds]
+    if not limits:
+        _invoke(function, argument)
+        return
+    started = time.monotonic()
+    pending = list(limits)
+
+    def on_alarm(_signum: int, _frame: FrameType | None) -> None:
+        seconds, kind = pending.pop(0)
+        if pending:  # the soft limit fired: the hard one comes later
+            signal.setitimer(signal.ITIMER_REAL, max(pending[0][0] - (time.monotonic() - started), 0.001))
+        raise kind(f"the handler ran past its {'soft ' if kind is SoftTimeLimitExceeded else ''}time limit "
+                   f"({seconds:g}s)")  # fmt: skip
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, limits[0][0])
+    try:
+        _invoke(function, argument)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _invoke(function: Any, argument: Any) -> None:
+    if inspect.iscoroutinefunction(function):
+        asyncio.run(function(argument))
+    else:
+        function(argument)
