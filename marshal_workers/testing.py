@@ -35,20 +35,24 @@ from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimit
 from marshal_workers.hooks import run_hooks
 from marshal_workers.retry_policy import Action, next_step
 
-__all__ = ["HandlerResult", "make_message", "run_handler"]
+__all__ = ["FakeRecord", "HandlerResult", "make_message", "run_handler"]
 
 
-@dataclass(frozen=True)
-class _Record:
-    """A Kafka record as a worker gets it from confluent-kafka (the methods a Message reads)."""
+class FakeRecord:
+    """A stand-in for confluent_kafka.Message, which cannot be built in Python: the accessors a Message reads."""
 
-    _topic: str
-    _partition: int
-    _offset: int
-    _key: bytes | None
-    _value: bytes | None
-    _headers: list[tuple[str, bytes]] | None
-    _timestamp: int | None
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None = None,
+        value: bytes | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+        timestamp: tuple[int, int] = (0, -1),  # (kind, ms): kind 0 = none, 1 = create time, 2 = log append time
+    ) -> None:
+        self._topic, self._partition, self._offset = topic, partition, offset
+        self._key, self._value, self._headers, self._timestamp = key, value, headers, timestamp
 
     def topic(self) -> str:
         return self._topic
@@ -69,7 +73,10 @@ class _Record:
         return self._headers
 
     def timestamp(self) -> tuple[int, int]:
-        return (0, -1) if self._timestamp is None else (1, self._timestamp)  # 1: TIMESTAMP_CREATE_TIME
+        return self._timestamp
+
+    def error(self) -> None:
+        return None  # a record, not an error event
 
 
 def make_message(
@@ -85,9 +92,10 @@ def make_message(
     """A message as a handler gets it.  ``value``: bytes, a str (UTF-8) or a dict/list (JSON, as ``msg.json()``
     reads it); ``timestamp`` in ms since the epoch (None: the record has none)."""
     pairs = headers.items() if isinstance(headers, Mapping) else (headers or [])
-    record = _Record(
+    record = FakeRecord(
         topic, partition, offset, _bytes(key), _bytes(value),
-        [(str(name), _bytes(data) or b"") for name, data in pairs] or None, timestamp,
+        [(str(name), _bytes(data) or b"") for name, data in pairs] or None,
+        (0, -1) if timestamp is None else (1, timestamp),
     )  # fmt: skip
     return Message(record)
 

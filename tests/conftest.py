@@ -1,32 +1,24 @@
 """Shared fixtures: one Kafka broker for the suite, unique names per test, polling.
 
-The suite runs against the embedded Tansu broker (started here), or against
+The suite runs against the embedded Tansu broker (started by the plugin's marshal_broker), or against
 an external Kafka named by MARSHAL_WORKERS_TEST_BROKERS=host:port.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from marshal_workers.config import Settings
-from marshal_workers.embedded_broker import EmbeddedBroker
-
-ENV_TEST_BROKERS = "MARSHAL_WORKERS_TEST_BROKERS"
 
 
 @pytest.fixture(scope="session")
-def kafka_brokers() -> Iterator[str]:
-    external = os.environ.get(ENV_TEST_BROKERS)
-    if external:
-        yield external
-        return
-    with EmbeddedBroker() as broker:
-        yield broker.bootstrap
+def kafka_brokers(marshal_broker: str) -> str:
+    """The suite's broker: the one the marshal-workers pytest plugin gives users (marshal_workers/pytest_plugin.py)."""
+    return marshal_broker
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ MW_BENCH_MODE         "alo" (default) or "amo"
 MW_BENCH_BATCH_SIZE   messages per fetch / AMO claim (default 500)
 MW_BENCH_OUT          directory the handler writes its stamps to
 MW_BENCH_LAST_OFFSET  throughput: the last offset of each partition (N/partitions - 1)
-MW_BENCH_HOOKS        "1": register an empty before_message and after_message hook (their cost)
+MW_BENCH_HOOKS        "before": register one empty before_message hook; "both": and an empty after_message hook
 
 Every handler parses the value with ``msg.json()`` (orjson) and writes nothing
 else except:
@@ -73,11 +73,15 @@ def handle_handover(msg: Message) -> None:
             os.close(fd)
 
 
-if os.environ.get("MW_BENCH_HOOKS") == "1":
+HOOKS = os.environ.get("MW_BENCH_HOOKS", "")
+if HOOKS in ("before", "both"):
 
     @app.before_message
     def before(msg: Message) -> None:
         pass
+
+
+if HOOKS == "both":
 
     @app.after_message
     def after(msg: Message, outcome: str, error: BaseException | None, seconds: float) -> None:
