@@ -910,7 +910,7 @@ def main() -> int:
     ):
         if best[num] and best[den]:
             ratio = best[num] / best[den]
-            print(f"   {num}/{den} = {ratio:5.2f}   target >= {target:.1f}   {verdict(ratio >= target)}")
+            print(f"   {num}/{den} = {ratio:5.2f}   target >= {target:.2f}   {verdict(ratio >= target)}")
         else:
             print(f"   {num}/{den} = n/a    target >= {target:.1f}   FAIL (no measurement)")
     print("   Messages per CPU-second (the consuming processes from first to last message, + the supervisor; "
@@ -924,7 +924,7 @@ def main() -> int:
                              ("g", "c", TARGET_HOOKS)):  # fmt: skip
         if best_cpu[num] and best_cpu[den]:
             ratio = best_cpu[num] / best_cpu[den]
-            print(f"   {num}/{den} per CPU-s = {ratio:5.2f}   target >= {target:.1f}   {verdict(ratio >= target)}")
+            print(f"   {num}/{den} per CPU-s = {ratio:5.2f}   target >= {target:.2f}   {verdict(ratio >= target)}")
     print()
     print("2. Memory of `run` (ALO, first run of c): USS = Private_Clean + Private_Dirty")
     if memory:
