@@ -273,7 +273,6 @@ class App:
         has it before it reports progress past the message being handled, so under at least once no output is
         lost (an input handled twice sends its output twice).  See docs/handlers.md, "Producing from handlers".
         """
-        encoded = encode_send(topic, value, key, headers)
         outbox = self.outbox
         if outbox is None:
             raise NotInWorkerError(
@@ -281,7 +280,7 @@ class App:
                 "hook) of `marshal-workers run`; it cannot send at import time, in the supervisor or elsewhere. "
                 "Use a confluent_kafka.Producer of your own there."
             )
-        outbox.send(*encoded)
+        outbox.send(*encode_send(topic, value, key, headers))
 
     def __repr__(self) -> str:
         return f"App(group={self.group!r}, topics={list(self.topics)})"
