@@ -4,7 +4,8 @@ Each handled input is also written to the sink file first (the sink app's line f
 how often an input was handled; its output is sent after that line, so an input's outputs are never more
 than its lines.  Environment: MW_TEST_TOPIC, MW_TEST_OUTPUT (the output topic), MW_TEST_SINK,
 MW_TEST_MODE (alo|amo), MW_TEST_BATCH (0|1), MW_TEST_BATCH_SIZE, MW_TEST_DELAY (seconds per message),
-MW_TEST_CONCURRENCY, MW_TEST_ASYNC (1: an async def handler), MW_TEST_SHARED (1: a shared handler).
+MW_TEST_CONCURRENCY, MW_TEST_ASYNC (1: an async def handler), MW_TEST_SHARED (1: a shared handler),
+MW_TEST_RANGE_SIZE.
 """
 
 import asyncio
@@ -59,5 +60,6 @@ app.handler(
     batch_size=int(os.environ.get("MW_TEST_BATCH_SIZE", "50")),
     concurrency=int(os.environ.get("MW_TEST_CONCURRENCY", "1")),
     shared=os.environ.get("MW_TEST_SHARED") == "1",
+    range_size=int(os.environ.get("MW_TEST_RANGE_SIZE", "100")),
     retries=0,
 )(handle_batch if BATCH else handle_async if ASYNC else handle)

@@ -106,3 +106,23 @@ def test_handlers_on_lanes_send_their_output(fleet: Fleet, output: str, kind: st
     assert sorted(value for value, _ in outputs) == sorted(str(n) for n in range(total)), "each output once"
     by_value = {line.value: f"{line.partition}:{line.offset}".encode() for line in fleet.lines()}
     assert all(headers["from"] == by_value[value] for value, headers in outputs), "headers kept"
+
+
+RUNNERS = {
+    "alo-batch": ({"MW_TEST_BATCH": "1", "MW_TEST_BATCH_SIZE": "20"}, ()),
+    "amo": ({"MW_TEST_MODE": "amo", "MW_TEST_BATCH_SIZE": "20"}, ()),
+    "shared": ({"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "25"}, ("--processes", "2")),
+}
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_every_runner_sends_each_output_once_on_a_clean_run(fleet: Fleet, output: str, runner: str) -> None:
+    total = 400
+    env, args = RUNNERS[runner]
+    fleet.env |= env
+    fleet.start("only", *args)
+    fleet.produce(range(total))
+    poll_until(lambda: len(fleet.counts()) == total, timeout=60, what="every input")
+    stop(fleet, "only")
+
+    assert sorted(value for value, _ in read_outputs(fleet.brokers, output)) == sorted(str(n) for n in range(total))
