@@ -126,3 +126,14 @@ def test_every_runner_sends_each_output_once_on_a_clean_run(fleet: Fleet, output
     stop(fleet, "only")
 
     assert sorted(value for value, _ in read_outputs(fleet.brokers, output)) == sorted(str(n) for n in range(total))
+
+
+def test_a_send_kafka_does_not_confirm_crashes_the_worker_before_its_progress(fleet: Fleet, unique: str) -> None:
+    fleet.app = "send_app:app"
+    fleet.env |= {"MW_TEST_OUTPUT": f"missing-{unique}", "MARSHAL_WORKERS_KAFKA_PRODUCER_MESSAGE_TIMEOUT_MS": "300"}
+    fleet.start("only")
+    fleet.produce(range(1))  # one input, on partition 0
+    poll_until(lambda: fleet.counts()["0"] >= 2, timeout=30, what="the input to be handled again after the crash")
+    log = fleet.log_of("only")
+    assert "was not confirmed" in log and "exited with code 8" in log
+    assert fleet.status_rows()[0]["offset"] in (None, 0), "no progress past the input whose output failed"
