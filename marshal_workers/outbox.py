@@ -126,7 +126,8 @@ class Outbox:
         if self._failure is None and self.pending and self._producer is not None:
             self.pending = False  # before flushing: a send from another thread meanwhile sets it again
             if self._producer.flush(FLUSH_TIMEOUT_S) > 0 and self._failure is None:
-                self._failure = f"{len(self._producer)} sent message(s) not confirmed by Kafka within {FLUSH_TIMEOUT_S}s"
+                left = len(self._producer)
+                self._failure = f"{left} sent message(s) not confirmed by Kafka within {FLUSH_TIMEOUT_S}s"
         if self._failure is not None:
             self.pending = True  # never clean again: no progress is reported past this point
             raise SendError(self._failure)

@@ -96,7 +96,7 @@ def test_no_output_is_lost_when_the_supervisor_and_its_workers_are_killed(fleet:
 @pytest.mark.parametrize("kind", ["def", "async"])
 def test_handlers_on_lanes_send_their_output(fleet: Fleet, output: str, kind: str) -> None:
     total = 400
-    fleet.env |= {"MW_TEST_CONCURRENCY": "8", "MW_TEST_DELAY": "0.005", "MW_TEST_ASYNC": "1" if kind == "async" else "0"}
+    fleet.env |= {"MW_TEST_CONCURRENCY": "8", "MW_TEST_DELAY": "0.005", "MW_TEST_ASYNC": str(int(kind == "async"))}
     fleet.start("lanes")
     fleet.produce(range(total))
     poll_until(lambda: len(fleet.counts()) == total, timeout=60, what="every input")

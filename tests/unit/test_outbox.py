@@ -65,7 +65,8 @@ def test_bad_arguments_are_refused_with_what_is_expected(args: tuple[Any, ...], 
 
 def test_send_outside_a_worker_says_where_it_can_be_used() -> None:
     app = App(group="g")
-    with pytest.raises(NotInWorkerError, match=r"only inside a worker process \(in a handler.*at import time, in the supervisor"):
+    where = r"only inside a worker process \(in a handler.*at import time, in the supervisor"
+    with pytest.raises(NotInWorkerError, match=where):
         app.send("out", b"v")
 
 
