@@ -24,9 +24,10 @@ import orjson
 
 from marshal_workers.config import SETTINGS, Settings, parse_duration, parse_limit
 from marshal_workers.done_set import MAX_RUNS
-from marshal_workers.errors import ConfigError
+from marshal_workers.errors import ConfigError, NotInWorkerError
 from marshal_workers.hooks import AfterHook, BeforeHook, DeadLetterHook, Hooks, PartitionHook, with_message_hooks
 from marshal_workers.lanes import Ordering
+from marshal_workers.outbox import Outbox, encode_send
 from marshal_workers.range_leases import MAX_LEASE_MS
 from marshal_workers.retry_policy import RetryPolicy
 
@@ -164,6 +165,7 @@ class App:
         self.worker_start_hooks: list[Hook] = []
         self.worker_stop_hooks: list[Hook] = []
         self.hooks = Hooks()  # per message and per partition, in the workers (hooks.py)
+        self.outbox: Outbox | None = None  # set in each worker process (app.send); None everywhere else
 
     @property
     def group(self) -> str | None:
@@ -296,6 +298,23 @@ class App:
         spec = self.handlers[topic]
         hooked = with_message_hooks(spec.function, self.hooks)
         return spec if hooked is spec.function else replace(spec, function=hooked)
+
+    def send(self, topic: str, value: Any, key: bytes | str | None = None, headers: Any = None) -> None:
+        """Send a message to ``topic`` from a handler (or a worker hook), on the worker's idempotent producer.
+
+        ``value``: bytes, str (UTF-8), a dict or list (JSON) or None; ``key``: bytes, str or None; ``headers``: a
+        dict or a list of (name, value) pairs.  The message is buffered, not waited for: the worker makes sure Kafka
+        has it before it reports progress past the message being handled, so under at least once no output is
+        lost (an input handled twice sends its output twice).  See docs/handlers.md, "Producing from handlers".
+        """
+        outbox = self.outbox
+        if outbox is None:
+            raise NotInWorkerError(
+                "app.send() works only inside a worker process (in a handler, or an on_worker_start/on_worker_stop "
+                "hook) of `marshal-workers run`; it cannot send at import time, in the supervisor or elsewhere. "
+                "Use a confluent_kafka.Producer of your own there."
+            )
+        outbox.send(*encode_send(topic, value, key, headers))
 
     def __repr__(self) -> str:
         return f"App(group={self.group!r}, topics={list(self.topics)})"

@@ -20,6 +20,11 @@ Raised inside handlers:
 
     TimeLimitExceeded
         SoftTimeLimitExceeded     a handler call ran past its soft time limit (catch it to clean up)
+    NotInWorkerError              app.send() called outside a worker process (at import, in the supervisor)
+
+Raised in a worker, which then crashes (its input is handled again, at least once):
+
+    SendError                     a message given to app.send() was not confirmed by Kafka
 """
 
 from __future__ import annotations
@@ -101,6 +106,15 @@ class SoftTimeLimitExceeded(TimeLimitExceeded):
 class WorkerLost(Exception):
     """The worker died (a segfault, running out of memory, os._exit) while handling a message, ``crash_limit``
     times in a row with no progress: the message is dead-lettered with this as its ``error_type``."""
+
+
+class NotInWorkerError(RuntimeError):
+    """``app.send()`` was called where no worker runs: it works in handlers and worker hooks only."""
+
+
+class SendError(Exception):
+    """A message given to ``app.send()`` was not confirmed by Kafka: the worker stops before reporting progress
+    past the input it came from, so that input is handled again."""
 
 
 class MaxDeliveriesExceeded(Exception):

@@ -37,3 +37,4 @@ class WorkerExit(enum.IntEnum):
     LOST = 5  # the partition is not ours any more: nothing to release
     SUPERVISOR_GONE = 6  # the supervisor died: exit without a word
     RECYCLE = 7  # a lifecycle limit (messages, memory) was reached: start a fresh worker at once
+    SEND_FAILED = 8  # a message sent by a handler (app.send) was not confirmed: a crash, progress stays before it

@@ -20,6 +20,11 @@ Progress:
   sequential loop does) before any of it is dispatched, and the next claim
   waits until the batch is finished, so a crash loses at most one batch.
 
+What the handlers sent (app.send) is flushed before progress is reported:
+while sends are pending, a completion does not move NEXT_OFFSET; the next
+``_publish`` flushes, then reports the position and the done set (at least
+once), and an AMO batch's end is reported after a flush too.
+
 Stopping (SIGTERM, the stop flag, a lifecycle limit): no new call starts
 under at least once (an AMO batch already claimed is finished), the calls in
 flight finish, the position is published, and the supervisor releases the
@@ -176,6 +181,7 @@ class LaneRunner:
         if self.lanes.unfinished:
             return None
         if self.claimed_end is not None:
+            self.worker.outbox.flush()  # the batch's output delivered before the next claim
             self.fields[Field.NEXT_OFFSET] = self.claimed_end
             self.claimed_end = None
         if not self.held:
@@ -287,7 +293,7 @@ class LaneRunner:
             else:
                 handled += self._failed(offsets, completion.error)
         fields[Field.PROCESSED] += handled
-        if not self.at_most_once:
+        if not self.at_most_once and not self.worker.outbox.pending:  # else _publish flushes, then reports it
             fields[Field.NEXT_OFFSET] = lanes.progress()
         self.worker._count_handled(handled)
 
@@ -353,6 +359,7 @@ class LaneRunner:
         lanes, fields = self.lanes, self.fields
         if not self.at_most_once:
             progress = lanes.progress()
+            self.worker.outbox.flush()  # what the calls behind this progress sent, before it is reported
             fields[Field.NEXT_OFFSET] = progress
             self.worker.slot.publish_done(progress, self._done_runs(progress))
         fields[Field.IN_FLIGHT] = lanes.in_flight

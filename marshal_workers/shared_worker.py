@@ -49,15 +49,16 @@ from marshal_workers.app import App, HandlerSpec, Message, Mode
 from marshal_workers.channel import monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
-from marshal_workers.errors import MaxDeliveriesExceeded
+from marshal_workers.errors import MaxDeliveriesExceeded, SendError
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.handler_outcomes import OutcomeCounts
 from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
 from marshal_workers.logs import configure_logging, group_log
+from marshal_workers.outbox import Outbox
 from marshal_workers.retry_policy import Action, next_step
-from marshal_workers.worker import die_with_parent, dump_tracebacks_on_sigusr2, finish_worker
+from marshal_workers.worker import die_with_parent, dump_tracebacks_on_sigusr2, finish_worker, send_failed
 
 _log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class SharedWorker:
         self._consumer: Consumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
         self._dlq = DeadLetterWriter(spec.settings)
+        self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
         self.hooks = Hooks()  # the app's, once it is loaded
 
@@ -126,6 +128,7 @@ class SharedWorker:
             app = load_app(self.spec.app_path)
             handler = app.handler_in_worker(self.spec.topic)
             self.hooks = app.hooks
+            app.outbox = self.outbox
             for hook in app.worker_start_hooks:
                 hook()
         except Exception:
@@ -136,6 +139,8 @@ class SharedWorker:
             return self._loop(handler)
         except _SupervisorGone:
             return WorkerExit.SUPERVISOR_GONE
+        except SendError as exc:
+            return send_failed(self.log, exc)
         finally:
             self._finish(app)
 
@@ -147,7 +152,7 @@ class SharedWorker:
             self._send_outcomes()
         except _SupervisorGone:
             pass
-        finish_worker(app, self.log, self._dlq, self._consumer)
+        finish_worker(app, self.log, self._dlq, self._consumer, self.outbox)
 
     def _send_outcomes(self) -> None:
         message = self.outcomes.take()
@@ -250,6 +255,7 @@ class SharedWorker:
         assert self._consumer is not None
         self._position = (leased.partition, end)
         high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, leased.partition), cached=True)
+        self.outbox.flush()  # what the range's calls sent (app.send), before it is reported handled
         self._send_outcomes()
         self._send(("settled", leased.partition, leased.start, end, leased.failed, leased.dead, leased.handled,
                     None if high is None or high[1] < 0 else high[1]))  # fmt: skip

@@ -123,6 +123,19 @@ class HandlerResult:
     error: BaseException | None = None  # the last error, if any
     delays: list[float] = field(default_factory=list)  # the waits before each retry, as the policy chose them
     dead_letter_headers: list[tuple[str, bytes]] | None = None  # the headers its dead letter would carry
+    # What its calls sent with app.send, retries included (as a worker's producer would have them): (topic, value,
+    # key, headers), encoded as they go to Kafka.  A batch's messages share one list.
+    sent: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None]] = field(default_factory=list)
+
+
+class _CapturingOutbox:
+    """Stands in for a worker's producer (outbox.Outbox): app.send's messages are kept, not sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, topic: str, value: bytes | None, key: bytes | None, headers: Any) -> None:
+        self.sent.append((topic, value, key, None if headers is None else list(headers)))
 
 
 def run_handler(
@@ -155,6 +168,7 @@ def run_handler(
             run_hooks(app.hooks.on_partition_claimed, topic, partition)
     results: dict[int, HandlerResult] = {}
     released: set[int] = set()
+    outbox, app.outbox = app.outbox, _CapturingOutbox()  # type: ignore[assignment]
     try:
         for unit in _units(handler, given):
             if unit[0].partition in released:
@@ -166,6 +180,7 @@ def run_handler(
                 if result.outcome == "released":
                     released.add(result.message.partition)
     finally:
+        app.outbox = outbox
         if lifecycle:
             for partition in partitions:
                 run_hooks(app.hooks.on_partition_released, topic, partition)
@@ -190,12 +205,15 @@ def _run_unit(
     app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, rng: random.Random
 ) -> list[HandlerResult]:
     attempts, delays = 0, []
+    capture = app.outbox
+    assert isinstance(capture, _CapturingOutbox)
+    capture.sent = sent = []
     while True:
         attempts += 1
         argument: Any = [Message(m._record, attempts) for m in unit] if handler.batch else Message(unit[0]._record, attempts)
         try:
             _call(handler, argument, soft, hard)
-            return [HandlerResult(m, "done", attempts, None, delays) for m in unit]
+            return [HandlerResult(m, "done", attempts, None, delays, sent=sent) for m in unit]
         except Exception as exc:
             error: Exception = exc
         step = next_step(handler.retry_policy, error, attempts, rng)
@@ -205,14 +223,14 @@ def _run_unit(
                 time.sleep(step.delay)
             continue
         if step.action is Action.IGNORE:
-            return [HandlerResult(m, "ignored", attempts, error, delays) for m in unit]
+            return [HandlerResult(m, "ignored", attempts, error, delays, sent=sent) for m in unit]
         if step.action is Action.GIVE_UP and handler.on_error is OnError.RELEASE:
-            return [HandlerResult(m, "released", attempts, error, delays) for m in unit]
+            return [HandlerResult(m, "released", attempts, error, delays, sent=sent) for m in unit]
         results = []
         for msg in unit:
             headers = error_headers(handler.name, msg._record, error)
             run_hooks(app.hooks.on_dead_letter, msg, error)
-            results.append(HandlerResult(msg, "dead_letter", attempts, error, delays, headers))
+            results.append(HandlerResult(msg, "dead_letter", attempts, error, delays, headers, sent))
         return results
 
 

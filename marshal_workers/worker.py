@@ -28,7 +28,7 @@ from marshal_workers.alarm import Alarm
 from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
 from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
-from marshal_workers.errors import TimeLimitExceeded, WorkerLost
+from marshal_workers.errors import SendError, TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.handler_outcomes import OutcomeCounts
 from marshal_workers.hooks import Hooks, run_hooks
@@ -37,6 +37,7 @@ from marshal_workers.kafka_clients import client_config
 from marshal_workers.lane_runner import LaneRunner
 from marshal_workers.loader import load_app
 from marshal_workers.logs import ContextLog, configure_logging, partition_log
+from marshal_workers.outbox import Outbox
 from marshal_workers.retry_policy import Action, next_step
 
 _log = logging.getLogger(__name__)
@@ -104,13 +105,15 @@ def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
     )
 
 
-def finish_worker(app: App | None, log: Any, dlq: DeadLetterWriter, consumer: Consumer | None) -> None:
-    """A worker's last steps (both kinds): the on_worker_stop hooks, then its dead letters and consumer closed."""
+def finish_worker(app: App | None, log: Any, dlq: DeadLetterWriter, consumer: Consumer | None, outbox: Outbox) -> None:
+    """A worker's last steps (both kinds): the on_worker_stop hooks, then its sends, dead letters and consumer
+    closed."""
     for hook in app.worker_stop_hooks if app else []:
         try:
             hook()
         except Exception:
             log.exception("on_worker_stop hook failed")
+    outbox.close(log)
     dlq.close()
     if consumer is not None:
         consumer.close()
@@ -119,6 +122,13 @@ def finish_worker(app: App | None, log: Any, dlq: DeadLetterWriter, consumer: Co
 def dump_tracebacks_on_sigusr2() -> None:
     """SIGUSR2 (sent by the supervisor on its own SIGUSR2): every thread's stack to stderr, the supervisor's log."""
     faulthandler.register(signal.SIGUSR2, all_threads=True)
+
+
+def send_failed(log: Any, error: SendError) -> WorkerExit:
+    """A handler's output was not confirmed: exit as a crash, progress still before the input it came from."""
+    log.error("a message sent by a handler was not confirmed (%s): the worker stops without reporting progress past "
+              "its input, which is handled again", error)  # fmt: skip
+    return WorkerExit.SEND_FAILED
 
 
 def give_up_error(spec: WorkerSpec, handler: HandlerSpec) -> Exception:
@@ -152,6 +162,7 @@ class Worker:
         self._lease_until = 0
         self._next_housekeeping = 0.0
         self._dlq = DeadLetterWriter(spec.settings)
+        self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before progress is reported
         self._dead_letters_in_a_row = 0  # dlq_limit: dead letters since the last message that was not one
         self._dead_letters_end = -1  # the offset after the last dead letter
         self._first_fetched = False
@@ -171,6 +182,7 @@ class Worker:
             app = load_app(self.spec.app_path)
             handler = app.handler_in_worker(self.spec.topic)
             self.hooks = app.hooks
+            app.outbox = self.outbox
             # Skipping what a previous owner did out of order takes the lanes, whatever the concurrency.
             on_lanes = handler.runs_on_lanes or bool(self.spec.skip)
             if on_lanes:
@@ -201,6 +213,8 @@ class Worker:
             return code
         except _SupervisorGone:
             return WorkerExit.SUPERVISOR_GONE
+        except SendError as exc:
+            return send_failed(self.log, exc)
         finally:
             self._finish(app)
 
@@ -256,7 +270,7 @@ class Worker:
         if self._partition_hooks_due:
             run_hooks(self.hooks.on_partition_released, self.spec.topic, self.spec.partition)
         self.send_outcomes()
-        finish_worker(app, self.log, self._dlq, self._consumer)
+        finish_worker(app, self.log, self._dlq, self._consumer, self.outbox)
 
     # -------------------------------------------------------------- loops
 
@@ -266,9 +280,12 @@ class Worker:
         return self._consume_batches(handler)
 
     def _consume_alo(self, handler: HandlerSpec) -> WorkerExit:
-        """At least once, one message per call: handle, then record progress; the heartbeat carries it."""
+        """At least once, one message per call: handle, then record progress; the heartbeat carries it.
+
+        Progress is stored after each message, unless the handlers sent messages (app.send) not yet flushed: then
+        it waits (``unreported``) until the outbox is flushed, once for the fetch, or before looking up from it."""
         fields, next_offset, processed = self.slot.fields, int(Field.NEXT_OFFSET), int(Field.PROCESSED)
-        wrap, now = Message, time.monotonic  # the slot's clock (monotonic_ms)
+        wrap, now, outbox = Message, time.monotonic, self.outbox  # the slot's clock (monotonic_ms)
         self._alarm = Alarm()
         due = self._alarm.due
         plain = handler
@@ -276,11 +293,13 @@ class Worker:
             records = self._fetch(self._fetch_size(plain))
             handler = self._sampled(plain, records)
             function = handler.function
-            handled = 0
+            handled = unreported = 0
             self._set_check_at()
             for record in records:
                 # The lease's end, housekeeping or a stop (SIGTERM raises it too): the alarm says when to look.
                 if due[0]:
+                    if unreported:
+                        unreported = self._report_sent(unreported)
                     if self.stopping:
                         break
                     self._housekeeping()
@@ -295,13 +314,26 @@ class Worker:
                 except Exception as exc:
                     outcome = self._recover(handler, [record], exc)
                     if outcome is not _Outcome.DONE:
+                        if unreported:
+                            self._report_sent(unreported)
                         fields[processed] += handled
                         return _exit_for(outcome)
-                fields[next_offset] = record.offset() + 1
+                if outbox.pending:
+                    unreported = record.offset() + 1
+                else:
+                    fields[next_offset] = record.offset() + 1
                 handled += 1
+            if unreported:
+                self._report_sent(unreported)
             fields[processed] += handled
             self._count_handled(handled)
         return WorkerExit.STOPPED
+
+    def _report_sent(self, next_offset: int) -> int:
+        """Progress up to ``next_offset`` once Kafka has what the handlers sent (SendError if it has not)."""
+        self.outbox.flush()
+        self.slot.fields[Field.NEXT_OFFSET] = next_offset
+        return 0
 
     def _set_check_at(self) -> None:
         """When _consume_alo next looks up from its messages: the lease's end or housekeeping, now if stopping."""
@@ -336,6 +368,7 @@ class Worker:
                 return _exit_for(outcome)
             if handler.batch:
                 self.slot.fields[Field.PROCESSED] += len(records)
+            self.outbox.flush()  # what the handlers sent (app.send), before progress past their inputs
             self.slot.fields[Field.NEXT_OFFSET] = end
             self._count_handled(len(records))
         return WorkerExit.STOPPED

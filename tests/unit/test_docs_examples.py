@@ -82,3 +82,26 @@ def test_the_handlers_page_registers_the_policy_it_describes_and_its_handler_doe
     assert outcome(b'{"amount": 1, "test": true}') is Ignore
     assert outcome(b'{"amount": 1, "provider_busy": true}') is Retry
     assert outcome(b'{"amount": 1, "provider_busy": true}', attempt=3) is None
+
+
+def test_the_handlers_page_send_example_sends_what_it_says() -> None:
+    from fake_record import FakeRecord
+
+    from marshal_workers.app import Message
+
+    [code] = [block for block in BLOCK.findall((ROOT / "docs" / "handlers.md").read_text()) if "app.send(" in block]
+    namespace: dict[str, Any] = {"__name__": "send_example"}
+    exec(code, namespace)
+    app = namespace["app"]
+    sent: list[tuple[Any, ...]] = []
+
+    class Recorder:
+        def send(self, *encoded: Any) -> None:
+            sent.append(encoded)
+
+    app.outbox = Recorder()
+    app.handlers["orders"].function(Message(FakeRecord(value=b'{"id": 7, "amount": 12}', key=b"c-1", partition=0, offset=3)))
+    assert sent == [
+        ("invoices", b'{"order":7,"amount":12}', b"c-1", [("source", b"orders/0/3")]),
+        ("audit", b"invoiced 7", None, None),
+    ]

@@ -118,3 +118,18 @@ def test_hooks_and_retries_run_as_in_a_worker_and_the_backoff_is_not_slept() -> 
                      "after done", "released 0", "stop"]  # fmt: skip
     with pytest.raises(ConfigError, match="no handler for topic 'nope'"):
         run_handler(app, "nope", [b"x"])
+
+
+def test_what_a_handler_sends_is_captured_retries_included() -> None:
+    app = App(group="g")
+
+    @app.handler("orders", retries=1, retry_backoff="1ms")
+    def handle(msg: Message) -> None:
+        app.send("invoices", {"order": msg.json()["id"]}, key=str(msg.json()["id"]))
+        if msg.attempt == 1:
+            raise ConnectionError("the ledger hiccuped after sending")
+
+    [result] = run_handler(app, "orders", [{"id": 9}])
+    assert (result.outcome, result.attempts) == ("done", 2)
+    assert result.sent == [("invoices", b'{"order":9}', b"9", None)] * 2, "a retry sends again, as in a worker"
+    assert app.outbox is None, "outside run_handler, app.send is refused again"
