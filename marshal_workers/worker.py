@@ -36,6 +36,8 @@ from marshal_workers.kafka_clients import client_config
 from marshal_workers.lane_runner import LaneRunner
 from marshal_workers.loader import load_app
 from marshal_workers.logs import ContextLog, configure_logging, partition_log
+from marshal_workers.message_age import OnTooOld, is_too_old, split_by_age, too_old_error
+from marshal_workers.rate_limits import Throttle
 from marshal_workers.retry_policy import Action, next_step
 
 _log = logging.getLogger(__name__)
@@ -66,13 +68,19 @@ def _resident_bytes() -> int | None:
         return None  # not Linux: no memory limit
 
 
+def _wall_ms() -> int:
+    """Now, as Kafka timestamps count: wall-clock milliseconds."""
+    return int(time.time() * 1000)
+
+
 def _exit_for(outcome: _Outcome) -> WorkerExit:
     return WorkerExit.RELEASE if outcome is _Outcome.RELEASE else WorkerExit.STOPPED
 
 
-def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection) -> None:
-    """Entry point in the worker process (the target of the fork server's Process)."""
-    code = Worker(spec, Slot(slot_array), connection).run()
+def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection, rate_bucket: Any = None) -> None:
+    """Entry point in the worker process (the target of the fork server's Process).  ``rate_bucket``: the
+    handler's shared token bucket (rate_limits.py), if it has a rate_limit."""
+    code = Worker(spec, Slot(slot_array), connection, rate_bucket).run()
     # Exit now, without joining threads: a handler call stuck in a thread (concurrency) must not keep the
     # process alive once the worker is done, nor keep the fork server alive after the supervisor died (every
     # child of the fork server holds its keep-alive pipe).
@@ -139,8 +147,11 @@ def die_with_parent() -> None:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection) -> None:
+    def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection, rate_bucket: Any = None) -> None:
         self.spec = spec
+        self.rate_bucket = rate_bucket
+        self.throttle: Throttle | None = None  # the handler's rate_limit, if any
+        self.max_age_ms = 0  # the handler's max_age, 0: none
         self.slot = slot
         self.connection = connection
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
@@ -167,6 +178,9 @@ class Worker:
         try:
             app = load_app(self.spec.app_path)
             handler = app.handlers[self.spec.topic]
+            if handler.rate_limit and self.rate_bucket is not None:
+                self.throttle = Throttle(self.rate_bucket, handler.rate_limit)
+            self.max_age_ms = round(handler.max_age * 1000) if handler.max_age else 0
             # Skipping what a previous owner did out of order takes the lanes, whatever the concurrency.
             on_lanes = handler.runs_on_lanes or bool(self.spec.skip)
             if on_lanes:
@@ -263,7 +277,7 @@ class Worker:
         wrap, now = Message, time.monotonic  # the slot's clock (monotonic_ms)
         self._alarm = Alarm()
         due = self._alarm.due
-        plain = handler
+        plain, throttle, max_age_ms = handler, self.throttle, self.max_age_ms
         while not self.stopping:
             records = self._fetch(self._fetch_size(plain))
             handler = self._sampled(plain, records)
@@ -281,6 +295,13 @@ class Worker:
                     self._set_check_at()
                     if self.stopping:
                         break
+                if max_age_ms and is_too_old(record.timestamp(), _wall_ms(), max_age_ms):
+                    self.too_old(handler, [record])
+                    fields[next_offset] = record.offset() + 1
+                    handled += 1
+                    continue
+                if throttle is not None and not self._take_tokens(1):
+                    break  # asked to stop while waiting: this message is not begun
                 # The hot path: one call, one store.  Retries and dead letters only after a failure.
                 try:
                     function(wrap(record))
@@ -315,6 +336,10 @@ class Worker:
             if not records or not self._wait_for_lease():
                 continue
             end = records[-1].offset() + 1
+            fresh, old = split_by_age(records, _wall_ms(), self.max_age_ms) if self.max_age_ms else (records, [])
+            # The batch's tokens before its claim: stopped while waiting, nothing is claimed or begun.
+            if self.throttle is not None and fresh and not self._take_tokens(len(fresh)):
+                break
             if at_most_once:
                 refused = self._claim_batch(end)
                 if refused is not None:
@@ -323,11 +348,16 @@ class Worker:
                 # late (our supervisor was frozen) may come after another owner took over: the lease says.
                 if not self._wait_for_lease():
                     return WorkerExit.STOPPED
-            outcome = self._handle(handler, records) if handler.batch else self._handle_each(handler, records)
+            if old:
+                self.too_old(handler, old)
+                self.slot.fields[Field.PROCESSED] += len(old)
+            outcome = _Outcome.DONE
+            if fresh:
+                outcome = self._handle(handler, fresh) if handler.batch else self._handle_each(handler, fresh)
             if outcome is not _Outcome.DONE:
                 return _exit_for(outcome)
             if handler.batch:
-                self.slot.fields[Field.PROCESSED] += len(records)
+                self.slot.fields[Field.PROCESSED] += len(fresh)
             self.slot.fields[Field.NEXT_OFFSET] = end
             self._count_handled(len(records))
         return WorkerExit.STOPPED
@@ -351,6 +381,32 @@ class Worker:
             return _Outcome.DONE
         finally:
             fields[Field.PROCESSED] += handled
+
+    # ------------------------------------------------------- rate and age
+
+    def _take_tokens(self, count: int) -> bool:
+        """Wait for ``count`` tokens of the handler's rate limit, looking after the worker meanwhile; then make
+        sure the lease still holds.  False if asked to stop first."""
+        assert self.throttle is not None
+        if not self.throttle.acquire(count, self._still_waiting):
+            return False
+        return time.monotonic() * 1000 < self._lease_until or self._wait_for_lease()
+
+    def _still_waiting(self) -> bool:
+        self._housekeeping()
+        return not self.stopping
+
+    def too_old(self, handler: HandlerSpec, records: list[Any]) -> None:
+        """Messages past the handler's max_age: not handled; counted, and dead-lettered if on_too_old="dlq".
+        They do not count towards dlq_limit (that bounds failures in a row)."""
+        self.outcomes.too_old += len(records)
+        if handler.on_too_old is OnTooOld.DLQ:
+            now_ms = _wall_ms()
+            errors = [too_old_error(r.timestamp(), now_ms, self.max_age_ms) for r in records]
+            self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, e) for r, e in zip(records, errors)])
+            self.slot.fields[Field.DEAD_LETTERED] += len(records)
+        self.log.debug("%d message(s) from offset %d older than max_age: %s", len(records), records[0].offset(),
+                       "dead-lettered" if handler.on_too_old is OnTooOld.DLQ else "skipped")  # fmt: skip
 
     # ----------------------------------------------------- lifecycle limits
 
