@@ -21,6 +21,7 @@ from marshal_workers.errors import ConfigError
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
 _PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_ROUNDING = 1e-9  # tokens: what floating point loses in a refill is not held against a taker
 BURST_SECONDS = 0.1  # the bucket holds a tenth of a second's worth of tokens (at least one)
 
 
@@ -66,8 +67,8 @@ def refill(bucket: Bucket, now: float, rate: float, burst: float) -> Bucket:
 def take(bucket: Bucket, now: float, rate: float, burst: float, want: int) -> tuple[int, Bucket]:
     """Up to ``want`` whole tokens from the bucket at ``now``: (how many were granted, the bucket after)."""
     current = refill(bucket, now, rate, burst)
-    granted = max(0, min(want, math.floor(current.tokens + 1e-9)))
-    return granted, Bucket(current.tokens - granted, current.last)
+    granted = max(0, min(want, math.floor(current.tokens + _ROUNDING)))  # 2.9999999999 tokens are 3
+    return granted, Bucket(max(0.0, current.tokens - granted), current.last)
 
 
 def wait_for(bucket: Bucket, rate: float) -> float:
