@@ -60,6 +60,14 @@ class _Outcome(enum.Enum):
     STOP = "stop"  # asked to stop while retrying: it is not done
 
 
+class _Admit(enum.Enum):
+    """What the limits (rate_limit, max_age) say about the next message."""
+
+    CALL = "call"  # call the handler on it
+    TOO_OLD = "too_old"  # past max_age: done without a call
+    STOP = "stop"  # asked to stop while waiting for a token: not begun
+
+
 def _resident_bytes() -> int | None:
     try:
         with open("/proc/self/statm") as statm:
@@ -277,7 +285,8 @@ class Worker:
         wrap, now = Message, time.monotonic  # the slot's clock (monotonic_ms)
         self._alarm = Alarm()
         due = self._alarm.due
-        plain, throttle, max_age_ms = handler, self.throttle, self.max_age_ms
+        plain = handler
+        limited = self.throttle is not None or bool(self.max_age_ms)  # rate_limit or max_age: one check a message
         while not self.stopping:
             records = self._fetch(self._fetch_size(plain))
             handler = self._sampled(plain, records)
@@ -295,13 +304,14 @@ class Worker:
                     self._set_check_at()
                     if self.stopping:
                         break
-                if max_age_ms and is_too_old(record.timestamp(), _wall_ms(), max_age_ms):
-                    self.too_old(handler, [record])
-                    fields[next_offset] = record.offset() + 1
-                    handled += 1
-                    continue
-                if throttle is not None and not self._take_tokens(1):
-                    break  # asked to stop while waiting: this message is not begun
+                if limited:
+                    admitted = self._admit(handler, record)
+                    if admitted is _Admit.STOP:
+                        break  # asked to stop while waiting for the rate limit: this message is not begun
+                    if admitted is _Admit.TOO_OLD:
+                        fields[next_offset] = record.offset() + 1
+                        handled += 1
+                        continue
                 # The hot path: one call, one store.  Retries and dead letters only after a failure.
                 try:
                     function(wrap(record))
@@ -383,6 +393,16 @@ class Worker:
             fields[Field.PROCESSED] += handled
 
     # ------------------------------------------------------- rate and age
+
+    def _admit(self, handler: HandlerSpec, record: Any) -> _Admit:
+        """One message under max_age and rate_limit: too old (done without a call), or its token taken (or a
+        stop came while waiting for it)."""
+        if self.max_age_ms and is_too_old(record.timestamp(), _wall_ms(), self.max_age_ms):
+            self.too_old(handler, [record])
+            return _Admit.TOO_OLD
+        if self.throttle is not None and not self._take_tokens(1):
+            return _Admit.STOP
+        return _Admit.CALL
 
     def _take_tokens(self, count: int) -> bool:
         """Wait for ``count`` tokens of the handler's rate limit, looking after the worker meanwhile; then make
