@@ -2,8 +2,11 @@
 the workers of one supervisor (docs/handlers.md, "Rate limits").
 
 A token bucket: ``rate`` tokens a second flow in, up to ``burst``; a message takes one before its handler call
-(a batch one per message).  The arithmetic is pure (:func:`refill`, :func:`take`, :func:`wait_for`: state and
-``now`` in, state out), and never grants more than ``rate * elapsed + burst`` tokens.  The state lives in shared
+(a batch one per message).  The arithmetic is pure (:func:`refill`, :func:`take`, :func:`take_all`,
+:func:`wait_for`: state and ``now`` in, state out), and never grants more than ``rate * elapsed + burst``
+tokens, or for a batch larger than the burst, than ``rate * elapsed + its size``: such a batch goes when the
+bucket is full and leaves it in debt, which the next takers wait for (rather than each of many workers
+holding part of a batch's tokens while it waits for the rest).  The state lives in shared
 memory (:class:`SharedBucket`: two doubles and a lock), created by the supervisor per rate-limited handler from its
 fork-server context and passed to every worker of that topic, as the slot is.  Its clock is CLOCK_MONOTONIC,
 one clock for every process of a host (channel.monotonic_ms).
@@ -71,9 +74,18 @@ def take(bucket: Bucket, now: float, rate: float, burst: float, want: int) -> tu
     return granted, Bucket(max(0.0, current.tokens - granted), current.last)
 
 
-def wait_for(bucket: Bucket, rate: float) -> float:
-    """Seconds until the bucket (as of ``bucket.last``) holds a whole token again."""
-    return max(0.0, (1.0 - bucket.tokens) / rate)
+def take_all(bucket: Bucket, now: float, rate: float, burst: float, want: int) -> tuple[bool, Bucket]:
+    """All ``want`` tokens or none: (granted, the bucket after).  More than the burst can hold is granted when the
+    bucket is full, leaving it below zero (in debt)."""
+    current = refill(bucket, now, rate, burst)
+    if current.tokens + _ROUNDING < min(want, burst):
+        return False, current
+    return True, Bucket(current.tokens - want if want > burst else max(0.0, current.tokens - want), current.last)
+
+
+def wait_for(bucket: Bucket, rate: float, want: float = 1.0) -> float:
+    """Seconds until the bucket (as of ``bucket.last``) holds ``want`` tokens again."""
+    return max(0.0, (want - bucket.tokens) / rate)
 
 
 class SharedBucket:
@@ -98,6 +110,13 @@ class SharedBucket:
             self.array[0], self.array[1] = after.tokens, after.last
         return granted, wait_for(after, self.rate)
 
+    def take_all(self, want: int, now: float) -> tuple[bool, float]:
+        """(all ``want`` tokens granted or none; seconds until they could be, if not)."""
+        with self.array.get_lock():
+            granted, after = take_all(Bucket(self.array[0], self.array[1]), now, self.rate, self.burst, want)
+            self.array[0], self.array[1] = after.tokens, after.last
+        return granted, 0.0 if granted else wait_for(after, self.rate, min(want, self.burst))
+
 
 def create_buckets(context: BaseContext, rates: dict[str, float | None]) -> dict[str, Any]:
     """One shared bucket array per rate-limited topic (``rates``: topic -> messages per second or None)."""
@@ -108,8 +127,7 @@ class Throttle:
     """A worker's side of its handler's bucket: takes tokens, waiting in small steps when there are none.
 
     ``tick()`` is called while waiting (the worker's housekeeping); it returns False to stop waiting (a stop
-    request, the lease lost): :meth:`acquire` then returns False and the tokens it took are not given back
-    (a few unused tokens only slow the others down, never speed them up)."""
+    request, the lease lost): :meth:`acquire` then returns False, having taken nothing."""
 
     STEP_S = 0.05  # the longest sleep between two looks at the bucket (and at the stop request)
 
@@ -117,12 +135,11 @@ class Throttle:
         self.bucket = SharedBucket(array, rate)
 
     def acquire(self, count: int, tick: Any = None) -> bool:
-        """Take ``count`` tokens (one per message), waiting for them; False if ``tick()`` said to stop first."""
-        needed = count
+        """Take ``count`` tokens (one per message) at once, waiting for them; False if ``tick()`` said to stop
+        first."""
         while True:
-            granted, wait = self.bucket.take(needed, time.monotonic())
-            needed -= granted
-            if needed <= 0:
+            granted, wait = self.bucket.take_all(count, time.monotonic())
+            if granted:
                 return True
             if tick is not None and not tick():
                 return False

@@ -63,3 +63,22 @@ def test_messages_older_than_max_age_are_skipped_or_dead_lettered_and_counted(fl
         dead = fleet.dead_letters(160)
         assert sorted(int(d.value()) for d in dead) == [*range(80), *range(160, 240)]
         assert {dict(d.headers())["error_type"] for d in dead} == {b"MessageTooOld"}
+
+
+@pytest.mark.parametrize("runner", ["batch", "amo", "lanes", "shared"])
+def test_every_runner_takes_a_token_per_message(fleet: Fleet, runner: str) -> None:
+    """Not a timing figure: a backlog of 150 at 50/s cannot be handled faster than (150 - burst) / 50 s."""
+    count, burst = 150, 5
+    fleet.env["MW_TEST_RATE_LIMIT"] = f"{RATE}/s"
+    fleet.env |= {
+        "batch": {"MW_TEST_BATCH": "1", "MW_TEST_BATCH_SIZE": "20"},
+        "amo": {"MW_TEST_MODE": "amo", "MW_TEST_BATCH_SIZE": "10"},
+        "lanes": {"MW_TEST_CONCURRENCY": "4"},
+        "shared": {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20"},
+    }[runner]
+    fleet.produce(range(count))
+    fleet.start("only", "--processes", "2")
+    poll_until(lambda: len(fleet.counts()) == count, timeout=60, what="every message")
+    times = sorted(line.at for line in fleet.lines())
+    assert times[-1] - times[0] >= (count - burst) / RATE - 0.5, "no faster than the rate limit"
+    assert max(fleet.counts().values()) == 1

@@ -15,7 +15,17 @@ from marshal_workers.errors import ConfigError, MessageTooOld
 from marshal_workers.handler_outcomes import OutcomeCounts
 from marshal_workers.message_age import OnTooOld, is_too_old, split_by_age, too_old_error
 from marshal_workers.metrics import Counters
-from marshal_workers.rate_limits import Bucket, SharedBucket, Throttle, burst_for, full, parse_rate, take, wait_for
+from marshal_workers.rate_limits import (
+    Bucket,
+    SharedBucket,
+    Throttle,
+    burst_for,
+    full,
+    parse_rate,
+    take,
+    take_all,
+    wait_for,
+)
 
 # ------------------------------------------------------------------ options
 
@@ -76,6 +86,37 @@ def test_a_bucket_never_grants_more_than_rate_times_elapsed_plus_burst(rate: flo
         assert granted_total <= rate * (now - start) + burst + 1e-6
 
 
+@given(rates, steps)
+def test_whole_batches_never_get_more_than_rate_times_elapsed_plus_the_burst_or_the_batch(
+    rate: float, takes: list[tuple[float, int]]
+) -> None:
+    burst = burst_for(rate)
+    start = now = 1000.0
+    bucket, granted_total, largest = full(start, burst), 0, burst
+    for advance, want in takes:
+        now += advance
+        granted, after = take_all(bucket, now, rate, burst, want)
+        if granted:
+            granted_total += want
+            largest = max(largest, want)
+        else:
+            assert after == bucket._replace(tokens=min(burst, bucket.tokens + max(0.0, now - bucket.last) * rate),
+                                            last=max(now, bucket.last))  # fmt: skip
+            # Not granted only while the bucket holds less than the batch (or, for a batch past the burst, is not full).
+            assert after.tokens + 1e-9 < min(want, burst)
+        bucket = after
+        assert after.tokens <= burst + 1e-9
+        assert granted_total <= rate * (now - start) + largest + 1e-6
+
+
+def test_a_batch_past_the_burst_goes_when_the_bucket_is_full_and_the_next_takers_pay_for_it() -> None:
+    granted, bucket = take_all(full(0.0, 10.0), 0.0, 100.0, 10.0, 30)
+    assert granted and bucket.tokens == -20.0
+    assert take_all(bucket, 0.2, 100.0, 10.0, 1)[0] is False  # -20 + 20: nothing yet
+    assert wait_for(bucket, 100.0) == pytest.approx(0.21)
+    assert take_all(bucket, 0.21, 100.0, 10.0, 1)[0] is True
+
+
 @given(rates, st.floats(min_value=0, max_value=100))
 def test_a_bucket_grants_what_flowed_in(rate: float, idle: float) -> None:
     """Not stingy either: after an empty bucket, waiting ``wait_for`` gives a token."""
@@ -112,7 +153,8 @@ def test_a_throttle_waits_for_tokens_and_stops_when_told() -> None:
     array = SharedBucket.create(context, 1000.0).array
     throttle = Throttle(array, 1000.0)
     began = time.monotonic()
-    assert throttle.acquire(300)  # 100 at once, the rest at 1000/s
+    assert throttle.acquire(300)  # the bucket is full: at once, 200 in debt
+    assert throttle.acquire(1)  # waits for the debt
     assert 0.15 <= time.monotonic() - began < 5
     assert not throttle.acquire(10**6, tick=lambda: False)
 
