@@ -169,14 +169,14 @@ class LaneRunner:
         return 0.1 if due is None else min(0.1, max(due - now, 0.0))
 
     def _offer_held(self) -> None:
-        lanes, held, skipper, records = self.lanes, self.held, self.skipper, self.records
+        lanes, held, skipper, records, max_age_ms = self.lanes, self.held, self.skipper, self.records, self.max_age_ms
         while held:
             record = held[0]
             offset = record.offset()
             if offset in skipper:
                 if not lanes.skip(offset):
                     return
-            elif self._too_old(record):
+            elif max_age_ms and self._too_old(record):
                 if not lanes.skip(offset):
                     return
                 self._drop(record)
@@ -215,7 +215,7 @@ class LaneRunner:
             offset = record.offset()
             if offset in self.skipper:
                 self.lanes.skip(offset)
-            elif self._too_old(record):
+            elif self.max_age_ms and self._too_old(record):
                 self.lanes.skip(offset)
                 self._drop(record)
             else:
@@ -224,7 +224,7 @@ class LaneRunner:
         return None
 
     def _too_old(self, record: Any) -> bool:
-        return bool(self.max_age_ms) and is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms)
+        return is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms)
 
     def _drop(self, record: Any) -> None:
         """A message past max_age: done without a call (skipped or dead-lettered), counted."""
