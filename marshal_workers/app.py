@@ -27,8 +27,10 @@ from marshal_workers.done_set import MAX_RUNS
 from marshal_workers.errors import ConfigError, NotInWorkerError
 from marshal_workers.hooks import AfterHook, BeforeHook, DeadLetterHook, Hooks, PartitionHook, with_message_hooks
 from marshal_workers.lanes import Ordering
+from marshal_workers.message_age import OnTooOld
 from marshal_workers.outbox import Outbox, encode_send
 from marshal_workers.range_leases import MAX_LEASE_MS
+from marshal_workers.rate_limits import parse_rate
 from marshal_workers.retry_policy import RetryPolicy
 
 MAX_RANGE_SIZE = 10_000  # offsets per lease: a crash acks them all as failed in one record, which must stay small
@@ -120,6 +122,11 @@ class HandlerSpec:
     range_size: int = 100  # offsets per range claim
     pending_timeout: float = 60.0  # seconds a lease lasts unless renewed; past it another worker may take it
     max_deliveries: int = 5  # deliveries of a message (at least once) before it is dead-lettered instead
+    # Limits (docs/handlers.md): messages per second across one supervisor's workers (rate_limits.py), and the
+    # age past which a message is skipped or dead-lettered instead of handled (message_age.py).
+    rate_limit: float | None = None  # messages per second; None: no limit
+    max_age: float | None = None  # seconds; None: any age
+    on_too_old: OnTooOld = OnTooOld.SKIP
 
     @property
     def is_async(self) -> bool:
@@ -198,6 +205,9 @@ class App:
         pending_timeout: float | str = 60.0,
         max_deliveries: int = 5,
         dlq_limit: int = 0,
+        rate_limit: float | str | None = None,
+        max_age: float | str | None = None,
+        on_too_old: str = "skip",
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``.
 
@@ -220,6 +230,11 @@ class App:
         time up to that with ``retry_jitter`` (on by default, as in Celery); then ``on_error`` applies.
         A handler may also ``raise Retry(delay=...)``, ``Reject(reason)`` (to the dead-letter topic at
         once) or ``Ignore()`` (skip it, counted); ``msg.attempt`` is the try number (docs/handlers.md).
+
+        ``rate_limit`` ("200/s", "100/m", "5/h", or a number per second) bounds the messages handled per
+        second across all the workers of one supervisor (docs/handlers.md, "Rate limits").  ``max_age``
+        (e.g. "1h"): a message older than that (its Kafka timestamp) when its worker gets to it is not
+        handled but skipped, or with ``on_too_old="dlq"`` dead-lettered as ``MessageTooOld``; both counted.
         """
         spec_options = _handler_options(
             topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
@@ -233,6 +248,7 @@ class App:
         )
         if not isinstance(dlq_limit, int) or isinstance(dlq_limit, bool) or dlq_limit < 0:
             raise ConfigError(f"handler for {topic!r}: dlq_limit must be a whole number >= 0, got {dlq_limit!r}")
+        limit_options = _limit_options(topic, rate_limit, max_age, on_too_old)
         if dlq_limit and shared:
             raise ConfigError(
                 f"handler for {topic!r}: dlq_limit releases a partition, which a shared handler never holds; "
@@ -251,7 +267,7 @@ class App:
                 )
             self.handlers[topic] = HandlerSpec(
                 topic=topic, function=function, batch=batch, dlq_limit=dlq_limit, **spec_options, **lane_options,
-                **shared_options,
+                **shared_options, **limit_options,
             )
             return function
 
@@ -467,6 +483,27 @@ def _shared_options(
             "failures are delivered again up to max_deliveries, then dead-lettered"
         )
     return {"shared": shared, "range_size": range_size, "pending_timeout": timeout, "max_deliveries": max_deliveries}
+
+
+def _limit_options(
+    topic: str, rate_limit: float | str | None, max_age: float | str | None, on_too_old: str
+) -> dict[str, Any]:
+    """rate_limit, max_age and on_too_old, checked."""
+    where = f"handler for {topic!r}"
+    rate = None
+    if rate_limit is not None:
+        try:
+            rate = parse_rate(rate_limit)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: rate_limit: {exc}") from None
+    age = None if max_age is None else _duration(topic, "max_age", max_age, parse_duration)
+    try:
+        parsed = OnTooOld(on_too_old)
+    except ValueError:
+        raise ConfigError(f"{where}: on_too_old must be 'skip' or 'dlq', got {on_too_old!r}") from None
+    if parsed is not OnTooOld.SKIP and age is None:
+        raise ConfigError(f"{where}: on_too_old={on_too_old!r} needs max_age (e.g. max_age='1h'): no message is too old")
+    return {"rate_limit": rate, "max_age": age, "on_too_old": parsed}
 
 
 def _time_limit(topic: str, name: str, value: float | str | None) -> float | None:

@@ -133,6 +133,7 @@ class SupervisorState:
     time_limits: dict[str, tuple[float, float]]
     shared: Any
     _context: BaseContext | None
+    rate_buckets: dict[str, Any]
     _claiming: set[Key]
     _releasing: set[Key]
     _stop_signalled: bool

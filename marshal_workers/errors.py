@@ -122,6 +122,11 @@ class MaxDeliveriesExceeded(Exception):
     with this as its ``error_type``."""
 
 
+class MessageTooOld(Exception):
+    """A message older than its handler's ``max_age`` when its worker got to it, with ``on_too_old="dlq"``: it is
+    dead-lettered with this as its ``error_type`` instead of being handled."""
+
+
 # Raised by handlers to say what should happen to the message (retry_policy.py; Celery's and Dramatiq's anchors).
 
 

@@ -1,7 +1,8 @@
 """Counts of what became of failed handler calls, kept in a worker and sent to its supervisor for the metrics.
 
-A worker counts every failed call by error type, every retry, and every message a handler ignored
-(``raise Ignore()``) or rejected (``raise Reject()``).  Every half second (its housekeeping) it sends what
+A worker counts every failed call by error type, every retry, every message a handler ignored
+(``raise Ignore()``) or rejected (``raise Reject()``), and every message older than the handler's ``max_age``
+(not handled: skipped or dead-lettered, message_age.py).  Every half second (its housekeeping) it sends what
 changed to its supervisor over its pipe as ``("outcomes", {...})``; the supervisor adds it to its counters
 (metrics.Counters) and the metrics endpoint shows them as ``marshal_workers_handler_errors_total{error_type}``,
 ``marshal_workers_handler_retries_total`` and ``marshal_workers_handler_outcomes_total{outcome}``.  A count
@@ -25,16 +26,17 @@ class OutcomeCounts:
         self.retries = 0
         self.ignored = 0  # messages
         self.rejected = 0  # messages
+        self.too_old = 0  # messages past max_age, not handled
 
     def failed(self, error: BaseException) -> None:
         self.errors[type(error).__qualname__] += 1
 
     def take(self) -> tuple[str, dict[str, Any]] | None:
         """The pipe message for what changed since the last take (None if nothing did), and start again."""
-        if not (self.errors or self.retries or self.ignored or self.rejected):
+        if not (self.errors or self.retries or self.ignored or self.rejected or self.too_old):
             return None
         message = (OUTCOMES, {"errors": dict(self.errors), "retries": self.retries, "ignored": self.ignored,
-                              "rejected": self.rejected})  # fmt: skip
+                              "rejected": self.rejected, "too_old": self.too_old})  # fmt: skip
         self.errors.clear()
-        self.retries = self.ignored = self.rejected = 0
+        self.retries = self.ignored = self.rejected = self.too_old = 0
         return message

@@ -45,6 +45,7 @@ from marshal_workers.errors import TimeLimitExceeded
 from marshal_workers.executors import AsyncExecutor, Completion, Executor, ThreadExecutor
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.lanes import Lanes
+from marshal_workers.message_age import is_too_old
 from marshal_workers.retry_policy import Action, next_step
 
 if TYPE_CHECKING:
@@ -85,6 +86,12 @@ class LaneRunner:
         self.window_full_since: float | None = None
         self.next_window_warning = 0.0
         self.next_publish = 0.0
+        # rate_limit: tokens taken from the handler's bucket and not used yet, and when to look again when none
+        # were left (rate_limits.py); max_age: messages older are not offered but counted done (message_age.py).
+        self.throttle = worker.throttle
+        self.credit = 0
+        self.rate_wait_until = 0.0
+        self.max_age_ms = worker.max_age_ms
 
     # ------------------------------------------------------------- the loop
 
@@ -132,6 +139,10 @@ class LaneRunner:
     def _wait_time(self) -> float:
         """How long to wait for a call to finish before looking at Kafka again."""
         lanes = self.lanes
+        if self.throttle is not None:
+            rate_wait = self.rate_wait_until - time.monotonic()
+            if rate_wait > 0:  # out of tokens: wait for one (or a call to finish)
+                return min(rate_wait, _BUSY_WAIT_S)
         if lanes.in_flight == 0:
             return 0.0  # nothing to wait for: the next fetch waits for Kafka instead
         room = not self.held and lanes.window_used < lanes.window and lanes.in_flight < lanes.concurrency
@@ -163,13 +174,17 @@ class LaneRunner:
         return 0.1 if due is None else min(0.1, max(due - now, 0.0))
 
     def _offer_held(self) -> None:
-        lanes, held, skipper, records = self.lanes, self.held, self.skipper, self.records
+        lanes, held, skipper, records, max_age_ms = self.lanes, self.held, self.skipper, self.records, self.max_age_ms
         while held:
             record = held[0]
             offset = record.offset()
             if offset in skipper:
                 if not lanes.skip(offset):
                     return
+            elif max_age_ms and self._too_old(record):
+                if not lanes.skip(offset):
+                    return
+                self._drop(record)
             elif lanes.offer(offset, record.key()):
                 records[offset] = record
             else:
@@ -206,10 +221,21 @@ class LaneRunner:
             offset = record.offset()
             if offset in self.skipper:
                 self.lanes.skip(offset)
+            elif self.max_age_ms and self._too_old(record):
+                self.lanes.skip(offset)
+                self._drop(record)
             else:
                 self.lanes.offer(offset, record.key())
                 self.records[offset] = record
         return None
+
+    def _too_old(self, record: Any) -> bool:
+        return is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms)
+
+    def _drop(self, record: Any) -> None:
+        """A message past max_age: done without a call (skipped or dead-lettered), counted."""
+        self.worker.too_old(self.handler, [record])
+        self.fields[Field.PROCESSED] += 1
 
     def _watch_window(self, now: float) -> None:
         """A message that holds the window full is reported (the log, and WINDOW_USED in the slot)."""
@@ -241,7 +267,7 @@ class LaneRunner:
             offsets: list[int] = []
             while len(offsets) < size:
                 offset = lanes.next_runnable(now)
-                if offset is None:
+                if offset is None or (self.throttle is not None and not self._token(size - len(offsets), now)):
                     break
                 lanes.start(offset)
                 offsets.append(offset)
@@ -254,6 +280,21 @@ class LaneRunner:
             calls.append(self._call(offsets))
         if calls:
             self.executor.submit(calls)
+
+    def _token(self, wanted: int, now: float) -> bool:
+        """rate_limit: one token for the next message (a batch call gets as many messages as there are tokens,
+        up to batch_size); False when the bucket is empty, until ``rate_wait_until``."""
+        assert self.throttle is not None
+        if not self.credit:
+            if now < self.rate_wait_until:
+                return False
+            granted, wait = self.throttle.try_acquire(wanted)
+            if not granted:
+                self.rate_wait_until = now + wait
+                return False
+            self.credit = granted
+        self.credit -= 1
+        return True
 
     def _call(self, offsets: list[int]) -> tuple[int, Any]:
         first = offsets[0]

@@ -56,7 +56,9 @@ class Counters:
         dropped (it comes from a process running user code)."""
         try:
             errors = {str(name): int(n) for name, n in dict(counts.get("errors", {})).items()}
-            retries, ignored, rejected = (int(counts.get(k, 0)) for k in ("retries", "ignored", "rejected"))
+            retries, ignored, rejected, too_old = (
+                int(counts.get(k, 0)) for k in ("retries", "ignored", "rejected", "too_old")
+            )
         except (TypeError, ValueError, AttributeError):
             return
         for name, n in errors.items():
@@ -64,6 +66,8 @@ class Counters:
         self.handler_retries[topic] += max(retries, 0)
         self.handler_outcomes[(topic, "ignored")] += max(ignored, 0)
         self.handler_outcomes[(topic, "rejected")] += max(rejected, 0)
+        if too_old:  # only handlers with max_age have this outcome
+            self.handler_outcomes[(topic, "too_old")] += max(too_old, 0)
 
 
 @dataclass(frozen=True)
@@ -177,7 +181,7 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     for topic, count in sorted(counters.handler_retries.items()):
         retries.add_metric([group, topic], count)
     outcomes = CounterMetricFamily(
-        f"{PREFIX}_handler_outcomes", "Messages a handler ignored (raise Ignore) or rejected (raise Reject).",
+        f"{PREFIX}_handler_outcomes", "Messages a handler ignored (raise Ignore) or rejected (raise Reject), or too old to handle (max_age).",
         labels=["group", "topic", "outcome"],
     )
     for (topic, outcome), count in sorted(counters.handler_outcomes.items()):

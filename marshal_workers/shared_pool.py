@@ -145,6 +145,7 @@ class SharedPool:
         self._last_tries = False  # past the shutdown timeout: a settlement that fails is not written again
         self._writes_in_flight = 0
         self._context: BaseContext | None = None
+        self.rate_buckets: dict[str, Any] = {}  # rate-limited topic -> its token bucket (set by the supervisor)
         self._coordinator: Coordinator | None = None
         self._writes: InFlightWrites | None = None
         self._offsets: OffsetStore | None = None
@@ -237,7 +238,8 @@ class SharedPool:
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=shared_worker_main,
-            args=(SharedWorkerSpec(self.app_path, topic, worker.index, self.settings), theirs),
+            args=(SharedWorkerSpec(self.app_path, topic, worker.index, self.settings), theirs,
+                  self.rate_buckets.get(topic)),
             name=f"shared worker {topic} #{worker.index}",
             daemon=True,
         )

@@ -56,7 +56,9 @@ from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
 from marshal_workers.logs import configure_logging, group_log
+from marshal_workers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.outbox import Outbox
+from marshal_workers.rate_limits import Throttle
 from marshal_workers.retry_policy import Action, next_step
 from marshal_workers.worker import die_with_parent, dump_tracebacks_on_sigusr2, finish_worker, send_failed
 
@@ -92,9 +94,10 @@ class _SupervisorGone(Exception):
     pass
 
 
-def shared_worker_main(spec: SharedWorkerSpec, connection: Connection) -> None:
-    """Entry point in the worker process (the target of the fork server's Process)."""
-    code = SharedWorker(spec, connection).run()
+def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None) -> None:
+    """Entry point in the worker process (the target of the fork server's Process).  ``rate_bucket``: the
+    handler's shared token bucket (rate_limits.py), if it has a rate_limit."""
+    code = SharedWorker(spec, connection, rate_bucket).run()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -102,8 +105,11 @@ def shared_worker_main(spec: SharedWorkerSpec, connection: Connection) -> None:
 
 
 class SharedWorker:
-    def __init__(self, spec: SharedWorkerSpec, connection: Connection) -> None:
+    def __init__(self, spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None) -> None:
         self.spec = spec
+        self.rate_bucket = rate_bucket
+        self.throttle: Throttle | None = None  # the handler's rate_limit, if any
+        self.max_age_ms = 0  # the handler's max_age, 0: none
         self.connection = connection
         self.log = group_log(_log, spec.settings.require_group())
         self.stopping = False
@@ -129,6 +135,9 @@ class SharedWorker:
             handler = app.handler_in_worker(self.spec.topic)
             self.hooks = app.hooks
             app.outbox = self.outbox
+            if handler.rate_limit and self.rate_bucket is not None:
+                self.throttle = Throttle(self.rate_bucket, handler.rate_limit)
+            self.max_age_ms = round(handler.max_age * 1000) if handler.max_age else 0
             for hook in app.worker_start_hooks:
                 hook()
         except Exception:
@@ -244,6 +253,14 @@ class SharedWorker:
                 if offset >= leased.end:
                     next_offset = leased.end
                     break
+                if self.max_age_ms and is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms):
+                    self._too_old(handler, leased, record)
+                    next_offset = offset + 1
+                    continue
+                if self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased)):
+                    # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
+                    if self.stopping:
+                        return self._leave_at_the_end(leased, offset)
                 if monotonic_ms() >= leased.deadline_ms:
                     return self._abandon(leased, offset)
                 self._handle_message(handler, leased, record)
@@ -276,6 +293,22 @@ class SharedWorker:
         )  # fmt: skip
         self._position = None
         self._send(("abandoned", leased.partition, leased.start, leased.end))
+
+    def _still_waiting(self, leased: _Range) -> bool:
+        """While waiting for a token: renewals and a stop read, and the lease still holds."""
+        self._read_pipe(wait=0)
+        return not self.stopping and monotonic_ms() < leased.deadline_ms
+
+    def _too_old(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
+        """A message past max_age: not handled but skipped (handled, as far as the lease is concerned) or
+        dead-lettered (on_too_old="dlq"); counted either way."""
+        self.outcomes.too_old += 1
+        if handler.on_too_old is OnTooOld.DLQ:
+            error = too_old_error(record.timestamp(), int(time.time() * 1000), self.max_age_ms)
+            self._dead_letter(handler, record, error, leased.tries + 1)
+            leased.dead.append(record.offset())
+        else:
+            leased.handled += 1
 
     def _handle_message(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
         """Call the handler, retrying by its policy; a message that keeps failing is failed (delivered again

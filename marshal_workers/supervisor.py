@@ -64,6 +64,7 @@ from marshal_workers.logs import group_log
 from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Probes, Snapshot
 from marshal_workers.offsets import OffsetStore
 from marshal_workers.partition_claims import PartitionClaims
+from marshal_workers.rate_limits import create_buckets
 from marshal_workers.remote_control import RemoteControl
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.shared_pool import SharedPool
@@ -106,6 +107,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         self.timers = Timers()
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._context: BaseContext | None = None
+        self.rate_buckets: dict[str, Any] = {}  # rate-limited topic -> its token bucket (rate_limits.py)
         self._coordinator: Coordinator | None = None
         self._offsets: OffsetStore | None = None
         self._wakeup_r: socket.socket | None = None
@@ -137,6 +139,9 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         """Run until stopped; return the process exit code."""
         self._install_signal_handlers()
         self._context = self._start_fork_server()  # before any Kafka client exists
+        # One bucket per rate-limited handler, shared by all its workers (rate_limits.py).
+        self.rate_buckets = create_buckets(self._context, {t: h.rate_limit for t, h in self.app.handlers.items()})
+        self.shared.rate_buckets = self.rate_buckets
         self._coordinator = Coordinator(self.settings).start()
         self.started_ms = self._coordinator.now_ms()
         self._writes = InFlightWrites(self._coordinator)

@@ -33,6 +33,7 @@ from marshal_workers.config import load_settings
 from marshal_workers.dead_letters import error_headers
 from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimitExceeded
 from marshal_workers.hooks import run_hooks
+from marshal_workers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.retry_policy import Action, next_step
 
 __all__ = ["FakeRecord", "HandlerResult", "make_message", "run_handler"]
@@ -116,8 +117,9 @@ class HandlerResult:
 
     message: Message
     # done: handled; ignored: the handler raised Ignore; dead_letter: rejected, or failed past its retries with
-    # on_error="dlq"; released: failed past its retries with on_error="release" (the partition would be released
-    # there); not_handled: after a release, the partition's later messages (the next owner gets them).
+    # on_error="dlq" (or too old, with on_too_old="dlq"); released: failed past its retries with on_error="release"
+    # (the partition would be released there); not_handled: after a release, the partition's later messages (the
+    # next owner gets them); too_old: older than max_age, skipped without a call.
     outcome: str
     attempts: int = 0  # handler calls made for it
     error: BaseException | None = None  # the last error, if any
@@ -204,6 +206,14 @@ def _units(handler: HandlerSpec, messages: list[Message]) -> Iterator[list[Messa
 def _run_unit(
     app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, rng: random.Random
 ) -> list[HandlerResult]:
+    if handler.max_age:  # as a worker does when it gets to them: too old, skipped or dead-lettered, never called
+        now_ms, max_age_ms = int(time.time() * 1000), round(handler.max_age * 1000)
+        old = [m for m in unit if is_too_old(m._record.timestamp(), now_ms, max_age_ms)]
+        if old:
+            unit = [m for m in unit if m not in old]
+            return _too_old(app, handler, old, now_ms, max_age_ms) + (
+                _run_unit(app, handler, unit, soft, hard, sleep, rng) if unit else []
+            )
     attempts, delays = 0, []
     capture = app.outbox
     assert isinstance(capture, _CapturingOutbox)
@@ -232,6 +242,18 @@ def _run_unit(
             run_hooks(app.hooks.on_dead_letter, msg, error)
             results.append(HandlerResult(msg, "dead_letter", attempts, error, delays, headers, sent))
         return results
+
+
+def _too_old(app: App, handler: HandlerSpec, old: list[Message], now_ms: int, max_age_ms: int) -> list[HandlerResult]:
+    if handler.on_too_old is not OnTooOld.DLQ:
+        return [HandlerResult(m, "too_old") for m in old]
+    results = []
+    for msg in old:
+        error = too_old_error(msg._record.timestamp(), now_ms, max_age_ms)
+        run_hooks(app.hooks.on_dead_letter, msg, error)
+        results.append(HandlerResult(msg, "dead_letter", 0, error, dead_letter_headers=error_headers(handler.name,
+                                                                                                      msg._record, error)))  # fmt: skip
+    return results
 
 
 def _call(handler: HandlerSpec, argument: Any, soft: float, hard: float) -> None:

@@ -37,7 +37,9 @@ from marshal_workers.kafka_clients import client_config
 from marshal_workers.lane_runner import LaneRunner
 from marshal_workers.loader import load_app
 from marshal_workers.logs import ContextLog, configure_logging, partition_log
+from marshal_workers.message_age import OnTooOld, is_too_old, split_by_age, too_old_error
 from marshal_workers.outbox import Outbox
+from marshal_workers.rate_limits import Throttle
 from marshal_workers.retry_policy import Action, next_step
 
 _log = logging.getLogger(__name__)
@@ -60,6 +62,14 @@ class _Outcome(enum.Enum):
     STOP = "stop"  # asked to stop while retrying: it is not done
 
 
+class _Admit(enum.Enum):
+    """What the limits (rate_limit, max_age) say about the next message."""
+
+    CALL = "call"  # call the handler on it
+    TOO_OLD = "too_old"  # past max_age: done without a call
+    STOP = "stop"  # asked to stop while waiting for a token: not begun
+
+
 def _resident_bytes() -> int | None:
     try:
         with open("/proc/self/statm") as statm:
@@ -68,13 +78,19 @@ def _resident_bytes() -> int | None:
         return None  # not Linux: no memory limit
 
 
+def _wall_ms() -> int:
+    """Now, as Kafka timestamps count: wall-clock milliseconds."""
+    return int(time.time() * 1000)
+
+
 def _exit_for(outcome: _Outcome) -> WorkerExit:
     return WorkerExit.RELEASE if outcome is _Outcome.RELEASE else WorkerExit.STOPPED
 
 
-def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection) -> None:
-    """Entry point in the worker process (the target of the fork server's Process)."""
-    code = Worker(spec, Slot(slot_array), connection).run()
+def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection, rate_bucket: Any = None) -> None:
+    """Entry point in the worker process (the target of the fork server's Process).  ``rate_bucket``: the
+    handler's shared token bucket (rate_limits.py), if it has a rate_limit."""
+    code = Worker(spec, Slot(slot_array), connection, rate_bucket).run()
     # Exit now, without joining threads: a handler call stuck in a thread (concurrency) must not keep the
     # process alive once the worker is done, nor keep the fork server alive after the supervisor died (every
     # child of the fork server holds its keep-alive pipe).
@@ -150,8 +166,11 @@ def die_with_parent() -> None:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection) -> None:
+    def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection, rate_bucket: Any = None) -> None:
         self.spec = spec
+        self.rate_bucket = rate_bucket
+        self.throttle: Throttle | None = None  # the handler's rate_limit, if any
+        self.max_age_ms = 0  # the handler's max_age, 0: none
         self.slot = slot
         self.connection = connection
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
@@ -183,6 +202,9 @@ class Worker:
             handler = app.handler_in_worker(self.spec.topic)
             self.hooks = app.hooks
             app.outbox = self.outbox
+            if handler.rate_limit and self.rate_bucket is not None:
+                self.throttle = Throttle(self.rate_bucket, handler.rate_limit)
+            self.max_age_ms = round(handler.max_age * 1000) if handler.max_age else 0
             # Skipping what a previous owner did out of order takes the lanes, whatever the concurrency.
             on_lanes = handler.runs_on_lanes or bool(self.spec.skip)
             if on_lanes:
@@ -289,6 +311,7 @@ class Worker:
         self._alarm = Alarm()
         due = self._alarm.due
         plain = handler
+        limited = self.throttle is not None or bool(self.max_age_ms)  # rate_limit or max_age: one check a message
         while not self.stopping:
             records = self._fetch(self._fetch_size(plain))
             handler = self._sampled(plain, records)
@@ -308,6 +331,14 @@ class Worker:
                     self._set_check_at()
                     if self.stopping:
                         break
+                if limited:
+                    admitted = self._admit(handler, record)
+                    if admitted is _Admit.STOP:
+                        break  # asked to stop while waiting for the rate limit: this message is not begun
+                    if admitted is _Admit.TOO_OLD:
+                        fields[next_offset] = record.offset() + 1
+                        handled += 1
+                        continue
                 # The hot path: one call, one store.  Retries and dead letters only after a failure.
                 try:
                     function(wrap(record))
@@ -355,6 +386,10 @@ class Worker:
             if not records or not self._wait_for_lease():
                 continue
             end = records[-1].offset() + 1
+            fresh, old = split_by_age(records, _wall_ms(), self.max_age_ms) if self.max_age_ms else (records, [])
+            # The batch's tokens before its claim: stopped while waiting, nothing is claimed or begun.
+            if self.throttle is not None and fresh and not self._take_tokens(len(fresh)):
+                break
             if at_most_once:
                 refused = self._claim_batch(end)
                 if refused is not None:
@@ -363,11 +398,16 @@ class Worker:
                 # late (our supervisor was frozen) may come after another owner took over: the lease says.
                 if not self._wait_for_lease():
                     return WorkerExit.STOPPED
-            outcome = self._handle(handler, records) if handler.batch else self._handle_each(handler, records)
+            if old:
+                self.too_old(handler, old)
+                self.slot.fields[Field.PROCESSED] += len(old)
+            outcome = _Outcome.DONE
+            if fresh:
+                outcome = self._handle(handler, fresh) if handler.batch else self._handle_each(handler, fresh)
             if outcome is not _Outcome.DONE:
                 return _exit_for(outcome)
             if handler.batch:
-                self.slot.fields[Field.PROCESSED] += len(records)
+                self.slot.fields[Field.PROCESSED] += len(fresh)
             self.outbox.flush()  # what the handlers sent (app.send), before progress past their inputs
             self.slot.fields[Field.NEXT_OFFSET] = end
             self._count_handled(len(records))
@@ -392,6 +432,42 @@ class Worker:
             return _Outcome.DONE
         finally:
             fields[Field.PROCESSED] += handled
+
+    # ------------------------------------------------------- rate and age
+
+    def _admit(self, handler: HandlerSpec, record: Any) -> _Admit:
+        """One message under max_age and rate_limit: too old (done without a call), or its token taken (or a
+        stop came while waiting for it)."""
+        if self.max_age_ms and is_too_old(record.timestamp(), _wall_ms(), self.max_age_ms):
+            self.too_old(handler, [record])
+            return _Admit.TOO_OLD
+        if self.throttle is not None and not self._take_tokens(1):
+            return _Admit.STOP
+        return _Admit.CALL
+
+    def _take_tokens(self, count: int) -> bool:
+        """Wait for ``count`` tokens of the handler's rate limit, looking after the worker meanwhile; then make
+        sure the lease still holds.  False if asked to stop first."""
+        assert self.throttle is not None
+        if not self.throttle.acquire(count, self._still_waiting):
+            return False
+        return time.monotonic() * 1000 < self._lease_until or self._wait_for_lease()
+
+    def _still_waiting(self) -> bool:
+        self._housekeeping()
+        return not self.stopping
+
+    def too_old(self, handler: HandlerSpec, records: list[Any]) -> None:
+        """Messages past the handler's max_age: not handled; counted, and dead-lettered if on_too_old="dlq".
+        They do not count towards dlq_limit (that bounds failures in a row)."""
+        self.outcomes.too_old += len(records)
+        if handler.on_too_old is OnTooOld.DLQ:
+            now_ms = _wall_ms()
+            errors = [too_old_error(r.timestamp(), now_ms, self.max_age_ms) for r in records]
+            self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, e) for r, e in zip(records, errors)])
+            self.slot.fields[Field.DEAD_LETTERED] += len(records)
+        self.log.debug("%d message(s) from offset %d older than max_age: %s", len(records), records[0].offset(),
+                       "dead-lettered" if handler.on_too_old is OnTooOld.DLQ else "skipped")  # fmt: skip
 
     # ----------------------------------------------------- lifecycle limits
 

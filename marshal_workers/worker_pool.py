@@ -70,7 +70,7 @@ class WorkerPool(SupervisorState):
         ours, theirs = self._context.Pipe(duplex=True)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=worker_main,
-            args=(spec, assignment.slot.array, theirs),
+            args=(spec, assignment.slot.array, theirs, self.rate_buckets.get(assignment.topic)),
             name=f"worker {assignment.topic}[{assignment.partition}]",
             daemon=True,
         )

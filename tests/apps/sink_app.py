@@ -11,6 +11,8 @@ installs its SIGTERM handler: widens the window in which it ignores SIGTERM).
 MW_TEST_FAIL_FROM (every value from this number on fails), MW_TEST_DLQ_LIMIT.
 Shared partitions: MW_TEST_SHARED=1, MW_TEST_RANGE_SIZE, MW_TEST_PENDING_TIMEOUT,
 MW_TEST_MAX_DELIVERIES.
+Limits: MW_TEST_RATE_LIMIT (e.g. 50/s), MW_TEST_MAX_AGE (e.g. 1h), MW_TEST_ON_TOO_OLD (skip|dlq);
+MW_TEST_CONCURRENCY (calls in flight per worker, on lanes).
 """
 
 import os
@@ -88,4 +90,8 @@ app.handler(
     pending_timeout=os.environ.get("MW_TEST_PENDING_TIMEOUT", "60s"),
     max_deliveries=int(os.environ.get("MW_TEST_MAX_DELIVERIES", "5")),
     dlq_limit=int(os.environ.get("MW_TEST_DLQ_LIMIT", "0")),
+    rate_limit=os.environ.get("MW_TEST_RATE_LIMIT") or None,
+    max_age=os.environ.get("MW_TEST_MAX_AGE") or None,
+    on_too_old=os.environ.get("MW_TEST_ON_TOO_OLD", "skip"),
+    concurrency=int(os.environ.get("MW_TEST_CONCURRENCY", "1")),
 )(handle_batch if BATCH else handle)

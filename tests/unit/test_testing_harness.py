@@ -133,3 +133,18 @@ def test_what_a_handler_sends_is_captured_retries_included() -> None:
     assert (result.outcome, result.attempts) == ("done", 2)
     assert result.sent == [("invoices", b'{"order":9}', b"9", None)] * 2, "a retry sends again, as in a worker"
     assert app.outbox is None, "outside run_handler, app.send is refused again"
+
+
+def test_messages_older_than_max_age_are_skipped_or_dead_lettered_without_a_call() -> None:
+    app = App(group="g")
+    called: list[int] = []
+    app.handler("skip", max_age="1h")(lambda msg: called.append(msg.offset))
+    app.handler("dlq", max_age="1h", on_too_old="dlq")(lambda msg: called.append(msg.offset))
+    now_ms = int(time.time() * 1000)
+    for topic, outcome in (("skip", "too_old"), ("dlq", "dead_letter")):
+        old = make_message(b"x", topic=topic, offset=0, timestamp=now_ms - 2 * 3_600_000)
+        fresh = make_message(b"y", topic=topic, offset=1, timestamp=now_ms)
+        assert [r.outcome for r in run_handler(app, topic, [old, fresh])] == [outcome, "done"]
+    assert called == [1, 1], "an old message is never handed to the handler"
+    [dead] = run_handler(app, "dlq", [make_message(b"x", topic="dlq", timestamp=1)])
+    assert dict(dead.dead_letter_headers or [])["error_type"] == b"MessageTooOld"
