@@ -60,7 +60,13 @@ from marshal_workers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.outbox import Outbox
 from marshal_workers.rate_limits import Throttle
 from marshal_workers.retry_policy import Action, next_step
-from marshal_workers.worker import die_with_parent, dump_tracebacks_on_sigusr2, finish_worker, send_failed
+from marshal_workers.worker import (
+    die_with_parent,
+    dump_tracebacks_on_sigusr2,
+    finish_worker,
+    send_failed,
+    take_up_handler,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -132,12 +138,7 @@ class SharedWorker:
         app: App | None = None
         try:
             app = load_app(self.spec.app_path)
-            handler = app.handler_in_worker(self.spec.topic)
-            self.hooks = app.hooks
-            app.outbox = self.outbox
-            if handler.rate_limit and self.rate_bucket is not None:
-                self.throttle = Throttle(self.rate_bucket, handler.rate_limit)
-            self.max_age_ms = round(handler.max_age * 1000) if handler.max_age else 0
+            handler = take_up_handler(self, app, self.spec.topic)
             for hook in app.worker_start_hooks:
                 hook()
         except Exception:

@@ -135,6 +135,18 @@ def finish_worker(app: App | None, log: Any, dlq: DeadLetterWriter, consumer: Co
         consumer.close()
 
 
+def take_up_handler(worker: Any, app: App, topic: str) -> HandlerSpec:
+    """The handler a worker (of either kind) runs, and what it needs from the app: its hooks, app.send's outbox,
+    the rate limit's shared bucket and the age limit."""
+    handler = app.handler_in_worker(topic)
+    worker.hooks = app.hooks
+    app.outbox = worker.outbox
+    if handler.rate_limit and worker.rate_bucket is not None:
+        worker.throttle = Throttle(worker.rate_bucket, handler.rate_limit)
+    worker.max_age_ms = round(handler.max_age * 1000) if handler.max_age else 0
+    return handler
+
+
 def dump_tracebacks_on_sigusr2() -> None:
     """SIGUSR2 (sent by the supervisor on its own SIGUSR2): every thread's stack to stderr, the supervisor's log."""
     faulthandler.register(signal.SIGUSR2, all_threads=True)
@@ -199,12 +211,7 @@ class Worker:
         self._init_process()
         try:
             app = load_app(self.spec.app_path)
-            handler = app.handler_in_worker(self.spec.topic)
-            self.hooks = app.hooks
-            app.outbox = self.outbox
-            if handler.rate_limit and self.rate_bucket is not None:
-                self.throttle = Throttle(self.rate_bucket, handler.rate_limit)
-            self.max_age_ms = round(handler.max_age * 1000) if handler.max_age else 0
+            handler = take_up_handler(self, app, self.spec.topic)
             # Skipping what a previous owner did out of order takes the lanes, whatever the concurrency.
             on_lanes = handler.runs_on_lanes or bool(self.spec.skip)
             if on_lanes:

@@ -67,8 +67,8 @@ def test_messages_older_than_max_age_are_skipped_or_dead_lettered_and_counted(fl
 
 @pytest.mark.parametrize("runner", ["batch", "amo", "lanes", "shared"])
 def test_every_runner_takes_a_token_per_message(fleet: Fleet, runner: str) -> None:
-    """Not a timing figure: a backlog of 150 at 50/s cannot be handled much faster than (150 - 20) / 50 s."""
-    count, ahead = 150, 20  # the burst (5), or a batch of 20 taken on a full bucket
+    """Not a timing figure: a backlog of 100 at 50/s cannot be handled much faster than (100 - 20) / 50 s."""
+    count, ahead = 100, 20  # the burst (5), or a batch of 20 taken on a full bucket
     fleet.env["MW_TEST_RATE_LIMIT"] = f"{RATE}/s"
     fleet.env |= {
         "batch": {"MW_TEST_BATCH": "1", "MW_TEST_BATCH_SIZE": "20"},

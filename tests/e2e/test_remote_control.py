@@ -135,17 +135,17 @@ def test_a_drained_supervisor_settles_its_range_leases_and_leases_nothing_until_
     fleet.env |= {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "10", "MW_TEST_PENDING_TIMEOUT": "5s",
                   "MW_TEST_DELAY": "0.02"}  # fmt: skip
     fleet.start("only", "--processes", "2")
-    fleet.produce(range(600))  # about 6 s of work for 2 workers
+    fleet.produce(range(400))  # about 4 s of work for 2 workers
     poll_until(lambda: len(fleet.counts()) >= 40, what="the shared workers to be under way")
 
     drained = admin(fleet, "admin", "drain", "--client", "only")
     assert drained.returncode == ExitCode.OK, drained.stdout + drained.stderr
     assert "done" in drained.stdout, "every lease of the drained member is settled"
     handled = len(fleet.counts())
-    assert handled < 600
+    assert handled < 400
     time.sleep(2)  # four claim rounds, in which a member that ignored the drain would lease more
     assert len(fleet.counts()) == handled, "a drained member leases nothing"
 
     assert admin(fleet, "admin", "resume", "--client", "only").returncode == ExitCode.OK
-    poll_until(lambda: handled_at_least(fleet, 1, 600), timeout=60, what="the rest, after the resume")
-    assert exactly_once(fleet, 600)
+    poll_until(lambda: handled_at_least(fleet, 1, 400), timeout=60, what="the rest, after the resume")
+    assert exactly_once(fleet, 400)
