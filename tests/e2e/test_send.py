@@ -130,7 +130,9 @@ def test_every_runner_sends_each_output_once_on_a_clean_run(fleet: Fleet, output
 
 def test_a_send_kafka_does_not_confirm_crashes_the_worker_before_its_progress(fleet: Fleet, unique: str) -> None:
     fleet.app = "send_app:app"
-    fleet.env |= {"MW_TEST_OUTPUT": f"missing-{unique}", "MARSHAL_WORKERS_KAFKA_PRODUCER_MESSAGE_TIMEOUT_MS": "300"}
+    # A topic name no broker accepts: every delivery fails ("Broker: Invalid topic").  (A missing topic would not
+    # do: the embedded broker creates it on first use, sometimes fast enough for the send to succeed.)
+    fleet.env |= {"MW_TEST_OUTPUT": f"no such topic {unique}!"}
     fleet.start("only")
     fleet.produce(range(1))  # one input, on partition 0
     poll_until(lambda: fleet.counts()["0"] >= 2, timeout=30, what="the input to be handled again after the crash")
