@@ -23,7 +23,7 @@ import orjson
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import CoordinationLog
 from marshal_workers.dashboard_model import Dashboard, Key, advance
-from marshal_workers.dlq import read_dead_letters, summary
+from marshal_workers.dlq import Tally, read_dead_letters
 from marshal_workers.errors import KafkaUnavailable, MarshalWorkersError
 from marshal_workers.kafka_clients import admin_client, topic_partition_count
 from marshal_workers.positions import partition_bounds, position_consumer
@@ -122,6 +122,7 @@ class GroupWatcher:
         self._highs: dict[Key, int] = {}
         self._counts: dict[str, int] = {}
         self._dead_letters: dict[str, list[dict[str, Any]]] = {}
+        self._tallies: dict[str, Tally] = {}  # per dead-letter topic: what has been read of it, by error type
         self._dead_letters_at: int | None = None
         self._stopping = threading.Event()
         self._poller = threading.Thread(target=self._poll, name="dashboard-poll", daemon=True)
@@ -209,7 +210,11 @@ class GroupWatcher:
             try:
                 if topic_partition_count(self._admin, self.settings, dlq_topic) is None:
                     continue  # created at the first dead letter: none yet
-                found[dlq_topic] = summary(list(read_dead_letters(self.settings, dlq_topic)))
+                # Only what is new since the last poll: a dead-letter topic is never read whole twice.
+                tally = self._tallies.setdefault(dlq_topic, Tally())
+                for letter in read_dead_letters(self.settings, dlq_topic, after=tally.positions):
+                    tally.add(letter)
+                found[dlq_topic] = tally.rows()
             except (MarshalWorkersError, KafkaUnavailable) as exc:
                 log.warning("dashboard: cannot read %s: %s", dlq_topic, exc)
         with self._lock:

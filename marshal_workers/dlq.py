@@ -13,8 +13,8 @@ idempotent producer, without our headers.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, Producer, TopicPartition
@@ -52,8 +52,11 @@ class DeadLetter:
         return [(key, value) for key, value in self.headers if key not in ADDED_HEADERS]
 
 
-def read_dead_letters(settings: Settings, dlq_topic: str) -> Iterator[DeadLetter]:
-    """Every message of ``dlq_topic`` up to its end as it is now, partition by partition."""
+def read_dead_letters(
+    settings: Settings, dlq_topic: str, after: Mapping[int, int] | None = None
+) -> Iterator[DeadLetter]:
+    """Every message of ``dlq_topic`` up to its end as it is now, partition by partition; with ``after``
+    (partition -> next offset), only those from there on (what a reader that keeps a tally has not seen)."""
     count = topic_partition_count(admin_client(settings), settings, dlq_topic)
     if count is None:
         raise UnknownTopicError(f"the dead-letter topic {dlq_topic!r} does not exist on {settings.brokers}")
@@ -61,6 +64,7 @@ def read_dead_letters(settings: Settings, dlq_topic: str) -> Iterator[DeadLetter
     try:
         bounds = partition_bounds(consumer, settings, dlq_topic, range(count))
         for partition, (low, high) in sorted(bounds.items()):
+            low = max(low, (after or {}).get(partition, low))
             if high <= low:
                 continue
             consumer.assign([TopicPartition(dlq_topic, partition, low)])
@@ -78,22 +82,46 @@ def read_dead_letters(settings: Settings, dlq_topic: str) -> Iterator[DeadLetter
         consumer.close()
 
 
-def summary(letters: list[DeadLetter]) -> list[dict[str, Any]]:
+@dataclass
+class _TypeTally:
+    count: int = 0
+    oldest_ms: int | None = None
+    newest_ms: int | None = None
+    from_topics: set[str] = field(default_factory=set)
+
+
+class Tally:
+    """Dead letters counted by error type as they are read, so a reader that comes back (the dashboard) reads only
+    what is new: ``positions`` is where it goes on (partition -> next offset)."""
+
+    def __init__(self) -> None:
+        self._by_type: dict[str, _TypeTally] = collections.defaultdict(_TypeTally)
+        self.positions: dict[int, int] = {}
+
+    def add(self, letter: DeadLetter) -> None:
+        row = self._by_type[letter.error_type]
+        row.count += 1
+        if letter.timestamp is not None:
+            row.oldest_ms = letter.timestamp if row.oldest_ms is None else min(row.oldest_ms, letter.timestamp)
+            row.newest_ms = letter.timestamp if row.newest_ms is None else max(row.newest_ms, letter.timestamp)
+        row.from_topics.add(letter.header("original_topic") or "?")
+        self.positions[letter.partition] = max(self.positions.get(letter.partition, 0), letter.offset + 1)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """``dlq list``: per error type, how many, the oldest and newest time, and the topics they came from."""
+        return [
+            {"error_type": error_type, "count": row.count, "oldest_ms": row.oldest_ms, "newest_ms": row.newest_ms,
+             "from_topics": sorted(row.from_topics)}
+            for error_type, row in sorted(self._by_type.items(), key=lambda item: (-item[1].count, item[0]))
+        ]  # fmt: skip
+
+
+def summary(letters: Iterable[DeadLetter]) -> list[dict[str, Any]]:
     """``dlq list``: per error type, how many, the oldest and newest time, and the topics they came from."""
-    by_type: dict[str, list[DeadLetter]] = collections.defaultdict(list)
+    tally = Tally()
     for letter in letters:
-        by_type[letter.error_type].append(letter)
-    rows = []
-    for error_type, found in sorted(by_type.items(), key=lambda item: (-len(item[1]), item[0])):
-        times = [letter.timestamp for letter in found if letter.timestamp is not None]
-        rows.append({
-            "error_type": error_type,
-            "count": len(found),
-            "oldest_ms": min(times, default=None),
-            "newest_ms": max(times, default=None),
-            "from_topics": sorted({letter.header("original_topic") or "?" for letter in found}),
-        })  # fmt: skip
-    return rows
+        tally.add(letter)
+    return tally.rows()
 
 
 def choose(letters: list[DeadLetter], error_type: str | None, since_ms: int | None) -> list[DeadLetter]:

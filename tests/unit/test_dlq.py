@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from marshal_workers.dlq import DeadLetter, choose, summary
+from hypothesis import given
+from hypothesis import strategies as st
+
+from marshal_workers.dlq import DeadLetter, Tally, choose, summary
 
 
 def letter(offset: int, error_type: str, at: int, topic: str = "orders") -> DeadLetter:
@@ -28,3 +31,30 @@ def test_the_summary_counts_by_error_type_most_first() -> None:
         {"error_type": "ValueError", "count": 2, "oldest_ms": 100, "newest_ms": 300, "from_topics": ["orders"]},
         {"error_type": "WorkerLost", "count": 1, "oldest_ms": 200, "newest_ms": 200, "from_topics": ["refunds"]},
     ]
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from(["ValueError", "KeyError", "WorkerLost"]),
+                  st.one_of(st.none(), st.integers(0, 10**6)), st.sampled_from(["orders", "payments"])),
+        max_size=40,
+    ),
+    st.integers(0, 40),
+)
+def test_a_tally_read_in_two_goes_equals_one_read_whole_and_knows_where_to_go_on(
+    found: list[tuple[int, str, int | None, str]], cut: int
+) -> None:
+    """The dashboard reads only new dead letters each time: its tally must come out as ``dlq list``'s summary."""
+    offsets: dict[int, int] = {}
+    letters = []
+    for partition, error_type, timestamp, topic in found:
+        offset = offsets[partition] = offsets.get(partition, -1) + 1
+        headers = [("error_type", error_type.encode()), ("original_topic", topic.encode())]
+        letters.append(DeadLetter(partition, offset, timestamp, None, b"v", headers))
+    tally = Tally()
+    for letter in letters[:cut]:
+        tally.add(letter)
+    for letter in letters[cut:]:
+        tally.add(letter)
+    assert tally.rows() == summary(letters)
+    assert tally.positions == {p: last + 1 for p, last in offsets.items()}
