@@ -321,6 +321,8 @@ class Worker:
         limited = self.throttle is not None or bool(self.max_age_ms)  # rate_limit or max_age: one check a message
         while not self.stopping:
             records = self._fetch(self._fetch_size(plain))
+            if self.max_age_ms and records:
+                records = self._drop_old_run(plain, records)
             handler = self._sampled(plain, records)
             function = handler.function
             handled = unreported = 0
@@ -464,6 +466,20 @@ class Worker:
         self._housekeeping()
         return not self.stopping
 
+    def _drop_old_run(self, handler: HandlerSpec, records: list[Any]) -> list[Any]:
+        """The fetch's leading messages past max_age, done together (one dead-letter write for all of them, not
+        one each: an old backlog goes by at the speed of a batch); the rest is left to the loop's own check."""
+        now_ms, count = _wall_ms(), 0
+        while count < len(records) and is_too_old(records[count].timestamp(), now_ms, self.max_age_ms):
+            count += 1
+        if not count or (time.monotonic() * 1000 >= self._lease_until and not self._wait_for_lease()):
+            return records  # none, or the lease is in doubt: the loop looks at the lease before each message
+        self.too_old(handler, records[:count])
+        self.slot.fields[Field.NEXT_OFFSET] = records[count - 1].offset() + 1
+        self.slot.fields[Field.PROCESSED] += count
+        self._count_handled(count)
+        return records[count:]
+
     def too_old(self, handler: HandlerSpec, records: list[Any]) -> None:
         """Messages past the handler's max_age: not handled; counted, and dead-lettered if on_too_old="dlq".
         They do not count towards dlq_limit (that bounds failures in a row)."""
@@ -473,6 +489,8 @@ class Worker:
             errors = [too_old_error(r.timestamp(), now_ms, self.max_age_ms) for r in records]
             self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, e) for r, e in zip(records, errors)])
             self.slot.fields[Field.DEAD_LETTERED] += len(records)
+            for record, error in zip(records, errors) if self.hooks.on_dead_letter else ():
+                run_hooks(self.hooks.on_dead_letter, Message(record), error)
         self.log.debug("%d message(s) from offset %d older than max_age: %s", len(records), records[0].offset(),
                        "dead-lettered" if handler.on_too_old is OnTooOld.DLQ else "skipped")  # fmt: skip
 

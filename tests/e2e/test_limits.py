@@ -34,7 +34,7 @@ def test_a_rate_limit_holds_within_ten_percent_across_a_supervisors_workers(flee
 
 @pytest.mark.parametrize("runner", ["plain", "batch", "lanes", "shared"])
 def test_messages_older_than_max_age_are_skipped_or_dead_lettered_and_counted(fleet: Fleet, runner: str) -> None:
-    dead_lettered = runner == "batch"  # on_too_old="dlq" on one runner; the others skip
+    dead_lettered = runner in ("plain", "batch")  # on_too_old="dlq" on these runners; the others skip
     fleet.env |= {"MW_TEST_MAX_AGE": "1h", "MW_TEST_ON_TOO_OLD": "dlq" if dead_lettered else "skip"}
     fleet.env |= {
         "plain": {},
