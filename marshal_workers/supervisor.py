@@ -50,7 +50,7 @@ from marshal_workers.balance import (
     BalanceState,
 )
 from marshal_workers.channel import Field, monotonic_ms
-from marshal_workers.config import SETTINGS, Settings
+from marshal_workers.config import Settings
 from marshal_workers.coordination_log import drain, wakeup_pair
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.dashboard import Publisher, supervisor_step
@@ -68,6 +68,7 @@ from marshal_workers.rate_limits import create_buckets
 from marshal_workers.remote_control import RemoteControl
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.shared_pool import SharedPool
+from marshal_workers.supervisor_lines import start_line, stop_line
 from marshal_workers.worker_pool import WorkerPool
 
 _log = logging.getLogger(__name__)
@@ -565,50 +566,3 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
             self._offsets.close()
         if self._coordinator is not None:
             self._coordinator.close()
-
-
-
-
-# ------------------------------------------------------------- log lines
-
-# Shown in the start-up line whatever their value; other settings only where they differ from the default.
-_ALWAYS_SHOWN = ("coordination_topic", "heartbeat_interval", "balance", "max_partitions", "shutdown_timeout")
-_NEVER_SHOWN = ("group", "brokers", "client_id", "processes")  # processes: shown as the count in effect
-
-
-def start_line(app: App, app_path: str, settings: Settings, client: str, instance: str) -> str:
-    """The start-up line: the effective settings (option, environment, file or App(...)), not App's own arguments."""
-    topics = [t for t in app.topics if not app.handlers[t].shared]
-    shared = [t for t in app.topics if app.handlers[t].shared]
-    handled = f"topics {', '.join(topics) or '-'}" + (f"; shared {', '.join(shared)}" if shared else "")
-    defaults = Settings(client_id=settings.client_id)
-    shown = [
-        f"{name}={_setting_text(name, getattr(settings, name))}"
-        for name in SETTINGS
-        if name not in _NEVER_SHOWN
-        and (name in _ALWAYS_SHOWN or getattr(settings, name) != getattr(defaults, name))
-    ]
-    if shared:
-        shown.append(f"processes={settings.shared_processes}")
-    return (
-        f"supervisor {client}/{instance} running {app_path} ({handled}) in group {settings.group} "
-        f"on {settings.brokers}: {', '.join(shown)}"
-    )
-
-
-def _setting_text(name: str, value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:g}s"  # every float setting is a duration
-    if name == "max_memory_per_worker" and isinstance(value, int) and value:
-        return f"{value / 2**20:g}MB"
-    return str(value)
-
-
-def stop_line(released: int, seconds: float, exit_code: int, workers_killed: bool) -> str:
-    """The last line of a supervisor that stopped by releasing its partitions."""
-    what = f"released {released} partition{'' if released == 1 else 's'}"
-    if exit_code == 0 and not workers_killed:
-        return f"stopped cleanly: {what} at {'its offset' if released == 1 else 'their offsets'} in {seconds:.1f}s"
-    killed = "; workers were killed and released at their last progress" if workers_killed else ""
-    code = f" with exit code {exit_code}" if exit_code else ""
-    return f"stopped{code}: {what} in {seconds:.1f}s{killed}"

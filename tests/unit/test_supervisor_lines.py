@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marshal_workers import App
 from marshal_workers.config import load_settings
-from marshal_workers.supervisor import start_line, stop_line
+from marshal_workers.supervisor_lines import start_line, stop_line
 
 
 def test_the_start_line_shows_the_effective_group_and_settings_not_the_apps_arguments() -> None:
