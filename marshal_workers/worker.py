@@ -486,11 +486,8 @@ class Worker:
         self.outcomes.too_old += len(records)
         if handler.on_too_old is OnTooOld.DLQ:
             now_ms = _wall_ms()
-            errors = [too_old_error(r.timestamp(), now_ms, self.max_age_ms) for r in records]
-            self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, e) for r, e in zip(records, errors)])
-            self.slot.fields[Field.DEAD_LETTERED] += len(records)
-            for record, error in zip(records, errors) if self.hooks.on_dead_letter else ():
-                run_hooks(self.hooks.on_dead_letter, Message(record), error)
+            self._write_dead_letters(handler, records, [too_old_error(r.timestamp(), now_ms, self.max_age_ms)
+                                                        for r in records])  # fmt: skip
         self.log.debug("%d message(s) from offset %d older than max_age: %s", len(records), records[0].offset(),
                        "dead-lettered" if handler.on_too_old is OnTooOld.DLQ else "skipped")  # fmt: skip
 
@@ -719,13 +716,17 @@ class Worker:
         )  # fmt: skip
         return True
 
+    def _write_dead_letters(self, handler: HandlerSpec, records: list[Any], errors: list[Exception]) -> None:
+        """Write the messages to the dead-letter topic, each with its error, and make sure they are there (or crash
+        trying: progress stays before them, so they are handled again); counted, and the on_dead_letter hooks run."""
+        self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, e) for r, e in zip(records, errors)])
+        self.slot.fields[Field.DEAD_LETTERED] += len(records)
+        for record, error in zip(records, errors) if self.hooks.on_dead_letter else ():
+            run_hooks(self.hooks.on_dead_letter, Message(record), error)
+
     def _dead_letter(self, handler: HandlerSpec, records: list[Any], error: Exception) -> None:
         """Write the messages to the dead-letter topic and make sure they are there, or crash trying."""
-        # A crash here is deliberate: progress stays before the message, so it is handled again.
-        self._dlq.write(handler.dlq_topic, records, [error_headers(handler.name, r, error) for r in records])
-        for record in records if self.hooks.on_dead_letter else ():
-            run_hooks(self.hooks.on_dead_letter, Message(record), error)
-        self.slot.fields[Field.DEAD_LETTERED] += len(records)
+        self._write_dead_letters(handler, records, [error] * len(records))
         self._dead_letters_in_a_row += len(records)
         self._dead_letters_end = records[-1].offset() + 1
         self.log.error(
