@@ -106,19 +106,24 @@ Report = Callable[[str], None]
 
 def drain(settings: Settings, client: str, wait_s: float, report: Report = print) -> bool:
     """Order ``client``'s supervisors to release everything and claim nothing until resumed."""
-    with known_group(settings) as coordinator:
-        _require_client(coordinator, client)
-        coordinator.write_everywhere(codec.Control(**coordinator.record_fields(), target=client, action="drain"))
-        report(f"client {client} drained: it releases everything and claims nothing until `admin resume --client`")
-        return _wait(coordinator, wait_s, report, lambda world, now: _holdings_of(world, now, client=client))
+    said = f"client {client} drained: it releases everything and claims nothing until `admin resume --client`"
+    return _order_client(settings, client, "drain", said, wait_s, report)
 
 
 def shutdown(settings: Settings, client: str, wait_s: float, report: Report = print) -> bool:
     """Order ``client``'s running supervisors to stop as on SIGTERM (one started later is not affected)."""
+    said = f"client {client}: shutdown ordered; its supervisors release everything and exit"
+    return _order_client(settings, client, "shutdown", said, wait_s, report)
+
+
+def _order_client(
+    settings: Settings, client: str, action: codec.ControlAction, said: str, wait_s: float, report: Report
+) -> bool:
+    """Write an order to a known client's supervisors, then follow the log until they hold nothing."""
     with known_group(settings) as coordinator:
         _require_client(coordinator, client)
-        coordinator.write_everywhere(codec.Control(**coordinator.record_fields(), target=client, action="shutdown"))
-        report(f"client {client}: shutdown ordered; its supervisors release everything and exit")
+        coordinator.write_everywhere(codec.Control(**coordinator.record_fields(), target=client, action=action))
+        report(said)
         return _wait(coordinator, wait_s, report, lambda world, now: _holdings_of(world, now, client=client))
 
 
