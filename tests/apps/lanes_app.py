@@ -11,8 +11,8 @@ MW_TEST_TOPIC, MW_TEST_MODE (alo|amo), MW_TEST_CONCURRENCY, MW_TEST_ORDERING (ke
 MW_TEST_ASYNC (1: an async def handler), MW_TEST_DELAY (seconds per call), MW_TEST_MAX_DELAY (a random
 wait in [0, this) instead), MW_TEST_GATE_VALUES (every value divisible by this blocks until the file
 MW_TEST_GATE_FILE exists), MW_TEST_FAIL_KEY (calls on this key fail until their third attempt),
-MW_TEST_BATCH_SIZE, MW_TEST_RETRY_BACKOFF, MW_TEST_WINDOW, MW_TEST_BATCH (1: a batch handler, which logs
-each message of a batch).
+MW_TEST_BATCH_SIZE, MW_TEST_RETRY_BACKOFF, MW_TEST_RETRY_JITTER (0: the backoff exactly, not a random wait up
+to it), MW_TEST_WINDOW, MW_TEST_BATCH (1: a batch handler, which logs each message of a batch).
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ app.handler(
     batch_size=int(os.environ.get("MW_TEST_BATCH_SIZE", "500")),
     retries=3,
     retry_backoff=os.environ.get("MW_TEST_RETRY_BACKOFF", "10ms"),
+    retry_jitter=os.environ.get("MW_TEST_RETRY_JITTER", "1") == "1",
     batch=batch,
     window=window,
 )(handle_batch if batch else handle_async if os.environ.get("MW_TEST_ASYNC") == "1" else handle)

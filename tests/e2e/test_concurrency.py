@@ -286,9 +286,10 @@ def test_retries_of_one_key_do_not_delay_the_other_keys(
 ) -> None:
     count = 100
     fleet = fleets("retry", count, keys=20)
-    # Every call on key k0 fails twice before it succeeds, 0.2 s then 0.4 s later: 0.6 s per k0 message.
+    # Every call on key k0 fails twice before it succeeds, 0.2 s then 0.4 s later (no jitter): 0.6 s per k0 message.
     seen = handle_all(
-        fleet, count, MW_TEST_CONCURRENCY="8", MW_TEST_DELAY="0.01", MW_TEST_FAIL_KEY="k0", MW_TEST_RETRY_BACKOFF="0.2s"
+        fleet, count, MW_TEST_CONCURRENCY="8", MW_TEST_DELAY="0.01", MW_TEST_FAIL_KEY="k0", MW_TEST_RETRY_BACKOFF="0.2s",
+        MW_TEST_RETRY_JITTER="0",
     )
     k0 = [c for c in seen if c.key == "k0"]
     assert collections.Counter(c.offset for c in k0 if c.kind == "S") == {o: 3 for o in range(0, count, 20)}
