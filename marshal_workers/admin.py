@@ -363,6 +363,10 @@ def _describe(record: codec.Record, where: str) -> str:
         amo = " amo" if isinstance(record, codec.ClaimRanges) and record.amo else ""
         ranges = " ".join(_range_text(entry) for entry in record.ranges)
         return f"{where} {stamp} {kind} {who} {record.topic}{lease}{amo} {ranges}"
+    if isinstance(record, codec.MESSAGE_RECORD_TYPES):
+        pending = f" pending={record.pending_ms}ms" if isinstance(record, codec.DeliverMessages) else ""
+        messages = " ".join(f"[{m.partition}]{m.offset}" for m in record.messages)
+        return f"{where} {stamp} {kind} {who} {record.topic}{pending} {messages}"
     detail = f" offset={record.offset}" if not isinstance(record, (codec.Claim, codec.ReleasePartition)) else ""
     return f"{where} {stamp} {kind} {who} {record.topic}[{record.partition}]{detail}"
 

@@ -164,7 +164,8 @@ def _shared_position(topic: str, partition: int, found: SharedPartition) -> code
         leases=tuple(
             codec.LeasePosition(offset=lease.start, end=lease.end, client=lease.holder.client,
                                 instance=lease.holder.instance, expires=lease.expires, claimed_at=lease.claimed_at,
-                                amo=lease.amo)
+                                amo=lease.amo, handed=tuple((o, d, c) for o, (d, c) in sorted(lease.handed.items())),
+                                acked=tuple(sorted(lease.acked)))
             for lease in sorted(found.leases.values(), key=lambda lease: lease.start)
         ),
         tries=tuple(tuple(t) for t in found.tries),  # type: ignore[misc]
@@ -189,9 +190,12 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
     tries = [Tries(*t) for t in position.tries]
     if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in zip(tries, tries[1:])):
         return None
+    if any(not lease.offset <= offset < lease.end for lease in position.leases
+           for offset in [*(h[0] for h in lease.handed), *lease.acked]):  # fmt: skip
+        return None  # a client's message outside its lease
     leases = {
         lease.offset: Lease(lease.offset, lease.end, Holder(lease.client, lease.instance), lease.expires, lease.amo,
-                            lease.claimed_at)
+                            lease.claimed_at, {o: (d, c) for o, d, c in lease.handed}, set(lease.acked))
         for lease in position.leases
     }  # fmt: skip
     return SharedPartition(

@@ -160,6 +160,10 @@ class LeasePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_de
     expires: NonNegative
     claimed_at: NonNegative
     amo: bool = False
+    # The Read / Ack / Cancel service's messages of the lease (release 0.6.0): (offset, pending deadline, hand-outs)
+    # and the offsets clients acked.
+    handed: Annotated[tuple[tuple[NonNegative, NonNegative, NonNegative], ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
+    acked: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
 
 
 class SharedPosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
@@ -302,7 +306,45 @@ class CancelRanges(_Record, frozen=True, gc=False, kw_only=True, tag="cancel_ran
     ranges: RangeEntries
 
 
+class MessageEntry(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    """One message of a shared topic: ``[partition, offset]``."""
+
+    partition: NonNegative
+    offset: NonNegative
+
+
+MessageEntries = Annotated[tuple[MessageEntry, ...], msgspec.Meta(min_length=1, max_length=MAX_BEATS)]
+
+
+# The Read / Ack / Cancel service (release 0.6.0; DESIGN.md section 12).  A server hands the messages of its range
+# leases to HTTP clients one by one and writes each hand-out before the client sees it, so a client's ack or cancel
+# may reach any server of the group: every server judges it by the same fold.
+
+
+class DeliverMessages(_Record, frozen=True, gc=False, kw_only=True, tag="deliver_messages"):
+    """The holder of the messages' leases hands them to a client until ``pending_ms`` after the record's time."""
+
+    topic: Name
+    pending_ms: LeaseMs
+    messages: MessageEntries
+
+
+class AckMessages(_Record, frozen=True, gc=False, kw_only=True, tag="ack_messages"):
+    """A client acked these pending messages (written by whichever server the client asked)."""
+
+    topic: Name
+    messages: MessageEntries
+
+
+class CancelMessages(_Record, frozen=True, gc=False, kw_only=True, tag="cancel_messages"):
+    """A client gave these pending messages back: their holder may hand them out again at once."""
+
+    topic: Name
+    messages: MessageEntries
+
+
 RANGE_RECORD_TYPES: Final = (ClaimRanges, RenewRanges, AckRanges, CancelRanges)
+MESSAGE_RECORD_TYPES: Final = (DeliverMessages, AckMessages, CancelMessages)
 
 
 class ReleaseGroup(_Record, frozen=True, gc=False, kw_only=True, tag="release_group"):
@@ -346,11 +388,13 @@ class ReleasePartition(_PartitionRecord, frozen=True, gc=False, kw_only=True, ta
 Record = Union[
     Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
     ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
+    DeliverMessages, AckMessages, CancelMessages,
 ]
 PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
 RECORD_TYPES: Final = (
     Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
     ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
+    DeliverMessages, AckMessages, CancelMessages,
 )
 # Records about no topic: written to every coordination partition, so they are ordered against every topic's claims.
 GROUP_RECORD_TYPES: Final = (ReleaseGroup, Control)
@@ -412,7 +456,7 @@ def record_key(record: Record) -> bytes:
         return f"{record.group}/client/{record.target}".encode()
     if isinstance(record, Checkpoint):
         return f"{record.group}/checkpoint/{record.source}".encode()
-    if isinstance(record, (Heartbeats, MessageClaims, PauseTopic, *RANGE_RECORD_TYPES)):
+    if isinstance(record, (Heartbeats, MessageClaims, PauseTopic, *RANGE_RECORD_TYPES, *MESSAGE_RECORD_TYPES)):
         return f"{record.group}/{record.topic}".encode()
     return f"{record.group}/{record.topic}/{record.partition}".encode()
 

@@ -52,6 +52,11 @@ class Lease:
     expires: int
     amo: bool  # at most once: a lapse makes the offsets lost instead of claimable again
     claimed_at: int
+    # Per-message bookkeeping of the Read / Ack / Cancel service (DESIGN.md section 12, release 0.6.0): the offsets
+    # handed to HTTP clients (offset -> (pending deadline, hand-outs in this lease)) and those a client acked.
+    # Worker leases never fill them.
+    handed: dict[int, tuple[int, int]] = field(default_factory=dict)
+    acked: set[int] = field(default_factory=set)
 
     def overlaps(self, start: int, end: int) -> bool:
         return self.start < end and start < self.end
@@ -87,11 +92,13 @@ class SharedPartition:
         for start in [s for s, lease in self.leases.items() if lease.expires <= at]:
             lease = self.leases.pop(start)
             self.lapsed += 1
-            if lease.amo:
-                self.lost += lease.end - lease.start
-                self._mark_done(lease.start, lease.end)
-            else:
-                self._add_tries(lease.start, lease.end)
+            self._settle_client_acks(lease)
+            for run_start, run_end in _runs(lease.start, lease.end, sorted(lease.acked)):
+                if lease.amo:
+                    self.lost += run_end - run_start
+                    self._mark_done(run_start, run_end)
+                else:
+                    self._add_tries(run_start, run_end)
 
     def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
         """A claim of ``[start, end)``: accepted iff no offset in it is done or leased, within the window."""
@@ -139,27 +146,77 @@ class SharedPartition:
         del self.leases[start]
         if high is not None and high > self.high:
             self.high = high
+        # What clients acked (the HTTP service) is done whatever the holder says; its other offsets from ``end``
+        # on go back untried, as by a cancel.
+        self._settle_client_acks(lease)
+        failed = [offset for offset in failed if offset not in lease.acked]
         self.dead_letters += len(dead)
-        self.acked += (end - start) - len(failed)
-        previous = start
+        self.acked += sum(run_end - run_start for run_start, run_end in _runs(start, end, sorted(lease.acked)))
+        self.acked -= len(failed)
+        settled = sorted(lease.acked.union(failed))
+        for run_start, run_end in _runs(start, end, settled):
+            self._mark_done(run_start, run_end)
         for offset in failed:
-            if offset > previous:
-                self._mark_done(previous, offset)
             if lease.amo:
                 self.lost += 1
                 self._mark_done(offset, offset + 1)
             else:
                 self._add_tries(offset, offset + 1)
-            previous = offset + 1
-        if previous < end:
-            self._mark_done(previous, end)
         return True
 
     def cancel(self, start: int, end: int, holder: Holder, at: int) -> bool:
-        """The holder gives its lease on exactly ``[start, end)`` back untried: claimable at once, no try counted."""
-        if self._held(start, end, holder, at) is None:
+        """The holder gives its lease on exactly ``[start, end)`` back: claimable at once, no try counted.
+
+        Offsets HTTP clients acked are done; offsets handed to a client and not acked count one try (at most
+        once: lost), as they would had the lease lapsed."""
+        lease = self._held(start, end, holder, at)
+        if lease is None:
             return False
         del self.leases[start]
+        self._settle_client_acks(lease)
+        for offset in sorted(set(lease.handed) - lease.acked):
+            if lease.amo:
+                self.lost += 1
+                self._mark_done(offset, offset + 1)
+            else:
+                self._add_tries(offset, offset + 1)
+        return True
+
+    # Per-message records of the Read / Ack / Cancel service (release 0.6.0).  The holder hands offsets of its
+    # lease to clients one by one; any member (any server of the group) may ack or cancel them, so a client's
+    # ack may reach any server.  Each rule is about one offset and gives its verdict.
+
+    def deliver(self, offset: int, holder: Holder, at: int, pending_ms: int) -> bool:
+        """The holder hands ``offset`` to a client until ``at + pending_ms``: accepted iff it lies in the holder's
+        live lease, is not acked and is not pending with another client."""
+        lease = self._covering(offset, at)
+        if lease is None or lease.holder != holder or offset in lease.acked:
+            return False
+        deadline, count = lease.handed.get(offset, (0, 0))
+        if deadline > at:
+            return False
+        lease.handed[offset] = (at + pending_ms, count + 1)
+        return True
+
+    def ack_offset(self, offset: int, at: int) -> bool:
+        """A client acks ``offset`` (through any member): accepted iff it is pending (handed out, deadline not
+        passed, under a live lease) and not acked yet.  It is done when the lease ends, however it ends."""
+        lease = self._covering(offset, at)
+        if lease is None or offset in lease.acked or lease.handed.get(offset, (0, 0))[0] <= at:
+            return False
+        lease.acked.add(offset)
+        return True
+
+    def cancel_offset(self, offset: int, at: int) -> bool:
+        """A client gives ``offset`` back (through any member): accepted iff it is pending; the holder may hand it
+        out again at once."""
+        lease = self._covering(offset, at)
+        if lease is None or offset in lease.acked:
+            return False
+        deadline, count = lease.handed.get(offset, (0, 0))
+        if deadline <= at:
+            return False
+        lease.handed[offset] = (at, count)
         return True
 
     # --------------------------------------------------------------- queries
@@ -213,6 +270,23 @@ class SharedPartition:
         view = SharedPartition(self.low, list(self.done), dict(self.leases), list(self.tries))
         view.lapse(now)
         return view
+
+    def covering(self, offset: int, now: int) -> Lease | None:
+        """The lease live at ``now`` that covers ``offset``, if any (a query: nothing is lapsed)."""
+        for lease in self.leases.values():
+            if lease.start <= offset < lease.end and lease.expires > now:
+                return lease
+        return None
+
+    def _covering(self, offset: int, at: int) -> Lease | None:
+        self.lapse(at)
+        return self.covering(offset, at)
+
+    def _settle_client_acks(self, lease: Lease) -> None:
+        """An ended lease's client acks are done offsets, and counted as acked (once: here)."""
+        for run_start, run_end in _offset_runs(sorted(lease.acked)):
+            self._mark_done(run_start, run_end)
+        self.acked += len(lease.acked)
 
     def _held(self, start: int, end: int, holder: Holder, at: int) -> Lease | None:
         self.lapse(at)
@@ -303,6 +377,33 @@ def _valid_offsets(offsets: Sequence[int], start: int, end: int) -> bool:
             return False
         previous = offset
     return True
+
+
+def _runs(start: int, end: int, excluded: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """The runs of ``[start, end)`` between the sorted offsets ``excluded``."""
+    cursor = start
+    for offset in excluded:
+        if offset >= end:
+            break
+        if offset > cursor:
+            yield cursor, offset
+        cursor = max(cursor, offset + 1)
+    if cursor < end:
+        yield cursor, end
+
+
+def _offset_runs(offsets: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """Sorted distinct offsets as runs of consecutive ones, ``[start, end)``."""
+    run_start: int | None = None
+    previous = -2
+    for offset in offsets:
+        if offset != previous + 1:
+            if run_start is not None:
+                yield run_start, previous + 1
+            run_start = offset
+        previous = offset
+    if run_start is not None:
+        yield run_start, previous + 1
 
 
 def _merge_tries(pieces: list[Tries]) -> list[Tries]:

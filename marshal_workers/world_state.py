@@ -32,13 +32,16 @@ from typing import Any, NamedTuple
 
 from marshal_workers import done_set
 from marshal_workers.codec import (
+    AckMessages,
     AckRanges,
+    CancelMessages,
     CancelRanges,
     Checkpoint,
     Claim,
     ClaimMessages,
     ClaimRanges,
     Control,
+    DeliverMessages,
     Heartbeat,
     Heartbeats,
     MessageClaims,
@@ -395,6 +398,28 @@ class WorldState:
             for entry, shared in self._shared_of(record.topic, record.ranges)
         )
 
+    # The Read / Ack / Cancel service's messages (release 0.6.0): one verdict per message.  A pause does not stop
+    # them: like acks of ranges, they settle what is in hand.
+
+    def _deliver_messages(self, record: DeliverMessages, at: int, source: int) -> Verdicts:
+        holder = Holder(record.client, record.instance)
+        return Verdicts(
+            shared is not None and shared.deliver(entry.offset, holder, at, record.pending_ms)
+            for entry, shared in self._shared_of(record.topic, record.messages)
+        )
+
+    def _ack_messages(self, record: AckMessages, at: int, source: int) -> Verdicts:
+        return Verdicts(
+            shared is not None and shared.ack_offset(entry.offset, at)
+            for entry, shared in self._shared_of(record.topic, record.messages)
+        )
+
+    def _cancel_messages(self, record: CancelMessages, at: int, source: int) -> Verdicts:
+        return Verdicts(
+            shared is not None and shared.cancel_offset(entry.offset, at)
+            for entry, shared in self._shared_of(record.topic, record.messages)
+        )
+
     # Remote control (release 0.5.0): an operator's orders.  They change what may be claimed; owners obey them
     # by releasing (a supervisor reads them as it reads everything else: remote_control.py).
 
@@ -556,6 +581,9 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
     RenewRanges: WorldState._renew_ranges,
     AckRanges: WorldState._ack_ranges,
     CancelRanges: WorldState._cancel_ranges,
+    DeliverMessages: WorldState._deliver_messages,
+    AckMessages: WorldState._ack_messages,
+    CancelMessages: WorldState._cancel_messages,
     Control: WorldState._control,
     PauseTopic: WorldState._pause_topic,
     ReleasePartition: WorldState._release_partition,
@@ -595,6 +623,11 @@ def refusals(state: WorldState, record: Record, at: int, source: int, verdict: b
         elif kind is ClaimRanges and state._held_back(record.client, record.topic, source, at):
             why = _held_back_reason(state, record.client, record.topic, source)
         return [f"refused [{e.partition}]{e.offset}..{e.end - 1}: {why}" for e in refused]
+    elif kind in (DeliverMessages, AckMessages, CancelMessages):
+        why = "not in a live lease of its writer, or pending with a client" if kind is DeliverMessages else \
+            "not pending (never handed out, its pending timeout passed, or acked already)"
+        return [f"refused [{e.partition}]{e.offset}: {why}"
+                for e, ok in zip(record.messages, verdict, strict=True) if not ok]  # type: ignore[union-attr, call-overload]
     else:
         return [_refusal(state, record, at, source)]
     several = len(entries) > 1

@@ -374,7 +374,7 @@ def _row(record: codec.Record, log_partition: int, log_offset: int, at: int) -> 
         return (*head, None, None, None, None, f"{record.action} {record.target}")
     if isinstance(record, codec.PauseTopic):
         return (*head, record.topic, None, None, record.expires, None)
-    if isinstance(record, codec.RANGE_RECORD_TYPES):  # several partitions: the leases table has them one by one
+    if isinstance(record, (*codec.RANGE_RECORD_TYPES, *codec.MESSAGE_RECORD_TYPES)):  # several partitions: the leases table has them one by one
         return (*head, record.topic, None, None, None, None)
     offset = None if isinstance(record, (codec.Claim, codec.ReleasePartition)) else record.offset
     return (*head, record.topic, record.partition, offset, None, None)

@@ -68,7 +68,8 @@ class LeaseTracker:
     def feed(self, state: WorldState, record: codec.Record, at: int, log_offset: int) -> tuple[RangeLease, ...]:
         """Fold one range record into ``state``; return the leases it ended."""
         topic = record.topic  # type: ignore[union-attr]
-        entries: Sequence[codec.RangeEntry] = record.ranges  # type: ignore[union-attr]
+        # Range records, or the HTTP service's message records (whose rules may lapse a lease too).
+        entries: Sequence[codec.RangeEntry | codec.MessageEntry] = getattr(record, "ranges", None) or record.messages  # type: ignore[union-attr]
         keys = {(topic, entry.partition) for entry in entries}
         before = {key: dict(found.leases) for key in keys if (found := state.shared.get(key)) is not None}
         verdicts = state.apply(record, at, self.log_partition)

@@ -58,7 +58,7 @@ def test_log_is_realistic(bench, log) -> None:
     kinds = Counter(type(record).__name__ for record, _, _ in records)
     # The log of release 0.1.0 (one record per partition heartbeat or claim, no checkpoints): the heaviest to fold.
     newer = {"Heartbeats", "MessageClaims", "Checkpoint", "Control", "PauseTopic", "ReleasePartition"}
-    newer |= {cls.__name__ for cls in codec.RANGE_RECORD_TYPES}
+    newer |= {cls.__name__ for cls in (*codec.RANGE_RECORD_TYPES, *codec.MESSAGE_RECORD_TYPES)}
     assert set(kinds) == {cls.__name__ for cls in codec.RECORD_TYPES} - newer, kinds
     assert kinds.most_common(1)[0][0] == "Heartbeat"  # mostly heartbeats (a short log is heavy on claim rushes)
     assert 0 < garbage == log.garbage
