@@ -247,6 +247,55 @@ def run(app_path: str, config_file: str | None, **options: Any) -> None:
 
 
 @main.command()
+@_settings_options
+@click.option("--client-id", help="Stable name of this server (default: hostname); unique per server of the group.")
+@click.option("--topic", "serve_topic", help="The shared topic to serve.")
+@click.option("--port", "serve_port", type=click.IntRange(0, 65535), help="HTTP port (default 8080).")
+@click.option("--host", "serve_host", help="Address to listen on (default 127.0.0.1; another needs a token).")
+@click.option("--pending-timeout", "serve_pending_timeout", help="How long a read message stays pending (default 30s).")
+@click.option("--max-deliveries", "serve_max_deliveries", type=click.IntRange(1),
+              help="Hand-outs of a message before it is dead-lettered (default 5).")  # fmt: skip
+@click.option("--range-size", "serve_range_size", type=click.IntRange(1, 65536), help="Offsets per range lease (default 100).")
+@click.option("--dlq-topic", "serve_dlq_topic", help="The dead-letter topic (default: <topic>.dlq).")
+@click.option("--token", "serve_token", help="Require Authorization: Bearer TOKEN (visible to ps: prefer --token-file).")
+@click.option("--token-file", "serve_token_file", help="Read the token from this file (or MARSHAL_WORKERS_SERVE_TOKEN).")
+@click.option("--tls-cert", "serve_tls_cert", help="PEM certificate (chain): serve HTTPS.")
+@click.option("--tls-key", "serve_tls_key", help="The certificate's PEM private key.")
+@click.option("--allow-unauthenticated", is_flag=True, help="Listen on a non-loopback address without a token.")
+@click.option("--shutdown-timeout", help="On SIGTERM, how long clients may ack what they hold, e.g. 30s.")
+@_reports_errors
+def serve(config_file: str | None, allow_unauthenticated: bool, **options: Any) -> None:
+    """Serve a shared topic over HTTP: POST /read, /ack and /cancel, for processes with no Kafka client."""
+    import asyncio
+
+    from marshal_workers.http_service import check_bind, tls_context
+    from marshal_workers.http_service import serve as serve_http
+    from marshal_workers.served_topic import ServedTopic, ServeOptions
+
+    settings = _load(config_file, **options)
+    group = settings.require_group()
+    if not settings.serve_topic:
+        raise ConfigError("no topic given: pass --topic (or set serve_topic)")
+    token = settings.serve_token_value()
+    check_bind(settings.serve_host, token, allow_unauthenticated)
+    context = tls_context(settings.serve_tls_cert, settings.serve_tls_key)
+    topic = ServedTopic(settings, ServeOptions(
+        topic=settings.serve_topic, pending_timeout=settings.serve_pending_timeout,
+        max_deliveries=settings.serve_max_deliveries, range_size=settings.serve_range_size,
+        dlq_topic=settings.serve_dlq_topic or "",
+    )).start()  # fmt: skip
+    try:
+        asyncio.run(serve_http(
+            topic, settings.serve_host, settings.serve_port, token, context, settings.shutdown_timeout,
+            lambda url: click.echo(f"serving {settings.serve_topic} of group {group} on {url}"
+                                   f"{' (token required)' if token else ''}   (Ctrl-C stops it)", err=True),
+        ))  # fmt: skip
+    finally:
+        topic.close()
+    click.echo("serve stopped", err=True)
+
+
+@main.command()
 @click.option("--partitions", type=click.IntRange(1, 256), default=8, show_default=True, help="Partitions of the demo topic.")
 @click.option("--rate", type=click.IntRange(1), default=2000, show_default=True, help="Messages produced per second.")
 @click.option("--supervisors", type=click.IntRange(1, 8), default=2, show_default=True, help="Supervisor processes.")

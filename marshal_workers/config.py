@@ -233,6 +233,17 @@ SETTINGS: dict[str, Setting] = {
         Setting("dashboard", _parse_bool, "run: also serve the live dashboard on the metrics port, at /dashboard."),
         Setting("dashboard_port", _parse_int(0), "The port of the `dashboard` command's web server."),
         Setting("dashboard_host", _parse_str, "The address the `dashboard` command listens on."),
+        Setting("serve_topic", _parse_str, "serve: the shared topic served over HTTP."),
+        Setting("serve_port", _parse_int(0), "serve: the HTTP port of the Read / Ack / Cancel service."),
+        Setting("serve_host", _parse_str, "serve: the address it listens on (not loopback: give a token)."),
+        Setting("serve_token", _parse_str, "serve: clients must send Authorization: Bearer <token> (never logged)."),
+        Setting("serve_token_file", _parse_str, "serve: read the token from this file instead."),
+        Setting("serve_pending_timeout", parse_duration, "serve: how long a read message stays pending."),
+        Setting("serve_max_deliveries", _parse_int(1), "serve: hand-outs of a message before it is dead-lettered."),
+        Setting("serve_range_size", _parse_int(1), "serve: offsets per range lease."),
+        Setting("serve_dlq_topic", _parse_str, "serve: the dead-letter topic (default: <topic>.dlq)."),
+        Setting("serve_tls_cert", _parse_str, "serve: a PEM certificate (chain): serve HTTPS."),
+        Setting("serve_tls_key", _parse_str, "serve: the certificate's PEM private key."),
         Setting(
             "balance",
             _parse_choice("greedy", "fair"),
@@ -276,6 +287,17 @@ class Settings:
     dashboard: bool = False
     dashboard_port: int = 8000
     dashboard_host: str = "127.0.0.1"  # read-only, but it shows the group to anyone who can reach it
+    serve_topic: str | None = None
+    serve_port: int = 8080
+    serve_host: str = "127.0.0.1"  # without a token, this host only
+    serve_token: str | None = None
+    serve_token_file: str | None = None
+    serve_pending_timeout: float = 30.0
+    serve_max_deliveries: int = 5
+    serve_range_size: int = 100
+    serve_dlq_topic: str | None = None
+    serve_tls_cert: str | None = None
+    serve_tls_key: str | None = None
     kafka: Mapping[str, str] = field(default_factory=dict)  # [kafka]: every client
     kafka_consumer: Mapping[str, str] = field(default_factory=dict)  # [kafka.consumer]: consumers only
     kafka_producer: Mapping[str, str] = field(default_factory=dict)  # [kafka.producer]: producers only
@@ -289,6 +311,21 @@ class Settings:
         """Worker processes per shared handler: ``processes``, or one per CPU."""
         return self.processes or os.cpu_count() or 1
 
+    def serve_token_value(self) -> str | None:
+        """The serve token: ``serve_token``, else the first line of ``serve_token_file``."""
+        if self.serve_token:
+            return self.serve_token
+        if not self.serve_token_file:
+            return None
+        try:
+            with open(self.serve_token_file, encoding="utf-8") as file:
+                token = file.readline().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the token file {self.serve_token_file}: {exc.strerror}") from None
+        if not token:
+            raise ConfigError(f"the token file {self.serve_token_file} is empty")
+        return token
+
     def require_group(self) -> str:
         if not self.group:
             raise ConfigError("no group given: pass --group, set MARSHAL_WORKERS_GROUP, or put group in the config file")
@@ -296,7 +333,8 @@ class Settings:
 
     def __repr__(self) -> str:
         # Settings travel in WorkerSpecs, exceptions and test reports: a repr never shows a secret.
-        shown = {f.name: getattr(self, f.name) for f in fields(self)} | {
+        shown = {f.name: ("***" if f.name == "serve_token" and self.serve_token else getattr(self, f.name))
+                 for f in fields(self)} | {
             "kafka": self.kafka_redacted(),
             "kafka_consumer": _redacted(self.kafka_consumer),
             "kafka_producer": _redacted(self.kafka_producer),

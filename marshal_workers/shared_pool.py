@@ -331,12 +331,12 @@ class SharedPool:
         size = shared.handler.range_size
 
         candidates, members, unknown = coordinator.read(
-            lambda world: _candidates(world, topic, shared, now_ms, size, want, idle)
+            lambda world: free_candidates(world, topic, shared.high, shared.initial, now_ms, size, want, idle)
         )
         if unknown:
             self._look_up_initial(topic, shared, unknown)
             return
-        picked = _pick(candidates, want, members, self._rng)
+        picked = pick_ranges(candidates, want, members, self._rng)
         if not picked:
             return
         record = codec.ClaimRanges(
@@ -360,7 +360,7 @@ class SharedPool:
         shared.counters.ranges_refused += len(picked) - len(won)
         deadline = written_ms + shared.lease_ms - shared.safety_ms
         for partition, start, end, tries in won:
-            worker = self._hungriest(shared)  # a range at a partition's end goes to an idle worker (see _candidates)
+            worker = self._hungriest(shared)  # a range at a partition's end goes to an idle worker (see free_candidates)
             if worker is None or self.stopping:
                 shared.cancels.append(codec.RangeEntry(partition=partition, offset=start, end=end))
                 continue
@@ -543,11 +543,13 @@ class SharedPool:
         return coordinator.read(marks)
 
 
-def _candidates(
-    world: WorldState, topic: str, shared: SharedTopic, now_ms: int, size: int, want: int, idle: int
+def free_candidates(
+    world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
+    idle: int,
 ) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
     """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
-    partitions never leased whose start is not known yet.
+    partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
+    ``initial``: where partitions never leased start, as looked up.
 
     A partition read to its end, with nobody waiting there, gets a one-offset range at its end if a worker
     is idle (``idle``): that worker waits for the next message (and its fetches tell the true end, which
@@ -556,11 +558,11 @@ def _candidates(
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
     holders = set()
-    for partition, asked_end in shared.high.items():
+    for partition, asked_end in high.items():
         state = world.shared_partition(topic, partition)
         end = asked_end if state is None else max(asked_end, state.high)
         if state is None or state.low is None:
-            start = shared.initial.get(partition)
+            start = initial.get(partition)
             if start is None:
                 unknown.append(partition)
             else:
@@ -581,7 +583,7 @@ def _candidates(
     return found, max(len(holders), 1), unknown
 
 
-def _pick(
+def pick_ranges(
     candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random
 ) -> list[tuple[int, int, int, int]]:
     """Up to ``want`` ranges: one partition after another (spread), each a random one of the lowest few free

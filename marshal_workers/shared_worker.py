@@ -145,7 +145,7 @@ class SharedWorker:
             self.log.exception("shared worker for %s cannot start", self.spec.topic)
             return WorkerExit.BOOT_ERROR
         try:
-            self._consumer = Consumer(_consumer_settings(self.spec.settings))
+            self._consumer = Consumer(consumer_settings(self.spec.settings))
             return self._loop(handler)
         except _SupervisorGone:
             return WorkerExit.SUPERVISOR_GONE
@@ -372,7 +372,7 @@ class SharedWorker:
         )  # fmt: skip
 
 
-def _consumer_settings(settings: Settings) -> dict[str, Any]:
+def consumer_settings(settings: Settings) -> dict[str, Any]:
     return client_config(
         settings,
         "consumer",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -18,6 +19,12 @@ from processes import cmdline, process_group
 
 APPS = Path(__file__).parent / "apps"  # the applications the e2e and chaos tests run
 HB = "1s"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,42 @@ class Fleet:
             process = subprocess.Popen(command, env=full_env, stderr=log, stdout=log, start_new_session=True)
         self.processes[client_id] = process
         return process
+
+    def serve(self, client_id: str, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+        """Start ``marshal-workers serve`` of the fleet's topic on a free port; return it and its URL."""
+        port = free_port()
+        process = self._spawn(client_id, [
+            sys.executable, "-m", "marshal_workers", "serve", "--brokers", self.brokers, "--group", self.group,
+            "--coordination-topic", self.coordination_topic, "--heartbeat-interval", HB, "--topic", self.topic,
+            "--port", str(port), *args,
+        ], env)  # fmt: skip
+        return process, f"http://127.0.0.1:{port}"
+
+    def http_client(self, name: str, *urls: str, **env: str) -> subprocess.Popen[bytes]:
+        """Start tests/apps/http_client.py: an HTTP client process that reads, writes the sink, and acks."""
+        return self._spawn(name, [sys.executable, str(APPS / "http_client.py"), name, str(self.sink), *urls], env)
+
+    def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_TEST_"))}
+        full_env |= {"MARSHAL_WORKERS_CLIENT_ID": name} | env
+        log_path = self.sink.with_name(f"{name}.log")
+        self.logs[name] = log_path
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(command, env=full_env, stderr=log, stdout=log, start_new_session=True)
+        self.processes[name] = process
+        return process
+
+    def acked_lines(self) -> list[tuple[int, int, str, float]]:
+        """(partition, offset, value, time) of every ack the HTTP clients got a 200 for."""
+        path = self.sink.with_name(self.sink.name + ".acked")
+        if not path.exists():
+            return []
+        found = []
+        for raw in path.read_text().splitlines():
+            parts = raw.split()
+            if len(parts) == 5:
+                found.append((int(parts[1]), int(parts[2]), parts[3], float(parts[4])))
+        return found
 
     def log_of(self, client_id: str) -> str:
         return self.logs[client_id].read_text(errors="replace")

@@ -1,0 +1,246 @@
+"""``marshal-workers serve``: the Read / Ack / Cancel service's HTTP server (aiohttp; DESIGN.md section 12).
+
+Routes: ``POST /read?timeout=5s&max=N``, ``POST /ack``, ``POST /cancel``
+(see http_messages.py for the bodies), ``GET /healthz`` and ``GET /metrics``
+(Prometheus).  aiohttp gives keep-alive, many concurrent long polls on one
+event loop, TLS through an ``ssl.SSLContext`` and a graceful shutdown; the
+work of each request (a coordination write and its verdict) runs in a thread
+pool, as the Kafka clients block.
+
+With a token every route but ``/healthz`` requires ``Authorization: Bearer
+<token>`` (compared in constant time; the token is never logged).  SIGTERM:
+reads in flight answer at once (204 if nothing is handed out), acks and
+cancels go on being served while the held ranges are settled (ranges no
+client holds a message of are given back at once), then the server closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hmac
+import ipaddress
+import logging
+import signal
+import ssl
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from marshal_workers.errors import ConfigError
+from marshal_workers.http_messages import BadRequest, message_ids, read_request
+from marshal_workers.metrics import PREFIX, SharedStats, _shared_families
+from marshal_workers.served_topic import ServedTopic
+
+_log = logging.getLogger(__name__)
+
+_TOPIC = web.AppKey("topic", ServedTopic)
+_TOKEN = web.AppKey("token", str)
+_POOL = web.AppKey("pool", ThreadPoolExecutor)
+_REQUESTS = web.AppKey("requests", Counter)
+_READ_POLL_S = 0.01  # how often a waiting read looks for a message (a count under a lock)
+_THREADS = 64  # requests doing coordination writes at once
+
+
+def check_bind(host: str, token: str | None, allow_unauthenticated: bool) -> None:
+    """Without a token the service listens on this host only, unless told otherwise."""
+    if token or allow_unauthenticated:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(f"serving on {host} without a token lets anyone who can reach it ack messages: give "
+                          "--token-file (or MARSHAL_WORKERS_SERVE_TOKEN), or --allow-unauthenticated")  # fmt: skip
+
+
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        raise ConfigError("TLS needs both --tls-cert and --tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from None
+    return context
+
+
+def make_app(topic: ServedTopic, token: str | None) -> web.Application:
+    app = web.Application(middlewares=[_errors_and_auth], client_max_size=4 * 2**20)
+    app[_TOPIC] = topic
+    app[_TOKEN] = token or ""
+    app[_POOL] = ThreadPoolExecutor(_THREADS, thread_name_prefix="serve-request")
+    app[_REQUESTS] = Counter()
+    app.router.add_post("/read", _read)
+    app.router.add_post("/ack", _ack)
+    app.router.add_post("/cancel", _cancel)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/metrics", _metrics)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ServeCollector(topic, app[_REQUESTS]))
+    app[_REGISTRY] = registry
+    return app
+
+
+_REGISTRY = web.AppKey("registry", CollectorRegistry)
+
+
+@web.middleware
+async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    route = request.path if request.path in ("/read", "/ack", "/cancel", "/healthz", "/metrics") else "other"
+    try:
+        token = request.app[_TOKEN]
+        if token and request.path != "/healthz":
+            given = request.headers.get("Authorization", "")
+            if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token.encode()):
+                raise BadRequest(401, "unauthorized", "send Authorization: Bearer <the server's token>")
+        response = await handler(request)
+    except BadRequest as exc:
+        response = web.Response(status=exc.status, body=exc.body(), content_type="application/json")
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+    except web.HTTPException as exc:  # aiohttp's own: 404 no such route, 405, 413 body too large
+        response = web.Response(status=exc.status, content_type="application/json",
+                                body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}))  # fmt: skip
+    request.app[_REQUESTS][(route, response.status)] += 1
+    return response
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+async def _in_pool(request: web.Request, call: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(request.app[_POOL], call, *args)
+
+
+async def _read(request: web.Request) -> web.StreamResponse:
+    asked = read_request(dict(request.query))
+    topic = request.app[_TOPIC]
+    deadline = time.monotonic() + asked.wait_s
+    topic.waiting_readers += 1
+    try:
+        while True:
+            if topic.available():
+                messages = await _in_pool(request, topic.read, asked.most)
+                if messages:
+                    return _json({"messages": messages})
+            if topic.stopping or time.monotonic() >= deadline:
+                return web.Response(status=204)
+            await asyncio.sleep(_READ_POLL_S)
+    finally:
+        topic.waiting_readers -= 1
+
+
+async def _ack(request: web.Request) -> web.Response:
+    ids = message_ids(await request.read())
+    return _json(await _in_pool(request, request.app[_TOPIC].ack, ids))
+
+
+async def _cancel(request: web.Request) -> web.Response:
+    ids = message_ids(await request.read())
+    return _json(await _in_pool(request, request.app[_TOPIC].cancel, ids))
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    topic = request.app[_TOPIC]
+    loop_age = time.monotonic() - topic.last_loop
+    details = {**topic.held_summary(), "topic": topic.topic, "stopping": topic.stopping,
+               "loop_seconds_ago": round(loop_age, 3)}  # fmt: skip
+    ok = loop_age < 10 and not topic.stopping
+    return _json({"status": "ok" if ok else "unhealthy", **details}, 200 if ok else 503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[_REGISTRY])
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+class _ServeCollector(Collector):
+    """The shared-partition metrics of ``run`` (leases, ranges, messages, low-water marks) plus the service's
+    requests and pending messages."""
+
+    def __init__(self, topic: ServedTopic, requests: Counter[tuple[str, int]]) -> None:
+        self.topic = topic
+        self.requests = requests
+
+    def collect(self) -> Iterator[Metric]:
+        topic, c = self.topic, self.topic.counters
+        group = topic.settings.require_group()
+        marks = topic.coordinator.read(
+            lambda world: {p: (s.low, s.lost) for (t, p), s in world.shared.items() if t == topic.topic and s.low is not None}
+        )
+        summary = topic.held_summary()
+        stats = SharedStats(
+            topic=topic.topic, leases_held=summary["leases"], workers=0,
+            ranges={"claimed": c.ranges_claimed, "refused": c.ranges_refused, "acked": c.ranges_acked,
+                    "cancelled": c.ranges_cancelled, "abandoned": c.ranges_lost},
+            messages={"delivered": c.delivered, "handled": c.acked, "cancelled": c.cancelled,
+                      "dead_lettered": c.dead_lettered, "refused": c.refused},
+            worker_restarts=0,
+            low_water_marks={p: low for p, (low, _) in marks.items()}, lost={p: lost for p, (_, lost) in marks.items()},
+        )  # fmt: skip
+        yield from _shared_families(group, [stats])
+        pending = GaugeMetricFamily(f"{PREFIX}_serve_pending_messages", "Messages handed to HTTP clients and not "
+                                    "acked, cancelled or past their deadline.", labels=["group", "topic"])  # fmt: skip
+        pending.add_metric([group, topic.topic], summary["pending"])
+        yield pending
+        requests = CounterMetricFamily(f"{PREFIX}_serve_requests", "HTTP requests by route and status.",
+                                       labels=["group", "route", "status"])  # fmt: skip
+        for (route, status), count in sorted(self.requests.items()):
+            requests.add_metric([group, route, str(status)], count)
+        yield requests
+
+
+async def serve(
+    topic: ServedTopic,
+    host: str,
+    port: int,
+    token: str | None,
+    ssl_context: ssl.SSLContext | None,
+    shutdown_timeout: float,
+    ready: Callable[[str], None],
+) -> None:
+    """Serve until SIGTERM or SIGINT, then settle what is held and close."""
+    app = make_app(topic, token)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, shutdown_timeout=5.0)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} is in use on {host}: choose another --port") from None
+        raise ConfigError(f"cannot serve on {host}:{port}: {exc}") from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)  # only records the signal; what follows does the rest
+    scheme = "https" if ssl_context is not None else "http"
+    shown = f"[{host}]" if ":" in host else host
+    ready(f"{scheme}://{shown}:{port}/")
+    await stop.wait()
+    _log.info("group %s: stopping: settling %d held ranges of %s", topic.settings.group, topic.held_summary()["leases"],
+              topic.topic)  # fmt: skip
+    topic.begin_stop()
+    give_up = time.monotonic() + shutdown_timeout
+    while not topic.stopped() and time.monotonic() < give_up:
+        await asyncio.sleep(0.05)
+    if not topic.stopped():
+        _log.warning("group %s: %s: ranges still held after the shutdown timeout: they lapse and their messages not "
+                     "acked are delivered again", topic.settings.group, topic.topic)  # fmt: skip
+        topic.abandon()
+    await runner.cleanup()
+    app[_POOL].shutdown(wait=True)
