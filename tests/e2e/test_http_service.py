@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import json
 import signal
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
@@ -284,3 +286,53 @@ def test_sigterm_gives_back_at_once_what_no_client_holds_and_takes_acks_while_it
     assert sorted(int(m["value"]) for m in rest + held) == list(range(40))
     second.send_signal(signal.SIGTERM)
     assert second.wait(timeout=60) == ExitCode.OK
+
+
+def test_https_with_a_token_serves_messages_and_the_metrics_of_what_it_did(fleet: Fleet, tmp_path: Path) -> None:
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1")
+    issued.private_key_pem.write_to_path(str(tmp_path / "key.pem"))
+    (tmp_path / "cert.pem").write_bytes(b"".join(blob.bytes() for blob in issued.cert_chain_pems))
+    client_tls = ssl.create_default_context()
+    authority.configure_trust(client_tls)
+    (tmp_path / "token").write_text("tls-token\n")
+    server, url = fleet.serve("srv", "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"),
+                              "--token-file", str(tmp_path / "token"))  # fmt: skip
+    url = url.replace("http://", "https://")
+
+    def https(method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        data = b"" if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url + path, data=data if method == "POST" else None, method=method)
+        request.add_header("Authorization", "Bearer tls-token")
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=client_tls) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read()
+
+    def up() -> bool:
+        try:
+            return https("GET", "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    poll_until(up, timeout=60, what="the HTTPS server answering")
+    fleet.produce(range(3))
+
+    def read() -> list[dict[str, Any]]:
+        status, body = https("POST", "/read?max=5&timeout=1s")
+        return json.loads(body)["messages"] if status == 200 else []
+
+    messages = poll_until(read, timeout=30, what="messages over HTTPS")
+    status, body = https("POST", "/ack", ids(messages))
+    assert (status, json.loads(body)) == (200, {"acked": len(messages), "already": 0})
+    with pytest.raises(OSError):  # plain HTTP to the TLS port
+        urllib.request.urlopen(url.replace("https://", "http://") + "/healthz", timeout=5)
+    status, metrics = https("GET", "/metrics")
+    text = metrics.decode()
+    assert status == 200
+    assert f'marshal_workers_shared_messages_total{{group="{fleet.group}",outcome="handled",topic="{fleet.topic}"}} ' \
+           f'{float(len(messages))}' in text  # fmt: skip
+    assert 'route="/ack",status="200"' in text and "marshal_workers_serve_pending_messages" in text
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == ExitCode.OK

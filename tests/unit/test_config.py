@@ -128,6 +128,17 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "dashboard": "true",
         "dashboard_port": "8080",
         "dashboard_host": "0.0.0.0",
+        "serve_topic": "jobs",
+        "serve_port": "8081",
+        "serve_host": "0.0.0.0",
+        "serve_token": "t0ken",
+        "serve_token_file": "/run/token",
+        "serve_pending_timeout": "45s",
+        "serve_max_deliveries": "3",
+        "serve_range_size": "50",
+        "serve_dlq_topic": "jobs.dead",
+        "serve_tls_cert": "/etc/cert.pem",
+        "serve_tls_key": "/etc/key.pem",
     }
     assert set(values) == set(SETTINGS), "update this test when a setting is added"
     expected = {
@@ -163,6 +174,17 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "dashboard": True,
         "dashboard_port": 8080,
         "dashboard_host": "0.0.0.0",
+        "serve_topic": "jobs",
+        "serve_port": 8081,
+        "serve_host": "0.0.0.0",
+        "serve_token": "t0ken",
+        "serve_token_file": "/run/token",
+        "serve_pending_timeout": 45.0,
+        "serve_max_deliveries": 3,
+        "serve_range_size": 50,
+        "serve_dlq_topic": "jobs.dead",
+        "serve_tls_cert": "/etc/cert.pem",
+        "serve_tls_key": "/etc/key.pem",
     }
     toml = "".join(f'{name} = "{value}"\n' for name, value in values.items())
     from_file = load_settings(write_toml(tmp_path, toml), env={})
