@@ -54,6 +54,7 @@ _log = logging.getLogger(__name__)
 LOOP_PAUSE_S = 0.01
 HIGH_WATERMARK_INTERVAL_S = 0.25
 FETCH_MOST = 500
+LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
 IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
 
 
@@ -279,8 +280,14 @@ class ServedTopic:
             if found.partition >= self.partition_count:
                 raise BadRequest(404, "unknown_partition", f"{self.topic} has partitions 0 to "
                                  f"{self.partition_count - 1}, not {found.partition}")  # fmt: skip
-        wall = self.coordinator.now_ms()
-        states = self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
+        states = self._states(ids)
+        # Another server handed the message out and wrote so before its client heard of it, but our view of the
+        # log may lag by a fetch or two: give it a moment before calling a message never handed out (or, handed out
+        # again, expired).
+        give_up = time.monotonic() + LOG_LAG_GRACE_S
+        while any(state in ("unknown", "undelivered", "expired") for state in states) and time.monotonic() < give_up:
+            time.sleep(0.01)
+            states = self._states(ids)
         already = [m for m, state in zip(ids, states) if state == "done" or (state == "acked" and verb == "acked")]
         bad = [(m, state) for m, state in zip(ids, states) if state not in ("pending", "done", "acked")]
         bad += [(m, state) for m, state in zip(ids, states) if state in ("done", "acked") and verb == "cancelled"]
@@ -288,6 +295,7 @@ class ServedTopic:
             raise BadRequest(409, "not_pending", f"{len(bad)} of the messages cannot be {verb}: nothing was {verb}",
                              messages=[_problem(m, state) for m, state in bad])  # fmt: skip
         todo = [m for m, state in zip(ids, states) if state == "pending"]
+        late: set[MessageId] = set()  # refused by the log because another server's ack of them came first
         refused: list[MessageId] = []
         if todo:
             record = kind(**self.coordinator.record_fields(), topic=self.topic,
@@ -300,12 +308,20 @@ class ServedTopic:
                                  f"try again ({exc})") from None  # fmt: skip
             refused = [m for m, ok in zip(todo, verdicts) if not ok]
             self._apply_locally(todo, verdicts, verb)
+        if refused and verb == "acked":
+            # Acked meanwhile through another server (our view had not seen it): done, as the client wants.
+            late = {m for m, state in zip(refused, self._states(refused)) if state in ("acked", "done")}
+            refused = [m for m in refused if m not in late]
         if refused:
             self.counters.refused += len(refused)
             raise BadRequest(409, "partly_refused", f"{len(refused)} of the messages were no longer pending when the "
                              f"log got the request (their deadline or lease ended): the others were {verb}",
                              messages=[_problem(m, "expired") for m in refused])  # fmt: skip
-        return {verb: len(todo), "already": len(already)}
+        return {verb: len(todo) - len(late), "already": len(already) + len(late)}
+
+    def _states(self, ids: Sequence[MessageId]) -> list[str]:
+        wall = self.coordinator.now_ms()
+        return self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
 
     def _apply_locally(self, ids: Sequence[MessageId], verdicts: Sequence[bool], verb: str) -> None:
         with self.lock:

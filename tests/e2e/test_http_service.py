@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
 
+from marshal_workers import codec
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import read_group_state
 from marshal_workers.exit_codes import ExitCode
@@ -176,13 +177,25 @@ def test_a_message_never_acked_comes_back_after_the_pending_timeout_a_cancel_at_
     assert server.wait(timeout=60) == ExitCode.OK
 
 
-def log_end(fleet: Fleet) -> list[int]:
-    consumer = Consumer({"bootstrap.servers": fleet.brokers, "group.id": "log-end-reader"})
+def log_records(fleet: Fleet) -> list[codec.Record]:
+    """Every record of the coordination log (read from the beginning up to its end)."""
+    consumer = Consumer({"bootstrap.servers": fleet.brokers, "group.id": "log-reader", "enable.partition.eof": True})
+    consumer.assign([TopicPartition(fleet.coordination_topic, p, 0) for p in range(8)])
+    found: list[codec.Record] = []
+    at_end: set[int] = set()
     try:
-        return [consumer.get_watermark_offsets(TopicPartition(fleet.coordination_topic, p), timeout=10, cached=False)[1]
-                for p in range(8)]  # fmt: skip
+        deadline = time.monotonic() + 30
+        while len(at_end) < 8 and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                at_end.add(message.partition())
+                continue
+            found.append(codec.decode(message.value()))
     finally:
         consumer.close()
+    return found
 
 
 def test_bad_requests_get_a_4xx_with_a_json_error_and_change_nothing_in_the_log(fleet: Fleet, tmp_path: Path) -> None:
@@ -194,7 +207,7 @@ def test_bad_requests_get_a_4xx_with_a_json_error_and_change_nothing_in_the_log(
     assert call(url, "/read?timeout=1s", token="wrong")[0] == 401
     [message] = poll_until(lambda: read_all_with(url, "s3cret-token"), timeout=30, what="a message")
     topic, partition, offset = message["topic"], message["partition"], message["offset"]
-    before = log_end(fleet)
+    before = len(log_records(fleet))
     bad: list[tuple[bytes | None, Any, int, str]] = [
         (b"{not json", None, 400, "bad_json"),
         (None, [], 400, "bad_body"),
@@ -215,7 +228,9 @@ def test_bad_requests_get_a_4xx_with_a_json_error_and_change_nothing_in_the_log(
     for query in ("timeout=soon", "max=0", "max=5000", "timeout=5m", "wait=1s"):
         got, answer = call(url, f"/read?{query}", token="s3cret-token")
         assert got == 400 and answer["error"].startswith("bad_"), (query, answer)
-    assert log_end(fleet) == before, "no bad request wrote to the coordination log"
+    written = log_records(fleet)[before:]
+    # The server renews and settles its ranges meanwhile; nothing about a message is written.
+    assert not [r for r in written if isinstance(r, codec.MESSAGE_RECORD_TYPES)], "a bad request wrote to the log"
     time.sleep(max(0.0, message["deadline"] / 1000 - time.time()) + 0.2)  # its pending deadline passes
     status, answer = call(url, "/ack", ids([message]), token="s3cret-token")
     assert (status, answer["error"]) == (409, "not_pending"), "an ack after the deadline"
@@ -336,3 +351,26 @@ def test_https_with_a_token_serves_messages_and_the_metrics_of_what_it_did(fleet
     assert 'route="/ack",status="200"' in text and "marshal_workers_serve_pending_messages" in text
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == ExitCode.OK
+
+
+def test_an_ack_or_a_cancel_may_reach_any_server_of_the_group(fleet: Fleet) -> None:
+    first, first_url = start_server(fleet, "srv1", "--pending-timeout", "20s")
+    second, second_url = start_server(fleet, "srv2", "--pending-timeout", "20s")
+    fleet.produce(range(4))
+    held: list[dict[str, Any]] = []
+    poll_until(lambda: held.extend(read_all(first_url, most=4, wait="1s")) or len(held) == 4, timeout=30,
+               what="every message from the first server")  # fmt: skip
+    assert sorted(m["value"] for m in held) == ["0", "1", "2", "3"]
+    keep, give_back = held[:3], held[3]
+    # A cancel sent to the second server: the first hands the message out again at once (not after 20 s).
+    assert call(second_url, "/cancel", ids([give_back]))[0] == 200
+    again = poll_until(lambda: read_all(first_url, wait="1s"), timeout=10, what="the cancelled message again")
+    assert [(m["offset"], m["deliveries"]) for m in again] == [(give_back["offset"], 2)]
+    # Acks sent to the second server settle the first server's ranges: every offset done in the log.
+    status, body = call(second_url, "/ack", ids(keep + again))
+    assert (status, body) == (200, {"acked": 4, "already": 0})
+    poll_until(lambda: all_done(fleet, 4), timeout=30, what="the first server's ranges settled")
+    assert call(first_url, "/ack", ids(keep))[1] == {"acked": 0, "already": 3}
+    for server in (first, second):
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == ExitCode.OK
