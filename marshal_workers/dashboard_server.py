@@ -8,15 +8,13 @@ only moves bytes.  SIGTERM and SIGINT stop it cleanly: open event streams end, t
 from __future__ import annotations
 
 import asyncio
-import errno
-import signal
 import ssl
 from collections.abc import Callable
 
 from aiohttp import web
 
 from marshal_workers.dashboard import KEEPALIVE_S, Publisher, page, sse_event
-from marshal_workers.errors import ConfigError
+from marshal_workers.web_sites import open_site, stop_signal
 
 _PUBLISHER = web.AppKey("publisher", Publisher)
 _STOPPING = web.AppKey("stopping", asyncio.Event)
@@ -78,22 +76,7 @@ async def serve(
     ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; ``ready`` gets the URL once the port is open."""
-    runner = web.AppRunner(make_app(publisher), access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, shutdown_timeout=2.0)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"dashboard port {port} is in use on {host}: choose another --port") from None
-        raise ConfigError(f"cannot serve the dashboard on {host}:{port}: {exc}") from None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)  # only records the signal; the loop below does the rest
-    scheme = "https" if ssl_context is not None else "http"
-    shown = f"[{host}]" if ":" in host else host
-    ready(f"{scheme}://{shown}:{port}/")
-    await stop.wait()
+    runner, url = await open_site(make_app(publisher), host, port, ssl_context, "the dashboard", "--port")
+    ready(url)
+    await stop_signal()
     await runner.cleanup()

@@ -17,11 +17,9 @@ client holds a message of are given back at once), then the server closes.
 from __future__ import annotations
 
 import asyncio
-import errno
 import hmac
 import ipaddress
 import logging
-import signal
 import ssl
 import time
 from collections import Counter
@@ -39,6 +37,7 @@ from marshal_workers.errors import ConfigError
 from marshal_workers.http_messages import BadRequest, message_ids, read_request
 from marshal_workers.metrics import PREFIX, SharedStats, _shared_families
 from marshal_workers.served_topic import ServedTopic
+from marshal_workers.web_sites import open_site, stop_signal
 
 _log = logging.getLogger(__name__)
 
@@ -214,24 +213,9 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM or SIGINT, then settle what is held and close."""
     app = make_app(topic, token)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, shutdown_timeout=5.0)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} is in use on {host}: choose another --port") from None
-        raise ConfigError(f"cannot serve on {host}:{port}: {exc}") from None
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)  # only records the signal; what follows does the rest
-    scheme = "https" if ssl_context is not None else "http"
-    shown = f"[{host}]" if ":" in host else host
-    ready(f"{scheme}://{shown}:{port}/")
-    await stop.wait()
+    runner, url = await open_site(app, host, port, ssl_context, "the service", "--port")
+    ready(url)
+    await stop_signal()
     _log.info("group %s: stopping: settling %d held ranges of %s", topic.settings.group, topic.held_summary()["leases"],
               topic.topic)  # fmt: skip
     topic.begin_stop()

@@ -56,25 +56,16 @@ class Fleet:
 
     def start(self, client_id: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         """Start a supervisor; its stderr goes to a log file next to the sink."""
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_TEST_"))}
-        full_env |= {
+        app_env = {
             "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-            "MARSHAL_WORKERS_CLIENT_ID": client_id,
             "MW_TEST_TOPIC": self.topic,
             "MW_TEST_SINK": str(self.sink),
         } | self.env | env
-        command = [
+        return self._spawn(client_id, [
             sys.executable, "-m", "marshal_workers", "run", self.app,
             "--brokers", self.brokers, "--group", self.group, "--coordination-topic", self.coordination_topic,
             "--heartbeat-interval", HB, *args,
-        ]  # fmt: skip
-        log_path = self.sink.with_name(f"{client_id}.log")
-        self.logs[client_id] = log_path
-        with open(log_path, "ab") as log:
-            # Its own session: signals we send reach only it, and killpg() ends its fork server and workers too.
-            process = subprocess.Popen(command, env=full_env, stderr=log, stdout=log, start_new_session=True)
-        self.processes[client_id] = process
-        return process
+        ], app_env)  # fmt: skip
 
     def serve(self, client_id: str, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
         """Start ``marshal-workers serve`` of the fleet's topic on a free port; return it and its URL."""
@@ -91,11 +82,14 @@ class Fleet:
         return self._spawn(name, [sys.executable, str(APPS / "http_client.py"), name, str(self.sink), *urls], env)
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start ``command`` as ``name`` (its client id), with none of our MARSHAL_WORKERS_ or MW_TEST_ variables but
+        ``env``; its output goes to a log file next to the sink."""
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_TEST_"))}
         full_env |= {"MARSHAL_WORKERS_CLIENT_ID": name} | env
         log_path = self.sink.with_name(f"{name}.log")
         self.logs[name] = log_path
         with open(log_path, "ab") as log:
+            # Its own session: signals we send reach only it, and killpg() ends its fork server and workers too.
             process = subprocess.Popen(command, env=full_env, stderr=log, stdout=log, start_new_session=True)
         self.processes[name] = process
         return process
@@ -172,7 +166,10 @@ class Fleet:
     def dead_letters(self, count: int) -> list[Message]:
         """The first ``count`` messages of the dead-letter topic (waits for them)."""
         consumer = Consumer({"bootstrap.servers": self.brokers, "group.id": "dlq-reader", "enable.auto.commit": False})
-        consumer.assign([TopicPartition(f"{self.topic}.dlq", p, 0) for p in range(self.partitions)])
+        dlq = f"{self.topic}.dlq"  # created by the first dead letter, with the broker's default partition count
+        metadata = poll_until(lambda: consumer.list_topics(dlq, timeout=10).topics[dlq].partitions or None, timeout=30,
+                              what=f"topic {dlq}")  # fmt: skip
+        consumer.assign([TopicPartition(dlq, p, 0) for p in metadata])
         found: list[Message] = []
         try:
             while len(found) < count:
