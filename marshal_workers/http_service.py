@@ -45,8 +45,33 @@ _TOPIC = web.AppKey("topic", ServedTopic)
 _TOKEN = web.AppKey("token", str)
 _POOL = web.AppKey("pool", ThreadPoolExecutor)
 _REQUESTS = web.AppKey("requests", Counter)
-_READ_POLL_S = 0.01  # how often a waiting read looks for a message (a count under a lock)
 _THREADS = 64  # requests doing coordination writes at once
+
+
+class News:
+    """Wakes every read waiting for a message: announced from the serve loop's thread when messages wait, and at a
+    stop.  Reads that wait cost nothing until then (no polling)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+
+    def announce_threadsafe(self) -> None:
+        self._loop.call_soon_threadsafe(self.announce)
+
+    def announce(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._event.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+
+_REGISTRY = web.AppKey("registry", CollectorRegistry)
+_NEWS = web.AppKey("news", News)
 
 
 def check_bind(host: str, token: str | None, allow_unauthenticated: bool) -> None:
@@ -81,6 +106,8 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_TOKEN] = token or ""
     app[_POOL] = ThreadPoolExecutor(_THREADS, thread_name_prefix="serve-request")
     app[_REQUESTS] = Counter()
+    app[_NEWS] = News()
+    topic.on_news = app[_NEWS].announce_threadsafe
     app.router.add_post("/read", _read)
     app.router.add_post("/ack", _ack)
     app.router.add_post("/cancel", _cancel)
@@ -92,7 +119,6 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     return app
 
 
-_REGISTRY = web.AppKey("registry", CollectorRegistry)
 
 
 @web.middleware
@@ -126,18 +152,19 @@ async def _in_pool(request: web.Request, call: Callable[..., Any], *args: Any) -
 
 async def _read(request: web.Request) -> web.StreamResponse:
     asked = read_request(dict(request.query))
-    topic = request.app[_TOPIC]
+    topic, news = request.app[_TOPIC], request.app[_NEWS]
     deadline = time.monotonic() + asked.wait_s
     topic.waiting_readers += 1
     try:
         while True:
-            if topic.available():
+            if topic.available_now:
                 messages = await _in_pool(request, topic.read, asked.most)
                 if messages:
                     return _json({"messages": messages})
-            if topic.stopping or time.monotonic() >= deadline:
+            remaining = deadline - time.monotonic()
+            if topic.stopping or remaining <= 0:
                 return web.Response(status=204)
-            await asyncio.sleep(_READ_POLL_S)
+            await news.wait(remaining)
     finally:
         topic.waiting_readers -= 1
 
@@ -219,6 +246,7 @@ async def serve(
     _log.info("group %s: stopping: settling %d held ranges of %s", topic.settings.group, topic.held_summary()["leases"],
               topic.topic)  # fmt: skip
     topic.begin_stop()
+    app[_NEWS].announce()  # reads waiting answer now
     give_up = time.monotonic() + shutdown_timeout
     while not topic.stopped() and time.monotonic() < give_up:
         await asyncio.sleep(0.05)

@@ -29,7 +29,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,8 @@ class ServedTopic:
         self.stopping = False
         self.partition_count = 0
         self.waiting_readers = 0  # long polls waiting for a message: the loop leases more when they wait
+        self.available_now = 0  # messages that could be handed out, as of the loop's last pass
+        self.on_news: Callable[[], None] | None = None  # called (from the loop's thread) when messages wait for readers
         self.last_loop = time.monotonic()  # for /healthz: the loop is alive
         self.last_write_error: str | None = None
         self._coordinator: Coordinator | None = None
@@ -374,6 +376,9 @@ class ServedTopic:
             self._ask_high_watermarks(now)
             self._claim()
         self._fetch()
+        self.available_now = self.available()
+        if self.available_now and self.waiting_readers and self.on_news is not None:
+            self.on_news()  # wake the reads waiting for a message
 
     def _sync_from_log(self) -> None:
         """What other servers did to our messages (acks, cancels), as the fold has it."""
