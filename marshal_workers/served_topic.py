@@ -55,7 +55,8 @@ LOOP_PAUSE_S = 0.01
 HIGH_WATERMARK_INTERVAL_S = 0.25
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
-IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
+IDLE_GIVE_BACK_MS = 2000
+MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)  # a held range no reader wanted for this long goes back to the group
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class ServeOptions:
     pending_timeout: float = 30.0  # seconds a read message stays pending
     max_deliveries: int = 5  # hand-outs before a message is dead-lettered instead
     range_size: int = 100
-    max_leases: int = 4  # ranges held at once (more only while every one is handed out)
+    max_leases: int = 4  # ranges with messages still to hand out, held at once
     dlq_topic: str = ""  # default: "<topic>.dlq"
 
     @property
@@ -542,14 +543,19 @@ class ServedTopic:
 
     def _want(self) -> int:
         """Ranges to claim now: only while readers wait (a server with no readers holds nothing others could
-        serve), when fewer than half a range of messages wait to be handed out, up to ``max_leases``."""
+        serve), when fewer than half a range of messages wait to be handed out.  Ranges whose every message is
+        out with clients do not count against ``max_leases`` (they only wait for acks), up to MAX_HELD in all."""
         if not self.waiting_readers:
             return 0
+        now = monotonic_ms()
         with self.lock:
             held = len(self.ranges)
-        if held >= self.options.max_leases or self.available() >= max(1, self.options.range_size // 2):
+            active = sum(1 for h in self.ranges.values() if not h.fetched() or any(h.eligible(o, now) for o in h.messages))
+        if held >= MAX_HELD or active >= self.options.max_leases:
             return 0
-        return 1 if held else min(2, self.options.max_leases)
+        if self.available() >= max(1, self.options.range_size // 2):
+            return 0
+        return 1 if active else min(2, self.options.max_leases)
 
     def _claim(self) -> None:
         want = self._want()

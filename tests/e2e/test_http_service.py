@@ -4,6 +4,7 @@ for on a clean run, under kill -9, SIGSTOP past the pending timeout and SIGTERM 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import signal
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import trustme
 from confluent_kafka import Consumer, TopicPartition
@@ -374,3 +376,28 @@ def test_an_ack_or_a_cancel_may_reach_any_server_of_the_group(fleet: Fleet) -> N
     for server in (first, second):
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=60) == ExitCode.OK
+
+
+def test_a_hundred_concurrent_long_polls_share_fifty_messages_each_handed_out_once(fleet: Fleet) -> None:
+    server, url = start_server(fleet, "srv", "--pending-timeout", "30s")
+
+    async def poll_all() -> list[tuple[int, list[dict[str, Any]]]]:
+        async with aiohttp.ClientSession() as session:  # keep-alive connections, as a client library would
+
+            async def one() -> tuple[int, list[dict[str, Any]]]:
+                async with session.post(f"{url}/read?timeout=4s&max=1") as response:
+                    body = await response.json() if response.status == 200 else {"messages": []}
+                    return response.status, body["messages"]
+
+            polls = [asyncio.ensure_future(one()) for _ in range(100)]
+            await asyncio.sleep(1.0)  # every poll is waiting before a message exists
+            await asyncio.get_running_loop().run_in_executor(None, fleet.produce, range(50))
+            return await asyncio.gather(*polls)
+
+    answers = asyncio.run(poll_all())
+    got = [message["value"] for status, messages in answers if status == 200 for message in messages]
+    assert sorted(got, key=int) == [str(n) for n in range(50)], "each message to exactly one poll"
+    assert sorted(status for status, _ in answers) == [200] * 50 + [204] * 50
+    assert call(url, "/ack", ids([m for _, messages in answers for m in messages]))[1] == {"acked": 50, "already": 0}
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == ExitCode.OK
