@@ -1,19 +1,22 @@
 """Range leases of shared partitions (DESIGN.md section 11): the rules a user relies on, by example.
 
 The bookkeeping itself (range_leases.SharedPartition), the fold of the four range records through
-WorldState.apply with real codec records, and the checkpoint of shared partitions.
+WorldState.apply with real codec records, and the checkpoint of shared partitions.  Since release 0.6.0
+also the Read / Ack / Cancel service's per-message records (deliver_messages, ack_messages,
+cancel_messages) and how ending a lease settles what clients acked.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 
 from marshal_workers import checkpoints, codec
 from marshal_workers.errors import DecodeError
 from marshal_workers.range_leases import MAX_RANGE, MAX_WINDOW, Holder, SharedPartition, Tries
-from marshal_workers.world_state import WorldState
+from marshal_workers.world_state import WorldState, refusals
 
 A = Holder("host-a", "a1")
 B = Holder("host-b", "b1")
@@ -335,6 +338,15 @@ def test_range_records_of_other_groups_or_on_the_wrong_coordination_partition_ar
         b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
         b'"ranges":[{"partition":0,"offset":0}]}',  # no end
         b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t","ranges":{}}',
+        b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+        b'"pending_ms":0,"messages":[[0,3]]}',  # pending for 0 ms
+        b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+        b'"messages":[[0,3]]}',  # no pending_ms
+        b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","messages":[]}',
+        b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
+        b'"messages":[{"partition":0,"offset":3}]}',  # an object, not [partition, offset]
+        b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
+        b'"messages":[[0,-3]]}',
     ],
 )
 def test_garbage_range_records_never_change_the_state(value: bytes | None) -> None:
@@ -396,8 +408,11 @@ def test_a_checkpoint_carries_shared_partitions_and_a_seeded_reader_holds_the_sa
     assert seeded.shared == state.shared
 
 
-def lease(offset: int, end: int, client: str = "a") -> codec.LeasePosition:
-    return codec.LeasePosition(offset=offset, end=end, client=client, instance=client + "1", expires=LEASE, claimed_at=0)
+def lease(offset: int, end: int, client: str = "a", **messages: Any) -> codec.LeasePosition:
+    """A checkpoint's lease; ``messages``: its ``handed`` and ``acked`` (release 0.6.0)."""
+    return codec.LeasePosition(
+        offset=offset, end=end, client=client, instance=client + "1", expires=LEASE, claimed_at=0, **messages
+    )
 
 
 @pytest.mark.parametrize(
@@ -416,6 +431,8 @@ def lease(offset: int, end: int, client: str = "a") -> codec.LeasePosition:
         {"low": 0, "tries": ((10, 5, 1),)},  # an upside-down try range
         {"low": 0, "tries": ((0, 10, 1), (5, 15, 1))},  # overlapping tries
         {"low": 0, "tries": ((0, 10, 0),)},  # zero tries
+        {"low": 0, "leases": (lease(0, 10, handed=((10, 500, 1),)),)},  # a client's message outside its lease
+        {"low": 0, "leases": (lease(0, 10, handed=((3, 500, 1),), acked=(3, 12)),)},  # an ack outside it
     ],
 )
 def test_a_hostile_checkpoint_entry_is_ignored(hostile: dict[str, object]) -> None:
@@ -463,3 +480,179 @@ def test_the_log_command_prints_range_records_with_their_entries() -> None:
     assert lines[0] == "3@7 2025-11-24T16:00:05.000Z claim_ranges host-a/5f1c thumbs lease=60000ms amo [0]1500..1549"
     assert lines[1].endswith("ack_ranges host-a/5f1c thumbs [0]1500..1549 failed=1507 dead=1512,1513 high=4210")
     assert lines[2].endswith("cancel_ranges host-a/5f1c thumbs [1]9..9")
+
+
+# ------------------------------------------------- the Read / Ack / Cancel service's messages (release 0.6.0)
+
+
+def messages(*entries: tuple[int, int]) -> tuple[codec.MessageEntry, ...]:
+    return tuple(codec.MessageEntry(partition=p, offset=offset) for p, offset in entries)
+
+
+def deliver(holder: Holder, ts: int, *entries: tuple[int, int], pending_ms: int = 100) -> codec.DeliverMessages:
+    return codec.DeliverMessages(**common(holder, ts), topic="t", pending_ms=pending_ms, messages=messages(*entries))
+
+
+def client_ack(server: Holder, ts: int, *entries: tuple[int, int]) -> codec.AckMessages:
+    return codec.AckMessages(**common(server, ts), topic="t", messages=messages(*entries))
+
+
+def client_cancel(server: Holder, ts: int, *entries: tuple[int, int]) -> codec.CancelMessages:
+    return codec.CancelMessages(**common(server, ts), topic="t", messages=messages(*entries))
+
+
+def test_hand_outs_client_acks_and_cancels_then_a_lapse_settle_the_acked_offset_and_retry_the_other() -> None:
+    """A server (A) holds a lease and hands two offsets to clients; a client's ack and another's cancel reach the
+    other server (B).  When the lease lapses, the acked offset is done and counted, the other has one try more."""
+    state = WorldState(GROUP, HB)
+    assert fold_wire(state, codec.ClaimRanges(**common(A, 0), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10))))
+    assert tuple(fold_wire(state, deliver(A, 10, (0, 3), (0, 4)))) == (True, True)  # type: ignore[arg-type]
+    shared = state.shared_partition("t", 0)
+    assert shared is not None
+    held = shared.leases[0]
+    assert held.handed == {3: (110, 1), 4: (110, 1)} and held.acked == set()
+    assert tuple(fold_wire(state, client_ack(B, 20, (0, 3)))) == (True,)  # type: ignore[arg-type]  # B: not the holder
+    assert held.acked == {3} and not shared.is_done(3) and shared.acked == 0  # done once the lease ends
+    assert tuple(fold_wire(state, client_cancel(B, 30, (0, 4)))) == (True,)  # type: ignore[arg-type]
+    assert held.handed[4] == (30, 1)  # no longer pending: the holder may hand it out at once
+    # 4 goes out again (a second hand-out); 3, acked, never does.
+    assert tuple(fold_wire(state, deliver(A, 30, (0, 4), (0, 3)))) == (True, False)  # type: ignore[arg-type]
+    assert held.handed == {3: (110, 1), 4: (130, 2)}
+    again = deliver(A, 30, (0, 3))
+    verdict = fold_wire(state, again)
+    assert refusals(state, again, 30, 0, verdict) == [  # type: ignore[arg-type]
+        "refused [0]3: not in a live lease of its writer, or pending with a client"
+    ]
+    # The lease lapses: the next record about the partition, at its expiry, settles it.
+    claim = codec.ClaimRanges(**common(B, LEASE), topic="t", lease_ms=LEASE, ranges=ranges((0, 3, 4), (0, 4, 5)))
+    assert tuple(fold_wire(state, claim)) == (False, True)  # type: ignore[arg-type]  # 3 is done; 4 is claimable
+    assert shared.lapsed == 1 and shared.acked == 1 and shared.lost == 0 and shared.is_done(3)
+    assert shared.low == 0 and shared.done == [(3, 4)]
+    # Every offset not acked has one try more, 4 too: handed out twice, tried once in that lease.
+    assert shared.tries == [Tries(0, 3, 1), Tries(4, 10, 1)]
+    assert list(shared.free_ranges(LEASE, 10, 10, 10)) == [(0, 3), (5, 10)]
+    assert shared.leases[4].handed == {} and shared.leases[4].acked == set()  # a new lease starts with no messages
+
+
+def test_an_ack_or_cancel_after_the_pending_deadline_is_refused_and_the_offset_may_go_out_again() -> None:
+    shared = partition((0, 10, A))
+    assert shared.deliver(5, A, 10, 100)  # pending until 110
+    before = copy.deepcopy(shared)
+    assert not shared.ack_offset(5, 110) and not shared.cancel_offset(5, 110)  # the deadline passed
+    assert not shared.ack_offset(6, 20)  # never handed out
+    assert shared == before
+    assert shared.deliver(5, A, 110, 100)  # no longer pending: a second hand-out
+    assert shared.leases[0].handed == {5: (210, 2)}
+    assert shared.ack_offset(5, 209) and shared.leases[0].acked == {5}
+    assert not shared.ack_offset(5, 209) and not shared.cancel_offset(5, 209)  # acked already
+    assert not shared.deliver(5, A, 300, 100)  # acked: never handed out again
+    assert shared.ack(0, 10, A, 400, (5,), ())  # done whatever the holder says, and counted once
+    assert shared.acked == 10 and shared.tries == [] and shared.low == 10
+
+
+def test_an_ack_after_the_lease_lapsed_is_refused_even_before_the_pending_deadline() -> None:
+    shared = partition((0, 10, A))
+    assert shared.deliver(5, A, 900, 500)  # pending until 1400, but the lease ends at 1000
+    assert not shared.ack_offset(5, LEASE)
+    assert not shared.leases and shared.acked == 0 and shared.tries == [Tries(0, 10, 1)]
+
+
+@pytest.mark.parametrize(
+    "attempt",
+    [
+        lambda s: s.deliver(5, B, 5, 100),  # not the holder
+        lambda s: s.deliver(5, Holder("host-a", "a2"), 5, 100),  # the holder's client, another instance
+        lambda s: s.deliver(15, A, 5, 100),  # outside every lease
+        lambda s: s.deliver(25, A, 5, 100),  # in B's lease
+        lambda s: s.deliver(3, A, 5, 100),  # pending with a client already
+        lambda s: s.ack_offset(15, 5),  # outside every lease
+        lambda s: s.cancel_offset(5, 5),  # never handed out
+    ],
+    ids=["other-holder", "other-instance", "outside", "other-lease", "pending", "ack-outside", "cancel-not-handed"],
+)
+def test_a_hand_out_by_a_non_holder_or_of_an_offset_it_may_not_hand_out_changes_nothing(attempt) -> None:  # type: ignore[no-untyped-def]
+    shared = partition((0, 10, A), (20, 30, B))
+    assert shared.deliver(3, A, 1, 100)
+    before = copy.deepcopy(shared)
+    assert not attempt(shared)
+    assert shared == before
+
+
+def test_a_hand_out_in_a_lapsed_lease_is_refused() -> None:
+    state = WorldState(GROUP, HB)
+    assert fold_wire(state, codec.ClaimRanges(**common(A, 0), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10))))
+    assert tuple(fold_wire(state, deliver(A, LEASE, (0, 5), (1, 5)))) == (False, False)  # type: ignore[arg-type]
+    shared = state.shared_partition("t", 0)
+    assert shared is not None and not shared.leases and shared.lapsed == 1
+    assert state.shared_partition("t", 1) is None  # a message record creates no shared partition
+
+
+def test_an_ack_of_a_prefix_settles_what_clients_acked_whatever_failed_says() -> None:
+    shared = partition((0, 10, A))
+    for offset in (2, 3, 7):
+        assert shared.deliver(offset, A, 1, 100)
+    assert shared.ack_offset(2, 2) and shared.ack_offset(7, 2)
+    assert shared.ack(0, 5, A, 3, (2, 3), ())  # 2 was acked by a client: done; 3 failed
+    # Done and counted: 0, 1, 4 (handled), 2 and 7 (acked by clients, 7 past the prefix).  3: one try more.
+    # 5, 6, 8, 9: back untried.
+    assert shared.acked == 5 and shared.low == 3 and shared.done == [(4, 5), (7, 8)]
+    assert shared.tries == [Tries(3, 4, 1)]
+    assert list(shared.free_ranges(3, 10, 10, 10)) == [(3, 4), (5, 7), (8, 10)]
+
+
+@pytest.mark.parametrize("amo", [False, True], ids=["alo", "amo"])
+def test_a_cancel_settles_client_acks_and_counts_a_try_for_what_was_handed_out(amo: bool) -> None:
+    shared = partition((0, 10, A), amo=amo)
+    assert shared.deliver(2, A, 1, 100) and shared.deliver(3, A, 1, 100) and shared.cancel_offset(3, 1)
+    assert shared.deliver(4, A, 1, 100) and shared.ack_offset(2, 2)
+    assert shared.cancel(0, 10, A, 3)
+    assert shared.acked == 1 and shared.is_done(2)
+    if amo:  # handed out, not acked: lost, never delivered again
+        assert shared.lost == 2 and shared.tries == [] and shared.done == [(2, 5)]
+        assert list(shared.free_ranges(4, 10, 10, 10)) == [(0, 2), (5, 10)]
+    else:  # handed out, not acked: one try more (3's cancelled hand-out counts too)
+        assert shared.lost == 0 and shared.tries == [Tries(3, 5, 1)] and shared.done == [(2, 3)]
+        assert list(shared.free_ranges(4, 10, 10, 10)) == [(0, 2), (3, 5), (5, 10)]
+
+
+def test_a_lapsed_at_most_once_lease_counts_client_acks_as_acked_and_the_rest_as_lost() -> None:
+    shared = partition((0, 10, A), amo=True)
+    assert shared.deliver(4, A, 1, 100) and shared.ack_offset(4, 2)
+    assert shared.claim(10, 20, B, LEASE, LEASE, True)  # lapses A's lease
+    assert shared.acked == 1 and shared.lost == 9 and shared.low == 10 and shared.lapsed == 1
+
+
+def test_a_checkpoint_keeps_hand_outs_and_client_acks_and_a_seeded_reader_settles_them_alike() -> None:
+    state = WorldState(GROUP, HB)
+    for record in (
+        codec.ClaimRanges(**common(A, 0), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10))),
+        deliver(A, 10, (0, 3), (0, 4), (0, 5), pending_ms=500),
+        client_ack(B, 20, (0, 3)),
+        client_cancel(B, 30, (0, 4)),
+        deliver(A, 30, (0, 4), pending_ms=500),
+    ):
+        assert all(fold_wire(state, record))  # type: ignore[call-overload]
+    held = state.shared[("t", 0)].leases[0]
+    assert held.handed == {3: (510, 1), 4: (530, 2), 5: (510, 1)} and held.acked == {3}
+    for per_record in (1, 1000):
+        parts = [wire(part) for part in checkpoints.state_records(state, 0, 42, WRITER | {"ts": 40}, per_record)]
+        assert b'"handed":[[3,510,1],[4,530,2],[5,510,1]],"acked":[3]' in b"".join(codec.encode(p) for p in parts)
+        seeded = WorldState(GROUP, HB)
+        checkpoints.seed(seeded, parts, 0)  # type: ignore[arg-type]
+        assert seeded.shared == state.shared
+    # Both readers judge the next records alike: 5 is still pending, 3 acked; the cancel settles them.
+    cancel = codec.CancelRanges(**common(A, 200), topic="t", ranges=ranges((0, 0, 10)))
+    for record in (client_ack(B, 100, (0, 5), (0, 3)), cancel):
+        assert tuple(fold_wire(seeded, record)) == tuple(fold_wire(state, record))  # type: ignore[arg-type]
+    assert seeded.shared == state.shared
+    shared = state.shared[("t", 0)]
+    assert shared.acked == 2 and shared.done == [(3, 4), (5, 6)] and shared.tries == [Tries(4, 5, 1)]
+
+
+def test_the_log_command_prints_message_records() -> None:
+    from marshal_workers.admin import format_record
+
+    records = (deliver(A, 0, (0, 1500), (1, 9)), client_ack(B, 0, (0, 1500)))
+    lines = [format_record(codec.encode(r), 3, 7, "g") for r in records]
+    assert lines[0].endswith("deliver_messages host-a/a1 t pending=100ms [0]1500 [1]9")
+    assert lines[1].endswith("ack_messages host-b/b1 t [0]1500")
