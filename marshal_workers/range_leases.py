@@ -147,7 +147,7 @@ class SharedPartition:
         if high is not None and high > self.high:
             self.high = high
         # What clients acked (the HTTP service) is done whatever the holder says; its other offsets from ``end``
-        # on go back untried, as by a cancel.
+        # on go back as by a cancel: untried, unless they were handed to a client.
         self._settle_client_acks(lease)
         failed = [offset for offset in failed if offset not in lease.acked]
         self.dead_letters += len(dead)
@@ -156,12 +156,8 @@ class SharedPartition:
         settled = sorted(lease.acked.union(failed))
         for run_start, run_end in _runs(start, end, settled):
             self._mark_done(run_start, run_end)
-        for offset in failed:
-            if lease.amo:
-                self.lost += 1
-                self._mark_done(offset, offset + 1)
-            else:
-                self._add_tries(offset, offset + 1)
+        # Offsets past ``end`` that were handed to a client and not acked were tried: as by a cancel.
+        self._tried(failed + [o for o in sorted(set(lease.handed) - lease.acked) if o >= end], lease.amo)
         return True
 
     def cancel(self, start: int, end: int, holder: Holder, at: int) -> bool:
@@ -174,12 +170,7 @@ class SharedPartition:
             return False
         del self.leases[start]
         self._settle_client_acks(lease)
-        for offset in sorted(set(lease.handed) - lease.acked):
-            if lease.amo:
-                self.lost += 1
-                self._mark_done(offset, offset + 1)
-            else:
-                self._add_tries(offset, offset + 1)
+        self._tried(sorted(set(lease.handed) - lease.acked), lease.amo)
         return True
 
     # Per-message records of the Read / Ack / Cancel service (release 0.6.0).  The holder hands offsets of its
@@ -188,13 +179,13 @@ class SharedPartition:
 
     def deliver(self, offset: int, holder: Holder, at: int, pending_ms: int) -> bool:
         """The holder hands ``offset`` to a client until ``at + pending_ms``: accepted iff it lies in the holder's
-        live lease, is not acked and is not pending with another client."""
+        live lease, is not acked and is not pending with another client (at most once: was never handed out)."""
         lease = self._covering(offset, at)
         if lease is None or lease.holder != holder or offset in lease.acked:
             return False
         deadline, count = lease.handed.get(offset, (0, 0))
-        if deadline > at:
-            return False
+        if deadline > at or (lease.amo and count):
+            return False  # pending with a client; or, at most once, handed out before
         lease.handed[offset] = (at + pending_ms, count + 1)
         return True
 
@@ -281,6 +272,15 @@ class SharedPartition:
     def _covering(self, offset: int, at: int) -> Lease | None:
         self.lapse(at)
         return self.covering(offset, at)
+
+    def _tried(self, offsets: Sequence[int], amo: bool) -> None:
+        """Offsets tried without success: one try more each (at most once: done, and counted lost)."""
+        for offset in offsets:
+            if amo:
+                self.lost += 1
+                self._mark_done(offset, offset + 1)
+            else:
+                self._add_tries(offset, offset + 1)
 
     def _settle_client_acks(self, lease: Lease) -> None:
         """An ended lease's client acks are done offsets, and counted as acked (once: here)."""

@@ -375,7 +375,8 @@ class Model:
 
     def ack(self, start: int, end: int, holder: Holder, at: int, failed: tuple[int, ...], dead: tuple[int, ...]) -> bool:
         # The holder settles its lease from its start up to ``end`` (a prefix, or all of it); the rest goes back
-        # untried, except what clients acked: done whatever ``failed`` says, counted acked once.
+        # untried, except what clients acked (done whatever ``failed`` says, counted acked once) and what was handed
+        # to a client and not acked (tried).
         self.lapse(at)
         lease = self.leases.get(start)
         if lease is None or lease.holder != holder or not start < end <= lease.end:
@@ -394,6 +395,9 @@ class Model:
                 self.given_back(offset, lease.amo)
             else:
                 self.settled(offset, lease.amo)
+        for offset in sorted(lease.handouts):  # handed out past ``end``, not acked: tried, as by a cancel
+            if offset >= end and offset not in lease.acked:
+                self.given_back(offset, lease.amo)
         return True
 
     def cancel(self, start: int, end: int, holder: Holder, at: int) -> bool:
@@ -416,6 +420,8 @@ class Model:
         lease = self.covering(offset, at)
         if lease is None or lease.holder != holder or offset in lease.acked or lease.pending(offset, at):
             return False
+        if lease.amo and offset in lease.handouts:
+            return False  # at most once: one hand-out only
         lease.handouts.setdefault(offset, []).append(at + pending_ms)
         return True
 
