@@ -191,6 +191,10 @@ class Coordinator:
         self._producer: Producer | None = None
         self._generation = 0  # bumped by each _replace_producer
         self._outstanding: list[_Delivery] = []  # sent by the current producer, not yet confirmed or failed
+        # Writers may be threads (the HTTP service's requests): the list above and a replacement of the producer
+        # are changed under this lock.
+        self._writers = threading.Lock()
+        self._reports = threading.Condition()  # notified when delivery reports were taken
         self.partition_count = 0
         self._deliveries: threading.Thread | None = None
         self._closing = threading.Event()
@@ -251,9 +255,13 @@ class Coordinator:
             if producer is None:
                 return
             try:
-                producer.poll(0.05)
+                reports = producer.poll(0.05)
             except Exception:  # a callback's bug must not stop the reports
                 log.exception("group %s: handling a coordination delivery report failed", self.group)
+                reports = 1
+            if reports:
+                with self._reports:
+                    self._reports.notify_all()  # writers waiting in _await_deliveries
 
     def _delivered(self, partition: int, offset: int, value: bytes, timestamp: tuple[int, int]) -> None:
         if self._log is not None:
@@ -437,9 +445,10 @@ class Coordinator:
         assert self._producer is not None
         value, key = codec.encode(record), codec.record_key(record)
         delivery.producer, delivery.value, delivery.on_delivered = self._generation, value, self._delivered
-        if len(self._outstanding) > 1000:
-            self._outstanding = [d for d in self._outstanding if not d.done]
-        self._outstanding.append(delivery)
+        with self._writers:
+            if len(self._outstanding) > 1000:
+                self._outstanding = [d for d in self._outstanding if not d.done]
+            self._outstanding.append(delivery)
         while True:
             try:
                 self._producer.produce(
@@ -454,11 +463,15 @@ class Coordinator:
 
     def _await_deliveries(self, deliveries: list[_Delivery], deadline: float) -> None:
         assert self._producer is not None
-        while not all(d.done for d in deliveries):
-            if time.monotonic() > deadline:
-                self._replace_producer(next(d for d in deliveries if not d.done))
-                raise self._not_confirmed()
-            time.sleep(0.001)  # the delivery thread takes the reports
+        with self._reports:
+            while not all(d.done for d in deliveries):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._reports.wait(min(remaining, 0.05))  # the delivery thread notifies after each batch of reports
+        if not all(d.done for d in deliveries):
+            self._replace_producer(next(d for d in deliveries if not d.done))
+            raise self._not_confirmed()
         self._raise_if_failed(deliveries)
 
     def _raise_if_failed(self, deliveries: list[_Delivery]) -> None:
@@ -481,6 +494,10 @@ class Coordinator:
         a write always in flight under AMO, once left every claim of a
         supervisor without a verdict for seconds.
         """
+        with self._writers:
+            self._replace_producer_locked(failed)
+
+    def _replace_producer_locked(self, failed: _Delivery | None) -> None:
         assert self._producer is not None
         if failed is not None and failed.producer != self._generation:
             return

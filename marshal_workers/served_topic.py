@@ -564,11 +564,11 @@ class ServedTopic:
         now_ms = self.coordinator.now_ms()
         size = self.options.range_size
         high = {p: max(end, self._fetched_high.get(p, 0)) for p, end in self._high.items()}
-        # With readers waiting and nothing to hand out, a partition read to its end gets a one-offset range there:
-        # its fetch waits for the next message and tells the true end.
+        # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
+        # hand the messages out as they come (and tell the true end).
         idle = self.partition_count if self.available() == 0 else 0
         candidates, members, unknown = self.coordinator.read(
-            lambda world: free_candidates(world, self.topic, high, self._initial, now_ms, size, want, idle)
+            lambda world: free_candidates(world, self.topic, high, self._initial, now_ms, size, want, idle, size)
         )
         if unknown:
             self._look_up_initial(unknown)
@@ -627,7 +627,7 @@ class ServedTopic:
         if set(wanted) != set(self._positions) or any(wanted[p] < self._positions[p] for p in wanted):
             self._consumer.assign([TopicPartition(self.topic, p, offset) for p, offset in sorted(wanted.items())])
             self._positions = dict(wanted)
-        records = self._consumer.consume(FETCH_MOST, 0.05)
+        records = self._consumer.consume(FETCH_MOST, 0.01)  # short: the loop has more to do than wait here
         seen: dict[int, int] = {}  # partition -> the offset after the last message (or the end) seen
         fetched: list[tuple[int, int, Any]] = []
         for record in records:

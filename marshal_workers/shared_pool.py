@@ -545,7 +545,7 @@ class SharedPool:
 
 def free_candidates(
     world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-    idle: int,
+    idle: int, probe_size: int = 1,
 ) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
     """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
     partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
@@ -553,7 +553,8 @@ def free_candidates(
 
     A partition read to its end, with nobody waiting there, gets a one-offset range at its end if a worker
     is idle (``idle``): that worker waits for the next message (and its fetches tell the true end, which
-    ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.
+    ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.  The HTTP
+    service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
     """
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
@@ -578,7 +579,7 @@ def free_candidates(
             idle -= 1
             start = state.low
             tries = state.tries_in(start, start + 1)
-            ranges.append((start, start + 1, tries[0].count if tries else 0))
+            ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
         found[partition] = ranges
     return found, max(len(holders), 1), unknown
 

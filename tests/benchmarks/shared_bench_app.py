@@ -3,11 +3,14 @@
 MW_BENCH_TOPIC, MW_BENCH_SHARED (1: shared=True), MW_BENCH_RANGE_SIZE, MW_BENCH_DELAY (seconds slept per
 message: a slow handler; 0: parse the JSON value, the fast handler of bench_run.py), MW_BENCH_OUT (a
 directory).  Each worker process writes ``<pid>``: "count first_time last_time" of what it handled, every
-0.1 s from a thread, so the benchmark sums them without the handler doing I/O per message.
+0.1 s from a thread, so the benchmark sums them without the handler doing I/O per message.  With
+MW_BENCH_LATENCY=1 it also writes ``<pid>.lat``: a JSON list of each message's end-to-end latency (handled
+time minus its Kafka timestamp, ms; bench_serve.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -20,6 +23,8 @@ TOPIC = os.environ.get("MW_BENCH_TOPIC", "bench")
 DELAY = float(os.environ.get("MW_BENCH_DELAY", "0"))
 OUT = Path(os.environ.get("MW_BENCH_OUT", "/tmp"))
 _handled = [0, 0.0, 0.0]  # count, first, last (wall time)
+LATENCY = os.environ.get("MW_BENCH_LATENCY") == "1"
+_latencies: list[float] = []
 
 
 def _report() -> None:
@@ -29,6 +34,9 @@ def _report() -> None:
         if _handled[0]:
             temporary.write_text(f"{_handled[0]} {_handled[1]:.4f} {_handled[2]:.4f}\n")
             temporary.rename(path)
+        if LATENCY and _latencies:
+            temporary.write_text(json.dumps(_latencies))
+            temporary.rename(OUT / f"{os.getpid()}.lat")
 
 
 @app.on_worker_start
@@ -42,6 +50,8 @@ def handle(msg: Message) -> None:
     else:
         msg.json()["amount"]
     now = time.time()
+    if LATENCY and msg.timestamp is not None:
+        _latencies.append(now * 1000 - msg.timestamp)
     if not _handled[0]:
         _handled[1] = now
     _handled[0] += 1

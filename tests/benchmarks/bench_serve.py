@@ -1,0 +1,240 @@
+"""Benchmark: the HTTP service (``marshal-workers serve``) against Python workers on the same topic.
+
+    /work/venv/bin/python tests/benchmarks/bench_serve.py [--seconds 10] [--clients 8] [--rate 200]
+
+Starts its own embedded broker (Tansu, memory only) and, per case, a fresh 2-partition topic and group:
+
+1. round trips: --clients HTTP clients (tests/benchmarks/serve_bench_client.py, each its own process with one
+   keep-alive connection) read and ack for --seconds against one server, with max=1 (one message per round
+   trip: read + ack) and max=10: round trips and messages per second, read and ack latency (p50, p99), and
+   messages per CPU-second of the server.  Baseline in the same run: a Python shared worker (``run
+   --processes`` --clients, the same topic kind, a trivial handler) on the same number of messages: messages
+   per second and per CPU-second of its supervisor's processes.
+2. added latency: messages produced at --rate per second for --seconds, handled by the HTTP clients (max=1)
+   or by the Python shared workers: end-to-end latency (handled time minus the message's Kafka timestamp),
+   p50 and p99, and the difference.
+
+A benchmark, not a test: it prints figures; the exit status is non-zero only if it could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import checkout  # noqa: F401  (sys.path: the checkout's package, this folder)
+from bench_run import FAST_PRODUCER, base_env, cpu_seconds, create_topic, leftovers, machine_info, produce, value_of
+from confluent_kafka import Producer
+from processes import process_group
+
+from marshal_workers.embedded_broker import EmbeddedBroker
+
+HERE = Path(__file__).resolve().parent
+PARTITIONS = 2
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def percentile(values: list[float], share: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def group_cpu(pid: int) -> float:
+    return sum(cpu_seconds(p) for p in {pid, *process_group(pid)})
+
+
+def start_server(bootstrap: str, topic: str, group: str, out: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [sys.executable, "-m", "marshal_workers", "serve", "--brokers", bootstrap, "--group", group,
+               "--coordination-topic", f"__marshal-{group}", "--topic", topic, "--port", str(port),
+               "--log-level", "warning"]  # fmt: skip
+    log = open(out / "server.log", "wb")
+    server = subprocess.Popen(command, env=base_env(), stdout=log, stderr=log, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/healthz", timeout=5)
+            return server, url
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError(f"the server did not start: see {out / 'server.log'}") from None
+            time.sleep(0.2)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(30)
+
+
+def http_clients(bootstrap: str, clients: int, seconds: float, most: int, messages: int,
+                 rate: int = 0) -> dict[str, float]:  # fmt: skip
+    """The HTTP path: a server and ``clients`` client processes; ``messages`` produced first, or at ``rate``."""
+    topic, group = f"serve-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
+    out = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    create_topic(bootstrap, topic, PARTITIONS)
+    if messages:
+        produce(bootstrap, topic, messages, PARTITIONS)
+    server, url = start_server(bootstrap, topic, group, out)
+    try:
+        cpu_before = group_cpu(server.pid)
+        started = time.monotonic()
+        running = [
+            subprocess.Popen([sys.executable, str(HERE / "serve_bench_client.py"), url, str(seconds), str(most),
+                              str(out / f"client-{n}.json")], env=base_env(), start_new_session=True)  # fmt: skip
+            for n in range(clients)
+        ]
+        if rate:
+            produce_at(bootstrap, topic, rate, seconds)
+        for client in running:
+            client.wait(seconds + 60)
+        elapsed = time.monotonic() - started
+        cpu = group_cpu(server.pid) - cpu_before
+    finally:
+        stop(server)
+    results = [json.loads((out / f"client-{n}.json").read_text()) for n in range(clients)]
+    reads = [s for r in results for s in r["reads"]]
+    acks = [s for r in results for s in r["acks"]]
+    handled = sum(r["messages"] for r in results)
+    return {
+        "round_trips_per_s": sum(r["round_trips"] for r in results) / elapsed,
+        "messages_per_s": handled / elapsed,
+        "messages_per_server_cpu_s": handled / cpu if cpu else float("nan"),
+        "read_p50_ms": percentile(reads, 0.5) * 1000, "read_p99_ms": percentile(reads, 0.99) * 1000,
+        "ack_p50_ms": percentile(acks, 0.5) * 1000, "ack_p99_ms": percentile(acks, 0.99) * 1000,
+        "e2e_p50_ms": percentile([s for r in results for s in r["end_to_end"]], 0.5),
+        "e2e_p99_ms": percentile([s for r in results for s in r["end_to_end"]], 0.99),
+        "messages": handled,
+    }  # fmt: skip
+
+
+def python_workers(bootstrap: str, processes: int, seconds: float, messages: int, rate: int = 0) -> dict[str, float]:
+    """The baseline: ``run --processes N`` of a shared handler (tests/benchmarks/shared_bench_app.py)."""
+    topic, group = f"serve-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
+    out = Path(tempfile.mkdtemp(prefix="bench-serve-py-"))
+    create_topic(bootstrap, topic, PARTITIONS)
+    if messages:
+        produce(bootstrap, topic, messages, PARTITIONS)
+    env = base_env() | {"MW_BENCH_TOPIC": topic, "MW_BENCH_SHARED": "1", "MW_BENCH_OUT": str(out),
+                        "MW_BENCH_LATENCY": "1"}  # fmt: skip
+    command = [sys.executable, "-m", "marshal_workers", "run", "shared_bench_app:app", "--brokers", bootstrap,
+               "--group", group, "--coordination-topic", f"__marshal-{group}", "--processes", str(processes),
+               "--log-level", "warning"]  # fmt: skip
+    log = open(out / "supervisor.log", "wb")
+    supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    try:
+        if rate:
+            time.sleep(3.0)  # its workers up before the first message, as the HTTP server's clients are
+            produce_at(bootstrap, topic, rate, seconds)
+        deadline = time.monotonic() + seconds + 120
+        total = messages or int(rate * seconds)
+        cpu: dict[int, float] = {}
+        while handled_counts(out)[0] < total and time.monotonic() < deadline:
+            for pid in [supervisor.pid, *process_group(supervisor.pid)]:
+                cpu[pid] = max(cpu.get(pid, 0.0), cpu_seconds(pid))
+            time.sleep(0.1)
+        time.sleep(0.3)
+        count, first, last = handled_counts(out)
+    finally:
+        stop(supervisor)
+    latencies = [s for path in out.glob("*.lat") for s in json.loads(path.read_text())]
+    return {
+        "messages_per_s": count / (last - first) if last > first else float("nan"),
+        "messages_per_cpu_s": count / sum(cpu.values()) if cpu else float("nan"),
+        "e2e_p50_ms": percentile(latencies, 0.5), "e2e_p99_ms": percentile(latencies, 0.99), "messages": count,
+    }  # fmt: skip
+
+
+def handled_counts(out: Path) -> tuple[int, float, float]:
+    rows = [path.read_text().split() for path in out.iterdir() if path.name.isdigit()]
+    if not rows:
+        return 0, 0.0, 0.0
+    return sum(int(r[0]) for r in rows), min(float(r[1]) for r in rows), max(float(r[2]) for r in rows)
+
+
+def produce_at(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
+    """``rate`` messages per second for ``seconds``, evenly, from a thread (the caller waits for it)."""
+
+    def run() -> None:
+        producer = Producer({"bootstrap.servers": bootstrap} | FAST_PRODUCER | {"linger.ms": 0})
+        started = time.monotonic()
+        for n in range(int(rate * seconds)):
+            delay = started + n / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            producer.produce(topic, value=value_of(n), partition=n % PARTITIONS)
+            producer.poll(0)
+        producer.flush(30)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--json", action="store_true", help="Also print the figures as JSON.")
+    args = parser.parse_args()
+    print("\n".join(machine_info()), flush=True)
+    figures: dict[str, dict[str, float]] = {}
+    with EmbeddedBroker() as broker:
+        plenty = 200_000  # more than the clients can take in --seconds
+        print(f"\n1. round trips: {args.clients} keep-alive HTTP clients, {args.seconds:g}s", flush=True)
+        for most in (1, 10):
+            figures[f"http max={most}"] = found = http_clients(broker.bootstrap, args.clients, args.seconds, most, plenty)
+            print(f"    max={most:<3} {found['round_trips_per_s']:7.0f} round trips/s {found['messages_per_s']:7.0f} "
+                  f"msgs/s {found['messages_per_server_cpu_s']:7.0f} msgs/server-CPU-s; read p50 "
+                  f"{found['read_p50_ms']:.1f} ms p99 {found['read_p99_ms']:.1f} ms; ack p50 {found['ack_p50_ms']:.1f} "
+                  f"ms p99 {found['ack_p99_ms']:.1f} ms", flush=True)  # fmt: skip
+        messages = max(20_000, int(figures["http max=1"]["messages"]))  # enough for a rate, not a burst
+        figures["python"] = base = python_workers(broker.bootstrap, args.clients, args.seconds, messages)
+        print(f"    baseline: Python shared worker x {args.clients}, {messages:,} messages: "
+              f"{base['messages_per_s']:7.0f} msgs/s {base['messages_per_cpu_s']:7.0f} msgs/CPU-s (all its "
+              f"processes); HTTP max=1 / Python: {figures['http max=1']['messages_per_s'] / base['messages_per_s']:.3f} "
+              "wall", flush=True)  # fmt: skip
+
+        print(f"\n2. end-to-end latency at {args.rate} msgs/s for {args.seconds:g}s (handled - Kafka timestamp)",
+              flush=True)  # fmt: skip
+        figures["latency http"] = http = http_clients(broker.bootstrap, args.clients, args.seconds + 2, 1, 0,
+                                                      rate=args.rate)  # fmt: skip
+        figures["latency python"] = py = python_workers(broker.bootstrap, args.clients, args.seconds, 0, rate=args.rate)
+        print(f"    HTTP clients (max=1)   p50 {http['e2e_p50_ms']:7.1f} ms  p99 {http['e2e_p99_ms']:7.1f} ms "
+              f"({int(http['messages']):,} msgs)", flush=True)  # fmt: skip
+        print(f"    Python shared workers  p50 {py['e2e_p50_ms']:7.1f} ms  p99 {py['e2e_p99_ms']:7.1f} ms "
+              f"({int(py['messages']):,} msgs)", flush=True)  # fmt: skip
+        print(f"    added by HTTP          p50 {http['e2e_p50_ms'] - py['e2e_p50_ms']:+7.1f} ms  p99 "
+              f"{http['e2e_p99_ms'] - py['e2e_p99_ms']:+7.1f} ms", flush=True)  # fmt: skip
+    if args.json:
+        print(json.dumps(figures, indent=1, default=lambda v: None if v != v else v))
+    stray = leftovers()
+    if stray:
+        print(f"FAIL: processes left behind: {stray}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
