@@ -8,10 +8,11 @@ work of each request (a coordination write and its verdict) runs in a thread
 pool, as the Kafka clients block.
 
 With a token every route but ``/healthz`` requires ``Authorization: Bearer
-<token>`` (compared in constant time; the token is never logged).  SIGTERM:
-reads in flight answer at once (204 if nothing is handed out), acks and
-cancels go on being served while the held ranges are settled (ranges no
-client holds a message of are given back at once), then the server closes.
+<token>`` (compared in constant time; the token is never logged).  SIGTERM
+(or ``admin shutdown``): reads answer at once (503 ``stopping``: ask another
+server), acks and cancels go on being served while the held ranges are
+settled (ranges no client holds a message of are given back at once), then
+the server closes.
 """
 
 from __future__ import annotations
@@ -135,9 +136,15 @@ async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request]
         response = web.Response(status=exc.status, body=exc.body(), content_type="application/json")
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
+        if exc.status == 503:
+            response.headers["Retry-After"] = "1"
     except web.HTTPException as exc:  # aiohttp's own: 404 no such route, 405, 413 body too large
         response = web.Response(status=exc.status, content_type="application/json",
                                 body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}))  # fmt: skip
+    except Exception:  # a bug, or Kafka failing under us: a JSON 500, logged and counted like the rest
+        _log.exception("group %s: %s %s failed", request.app[_TOPIC].settings.group, request.method, request.path)
+        response = web.Response(status=500, content_type="application/json", body=orjson.dumps(
+            {"error": "internal", "message": "the server failed on this request (see its log): try again"}))  # fmt: skip
     request.app[_REQUESTS][(route, response.status)] += 1
     return response
 
@@ -161,8 +168,11 @@ async def _read(request: web.Request) -> web.StreamResponse:
                 messages = await _in_pool(request, topic.read, asked.most)
                 if messages:
                     return _json({"messages": messages})
+            if topic.stopping:  # not "nothing yet": this server is going away, ask another
+                raise BadRequest(503, "stopping", "this server is shutting down: read from another server of the group",
+                                 retry_after=1)  # fmt: skip
             remaining = deadline - time.monotonic()
-            if topic.stopping or remaining <= 0:
+            if remaining <= 0:
                 return web.Response(status=204)
             await news.wait(remaining)
     finally:
@@ -241,8 +251,11 @@ async def serve(
     """Serve until SIGTERM or SIGINT, then settle what is held and close."""
     app = make_app(topic, token)
     runner, url = await open_site(app, host, port, ssl_context, "the service", "--port")
+    ordered = asyncio.Event()  # admin shutdown: the serve loop's thread sets it through the event loop
+    loop = asyncio.get_running_loop()
+    topic.on_shutdown_order = lambda: loop.call_soon_threadsafe(ordered.set)
     ready(url)
-    await stop_signal()
+    await stop_signal(ordered)
     _log.info("group %s: stopping: settling %d held ranges of %s", topic.settings.group, topic.held_summary()["leases"],
               topic.topic)  # fmt: skip
     topic.begin_stop()

@@ -45,14 +45,16 @@ from marshal_workers.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.logs import group_log
 from marshal_workers.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.range_leases import Holder, SharedPartition
+from marshal_workers.remote_control import orders_for
 from marshal_workers.shared_pool import free_candidates, pick_ranges
 from marshal_workers.shared_worker import consumer_settings
-from marshal_workers.world_state import WorldState
+from marshal_workers.world_state import Owner, WorldState
 
 _log = logging.getLogger(__name__)
 
 LOOP_PAUSE_S = 0.01
 HIGH_WATERMARK_INTERVAL_S = 0.25
+ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
 IDLE_GIVE_BACK_MS = 2000
@@ -143,6 +145,10 @@ class ServedTopic:
         self.waiting_readers = 0  # long polls waiting for a message: the loop leases more when they wait
         self.available_now = 0  # messages that could be handed out, as of the loop's last pass
         self.on_news: Callable[[], None] | None = None  # called (from the loop's thread) when messages wait for readers
+        self.on_shutdown_order: Callable[[], None] | None = None  # called (from the loop's thread) at admin shutdown
+        self.held_back = False  # an operator drained this client or paused the topic: no claims
+        self.started_ms = int(time.time() * 1000)  # an admin shutdown ordered before is old news
+        self._next_orders = 0.0
         self.last_loop = time.monotonic()  # for /healthz: the loop is alive
         self.last_write_error: str | None = None
         self._coordinator: Coordinator | None = None
@@ -373,13 +379,35 @@ class ServedTopic:
         if now >= self._next_renewal:
             self._next_renewal = now + self.options.pending_timeout / 3
             self._renew()
+        if now >= self._next_orders:
+            self._next_orders = now + ORDERS_INTERVAL_S
+            self._obey_operators()
         if not self.stopping:
             self._ask_high_watermarks(now)
-            self._claim()
+            if not self.held_back:
+                self._claim()
         self._fetch()
         self.available_now = self.available()
         if self.available_now and self.waiting_readers and self.on_news is not None:
             self.on_news()  # wake the reads waiting for a message
+
+    def _obey_operators(self) -> None:
+        """``admin drain``/``pause --topic``: claim nothing and give back what no client holds (acks are still
+        taken); ``admin shutdown``: stop as on SIGTERM.  The same orders a supervisor obeys (remote_control.py)."""
+        assert self._holder is not None
+        me = Owner(self._holder.client, self._holder.instance)
+        now_ms = self.coordinator.now_ms()
+        orders = self.coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
+        held_back = orders.drained or self.topic in orders.paused_topics
+        if held_back != self.held_back:
+            self.log.warning("%s: %s", self.topic, "drained or paused by an operator: claiming nothing, giving back "
+                             "what no client holds" if held_back else "resumed by an operator")  # fmt: skip
+            self.held_back = held_back
+        if orders.shutdown and not self.stopping:
+            self.log.warning("%s: an operator ordered a shutdown (admin shutdown): stopping as on SIGTERM", self.topic)
+            self.begin_stop()
+            if self.on_shutdown_order is not None:
+                self.on_shutdown_order()
 
     def _sync_from_log(self) -> None:
         """What other servers did to our messages (acks, cancels), as the fold has it."""
@@ -469,8 +497,8 @@ class ServedTopic:
                     continue
                 if held.complete():
                     acks.append(held)
-                elif (self.stopping or (not self.waiting_readers and now - held.last_used > IDLE_GIVE_BACK_MS)) \
-                        and not held.holds_a_client_message(now):  # fmt: skip
+                elif (self.stopping or self.held_back or (not self.waiting_readers and now - held.last_used >
+                                                          IDLE_GIVE_BACK_MS)) and not held.holds_a_client_message(now):
                     give_back.append(held)
             for held in acks + give_back:
                 held.settling = True

@@ -31,9 +31,10 @@ async def open_site(
     return runner, f"{scheme}://{shown}:{port}/"
 
 
-async def stop_signal() -> None:
-    """Return at SIGTERM or SIGINT (the handlers only record the signal; the caller does the rest)."""
-    stop = asyncio.Event()
+async def stop_signal(stop: asyncio.Event | None = None) -> None:
+    """Return at SIGTERM or SIGINT, or when ``stop`` is set (the handlers only record the signal; the caller does
+    the rest)."""
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)

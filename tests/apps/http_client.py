@@ -54,6 +54,10 @@ def main():
                 turn += 1  # that server is gone: the next one
                 time.sleep(0.2)
                 continue
+            if status == 503:
+                turn += 1  # that server is stopping: the next one
+                time.sleep(0.1)
+                continue
             if status != 200:
                 continue
             messages = json.loads(body)["messages"]

@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
+from test_admin import admin
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
@@ -287,7 +288,8 @@ def test_sigterm_gives_back_at_once_what_no_client_holds_and_takes_acks_while_it
     held = poll_until(lambda: read_all(first_url, most=3), timeout=30, what="messages")
     first.send_signal(signal.SIGTERM)
     # Still draining (a client holds messages): its acks are taken, nothing more is handed out.
-    assert read_all(first_url, wait="0") == []
+    status, body = call(first_url, "/read?timeout=1s")
+    assert (status, body["error"]) == (503, "stopping"), "a read tells a stopping server from an empty topic"
     status, body = call(first_url, "/ack", ids(held))
     assert (status, body) == (200, {"acked": len(held), "already": 0})
     assert first.wait(timeout=30) == ExitCode.OK
@@ -401,3 +403,27 @@ def test_a_hundred_concurrent_long_polls_share_fifty_messages_each_handed_out_on
     assert call(url, "/ack", ids([m for _, messages in answers for m in messages]))[1] == {"acked": 50, "already": 0}
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == ExitCode.OK
+
+
+def test_a_server_obeys_admin_drain_and_shutdown_like_a_supervisor(fleet: Fleet) -> None:
+    total = 300
+    first, first_url = start_server(fleet, "srv1")
+    fleet.http_client("client1", first_url, MW_CLIENT_DELAY="0.01")
+    fleet.produce(range(total))
+    poll_until(lambda: len(fleet.acked_lines()) > 30, timeout=60, what="messages acked through the first server")
+    drained = admin(fleet, "admin", "drain", "--client", "srv1")
+    assert drained.returncode == 0, drained.stdout + drained.stderr  # it follows the log until srv1 holds nothing
+    done_before = len(fleet.acked_lines())
+    time.sleep(1.0)
+    assert len(fleet.acked_lines()) == done_before, "a drained server hands nothing more out"
+    second, second_url = start_server(fleet, "srv2")
+    fleet.http_client("client2", second_url, MW_CLIENT_DELAY="0.01")
+    poll_until(lambda: all_done(fleet, total), timeout=60, what="the rest served by the second server")
+    assert sorted(fleet.counts(), key=int) == [str(n) for n in range(total)]
+    assert handled_after_its_ack(fleet) == [] and acked_twice(fleet) == []
+    ordered = admin(fleet, "admin", "shutdown", "--client", "srv1")
+    assert ordered.returncode == 0, ordered.stdout + ordered.stderr
+    assert first.wait(timeout=30) == ExitCode.OK, "an admin shutdown ends a server as SIGTERM does"
+    assert "an operator ordered a shutdown" in fleet.log_of("srv1")
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=60) == ExitCode.OK
