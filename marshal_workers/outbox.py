@@ -103,13 +103,16 @@ class Outbox:
         producer = self._producer
         if producer is None:
             producer = self._producer = self._new_producer()
-        self.pending = True
         while True:
             try:
                 producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._delivered)
                 break
             except BufferError:  # the producer's queue is full: wait for deliveries to make room
                 producer.poll(_BUFFER_FULL_WAIT_S)
+        # Only now, with the message in the producer: set before produce, a flush on the worker's loop could clear
+        # it in between and flush without this message, and the input's progress would be reported (and its
+        # output dropped at exit) with the output never confirmed.
+        self.pending = True
         self.sent += 1
 
     def _new_producer(self) -> Producer:
@@ -137,6 +140,7 @@ class Outbox:
         handled again anyway, so a failure here is only logged)."""
         if self._producer is None:
             return
+        self.pending = True  # whatever the producer still holds is delivered, whoever last cleared the flag
         try:
             self.flush()
         except SendError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import orjson
@@ -178,3 +179,42 @@ def test_a_full_producer_queue_waits_for_room() -> None:
     outbox = outbox_on(producer)
     outbox.send("out", b"v", None, None)
     assert producer.polls == 2 and len(producer.produced) == 1
+
+
+class SlowProducer(FakeProducer):
+    """A produce that waits for ``go``: the window in which a handler thread has called send and the message is
+    not yet in the producer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        self.entered.set()
+        assert self.go.wait(10)
+        super().produce(topic, **kwargs)
+
+
+def test_a_flush_racing_a_send_from_a_handler_thread_leaves_a_flush_due() -> None:
+    # A lane's handler thread sends while the worker's loop flushes: the flush must not mark the outbox clean
+    # for a message it did not wait for, or the input's progress is reported with its output still unsent.
+    producer = SlowProducer()
+    outbox = outbox_on(producer)
+    sender = threading.Thread(target=outbox.send, args=("out", b"v", None, None))
+    sender.start()
+    assert producer.entered.wait(10)
+    outbox.flush()  # the worker's loop, while the message is not in the producer yet
+    producer.go.set()
+    sender.join(10)
+    assert outbox.pending, "the message the flush missed still needs one"
+    outbox.flush()
+    assert producer.reports == [] and not outbox.pending
+
+
+def test_close_delivers_what_the_producer_holds_even_when_no_flush_is_marked_due() -> None:
+    producer = FakeProducer()
+    outbox = outbox_on(producer)
+    outbox.send("out", b"v", None, None)
+    outbox.pending = False  # however the flag got cleared, close must not leave messages in the producer
+    outbox.close()
+    assert producer.reports == [] and producer.flushes == 1
