@@ -18,6 +18,7 @@ whose output may be missing, and they are handled again (at least once).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -94,15 +95,14 @@ class Outbox:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._producer: Producer | None = None
+        self._creating = threading.Lock()
         self._failure: str | None = None  # the first delivery that failed: every flush from then on raises
         self.pending = False  # sent since the last flush began: a flush is due before reporting progress
         self.sent = 0  # messages handed to the producer (delivered or not)
 
     def send(self, topic: str, value: bytes | None, key: bytes | None, headers: Headers | None) -> None:
         """Hand an encoded message (encode_send) to the producer; it is delivered by the next flush at the latest."""
-        producer = self._producer
-        if producer is None:
-            producer = self._producer = self._new_producer()
+        producer = self._producer or self._first_producer()
         while True:
             try:
                 producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._delivered)
@@ -114,6 +114,14 @@ class Outbox:
         # output dropped at exit) with the output never confirmed.
         self.pending = True
         self.sent += 1
+
+    def _first_producer(self) -> Producer:
+        """The producer, created by the first send.  Under a lock: handler threads (lanes) may send their first
+        messages at once, and a second producer would replace the first with its messages never flushed."""
+        with self._creating:
+            if self._producer is None:
+                self._producer = self._new_producer()
+            return self._producer
 
     def _new_producer(self) -> Producer:
         config = client_config(self._settings, "producer", **{"acks": "all", "enable.idempotence": True})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -218,3 +219,29 @@ def test_close_delivers_what_the_producer_holds_even_when_no_flush_is_marked_due
     outbox.pending = False  # however the flag got cleared, close must not leave messages in the producer
     outbox.close()
     assert producer.reports == [] and producer.flushes == 1
+
+
+def test_handler_threads_sending_their_first_messages_at_once_share_one_producer() -> None:
+    # Lanes run def handlers on threads: the first sends can race to create the producer.  A second producer
+    # would replace the first, and what was produced on the first would never be flushed.
+    created: list[FakeProducer] = []
+    gate = threading.Barrier(8)
+
+    def new_producer() -> FakeProducer:
+        time.sleep(0.05)  # creating a real producer takes a while: the other threads get to run meanwhile
+        created.append(FakeProducer())
+        return created[-1]
+
+    outbox = Outbox(Settings(brokers="127.0.0.1:1"))
+    outbox._new_producer = new_producer  # type: ignore[method-assign]
+
+    def first_send() -> None:
+        gate.wait(10)
+        outbox.send("out", b"v", None, None)
+
+    senders = [threading.Thread(target=first_send) for _ in range(8)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(10)
+    assert len(created) == 1 and len(created[0].produced) == 8
