@@ -27,7 +27,7 @@ from marshal_workers.config import Settings
 from marshal_workers.coordination_log import CoordinationLog
 from marshal_workers.errors import CoordinationWriteError
 from marshal_workers.kafka_clients import admin_client, client_config, ensure_topic
-from marshal_workers.world_state import WorldState
+from marshal_workers.world_state import WorldState, per_entry
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +135,7 @@ def entry_verdicts(chunks: list[list[int]], verdicts: Sequence[Any], count: int)
     """The verdicts of the records written for ``chunks`` (of :func:`topic_chunks`), as one per entry."""
     result = [False] * count
     for chunk, verdict in zip(chunks, verdicts):
-        per_entry = verdict if isinstance(verdict, tuple) else [bool(verdict)] * len(chunk)
-        for i, accepted in zip(chunk, per_entry):
+        for i, accepted in zip(chunk, per_entry(verdict, len(chunk))):
             result[i] = bool(accepted)
     return result
 

@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 
 from marshal_workers.errors import ConfigError
 from marshal_workers.http_messages import BadRequest, message_ids, read_request
-from marshal_workers.metrics import PREFIX, SharedStats, _shared_families
+from marshal_workers.metrics import PREFIX, SharedStats, shared_families
 from marshal_workers.served_topic import ServedTopic
 from marshal_workers.web_sites import open_site, stop_signal
 
@@ -227,7 +227,7 @@ class _ServeCollector(Collector):
             worker_restarts=0,
             low_water_marks={p: low for p, (low, _) in marks.items()}, lost={p: lost for p, (_, lost) in marks.items()},
         )  # fmt: skip
-        yield from _shared_families(group, [stats])
+        yield from shared_families(group, [stats])
         pending = GaugeMetricFamily(f"{PREFIX}_serve_pending_messages", "Messages handed to HTTP clients and not "
                                     "acked, cancelled or past their deadline.", labels=["group", "topic"])  # fmt: skip
         pending.add_metric([group, topic.topic], summary["pending"])

@@ -205,10 +205,10 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         counter = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group"])
         counter.add_metric([group], value)
         families.append(counter)
-    return families + _shared_families(group, snapshot.shared)
+    return families + shared_families(group, snapshot.shared)
 
 
-def _shared_families(group: str, shared: list[SharedStats]) -> list[Metric]:
+def shared_families(group: str, shared: list[SharedStats]) -> list[Metric]:
     """Shared partitions (range leases): per topic, and per partition from the coordination log."""
     if not shared:
         return []

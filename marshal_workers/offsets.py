@@ -62,6 +62,23 @@ class OffsetStore:
                                     f"{failed.error}")  # fmt: skip
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
 
+    def start_offsets(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Where shared partitions never leased start: the group's committed offset (the low-water mark's backup),
+        else auto_offset_reset; a partition whose offset Kafka did not give is left out (asked again later).
+
+        Raises OffsetLookupError when the committed offsets cannot be read."""
+        committed = self.committed_many(keys)
+        missing = [key for key in keys if committed.get(key) is None]
+        reset = self.reset_offsets(missing) if missing else {}
+        found: dict[tuple[str, int], int] = {}
+        for key in keys:
+            offset = committed.get(key)
+            if offset is None:
+                offset = reset.get(key)  # type: ignore[assignment]
+            if isinstance(offset, int):
+                found[key] = offset
+        return found
+
     def reset_offsets(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int | OffsetLookupError]:
         """Where partitions with no known position start, per auto_offset_reset: one request for all (a
         partition's lookup error in place of its offset)."""

@@ -25,7 +25,7 @@ given: the same log gives the same state either way.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
@@ -93,12 +93,7 @@ class SharedPartition:
             lease = self.leases.pop(start)
             self.lapsed += 1
             self._settle_client_acks(lease)
-            for run_start, run_end in _runs(lease.start, lease.end, sorted(lease.acked)):
-                if lease.amo:
-                    self.lost += run_end - run_start
-                    self._mark_done(run_start, run_end)
-                else:
-                    self._add_tries(run_start, run_end)
+            self._tried(_runs(lease.start, lease.end, sorted(lease.acked)), lease.amo)
 
     def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
         """A claim of ``[start, end)``: accepted iff no offset in it is done or leased, within the window."""
@@ -157,7 +152,7 @@ class SharedPartition:
         for run_start, run_end in _runs(start, end, settled):
             self._mark_done(run_start, run_end)
         # Offsets past ``end`` that were handed to a client and not acked were tried: as by a cancel.
-        self._tried(failed + [o for o in sorted(set(lease.handed) - lease.acked) if o >= end], lease.amo)
+        self._tried(_offset_runs(failed + [o for o in sorted(set(lease.handed) - lease.acked) if o >= end]), lease.amo)
         return True
 
     def cancel(self, start: int, end: int, holder: Holder, at: int) -> bool:
@@ -170,7 +165,7 @@ class SharedPartition:
             return False
         del self.leases[start]
         self._settle_client_acks(lease)
-        self._tried(sorted(set(lease.handed) - lease.acked), lease.amo)
+        self._tried(_offset_runs(sorted(set(lease.handed) - lease.acked)), lease.amo)
         return True
 
     # Per-message records of the Read / Ack / Cancel service (release 0.6.0).  The holder hands offsets of its
@@ -273,14 +268,14 @@ class SharedPartition:
         self.lapse(at)
         return self.covering(offset, at)
 
-    def _tried(self, offsets: Sequence[int], amo: bool) -> None:
-        """Offsets tried without success: one try more each (at most once: done, and counted lost)."""
-        for offset in offsets:
+    def _tried(self, runs: Iterable[tuple[int, int]], amo: bool) -> None:
+        """Runs of offsets tried without success: one try more each (at most once: done, and counted lost)."""
+        for start, end in runs:
             if amo:
-                self.lost += 1
-                self._mark_done(offset, offset + 1)
+                self.lost += end - start
+                self._mark_done(start, end)
             else:
-                self._add_tries(offset, offset + 1)
+                self._add_tries(start, end)
 
     def _settle_client_acks(self, lease: Lease) -> None:
         """An ended lease's client acks are done offsets, and counted as acked (once: here)."""

@@ -48,7 +48,7 @@ from marshal_workers.range_leases import Holder, SharedPartition
 from marshal_workers.remote_control import orders_for
 from marshal_workers.shared_pool import free_candidates, pick_ranges
 from marshal_workers.shared_worker import consumer_settings
-from marshal_workers.world_state import Owner, WorldState
+from marshal_workers.world_state import Owner, WorldState, per_entry
 
 _log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ HIGH_WATERMARK_INTERVAL_S = 0.25
 ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
-IDLE_GIVE_BACK_MS = 2000
-MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)  # a held range no reader wanted for this long goes back to the group
+IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
+MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,6 @@ class ServedTopic:
         self.started_ms = int(time.time() * 1000)  # an admin shutdown ordered before is old news
         self._next_orders = 0.0
         self.last_loop = time.monotonic()  # for /healthz: the loop is alive
-        self.last_write_error: str | None = None
         self._coordinator: Coordinator | None = None
         self._offsets: OffsetStore | None = None
         self._consumer: Consumer | None = None
@@ -250,10 +249,9 @@ class ServedTopic:
         )  # fmt: skip
         written_ms, written_wall = monotonic_ms(), record.ts
         try:
-            verdicts = _per_entry(self.coordinator.write([record])[0], len(picked))
-        except CoordinationWriteError as exc:
-            self.last_write_error = str(exc)
-            verdicts = [False] * len(picked)
+            verdicts = per_entry(self.coordinator.write([record])[0], len(picked))
+        except CoordinationWriteError:
+            verdicts = [False] * len(picked)  # not handed out: the client's read goes on waiting
         answer = []
         with self.lock:
             for (held, offset, before), accepted in zip(picked, verdicts):
@@ -310,9 +308,8 @@ class ServedTopic:
             record = kind(**self.coordinator.record_fields(), topic=self.topic,
                           messages=tuple(codec.MessageEntry(m.partition, m.offset) for m in todo))  # fmt: skip
             try:
-                verdicts = _per_entry(self.coordinator.write([record])[0], len(todo))
+                verdicts = per_entry(self.coordinator.write([record])[0], len(todo))
             except CoordinationWriteError as exc:
-                self.last_write_error = str(exc)
                 raise BadRequest(503, "not_written", f"the coordination log did not confirm the {verb[:-2]}: "
                                  f"try again ({exc})") from None  # fmt: skip
             refused = [m for m, ok in zip(todo, verdicts) if not ok]
@@ -364,7 +361,6 @@ class ServedTopic:
             try:
                 self._step()
             except CoordinationWriteError as exc:
-                self.last_write_error = str(exc)
                 self.log.warning("%s: coordination write not confirmed: %s", self.topic, exc)
             except Exception:  # the loop must go on: a bug here would strand every held range
                 self.log.exception("%s: the serve loop failed a step", self.topic)
@@ -507,12 +503,13 @@ class ServedTopic:
                 codec.AckEntry(partition=h.partition, offset=h.start, end=h.end, dead=tuple(sorted(h.dead)),
                                high=self._fetched_high.get(h.partition)) for h in acks))  # fmt: skip
             self._write_settlement(record, acks, "ranges_acked")
-        settle = [h for h in give_back if _given_back(h) is not None]
+        going_back = [(h, _given_back(h)) for h in give_back]
+        settle = [(h, entry) for h, entry in going_back if entry is not None]
         if settle:
             record = codec.AckRanges(**self.coordinator.record_fields(), topic=self.topic,
-                                     ranges=tuple(_given_back(h) for h in settle))  # type: ignore[misc]  # fmt: skip
-            self._write_settlement(record, settle, "ranges_cancelled")
-        cancels = [h for h in give_back if _given_back(h) is None]
+                                     ranges=tuple(entry for _, entry in settle))  # fmt: skip
+            self._write_settlement(record, [h for h, _ in settle], "ranges_cancelled")
+        cancels = [h for h, entry in going_back if entry is None]
         if cancels:
             record = codec.CancelRanges(**self.coordinator.record_fields(), topic=self.topic, ranges=tuple(
                 codec.RangeEntry(partition=h.partition, offset=h.start, end=h.end) for h in cancels))  # fmt: skip
@@ -520,7 +517,7 @@ class ServedTopic:
 
     def _write_settlement(self, record: codec.Record, held: list[HeldRange], counter: str) -> None:
         try:
-            verdicts = _per_entry(self.coordinator.write([record])[0], len(held))
+            verdicts = per_entry(self.coordinator.write([record])[0], len(held))
         except CoordinationWriteError:
             with self.lock:
                 for h in held:
@@ -545,7 +542,7 @@ class ServedTopic:
                                    ranges=tuple(codec.RangeEntry(partition=h.partition, offset=h.start, end=h.end)
                                                 for h in held))  # fmt: skip
         written_ms = monotonic_ms()
-        verdicts = _per_entry(self.coordinator.write([record])[0], len(held))
+        verdicts = per_entry(self.coordinator.write([record])[0], len(held))
         with self.lock:
             for h, accepted in zip(held, verdicts):
                 if accepted:
@@ -569,7 +566,7 @@ class ServedTopic:
             except Exception:  # noqa: BLE001 - ask again next time
                 pass
 
-    def _want(self) -> int:
+    def _want(self, available: int) -> int:
         """Ranges to claim now: only while readers wait (a server with no readers holds nothing others could
         serve), when fewer than half a range of messages wait to be handed out.  Ranges whose every message is
         out with clients do not count against ``max_leases`` (they only wait for acks), up to MAX_HELD in all."""
@@ -581,12 +578,13 @@ class ServedTopic:
             active = sum(1 for h in self.ranges.values() if not h.fetched() or any(h.eligible(o, now) for o in h.messages))
         if held >= MAX_HELD or active >= self.options.max_leases:
             return 0
-        if self.available() >= max(1, self.options.range_size // 2):
+        if available >= max(1, self.options.range_size // 2):
             return 0
         return 1 if active else min(2, self.options.max_leases)
 
     def _claim(self) -> None:
-        want = self._want()
+        available = self.available()
+        want = self._want(available)
         if not want or not self._high:
             return
         now_ms = self.coordinator.now_ms()
@@ -594,7 +592,7 @@ class ServedTopic:
         high = {p: max(end, self._fetched_high.get(p, 0)) for p, end in self._high.items()}
         # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
         # hand the messages out as they come (and tell the true end).
-        idle = self.partition_count if self.available() == 0 else 0
+        idle = self.partition_count if available == 0 else 0
         candidates, members, unknown = self.coordinator.read(
             lambda world: free_candidates(world, self.topic, high, self._initial, now_ms, size, want, idle, size)
         )
@@ -609,7 +607,7 @@ class ServedTopic:
             ranges=tuple(codec.RangeEntry(partition=p, offset=s, end=e) for p, s, e, _ in picked),
         )  # fmt: skip
         written_ms = monotonic_ms()
-        verdicts = _per_entry(self.coordinator.write([record])[0], len(picked))
+        verdicts = per_entry(self.coordinator.write([record])[0], len(picked))
         deadline = written_ms + self.options.pending_ms - self._safety_ms
         with self.lock:
             for (partition, start, end, tries), accepted in zip(picked, verdicts):
@@ -620,21 +618,14 @@ class ServedTopic:
                 self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
 
     def _look_up_initial(self, partitions: list[int]) -> None:
+        """Where partitions never leased start (as a supervisor's shared pool does)."""
         assert self._offsets is not None
-        keys = [(self.topic, p) for p in partitions]
         try:
-            committed = self._offsets.committed_many(keys)
+            found = self._offsets.start_offsets([(self.topic, p) for p in partitions])
         except OffsetLookupError as exc:
             self.log.warning("%s", exc)
             return
-        missing = [key for key in keys if committed.get(key) is None]
-        reset = self._offsets.reset_offsets(missing) if missing else {}
-        for key in keys:
-            found = committed.get(key)
-            if found is None:
-                found = reset.get(key)  # type: ignore[assignment]
-            if isinstance(found, int):
-                self._initial[key[1]] = found
+        self._initial.update({partition: offset for (_, partition), offset in found.items()})
 
     # ---------------------------------------------------------------- Kafka
 
@@ -708,11 +699,6 @@ def _given_back(held: HeldRange) -> codec.AckEntry | None:
     failed = tuple(sorted(o for o in held.handed if o < end and o not in held.acked and o not in held.dead))
     dead = tuple(sorted(o for o in held.dead if o < end))
     return codec.AckEntry(partition=held.partition, offset=held.start, end=end, failed=failed, dead=dead)
-
-
-def _per_entry(verdict: Any, count: int) -> list[bool]:
-    """A multi-entry record's verdicts (Verdicts, a tuple of booleans), or one verdict for all."""
-    return list(verdict) if isinstance(verdict, tuple) else [bool(verdict)] * count
 
 
 def _message_state(world: WorldState, found: MessageId, wall_ms: int) -> str:

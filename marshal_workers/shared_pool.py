@@ -37,7 +37,7 @@ from marshal_workers.app import App, HandlerSpec, Mode
 from marshal_workers.assignments import signal_process
 from marshal_workers.channel import monotonic_ms
 from marshal_workers.config import Settings
-from marshal_workers.coordinator import Coordinator, entry_verdicts
+from marshal_workers.coordinator import Coordinator
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.handler_outcomes import OUTCOMES
 from marshal_workers.in_flight import InFlightWrites
@@ -46,7 +46,7 @@ from marshal_workers.metrics import SharedStats
 from marshal_workers.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.shared_worker import SharedWorkerSpec, shared_worker_main
-from marshal_workers.world_state import WorldState
+from marshal_workers.world_state import WorldState, per_entry
 
 LEASES_PER_WORKER = 2  # the range in hand and the next one
 HIGH_WATERMARK_INTERVAL_S = 0.25  # how often the partitions' ends are asked for
@@ -379,21 +379,12 @@ class SharedPool:
     def _look_up_initial(self, topic: str, shared: SharedTopic, partitions: list[int]) -> None:
         """Where partitions never leased start: the group's committed offset (the low-water mark's backup),
         else auto_offset_reset.  Once per partition; a blocking lookup, like a whole partition's first claim."""
-        offsets = self._require_offsets()
-        keys = [(topic, p) for p in partitions]
         try:
-            committed = offsets.committed_many(keys)
+            found = self._require_offsets().start_offsets([(topic, p) for p in partitions])
         except OffsetLookupError as exc:
             self.log.warning("%s", exc)
             return
-        missing = [key for key in keys if committed.get(key) is None]
-        reset = offsets.reset_offsets(missing) if missing else {}
-        for key in keys:
-            found = committed.get(key)
-            if found is None:
-                found = reset.get(key)
-            if isinstance(found, int):
-                shared.initial[key[1]] = found
+        shared.initial.update({partition: offset for (_, partition), offset in found.items()})
 
     # ------------------------------------------------------ renew and settle
 
@@ -460,7 +451,7 @@ class SharedPool:
 
         def done(verdicts: list[Any]) -> None:
             self._writes_in_flight -= 1
-            on_verdicts(entry_verdicts([list(range(entries))], verdicts, entries))
+            on_verdicts(per_entry(verdicts[0], entries))
 
         def failed(exc: Exception) -> None:
             self._writes_in_flight -= 1

@@ -84,6 +84,11 @@ class Verdicts(tuple):  # type: ignore[type-arg]
         return any(self)
 
 
+def per_entry(verdict: Any, count: int) -> list[bool]:
+    """One record's verdict as one per entry: a multi-entry record's Verdicts (a tuple), or one verdict for all."""
+    return [bool(v) for v in verdict] if isinstance(verdict, tuple) else [bool(verdict)] * count
+
+
 @dataclass(slots=True)
 class PartitionState:
     """What the log says about one (topic, partition) of the group."""

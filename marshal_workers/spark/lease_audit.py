@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from marshal_workers import codec
 from marshal_workers.range_leases import Lease, SharedPartition
-from marshal_workers.world_state import WorldState
+from marshal_workers.world_state import WorldState, per_entry
 
 
 class RangeLease(NamedTuple):
@@ -73,10 +73,10 @@ class LeaseTracker:
         keys = {(topic, entry.partition) for entry in entries}
         before = {key: dict(found.leases) for key in keys if (found := state.shared.get(key)) is not None}
         verdicts = state.apply(record, at, self.log_partition)
-        per_entry = list(verdicts) if isinstance(verdicts, tuple) else [bool(verdicts)] * len(entries)
+        accepted_entries = per_entry(verdicts, len(entries))
         settled = {
             (topic, entry.partition, entry.offset): entry
-            for entry, accepted in zip(entries, per_entry)
+            for entry, accepted in zip(entries, accepted_entries)
             if accepted and isinstance(record, (codec.AckRanges, codec.CancelRanges))
         }
         ended: list[RangeLease] = []

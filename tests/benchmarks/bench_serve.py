@@ -34,7 +34,17 @@ import uuid
 from pathlib import Path
 
 import checkout  # noqa: F401  (sys.path: the checkout's package, this folder)
-from bench_run import FAST_PRODUCER, base_env, cpu_seconds, create_topic, leftovers, machine_info, produce, value_of
+from bench_run import (
+    FAST_PRODUCER,
+    STARTED,
+    base_env,
+    cpu_seconds,
+    create_topic,
+    leftovers,
+    machine_info,
+    produce,
+    value_of,
+)
 from confluent_kafka import Producer
 from processes import process_group
 
@@ -68,6 +78,7 @@ def start_server(bootstrap: str, topic: str, group: str, out: Path) -> tuple[sub
                "--log-level", "warning"]  # fmt: skip
     log = open(out / "server.log", "wb")
     server = subprocess.Popen(command, env=base_env(), stdout=log, stderr=log, start_new_session=True)
+    STARTED.append(server.pid)  # its own session: checked by leftovers() at the end
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -105,6 +116,7 @@ def http_clients(bootstrap: str, clients: int, seconds: float, most: int, messag
                               str(out / f"client-{n}.json")], env=base_env(), start_new_session=True)  # fmt: skip
             for n in range(clients)
         ]
+        STARTED.extend(client.pid for client in running)
         if rate:
             produce_at(bootstrap, topic, rate, seconds)
         for client in running:
@@ -143,6 +155,7 @@ def python_workers(bootstrap: str, processes: int, seconds: float, messages: int
                "--log-level", "warning"]  # fmt: skip
     log = open(out / "supervisor.log", "wb")
     supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    STARTED.append(supervisor.pid)
     try:
         if rate:
             time.sleep(3.0)  # its workers up before the first message, as the HTTP server's clients are
