@@ -51,6 +51,16 @@ def test_a_failing_hook_is_logged_and_neither_stops_the_call_nor_the_other_hooks
     assert seen == ["second", "handler"] and "hook" in caplog.text and "ZeroDivisionError" in caplog.text
 
 
+def test_one_before_hook_alone_runs_before_the_call_and_a_failing_one_does_not_stop_it(caplog) -> None:
+    seen: list[str] = []
+    handler = with_message_hooks(lambda msg: seen.append(f"handler {msg}") or "result",
+                                 Hooks(before_message=[lambda msg: seen.append(f"before {msg}")]))  # fmt: skip
+    assert handler("m") == "result" and seen == ["before m", "handler m"]
+    failing = with_message_hooks(lambda msg: seen.append("called"), Hooks(before_message=[lambda msg: 1 / 0]))
+    failing("m")
+    assert seen[-1] == "called" and "ZeroDivisionError" in caplog.text
+
+
 def test_no_message_hook_means_no_wrapper_and_async_handlers_stay_async() -> None:
     def plain(msg: object) -> None: ...
 
