@@ -15,7 +15,7 @@ from nemesis import Nemesis, NemesisConfig, seed_from_environment
 
 from marshal_workers.embedded_broker import EmbeddedBroker
 
-pytestmark = [pytest.mark.broker, pytest.mark.chaos]
+pytestmark = [pytest.mark.broker, pytest.mark.chaos, pytest.mark.serial]  # SIGTERM deadlines: run alone
 
 SUITE_FAULT_SECONDS = 24.0
 SUITE_SEEDS = {"alo": 98, "amo": 167}  # their 24 s plans meet every kind of fault (test_ledger checks it)

@@ -121,6 +121,7 @@ def handled_span(fleet: Fleet) -> float:
     return max(c.at for c in seen if c.kind == "E") - min(c.at for c in seen if c.kind == "S")
 
 
+@pytest.mark.serial  # a speed-up: run alone
 def test_concurrency_32_handles_every_message_once_and_many_times_faster(fleets: NewFleet) -> None:
     count = 200
     spans = {}

@@ -117,6 +117,7 @@ def rate(fleet: Fleet) -> float:
     return len(times) / (max(times) - min(times))
 
 
+@pytest.mark.serial  # a speed-up: run alone
 def test_twelve_shared_workers_outrun_one_worker_per_partition_by_at_least_4_8_times(
     shared_fleet: Fleet, classic_fleet: Fleet
 ) -> None:

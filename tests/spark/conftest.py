@@ -1,7 +1,9 @@
 """One local Spark session for the Spark tests (local[2], UI off, stopped at the end), and what they replay.
 
 Spark's Python workers inherit the environment the session starts with, so the test application's
-settings (tests/spark/apps/replay_app.py) are fixed here, once, before the session starts.
+settings (tests/spark/apps/replay_app.py) are fixed here, once, before the session starts.  The Spark tests
+are two xdist groups (pytestmark: the audit, the rest), so under ``pytest -n`` at most two pytest workers start
+Spark, not each of them, and the audit's long tests run beside the others.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from marshal_workers.coordination_log import CoordinationLog
 from marshal_workers.errors import UnknownGroupError
 from marshal_workers.spark.audit import audit, document, plan_log, render
 
-pytestmark = [pytest.mark.broker, pytest.mark.spark]
+pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.xdist_group("spark-audit")]  # a Spark session
 
 
 def second_topic(first: str, partitions: int) -> str:

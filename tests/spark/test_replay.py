@@ -16,7 +16,7 @@ from marshal_workers.spark.planner import Split, plan_splits
 from marshal_workers.spark.ranges import Bound, resolve_ranges
 from marshal_workers.spark.replay import failure_summary, replay
 
-pytestmark = [pytest.mark.broker, pytest.mark.spark]
+pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one Spark session
 
 T0 = 1_700_000_000_000
 

@@ -20,7 +20,7 @@ from marshal_workers import codec
 from marshal_workers.config import Settings
 from marshal_workers.exit_codes import ExitCode
 
-pytestmark = [pytest.mark.broker, pytest.mark.spark]
+pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one Spark session
 
 SPARK_STARTED = ("Using incubator modules", "SparkContext", "spark ")  # what a JVM of Spark says as it starts
 
