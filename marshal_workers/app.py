@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
 import orjson
 
 from marshal_workers.config import SETTINGS, Settings, parse_duration, parse_limit
@@ -46,14 +47,17 @@ class OnError(str, enum.Enum):
     RELEASE = "release"  # after the retries, stop and release the partition at that message
 
 
-class Message:
-    """One Kafka message, as handlers see it.  Reads the underlying record lazily."""
+class Message(msgspec.Struct, gc=False, eq=False):
+    """One Kafka message, as handlers see it.  Reads the underlying record lazily.
 
-    __slots__ = ("_record", "attempt")
+    ``Message(record, attempt=1)``.  A msgspec Struct rather than a class with ``__init__``: one is made per
+    message on the workers' hot path, and a Struct is built in C, in about a third of the time.  ``eq=False``:
+    messages compare and hash by identity, as objects do; ``gc=False``: it holds a Kafka record and an int, no
+    cycle.
+    """
 
-    def __init__(self, record: Any, attempt: int = 1) -> None:
-        self._record = record
-        self.attempt = attempt  # which try of this message this call is: 1 for the first, 2 for the first retry...
+    _record: Any
+    attempt: int = 1  # which try of this message this call is: 1 for the first, 2 for the first retry...
 
     @property
     def topic(self) -> str:

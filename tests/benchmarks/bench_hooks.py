@@ -1,0 +1,137 @@
+"""Benchmark: what one empty ``@app.before_message`` hook adds per message, in instructions (valgrind).
+
+    /work/venv/bin/python tests/benchmarks/bench_hooks.py [--messages 20000] [--rounds 2]
+
+Wall-clock and CPU-second ratios on this shared 2-core machine move by 10-40 % from one run to the next
+(bench_run.py's "f" against "c"), too much to tell a 3 % cost.  Instructions do not: callgrind counts the
+same program's instructions the same way whatever else the machine is doing.
+
+What is counted: a process that consumes N messages (~200-byte JSON values, one partition of the embedded
+broker) with the worker's fetch settings and runs, on each, the ALO loop's hot statements (``function(
+Message(record))`` and the progress store into an array), ``function`` being the handler exactly as a worker
+gets it from ``App.handler_in_worker``: the bare handler (no hook registered) or the handler wrapped by one empty
+before_message hook.  The handler is bench_app's: the value parsed with ``msg.json()``.  Each variant runs at
+N and 2N messages; instructions per message = (I(2N) - I(N)) / N, so start-up and imports cancel out.  This
+leaves out the supervisor and the slot's other work, so the ratio it gives is an upper bound of the hook's
+share of a worker's cost per message.
+
+Target (issue 14): one empty hook adds under 3 % per message.  A benchmark, not a test: a miss prints FAIL and
+the exit status stays 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import types
+import uuid
+
+from checkout import ROOT  # and the checkout on sys.path
+
+TARGET = 0.03
+VALUE = b'{"id": %d, "amount": 1234, "currency": "EUR", "note": "' + b"x" * 140 + b'"}'
+
+
+def inner(brokers: str, topic: str, count: int, hook: bool) -> None:
+    """Run under valgrind: consume ``count`` messages and handle each as _consume_alo does."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from marshal_workers import App, Message
+    from marshal_workers.config import Settings
+    from marshal_workers.worker import consumer_settings
+
+    app = App(group="bench-hooks")
+
+    @app.handler(topic)
+    def handle(msg: Message) -> None:
+        msg.json()
+
+    if hook:
+
+        @app.before_message
+        def before(msg: Message) -> None:
+            pass
+
+    function = app.handler_in_worker(topic).function
+    spec = types.SimpleNamespace(group="bench-hooks", settings=Settings(brokers=brokers))  # what it reads of one
+    consumer = Consumer(consumer_settings(spec))  # type: ignore[arg-type]
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    fields, wrap, handled = array.array("q", [0]), Message, 0
+    while handled < count:
+        for record in consumer.consume(min(500, count - handled), 1.0):
+            if record.error() is not None:
+                continue
+            function(wrap(record))
+            fields[0] = record.offset() + 1
+            handled += 1
+    consumer.close()
+
+
+def instructions(brokers: str, topic: str, count: int, hook: bool) -> int:
+    """The instructions valgrind counted for one inner run."""
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [
+            "valgrind", "--tool=callgrind", f"--callgrind-out-file={scratch}/out", sys.executable, __file__,
+            "--inner", "--brokers", brokers, "--topic", topic, "--messages", str(count), *(["--hook"] if hook else []),
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=os.environ | {"PYTHONPATH": str(ROOT)})
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode != 0 or not found:
+            raise RuntimeError(f"valgrind run failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=20_000, help="N (each variant also runs at 2N)")
+    parser.add_argument("--rounds", type=int, default=2, help="measurements of each variant (all are shown)")
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--hook", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--brokers", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inner:
+        inner(args.brokers, args.topic, args.messages, args.hook)
+        return
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from marshal_workers.embedded_broker import EmbeddedBroker
+
+    n = args.messages
+    print(f"bench_hooks: instructions per message (callgrind), N = {n:,} and 2N, {args.rounds} round(s)", flush=True)
+    with EmbeddedBroker() as broker:
+        topic = f"bench-hooks-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
+        for i in range(2 * n):
+            producer.produce(topic, VALUE % i)
+            if i % 10_000 == 0:
+                producer.poll(0)
+        assert producer.flush(30) == 0
+        per_message: dict[bool, list[float]] = {False: [], True: []}
+        for round_number in range(1, args.rounds + 1):
+            for hook in (False, True):
+                once, twice = (instructions(broker.bootstrap, topic, count, hook) for count in (n, 2 * n))
+                per_message[hook].append((twice - once) / n)
+                label = "one empty before_message hook" if hook else "no hook"
+                print(f"  round {round_number} {label:<31} {per_message[hook][-1]:10,.0f} instructions/message "
+                      f"(I(N) {once:,}, I(2N) {twice:,})", flush=True)  # fmt: skip
+    bare, hooked = min(per_message[False]), min(per_message[True])
+    added = hooked / bare - 1
+    print()
+    print(f"  no hook              {bare:10,.0f} instructions/message (lowest of {args.rounds})")
+    print(f"  one empty hook       {hooked:10,.0f} instructions/message (lowest of {args.rounds})")
+    print(f"  added by the hook    {hooked - bare:10,.0f} instructions/message = {added:.1%}   target < {TARGET:.0%}   "
+          f"{'PASS' if added < TARGET else 'FAIL'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
