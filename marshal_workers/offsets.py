@@ -21,6 +21,36 @@ from marshal_workers.logs import group_log
 _log = logging.getLogger(__name__)
 
 
+class PartitionEnds:
+    """A topic's partition end offsets, kept fresh without ever blocking the caller's loop: one ListOffsets
+    request at a time, its answers taken once every partition's has come, the next one ``interval`` seconds later.
+
+    ``ends`` may under-report an end (Tansu, DESIGN.md section 8): callers count the ends fetches saw too.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.ends: dict[int, int] = {}  # partition -> end offset, as last answered
+        self._pending: dict[Any, Any] | None = None
+        self._next_ask = 0.0  # monotonic
+
+    def refresh(self, store: OffsetStore, topic: str, partition_count: int, now: float) -> None:
+        """Take the answers of the request in flight if they are all in; ask again when due."""
+        if self._pending is not None:
+            if not all(f.done() for f in self._pending.values()):
+                return
+            for tp, future in self._pending.items():
+                try:
+                    self.ends[tp.partition] = int(future.result().offset)
+                except Exception:  # noqa: BLE001 - a partition's lookup failed: ask again next time
+                    pass
+            self._pending = None
+        if now < self._next_ask or not partition_count:
+            return
+        self._next_ask = now + self.interval
+        self._pending = store.request_ends(topic, range(partition_count))
+
+
 class OffsetLookupError(Exception):
     """Kafka did not tell where a partition stands (the caller retries later)."""
 

@@ -43,7 +43,7 @@ from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.logs import group_log
-from marshal_workers.offsets import OffsetLookupError, OffsetStore
+from marshal_workers.offsets import OffsetLookupError, OffsetStore, PartitionEnds
 from marshal_workers.range_leases import Holder, SharedPartition
 from marshal_workers.remote_control import orders_for
 from marshal_workers.shared_pool import free_candidates, pick_ranges
@@ -155,10 +155,9 @@ class ServedTopic:
         self._consumer: Consumer | None = None
         self._dlq = DeadLetterWriter(settings)
         self._positions: dict[int, int] = {}  # partition -> the next offset the consumer reads there
-        self._high: dict[int, int] = {}  # partition -> its end as ListOffsets says
+        self._ends = PartitionEnds(HIGH_WATERMARK_INTERVAL_S)  # as ListOffsets says, asked without blocking
         self._fetched_high: dict[int, int] = {}  # partition -> its end as fetches saw it
         self._initial: dict[int, int] = {}
-        self._next_high = 0.0
         self._next_renewal = 0.0
         self._rng = random.Random()
         self._stop_loop = threading.Event()
@@ -556,15 +555,8 @@ class ServedTopic:
     # -------------------------------------------------------------- claiming
 
     def _ask_high_watermarks(self, now: float) -> None:
-        if now < self._next_high:
-            return
-        self._next_high = now + HIGH_WATERMARK_INTERVAL_S
         assert self._offsets is not None
-        for tp, future in self._offsets.request_ends(self.topic, range(self.partition_count)).items():
-            try:
-                self._high[tp.partition] = int(future.result().offset)
-            except Exception:  # noqa: BLE001 - ask again next time
-                pass
+        self._ends.refresh(self._offsets, self.topic, self.partition_count, now)
 
     def _want(self, available: int) -> int:
         """Ranges to claim now: only while readers wait (a server with no readers holds nothing others could
@@ -585,11 +577,11 @@ class ServedTopic:
     def _claim(self) -> None:
         available = self.available()
         want = self._want(available)
-        if not want or not self._high:
+        if not want or not self._ends.ends:
             return
         now_ms = self.coordinator.now_ms()
         size = self.options.range_size
-        high = {p: max(end, self._fetched_high.get(p, 0)) for p, end in self._high.items()}
+        high = {p: max(end, self._fetched_high.get(p, 0)) for p, end in self._ends.ends.items()}
         # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
         # hand the messages out as they come (and tell the true end).
         idle = self.partition_count if available == 0 else 0

@@ -43,7 +43,7 @@ from marshal_workers.handler_outcomes import OUTCOMES
 from marshal_workers.in_flight import InFlightWrites
 from marshal_workers.logs import ContextLog
 from marshal_workers.metrics import SharedStats
-from marshal_workers.offsets import OffsetLookupError, OffsetStore
+from marshal_workers.offsets import OffsetLookupError, OffsetStore, PartitionEnds
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.shared_worker import SharedWorkerSpec, shared_worker_main
 from marshal_workers.world_state import WorldState, per_entry
@@ -95,16 +95,14 @@ class SharedTopic:
 
     handler: HandlerSpec
     workers: list[SharedWorkerHandle]
-    # partition -> end offset, as last asked (ListOffsets).  It may under-report the end (Tansu, DESIGN.md
+    # Partition ends, as last asked (ListOffsets; ends.ends).  They may under-report the end (Tansu, DESIGN.md
     # section 8): the end that workers' fetches saw, as acks carry it into the log, counts too.
-    high: dict[int, int] = field(default_factory=dict)
+    ends: PartitionEnds = field(default_factory=lambda: PartitionEnds(HIGH_WATERMARK_INTERVAL_S))
     initial: dict[int, int] = field(default_factory=dict)  # where a partition never leased starts
     claiming: bool = False  # a claim_ranges write is in flight
     next_renewal: float = 0.0  # monotonic
     acks: list[codec.AckEntry] = field(default_factory=list)  # to write this pass
     cancels: list[codec.RangeEntry] = field(default_factory=list)
-    high_futures: dict[Any, Any] | None = None
-    next_high: float = 0.0
     counters: SharedCounters = field(default_factory=lambda: SharedCounters())
 
     @property
@@ -324,14 +322,14 @@ class SharedPool:
         hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
         want = sum(LEASES_PER_WORKER - len(w.leases) for w in hungry)
         idle = sum(1 for w in hungry if not w.leases)
-        if not want or not shared.high:
+        if not want or not shared.ends.ends:
             return
         coordinator = self._require_coordinator()
         now_ms = coordinator.now_ms()
         size = shared.handler.range_size
 
         candidates, members, unknown = coordinator.read(
-            lambda world: free_candidates(world, topic, shared.high, shared.initial, now_ms, size, want, idle)
+            lambda world: free_candidates(world, topic, shared.ends.ends, shared.initial, now_ms, size, want, idle)
         )
         if unknown:
             self._look_up_initial(topic, shared, unknown)
@@ -471,22 +469,8 @@ class SharedPool:
     # --------------------------------------------------------- partition ends
 
     def _ask_high_watermarks(self, topic: str, shared: SharedTopic, now: float) -> None:
-        """Keep each partition's end offset fresh, without blocking: one ListOffsets request at a time."""
-        futures = shared.high_futures
-        if futures is not None:
-            if not all(f.done() for f in futures.values()):
-                return
-            for tp, future in futures.items():
-                try:
-                    shared.high[tp.partition] = int(future.result().offset)
-                except Exception:  # noqa: BLE001 - a partition's lookup failed: ask again next time
-                    pass
-            shared.high_futures = None
-        count = self.partition_counts(topic)
-        if now < shared.next_high or not count:
-            return
-        shared.next_high = now + HIGH_WATERMARK_INTERVAL_S
-        shared.high_futures = self._require_offsets().request_ends(topic, range(count))
+        """Keep each partition's end offset fresh, without blocking."""
+        shared.ends.refresh(self._require_offsets(), topic, self.partition_counts(topic), now)
 
     def stats(self) -> list[SharedStats]:
         """For the metrics endpoint (its thread): counts of ours, low-water marks and losses from the log."""

@@ -17,7 +17,7 @@ def topic(**high: int) -> SharedTopic:
     app = App(group="g")
     app.handler("thumbs", shared=True)(lambda msg: None)
     shared = SharedTopic(app.handlers["thumbs"], workers=[])
-    shared.high = {int(p[1:]): end for p, end in high.items()}
+    shared.ends.ends = {int(p[1:]): end for p, end in high.items()}
     return shared
 
 
@@ -38,10 +38,10 @@ def test_members_pick_at_random_among_the_lowest_ranges_so_they_rarely_race() ->
 def test_candidates_start_where_the_group_starts_and_stop_at_the_end() -> None:
     world = WorldState("g", 1000)
     shared = topic(p0=250, p1=0)
-    found, members, unknown = free_candidates(world, "thumbs", shared.high, shared.initial, NOW, size=100, want=4, idle=0)
+    found, members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
     assert (found, unknown) == ({}, [0, 1]), "a partition never leased needs its start looked up first"
     shared.initial = {0: 50, 1: 0}
-    found, members, unknown = free_candidates(world, "thumbs", shared.high, shared.initial, NOW, size=100, want=4, idle=0)
+    found, members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
     assert found == {0: [(50, 150, 0)], 1: [(0, 1, 0)]} and unknown == []
 
 
@@ -51,10 +51,10 @@ def test_a_partition_read_to_its_end_gets_a_one_offset_range_only_for_an_idle_wo
     assert state.claim(0, 100, Holder("a", "1"), NOW - 10, 60_000, False)
     assert state.ack(0, 100, Holder("a", "1"), NOW - 5, (), (), high=100)
     shared = topic(p0=100)
-    assert free_candidates(world, "thumbs", shared.high, shared.initial, NOW, 100, 4, idle=0)[0] == {0: []}
-    assert free_candidates(world, "thumbs", shared.high, shared.initial, NOW, 100, 4, idle=1)[0] == {0: [(100, 101, 0)]}
+    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=0)[0] == {0: []}
+    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=1)[0] == {0: [(100, 101, 0)]}
     # The end the holders' fetches saw (in the acks) counts when ListOffsets under-reports it.
     assert state.claim(100, 101, Holder("a", "1"), NOW - 4, 60_000, False)
     assert state.ack(100, 101, Holder("a", "1"), NOW - 3, (), (), high=400)
-    assert free_candidates(world, "thumbs", shared.high, shared.initial, NOW, 100, 2, idle=0)[0] == {0: [(101, 201, 0), (201, 301, 0),
+    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 2, idle=0)[0] == {0: [(101, 201, 0), (201, 301, 0),
                                                                                  (301, 400, 0)]}  # fmt: skip
