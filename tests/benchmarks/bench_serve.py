@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,16 +47,12 @@ from bench_run import (
 from confluent_kafka import Producer
 from processes import process_group
 
-from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.embedded_broker import EmbeddedBroker, free_port
 
 HERE = Path(__file__).resolve().parent
 PARTITIONS = 2
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def percentile(values: list[float], share: float) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import urllib.error
 import urllib.request
 
@@ -12,6 +11,8 @@ import pytest
 from fleet import Fleet
 from polling import poll_until
 from prometheus_client.parser import text_string_to_metric_families
+
+from marshal_workers.embedded_broker import free_port  # noqa: F401 - also imported from here by other tests
 
 pytestmark = pytest.mark.broker
 
@@ -34,10 +35,6 @@ def test_status_shows_each_partitions_lag_and_rate_while_a_backlog_drains(fleet:
     assert all(row["rate"] is not None and row["rate"] >= 0 for row in fleet.status_rows().values())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from marshal_workers.channel import LATENCY_BOUNDS
+from marshal_workers.embedded_broker import free_port
 from marshal_workers.errors import ConfigError
 from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Probes, SharedStats, Snapshot
 
@@ -42,10 +43,6 @@ def scrape(server_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
