@@ -21,6 +21,9 @@ from marshal_workers.logs import group_log
 _log = logging.getLogger(__name__)
 
 
+ENDS_INTERVAL_S = 0.25  # how often PartitionEnds asks for a topic's partition ends
+
+
 class PartitionEnds:
     """A topic's partition end offsets, kept fresh without ever blocking the caller's loop: one ListOffsets
     request at a time, its answers taken once every partition's has come, the next one ``interval`` seconds later.
@@ -28,7 +31,7 @@ class PartitionEnds:
     ``ends`` may under-report an end (Tansu, DESIGN.md section 8): callers count the ends fetches saw too.
     """
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float = ENDS_INTERVAL_S) -> None:
         self.interval = interval
         self.ends: dict[int, int] = {}  # partition -> end offset, as last answered
         self._pending: dict[Any, Any] | None = None

@@ -53,7 +53,6 @@ from marshal_workers.world_state import Owner, WorldState, per_entry
 _log = logging.getLogger(__name__)
 
 LOOP_PAUSE_S = 0.01
-HIGH_WATERMARK_INTERVAL_S = 0.25
 ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
@@ -155,7 +154,7 @@ class ServedTopic:
         self._consumer: Consumer | None = None
         self._dlq = DeadLetterWriter(settings)
         self._positions: dict[int, int] = {}  # partition -> the next offset the consumer reads there
-        self._ends = PartitionEnds(HIGH_WATERMARK_INTERVAL_S)  # as ListOffsets says, asked without blocking
+        self._ends = PartitionEnds()  # as ListOffsets says, asked without blocking
         self._fetched_high: dict[int, int] = {}  # partition -> its end as fetches saw it
         self._initial: dict[int, int] = {}
         self._next_renewal = 0.0

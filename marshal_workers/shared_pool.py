@@ -49,7 +49,6 @@ from marshal_workers.shared_worker import SharedWorkerSpec, shared_worker_main
 from marshal_workers.world_state import WorldState, per_entry
 
 LEASES_PER_WORKER = 2  # the range in hand and the next one
-HIGH_WATERMARK_INTERVAL_S = 0.25  # how often the partitions' ends are asked for
 
 
 @dataclass
@@ -97,7 +96,7 @@ class SharedTopic:
     workers: list[SharedWorkerHandle]
     # Partition ends, as last asked (ListOffsets; ends.ends).  They may under-report the end (Tansu, DESIGN.md
     # section 8): the end that workers' fetches saw, as acks carry it into the log, counts too.
-    ends: PartitionEnds = field(default_factory=lambda: PartitionEnds(HIGH_WATERMARK_INTERVAL_S))
+    ends: PartitionEnds = field(default_factory=PartitionEnds)
     initial: dict[int, int] = field(default_factory=dict)  # where a partition never leased starts
     claiming: bool = False  # a claim_ranges write is in flight
     next_renewal: float = 0.0  # monotonic

@@ -20,7 +20,8 @@ import pytest
 from confluent_kafka import Producer
 from fleet import HB, Fleet
 from polling import poll_until
-from test_observability import free_port
+
+from marshal_workers.embedded_broker import free_port
 
 pytestmark = pytest.mark.broker
 

@@ -7,7 +7,9 @@ import time
 import pytest
 from fleet import Fleet
 from polling import poll_until
-from test_observability import free_port, scrape, total
+from test_observability import scrape, total
+
+from marshal_workers.embedded_broker import free_port
 
 pytestmark = pytest.mark.broker
 

@@ -420,7 +420,9 @@ def test_the_start_line_shows_the_effective_group_and_a_clean_stop_logs_a_last_l
 def test_handlers_say_retry_reject_or_ignore_and_the_policy_retries_only_what_it_should(
     fleet: Fleet, runner: str
 ) -> None:
-    from test_observability import free_port, scrape, total
+    from test_observability import scrape, total
+
+    from marshal_workers.embedded_broker import free_port
 
     fleet.app = "outcomes_app:app"
     fleet.env |= {"MW_TEST_RUNNER": runner}

@@ -8,11 +8,12 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
-from test_metrics import free_port, snapshot
+from test_metrics import snapshot
 
 from marshal_workers.codec import Claim, Heartbeat
 from marshal_workers.dashboard import Publisher, sse_event, supervisor_step
 from marshal_workers.dashboard_model import Dashboard
+from marshal_workers.embedded_broker import free_port
 from marshal_workers.metrics import MetricsServer
 from marshal_workers.world_state import WorldState
 
