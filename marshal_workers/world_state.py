@@ -556,8 +556,15 @@ class WorldState:
         return set(self.holdings(now)) | self._within_two_heartbeats(self.last_claim, now)
 
     def askers(self, now: int) -> set[Owner]:
-        """Members whose claim of a partition with a live owner was refused within 2*HB: they want more."""
-        return self._within_two_heartbeats(self.last_refused_claim, now)
+        """Members whose claim of a partition with a live owner was refused within 2*HB: they want more.
+
+        Not a member that has claimed since (its latest claim is not the refused one): it got a partition,
+        and asks again within a heartbeat if it still wants more.  Its old ask must not make others give
+        on: a member capped by max_partitions, which asked for its one partition and got it, would still
+        be short of the fair share in their eyes, and be handed partitions it never takes.
+        """
+        still_asking = {i: at for i, at in self.last_refused_claim.items() if self.last_claim.get(i) == at}
+        return self._within_two_heartbeats(still_asking, now)
 
     def _within_two_heartbeats(self, times: dict[str, int], now: int) -> set[Owner]:
         """The instances whose time in ``times`` (by instance) is at most 2*HB before ``now``."""

@@ -76,10 +76,17 @@ def test_a_member_capped_by_max_partitions_takes_its_cap_and_the_rest_settle_eve
         now = held(fleet)
         return now["capped"] == 1 and now["first"] + now["second"] == 7 and abs(now["first"] - now["second"]) <= 1
 
+    def moves() -> int:
+        return sum(fleet.log_of(c).count("handing it over") for c in ("first", "second", "capped"))
+
     poll_until(settled, timeout=40, what="1 for the capped member, 4 and 3 for the others")
+    moves_to_settle = moves()
     fleet.produce(range(800))
     poll_until(lambda: len(fleet.counts()) == 800, what="every message")
     assert max(fleet.counts().values()) == 1
-    moves = sum(fleet.log_of(c).count("handing it over") for c in ("first", "second", "capped"))
-    assert moves <= 6, f"settled without churn ({moves} hand-overs for 5 partitions to move)"
+    # Settled, not flapping: nothing moves once the shares are right (the capped member's answered ask once
+    # made the first give a fifth partition).  Getting there takes the 4 moves from 8 to 4, a few more when
+    # a loaded machine lets a handed-over partition lapse to a member with room, never a reshuffle per beat.
+    assert moves() == moves_to_settle, "a settled group handed partitions over again"
+    assert moves_to_settle <= 2 * 4, f"{moves_to_settle} hand-overs for 4 partitions to move"
     assert settled(), held(fleet)

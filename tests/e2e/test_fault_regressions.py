@@ -33,8 +33,10 @@ def test_a_sigterm_right_after_a_claim_stops_the_worker_forked_for_it(fleet: Fle
     sent = time.monotonic()
     assert supervisor.wait(timeout=60) == ExitCode.OK
     took = time.monotonic() - sent
-    assert took < 0.5 + 2.5, f"the stop took {took:.1f}s: a worker did not hear it"
+    # A worker that missed the stop runs on until the 20 s shutdown_timeout kills it; one that heard it ends its
+    # batch and exits within a second or two (more on a loaded machine, never near 20 s).
     assert "passed: killing the workers left" not in fleet.log_of("first"), "no worker had to be killed"
+    assert took < 20 / 2, f"the stop took {took:.1f}s: a worker did not hear it"
 
     fleet.start("second")  # a clean stop hands everything over: nothing lost, nothing repeated
     poll_until(lambda: len(fleet.counts()) == total, timeout=90, what="every message")

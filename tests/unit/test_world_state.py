@@ -306,6 +306,14 @@ def test_askers_are_those_whose_claim_of_a_live_owners_partition_was_refused_wit
     assert state.askers(1000 + 2 * HB + 1) == set()
 
 
+def test_a_member_that_claims_a_partition_after_asking_is_no_longer_asking() -> None:
+    state, verdicts = world(claim("a", "a1", 0), claim("b", "b1", 1000), claim("b", "b1", 1500, partition=1))
+    assert verdicts == [True, False, True]  # b asked for a's partition, then got a free one
+    assert state.askers(1500) == set(), "answered: b asks again if it still wants more"
+    state.apply(claim("b", "b1", 1600), 1600)
+    assert state.askers(1600) == {Owner("b", "b1")}
+
+
 def test_heartbeat_extras_are_kept_only_as_numbers() -> None:
     deep = "[" * 900 + "]" * 900
     raw = (
