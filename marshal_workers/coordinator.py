@@ -259,13 +259,23 @@ class Coordinator:
                 log.exception("group %s: handling a coordination delivery report failed", self.group)
                 reports = 1
             if reports:
-                with self._reports:
-                    self._reports.notify_all()  # writers waiting in _await_deliveries
+                self._reported()
+
+    def _reported(self) -> None:
+        """Delivery reports were handled: wake writers blocked in _await_deliveries and the loop polling collect().
+
+        Only now, after every callback set its delivery's ``done``: a wake from inside a callback came before
+        ``done`` and could be drained by a loop that then saw the delivery still pending and slept to its tick
+        (a lost wake-up: under AMO, every claim's verdict waited up to a tick).
+        """
+        with self._reports:
+            self._reports.notify_all()
+        if self._log is not None:
+            self._log.notify_own_folds()
 
     def _delivered(self, partition: int, offset: int, value: bytes, timestamp: tuple[int, int]) -> None:
         if self._log is not None:
             self._log.fold_delivered(partition, offset, value, timestamp)
-            self._log.notify_own_folds()
 
     def close(self) -> None:
         self._closing.set()
@@ -455,7 +465,8 @@ class Coordinator:
                 )
                 return
             except BufferError:  # local queue full: let deliveries drain
-                self._producer.poll(0.05)
+                if self._producer.poll(0.05):  # reports handled on this thread: wake whoever waits on them
+                    self._reported()
             except KafkaException as exc:  # e.g. the idempotent producer went into a fatal state
                 self._replace_producer()
                 raise CoordinationWriteError(f"group {self.group}: coordination write refused: {exc}") from None
@@ -510,6 +521,8 @@ class Coordinator:
         self._outstanding = []
         self._producer = self._new_producer()
         self._generation += 1
+        if self._log is not None:
+            self._log.notify_own_folds()  # the purged writes are done (failed): their collect() must hear it
 
     # ---------------------------------------------------------------- reads
 

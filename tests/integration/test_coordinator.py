@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from kafka_proxy import CREATE_TOPICS, KafkaProxy
 from polling import poll_until
 
 from marshal_workers.config import Settings
-from marshal_workers.coordination_log import read_group_state
+from marshal_workers.coordination_log import drain, read_group_state
 from marshal_workers.coordinator import Coordinator, message_claim_verdicts
 from marshal_workers.embedded_broker import EmbeddedBroker, free_port
 from marshal_workers.errors import CoordinationTopicError, CoordinationWriteError, KafkaUnavailable
@@ -278,3 +279,22 @@ def test_verdicts_of_a_lone_writer_come_from_its_delivery_reports_and_every_read
     other = read_group_state(settings, settings.require_group())
     assert other.partitions == mine.partitions
     assert (mine.get(topic, 0).amo_offset, mine.get(topic, 1).amo_offset) == (100, 200)  # type: ignore[union-attr]
+
+
+def test_a_loop_that_waits_only_on_own_folds_is_woken_for_every_verdict(
+    coordinators: Callable[[str], Coordinator], unique: str
+) -> None:
+    """The supervisor's loop: wait on own_folds(), drain it, collect().  The wake once came from inside the
+    delivery callback, before the delivery was marked done: a loop that woke then drained the wake, saw the
+    write still pending, and slept until its next tick (AMO claims waited a tick each).  Here the loop has no
+    tick: a write whose verdict does not wake it within the write timeout is a lost wake-up."""
+    coordinator = coordinators("waiter")
+    own_folds = coordinator.own_folds()
+    topic = f"orders-{unique}"
+    for partition in range(200):
+        pending = coordinator.submit([coordinator.claim_record(topic, partition)])
+        while (verdicts := coordinator.collect(pending)) is None:
+            woken, _, _ = select.select([own_folds], [], [], coordinator.settings.write_timeout + 5)
+            assert woken, f"the verdict of write {partition} never woke the loop"
+            drain(own_folds)
+        assert verdicts == [True]
