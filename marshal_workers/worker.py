@@ -563,10 +563,13 @@ class Worker:
                 self.log.warning("claim of messages before offset %d refused: the partition is not ours", end)
                 return WorkerExit.LOST
             # Kafka is slow or away.  The log keeps the highest claim, so asking again for the same end is safe.
+            # Asked to stop meanwhile, still ask again while the lease holds: the claim may land yet, and a clean
+            # stop that left a landed claim unhandled would lose its messages (Kafka slow, no fault at all).
             self.log.warning("claim of messages before offset %d not confirmed in time: asking again", end)
-            if self.stopping or not self._wait_for_lease():
-                # Nothing handled.  Should the claim still land, these messages count as claimed (lost), as
-                # after any stop while Kafka does not answer; otherwise the next owner starts at them.
+            if not self._wait_for_lease():
+                # The lease lapsed while stopping, nothing handled.  Should the claim still land, these messages
+                # count as claimed (lost), as after any stop while Kafka does not answer; otherwise the next owner
+                # starts at them.
                 return WorkerExit.STOPPED
 
     def _claim_messages(self, end: int) -> ClaimAnswer:

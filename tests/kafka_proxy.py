@@ -5,7 +5,7 @@ one (no CREATE permission, a policy) is played by this proxy: it forwards
 every request frame unchanged except those whose API key is refused, on
 which it closes the connection.  A slow cluster is played by delaying the
 requests whose API key is in ``delay`` (e.g. every Produce) before passing
-them on.  The broker behind it must advertise the proxy's address, so that
+them on, a stalled one by holding them between ``stall()`` and ``resume()``.  The broker behind it must advertise the proxy's address, so that
 clients never go around it.
 """
 
@@ -33,6 +33,8 @@ class KafkaProxy:
         self.host, self.listen_port, self.upstream_port, self.refuse = host, listen_port, upstream_port, refuse
         self.delay, self.delay_s = delay, delay_s
         self.refused = 0
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._server = socket.create_server((host, listen_port))
         self._sockets: list[socket.socket] = [self._server]
         self._closing = False
@@ -41,7 +43,15 @@ class KafkaProxy:
         threading.Thread(target=self._accept, daemon=True).start()
         return self
 
+    def stall(self) -> None:
+        """Hold every request of the delayed kinds from now on (requests already passed on are answered)."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
+        self._flowing.set()
         self._closing = True
         for sock in list(self._sockets):
             try:
@@ -71,6 +81,7 @@ class KafkaProxy:
                     self.refused += 1
                     break
                 if api_key in self.delay:
+                    self._flowing.wait()
                     time.sleep(self.delay_s)
                 upstream.sendall(header + body)
         except OSError:

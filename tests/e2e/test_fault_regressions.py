@@ -43,6 +43,47 @@ def test_a_sigterm_right_after_a_claim_stops_the_worker_forked_for_it(fleet: Fle
     assert max(fleet.counts().values()) == 1
 
 
+def test_a_clean_sigterm_while_kafka_stalls_an_amo_claim_loses_nothing(unique: str, tmp_path: Path) -> None:
+    """Kafka holds every write for a moment (no fault of ours: the nemesis saw the embedded broker do it) while a
+    worker waits for its batch claim, and the supervisor gets SIGTERM.  The claim is answered "not confirmed"
+    after an HB; the worker, asked to stop, once gave up then, the claim landed after all, and its batch was
+    lost on a clean stop.  Now it asks again while its lease holds, handles the batch once it is claimed, and
+    stops: nothing lost, nothing twice."""
+    total, batch, hb = 3000, 20, "3s"  # a backlog of 15 s of handling; an HB long enough that the stall fits the lease
+    proxy_port = free_port()
+    with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
+        assert broker.port is not None
+        proxy = KafkaProxy(proxy_port, broker.port, delay=frozenset({PRODUCE})).start()
+        fleet = Fleet(
+            brokers=f"127.0.0.1:{proxy_port}", group=f"group-{unique}", topic=f"seq-{unique}",
+            coordination_topic=f"__marshal-{unique}", sink=tmp_path / "sink.txt", partitions=1,
+            env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": "0.005", "MW_TEST_BATCH_SIZE": str(batch)},
+        )  # fmt: skip
+        try:
+            admin = AdminClient({"bootstrap.servers": fleet.brokers})
+            admin.create_topics([NewTopic(fleet.topic, num_partitions=1, replication_factor=1)])[fleet.topic].result(10)
+            fleet.produce(range(total))
+            first = fleet.start("first", "--heartbeat-interval", hb)
+            poll_until(lambda: len(fleet.counts()) > 5 * batch, timeout=60, what="handling under way")
+
+            proxy.stall()  # the worker's next claim (within a batch's 0.1 s) waits on Kafka
+            time.sleep(1.0)  # within the HB: no answer yet
+            first.send_signal(signal.SIGTERM)
+            poll_until(lambda: "not confirmed in time" in fleet.log_of("first"), timeout=30, what="the claim unconfirmed")
+            proxy.resume()
+            assert first.wait(timeout=60) == ExitCode.OK
+            assert "passed: killing the workers left" not in fleet.log_of("first")
+
+            second = fleet.start("second", "--heartbeat-interval", hb)
+            poll_until(lambda: len(fleet.counts()) == total, timeout=90, what="every message: a clean stop loses none")
+            assert max(fleet.counts().values()) == 1, "at most once: nothing handled twice"
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(timeout=60) == ExitCode.OK
+        finally:
+            fleet.stop_all()
+            proxy.close()
+
+
 def test_a_restarted_amo_supervisor_answers_claims_while_it_takes_its_partitions_back(
     kafka_brokers: str, unique: str, tmp_path: Path
 ) -> None:
