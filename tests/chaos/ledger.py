@@ -146,3 +146,35 @@ def unexplained_repeats(found: Sequence[Repeat], faults: Sequence[FaultWindow], 
         for r in found
         if not any(f.overlaps(r.first_at - slack, r.again_at) for f in unclean)
     ]
+
+
+def unavailable_s(windows: Iterable[tuple[float, float]], start: float, end: float, recovery: float) -> float:
+    """Seconds of ``start..end`` during which the broker was unavailable: inside one of ``windows`` (frozen by
+    the nemesis, or seen stalled by its canary) or within ``recovery`` after one.  Overlapping windows count once."""
+    covered, reach = 0.0, start
+    for low, high in sorted((max(w_start, start), min(w_end + recovery, end)) for w_start, w_end in windows):
+        low = max(low, reach)
+        if high > low:
+            covered += high - low
+            reach = high
+    return covered
+
+
+def broker_stalls(stalls: Iterable[tuple[float, float]], freezes: Sequence[tuple[float, float]], lease: float,
+                  grace: float) -> list[FaultWindow]:  # fmt: skip
+    """The broker's own stalls that count as unclean faults: the canary's stalled records, merged where they
+    overlap, less every injected freeze up to ``grace`` after it (that fault is counted already), where what
+    is left lasts longer than a lease (a supervisor's workers stop; a claim may land after its worker gave up).
+    A broker that stays stalled well after a freeze ends has a second outage of its own."""
+    merged: list[list[float]] = []
+    for start, end in sorted(stalls):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    pieces = [(start, end) for start, end in merged]
+    for f_start, f_end in sorted(freezes):
+        cut = (f_start, f_end + grace)
+        pieces = [piece for start, end in pieces for piece in ((start, min(end, cut[0])), (max(start, cut[1]), end))
+                  if piece[1] > piece[0]]  # fmt: skip
+    return [FaultWindow("broker_stall", True, start, end, "broker") for start, end in pieces if end - start > lease]

@@ -27,12 +27,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import HB, Fleet
-from ledger import FaultWindow, LossRun, Repeat, loss_runs, repeats, unexplained_losses, unexplained_repeats
+from ledger import (
+    FaultWindow,
+    LossRun,
+    Repeat,
+    broker_stalls,
+    loss_runs,
+    repeats,
+    unavailable_s,
+    unexplained_losses,
+    unexplained_repeats,
+)
 from processes import process_group, titled
 
+from marshal_workers import codec
 from marshal_workers.embedded_broker import EmbeddedBroker
 
 HB_S = float(HB.rstrip("s"))
@@ -40,6 +51,7 @@ LEASE_S = 1.5 * HB_S  # a supervisor's workers stop at its last confirmed write 
 SIGTERM_GRACE_S = 1.0  # a SIGTERM exits within the handler's time plus this (plus any broker freeze meanwhile)
 # After SIGCONT the broker answers a backlog and readers catch up: a release may wait that long too.
 BROKER_RECOVERY_S = 2 * HB_S
+CANARY_STALL_S = 0.5  # a canary later than this: the broker stalled (Nemesis._watch_writes, _watch_log)
 
 
 class Kind(enum.Enum):
@@ -112,7 +124,7 @@ class SigtermExit:
     sent_at: float
     seconds: float
     code: int | None  # None: it did not exit within a minute
-    broker_frozen_s: float  # how long the broker was frozen, or recovering from a freeze, between signal and exit
+    broker_frozen_s: float  # how long the broker was frozen or stalled, or recovering, between signal and exit
     when: str  # "faults" or "final"
 
 
@@ -134,6 +146,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     workdir: Path | None = None
     coordination_records: int | None = None  # the coordination topic's size at the end (ListOffsets: about)
+    broker_stalls: list[tuple[float, float]] = field(default_factory=list)  # what the canaries saw late (freezes too)
 
     @property
     def unclean_faults(self) -> int:
@@ -160,10 +173,12 @@ class Report:
             f"({len(self.repeats) / per_fault:.1f} per unclean fault)",
             f"  {'complete' if c.mode == 'alo' else 'settled'} "
             + (f"{self.complete_after_s:.1f}s after the last fault" if self.complete_after_s is not None else "NEVER"),
-            f"  coordination log: about {self.coordination_records} records",
+            f"  coordination log: about {self.coordination_records} records; canaries later than "
+            f"{CANARY_STALL_S:g}s (freezes included): {len(self.broker_stalls)}, the longest "
+            f"{max((end - start for start, end in self.broker_stalls), default=0.0):.1f}s",
             f"  SIGTERMs: {len(self.sigterms)}, slowest "
-            + (f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen "
-               f"{slowest.broker_frozen_s:.1f}s meanwhile or just before)" if slowest else "none"),
+            + (f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen or "
+               f"stalled {slowest.broker_frozen_s:.1f}s meanwhile or just before)" if slowest else "none"),
         ]  # fmt: skip
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         if self.workdir is not None:
@@ -200,6 +215,7 @@ class Nemesis:
         self._busy: set[str] = set()  # supervisors a fault holds (down, frozen, being signalled)
         self._broker_busy = False
         self._frozen: list[tuple[float, float]] = []  # broker freezes (start, end)
+        self._stalls: list[tuple[float, float]] = []  # the broker silent on its own (the canaries): (start, end)
         self._delivered: dict[tuple[int, int], str] = {}
         self._produce_errors: list[KafkaError] = []
         self._started: list[subprocess.Popen[bytes]] = []  # every supervisor process, to check none is left
@@ -210,11 +226,16 @@ class Nemesis:
     def run(self) -> Report:
         stop_producing = threading.Event()
         producer = threading.Thread(target=self._produce, args=(stop_producing,), name="nemesis-producer")
+        stop_watching = threading.Event()  # the canary watches until the final stop is over
+        canaries = [threading.Thread(target=self._guarded_call, args=(watch, stop_watching), name=f"nemesis-{watch.__name__}")
+                    for watch in (self._watch_writes, self._watch_log)]  # fmt: skip
         try:
             for client in self.clients:
                 self._start(client)
             self._wait(self._all_owned, 60, "every partition owned before the faults")
             producer.start()
+            for canary in canaries:
+                canary.start()
             self._run_faults()
             stop_producing.set()
             producer.join(180)
@@ -222,11 +243,15 @@ class Nemesis:
             self._wait_complete()
             self._wait(self._one_owner_one_worker, 60, "every partition owned by one live supervisor with one worker")
             self._final_stop()
+            stop_watching.set()
+            for canary in canaries:
+                canary.join(180)
             self._judge()
         except Exception:
             self.report.problems.append(f"the nemesis itself failed: {traceback.format_exc()}")
         finally:
             stop_producing.set()
+            stop_watching.set()
             if self.broker.process is not None:
                 self.broker.resume()
             self._kill_everything()
@@ -251,6 +276,12 @@ class Nemesis:
         time.sleep(max(0.0, began + self.config.fault_seconds - time.monotonic()))
         for thread in threads:
             thread.join(180)
+
+    def _guarded_call(self, function: Callable[[threading.Event], None], stop: threading.Event) -> None:
+        try:
+            function(stop)
+        except Exception:
+            self.report.problems.append(f"{function.__name__} failed: {traceback.format_exc()}")
 
     def _guarded(self, fault: Fault) -> None:
         try:
@@ -485,6 +516,67 @@ class Nemesis:
         if left or self._produce_errors:
             self.report.problems.append(f"the producer lost messages: {left} undelivered, errors {self._produce_errors[:3]}")
 
+    def _watch_writes(self, stop: threading.Event) -> None:
+        """Canary (a), for stalls of the whole broker: every 0.1 s a write of the time to a topic of its own,
+        read back; one read later than CANARY_STALL_S marks a stall from its send to its read."""
+        own = f"{self.fleet.topic}-canary"
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})  # kept while its future runs
+        admin.create_topics([NewTopic(own, 1, 1)])[own].result(30)
+        producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 0, "message.timeout.ms": 300_000})
+        consumer = self._canary_reader(TopicPartition(own, 0, OFFSET_END))
+        try:
+            while not stop.is_set():
+                producer.produce(own, value=repr(time.time()).encode())
+                producer.poll(0)
+                for message in consumer.consume(1000, timeout=0.1):
+                    if message.error() is None and time.time() - float(message.value()) > CANARY_STALL_S:
+                        self._stalled(float(message.value()), time.time())
+        finally:
+            producer.flush(10)
+            consumer.close()
+
+    def _watch_log(self, stop: threading.Event) -> None:
+        """Canary (b), for stalls of the coordination partition alone (other topics flowing): that partition
+        of the fleet's topic, read as a supervisor reads it, without writing to it (one more writer provokes
+        the broker's fault); short of the partition's end for longer than CANARY_STALL_S marks a stall from
+        the moment it fell behind."""
+        coordination = self.fleet.coordination_topic
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        count = len(admin.list_topics(coordination, timeout=30).topics[coordination].partitions)
+        log = TopicPartition(coordination, codec.coordination_partition(self.fleet.topic, count), OFFSET_END)
+        consumer = self._canary_reader(log)
+        read_to, behind_since = -1, None  # the next offset to read; since when short of the end
+        try:
+            while not stop.is_set():
+                for message in consumer.consume(1000, timeout=0.1):
+                    if message.error() is None:
+                        read_to = message.offset() + 1
+                try:
+                    _, end = consumer.get_watermark_offsets(log, timeout=1.0, cached=False)
+                except KafkaException:
+                    continue  # the broker does not answer: canary (a) sees that
+                now = time.time()
+                if read_to < 0 or read_to >= end:
+                    if behind_since is not None and now - behind_since > CANARY_STALL_S:
+                        self._stalled(behind_since, now)
+                    read_to, behind_since = max(read_to, end), None
+                elif behind_since is None:
+                    behind_since = now
+        finally:
+            if behind_since is not None and time.time() - behind_since > CANARY_STALL_S:
+                self._stalled(behind_since, time.time())
+            consumer.close()
+
+    def _canary_reader(self, partition: TopicPartition) -> Consumer:
+        consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "nemesis-canary",
+                             "enable.auto.commit": False, "fetch.wait.max.ms": 10})  # fmt: skip
+        consumer.assign([partition])
+        return consumer
+
+    def _stalled(self, start: float, end: float) -> None:
+        with self._lock:
+            self._stalls.append((start, end))
+
     # ------------------------------------------------------------ verdicts
 
     def _ends(self) -> dict[int, int]:
@@ -595,6 +687,9 @@ class Nemesis:
     def _judge(self) -> None:
         self._count_coordination_records()
         report, config = self.report, self.config
+        report.broker_stalls = list(self._stalls)
+        # Stalls of the broker's own past a lease are unclean faults, as an injected freeze past the lease is.
+        report.faults += broker_stalls(self._stalls, self._frozen, lease=LEASE_S, grace=CANARY_STALL_S)
         handled = self.fleet.lines()
         report.delivered, report.handled_lines = len(self._delivered), len(handled)
         report.losses = loss_runs(self._delivered, handled)
@@ -607,9 +702,7 @@ class Nemesis:
             report.problems += unexplained_losses(report.losses, report.faults, config.batch_size, slack=LEASE_S)
         for i, exit_ in enumerate(report.sigterms):
             exited = exit_.sent_at + exit_.seconds
-            frozen = sum(
-                max(0.0, min(end + BROKER_RECOVERY_S, exited) - max(start, exit_.sent_at)) for start, end in self._frozen
-            )
+            frozen = unavailable_s(self._frozen + self._stalls, exit_.sent_at, exited, recovery=BROKER_RECOVERY_S)
             exit_ = report.sigterms[i] = replace(exit_, broker_frozen_s=frozen)
             allowed = config.handler_seconds + SIGTERM_GRACE_S + exit_.broker_frozen_s
             if exit_.code != 0 or exit_.seconds > allowed:

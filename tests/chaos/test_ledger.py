@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 from fleet import SinkLine
-from ledger import FaultWindow, loss_runs, repeats, unexplained_losses, unexplained_repeats
+from ledger import (
+    FaultWindow,
+    broker_stalls,
+    loss_runs,
+    repeats,
+    unavailable_s,
+    unexplained_losses,
+    unexplained_repeats,
+)
 from nemesis import Kind, plan_faults
 from test_nemesis import SUITE_FAULT_SECONDS, SUITE_SEEDS
 
@@ -83,3 +91,21 @@ def test_a_repeat_must_follow_an_unclean_fault() -> None:
 def test_the_long_run_command_starts(script: str) -> None:
     result = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage" in result.stdout
+
+
+def test_the_broker_is_unavailable_during_windows_and_their_recovery_counted_once() -> None:
+    assert unavailable_s([], 10.0, 20.0, recovery=2.0) == 0.0
+    assert unavailable_s([(12.0, 13.0)], 10.0, 20.0, recovery=2.0) == 3.0  # 12..15
+    assert unavailable_s([(12.0, 13.0), (12.5, 14.0)], 10.0, 20.0, recovery=2.0) == 4.0  # overlapping: 12..16
+    assert unavailable_s([(5.0, 9.0)], 10.0, 20.0, recovery=2.0) == 1.0  # recovering at the start: 10..11
+    assert unavailable_s([(19.0, 25.0)], 10.0, 20.0, recovery=2.0) == 1.0  # cut at the end
+    assert unavailable_s([(1.0, 2.0), (30.0, 31.0)], 10.0, 20.0, recovery=2.0) == 0.0
+
+
+def test_the_brokers_own_stalls_past_a_lease_are_unclean_faults_less_the_freezes() -> None:
+    canary = [(10.0, 10.8), (10.5, 11.9), (11.8, 12.2), (20.0, 21.0), (30.0, 32.4), (40.0, 45.0)]
+    stalls = broker_stalls(canary, freezes=[(29.0, 30.5), (40.0, 41.0)], lease=1.5, grace=0.5)
+    assert stalls == [
+        FaultWindow("broker_stall", True, 10.0, 12.2, "broker"),  # three overlapping records, 2.2 s
+        FaultWindow("broker_stall", True, 41.5, 45.0, "broker"),  # stalled 4 s past the freeze's end
+    ]  # 20..21 is shorter than a lease; 31..32.4, past a freeze, too
