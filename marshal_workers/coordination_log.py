@@ -105,7 +105,7 @@ class CoordinationLog:
         self.fast_verdicts = True
         self.early_folds = 0  # records fold_delivered folded
         self.started_at: list[int] = [0] * partition_count  # where reading began, per partition
-        self._consumer = _log_consumer(settings, "log")
+        self._consumer = log_consumer(settings, "log")
 
     # ------------------------------------------------------------ lifecycle
 
@@ -292,7 +292,7 @@ class CoordinationLog:
             return self._verdicts.pop(key)
 
 
-def _log_consumer(settings: Settings, purpose: str) -> Consumer:
+def log_consumer(settings: Settings, purpose: str) -> Consumer:
     """A reader of the coordination topic that gets each record as soon as the broker has it."""
     return Consumer(
         reader_config(
@@ -322,7 +322,7 @@ def find_checkpoints(
     every "offset for a time" with the log start.)
     """
     found: list[list[codec.Checkpoint] | None] = [None] * partition_count
-    consumer = _log_consumer(settings, "checkpoints")
+    consumer = log_consumer(settings, "checkpoints")
     try:
         bounds = [
             consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)

@@ -44,6 +44,8 @@ from ledger import (
 from processes import process_group, titled
 
 from marshal_workers import codec
+from marshal_workers.config import Settings
+from marshal_workers.coordination_log import log_consumer
 from marshal_workers.embedded_broker import EmbeddedBroker
 
 HB_S = float(HB.rstrip("s"))
@@ -568,8 +570,9 @@ class Nemesis:
             consumer.close()
 
     def _canary_reader(self, partition: TopicPartition) -> Consumer:
-        consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "nemesis-canary",
-                             "enable.auto.commit": False, "fetch.wait.max.ms": 10})  # fmt: skip
+        """A reader set up as a supervisor's log reader is (librdkafka's defaults would wait up to a second
+        between fetches: a stall of the canary's own)."""
+        consumer = log_consumer(Settings(brokers=self.broker.bootstrap), "nemesis-canary")
         consumer.assign([partition])
         return consumer
 
