@@ -10,7 +10,8 @@ What is counted: a process that consumes N messages (~200-byte JSON values, one 
 broker) with the worker's fetch settings and runs, on each, the ALO loop's hot statements (``function(
 Message(record))`` and the progress store into an array), ``function`` being the handler exactly as a worker
 gets it from ``App.handler_in_worker``: the bare handler (no hook registered) or the handler wrapped by one empty
-before_message hook.  The handler is bench_app's: the value parsed with ``msg.json()``.  Each variant runs at
+before_message hook.  A third variant gives the floor of any hook mechanism: the loop itself calls an empty Python
+function before the bare handler, with no wrapper (one Python call per message, all a hook can cost at least).  The handler is bench_app's: the value parsed with ``msg.json()``.  Each variant runs at
 N and 2N messages; instructions per message = (I(2N) - I(N)) / N, so start-up and imports cancel out.  This
 leaves out the supervisor and the slot's other work, so the ratio it gives is an upper bound of the hook's
 share of a worker's cost per message.
@@ -37,7 +38,14 @@ TARGET = 0.03
 VALUE = b'{"id": %d, "amount": 1234, "currency": "EUR", "note": "' + b"x" * 140 + b'"}'
 
 
-def inner(brokers: str, topic: str, count: int, hook: bool) -> None:
+VARIANTS = {"bare": "no hook", "hook": "one empty before_message hook", "floor": "floor: one empty call inline"}
+
+
+def empty(msg: object) -> None:
+    pass
+
+
+def inner(brokers: str, topic: str, count: int, variant: str) -> None:
     """Run under valgrind: consume ``count`` messages and handle each as _consume_alo does."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -51,7 +59,7 @@ def inner(brokers: str, topic: str, count: int, hook: bool) -> None:
     def handle(msg: Message) -> None:
         msg.json()
 
-    if hook:
+    if variant == "hook":
 
         @app.before_message
         def before(msg: Message) -> None:
@@ -66,18 +74,23 @@ def inner(brokers: str, topic: str, count: int, hook: bool) -> None:
         for record in consumer.consume(min(500, count - handled), 1.0):
             if record.error() is not None:
                 continue
-            function(wrap(record))
+            if variant == "floor":
+                message = wrap(record)
+                empty(message)
+                function(message)
+            else:
+                function(wrap(record))
             fields[0] = record.offset() + 1
             handled += 1
     consumer.close()
 
 
-def instructions(brokers: str, topic: str, count: int, hook: bool) -> int:
+def instructions(brokers: str, topic: str, count: int, variant: str) -> int:
     """The instructions valgrind counted for one inner run."""
     with tempfile.TemporaryDirectory() as scratch:
         command = [
             "valgrind", "--tool=callgrind", f"--callgrind-out-file={scratch}/out", sys.executable, __file__,
-            "--inner", "--brokers", brokers, "--topic", topic, "--messages", str(count), *(["--hook"] if hook else []),
+            "--inner", "--brokers", brokers, "--topic", topic, "--messages", str(count), "--variant", variant,
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=os.environ | {"PYTHONPATH": str(ROOT)})
         found = re.search(r"Collected : (\d+)", done.stderr)
@@ -91,12 +104,12 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=20_000, help="N (each variant also runs at 2N)")
     parser.add_argument("--rounds", type=int, default=2, help="measurements of each variant (all are shown)")
     parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--hook", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, default="bare", help=argparse.SUPPRESS)
     parser.add_argument("--brokers", help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
-        inner(args.brokers, args.topic, args.messages, args.hook)
+        inner(args.brokers, args.topic, args.messages, args.variant)
         return
 
     from confluent_kafka import Producer
@@ -116,21 +129,22 @@ def main() -> None:
             if i % 10_000 == 0:
                 producer.poll(0)
         assert producer.flush(30) == 0
-        per_message: dict[bool, list[float]] = {False: [], True: []}
+        per_message: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
         for round_number in range(1, args.rounds + 1):
-            for hook in (False, True):
-                once, twice = (instructions(broker.bootstrap, topic, count, hook) for count in (n, 2 * n))
-                per_message[hook].append((twice - once) / n)
-                label = "one empty before_message hook" if hook else "no hook"
-                print(f"  round {round_number} {label:<31} {per_message[hook][-1]:10,.0f} instructions/message "
+            for variant, label in VARIANTS.items():
+                once, twice = (instructions(broker.bootstrap, topic, count, variant) for count in (n, 2 * n))
+                per_message[variant].append((twice - once) / n)
+                print(f"  round {round_number} {label:<31} {per_message[variant][-1]:10,.0f} instructions/message "
                       f"(I(N) {once:,}, I(2N) {twice:,})", flush=True)  # fmt: skip
-    bare, hooked = min(per_message[False]), min(per_message[True])
+    bare, hooked, floor = (min(per_message[variant]) for variant in VARIANTS)
     added = hooked / bare - 1
     print()
     print(f"  no hook              {bare:10,.0f} instructions/message (lowest of {args.rounds})")
     print(f"  one empty hook       {hooked:10,.0f} instructions/message (lowest of {args.rounds})")
     print(f"  added by the hook    {hooked - bare:10,.0f} instructions/message = {added:.1%}   target < {TARGET:.0%}   "
           f"{'PASS' if added < TARGET else 'FAIL'}")  # fmt: skip
+    print(f"  floor (one call)     {floor - bare:10,.0f} instructions/message = {floor / bare - 1:.1%}   "
+          "what any hook costs at least: one Python call")  # fmt: skip
 
 
 if __name__ == "__main__":
