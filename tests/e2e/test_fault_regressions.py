@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,31 @@ from marshal_workers.embedded_broker import EmbeddedBroker, free_port
 from marshal_workers.exit_codes import ExitCode
 
 pytestmark = pytest.mark.broker
+
+
+@contextlib.contextmanager
+def amo_fleet_behind_a_proxy(
+    unique: str, tmp_path: Path, partitions: int, delay: str, batch: int, produce_delay_s: float = 0.0
+) -> Iterator[tuple[Fleet, KafkaProxy]]:
+    """An AMO fleet whose every Kafka request goes through a KafkaProxy (Produce delayed by ``produce_delay_s``,
+    or held between stall() and resume()), on a broker of its own; every process stopped at the end."""
+    proxy_port = free_port()
+    with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
+        assert broker.port is not None
+        proxy = KafkaProxy(proxy_port, broker.port, delay=frozenset({PRODUCE}), delay_s=produce_delay_s).start()
+        fleet = Fleet(
+            brokers=f"127.0.0.1:{proxy_port}", group=f"group-{unique}", topic=f"seq-{unique}",
+            coordination_topic=f"__marshal-{unique}", sink=tmp_path / "sink.txt", partitions=partitions,
+            env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": delay, "MW_TEST_BATCH_SIZE": str(batch)},
+        )  # fmt: skip
+        try:
+            admin = AdminClient({"bootstrap.servers": fleet.brokers})
+            topic = NewTopic(fleet.topic, num_partitions=partitions, replication_factor=1)
+            admin.create_topics([topic])[fleet.topic].result(10)
+            yield fleet, proxy
+        finally:
+            fleet.stop_all()
+            proxy.close()
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
@@ -50,38 +77,24 @@ def test_a_clean_sigterm_while_kafka_stalls_an_amo_claim_loses_nothing(unique: s
     lost on a clean stop.  Now it asks again while its lease holds, handles the batch once it is claimed, and
     stops: nothing lost, nothing twice."""
     total, batch, hb = 3000, 20, "3s"  # a backlog of 15 s of handling; an HB long enough that the stall fits the lease
-    proxy_port = free_port()
-    with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
-        assert broker.port is not None
-        proxy = KafkaProxy(proxy_port, broker.port, delay=frozenset({PRODUCE})).start()
-        fleet = Fleet(
-            brokers=f"127.0.0.1:{proxy_port}", group=f"group-{unique}", topic=f"seq-{unique}",
-            coordination_topic=f"__marshal-{unique}", sink=tmp_path / "sink.txt", partitions=1,
-            env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": "0.005", "MW_TEST_BATCH_SIZE": str(batch)},
-        )  # fmt: skip
-        try:
-            admin = AdminClient({"bootstrap.servers": fleet.brokers})
-            admin.create_topics([NewTopic(fleet.topic, num_partitions=1, replication_factor=1)])[fleet.topic].result(10)
-            fleet.produce(range(total))
-            first = fleet.start("first", "--heartbeat-interval", hb)
-            poll_until(lambda: len(fleet.counts()) > 5 * batch, timeout=60, what="handling under way")
+    with amo_fleet_behind_a_proxy(unique, tmp_path, partitions=1, delay="0.005", batch=batch) as (fleet, proxy):
+        fleet.produce(range(total))
+        first = fleet.start("first", "--heartbeat-interval", hb)
+        poll_until(lambda: len(fleet.counts()) > 5 * batch, timeout=60, what="handling under way")
 
-            proxy.stall()  # the worker's next claim (within a batch's 0.1 s) waits on Kafka
-            time.sleep(1.0)  # within the HB: no answer yet
-            first.send_signal(signal.SIGTERM)
-            poll_until(lambda: "not confirmed in time" in fleet.log_of("first"), timeout=30, what="the claim unconfirmed")
-            proxy.resume()
-            assert first.wait(timeout=60) == ExitCode.OK
-            assert "passed: killing the workers left" not in fleet.log_of("first")
+        proxy.stall()  # the worker's next claim (within a batch's 0.1 s) waits on Kafka
+        time.sleep(1.0)  # within the HB: no answer yet
+        first.send_signal(signal.SIGTERM)
+        poll_until(lambda: "not confirmed in time" in fleet.log_of("first"), timeout=30, what="the claim unconfirmed")
+        proxy.resume()
+        assert first.wait(timeout=60) == ExitCode.OK
+        assert "passed: killing the workers left" not in fleet.log_of("first")
 
-            second = fleet.start("second", "--heartbeat-interval", hb)
-            poll_until(lambda: len(fleet.counts()) == total, timeout=90, what="every message: a clean stop loses none")
-            assert max(fleet.counts().values()) == 1, "at most once: nothing handled twice"
-            second.send_signal(signal.SIGTERM)
-            assert second.wait(timeout=60) == ExitCode.OK
-        finally:
-            fleet.stop_all()
-            proxy.close()
+        second = fleet.start("second", "--heartbeat-interval", hb)
+        poll_until(lambda: len(fleet.counts()) == total, timeout=90, what="every message: a clean stop loses none")
+        assert max(fleet.counts().values()) == 1, "at most once: nothing handled twice"
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=60) == ExitCode.OK
 
 
 def test_a_restarted_amo_supervisor_answers_claims_while_it_takes_its_partitions_back(
@@ -93,36 +106,22 @@ def test_a_restarted_amo_supervisor_answers_claims_while_it_takes_its_partitions
     partition looked stalled.  Now the backlog drains steadily: at most one lost batch per partition (the
     kill), nothing twice, no partition seen as stalled, and a SIGTERM is prompt."""
     total, batch = 3000, 20  # 150 batches: every claim through the slow proxy, well past the restart
-    proxy_port = free_port()
-    with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
-        assert broker.port is not None
-        proxy = KafkaProxy(proxy_port, broker.port, delay=frozenset({PRODUCE}), delay_s=0.15).start()
-        fleet = Fleet(
-            brokers=f"127.0.0.1:{proxy_port}", group=f"group-{unique}", topic=f"seq-{unique}",
-            coordination_topic=f"__marshal-{unique}", sink=tmp_path / "sink.txt", partitions=8,
-            env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": "0.0005", "MW_TEST_BATCH_SIZE": str(batch)},
-        )  # fmt: skip
-        try:
-            admin = AdminClient({"bootstrap.servers": fleet.brokers})
-            admin.create_topics([NewTopic(fleet.topic, num_partitions=8, replication_factor=1)])[fleet.topic].result(10)
-            first = fleet.start("only")
-            poll_until(lambda: len(fleet.worker_pids("only")) == 8, timeout=60, what="8 workers")
-            fleet.produce(range(total // 4))
-            poll_until(lambda: len(fleet.counts()) > total // 8, timeout=60, what="handling under way")
-            os.kill(first.pid, signal.SIGKILL)
-            first.wait(timeout=10)
-            fleet.produce(range(total // 4, total))
+    with amo_fleet_behind_a_proxy(unique, tmp_path, 8, delay="0.0005", batch=batch, produce_delay_s=0.15) as (fleet, _):
+        first = fleet.start("only")
+        poll_until(lambda: len(fleet.worker_pids("only")) == 8, timeout=60, what="8 workers")
+        fleet.produce(range(total // 4))
+        poll_until(lambda: len(fleet.counts()) > total // 8, timeout=60, what="handling under way")
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+        fleet.produce(range(total // 4, total))
 
-            restarted = fleet.start("only")
-            poll_until(lambda: len(fleet.counts()) >= total - 8 * batch, timeout=90, what="all but the lost batches")
-            said = fleet.log_of("only").rsplit(" running ", 1)[1]  # what the restarted one logged
-            assert "stalled" not in said and "not confirmed" not in said, said
-            assert max(fleet.counts().values()) == 1, "at most once: nothing handled twice"
+        restarted = fleet.start("only")
+        poll_until(lambda: len(fleet.counts()) >= total - 8 * batch, timeout=90, what="all but the lost batches")
+        said = fleet.log_of("only").rsplit(" running ", 1)[1]  # what the restarted one logged
+        assert "stalled" not in said and "not confirmed" not in said, said
+        assert max(fleet.counts().values()) == 1, "at most once: nothing handled twice"
 
-            restarted.send_signal(signal.SIGTERM)
-            sent = time.monotonic()
-            assert restarted.wait(timeout=60) == ExitCode.OK
-            assert time.monotonic() - sent < 3.0
-        finally:
-            fleet.stop_all()
-            proxy.close()
+        restarted.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        assert restarted.wait(timeout=60) == ExitCode.OK
+        assert time.monotonic() - sent < 3.0
