@@ -5,8 +5,9 @@ one (no CREATE permission, a policy) is played by this proxy: it forwards
 every request frame unchanged except those whose API key is refused, on
 which it closes the connection.  A slow cluster is played by delaying the
 requests whose API key is in ``delay`` (e.g. every Produce) before passing
-them on, a stalled one by holding them between ``stall()`` and ``resume()``.  The broker behind it must advertise the proxy's address, so that
-clients never go around it.
+them on, a stalled one by holding them between ``stall()`` and ``resume()``.
+The broker behind it must advertise the proxy's address, so that clients
+never go around it.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     workdir: Path | None = None
     coordination_records: int | None = None  # the coordination topic's size at the end (ListOffsets: about)
-    broker_stalls: list[tuple[float, float]] = field(default_factory=list)  # what the canaries saw late (freezes too)
+    late_canaries: list[tuple[float, float]] = field(default_factory=list)  # (sent, read) of each late one, freezes too
 
     @property
     def unclean_faults(self) -> int:
@@ -175,8 +175,8 @@ class Report:
             f"  {'complete' if c.mode == 'alo' else 'settled'} "
             + (f"{self.complete_after_s:.1f}s after the last fault" if self.complete_after_s is not None else "NEVER"),
             f"  coordination log: about {self.coordination_records} records; canaries later than "
-            f"{CANARY_STALL_S:g}s (freezes included): {len(self.broker_stalls)}, the longest "
-            f"{max((end - start for start, end in self.broker_stalls), default=0.0):.1f}s",
+            f"{CANARY_STALL_S:g}s (freezes included): {len(self.late_canaries)}, the longest "
+            f"{max((end - start for start, end in self.late_canaries), default=0.0):.1f}s",
             f"  SIGTERMs: {len(self.sigterms)}, slowest "
             + (f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen or "
                f"stalled {slowest.broker_frozen_s:.1f}s meanwhile or just before)" if slowest else "none"),
@@ -216,7 +216,7 @@ class Nemesis:
         self._busy: set[str] = set()  # supervisors a fault holds (down, frozen, being signalled)
         self._broker_busy = False
         self._frozen: list[tuple[float, float]] = []  # broker freezes (start, end)
-        self._stalls: list[tuple[float, float]] = []  # the broker silent on its own (the canaries): (start, end)
+        self._stalls: list[tuple[float, float]] = []  # the broker silent on its own (the canary): (start, end)
         self._delivered: dict[tuple[int, int], str] = {}
         self._produce_errors: list[KafkaError] = []
         self._started: list[subprocess.Popen[bytes]] = []  # every supervisor process, to check none is left
@@ -228,14 +228,13 @@ class Nemesis:
         stop_producing = threading.Event()
         producer = threading.Thread(target=self._produce, args=(stop_producing,), name="nemesis-producer")
         stop_watching = threading.Event()  # the canary watches until the final stop is over
-        canaries = [threading.Thread(target=self._guarded_call, args=(self._watch_writes, stop_watching), name="nemesis-canary")]
+        canary = threading.Thread(target=self._guarded_call, args=(self._watch_writes, stop_watching), name="nemesis-canary")
         try:
             for client in self.clients:
                 self._start(client)
             self._wait(self._all_owned, 60, "every partition owned before the faults")
             producer.start()
-            for canary in canaries:
-                canary.start()
+            canary.start()
             self._run_faults()
             stop_producing.set()
             producer.join(180)
@@ -244,8 +243,7 @@ class Nemesis:
             self._wait(self._one_owner_one_worker, 60, "every partition owned by one live supervisor with one worker")
             self._final_stop()
             stop_watching.set()
-            for canary in canaries:
-                canary.join(180)
+            canary.join(180)
             self._judge()
         except Exception:
             self.report.problems.append(f"the nemesis itself failed: {traceback.format_exc()}")
@@ -660,7 +658,7 @@ class Nemesis:
     def _judge(self) -> None:
         self._count_coordination_records()
         report, config = self.report, self.config
-        report.broker_stalls = list(self._stalls)
+        report.late_canaries = list(self._stalls)
         # Stalls of the broker's own past a lease are unclean faults, as an injected freeze past the lease is.
         report.faults += broker_stalls(self._stalls, self._frozen, lease=LEASE_S, grace=CANARY_STALL_S)
         handled = self.fleet.lines()
