@@ -141,6 +141,9 @@ class SupervisorState:
     _to_start: collections.deque[Assignment]
     _balance: BalanceState
     _free_since: dict[Key, float]
+    ready: set[object]  # what the loop's last wait found readable (workers' pipes and sentinels)
+    _held_claims: list[MessageClaim]  # AMO batch claims asked while a message-claim write is in flight
+    _message_claims_in_flight: bool
 
     if TYPE_CHECKING:  # provided by the Supervisor and its other parts
 

@@ -339,28 +339,47 @@ class PartitionClaims(SupervisorState):
         self.cooldown_until[assignment.key] = time.monotonic() + 2 * self.hb_s
 
     def _submit_message_claims(self) -> None:
-        """Write every AMO batch claim the workers asked for, all in one go, without waiting."""
-        asked: list[MessageClaim] = []
+        """Write every AMO batch claim the workers asked for, all in one go, without waiting.
+
+        Group commit: while one message-claim write is in flight, the claims asked meanwhile wait for it and
+        then go together in the next one.  Under load that is one write for most of the workers' claims
+        instead of one each; the embedded broker spent most of an AMO fleet's CPU on those writes.
+        """
+        ready = self.ready
         for assignment in self.assignments.values():
             connection = assignment.connection
+            # One message per pass, from the pipes the loop's wait found readable: a second one keeps its pipe
+            # readable, so the next wait returns at once (Connection.poll would build a selector per call).
+            if connection is None or connection not in ready:
+                continue
             try:
-                while connection is not None and connection.poll(0):
-                    message = connection.recv()
-                    if isinstance(message, tuple):  # ("outcomes", counts): what became of failed calls
-                        if message[:1] == (OUTCOMES,) and len(message) == 2 and isinstance(message[1], dict):
-                            self.counters.add_outcomes(assignment.topic, message[1])
-                        continue
-                    end = int(message)
-                    if assignment.lost:
-                        self._answer(assignment, ClaimAnswer.REFUSED)  # not ours: refused without asking the log
-                    else:
-                        asked.append((assignment, connection, end))
+                message = connection.recv()
+                if isinstance(message, tuple):  # ("outcomes", counts): what became of failed calls
+                    if message[:1] == (OUTCOMES,) and len(message) == 2 and isinstance(message[1], dict):
+                        self.counters.add_outcomes(assignment.topic, message[1])
+                    continue
+                self._held_claims.append((assignment, connection, int(message)))
             except (EOFError, OSError):
                 assignment.connection = None  # the worker is gone; reaping deals with it
+        if not self._message_claims_in_flight:
+            self._write_held_claims()
+
+    def _write_held_claims(self) -> None:
+        """Write the held claims of the workers still there; refuse those of partitions no longer ours."""
+        asked: list[MessageClaim] = []
+        for assignment, connection, end in self._held_claims:
+            if assignment.connection is not connection:
+                continue  # that worker is gone: its successor asks for itself
+            if assignment.lost:
+                self._answer(assignment, ClaimAnswer.REFUSED)  # not ours: refused without asking the log
+            else:
+                asked.append((assignment, connection, end))
+        self._held_claims = []
         if not asked:
             return
         written_ms = monotonic_ms()  # before the write: the lease errs short
         claims = [(a.topic, a.partition, end) for a, _, end in asked]
+        self._message_claims_in_flight = True
         self._require_writes().submit(
             "message claim",
             self._require_coordinator().message_claims(claims),
@@ -371,16 +390,20 @@ class PartitionClaims(SupervisorState):
         )
 
     def _after_message_claims(self, asked: list[MessageClaim], verdicts: list[bool], written_ms: int) -> None:
-        """Answer the workers whose claims have been folded: claimed (handle it) or refused (not ours: stop)."""
+        """Answer the workers whose claims have been folded: claimed (handle it) or refused (not ours: stop).
+        Then write the claims held meanwhile."""
         for (assignment, connection, end), accepted in zip(asked, verdicts):
             if accepted:
                 assignment.claimed_end = max(assignment.claimed_end, end)
                 self._extend_lease(assignment, written_ms)
             if assignment.connection is connection:  # not a worker that has since been replaced
                 self._answer(assignment, ClaimAnswer.CLAIMED if accepted else ClaimAnswer.REFUSED)
+        self._message_claims_in_flight = False
+        self._write_held_claims()
 
     def _message_claims_failed(self, asked: list[MessageClaim], exc: Exception) -> None:
-        """Kafka did not confirm the claims in time: tell those workers, who ask again (or stop, if asked to)."""
+        """Kafka did not confirm the claims in time: tell those workers, who ask again (or stop, if asked to).
+        Then write the claims held meanwhile."""
         for assignment, connection, end in asked:
             self.counters.message_claims_unconfirmed += 1
             self.log.warning(
@@ -389,6 +412,8 @@ class PartitionClaims(SupervisorState):
             )  # fmt: skip
             if assignment.connection is connection:
                 self._answer(assignment, ClaimAnswer.UNCONFIRMED)
+        self._message_claims_in_flight = False
+        self._write_held_claims()
 
     def _answer(self, assignment: Assignment, answer: ClaimAnswer) -> None:
         if assignment.connection is not None:

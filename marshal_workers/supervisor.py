@@ -25,9 +25,6 @@ import collections
 import concurrent.futures
 import faulthandler
 import logging
-import multiprocessing
-import multiprocessing.connection
-import multiprocessing.forkserver
 import queue
 import random
 import signal
@@ -69,6 +66,7 @@ from marshal_workers.remote_control import RemoteControl
 from marshal_workers.restarts import RestartPolicy
 from marshal_workers.shared_pool import SharedPool
 from marshal_workers.supervisor_lines import start_line, stop_line
+from marshal_workers.waiter import Waiter
 from marshal_workers.worker_pool import WorkerPool
 
 _log = logging.getLogger(__name__)
@@ -120,6 +118,10 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         self._stop_signalled = False  # SIGTERM/SIGINT received, perhaps not handled yet: fork nothing more
         self._announced = False  # our first claims are written: later rounds claim our part at once
         self._to_start: collections.deque[Assignment] = collections.deque()  # claimed, worker not started yet
+        self._waiter = Waiter()
+        self._held_claims = []  # AMO claims asked while one message-claim write is in flight (group commit)
+        self._message_claims_in_flight = False
+        self.ready: set[object] = set()  # what the loop's last wait found readable: workers' pipes and sentinels
         self._metadata_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata")
         self._metadata: concurrent.futures.Future[Any] | None = None  # a refresh under way
         self._unexpected_errors = 0
@@ -401,7 +403,8 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
                 if assignment.connection is not None:
                     waitables.append(assignment.connection)
         # own_folds also wakes us when a delivery report of ours comes (Coordinator._serve_deliveries).
-        ready = multiprocessing.connection.wait(waitables, timeout=0 if self._to_start else TICK_S)  # type: ignore[arg-type]
+        ready = self._waiter.wait(waitables, timeout=0 if self._to_start else TICK_S)
+        self.ready = ready
         if releases in ready:
             drain(releases)
             self.timers.claim = 0.0  # a partition was released: try to take it now, not at the next tick
@@ -566,3 +569,4 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
             self._offsets.close()
         if self._coordinator is not None:
             self._coordinator.close()
+        self._waiter.close()

@@ -101,9 +101,12 @@ class WorkerPool(SupervisorState):
                 self._start_worker(assignment)
 
     def _reap_workers(self) -> None:
+        """Deal with the workers that exited: only those whose sentinel the loop's wait found readable (asking
+        every process is_alive() built a selector per worker on every pass of the loop)."""
+        ready = self.ready
         for assignment in list(self.assignments.values()):
             process = assignment.process
-            if process is None or process.is_alive():
+            if process is None or process.sentinel not in ready or process.is_alive():
                 continue
             process.join()
             code = process.exitcode
