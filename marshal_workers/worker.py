@@ -23,6 +23,7 @@ from typing import Any
 
 import setproctitle
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Message as KafkaMessage
 
 from marshal_workers.alarm import Alarm
 from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
@@ -48,6 +49,9 @@ _PR_SET_PDEATHSIG = 1
 _HOUSEKEEPING_INTERVAL_S = 0.5
 _LEASE_POLL_S = 0.01
 _LATENCY_SAMPLE_INTERVAL_S = 0.1  # metrics on: how often a fetch's handler calls are timed
+
+
+_ERROR_OF = KafkaMessage.error  # a fetched record's error, None for a message (the method descriptor: no lookup)
 
 
 class _SupervisorGone(Exception):
@@ -525,7 +529,9 @@ class Worker:
             return []
         batch = [first, *self._consumer.consume(most - 1, 0)] if most > 1 else [first]
         self._publish_high_watermark()
-        good = [m for m in batch if m.error() is None]
+        # The errors in C (map, count), not a Python loop: this is per message, and a batch almost never has one.
+        errors = list(map(_ERROR_OF, batch))
+        good = batch if errors.count(None) == len(errors) else [m for m, e in zip(batch, errors) if e is None]
         if good and not self._first_fetched:
             self._first_fetched = True
             if good[0].offset() != self.spec.start_offset:
@@ -535,9 +541,9 @@ class Worker:
                     self.spec.settings.auto_offset_reset,
                 )  # fmt: skip
         if len(good) != len(batch):
-            for m in batch:
-                if m.error() is not None and m.error().code() != KafkaError._PARTITION_EOF:
-                    self.log.warning("fetch error: %s", m.error())
+            for error in errors:
+                if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                    self.log.warning("fetch error: %s", error)
         return good
 
     # ------------------------------------------------------------- leases

@@ -24,15 +24,11 @@ from __future__ import annotations
 
 import argparse
 import array
-import os
-import re
-import subprocess
-import sys
-import tempfile
 import types
 import uuid
 
-from checkout import ROOT  # and the checkout on sys.path
+import callgrind
+import checkout  # noqa: F401  (puts the checkout on sys.path)
 
 TARGET = 0.03
 VALUE = b'{"id": %d, "amount": 1234, "currency": "EUR", "note": "' + b"x" * 140 + b'"}'
@@ -87,16 +83,8 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
 
 def instructions(brokers: str, topic: str, count: int, variant: str) -> int:
     """The instructions valgrind counted for one inner run."""
-    with tempfile.TemporaryDirectory() as scratch:
-        command = [
-            "valgrind", "--tool=callgrind", f"--callgrind-out-file={scratch}/out", sys.executable, __file__,
-            "--inner", "--brokers", brokers, "--topic", topic, "--messages", str(count), "--variant", variant,
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=os.environ | {"PYTHONPATH": str(ROOT)})
-        found = re.search(r"Collected : (\d+)", done.stderr)
-        if done.returncode != 0 or not found:
-            raise RuntimeError(f"valgrind run failed ({done.returncode}):\n{done.stderr[-2000:]}")
-        return int(found.group(1))
+    arguments = ["--inner", "--brokers", brokers, "--topic", topic, "--messages", str(count), "--variant", variant]
+    return callgrind.instructions(__file__, arguments)
 
 
 def main() -> None:

@@ -1,0 +1,129 @@
+"""Benchmark: a whole ALO worker's instructions per message against the raw consumer loop's (valgrind).
+
+    /work/venv/bin/python tests/benchmarks/bench_loop.py [--messages 20000] [--rounds 2] [--value-bytes 24]
+
+bench_run.py times whole fleets; on this shared 2-core machine its ratios move by several percent from one
+run to the next.  This counts instructions instead (callgrind.py), in one process each, on the same records
+of one partition of the embedded broker:
+
+* raw: bench_run.py's baseline loop (``consume(500, 0.5)``, the error check, ``handle(Message(record))``)
+  on a Consumer with the worker's own settings (``worker.consumer_settings``);
+* worker: the real ``Worker`` running bench_app's ALO handler in-process, as a supervisor's fork would,
+  with a lease far away; ``max_messages_per_worker`` = N makes it stop (as a recycle) after N messages.
+
+Each runs at N and 2N messages; instructions per message = (I(2N) - I(N)) / N, so start-up, imports and the
+worker's set-up and finish cancel out.  The handler is bench_app's ``msg.json()["amount"]`` everywhere.
+The issue 11 target is ALO at 0.9 of raw per CPU-second, i.e. worker / raw <= 1.11 here (an upper bound of
+what the loop itself may cost: bench_run.py also counts the supervisor).  A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import tempfile
+import uuid
+
+import callgrind
+import checkout  # noqa: F401  (puts the checkout on sys.path)
+
+VARIANTS = {"raw": "raw consumer loop", "worker": "marshal-workers ALO worker"}
+TARGET = 1 / 0.9
+
+
+def value_of(n: int, size: int) -> bytes:
+    value = b'{"id": %d, "amount": 1.5}' % n
+    return value if len(value) >= size else value[:-1] + b', "pad": "' + b"x" * (size - len(value) - 10) + b'"}'
+
+
+def inner(brokers: str, topic: str, count: int, variant: str) -> None:
+    """Run under valgrind: handle ``count`` messages of partition 0 from offset 0, one way or the other."""
+    import bench_app  # reads MW_BENCH_* from the environment: topic, ALO, the stamp directory
+
+    from marshal_workers.app import Message
+    from marshal_workers.channel import Field, Slot, WorkerSpec, monotonic_ms
+    from marshal_workers.config import Settings
+    from marshal_workers.worker import Worker, consumer_settings
+
+    settings = Settings(brokers=brokers, group="bench-loop", max_messages_per_worker=count, log_level="warning")
+    spec = WorkerSpec("bench_app:app", topic, 0, 0, settings)
+    if variant == "raw":
+        from confluent_kafka import Consumer, TopicPartition
+
+        handle = bench_app.handle_throughput
+        consumer = Consumer(consumer_settings(spec))
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        seen = 0
+        while seen < count:
+            for record in consumer.consume(num_messages=min(500, count - seen), timeout=0.5):
+                if record.error() is None:
+                    handle(Message(record))
+                    seen += 1
+        consumer.close()
+        return
+    slot = Slot.create(multiprocessing.get_context("fork"), 0)
+    slot.set(Field.LEASE_UNTIL_MS, monotonic_ms() + 3_600_000)  # no supervisor: a lease that outlasts the run
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    Worker(spec, slot, theirs).run()
+    handled = slot.get(Field.NEXT_OFFSET)
+    if handled != count:
+        raise SystemExit(f"the worker stopped at offset {handled}, not {count}")
+    ours.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=20_000, help="N (each variant also runs at 2N)")
+    parser.add_argument("--rounds", type=int, default=2, help="measurements of each variant (all are shown)")
+    parser.add_argument("--value-bytes", type=int, default=24, help="bytes of each JSON value (padded)")
+    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=VARIANTS, default="raw", help=argparse.SUPPRESS)
+    parser.add_argument("--brokers", help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.inner:
+        inner(args.brokers, args.topic, args.messages, args.variant)
+        return
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from marshal_workers.embedded_broker import EmbeddedBroker
+
+    n = args.messages
+    print(f"bench_loop: instructions per message (callgrind), N = {n:,} and 2N, {args.rounds} round(s), "
+          f"values of {len(value_of(0, args.value_bytes))} bytes", flush=True)  # fmt: skip
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as stamps:
+        topic = f"bench-loop-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
+        for i in range(2 * n):
+            producer.produce(topic, value_of(i, args.value_bytes))
+            if i % 10_000 == 0:
+                producer.poll(0)
+        assert producer.flush(30) == 0
+        env = {"MW_BENCH_TOPIC": topic, "MW_BENCH_MODE": "alo", "MW_BENCH_OUT": stamps, "MW_BENCH_LAST_OFFSET": "-1"}
+        per_message: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+        for round_number in range(1, args.rounds + 1):
+            for variant, label in VARIANTS.items():
+                once, twice = (
+                    callgrind.instructions(__file__, ["--inner", "--brokers", broker.bootstrap, "--topic", topic,
+                                                      "--messages", str(count), "--variant", variant], env)
+                    for count in (n, 2 * n)
+                )  # fmt: skip
+                per_message[variant].append((twice - once) / n)
+                print(f"  round {round_number} {label:<27} {per_message[variant][-1]:10,.0f} instructions/message "
+                      f"(I(N) {once:,}, I(2N) {twice:,})", flush=True)  # fmt: skip
+    raw, worker = (min(per_message[variant]) for variant in VARIANTS)
+    print()
+    print(f"  raw consumer loop    {raw:10,.0f} instructions/message (lowest of {args.rounds})")
+    print(f"  ALO worker           {worker:10,.0f} instructions/message (lowest of {args.rounds})")
+    print(f"  worker / raw         {worker / raw:10.3f}   target <= {TARGET:.3f} (0.9 of raw's messages per CPU)   "
+          f"{'PASS' if worker / raw <= TARGET else 'FAIL'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
