@@ -98,7 +98,7 @@ def test_a_clean_sigterm_while_kafka_stalls_an_amo_claim_loses_nothing(unique: s
 
 
 def test_a_restarted_amo_supervisor_answers_claims_while_it_takes_its_partitions_back(
-    kafka_brokers: str, unique: str, tmp_path: Path
+    unique: str, tmp_path: Path
 ) -> None:
     """A supervisor restarted after kill -9 takes its 8 partitions back at once (fast reclaim) while their
     workers already claim batches.  Its loop once waited on every claim and heartbeat write in turn, so on a
