@@ -22,10 +22,8 @@ the exit status stays 0.
 
 from __future__ import annotations
 
-import argparse
 import array
 import types
-import uuid
 
 import callgrind
 import checkout  # noqa: F401  (puts the checkout on sys.path)
@@ -81,46 +79,25 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
     consumer.close()
 
 
-def instructions(brokers: str, topic: str, count: int, variant: str) -> int:
-    """The instructions valgrind counted for one inner run."""
-    arguments = ["--inner", "--brokers", brokers, "--topic", topic, "--messages", str(count), "--variant", variant]
-    return callgrind.instructions(__file__, arguments)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=20_000, help="N (each variant also runs at 2N)")
-    parser.add_argument("--rounds", type=int, default=2, help="measurements of each variant (all are shown)")
-    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", choices=VARIANTS, default="bare", help=argparse.SUPPRESS)
-    parser.add_argument("--brokers", help=argparse.SUPPRESS)
-    parser.add_argument("--topic", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = callgrind.arguments(__doc__.split("\n\n")[0], VARIANTS).parse_args()
     if args.inner:
         inner(args.brokers, args.topic, args.messages, args.variant)
         return
-
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     from marshal_workers.embedded_broker import EmbeddedBroker
 
     n = args.messages
     print(f"bench_hooks: instructions per message (callgrind), N = {n:,} and 2N, {args.rounds} round(s)", flush=True)
     with EmbeddedBroker() as broker:
-        topic = f"bench-hooks-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
-        for i in range(2 * n):
-            producer.produce(topic, VALUE % i)
-            if i % 10_000 == 0:
-                producer.poll(0)
-        assert producer.flush(30) == 0
+        topic = callgrind.one_partition_topic(broker.bootstrap, "bench-hooks", (VALUE % i for i in range(2 * n)))
         per_message: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
         for round_number in range(1, args.rounds + 1):
             for variant, label in VARIANTS.items():
-                once, twice = (instructions(broker.bootstrap, topic, count, variant) for count in (n, 2 * n))
+                once, twice = (
+                    callgrind.instructions(__file__, callgrind.inner_arguments(broker.bootstrap, topic, count, variant))
+                    for count in (n, 2 * n)
+                )
                 per_message[variant].append((twice - once) / n)
                 print(f"  round {round_number} {label:<31} {per_message[variant][-1]:10,.0f} instructions/message "
                       f"(I(N) {once:,}, I(2N) {twice:,})", flush=True)  # fmt: skip

@@ -21,12 +21,10 @@ what the loop itself may cost: bench_run.py also counts the supervisor).  A benc
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import tempfile
 import threading
-import uuid
 from typing import Any
 
 import callgrind
@@ -91,21 +89,12 @@ def answer_claims(supervisor_end: Any) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=20_000, help="N (each variant also runs at 2N)")
-    parser.add_argument("--rounds", type=int, default=2, help="measurements of each variant (all are shown)")
+    parser = callgrind.arguments(__doc__.split("\n\n")[0], VARIANTS)
     parser.add_argument("--value-bytes", type=int, default=24, help="bytes of each JSON value (padded)")
-    parser.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", choices=VARIANTS, default="raw", help=argparse.SUPPRESS)
-    parser.add_argument("--brokers", help=argparse.SUPPRESS)
-    parser.add_argument("--topic", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.inner:
         inner(args.brokers, args.topic, args.messages, args.variant)
         return
-
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     from marshal_workers.embedded_broker import EmbeddedBroker
 
@@ -113,23 +102,17 @@ def main() -> None:
     print(f"bench_loop: instructions per message (callgrind), N = {n:,} and 2N, {args.rounds} round(s), "
           f"values of {len(value_of(0, args.value_bytes))} bytes", flush=True)  # fmt: skip
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as stamps:
-        topic = f"bench-loop-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20})
-        for i in range(2 * n):
-            producer.produce(topic, value_of(i, args.value_bytes))
-            if i % 10_000 == 0:
-                producer.poll(0)
-        assert producer.flush(30) == 0
+        values = (value_of(i, args.value_bytes) for i in range(2 * n))
+        topic = callgrind.one_partition_topic(broker.bootstrap, "bench-loop", values)
         env = {"MW_BENCH_TOPIC": topic, "MW_BENCH_OUT": stamps, "MW_BENCH_LAST_OFFSET": "-1"}
         per_message: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
         for round_number in range(1, args.rounds + 1):
             for variant, label in VARIANTS.items():
                 once, twice = (
-                    callgrind.instructions(__file__, ["--inner", "--brokers", broker.bootstrap, "--topic", topic,
-                                                      "--messages", str(count), "--variant", variant],
-                                           env | {"MW_BENCH_MODE": "amo" if variant == "amo" else "alo"})
+                    callgrind.instructions(
+                        __file__, callgrind.inner_arguments(broker.bootstrap, topic, count, variant),
+                        env | {"MW_BENCH_MODE": "amo" if variant == "amo" else "alo"},
+                    )
                     for count in (n, 2 * n)
                 )  # fmt: skip
                 per_message[variant].append((twice - once) / n)

@@ -84,6 +84,16 @@ def answer(worker: Connection) -> ClaimAnswer | None:
     return ClaimAnswer(worker.recv()) if worker.poll(1) else None
 
 
+def one_in_flight_one_held(claims: Claims) -> tuple[Connection, Connection]:
+    """Partition 0's worker claims up to 500 (written, in flight), then partition 1's up to 700 (held)."""
+    first, second = claims.worker(0), claims.worker(1)
+    first.send(500)
+    claims.pass_of_the_loop()
+    second.send(700)
+    claims.pass_of_the_loop()
+    return first, second
+
+
 @pytest.fixture
 def claims() -> Claims:
     return Claims()
@@ -112,11 +122,7 @@ def test_claims_asked_while_a_write_is_in_flight_go_together_in_the_next_write(c
 
 
 def test_a_write_that_fails_answers_unconfirmed_and_the_held_claims_are_written_after_it(claims: Claims) -> None:
-    first, second = claims.worker(0), claims.worker(1)
-    first.send(500)
-    claims.pass_of_the_loop()
-    second.send(700)
-    claims.pass_of_the_loop()
+    first, second = one_in_flight_one_held(claims)
     claims.recorded.writes[0].on_failure(TimeoutError("not confirmed in time"))
     assert answer(first) is ClaimAnswer.UNCONFIRMED
     assert claims.counters.message_claims_unconfirmed == 1
@@ -124,11 +130,7 @@ def test_a_write_that_fails_answers_unconfirmed_and_the_held_claims_are_written_
 
 
 def test_a_held_claim_of_a_worker_since_replaced_is_not_written(claims: Claims) -> None:
-    first, second = claims.worker(0), claims.worker(1)
-    first.send(500)
-    claims.pass_of_the_loop()
-    second.send(700)
-    claims.pass_of_the_loop()
+    first, second = one_in_flight_one_held(claims)
     replacement, _ = multiprocessing.Pipe(duplex=True)
     claims.assignments[("t", 1)].connection = replacement  # that worker died and another was started
     claims.recorded.writes[0].on_verdicts([True])
@@ -136,11 +138,7 @@ def test_a_held_claim_of_a_worker_since_replaced_is_not_written(claims: Claims) 
 
 
 def test_a_held_claim_of_a_partition_lost_meanwhile_is_refused_without_a_write(claims: Claims) -> None:
-    first, second = claims.worker(0), claims.worker(1)
-    first.send(500)
-    claims.pass_of_the_loop()
-    second.send(700)
-    claims.pass_of_the_loop()
+    first, second = one_in_flight_one_held(claims)
     claims.assignments[("t", 1)].lost = True
     claims.recorded.writes[0].on_verdicts([True])
     assert answer(second) is ClaimAnswer.REFUSED
