@@ -116,7 +116,7 @@ def main() -> None:
                     for count in (n, 2 * n)
                 )  # fmt: skip
                 per_message[variant].append((twice - once) / n)
-                print(f"  round {round_number} {label:<27} {per_message[variant][-1]:10,.0f} instructions/message "
+                print(f"  round {round_number} {label:<34} {per_message[variant][-1]:10,.0f} instructions/message "
                       f"(I(N) {once:,}, I(2N) {twice:,})", flush=True)  # fmt: skip
     raw, worker, amo = (min(per_message[variant]) for variant in VARIANTS)
     print()

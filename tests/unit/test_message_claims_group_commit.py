@@ -68,8 +68,7 @@ class Claims(PartitionClaims):
     def worker(self, partition: int) -> Connection:
         """A partition of ours with a worker: the worker's end of its pipe."""
         ours, theirs = multiprocessing.Pipe(duplex=True)
-        slot = Slot(multiprocessing.get_context("fork").RawArray("q", 64))
-        assignment = Assignment("t", partition, slot, connection=ours)
+        assignment = Assignment("t", partition, Slot.create(multiprocessing.get_context("fork"), 0), connection=ours)
         self.assignments[assignment.key] = assignment
         return theirs
 
