@@ -148,16 +148,22 @@ def unexplained_repeats(found: Sequence[Repeat], faults: Sequence[FaultWindow], 
     ]
 
 
+def merged(windows: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``windows`` (start, end) sorted, those that overlap or touch made one."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(windows):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 def unavailable_s(windows: Iterable[tuple[float, float]], start: float, end: float, recovery: float) -> float:
     """Seconds of ``start..end`` during which the broker was unavailable: inside one of ``windows`` (frozen by
     the nemesis, or seen stalled by its canary) or within ``recovery`` after one.  Overlapping windows count once."""
-    covered, reach = 0.0, start
-    for low, high in sorted((max(w_start, start), min(w_end + recovery, end)) for w_start, w_end in windows):
-        low = max(low, reach)
-        if high > low:
-            covered += high - low
-            reach = high
-    return covered
+    clipped = ((max(w_start, start), min(w_end + recovery, end)) for w_start, w_end in windows)
+    return sum(high - low for low, high in merged(window for window in clipped if window[1] > window[0]))
 
 
 def broker_stalls(stalls: Iterable[tuple[float, float]], freezes: Sequence[tuple[float, float]], lease: float,
@@ -166,13 +172,7 @@ def broker_stalls(stalls: Iterable[tuple[float, float]], freezes: Sequence[tuple
     overlap, less every injected freeze up to ``grace`` after it (that fault is counted already), where what
     is left lasts longer than a lease (a supervisor's workers stop; a claim may land after its worker gave up).
     A broker that stays stalled well after a freeze ends has a second outage of its own."""
-    merged: list[list[float]] = []
-    for start, end in sorted(stalls):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    pieces = [(start, end) for start, end in merged]
+    pieces = merged(stalls)
     for f_start, f_end in sorted(freezes):
         cut = (f_start, f_end + grace)
         pieces = [piece for start, end in pieces for piece in ((start, min(end, cut[0])), (max(start, cut[1]), end))
