@@ -1,6 +1,6 @@
 """Benchmark: a whole ALO worker's instructions per message against the raw consumer loop's (valgrind).
 
-    /work/venv/bin/python tests/benchmarks/bench_loop.py [--messages 20000] [--rounds 2] [--value-bytes 24]
+    /work/venv/bin/python tests/benchmarks/bench_loop.py [--messages 20000] [--rounds 2] [--value-bytes 26]
 
 bench_run.py times whole fleets; on this shared 2-core machine its ratios move by several percent from one
 run to the next.  This counts instructions instead (callgrind.py), in one process each, on the same records
@@ -29,14 +29,10 @@ from typing import Any
 
 import callgrind
 import checkout  # noqa: F401  (puts the checkout on sys.path)
+from bench_run import VALUE_BYTES, value_of  # the same records as bench_run.py's
 
 VARIANTS = {"raw": "raw consumer loop", "worker": "marshal-workers ALO worker", "amo": "AMO worker, claims answered at once"}
 TARGET = 1 / 0.9
-
-
-def value_of(n: int, size: int) -> bytes:
-    value = b'{"id": %d, "amount": 1.5}' % n
-    return value if len(value) >= size else value[:-1] + b', "pad": "' + b"x" * (size - len(value) - 10) + b'"}'
 
 
 def inner(brokers: str, topic: str, count: int, variant: str) -> None:
@@ -90,7 +86,7 @@ def answer_claims(supervisor_end: Any) -> None:
 
 def main() -> None:
     parser = callgrind.arguments(__doc__.split("\n\n")[0], VARIANTS)
-    parser.add_argument("--value-bytes", type=int, default=24, help="bytes of each JSON value (padded)")
+    parser.add_argument("--value-bytes", type=int, default=VALUE_BYTES, help="bytes of each JSON value (padded)")
     args = parser.parse_args()
     if args.inner:
         inner(args.brokers, args.topic, args.messages, args.variant)
