@@ -398,8 +398,7 @@ class PartitionClaims(SupervisorState):
                 self._extend_lease(assignment, written_ms)
             if assignment.connection is connection:  # not a worker that has since been replaced
                 self._answer(assignment, ClaimAnswer.CLAIMED if accepted else ClaimAnswer.REFUSED)
-        self._message_claims_in_flight = False
-        self._write_held_claims()
+        self._message_claims_decided()
 
     def _message_claims_failed(self, asked: list[MessageClaim], exc: Exception) -> None:
         """Kafka did not confirm the claims in time: tell those workers, who ask again (or stop, if asked to).
@@ -412,6 +411,10 @@ class PartitionClaims(SupervisorState):
             )  # fmt: skip
             if assignment.connection is connection:
                 self._answer(assignment, ClaimAnswer.UNCONFIRMED)
+        self._message_claims_decided()
+
+    def _message_claims_decided(self) -> None:
+        """The message-claim write in flight is decided: the next one carries the claims held meanwhile."""
         self._message_claims_in_flight = False
         self._write_held_claims()
 
