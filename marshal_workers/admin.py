@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TopicPartition
 
 from marshal_workers import checkpoints, codec
 from marshal_workers.config import Settings
@@ -22,6 +22,7 @@ from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
 from marshal_workers.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
+from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.status import utc_iso
 from marshal_workers.world_state import Owner, WorldState, record_time, refusals
 
@@ -271,7 +272,9 @@ def log_lines(
     count = topic_partition_count(admin, settings, settings.coordination_topic)
     if count is None:
         return
-    consumer = Consumer(reader_config(settings, "log"))
+    consumer = GuardedConsumer(
+        reader_config(settings, "log"), f"coordination log {settings.coordination_topic} (log)", settings.heartbeat_interval
+    )
     starts = [OFFSET_BEGINNING] * count
     state = WorldState(group, settings.heartbeat_ms, count)
     if not from_beginning:

@@ -55,6 +55,7 @@ class Field(enum.IntEnum):
     CALL_FIRST_OFFSET = 9  # worker: the first offset of the tracked call (with CALL_STARTED_MS)
     IN_FLIGHT = 10  # worker: handler calls running now (concurrency > 1)
     WINDOW_USED = 11  # worker: offsets from the lowest unfinished message to the furthest fetched one
+    FETCH_STALLS = 12  # worker: times the broker answered its fetches without records while behind (stalled_reads.py)
 
 
 # Handler latency histogram (metrics on): upper bounds in seconds; after the Field entries, one count

@@ -22,7 +22,6 @@ from typing import TypeVar
 from confluent_kafka import (
     OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
-    Consumer,
     KafkaError,
     KafkaException,
     Message,
@@ -34,6 +33,7 @@ from marshal_workers.codec import Release
 from marshal_workers.config import Settings
 from marshal_workers.errors import DecodeError, KafkaUnavailable
 from marshal_workers.kafka_clients import admin_client, reader_config, topic_partition_count
+from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.world_state import WorldState
 
 log = logging.getLogger(__name__)
@@ -270,6 +270,11 @@ class CoordinationLog:
                         f"(no progress for {stall_timeout:g}s)"
                     )
 
+    @property
+    def fetch_stalls(self) -> int:
+        """Times the tail found the broker answering without records while the log went on (stalled_reads.py)."""
+        return self._consumer.stalls
+
     def records_read(self) -> int:
         """Records folded (or skipped as garbage) since reading began: a bounded number when it began at checkpoints."""
         with self._lock:
@@ -292,9 +297,10 @@ class CoordinationLog:
             return self._verdicts.pop(key)
 
 
-def log_consumer(settings: Settings, purpose: str) -> Consumer:
-    """A reader of the coordination topic that gets each record as soon as the broker has it."""
-    return Consumer(
+def log_consumer(settings: Settings, purpose: str) -> GuardedConsumer:
+    """A reader of the coordination topic that gets each record as soon as the broker has it (and gets past the
+    embedded broker's stalled fetches on a long log: stalled_reads.py)."""
+    return GuardedConsumer(
         reader_config(
             settings,
             purpose,
@@ -304,7 +310,9 @@ def log_consumer(settings: Settings, purpose: str) -> Consumer:
                 "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
                 "fetch.queue.backoff.ms": 5,
             },
-        )
+        ),
+        f"coordination log {settings.coordination_topic} ({purpose})",
+        settings.heartbeat_interval,
     )
 
 
@@ -354,7 +362,7 @@ def find_checkpoints(
 
 
 def _scan(
-    consumer: Consumer,
+    consumer: GuardedConsumer,
     topic: str,
     group: str,
     spans: dict[int, tuple[int, int | None]],

@@ -551,6 +551,12 @@ class Coordinator:
         return self._log.early_folds
 
     @property
+    def fetch_stalls(self) -> int:
+        """Times the log's reader found the broker answering without records while behind (stalled_reads.py)."""
+        assert self._log is not None
+        return self._log.fetch_stalls
+
+    @property
     def garbage_seen(self) -> int:
         assert self._log is not None
         return self._log.read(lambda state: state.stats.garbage)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 import orjson
-from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_END, Producer, TopicPartition
 
 import marshal_workers
 from marshal_workers.config import Settings
@@ -31,6 +31,7 @@ from marshal_workers.coordinator import ensure_coordination_topic
 from marshal_workers.embedded_broker import EmbeddedBroker
 from marshal_workers.errors import ConfigError
 from marshal_workers.kafka_clients import admin_client, ensure_topic, reader_config
+from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.world_state import WorldState
 
 DEMO_APP = "examples.quickstart:app"
@@ -181,7 +182,7 @@ class _HighWatermarks:
 
     def __init__(self, settings: Settings, partitions: int) -> None:
         self.partitions = partitions
-        self._consumer = Consumer(reader_config(settings, "demo-view"))
+        self._consumer = GuardedConsumer(reader_config(settings, "demo-view"), "the demo's view", settings.heartbeat_interval)
         self._consumer.assign([TopicPartition(DEMO_TOPIC, p, OFFSET_END) for p in range(partitions)])
 
     def read(self) -> list[int]:

@@ -84,6 +84,7 @@ class PartitionStats:
     latency_sum_s: float
     in_flight: int = 0  # handler calls running now (concurrency inside a worker)
     window_used: int = 0  # offsets from the lowest unfinished message to the furthest fetched one
+    fetch_stalls: int = 0  # times the worker's fetches stalled and were read again with a longer wait
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class Snapshot:
     counters: Counters
     garbage_records: int  # coordination records that did not decode
     shared: list[SharedStats] = field(default_factory=list)
+    coordination_fetch_stalls: int = 0  # times the log's reader stalled and read again with a longer wait
 
 
 def metric_families(snapshot: Snapshot) -> list[Metric]:
@@ -129,6 +131,12 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         "partition_window_used",
         "Offsets from the lowest unfinished message to the furthest fetched (a stuck message holds it).",
     )
+    stalls = per_partition(
+        CounterMetricFamily,
+        "partition_fetch_stalls",
+        "Times the broker answered the worker's fetches without records while it was behind, and it read again "
+        "with a longer fetch wait (the embedded broker on a long partition: docs/brokers.md).",
+    )
     latency = per_partition(
         HistogramMetricFamily,
         "handler_duration_seconds",
@@ -141,6 +149,7 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         dead.add_metric(where, p.dead_lettered)
         in_flight.add_metric(where, p.in_flight)
         window.add_metric(where, p.window_used)
+        stalls.add_metric(where, p.fetch_stalls)
         if p.high_watermark is not None:
             high.add_metric(where, p.high_watermark)
         if p.lag is not None:
@@ -196,9 +205,15 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
             counters.message_claims_unconfirmed,
         ),
         ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
+        (
+            "coordination_fetch_stalls",
+            "Times the broker answered the coordination log's fetches without records while it was behind, and it "
+            "was read again with a longer fetch wait (docs/brokers.md).",
+            snapshot.coordination_fetch_stalls,
+        ),
     ]
     families: list[Metric] = [
-        next_offset, high, lag, rate, handled, dead, in_flight, window, latency, owned, claims, releases, restarts,
+        next_offset, high, lag, rate, handled, dead, in_flight, window, stalls, latency, owned, claims, releases, restarts,
         errors, retries, outcomes,
     ]  # fmt: skip
     for name, doc, value in simple:

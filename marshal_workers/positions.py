@@ -22,11 +22,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from marshal_workers.config import Settings
 from marshal_workers.errors import KafkaUnavailable
 from marshal_workers.kafka_clients import reader_config
+from marshal_workers.stalled_reads import GuardedConsumer
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def chosen_partitions(
 
 
 def offsets_at(
-    consumer: Consumer,
+    consumer: GuardedConsumer,
     settings: Settings,
     topic: str,
     bounds: Mapping[int, Bounds],
@@ -106,14 +107,16 @@ class Stamped(NamedTuple):
     timestamp: int
 
 
-def position_consumer(settings: Settings) -> Consumer:
+def position_consumer(settings: Settings) -> GuardedConsumer:
     """A consumer for looking things up: assign() only, a throwaway group id, never a commit."""
     # Tansu holds a waiting fetch for the whole wait: keep probes quick.
-    return Consumer(reader_config(settings, "positions", **{"fetch.wait.max.ms": 10}))
+    return GuardedConsumer(
+        reader_config(settings, "positions", **{"fetch.wait.max.ms": 10}), "a look-up of positions", settings.heartbeat_interval
+    )
 
 
 def partition_bounds(
-    consumer: Consumer, settings: Settings, topic: str, partitions: Sequence[int]
+    consumer: GuardedConsumer, settings: Settings, topic: str, partitions: Sequence[int]
 ) -> dict[int, Bounds]:
     """(low, high) of each partition.  ``high`` comes from a fetch response, all partitions at once."""
     listed: dict[int, Bounds] = {}
@@ -131,7 +134,7 @@ def partition_bounds(
     return {p: Bounds(listed[p].low, max(listed[p].high, fetched.get(p, -1))) for p in partitions}
 
 
-def _fetched_highs(consumer: Consumer, settings: Settings, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+def _fetched_highs(consumer: GuardedConsumer, settings: Settings, topic: str, partitions: Sequence[int]) -> dict[int, int]:
     """The high watermarks the first fetch responses carry (what is cached once a fetch came back)."""
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     highs: dict[int, int] = {}
@@ -150,7 +153,7 @@ def _fetched_highs(consumer: Consumer, settings: Settings, topic: str, partition
 
 
 def first_records(
-    consumer: Consumer, settings: Settings, topic: str, starts: Mapping[int, int], count: int
+    consumer: GuardedConsumer, settings: Settings, topic: str, starts: Mapping[int, int], count: int
 ) -> dict[int, list[Stamped]]:
     """Up to ``count`` records of each partition from its start offset, all partitions at once.
 
@@ -187,7 +190,7 @@ def first_records(
 
 
 def offsets_for_time(
-    consumer: Consumer, settings: Settings, topic: str, bounds: Mapping[int, Bounds], timestamp_ms: int
+    consumer: GuardedConsumer, settings: Settings, topic: str, bounds: Mapping[int, Bounds], timestamp_ms: int
 ) -> dict[int, int]:
     """Per partition, the first offset whose record time is at or after ``timestamp_ms`` (its end if none)."""
     asked = _asked_offsets(consumer, settings, topic, bounds, timestamp_ms)
@@ -203,7 +206,7 @@ def offsets_for_time(
 
 
 def _asked_offsets(
-    consumer: Consumer, settings: Settings, topic: str, bounds: Mapping[int, Bounds], timestamp_ms: int
+    consumer: GuardedConsumer, settings: Settings, topic: str, bounds: Mapping[int, Bounds], timestamp_ms: int
 ) -> dict[int, int]:
     wanted = [TopicPartition(topic, p, timestamp_ms) for p in bounds]
     try:
@@ -219,7 +222,7 @@ def _asked_offsets(
 
 
 def _unconfirmed(
-    consumer: Consumer,
+    consumer: GuardedConsumer,
     settings: Settings,
     topic: str,
     bounds: Mapping[int, Bounds],
@@ -239,7 +242,7 @@ def _unconfirmed(
 
 
 def _search(
-    consumer: Consumer, settings: Settings, topic: str, bounds: Mapping[int, Bounds], timestamp_ms: int
+    consumer: GuardedConsumer, settings: Settings, topic: str, bounds: Mapping[int, Bounds], timestamp_ms: int
 ) -> dict[int, int]:
     """Binary search, all partitions in step: the smallest offset whose next record is at or after the time.
 

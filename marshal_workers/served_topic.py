@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from marshal_workers import codec
 from marshal_workers.channel import monotonic_ms
@@ -42,6 +42,7 @@ from marshal_workers.coordinator import Coordinator
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http_messages import BadRequest, MessageId, message_json
+from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.logs import group_log
 from marshal_workers.offsets import OffsetLookupError, OffsetStore, PartitionEnds
 from marshal_workers.range_leases import Holder, SharedPartition
@@ -151,7 +152,7 @@ class ServedTopic:
         self.last_loop = time.monotonic()  # for /healthz: the loop is alive
         self._coordinator: Coordinator | None = None
         self._offsets: OffsetStore | None = None
-        self._consumer: Consumer | None = None
+        self._consumer: GuardedConsumer | None = None
         self._dlq = DeadLetterWriter(settings)
         self._positions: dict[int, int] = {}  # partition -> the next offset the consumer reads there
         self._ends = PartitionEnds()  # as ListOffsets says, asked without blocking
@@ -166,7 +167,11 @@ class ServedTopic:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> ServedTopic:
-        self._consumer = Consumer(consumer_settings(self.settings))
+        self._consumer = GuardedConsumer(
+            consumer_settings(self.settings),
+            f"serve {self.settings.require_group()} {self.topic}",
+            self.settings.heartbeat_interval,
+        )
         metadata = self._consumer.list_topics(self.topic, timeout=self.settings.connect_timeout)
         found = metadata.topics.get(self.topic)
         if found is None or found.error is not None or not found.partitions:

@@ -43,7 +43,7 @@ from types import FrameType
 from typing import Any
 
 import setproctitle
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from marshal_workers.app import App, HandlerSpec, Message, Mode
 from marshal_workers.channel import monotonic_ms
@@ -52,6 +52,7 @@ from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import MaxDeliveriesExceeded, SendError
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.handler_outcomes import OutcomeCounts
+from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
@@ -120,7 +121,7 @@ class SharedWorker:
         self.log = group_log(_log, spec.settings.require_group())
         self.stopping = False
         self.ranges: collections.deque[_Range] = collections.deque()
-        self._consumer: Consumer | None = None
+        self._consumer: GuardedConsumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
         self._dlq = DeadLetterWriter(spec.settings)
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
@@ -145,7 +146,12 @@ class SharedWorker:
             self.log.exception("shared worker for %s cannot start", self.spec.topic)
             return WorkerExit.BOOT_ERROR
         try:
-            self._consumer = Consumer(consumer_settings(self.spec.settings))
+            settings = self.spec.settings
+            self._consumer = GuardedConsumer(
+                consumer_settings(settings),
+                f"shared worker of {settings.require_group()} {self.spec.topic}",
+                settings.heartbeat_interval,
+            )
             return self._loop(handler)
         except _SupervisorGone:
             return WorkerExit.SUPERVISOR_GONE

@@ -524,6 +524,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
                     dead_lettered=a.slot.get(Field.DEAD_LETTERED),
                     in_flight=a.slot.get(Field.IN_FLIGHT),
                     window_used=a.slot.get(Field.WINDOW_USED),
+                    fetch_stalls=a.slot.get(Field.FETCH_STALLS),
                     latency_counts=a.slot.latency_counts(),
                     latency_sum_s=a.slot.get(Field.LATENCY_SUM_NS) / 1e9,
                 )
@@ -532,7 +533,10 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
             self.counters, releases=collections.Counter(self.counters.releases),
             worker_restarts=collections.Counter(self.counters.worker_restarts),
         )  # fmt: skip
-        return Snapshot(self.group, partitions, counters, self._require_coordinator().garbage_seen, self.shared.stats())
+        coordinator = self._require_coordinator()
+        return Snapshot(
+            self.group, partitions, counters, coordinator.garbage_seen, self.shared.stats(), coordinator.fetch_stalls
+        )
 
     def _dashboard_step(self) -> Callable[[Dashboard], Dashboard]:
         """The dashboard's update from our own WorldState, and the ends our workers' fetches saw."""

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 import setproctitle
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
 from marshal_workers.alarm import Alarm
@@ -32,6 +32,7 @@ from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import SendError, TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.handler_outcomes import OutcomeCounts
+from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.instrumentation import Instruments, instrument
 from marshal_workers.kafka_clients import client_config
@@ -125,7 +126,9 @@ def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
     )
 
 
-def finish_worker(app: App | None, log: Any, dlq: DeadLetterWriter, consumer: Consumer | None, outbox: Outbox) -> None:
+def finish_worker(
+    app: App | None, log: Any, dlq: DeadLetterWriter, consumer: GuardedConsumer | None, outbox: Outbox
+) -> None:
     """A worker's last steps (both kinds): the on_worker_stop hooks, then its sends, dead letters and consumer
     closed."""
     for hook in app.worker_stop_hooks if app else []:
@@ -204,7 +207,7 @@ class Worker:
         self._partition = TopicPartition(spec.topic, spec.partition)
         self._handled_total = 0
         self._recycle_reason: str | None = None
-        self._consumer: Consumer | None = None
+        self._consumer: GuardedConsumer | None = None
         self._timed: HandlerSpec | None = None  # metrics on: the handler, timing each call
         self._next_timed_fetch = 0.0
         self._alarm: Alarm | None = None  # _consume_alo's next look at the lease and housekeeping
@@ -230,7 +233,7 @@ class Worker:
         run_hooks(app.hooks.on_partition_claimed, self.spec.topic, self.spec.partition)
         self._partition_hooks_due = True  # on_partition_released runs as the worker stops
         try:
-            self._consumer = Consumer(consumer_settings(self.spec))
+            self._consumer = self._open_consumer()
             self._consumer.assign([TopicPartition(self.spec.topic, self.spec.partition, self.spec.start_offset)])
             self.log.info("worker started at offset %d (%s%s)", self.spec.start_offset, handler.mode.value,
                           f", concurrency {handler.concurrency}" if on_lanes else "")  # fmt: skip
@@ -496,6 +499,15 @@ class Worker:
                        "dead-lettered" if handler.on_too_old is OnTooOld.DLQ else "skipped")  # fmt: skip
 
     # ----------------------------------------------------- lifecycle limits
+
+    def _open_consumer(self) -> GuardedConsumer:
+        spec = self.spec
+        return GuardedConsumer(
+            consumer_settings(spec),
+            f"worker of {spec.group} {spec.topic}[{spec.partition}]",
+            spec.settings.heartbeat_interval,
+            on_stall=lambda stalls: self.slot.set(Field.FETCH_STALLS, stalls),
+        )
 
     def _fetch_size(self, handler: HandlerSpec) -> int:
         """A batch never runs past max_messages_per_worker, so the restart falls on a message boundary."""

@@ -87,7 +87,7 @@ def test_a_repeat_must_follow_an_unclean_fault() -> None:
     assert len(unexplained_repeats(found, [kill(25.0)], slack=0.0)) == 1
 
 
-@pytest.mark.parametrize("script", ["run_nemesis.py", "tansu_concurrent_writes.py"])
+@pytest.mark.parametrize("script", ["run_nemesis.py", "tansu_stalled_fetches.py"])
 def test_the_long_run_command_starts(script: str) -> None:
     result = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "usage" in result.stdout

@@ -20,7 +20,8 @@ from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Pro
 def snapshot() -> Snapshot:
     latency = [0] * (len(LATENCY_BOUNDS) + 1)
     latency[0], latency[4], latency[-1] = 90, 9, 1  # <= 0.5ms, <= 10ms, > 10s
-    busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5, in_flight=32, window_used=700)
+    busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5, in_flight=32, window_used=700,
+                          fetch_stalls=2)
     fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
@@ -31,7 +32,7 @@ def snapshot() -> Snapshot:
         messages={"handled": 2990, "failed": 6, "dead_lettered": 4}, worker_restarts=1,
         low_water_marks={0: 1500, 1: 1480}, lost={0: 0, 1: 20},
     )  # fmt: skip
-    return Snapshot("billing", [busy, fresh], counters, garbage_records=7, shared=[thumbs])
+    return Snapshot("billing", [busy, fresh], counters, garbage_records=7, shared=[thumbs], coordination_fetch_stalls=3)
 
 
 def scrape(server_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -74,6 +75,12 @@ def test_calls_in_flight_and_window_use_per_partition(served: dict) -> None:
     assert served[("marshal_workers_partition_in_flight", where(3))] == 32
     assert served[("marshal_workers_partition_window_used", where(3))] == 700
     assert served[("marshal_workers_partition_in_flight", where(4))] == 0
+
+
+def test_stalled_fetches_read_again_with_a_longer_wait_are_counted(served: dict) -> None:
+    assert served[("marshal_workers_partition_fetch_stalls_total", where(3))] == 2
+    assert served[("marshal_workers_partition_fetch_stalls_total", where(4))] == 0
+    assert served[("marshal_workers_coordination_fetch_stalls_total", (("group", "billing"),))] == 3
 
 
 def test_handler_latency_is_a_cumulative_histogram(served: dict) -> None:

@@ -1,0 +1,234 @@
+"""Readers that never sit stuck behind a broker that answers every fetch without records.
+
+The embedded broker (Tansu, memory storage) stores every produced batch as an object of its own, never
+deleted, and on every fetch lists all of a partition's batch objects, oldest first, within the time the
+fetch may wait (``fetch.wait.max.ms``).  Once a partition holds more batches than that wait can list
+(about 0.5 microseconds a batch on a 2-core machine: some 10,000 batches at a 5 ms wait), the listing
+stops short of the reader's offset and the answer is empty, with the high watermark far ahead, on every
+fetch from then on: the reader is stuck for good, and so is every partition fetched in the same request.
+docs/brokers.md says how it was found and how to reproduce it.
+
+A longer wait gets through (a fetch that finds records answers as soon as it has them), but costs latency
+to a reader at the end (Tansu looks for new records again only after half of the remaining wait), so a
+reader starts with a short wait and ``GuardedConsumer`` lengthens it when, and only when, it sees the
+fault: its polls come back empty for ``stall_after`` seconds while an assigned partition's high
+watermark (from the last fetch response) is ahead of its position, and the broker answers a ListOffsets
+request (so it is not merely down or frozen).  It then replaces its consumer by one with a 4 times
+longer wait, at the same positions.  On Apache Kafka, which answers a waiting fetch as soon as records
+arrive, this never happens, and would cost nothing if it did.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
+
+log = logging.getLogger(__name__)
+
+WAIT_GROWTH = 4  # each stall multiplies the fetch wait by this
+MAX_WAIT_MS = 2000  # the longest fetch wait a guard sets; a broker slower than that is reported, not waited for
+PROBE_TIMEOUT_S = 1.0  # how long the liveness probe (ListOffsets) may take before the broker counts as down
+
+
+@dataclass
+class StallWatch:
+    """When a reader has returned nothing for long enough to look at why.  Pure: the caller gives ``now``.
+
+    The reader adds 1 to ``reads`` for each non-empty poll (the hot path: one integer add); the clock is
+    read only on empty ones.
+    """
+
+    stall_after_s: float
+    reads: int = 0  # non-empty polls so far
+    _reads_seen: int = -1
+    _idle_since: float = 0.0
+
+    def empty(self, now: float) -> bool:
+        """An empty poll at ``now``: True when nothing came back for ``stall_after_s``."""
+        if self.reads != self._reads_seen:
+            self._reads_seen, self._idle_since = self.reads, now
+            return False
+        return now - self._idle_since >= self.stall_after_s
+
+    def restart(self, now: float) -> None:
+        """Looked (or replaced the consumer): wait a whole ``stall_after_s`` again before the next look."""
+        self._reads_seen, self._idle_since = self.reads, now
+
+
+def behind(positions: dict[tuple[str, int], int], ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """The partitions whose known end is past the reader's position: {partition: records behind}."""
+    return {key: ends[key] - at for key, at in positions.items() if key in ends and ends[key] > at >= 0}
+
+
+def raised_wait(wait_ms: int) -> int:
+    """The next fetch wait after a stall: WAIT_GROWTH times longer, at most MAX_WAIT_MS."""
+    return min(MAX_WAIT_MS, max(wait_ms, 1) * WAIT_GROWTH)
+
+
+def stall_after(heartbeat_s: float, wait_ms: int) -> float:
+    """How long a reader that is behind may get nothing before it is looked at: half a heartbeat (so that it
+    recovers within one), and never less than 3 fetch waits (a fetch may legitimately take its whole wait)."""
+    return max(heartbeat_s / 2, 3 * wait_ms / 1000)
+
+
+@dataclass
+class _Position:
+    """Where a partition was last placed (assign or seek), and how many reads had happened then."""
+
+    offset: int
+    reads: int
+
+
+class GuardedConsumer:
+    """A confluent-kafka Consumer (assign() only) that replaces itself with a longer fetch wait when the broker
+    answers its fetches without records while the end is ahead.  Offers the Consumer methods the package uses.
+
+    ``what`` names the reader in log lines (e.g. "coordination log of group G"); ``stalls`` counts replacements,
+    and ``on_stall`` (if given) hears the new count after each.
+    """
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        what: str,
+        heartbeat_s: float,
+        on_stall: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = dict(config)
+        self.wait_ms = int(self._config.get("fetch.wait.max.ms", 500))
+        self._config["fetch.wait.max.ms"] = self.wait_ms
+        self.what = what
+        self._heartbeat_s = heartbeat_s
+        self._clock = clock
+        self._on_stall = on_stall
+        self._consumer = Consumer(self._config)
+        self._watch = StallWatch(stall_after(heartbeat_s, self.wait_ms))
+        self._placed: dict[tuple[str, int], _Position] = {}
+        self.stalls = 0
+
+    # ----------------------------------------------------------- reading
+
+    def poll(self, timeout: float) -> Message | None:
+        message = self._consumer.poll(timeout)
+        if message is not None:
+            self._watch.reads += 1
+        elif self._watch.empty(self._clock()):
+            self._look()
+        return message
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        messages = self._consumer.consume(num_messages, timeout)
+        if messages:
+            self._watch.reads += 1
+        elif self._watch.empty(self._clock()):
+            self._look()
+        return messages
+
+    # ---------------------------------------------------- placing the reader
+
+    def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        self._consumer.assign(partitions)
+        self._placed = {(tp.topic, tp.partition): _Position(tp.offset, self._watch.reads) for tp in partitions}
+        self._watch.restart(self._clock())
+
+    def unassign(self) -> None:
+        self._consumer.unassign()
+        self._placed = {}
+
+    def seek(self, partition: TopicPartition) -> None:
+        self._consumer.seek(partition)
+        self._placed[(partition.topic, partition.partition)] = _Position(partition.offset, self._watch.reads)
+
+    # ------------------------------------------------------ passed through
+
+    def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None, cached: bool = False) -> Any:
+        if timeout is None:
+            return self._consumer.get_watermark_offsets(partition, cached=cached)
+        return self._consumer.get_watermark_offsets(partition, timeout=timeout, cached=cached)
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        return self._consumer.list_topics(*args, **kwargs)
+
+    def offsets_for_times(self, *args: Any, **kwargs: Any) -> Any:
+        return self._consumer.offsets_for_times(*args, **kwargs)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    # ------------------------------------------------------------ the guard
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """Where this reader stands in each assigned partition: the offset after the last record it returned,
+        or where it was placed if it returned none since.  A logical start (beginning, end) counts as -1."""
+        keys = list(self._placed)
+        reported = self._consumer.position([TopicPartition(topic, partition) for topic, partition in keys])
+        found: dict[tuple[str, int], int] = {}
+        for key, tp in zip(keys, reported):
+            placed = self._placed[key]
+            moved = tp.offset != OFFSET_INVALID and self._watch.reads > placed.reads
+            found[key] = tp.offset if moved else placed.offset
+        return found
+
+    def _look(self) -> None:
+        """Nothing came back for a while: if the broker answers while the end is ahead, wait longer."""
+        now = self._clock()
+        self._watch.restart(now)
+        positions = self.positions()
+        marks = {key: self._consumer.get_watermark_offsets(TopicPartition(*key), cached=True) for key in positions}
+        # A reader placed at the beginning that has read nothing stands at the log's start.
+        numeric = {key: max(marks[key][0], 0) if at == OFFSET_BEGINNING else at for key, at in positions.items()}
+        lagging = behind(numeric, {key: high for key, (_, high) in marks.items()})
+        if not lagging or not self._broker_answers(next(iter(lagging))):
+            return
+        if self.wait_ms >= MAX_WAIT_MS:
+            log.error(
+                "%s: the broker answers every fetch without records while %s; its fetches already wait %d ms: "
+                "this is the embedded broker's limit on a long partition (docs/brokers.md): restart it, or use Kafka",
+                self.what, _describe(lagging, numeric), self.wait_ms,
+            )  # fmt: skip
+            return
+        self._replace(positions, numeric, raised_wait(self.wait_ms), lagging)
+
+    def _broker_answers(self, key: tuple[str, int]) -> bool:
+        try:
+            self._consumer.get_watermark_offsets(TopicPartition(*key), timeout=PROBE_TIMEOUT_S, cached=False)
+            return True
+        except KafkaException:
+            return False  # down or frozen: not the fault this guards against; the reader resumes on its own
+
+    def _replace(
+        self,
+        positions: dict[tuple[str, int], int],
+        numeric: dict[tuple[str, int], int],
+        wait_ms: int,
+        lagging: dict[tuple[str, int], int],
+    ) -> None:
+        log.warning(
+            "%s: the broker answered every fetch for %.1fs without records while %s: reading again with fetches "
+            "that wait up to %d ms instead of %d (the embedded broker's fault on long partitions, docs/brokers.md)",
+            self.what, self._watch.stall_after_s, _describe(lagging, numeric), wait_ms, self.wait_ms,
+        )  # fmt: skip
+        self._config["fetch.wait.max.ms"] = self.wait_ms = wait_ms
+        old, self._consumer = self._consumer, Consumer(self._config)
+        starts = [TopicPartition(topic, p, positions[(topic, p)]) for topic, p in self._placed]
+        old.close()
+        self._consumer.assign(starts)
+        self._placed = {(tp.topic, tp.partition): _Position(tp.offset, self._watch.reads) for tp in starts}
+        self._watch = StallWatch(stall_after(self._heartbeat_s, wait_ms), reads=self._watch.reads)
+        self._watch.restart(self._clock())
+        self.stalls += 1
+        if self._on_stall is not None:
+            self._on_stall(self.stalls)
+
+
+def _describe(lagging: dict[tuple[str, int], int], positions: dict[tuple[str, int], int]) -> str:
+    shown = [f"{topic}[{partition}] is {count} records past {positions[(topic, partition)]}"
+             for (topic, partition), count in sorted(lagging.items())[:3]]  # fmt: skip
+    more = f" (and {len(lagging) - 3} more partitions)" if len(lagging) > 3 else ""
+    return ", ".join(shown) + more

@@ -1,0 +1,115 @@
+"""The embedded broker's stalled fetches on a long partition, and the project's readers getting past them.
+
+On Tansu (memory storage) every fetch lists all of a partition's batches within the fetch's wait; past a few
+thousand batches a 1 ms wait never reaches the reader's offset again (docs/brokers.md).  The coordination log's
+reader starts with such a wait here and must still read the whole log, seeing and counting the stall.  On an
+external Kafka (MARSHAL_WORKERS_TEST_BROKERS) nothing stalls: the reader must simply read it all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from marshal_workers import codec
+from marshal_workers.config import Settings
+from marshal_workers.coordination_log import CoordinationLog
+from marshal_workers.coordinator import ensure_coordination_topic
+from marshal_workers.kafka_clients import admin_client, ensure_topic
+from marshal_workers.stalled_reads import GuardedConsumer
+
+pytestmark = pytest.mark.broker
+
+BATCHES = 6000  # each its own batch, so its own object in Tansu's store: past what a 1 ms fetch can list
+EMBEDDED = not os.environ.get("MARSHAL_WORKERS_TEST_BROKERS")
+
+
+def write_single_record_batches(settings: Settings, count: int) -> None:
+    """Another group's heartbeats on coordination partition 0, one record per produce batch."""
+    producer = Producer({"bootstrap.servers": settings.brokers, "linger.ms": 0, "batch.num.messages": 1})
+    common = {"v": 1, "group": "another-group", "client": "host", "instance": "i-1"}
+    for n in range(count):
+        record = codec.Heartbeat(**common, ts=1_700_000_000_000 + n, topic="t", partition=0, offset=n)
+        producer.produce(settings.coordination_topic, codec.encode(record), partition=0)
+        if n % 100 == 0:
+            producer.flush(10)
+    assert producer.flush(30) == 0
+
+
+def reaches(bootstrap: str, topic: str, offset: int, wait_ms: int, within_s: float) -> bool:
+    """Whether a plain consumer with that fetch wait reads the record at ``offset`` within ``within_s``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "plain", "fetch.wait.max.ms": wait_ms})
+    try:
+        consumer.assign([TopicPartition(topic, 0, offset)])
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                return True
+        return False
+    finally:
+        consumer.close()
+
+
+def test_the_coordination_reader_gets_past_the_stalled_fetches_of_a_long_partition(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = replace(settings, coordination_fetch_wait=0.001, coordination_partitions=2)
+    ensure_coordination_topic(admin_client(settings), settings)
+    write_single_record_batches(settings, BATCHES)
+    if EMBEDDED:  # the fault is there: a plain reader with the same wait never gets the last record
+        assert not reaches(settings.brokers, settings.coordination_topic, BATCHES - 1, wait_ms=1, within_s=3.0)
+
+    caplog.set_level(logging.WARNING, logger="marshal_workers.stalled_reads")
+    reader = CoordinationLog(settings, settings.group, 2, from_beginning=True).start()
+    try:
+        reader.wait_caught_up(stall_timeout=10.0)  # raises if it makes no progress for 10 s
+        assert reader.records_read() == BATCHES
+        if EMBEDDED:
+            assert reader.fetch_stalls >= 1
+            assert "answered every fetch" in caplog.text and f"{settings.coordination_topic}[0]" in caplog.text
+    finally:
+        reader.close()
+
+
+def test_a_guarded_reader_tailing_a_growing_partition_reads_every_record_once(settings: Settings, unique: str) -> None:
+    """A worker's reader (GuardedConsumer) tails a partition as it grows past what its fetch wait can list: it
+    stalls mid-way, and its replacement resumes exactly after the last record it returned."""
+    topic = f"long-{unique}"
+    ensure_topic(admin_client(settings), settings, topic, 1)
+    producer = Producer({"bootstrap.servers": settings.brokers, "linger.ms": 0, "batch.num.messages": 1})
+    reader = GuardedConsumer(
+        {"bootstrap.servers": settings.brokers, "group.id": f"g-{unique}", "fetch.wait.max.ms": 1},
+        "test reader", heartbeat_s=1.0,
+    )  # fmt: skip
+    try:
+        reader.assign([TopicPartition(topic, 0, 0)])
+        offsets: list[int] = []
+        stalled_at: int | None = None  # records read when the reader was replaced
+
+        def read(timeout: float) -> None:
+            nonlocal stalled_at
+            before = len(offsets)
+            offsets.extend(m.offset() for m in reader.consume(1000, timeout) if m.error() is None)
+            if stalled_at is None and reader.stalls:
+                stalled_at = before
+
+        for n in range(BATCHES):
+            producer.produce(topic, str(n).encode(), partition=0)
+            if n % 100 == 99:
+                producer.flush(10)
+                read(0.01)
+        assert producer.flush(30) == 0
+        deadline = time.monotonic() + 20
+        while len(offsets) < BATCHES and time.monotonic() < deadline:
+            read(0.1)
+        assert offsets == list(range(BATCHES))  # nothing skipped, nothing twice
+        if EMBEDDED:
+            assert stalled_at is not None and 0 < stalled_at < BATCHES  # it had read some before it stalled
+    finally:
+        reader.close()
