@@ -372,9 +372,13 @@ def test_kafka_environment_variables() -> None:
         env={
             "MARSHAL_WORKERS_KAFKA_SASL_PASSWORD": "env-secret",
             "MARSHAL_WORKERS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "MARSHAL_WORKERS_KAFKA_SASL_MECHANISM": "PLAIN",  # librdkafka's default, GSSAPI, is not in its wheels
+            "MARSHAL_WORKERS_KAFKA_SASL_USERNAME": "alice",
         }
     )
-    assert dict(settings.kafka) == {"sasl.password": "env-secret", "security.protocol": "SASL_SSL"}
+    assert dict(settings.kafka) == {
+        "sasl.password": "env-secret", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "alice",
+    }  # fmt: skip
 
 
 def test_kafka_environment_beats_kafka_table(tmp_path: Path) -> None:
@@ -492,6 +496,9 @@ def test_consumer_and_producer_sections_reach_only_their_kind_of_client(tmp_path
         """
         [kafka]
         "security.protocol" = "SASL_SSL"
+        "sasl.mechanism" = "PLAIN"
+        "sasl.username" = "alice"
+        "sasl.password" = "secret"
         [kafka.consumer]
         "fetch.min.bytes" = 4096
         "isolation.level" = "read_committed"
