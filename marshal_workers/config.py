@@ -229,7 +229,7 @@ SETTINGS: dict[str, Setting] = {
             "A handler call running longer has its worker killed and restarted; the message is retried (0: no limit).",
         ),
         Setting("metrics_port", _parse_int(0), "Serve Prometheus metrics on this port (0: off)."),
-        Setting("metrics_host", _parse_str, "The address the metrics endpoint listens on."),
+        Setting("metrics_host", _parse_str, "The address the metrics endpoint listens on (0.0.0.0: every interface)."),
         Setting("dashboard", _parse_bool, "run: also serve the live dashboard on the metrics port, at /dashboard."),
         Setting("dashboard_port", _parse_int(0), "The port of the `dashboard` command's web server."),
         Setting("dashboard_host", _parse_str, "The address the `dashboard` command listens on."),
@@ -283,7 +283,7 @@ class Settings:
     soft_time_limit: float = 0.0
     time_limit: float = 0.0
     metrics_port: int = 0
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"  # /metrics, the probes and /state: this host only unless an address is given
     dashboard: bool = False
     dashboard_port: int = 8000
     dashboard_host: str = "127.0.0.1"  # read-only, but it shows the group to anyone who can reach it

@@ -39,6 +39,8 @@ def test_defaults() -> None:
     assert settings.write_timeout == 10.0
     assert settings.log_level == "info"
     assert dict(settings.kafka) == {}
+    # Every server listens on this host only unless told otherwise: /state shows the supervisor's whole state.
+    assert settings.metrics_host == settings.dashboard_host == settings.serve_host == "127.0.0.1"
 
 
 def test_unrelated_environment_variables_are_ignored() -> None:
@@ -124,7 +126,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "soft_time_limit": "20s",
         "time_limit": "1m",
         "metrics_port": "9400",
-        "metrics_host": "127.0.0.1",
+        "metrics_host": "0.0.0.0",
         "dashboard": "true",
         "dashboard_port": "8080",
         "dashboard_host": "0.0.0.0",
@@ -170,7 +172,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "soft_time_limit": 20.0,
         "time_limit": 60.0,
         "metrics_port": 9400,
-        "metrics_host": "127.0.0.1",
+        "metrics_host": "0.0.0.0",
         "dashboard": True,
         "dashboard_port": 8080,
         "dashboard_host": "0.0.0.0",
