@@ -373,8 +373,9 @@ class Settings:
             # given: librdkafka names an alias's property, request.required.acks for acks).
             culprit = None if refusal.on_create else next(
                 (k for k in properties if librdkafka_refusal(role, {k: properties[k]}) == refusal), None)  # fmt: skip
+            known = origins or {}
             tables = {key: self._table_of(role, key) for key in properties}
-            where = {key: (origins or {}).get((table, key), Origin(_table_name(table))) for key, table in tables.items()}
+            where = {key: known.get((table, key), Origin(_table_name(table))) for key, table in tables.items()}
             reason = mask_secrets(refusal.reason, properties)
             raise ConfigError(refusal_message(role, properties, reason, culprit, where))
 

@@ -84,7 +84,9 @@ def librdkafka_refusal(role: str, properties: Mapping[str, str]) -> Refusal | No
     checks each name and value as it is set (unknown property, bad value) and their combination as the client is
     made (SASL without credentials, an SSL file it cannot read).
     """
-    config: dict[str, Any] = {"logger": _unheard} | ({"group.id": "marshal-workers-check"} if role == "consumer" else {})
+    config: dict[str, Any] = {"logger": _unheard}
+    if role == "consumer":
+        config["group.id"] = "marshal-workers-check"  # a consumer is not made without one
     config |= {k: v for k, v in properties.items() if k not in _NOT_CHECKED}
     try:
         if role == "consumer":

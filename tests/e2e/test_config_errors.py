@@ -105,7 +105,8 @@ def test_status_of_a_mistyped_group_exits_as_the_admin_commands_do(other_group: 
 
     document = run_cli("status", *typo_options(other_group), "--json")
     assert_unknown_group(document, other_group)
-    assert orjson.loads(document.stdout) == {"group": f"{other_group.group}-typo", "paused_until": None, "partitions": []}
+    empty = {"group": f"{other_group.group}-typo", "paused_until": None, "partitions": []}
+    assert orjson.loads(document.stdout) == empty
 
     admin = run_cli("admin", "pause", "--for", "5m", *typo_options(other_group))
     assert admin.returncode == document.returncode == table.returncode

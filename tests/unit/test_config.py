@@ -379,7 +379,8 @@ def test_kafka_environment_variables() -> None:
         }
     )
     assert dict(settings.kafka) == {
-        "sasl.password": "env-secret", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "alice",
+        "sasl.password": "env-secret", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+        "sasl.username": "alice",
     }  # fmt: skip
 
 
