@@ -10,8 +10,7 @@ import uuid
 from pathlib import Path
 
 import orjson
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Producer
 
 from examples.invoices import LedgerUnavailable, app
 from marshal_workers.testing import make_message, run_handler
@@ -41,13 +40,7 @@ def test_an_unreachable_ledger_is_retried_then_dead_lettered(monkeypatch) -> Non
 
 
 def test_a_running_supervisor_invoices_what_is_produced(marshal_broker, running_app, tmp_path: Path) -> None:
-    admin = AdminClient({"bootstrap.servers": marshal_broker})
-    try:
-        admin.create_topics([NewTopic("orders", 2, 1)])["orders"].result(30)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise
-    invoices = tmp_path / "invoices"
+    invoices = tmp_path / "invoices"  # running_app creates the topic "orders" of the app's handler
     running_app("examples.invoices:app", group=f"invoices-{uuid.uuid4().hex[:8]}", env={"INVOICES_FILE": str(invoices)})
     producer = Producer({"bootstrap.servers": marshal_broker})
     order_id = uuid.uuid4().int % 10**9

@@ -42,17 +42,21 @@ def known_group(settings: Settings) -> Iterator[Coordinator]:
     refuse it and write nothing, not even a coordination topic.  (The log is
     read once, by the coordinator that then writes.)
     """
-    group = settings.require_group()
-    unknown = UnknownGroupError(
-        f"group {group!r} has no record in {settings.coordination_topic} on {settings.brokers}; "
-        "check --group and --coordination-topic"
-    )
+    unknown = unknown_group(settings)
     if topic_partition_count(admin_client(settings), settings, settings.coordination_topic) is None:
         raise unknown
     with Coordinator(admin_settings(settings)) as coordinator:
-        if not coordinator.read(lambda state: bool(state.partitions or state.pauses or state.shared)):
+        if not coordinator.read(WorldState.has_records):
             raise unknown
         yield coordinator
+
+
+def unknown_group(settings: Settings) -> UnknownGroupError:
+    """The error of every command given a group the coordination log holds nothing of (WorldState.has_records)."""
+    return UnknownGroupError(
+        f"group {settings.require_group()!r} has no record in {settings.coordination_topic} on {settings.brokers}; "
+        "check --group and --coordination-topic"
+    )
 
 
 def pause(settings: Settings, seconds: float) -> int:
@@ -266,12 +270,14 @@ def log_lines(
 
     From the latest checkpoint of each partition on (the checkpoint included), or the whole log.  Each record is
     folded as every member folds it, from the checkpoint's state: one the rules refused says why at its end.
+    UnknownGroupError once the log's end is reached (with ``follow``, the first time) if it holds nothing of
+    the group, as the admin commands refuse it.
     """
     group = settings.require_group()
     admin = admin_client(settings)
     count = topic_partition_count(admin, settings, settings.coordination_topic)
     if count is None:
-        return
+        raise unknown_group(settings)
     consumer = GuardedConsumer(
         reader_config(settings, "log"), f"coordination log {settings.coordination_topic} (log)", settings.heartbeat_interval
     )
@@ -285,8 +291,15 @@ def log_lines(
                 checkpoints.seed(state, parts, partition)
     consumer.assign([TopicPartition(settings.coordination_topic, p, starts[p]) for p in range(count)])
     at_end: set[int] = set()
+    caught_up = False
     try:
-        while not stop() and (follow or len(at_end) < count):
+        while not stop():
+            if not caught_up and len(at_end) == count:
+                caught_up = True
+                if not state.has_records():
+                    raise unknown_group(settings)
+                if not follow:
+                    break
             message = consumer.poll(0.2)
             if message is None:
                 continue

@@ -157,6 +157,7 @@ def broker(port: int) -> None:
 @_reports_errors
 def status(config_file: str | None, topic: str | None, as_json: bool, **options: Any) -> None:
     """Show the world state of a group: owner, offset and liveness of each partition."""
+    from marshal_workers.admin import unknown_group
     from marshal_workers.coordination_log import read_group_state
     from marshal_workers.kafka_clients import admin_client, require_topic
     from marshal_workers.status import render_table, status_document
@@ -173,6 +174,8 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
         click.echo(render_table(document, now_ms))
     if state.stats.garbage:
         click.echo(f"note: {state.stats.garbage} invalid coordination records were skipped", err=True)
+    if not state.has_records():  # after the (empty) document: scripts reading --json still get one
+        raise unknown_group(settings)
 
 
 @main.command()

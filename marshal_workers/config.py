@@ -229,7 +229,7 @@ SETTINGS: dict[str, Setting] = {
             "A handler call running longer has its worker killed and restarted; the message is retried (0: no limit).",
         ),
         Setting("metrics_port", _parse_int(0), "Serve Prometheus metrics on this port (0: off)."),
-        Setting("metrics_host", _parse_str, "The address the metrics endpoint listens on."),
+        Setting("metrics_host", _parse_str, "The address the metrics endpoint listens on (0.0.0.0: every interface)."),
         Setting("dashboard", _parse_bool, "run: also serve the live dashboard on the metrics port, at /dashboard."),
         Setting("dashboard_port", _parse_int(0), "The port of the `dashboard` command's web server."),
         Setting("dashboard_host", _parse_str, "The address the `dashboard` command listens on."),
@@ -283,7 +283,7 @@ class Settings:
     soft_time_limit: float = 0.0
     time_limit: float = 0.0
     metrics_port: int = 0
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"  # /metrics, the probes and /state: this host only unless an address is given
     dashboard: bool = False
     dashboard_port: int = 8000
     dashboard_host: str = "127.0.0.1"  # read-only, but it shows the group to anyone who can reach it
@@ -358,9 +358,92 @@ class Settings:
         own = {"consumer": self.kafka_consumer, "producer": self.kafka_producer}.get(role, {})
         return common | dict(own)
 
+    def check_kafka(self, origins: Mapping[tuple[str, str], Origin] | None = None) -> None:
+        """librdkafka's own check of the passthrough settings, for each kind of client, before any client is made:
+        a ConfigError naming the property and where it was given (``origins``: (table, property) -> Origin, table
+        "" for [kafka]), rather than a KafkaException once the first client is made.  No client connects."""
+        from marshal_workers.kafka_clients import librdkafka_refusal  # here, not at import: it imports this module
+
+        for role in KAFKA_CLIENTS:
+            properties = self.kafka_for(role)
+            refusal = librdkafka_refusal(role, properties) if properties else None
+            if refusal is None:
+                continue
+            # Refused as it was set: the property refused on its own in the same words is the culprit (its name as
+            # given: librdkafka names an alias's property, request.required.acks for acks).
+            culprit = None if refusal.on_create else next(
+                (k for k in properties if librdkafka_refusal(role, {k: properties[k]}) == refusal), None)  # fmt: skip
+            known = origins or {}
+            tables = {key: self._table_of(role, key) for key in properties}
+            where = {key: known.get((table, key), Origin(_table_name(table))) for key, table in tables.items()}
+            reason = mask_secrets(refusal.reason, properties)
+            raise ConfigError(refusal_message(role, properties, reason, culprit, where))
+
+    def _table_of(self, role: str, key: str) -> str:
+        """The table a property of ``kafka_for(role)`` came from: the role's own, else [kafka] ("")."""
+        own = {"consumer": self.kafka_consumer, "producer": self.kafka_producer}.get(role, {})
+        return role if key in own else ""
+
+
+KAFKA_CLIENTS = ("consumer", "producer", "admin")
+LIBRDKAFKA_PROPERTIES = "https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a librdkafka property was given: a table of a config file, or an environment variable."""
+
+    place: str  # "[kafka] of /etc/marshal-workers.toml", "the environment"
+    variable: str | None = None  # MARSHAL_WORKERS_KAFKA_..., for the environment
+
+    def __str__(self) -> str:
+        return self.place if self.variable is None else f"{self.place} ({self.variable})"
+
+
+def refusal_message(
+    role: str, properties: Mapping[str, str], refusal: str, culprit: str | None, where: Mapping[str, Origin]
+) -> str:
+    """One line for the user: which property (or which settings together), where given, what to do.  ``refusal``
+    is librdkafka's words with secrets already masked; a secret's value is never shown."""
+    if culprit is not None:
+        if refusal.startswith("No such configuration property"):
+            return (f'"{culprit}" in {where[culprit]} is not a librdkafka property: correct its name or remove it '
+                    f"(librdkafka's properties: {LIBRDKAFKA_PROPERTIES})")  # fmt: skip
+        value = "" if _is_secret(culprit) else f" = {properties[culprit]!r}"
+        return (f'"{culprit}"{value} in {where[culprit]} is refused by librdkafka ({refusal}): give it a value '
+                f"librdkafka takes ({LIBRDKAFKA_PROPERTIES})")  # fmt: skip
+    places: dict[str, list[str]] = {}
+    for origin in where.values():
+        variables = places.setdefault(origin.place, [])
+        if origin.variable is not None and origin.variable not in variables:
+            variables.append(origin.variable)
+    given = " and ".join(f"{place} ({', '.join(names)})" if names else place for place, names in places.items())
+    kind = {"consumer": "consumers", "producer": "producers", "admin": "admin clients"}[role]
+    return (f"librdkafka refuses the Kafka settings of {kind} given in {given}: {refusal}; set or fix them there "
+            f"({LIBRDKAFKA_PROPERTIES})")  # fmt: skip
+
+
+def _table_name(table: str) -> str:
+    return f"[kafka.{table}]" if table else "[kafka]"
+
+
+def _is_secret(key: str) -> bool:
+    return any(word in key.lower() for word in _SECRET_WORDS)
+
 
 def _redacted(kafka: Mapping[str, str]) -> dict[str, str]:
-    return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in kafka.items()}
+    return {k: ("***" if _is_secret(k) else v) for k, v in kafka.items()}
+
+
+def mask_secrets(text: str, kafka: Mapping[str, str]) -> str:
+    """``text`` with the value of every secret property of ``kafka`` masked (quoted, as librdkafka quotes values;
+    anywhere, once it is long enough that masking it cannot eat the message)."""
+    for key, value in kafka.items():
+        if _is_secret(key) and value:
+            text = text.replace(f'"{value}"', '"***"')
+            if len(value) >= 4:
+                text = text.replace(value, "***")
+    return text
 
 
 def _apply(values: dict[str, Any], raw: Mapping[str, Any], origin: str) -> None:
@@ -430,11 +513,14 @@ def load_settings(
 
     ``app_defaults`` are the settings given in code (``App(group=..., ...)``):
     they replace the built-in defaults, and everything else overrides them.
+    librdkafka checks the [kafka] settings here (Settings.check_kafka), so a
+    mistake there is a ConfigError before anything starts.
     """
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     kafka: dict[str, str] = {}
     by_role: dict[str, dict[str, str]] = {role: {} for role in KAFKA_ROLES}
+    origins: dict[tuple[str, str], Origin] = {}  # (table, property) -> where it was given; table "" is [kafka]
     _apply(values, app_defaults or {}, "App(...)")
 
     config_file = config_file or env.get(ENV_CONFIG_FILE)
@@ -444,6 +530,8 @@ def load_settings(
         kafka.update(tables[""])
         for role in KAFKA_ROLES:
             by_role[role].update(tables[role])
+        for table, properties in tables.items():
+            origins |= {(table, key): Origin(f"{_table_name(table)} of {config_file}") for key in properties}
         _apply(values, raw, config_file)
 
     env_values = {name: env[ENV_PREFIX + name.upper()] for name in SETTINGS if ENV_PREFIX + name.upper() in env}
@@ -453,12 +541,17 @@ def load_settings(
             name = key[len(ENV_KAFKA_PREFIX) :].lower()
             role = name.split("_", 1)[0]
             if role in KAFKA_ROLES and "_" in name:  # MARSHAL_WORKERS_KAFKA_CONSUMER_FETCH_MIN_BYTES
-                by_role[role][name.split("_", 1)[1].replace("_", ".")] = value
+                table, prop = role, name.split("_", 1)[1].replace("_", ".")
+                by_role[role][prop] = value
             else:
-                kafka[name.replace("_", ".")] = value
+                table, prop = "", name.replace("_", ".")
+                kafka[prop] = value
+            origins[(table, prop)] = Origin("the environment", key)
     _check_roles(by_role)
 
     _apply(values, {k: v for k, v in (cli or {}).items() if v is not None}, "the command line")
-    return replace(
+    settings = replace(
         Settings(), kafka=kafka, kafka_consumer=by_role["consumer"], kafka_producer=by_role["producer"], **values
     )
+    settings.check_kafka(origins)
+    return settings

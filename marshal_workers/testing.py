@@ -51,9 +51,15 @@ class FakeRecord:
         value: bytes | None = None,
         headers: list[tuple[str, bytes]] | None = None,
         timestamp: tuple[int, int] = (0, -1),  # (kind, ms): kind 0 = none, 1 = create time, 2 = log append time
+        topic_given: bool = True,  # False: make_message's stand-in, until run_handler gives it its handler's topic
     ) -> None:
         self._topic, self._partition, self._offset = topic, partition, offset
         self._key, self._value, self._headers, self._timestamp = key, value, headers, timestamp
+        self.topic_given = topic_given
+
+    def on_topic(self, topic: str) -> FakeRecord:
+        """The same record on ``topic``."""
+        return FakeRecord(topic, self._partition, self._offset, self._key, self._value, self._headers, self._timestamp)
 
     def topic(self) -> str:
         return self._topic
@@ -80,10 +86,13 @@ class FakeRecord:
         return None  # a record, not an error event
 
 
+UNNAMED_TOPIC = "test"  # the topic of a message made without one, outside run_handler
+
+
 def make_message(
     value: bytes | str | Mapping[str, Any] | list[Any] | None = b"",
     *,
-    topic: str = "test",
+    topic: str | None = None,
     partition: int = 0,
     offset: int = 0,
     key: bytes | str | None = None,
@@ -91,14 +100,23 @@ def make_message(
     timestamp: int | None = None,
 ) -> Message:
     """A message as a handler gets it.  ``value``: bytes, a str (UTF-8) or a dict/list (JSON, as ``msg.json()``
-    reads it); ``timestamp`` in ms since the epoch (None: the record has none)."""
+    reads it); ``timestamp`` in ms since the epoch (None: the record has none).  Without ``topic``, run_handler
+    gives it the topic of the handler it runs (as values given to run_handler get it); elsewhere it is "test"."""
     pairs = headers.items() if isinstance(headers, Mapping) else (headers or [])
     record = FakeRecord(
-        topic, partition, offset, _bytes(key), _bytes(value),
+        topic or UNNAMED_TOPIC, partition, offset, _bytes(key), _bytes(value),
         [(str(name), _bytes(data) or b"") for name, data in pairs] or None,
-        (0, -1) if timestamp is None else (1, timestamp),
+        (0, -1) if timestamp is None else (1, timestamp), topic_given=topic is not None,
     )  # fmt: skip
     return Message(record)
+
+
+def _on_handler_topic(msg: Message, topic: str) -> Message:
+    """``msg`` as the handler of ``topic`` gets it: one made without a topic (make_message's default) is on it."""
+    record = msg._record
+    if isinstance(record, FakeRecord) and not record.topic_given:
+        return Message(record.on_topic(topic), msg.attempt)
+    return msg
 
 
 def _bytes(value: Any) -> bytes | None:
@@ -150,7 +168,8 @@ def run_handler(
     seed: int | None = None,
 ) -> list[HandlerResult]:
     """Run ``app``'s handler of ``topic`` on ``messages`` (Messages, or values for :func:`make_message`; plain
-    values get offsets 0, 1, 2...) as a worker would; one result per message, in order.
+    values get offsets 0, 1, 2...) as a worker would; one result per message, in order.  Plain values, and
+    messages made without a topic, are on ``topic`` (each result's ``message`` is the message the handler got).
 
     ``sleep``: wait the retry backoff for real (default: record it in ``delays`` and go on).  ``lifecycle``:
     run the ``on_worker_start``/``on_partition_claimed`` hooks first and the released/stop hooks last.
@@ -159,7 +178,8 @@ def run_handler(
     if topic not in app.handlers:
         raise ConfigError(f"the app has no handler for topic {topic!r}; it has: {', '.join(app.topics) or 'none'}")
     handler = app.handler_in_worker(topic)
-    given = [m if isinstance(m, Message) else make_message(m, topic=topic, offset=i) for i, m in enumerate(messages)]
+    given = [_on_handler_topic(m, topic) if isinstance(m, Message) else make_message(m, topic=topic, offset=i)
+             for i, m in enumerate(messages)]  # fmt: skip
     soft, hard = effective_time_limits(handler, load_settings(app_defaults=app.settings, env={}))
     rng = random.Random(seed)
     partitions = sorted({m.partition for m in given})

@@ -471,6 +471,11 @@ class WorldState:
 
     # -------------------------------------------------------------- queries
 
+    def has_records(self) -> bool:
+        """Does the log hold anything of this group (a partition, a pause, a shared partition)?  A group it never
+        heard of is most likely a typo of --group or --coordination-topic."""
+        return bool(self.partitions or self.pauses or self.shared)
+
     def get(self, topic: str, partition: int) -> PartitionState | None:
         return self.partitions.get((topic, partition))
 

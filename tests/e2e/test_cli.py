@@ -117,9 +117,9 @@ def test_status_of_an_unknown_topic_is_a_clear_error(settings: Settings) -> None
 
 
 @pytest.mark.broker
-def test_status_of_a_group_never_seen_is_empty_not_an_error(settings: Settings) -> None:
+def test_status_of_a_group_never_seen_prints_its_empty_document_and_exits_as_admin_does(settings: Settings) -> None:
     result = run_cli("status", *connection_options(settings), "--json")
-    assert result.returncode == ExitCode.OK, result.stderr
+    assert result.returncode == ExitCode.UNKNOWN_GROUP, result.stderr  # a typo of --group must not look healthy
     assert orjson.loads(result.stdout) == {"group": settings.group, "paused_until": None, "partitions": []}
 
 

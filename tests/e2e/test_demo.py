@@ -41,4 +41,6 @@ def test_demo_runs_the_example_under_two_supervisors_and_shuts_down_cleanly(tmp_
     summary = re.search(r"produced (\d+) messages, handled (\d+)", result.stdout)
     assert summary and 0 < int(summary.group(2)) <= int(summary.group(1))
     assert "Supervisor exit codes: [0, 0]" in result.stdout
+    # Its broker lived in memory: the demo must not promise that a next run resumes where this one stopped.
+    assert "the next demo starts afresh" in result.stdout and "next run resumes" not in result.stdout
     assert processes_mentioning(broker.group(1)) == [], "the demo leaves no broker or supervisor behind"

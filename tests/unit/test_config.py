@@ -39,6 +39,8 @@ def test_defaults() -> None:
     assert settings.write_timeout == 10.0
     assert settings.log_level == "info"
     assert dict(settings.kafka) == {}
+    # Every server listens on this host only unless told otherwise: /state shows the supervisor's whole state.
+    assert settings.metrics_host == settings.dashboard_host == settings.serve_host == "127.0.0.1"
 
 
 def test_unrelated_environment_variables_are_ignored() -> None:
@@ -124,7 +126,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "soft_time_limit": "20s",
         "time_limit": "1m",
         "metrics_port": "9400",
-        "metrics_host": "127.0.0.1",
+        "metrics_host": "0.0.0.0",
         "dashboard": "true",
         "dashboard_port": "8080",
         "dashboard_host": "0.0.0.0",
@@ -170,7 +172,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "soft_time_limit": 20.0,
         "time_limit": 60.0,
         "metrics_port": 9400,
-        "metrics_host": "127.0.0.1",
+        "metrics_host": "0.0.0.0",
         "dashboard": True,
         "dashboard_port": 8080,
         "dashboard_host": "0.0.0.0",
@@ -372,9 +374,14 @@ def test_kafka_environment_variables() -> None:
         env={
             "MARSHAL_WORKERS_KAFKA_SASL_PASSWORD": "env-secret",
             "MARSHAL_WORKERS_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "MARSHAL_WORKERS_KAFKA_SASL_MECHANISM": "PLAIN",  # librdkafka's default, GSSAPI, is not in its wheels
+            "MARSHAL_WORKERS_KAFKA_SASL_USERNAME": "alice",
         }
     )
-    assert dict(settings.kafka) == {"sasl.password": "env-secret", "security.protocol": "SASL_SSL"}
+    assert dict(settings.kafka) == {
+        "sasl.password": "env-secret", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+        "sasl.username": "alice",
+    }  # fmt: skip
 
 
 def test_kafka_environment_beats_kafka_table(tmp_path: Path) -> None:
@@ -492,6 +499,9 @@ def test_consumer_and_producer_sections_reach_only_their_kind_of_client(tmp_path
         """
         [kafka]
         "security.protocol" = "SASL_SSL"
+        "sasl.mechanism" = "PLAIN"
+        "sasl.username" = "alice"
+        "sasl.password" = "secret"
         [kafka.consumer]
         "fetch.min.bytes" = 4096
         "isolation.level" = "read_committed"

@@ -105,3 +105,15 @@ def test_the_handlers_page_send_example_sends_what_it_says() -> None:
         ("invoices", b'{"order":7,"amount":12}', b"c-1", [("source", b"orders/0/3")]),
         ("audit", b"invoiced 7", None, None),
     ]
+
+
+def test_the_handlers_page_running_app_example_is_the_one_the_suite_runs() -> None:
+    """The example is shown on the page and run by the suite as examples/test_invoices.py (with a broker): the page's
+    block, its imports aside, is in that file word for word, and so is each of its imports."""
+    [code] = [block for block in BLOCK.findall((ROOT / "docs" / "handlers.md").read_text()) if "running_app(" in block]
+    run = (ROOT / "examples" / "test_invoices.py").read_text()
+    imports = [line for line in code.splitlines() if line.startswith(("import ", "from "))]
+    body = code[code.index("\ndef test_") + 1 :]
+    assert body in run, "docs/handlers.md's running_app example differs from examples/test_invoices.py"
+    assert imports and all(line in run.splitlines() for line in imports)
+    assert "create_topics" not in body and "NewTopic" not in run, "the fixture creates the handler's topic itself"

@@ -22,6 +22,24 @@ def test_make_message_gives_what_a_handler_reads() -> None:
         make_message(3.5)  # type: ignore[arg-type]
 
 
+def test_a_message_made_without_a_topic_is_on_the_handlers_topic_as_plain_values_are() -> None:
+    app = App(group="g")
+    seen: list[str] = []
+
+    @app.handler("orders", retries=0)
+    def handle(msg: Message) -> None:
+        seen.append(msg.topic)
+        if msg.value == b"bad":
+            raise ValueError("bad")
+
+    made, bad, plain, named = run_handler(app, "orders", [make_message(b"ok"), make_message(b"bad"), b"ok",
+                                                          make_message(b"ok", topic="orders-eu")])  # fmt: skip
+    assert seen == ["orders", "orders", "orders", "orders-eu"], "a topic given is kept"
+    assert made.message.topic == plain.message.topic == "orders"
+    assert dict(bad.dead_letter_headers or [])["original_topic"] == b"orders"
+    assert make_message(b"x").topic == "test", "outside run_handler, no handler's topic is known"
+
+
 def test_the_quickstart_handler_counts_its_orders() -> None:
     from examples import quickstart
 
