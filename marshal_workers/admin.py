@@ -319,7 +319,7 @@ def log_lines(
         consumer.close()
 
 
-def _last_in_fetch(consumer: Consumer, message: Any) -> bool:
+def _last_in_fetch(consumer: GuardedConsumer, message: Any) -> bool:
     """Is ``message`` the last of its partition as the latest fetch response's high watermark says?"""
     _, high = consumer.get_watermark_offsets(TopicPartition(message.topic(), message.partition()), cached=True)
     return high >= 0 and message.offset() + 1 >= high
