@@ -31,6 +31,7 @@ from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import SendError, TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
+from marshal_workers.failure_logs import apart_from, log_dead_letter, log_ignored, log_release, log_retry
 from marshal_workers.handler_outcomes import OutcomeCounts
 from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.instrumentation import Instruments, instrument
@@ -661,14 +662,15 @@ class Worker:
 
     def _recover(self, handler: HandlerSpec, records: list[Any], error: Exception) -> _Outcome:
         """After a first failure: retry as the handler's policy says (retry_policy.py), then dead-letter (DONE)
-        or give the partition up; a message the handler ignored is done, one it rejected dead-lettered."""
-        offset, failures = records[0].offset(), 1
+        or give the partition up; a message the handler ignored is done, one it rejected dead-lettered.  Each
+        failed call is logged once, with its traceback (failure_logs.py)."""
+        offset, failures, first = records[0].offset(), 1, error
         while True:
             self.outcomes.failed(error)
             step = next_step(handler.retry_policy, error, failures)
             if step.action is Action.IGNORE:
                 self.outcomes.ignored += len(records)
-                self.log.info("handler %s ignored offset %d (%r)", handler.name, offset, error)
+                log_ignored(self.log, handler.name, offset, error)
                 return _Outcome.DONE
             if step.action is Action.REJECT:
                 self.outcomes.rejected += len(records)
@@ -676,10 +678,7 @@ class Worker:
                 return _Outcome.DONE
             if step.action is Action.GIVE_UP:
                 break
-            self.log.warning(
-                "handler %s failed at offset %d (%r); retry %d in %.2fs", handler.name, offset, error, failures,
-                step.delay,
-            )  # fmt: skip
+            log_retry(self.log, handler.name, offset, error, failures, step.delay)
             if not self._sleep_unless_stopped(step.delay):
                 return _Outcome.STOP  # not done: the next owner handles it again
             self.outcomes.retries += 1
@@ -688,11 +687,11 @@ class Worker:
                 handler.call(records, failures)
                 return _Outcome.DONE
             except Exception as exc:
-                error = exc
-        if handler.on_error is OnError.RELEASE:
-            self.log.error("handler %s failed at offset %d (%r): releasing the partition", handler.name, offset, error)
-            return _Outcome.RELEASE
-        if self.over_dlq_limit(handler, records):
+                # Called while the first failure is being handled (the loops call _recover in their except
+                # clause, which keeps the hot path lean): Python would chain each retry's error to it.
+                error = apart_from(exc, first)
+        if handler.on_error is OnError.RELEASE or self.over_dlq_limit(handler, records):
+            log_release(self.log, handler.name, offset, error)
             return _Outcome.RELEASE
         self._dead_letter(handler, records, error)
         return _Outcome.DONE
@@ -739,7 +738,4 @@ class Worker:
         self._write_dead_letters(handler, records, [error] * len(records))
         self._dead_letters_in_a_row += len(records)
         self._dead_letters_end = records[-1].offset() + 1
-        self.log.error(
-            "handler %s gave up on offset %d (%r): sent %d message(s) to %s",
-            handler.name, records[0].offset(), error, len(records), handler.dlq_topic,
-        )  # fmt: skip
+        log_dead_letter(self.log, handler.name, records[0].offset(), error, len(records), handler.dlq_topic)
