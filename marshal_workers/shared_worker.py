@@ -61,13 +61,8 @@ from marshal_workers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.outbox import Outbox
 from marshal_workers.rate_limits import Throttle
 from marshal_workers.retry_policy import Action, next_step
-from marshal_workers.worker import (
-    die_with_parent,
-    dump_tracebacks_on_sigusr2,
-    finish_worker,
-    send_failed,
-    take_up_handler,
-)
+from marshal_workers.stack_dumps import dump_stacks_on_sigusr2, worker_heading
+from marshal_workers.worker import die_with_parent, finish_worker, send_failed, take_up_handler
 
 _log = logging.getLogger(__name__)
 
@@ -127,11 +122,12 @@ class SharedWorker:
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
         self.hooks = Hooks()  # the app's, once it is loaded
+        self.in_hand: tuple[int, int] | None = None  # (partition, start) of the range being handled, for SIGUSR2
 
     def run(self) -> WorkerExit:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
         die_with_parent()
-        dump_tracebacks_on_sigusr2()
+        dump_stacks_on_sigusr2(self._stack_dump_heading)  # sent by the supervisor on its own SIGUSR2
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "
@@ -154,6 +150,12 @@ class SharedWorker:
             return send_failed(self.log, exc)
         finally:
             self._finish(app)
+
+    def _stack_dump_heading(self) -> str:
+        at = self.in_hand  # read once: the main thread may move on meanwhile
+        range_text = f"shared worker #{self.spec.index}, " + ("between ranges" if at is None else f"range from {at[1]}")
+        return worker_heading(os.getpid(), self.spec.settings.require_group(), self.spec.topic,
+                              None if at is None else at[0], range_text)  # fmt: skip
 
     def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
@@ -186,8 +188,10 @@ class SharedWorker:
                     self._send(("returned", leased.partition, leased.start, leased.end))
                 return WorkerExit.STOPPED
             if self.ranges:
+                self.in_hand = (self.ranges[0].partition, self.ranges[0].start)
                 self._handle_range(handler, self.ranges[0])
                 self.ranges.popleft()
+                self.in_hand = None
 
     def _read_pipe(self, wait: float) -> None:
         try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import faulthandler
 import logging
 import os
 import signal
@@ -43,6 +42,7 @@ from marshal_workers.message_age import OnTooOld, is_too_old, split_by_age, too_
 from marshal_workers.outbox import Outbox
 from marshal_workers.rate_limits import Throttle
 from marshal_workers.retry_policy import Action, next_step
+from marshal_workers.stack_dumps import dump_stacks_on_sigusr2, worker_heading
 
 _log = logging.getLogger(__name__)
 
@@ -150,11 +150,6 @@ def take_up_handler(worker: Any, app: App, topic: str) -> HandlerSpec:
         worker.throttle = Throttle(worker.rate_bucket, handler.rate_limit)
     worker.max_age_ms = round(handler.max_age * 1000) if handler.max_age else 0
     return handler
-
-
-def dump_tracebacks_on_sigusr2() -> None:
-    """SIGUSR2 (sent by the supervisor on its own SIGUSR2): every thread's stack to stderr, the supervisor's log."""
-    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
 
 def send_failed(log: Any, error: SendError) -> WorkerExit:
@@ -280,12 +275,17 @@ class Worker:
     def _init_process(self) -> None:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
         die_with_parent()
-        dump_tracebacks_on_sigusr2()
+        dump_stacks_on_sigusr2(self._stack_dump_heading)  # sent by the supervisor on its own SIGUSR2
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
         # Until the line above we ignored SIGTERM (as the fork server does): a stop asked for meanwhile is in the slot.
         self._check_stop_flag()
         self._set_title(self.spec.start_offset)
+
+    def _stack_dump_heading(self) -> str:
+        spec = self.spec
+        return worker_heading(os.getpid(), spec.group, spec.topic, spec.partition,
+                              f"at offset {self.slot.get(Field.NEXT_OFFSET)}")  # fmt: skip
 
     def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
         self.stopping = True

@@ -1,5 +1,5 @@
 """A handler that fails shows where: its traceback in the supervisor's log (once per failed call, at the level of
-what became of it) and in its dead letter's ``traceback`` header, under every runner."""
+what became of it) and in its dead letter's ``traceback`` header, under every runner; SIGUSR2 says whose stacks."""
 
 from __future__ import annotations
 
@@ -64,5 +64,19 @@ def test_a_failed_call_is_logged_once_with_its_traceback_and_its_dead_letter_car
     for logged in (first, last):
         assert ", in check_order\n" in logged and logged.endswith(ERROR_LINE)
 
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == ExitCode.OK
+
+
+def test_sigusr2_heads_each_shared_workers_stacks_with_its_pid_group_and_topic(fleet: Fleet) -> None:
+    supervisor = fleet.start("only", "--processes", "2", MW_TEST_SHARED="1")
+    fleet.produce(range(40))
+    poll_until(lambda: len(fleet.counts()) == 40, what="every message")
+    supervisor.send_signal(signal.SIGUSR2)
+    heading = (rf"SIGUSR2: stacks of worker pid (\d+), group {fleet.group}, topic {fleet.topic}( partition \d)?, "
+               r"shared worker #([01]), (between ranges|range from \d+):\n")  # the partition of the range in hand
+    headings = poll_until(lambda: len(found := re.findall(heading, fleet.log_of("only"))) == 2 and found,
+                          what="both shared workers' stacks")  # fmt: skip
+    assert sorted(number for _, _, number, _ in headings) == ["0", "1"] and len({h[0] for h in headings}) == 2
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == ExitCode.OK

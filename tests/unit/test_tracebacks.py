@@ -1,17 +1,22 @@
 """A failed handler call's traceback: in its one log line (failure_logs.py), in its dead letter's bounded header
-(dead_letters.py), in the testing harness's result, and carried back by the executors."""
+(dead_letters.py), in the testing harness's result, and carried back by the executors; the SIGUSR2 heading."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from polling import poll_until
 
 from marshal_workers import App, Message, Reject
 from marshal_workers.dead_letters import (
@@ -32,6 +37,7 @@ from marshal_workers.failure_logs import (
     log_retry,
 )
 from marshal_workers.logs import JsonFormatter, TextFormatter, partition_log
+from marshal_workers.stack_dumps import worker_heading
 from marshal_workers.testing import FakeRecord, make_message, run_handler
 
 
@@ -260,3 +266,54 @@ def test_an_async_call_past_its_soft_time_limit_says_where_it_was() -> None:
     assert isinstance(error, SoftTimeLimitExceeded)
     text = traceback_text(error)
     assert text is not None and "in waits_for_the_payment_provider" in text, text
+
+
+# ------------------------------------------------------------------ SIGUSR2
+
+
+def test_the_stack_dump_heading_says_whose_stacks_follow() -> None:
+    assert worker_heading(4242, "billing", "orders", 3, "at offset 1207") == (
+        "SIGUSR2: stacks of worker pid 4242, group billing, topic orders partition 3, at offset 1207:"
+    )
+    assert worker_heading(7, "billing", "orders", None, "shared worker #0, between ranges") == (
+        "SIGUSR2: stacks of worker pid 7, group billing, topic orders, shared worker #0, between ranges:"
+    )
+
+
+STUCK = """
+import sys, threading, time
+from marshal_workers.stack_dumps import dump_stacks_on_sigusr2
+
+dump_stacks_on_sigusr2(lambda: "HEADING of the test")
+
+def stuck_in_a_call():
+    print("ready", flush=True)
+    time.sleep(60)
+
+stuck_in_a_call()
+"""
+
+
+def test_sigusr2_writes_the_heading_then_the_stack_of_a_call_stuck_in_the_main_thread() -> None:
+    process = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline() == b"ready\n"
+        os.set_blocking(process.stderr.fileno(), False)
+        dumped = [b""]
+
+        def dumps(count: int) -> bool:
+            assert process.poll() is None, "SIGUSR2 must not end the process"
+            dumped[0] += process.stderr.read() or b""  # type: ignore[union-attr]
+            return dumped[0].count(b"in stuck_in_a_call") >= count
+
+        process.send_signal(signal.SIGUSR2)
+        poll_until(lambda: dumps(1), what="the first dump")
+        process.send_signal(signal.SIGUSR2)  # again: a dump each time, and the process goes on
+        poll_until(lambda: dumps(2), what="the second dump")
+        text = dumped[0].decode()
+        assert text.startswith("HEADING of the test\n") and text.count("HEADING of the test\n") == 2
+        assert text.index("HEADING") < text.index("in stuck_in_a_call")
+    finally:
+        process.kill()
+        process.wait(timeout=10)
