@@ -3,13 +3,15 @@
 Shared by the partition worker (after a handler's retries) and the shared worker
 (after ``max_deliveries``).  Each dead letter keeps the original value, key,
 headers (a trace id survives) and timestamp; headers added after the original
-ones say what failed, where the message came from and, for shared handlers, how
-many times it was delivered.  A write that Kafka does not confirm raises: the caller
-then has not moved past the message, so it is handled again rather than lost.
+ones say what failed (with the traceback, when the handler raised it), where the
+message came from and, for shared handlers, how many times it was delivered.  A
+write that Kafka does not confirm raises: the caller then has not moved past the
+message, so it is handled again rather than lost.
 """
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,11 +21,17 @@ from marshal_workers.config import Settings
 from marshal_workers.kafka_clients import client_config
 
 FLUSH_TIMEOUT_S = 30
+TRACEBACK_HEADER = "traceback"
+# The traceback header's bound, the cut marker included: a deep stack or a long chain of causes keeps its end
+# (the innermost frames and the error itself), and a dead letter stays far below Kafka's message size limit.
+TRACEBACK_MAX_BYTES = 8192
+_LINE_SEARCH_BYTES = 1024  # how far a cut traceback may be shortened further to begin at a line
 
 
 def error_headers(handler_name: str, record: Any, error: BaseException) -> list[tuple[str, bytes]]:
-    """The headers of a dead letter: the error, the handler and where the message came from."""
-    return [
+    """The headers of a dead letter: the error, the handler and where the message came from; the traceback too
+    if the error was raised (not one made up for a message never handed to the handler, such as WorkerLost)."""
+    headers = [
         ("error", repr(error)[:2000].encode()),
         ("error_type", type(error).__qualname__.encode()),
         ("handler", handler_name.encode()),
@@ -31,6 +39,36 @@ def error_headers(handler_name: str, record: Any, error: BaseException) -> list[
         ("original_partition", str(record.partition()).encode()),
         ("original_offset", str(record.offset()).encode()),
     ]
+    text = traceback_text(error)
+    if text is not None:
+        headers.append((TRACEBACK_HEADER, bounded_traceback(text)))
+    return headers
+
+
+def traceback_text(error: BaseException) -> str | None:
+    """The error's traceback as Python prints it (its causes first, the error last); None if it was never raised."""
+    if error.__traceback__ is None:
+        return None
+    return "".join(traceback.format_exception(error))
+
+
+def bounded_traceback(text: str, limit: int = TRACEBACK_MAX_BYTES) -> bytes:
+    """``text`` in UTF-8, at most ``limit`` bytes: if longer, its start is cut (up to a line's start, if one comes
+    within _LINE_SEARCH_BYTES) and a marker line says how much, so the innermost frames and the error survive."""
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= limit:
+        return data
+    room = limit - len(_cut_marker(len(data)))  # the marker for the largest possible cut: the longest one
+    tail = data[len(data) - room :].decode("utf-8", "ignore")  # "ignore": a character cut in two is dropped
+    line_start = tail.find("\n", 0, _LINE_SEARCH_BYTES) + 1
+    if 0 < line_start < len(tail):
+        tail = tail[line_start:]  # begin at a line, unless that leaves nothing (one long last line)
+    kept = tail.encode()
+    return _cut_marker(len(data) - len(kept)) + kept
+
+
+def _cut_marker(cut: int) -> bytes:
+    return f"[... the first {cut} bytes of the traceback cut ...]\n".encode()
 
 
 class DeadLetterWriter:

@@ -1,9 +1,10 @@
 """Dead-letter topics: what is in one (``dlq list``) and sending its messages back (``dlq redrive``).
 
 A dead letter is the original message (value, key, headers, timestamp) with the
-headers our workers add (``error``, ``error_type``, ``handler``,
-``original_topic``, ``original_partition``, ``original_offset``, and
-``deliveries`` for shared handlers).  Both commands read the dead-letter topic
+headers our workers add (``error``, ``error_type``, ``traceback`` when the
+handler raised the error, ``handler``, ``original_topic``,
+``original_partition``, ``original_offset``, and ``deliveries`` for shared
+handlers).  Both commands read the dead-letter topic
 from its start to its end as it is when they begin; a redrive checks
 everything it can before it writes anything (the topics exist, each chosen
 letter has somewhere to go), then sends each chosen letter once, through an
@@ -20,6 +21,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Producer, TopicPartition
 
 from marshal_workers.config import Settings
+from marshal_workers.dead_letters import TRACEBACK_HEADER
 from marshal_workers.errors import ConfigError, UnknownTopicError
 from marshal_workers.kafka_clients import admin_client, client_config, topic_partition_count
 from marshal_workers.positions import partition_bounds, position_consumer
@@ -27,7 +29,7 @@ from marshal_workers.positions import partition_bounds, position_consumer
 # The headers a worker adds to a dead letter: dropped when it is sent back.
 ADDED_HEADERS = frozenset(
     {"error", "error_type", "handler", "original_topic", "original_partition", "original_offset", "deliveries"}
-)
+) | {TRACEBACK_HEADER}
 
 
 @dataclass(frozen=True)

@@ -148,9 +148,13 @@ class AsyncExecutor:
             async with limit:
                 await self._function(argument)
         except BaseException as exc:  # noqa: BLE001 - every failure is the handler's outcome, reported back
+            error = exc
             # A TimeoutError of the handler's own (an HTTP client's, say) is not the soft limit's.
-            expired = isinstance(exc, TimeoutError) and limit.expired()
-            error = SoftTimeLimitExceeded(f"the handler ran past its soft time limit ({self._soft:g}s)") if expired else exc
+            if isinstance(exc, TimeoutError) and limit.expired():
+                try:  # raised, from the timeout: its traceback shows where the handler was when time ran out
+                    raise SoftTimeLimitExceeded(f"the handler ran past its soft time limit ({self._soft:g}s)") from exc
+                except SoftTimeLimitExceeded as exceeded:
+                    error = exceeded
         self._completions.put(Completion(offset, error, time.perf_counter_ns() - started))
 
     def wait(self, timeout: float) -> list[Completion]:

@@ -44,6 +44,7 @@ from marshal_workers.channel import LATENCY_BOUNDS, LATENCY_FIRST_BUCKET, Field,
 from marshal_workers.errors import TimeLimitExceeded
 from marshal_workers.executors import AsyncExecutor, Completion, Executor, ThreadExecutor
 from marshal_workers.exit_codes import WorkerExit
+from marshal_workers.failure_logs import log_ignored, log_left_for_later, log_release, log_retry
 from marshal_workers.lanes import Lanes
 from marshal_workers.message_age import is_too_old
 from marshal_workers.retry_policy import Action, next_step
@@ -339,13 +340,15 @@ class LaneRunner:
         self.worker._count_handled(handled)
 
     def _failed(self, offsets: list[int], error: BaseException) -> int:
-        """Retry later (the key's later messages wait; other keys go on), or apply on_error; how many got done."""
+        """Retry later (the key's later messages wait; other keys go on), or apply on_error; how many got done.
+        The failure is logged once, with its traceback (failure_logs.py), by whichever branch decides its fate."""
         attempts, outcomes = self.lanes.attempts(offsets[0]), self.worker.outcomes
+        log, name = self.worker.log, self.handler.name
         outcomes.failed(error)
         step = next_step(self.handler.retry_policy, error, attempts)
         if step.action is Action.IGNORE:
             outcomes.ignored += len(offsets)
-            self.worker.log.info("handler %s ignored offset %d (%r)", self.handler.name, offsets[0], error)
+            log_ignored(log, name, offsets[0], error)
             return self._done(offsets)
         if step.action is Action.REJECT:
             outcomes.rejected += len(offsets)
@@ -355,11 +358,9 @@ class LaneRunner:
             return self._on_error(offsets, error)
         if self.worker.stopping and not self.at_most_once:
             until = float("inf")  # stopping: not done, the next owner handles it again
+            log_left_for_later(log, name, offsets[0], error, "the worker is stopping: the next owner retries it")
         else:
-            self.worker.log.warning(
-                "handler %s failed at offset %d (%r); retry %d in %.2fs", self.handler.name, offsets[0], error,
-                attempts, step.delay,
-            )  # fmt: skip
+            log_retry(log, name, offsets[0], error, attempts, step.delay)
             outcomes.retries += 1
             until = time.monotonic() + step.delay
         for offset in offsets:
@@ -370,9 +371,7 @@ class LaneRunner:
         """The retries are spent: dead-letter the messages (done), or stop and release the partition at them."""
         failing = [self.records[o] for o in offsets]
         if self.handler.on_error is OnError.RELEASE or self.worker.over_dlq_limit(self.handler, failing):
-            self.worker.log.error(
-                "handler %s failed at offset %d (%r): releasing the partition", self.handler.name, offsets[0], error
-            )  # fmt: skip
+            log_release(self.worker.log, self.handler.name, offsets[0], error)
             for offset in offsets:
                 self.lanes.defer(offset, float("inf"))  # never done here: the next owner starts at it
             self.exit = WorkerExit.RELEASE

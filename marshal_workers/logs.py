@@ -2,7 +2,8 @@
 
 Text by default; ``log_format = "json"`` writes one JSON object per line with
 the fields ``ts``, ``level``, ``logger``, ``pid``, ``message`` and, where they
-apply, ``group``, ``topic`` and ``partition``.
+apply, ``group``, ``topic``, ``partition``, ``offset`` (a failed handler call's
+message) and ``exception`` (a traceback).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import orjson
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
-_CONTEXT_FIELDS = ("group", "topic", "partition")
+_CONTEXT_FIELDS = ("group", "topic", "partition", "offset")
 
 
 def _where(record: logging.LogRecord) -> str | None:

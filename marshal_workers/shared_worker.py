@@ -51,23 +51,19 @@ from marshal_workers.config import Settings
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import MaxDeliveriesExceeded, SendError
 from marshal_workers.exit_codes import WorkerExit
+from marshal_workers.failure_logs import log_dead_letter, log_ignored, log_left_for_later, log_retry
 from marshal_workers.handler_outcomes import OutcomeCounts
 from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.kafka_clients import client_config
 from marshal_workers.loader import load_app
-from marshal_workers.logs import configure_logging, group_log
+from marshal_workers.logs import ContextLog, configure_logging, group_log, partition_log
 from marshal_workers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.outbox import Outbox
 from marshal_workers.rate_limits import Throttle
 from marshal_workers.retry_policy import Action, next_step
-from marshal_workers.worker import (
-    die_with_parent,
-    dump_tracebacks_on_sigusr2,
-    finish_worker,
-    send_failed,
-    take_up_handler,
-)
+from marshal_workers.stack_dumps import dump_stacks_on_sigusr2, worker_heading
+from marshal_workers.worker import die_with_parent, finish_worker, send_failed, take_up_handler
 
 _log = logging.getLogger(__name__)
 
@@ -127,11 +123,12 @@ class SharedWorker:
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
         self.hooks = Hooks()  # the app's, once it is loaded
+        self.in_hand: tuple[int, int] | None = None  # (partition, start) of the range being handled, for SIGUSR2
 
     def run(self) -> WorkerExit:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
         die_with_parent()
-        dump_tracebacks_on_sigusr2()
+        dump_stacks_on_sigusr2(self._stack_dump_heading)  # sent by the supervisor on its own SIGUSR2
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "
@@ -159,6 +156,12 @@ class SharedWorker:
             return send_failed(self.log, exc)
         finally:
             self._finish(app)
+
+    def _stack_dump_heading(self) -> str:
+        at = self.in_hand  # read once: the main thread may move on meanwhile
+        range_text = f"shared worker #{self.spec.index}, " + ("between ranges" if at is None else f"range from {at[1]}")
+        return worker_heading(os.getpid(), self.spec.settings.require_group(), self.spec.topic,
+                              None if at is None else at[0], range_text)  # fmt: skip
 
     def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
@@ -191,8 +194,10 @@ class SharedWorker:
                     self._send(("returned", leased.partition, leased.start, leased.end))
                 return WorkerExit.STOPPED
             if self.ranges:
+                self.in_hand = (self.ranges[0].partition, self.ranges[0].start)
                 self._handle_range(handler, self.ranges[0])
                 self.ranges.popleft()
+                self.in_hand = None
 
     def _read_pipe(self, wait: float) -> None:
         try:
@@ -319,7 +324,8 @@ class SharedWorker:
 
     def _handle_message(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
         """Call the handler, retrying by its policy; a message that keeps failing is failed (delivered again
-        later, at least once) or dead-lettered (at most once, or delivered max_deliveries times)."""
+        later, at least once) or dead-lettered (at most once, or delivered max_deliveries times).  Each failed
+        call is logged once, with its traceback (failure_logs.py)."""
         deliveries = leased.tries + 1
         if leased.tries >= handler.max_deliveries:
             error: Exception = MaxDeliveriesExceeded(
@@ -333,16 +339,16 @@ class SharedWorker:
             leased.handled += 1
         elif action is Action.IGNORE:
             self.outcomes.ignored += 1
+            log_ignored(self._log_of(record), handler.name, record.offset(), error_or_none)
             leased.handled += 1
         elif action is Action.REJECT or handler.mode is Mode.AMO:
             self.outcomes.rejected += action is Action.REJECT
             self._dead_letter(handler, record, error_or_none, deliveries)
             leased.dead.append(record.offset())
         else:
-            self.log.warning(
-                "%s[%d]: handler %s failed at offset %d, delivery %d of %d (%r): it will be delivered again",
-                record.topic(), record.partition(), handler.name, record.offset(), deliveries,
-                handler.max_deliveries, error_or_none,
+            log_left_for_later(
+                self._log_of(record), handler.name, record.offset(), error_or_none,
+                f"delivery {deliveries} of {handler.max_deliveries}, it will be delivered again",
             )  # fmt: skip
             leased.failed.append(record.offset())
 
@@ -350,7 +356,8 @@ class SharedWorker:
         self, handler: HandlerSpec, record: Any, leased: _Range
     ) -> tuple[Exception | None, Action | None]:
         """(None, None) if the handler succeeded (at once or on a retry), else its last error and what the
-        handler's retry policy says to do with it (IGNORE, REJECT or GIVE_UP)."""
+        handler's retry policy says to do with it (IGNORE, REJECT or GIVE_UP).  A failure retried here is logged
+        here; the last one is the caller's to log, once it knows what becomes of the message."""
         failures = 0
         while True:
             try:
@@ -365,6 +372,7 @@ class SharedWorker:
                 return error, step.action
             if self.stopping or monotonic_ms() + step.delay * 1000 >= leased.deadline_ms:
                 return error, Action.GIVE_UP  # no time left in the lease: the next delivery retries it
+            log_retry(self._log_of(record), handler.name, record.offset(), error, failures, step.delay)
             self.outcomes.retries += 1
             time.sleep(step.delay)
 
@@ -372,10 +380,12 @@ class SharedWorker:
         headers = error_headers(handler.name, record, error) + [("deliveries", str(deliveries).encode())]
         self._dlq.write(handler.dlq_topic, [record], [headers])
         run_hooks(self.hooks.on_dead_letter, Message(record), error)
-        self.log.error(
-            "%s[%d]: offset %d sent to %s after %d deliveries (%r)",
-            record.topic(), record.partition(), record.offset(), handler.dlq_topic, deliveries, error,
-        )  # fmt: skip
+        log_dead_letter(self._log_of(record), handler.name, record.offset(), error, 1,
+                        f"{handler.dlq_topic} after {deliveries} deliveries")  # fmt: skip
+
+    def _log_of(self, record: Any) -> ContextLog:
+        """The log for lines about ``record``: they carry its topic and partition besides the group."""
+        return partition_log(_log, self.spec.settings.require_group(), record.topic(), record.partition())
 
 
 def consumer_settings(settings: Settings) -> dict[str, Any]:

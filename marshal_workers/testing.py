@@ -6,7 +6,8 @@ plugin's fixtures ``marshal_broker`` and ``running_app``, in :mod:`marshal_worke
 limits (raised inside the call: past ``soft_time_limit`` a ``SoftTimeLimitExceeded``, past ``time_limit`` a
 ``TimeLimitExceeded``, where a worker would be killed; both count as failures), the hooks (per message, on
 dead letters, per partition, per worker) and batches of ``batch_size``.  It returns what became of each
-message.  Nothing is written anywhere: a dead letter is an outcome with the headers it would carry.
+message, with the last error's traceback.  Nothing is written anywhere: a dead letter is an outcome with the
+headers it would carry.
 
     from marshal_workers.testing import make_message, run_handler
 
@@ -30,7 +31,7 @@ import orjson
 
 from marshal_workers.app import App, HandlerSpec, Message, OnError, effective_time_limits
 from marshal_workers.config import load_settings
-from marshal_workers.dead_letters import error_headers
+from marshal_workers.dead_letters import error_headers, traceback_text
 from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimitExceeded
 from marshal_workers.hooks import run_hooks
 from marshal_workers.message_age import OnTooOld, is_too_old, too_old_error
@@ -146,6 +147,13 @@ class HandlerResult:
     # What its calls sent with app.send, retries included (as a worker's producer would have them): (topic, value,
     # key, headers), encoded as they go to Kafka.  A batch's messages share one list.
     sent: list[tuple[str, bytes | None, bytes | None, list[tuple[str, bytes]] | None]] = field(default_factory=list)
+    # The last error's traceback as a worker logs it (whole: the dead letter's ``traceback`` header keeps its last
+    # TRACEBACK_MAX_BYTES); None if there was no error, or one never raised (a message too old).
+    traceback: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.traceback is None and self.error is not None:
+            self.traceback = traceback_text(self.error)
 
 
 class _CapturingOutbox:

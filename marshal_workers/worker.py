@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import enum
-import faulthandler
 import logging
 import os
 import signal
@@ -31,6 +30,7 @@ from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import SendError, TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
+from marshal_workers.failure_logs import apart_from, log_dead_letter, log_ignored, log_release, log_retry
 from marshal_workers.handler_outcomes import OutcomeCounts
 from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.hooks import Hooks, run_hooks
@@ -43,6 +43,7 @@ from marshal_workers.message_age import OnTooOld, is_too_old, split_by_age, too_
 from marshal_workers.outbox import Outbox
 from marshal_workers.rate_limits import Throttle
 from marshal_workers.retry_policy import Action, next_step
+from marshal_workers.stack_dumps import dump_stacks_on_sigusr2, worker_heading
 
 _log = logging.getLogger(__name__)
 
@@ -152,11 +153,6 @@ def take_up_handler(worker: Any, app: App, topic: str) -> HandlerSpec:
         worker.throttle = Throttle(worker.rate_bucket, handler.rate_limit)
     worker.max_age_ms = round(handler.max_age * 1000) if handler.max_age else 0
     return handler
-
-
-def dump_tracebacks_on_sigusr2() -> None:
-    """SIGUSR2 (sent by the supervisor on its own SIGUSR2): every thread's stack to stderr, the supervisor's log."""
-    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
 
 def send_failed(log: Any, error: SendError) -> WorkerExit:
@@ -282,12 +278,17 @@ class Worker:
     def _init_process(self) -> None:
         configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
         die_with_parent()
-        dump_tracebacks_on_sigusr2()
+        dump_stacks_on_sigusr2(self._stack_dump_heading)  # sent by the supervisor on its own SIGUSR2
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
         # Until the line above we ignored SIGTERM (as the fork server does): a stop asked for meanwhile is in the slot.
         self._check_stop_flag()
         self._set_title(self.spec.start_offset)
+
+    def _stack_dump_heading(self) -> str:
+        spec = self.spec
+        return worker_heading(os.getpid(), spec.group, spec.topic, spec.partition,
+                              f"at offset {self.slot.get(Field.NEXT_OFFSET)}")  # fmt: skip
 
     def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
         self.stopping = True
@@ -673,14 +674,15 @@ class Worker:
 
     def _recover(self, handler: HandlerSpec, records: list[Any], error: Exception) -> _Outcome:
         """After a first failure: retry as the handler's policy says (retry_policy.py), then dead-letter (DONE)
-        or give the partition up; a message the handler ignored is done, one it rejected dead-lettered."""
-        offset, failures = records[0].offset(), 1
+        or give the partition up; a message the handler ignored is done, one it rejected dead-lettered.  Each
+        failed call is logged once, with its traceback (failure_logs.py)."""
+        offset, failures, first = records[0].offset(), 1, error
         while True:
             self.outcomes.failed(error)
             step = next_step(handler.retry_policy, error, failures)
             if step.action is Action.IGNORE:
                 self.outcomes.ignored += len(records)
-                self.log.info("handler %s ignored offset %d (%r)", handler.name, offset, error)
+                log_ignored(self.log, handler.name, offset, error)
                 return _Outcome.DONE
             if step.action is Action.REJECT:
                 self.outcomes.rejected += len(records)
@@ -688,10 +690,7 @@ class Worker:
                 return _Outcome.DONE
             if step.action is Action.GIVE_UP:
                 break
-            self.log.warning(
-                "handler %s failed at offset %d (%r); retry %d in %.2fs", handler.name, offset, error, failures,
-                step.delay,
-            )  # fmt: skip
+            log_retry(self.log, handler.name, offset, error, failures, step.delay)
             if not self._sleep_unless_stopped(step.delay):
                 return _Outcome.STOP  # not done: the next owner handles it again
             self.outcomes.retries += 1
@@ -700,11 +699,11 @@ class Worker:
                 handler.call(records, failures)
                 return _Outcome.DONE
             except Exception as exc:
-                error = exc
-        if handler.on_error is OnError.RELEASE:
-            self.log.error("handler %s failed at offset %d (%r): releasing the partition", handler.name, offset, error)
-            return _Outcome.RELEASE
-        if self.over_dlq_limit(handler, records):
+                # Called while the first failure is being handled (the loops call _recover in their except
+                # clause, which keeps the hot path lean): Python would chain each retry's error to it.
+                error = apart_from(exc, first)
+        if handler.on_error is OnError.RELEASE or self.over_dlq_limit(handler, records):
+            log_release(self.log, handler.name, offset, error)
             return _Outcome.RELEASE
         self._dead_letter(handler, records, error)
         return _Outcome.DONE
@@ -751,7 +750,4 @@ class Worker:
         self._write_dead_letters(handler, records, [error] * len(records))
         self._dead_letters_in_a_row += len(records)
         self._dead_letters_end = records[-1].offset() + 1
-        self.log.error(
-            "handler %s gave up on offset %d (%r): sent %d message(s) to %s",
-            handler.name, records[0].offset(), error, len(records), handler.dlq_topic,
-        )  # fmt: skip
+        log_dead_letter(self.log, handler.name, records[0].offset(), error, len(records), handler.dlq_topic)

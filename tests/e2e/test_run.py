@@ -395,7 +395,13 @@ def test_sighup_releases_everything_and_restarts_the_same_process_which_claims_a
     before = fleet.log_of("only").count("worker.py")
     supervisor.send_signal(signal.SIGUSR2)  # every thread's stack: the supervisor's, then each worker's
     poll_until(lambda: fleet.log_of("only").count("worker.py") >= before + 8, what="the 8 workers' stacks")
-    assert "supervisor.py" in fleet.log_of("only").split("SIGUSR2")[-1]
+    assert "supervisor.py" in fleet.log_of("only").split("SIGUSR2: the supervisor's threads")[-1]
+    # Each worker's stacks under a heading that says whose they are.
+    heading = (rf"SIGUSR2: stacks of worker pid (\d+), group {fleet.group}, topic {fleet.topic} partition (\d), "
+               r"at offset \d+:\n")
+    headings = poll_until(lambda: len(found := re.findall(heading, fleet.log_of("only"))) == 8 and found,
+                          what="the 8 workers' headings")  # fmt: skip
+    assert {int(partition): int(pid) for pid, partition in headings} == fleet.worker_pids("only")
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == ExitCode.OK
 
