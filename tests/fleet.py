@@ -132,6 +132,12 @@ class Fleet:
                 workers[int(title[len(prefix) :].split("]")[0])] = pid
         return workers
 
+    def shared_worker_pids(self, client_id: str) -> set[int]:
+        """The pids of the shared workers (range leases) that a supervisor runs now (by their process titles)."""
+        supervisor = self.processes[client_id]
+        prefix = f"marshal-workers: shared worker {self.group} {self.topic}"
+        return {pid for pid in process_group(supervisor.pid) if cmdline(pid).startswith(prefix)}
+
     def produce(self, values: range, headers: list[tuple[str, bytes]] | None = None, timestamp: int = 0) -> None:
         """Values 'N' on partition N % partitions, in order (with these headers and timestamp, if given)."""
         producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 5})
@@ -156,6 +162,14 @@ class Fleet:
 
     def status_rows(self) -> dict[int, dict[str, Any]]:
         """``marshal-workers status --json`` of the fleet's topic, by partition."""
+        return {row["partition"]: row for row in self.status_document()["partitions"]}
+
+    def shared_rows(self) -> dict[int, dict[str, Any]]:
+        """The shared partitions (range leases) of ``status --json``, by partition: those the log knows of."""
+        return {row["partition"]: row for row in self.status_document().get("shared", [])}
+
+    def status_document(self) -> dict[str, Any]:
+        """``marshal-workers status --json`` of the fleet's topic."""
         result = subprocess.run(
             [sys.executable, "-m", "marshal_workers", "status", "--brokers", self.brokers, "--group", self.group,
              "--coordination-topic", self.coordination_topic, "--heartbeat-interval", HB, "--topic", self.topic,
@@ -164,7 +178,8 @@ class Fleet:
         )  # fmt: skip
         # UNKNOWN_GROUP: no supervisor wrote yet; the document (every partition unclaimed) is printed all the same.
         assert result.returncode in (ExitCode.OK, ExitCode.UNKNOWN_GROUP), result.stderr
-        return {row["partition"]: row for row in orjson.loads(result.stdout)["partitions"]}
+        document: dict[str, Any] = orjson.loads(result.stdout)
+        return document
 
     def dead_letters(self, count: int) -> list[Message]:
         """The first ``count`` messages of the dead-letter topic (waits for them)."""

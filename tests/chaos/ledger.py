@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from fleet import SinkLine as Handled  # one line of the sink: a message a handler saw
@@ -110,9 +110,19 @@ def repeats(handled: Sequence[Handled]) -> list[Repeat]:
     return sorted(found, key=lambda r: (r.partition, r.offset, r.again_at))
 
 
-def unexplained_losses(runs: Sequence[LossRun], faults: Sequence[FaultWindow], batch_size: int, slack: float) -> list[str]:
-    """Loss runs that the unclean faults cannot explain: each fault may account for at most one claimed
-    batch (``batch_size`` messages) per partition, and only a fault that overlaps the run in time.
+def unexplained_losses(
+    runs: Sequence[LossRun],
+    faults: Sequence[FaultWindow],
+    batch_size: int,
+    slack: float,
+    units: Callable[[FaultWindow], int] = lambda fault: 1,
+    holes: bool = False,
+) -> list[str]:
+    """Loss runs that the unclean faults cannot explain.  Each fault may account for ``units(fault)`` claimed
+    batches (``batch_size`` consecutive offsets each) per partition: one for a whole partition's worker, more
+    for shared workers (every range a stricken supervisor's workers held); and only a fault that overlaps the
+    run in time.  With ``holes`` (calls in flight together, lanes), one claimed batch may leave several runs
+    with handled messages between them: runs that fit in one batch's offsets count as one.
 
     A run lies between the handling of the message before it (``after``) and of the one after it
     (``before``); the fault that lost it happened in that span, give or take ``slack`` seconds (a frozen
@@ -121,20 +131,38 @@ def unexplained_losses(runs: Sequence[LossRun], faults: Sequence[FaultWindow], b
     problems = []
     unclean = sorted((f for f in faults if f.unclean), key=lambda f: f.start)
     for partition in sorted({run.partition for run in runs}):
-        used: set[int] = set()
-        for run in sorted((r for r in runs if r.partition == partition), key=lambda r: r.first):
-            needed = math.ceil(run.size / batch_size)
-            candidates = [
-                i for i, f in enumerate(unclean) if i not in used and f.overlaps(run.after - slack, run.before + slack)
-            ]
-            used.update(candidates[:needed])
-            if len(candidates) < needed:
+        left = [units(fault) for fault in unclean]  # batches each fault may still explain on this partition
+        mine = sorted((r for r in runs if r.partition == partition), key=lambda r: r.first)
+        for group in _claimed_spans(mine, batch_size) if holes else [[run] for run in mine]:
+            first, last = group[0].first, group[-1].last
+            after, before = min(r.after for r in group), max(r.before for r in group)
+            needed = math.ceil((last - first + 1) / batch_size)
+            found = 0
+            for i, fault in enumerate(unclean):
+                if found < needed and left[i] and fault.overlaps(after - slack, before + slack):
+                    taken = min(left[i], needed - found)
+                    left[i] -= taken
+                    found += taken
+            if found < needed:
+                lost = sum(r.size for r in group)
                 problems.append(
-                    f"partition {partition}: offsets {run.first}..{run.last} ({run.size} messages) were lost, which "
-                    f"needs {needed} unclean fault(s) of batch {batch_size}, but only {len(candidates)} unused one(s) "
-                    f"overlap that time"
+                    f"partition {partition}: offsets {first}..{last} ({lost} messages) were lost, which needs "
+                    f"{needed} claimed batch(es) of {batch_size} lost to unclean faults, but the unused faults that "
+                    f"overlap that time explain only {found}"
                 )
     return problems
+
+
+def _claimed_spans(runs: Sequence[LossRun], batch_size: int) -> list[list[LossRun]]:
+    """Runs of one partition (by offset) grouped into spans of at most ``batch_size`` offsets, each of which one
+    claimed batch could have left (a run longer than a batch is a span of its own)."""
+    spans: list[list[LossRun]] = []
+    for run in runs:
+        if spans and run.last < spans[-1][0].first + batch_size:
+            spans[-1].append(run)
+        else:
+            spans.append([run])
+    return spans
 
 
 def unexplained_repeats(found: Sequence[Repeat], faults: Sequence[FaultWindow], slack: float) -> list[str]:
@@ -146,6 +174,23 @@ def unexplained_repeats(found: Sequence[Repeat], faults: Sequence[FaultWindow], 
         for r in found
         if not any(f.overlaps(r.first_at - slack, r.again_at) for f in unclean)
     ]
+
+
+def out_of_key_order(handled: Sequence[Handled], key_of: Callable[[str], str]) -> list[str]:
+    """Messages a worker handled before an earlier message of the same key and partition (``handled`` in the
+    order the lines were written; ``key_of`` gives a message's key from its value).  Each worker process
+    handles a key in offset order; a new worker (another pid) may start over, lower, after a fault."""
+    last: dict[tuple[int, int, str], int] = {}
+    problems = []
+    for line in handled:
+        key = (line.pid, line.partition, key_of(line.value))
+        if key in last and line.offset <= last[key]:
+            problems.append(
+                f"partition {line.partition} key {key[2]}: worker {line.pid} handled offset {line.offset} after "
+                f"offset {last[key]}"
+            )
+        last[key] = max(last.get(key, -1), line.offset)
+    return problems
 
 
 def merged(windows: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:

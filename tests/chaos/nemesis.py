@@ -36,6 +36,7 @@ from ledger import (
     Repeat,
     broker_stalls,
     loss_runs,
+    out_of_key_order,
     repeats,
     unavailable_s,
     unexplained_losses,
@@ -101,6 +102,17 @@ def plan_faults(seed: int, seconds: float, hb_s: float = HB_S) -> list[Fault]:
     return faults
 
 
+class Holding(enum.Enum):
+    """How the fleet's workers hold work (the handler's options)."""
+
+    WHOLE = "whole"  # one worker per partition, one call at a time
+    LANES = "lanes"  # one worker per partition, calls in flight together (concurrency), same-key calls in order
+    SHARED = "shared"  # shared=True: every supervisor's workers lease ranges of offsets of every partition
+
+
+SUPERVISOR_FAULTS = {"kill_supervisor", "term_while_claiming", "freeze_supervisor"}
+
+
 @dataclass(frozen=True)
 class NemesisConfig:
     mode: str  # "alo" or "amo"
@@ -112,11 +124,40 @@ class NemesisConfig:
     batch_size: int = 20  # AMO: the most messages one claim covers
     handler_delay: float = 0.0005  # seconds per message
     settle_timeout: float = 120.0
+    holding: Holding = Holding.WHOLE
+    concurrency: int = 8  # lanes: calls in flight per worker
+    keys: int = 16  # lanes: message N has key N mod keys
+    processes: int = 2  # shared: workers per supervisor
+    range_size: int = 20  # shared: offsets per lease
+    pending_timeout: float = 3.0  # shared: a lease not renewed lapses after this (a frozen supervisor's do)
 
     @property
     def handler_seconds(self) -> float:
-        """The longest a worker takes to finish what it holds: a whole claimed batch under AMO."""
+        """The longest a worker takes to finish what it holds: a whole claimed batch under AMO, a range shared."""
+        if self.holding is Holding.SHARED:
+            return self.handler_delay * self.range_size
         return self.handler_delay * (self.batch_size if self.mode == "amo" else 1)
+
+    @property
+    def claimed(self) -> int:
+        """The offsets one claim covers, which an unclean fault may lose at most once per claim (AMO)."""
+        return self.range_size if self.holding is Holding.SHARED else self.batch_size
+
+    def claims_lost_at_most(self, fault: FaultWindow) -> int:
+        """How many claims (batches, ranges) one unclean fault may lose on one partition (docs/faults.md).
+
+        A whole partition's worker holds one claimed batch.  A shared worker holds up to two leased ranges (the
+        one in hand and the next): a supervisor's fault may lose both of each of its workers' ranges, a worker's
+        crash its range in hand (the next goes back), the broker's every worker's."""
+        if self.holding is not Holding.SHARED:
+            return 1
+        if fault.kind in SUPERVISOR_FAULTS:
+            return 2 * self.processes
+        if fault.kind == "kill_worker":
+            return 1
+        if fault.kind == "kill_worker_claiming":
+            return 2
+        return 2 * self.processes * self.supervisors  # the broker: every lease may lapse
 
 
 @dataclass(frozen=True)
@@ -165,7 +206,8 @@ class Report:
         slowest = max(self.sigterms, key=lambda s: s.seconds, default=None)
         per_fault = max(self.unclean_faults, 1)
         lines = [
-            f"nemesis {c.mode} seed={c.seed} (replay: MW_NEMESIS_SEED={c.seed}): {c.fault_seconds:g}s of faults, "
+            f"nemesis {c.mode} {c.holding.value} seed={c.seed} (replay: MW_NEMESIS_SEED={c.seed}): "
+            f"{c.fault_seconds:g}s of faults, "
             f"{c.supervisors} supervisors, {c.partitions} partitions, {c.rate} msgs/s, HB {HB}",
             f"  faults: {len(self.faults)} ({self.unclean_faults} unclean), skipped {len(self.skipped)}: "
             + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items())),
@@ -208,7 +250,8 @@ class Nemesis:
                 "MW_TEST_MODE": config.mode,
                 "MW_TEST_BATCH_SIZE": str(config.batch_size),
                 "MW_TEST_DELAY": str(config.handler_delay),
-            },
+            }
+            | holding_env(config),
         )
         self.clients = [f"s{i}" for i in range(config.supervisors)]
         self.report = Report(config, workdir=workdir)
@@ -384,14 +427,20 @@ class Nemesis:
             os.kill(process.pid, signal.SIGCONT)
         self._record(fault.kind, True, at, time.time(), client)
 
+    def _workers(self, client: str) -> dict[int, int]:
+        """The supervisor's workers now: partition -> pid, or (shared) pid -> pid."""
+        if self.config.holding is Holding.SHARED:
+            return {pid: pid for pid in self.fleet.shared_worker_pids(client)}
+        return self.fleet.worker_pids(client)
+
     def _pick_worker(self, client: str, fault: Fault) -> tuple[int, int] | None:
-        """(partition, pid) of one of the supervisor's workers, or None (skipped) if it runs none."""
-        workers = self.fleet.worker_pids(client)
+        """(partition or pid, pid) of one of the supervisor's workers, or None (skipped) if it runs none."""
+        workers = self._workers(client)
         if not workers:
             self.report.skipped.append(f"{fault.kind.value} at {fault.at}s: {client} ran no worker")
             return None
-        partition = sorted(workers)[fault.pick % len(workers)]
-        return partition, workers[partition]
+        which = sorted(workers)[fault.pick % len(workers)]
+        return which, workers[which]
 
     def _kill_worker(self, client: str, fault: Fault) -> None:
         picked = self._pick_worker(client, fault)
@@ -405,12 +454,16 @@ class Nemesis:
         picked = self._pick_worker(client, fault)
         if picked is None:
             return
-        partition, first = picked
+        which, first = picked
+        before = set(self._workers(client).values())
         at = time.time()
         _kill_quietly(first)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            replacement = self.fleet.worker_pids(client).get(partition)
+            if self.config.holding is Holding.SHARED:  # any new shared worker replaces it
+                replacement = next(iter(set(self._workers(client).values()) - before), None)
+            else:
+                replacement = self._workers(client).get(which)
             if replacement not in (None, first):
                 _kill_quietly(replacement)
                 break
@@ -444,7 +497,8 @@ class Nemesis:
         with self._lock:
             if self._ending:
                 raise RuntimeError(f"not restarting {client}: the run is being cleaned up")
-            process = self.fleet.start(client, "--balance", "fair")
+            extra = ["--processes", str(self.config.processes)] if self.config.holding is Holding.SHARED else []
+            process = self.fleet.start(client, "--balance", "fair", *extra)
             self._started.append(process)
         self._wait(
             lambda: process.poll() is not None or " running " in self._log_since(client, log_from),
@@ -506,7 +560,8 @@ class Nemesis:
         while not stop.is_set():
             due = int((time.monotonic() - began) * self.config.rate)
             while n < due:
-                producer.produce(self.fleet.topic, value=str(n).encode(), partition=n % self.config.partitions,
+                key = str(n % self.config.keys).encode() if self.config.holding is Holding.LANES else None
+                producer.produce(self.fleet.topic, value=str(n).encode(), key=key, partition=n % self.config.partitions,
                                  on_delivery=delivered)  # fmt: skip
                 n += 1
             producer.poll(0.01)
@@ -557,6 +612,9 @@ class Nemesis:
         return ends
 
     def _all_owned(self) -> bool:
+        """Ready for the faults: every partition fresh with its owner (shared: every supervisor's workers up)."""
+        if self.config.holding is Holding.SHARED:
+            return all(len(self._workers(client)) == self.config.processes for client in self.clients)
         rows = self.fleet.status_rows()
         return len(rows) == self.config.partitions and all(row["state"] == "fresh" for row in rows.values())
 
@@ -566,10 +624,10 @@ class Nemesis:
 
         def complete() -> bool:
             try:
-                rows = self.fleet.status_rows()
+                positions = self._positions()
             except (subprocess.TimeoutExpired, AssertionError):
                 return False  # status could not read the log: judged (and probed) at the deadline
-            if any((rows[p]["offset"] or 0) < end for p, end in ends.items()):
+            if any(positions.get(p, 0) < end for p, end in ends.items()):
                 return False
             if self.config.mode == "alo":
                 return delivered <= {(line.partition, line.offset) for line in self.fleet.lines()}
@@ -588,14 +646,20 @@ class Nemesis:
             self.report.complete_after_s = max(0.0, completed - self.report.healed_at)
         else:
             try:
-                rows = self.fleet.status_rows()
-                behind: object = {p: (rows[p]["offset"], end) for p, end in ends.items() if (rows[p]["offset"] or 0) < end}
+                positions = self._positions()
+                behind: object = {p: (positions.get(p), end) for p, end in ends.items() if positions.get(p, 0) < end}
             except (subprocess.TimeoutExpired, AssertionError) as exc:
                 behind = f"unknown: status failed ({str(exc)[-300:]})"
             self.report.problems.append(
                 f"not {'complete' if self.config.mode == 'alo' else 'settled'} {self.config.settle_timeout:g}s after "
                 f"the heal; partitions behind (position, end): {behind}; the coordination log: {self._probe_log()}"
             )
+
+    def _positions(self) -> dict[int, int]:
+        """Where each partition's next owner would resume: its offset, or (shared) its low-water mark."""
+        if self.config.holding is Holding.SHARED:
+            return {p: row["low_water_mark"] or 0 for p, row in self.fleet.shared_rows().items()}
+        return {p: row["offset"] or 0 for p, row in self.fleet.status_rows().items()}
 
     def _probe_log(self) -> dict[str, object]:
         """What a fresh reader gets from the coordination topic (to tell a broker fault from ours)."""
@@ -630,6 +694,10 @@ class Nemesis:
         return found
 
     def _one_owner_one_worker(self) -> bool:
+        """Every partition owned by one live supervisor that runs one worker for it (shared: every supervisor runs
+        its workers, and none holds a whole partition)."""
+        if self.config.holding is Holding.SHARED:
+            return self._all_owned() and not any(self.fleet.worker_pids(client) for client in self.clients)
         rows = self.fleet.status_rows()
         workers: dict[int, list[str]] = {}
         for client in self.clients:
@@ -667,10 +735,16 @@ class Nemesis:
         report.repeats = repeats(handled)
         if config.mode == "alo":
             report.problems += [f"at least once, yet lost: {run}" for run in report.losses]
-            report.problems += unexplained_repeats(report.repeats, report.faults, slack=LEASE_S)
+            report.problems += unexplained_repeats(report.repeats, report.faults, slack=self._lease_s())
         else:
             report.problems += [f"at most once, yet handled twice: {r}" for r in report.repeats]
-            report.problems += unexplained_losses(report.losses, report.faults, config.batch_size, slack=LEASE_S)
+            report.problems += unexplained_losses(
+                report.losses, report.faults, config.claimed, slack=self._lease_s(), units=config.claims_lost_at_most,
+                holes=config.holding is Holding.LANES,
+            )  # fmt: skip
+        if config.holding is Holding.LANES:
+            keys = config.keys
+            report.problems += out_of_key_order(handled, key_of=lambda value: str(int(value) % keys))
         for i, exit_ in enumerate(report.sigterms):
             exited = exit_.sent_at + exit_.seconds
             frozen = unavailable_s(self._frozen + self._stalls, exit_.sent_at, exited, recovery=BROKER_RECOVERY_S)
@@ -684,6 +758,10 @@ class Nemesis:
         left = self._wait(self._nothing_left, 15, "every process to end", fail=False)
         if not left:
             report.problems.append(f"processes left after the final SIGTERM: {self._leftovers()}")
+
+    def _lease_s(self) -> float:
+        """How long after a fault its workers may go on: the lease (shared: the pending timeout)."""
+        return max(LEASE_S, self.config.pending_timeout) if self.config.holding is Holding.SHARED else LEASE_S
 
     def _leftovers(self) -> list[int]:
         return [pid for process in self._started for pid in process_group(process.pid)]
@@ -702,6 +780,16 @@ class Nemesis:
                 return False
             time.sleep(interval)
         return True
+
+
+def holding_env(config: NemesisConfig) -> dict[str, str]:
+    """The sink app's settings for the way the fleet holds work (tests/apps/sink_app.py)."""
+    if config.holding is Holding.LANES:
+        return {"MW_TEST_CONCURRENCY": str(config.concurrency)}
+    if config.holding is Holding.SHARED:
+        return {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": str(config.range_size),
+                "MW_TEST_PENDING_TIMEOUT": f"{config.pending_timeout:g}s"}  # fmt: skip
+    return {}
 
 
 def _kill_quietly(pid: int) -> None:

@@ -1,6 +1,7 @@
 """The long nemesis run: several seeds per delivery mode, each with its own broker, and a table of results.
 
     python tests/chaos/run_nemesis.py --modes alo,amo --seeds 1-5 --seconds 90
+    python tests/chaos/run_nemesis.py --holding lanes,shared --modes alo,amo --seeds 1-3 --seconds 90
 
 Prints each run's summary (seed, faults, losses, repeats, time to settle,
 slowest SIGTERM) and exits 1 if any verdict failed.  Logs and ledgers stay in
@@ -10,6 +11,7 @@ slowest SIGTERM) and exits 1 if any verdict failed.  Logs and ledgers stay in
 from __future__ import annotations
 
 import argparse
+import itertools
 import signal
 import sys
 import tempfile
@@ -18,7 +20,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]  # ledger, fleet, processes
 
-from nemesis import Nemesis, NemesisConfig, Report  # noqa: E402
+from nemesis import Holding, Nemesis, NemesisConfig, Report  # noqa: E402
 
 from marshal_workers.embedded_broker import EmbeddedBroker  # noqa: E402
 
@@ -38,6 +40,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=90.0, help="seconds of faults per run")
     parser.add_argument("--rate", type=int, default=1500, help="messages per second")
     parser.add_argument("--partitions", type=int, default=12, help="partitions of the topic")
+    parser.add_argument(
+        "--holding", default="whole",
+        help="how workers hold work, one or more of whole (a worker per partition), lanes (concurrency 8, same-key "
+        "messages in order), shared (range leases, 2 processes per supervisor)",
+    )  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     # Stopped from outside (timeout, kill): leave by an exception, so each run's clean-up kills its fleet and
@@ -46,24 +53,25 @@ def main() -> int:
         signal.signal(signum, lambda signum, _frame: sys.exit(128 + signum))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nemesis-"))
     reports: list[Report] = []
-    for mode in args.modes.split(","):
-        for seed in args.seeds:
-            run_dir = workdir / f"{mode}-{seed}"
-            run_dir.mkdir(parents=True, exist_ok=True)
-            config = NemesisConfig(
-                mode=mode, seed=seed, fault_seconds=args.seconds, rate=args.rate, partitions=args.partitions
-            )
-            with EmbeddedBroker(log_path=str(run_dir / "broker.log")) as broker:
-                report = Nemesis(config, broker, run_dir, uuid.uuid4().hex[:10]).run()
-            print(report.summary(), flush=True)
-            reports.append(report)
+    holdings = [Holding(h) for h in args.holding.split(",")]
+    for holding, mode, seed in itertools.product(holdings, args.modes.split(","), args.seeds):
+        run_dir = workdir / f"{holding.value}-{mode}-{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = NemesisConfig(
+            mode=mode, seed=seed, fault_seconds=args.seconds, rate=args.rate, partitions=args.partitions,
+            holding=holding,
+        )
+        with EmbeddedBroker(log_path=str(run_dir / "broker.log")) as broker:
+            report = Nemesis(config, broker, run_dir, uuid.uuid4().hex[:10]).run()
+        print(report.summary(), flush=True)
+        reports.append(report)
     print()
-    print("mode seed faults unclean lost repeated settle_s slowest_sigterm_s problems")
+    print("holding mode seed faults unclean lost repeated settle_s slowest_sigterm_s problems")
     for r in reports:
         slowest = max((s.seconds for s in r.sigterms), default=0.0)
         settle = "never" if r.complete_after_s is None else f"{r.complete_after_s:.1f}"
-        print(f"{r.config.mode} {r.config.seed} {len(r.faults)} {r.unclean_faults} {r.lost} {len(r.repeats)} "
-              f"{settle} {slowest:.2f} {len(r.problems)}")  # fmt: skip
+        print(f"{r.config.holding.value} {r.config.mode} {r.config.seed} {len(r.faults)} {r.unclean_faults} {r.lost} "
+              f"{len(r.repeats)} {settle} {slowest:.2f} {len(r.problems)}")  # fmt: skip
     return 1 if any(r.problems for r in reports) else 0
 
 

@@ -12,6 +12,7 @@ from ledger import (
     FaultWindow,
     broker_stalls,
     loss_runs,
+    out_of_key_order,
     repeats,
     unavailable_s,
     unexplained_losses,
@@ -76,6 +77,35 @@ def test_one_fault_explains_one_run_per_partition() -> None:
     assert len(runs) == 2
     assert len(unexplained_losses(runs, [kill(12.0)], batch_size=20, slack=5.0)) == 1
     assert unexplained_losses(runs, [kill(12.0), kill(13.0)], batch_size=20, slack=5.0) == []
+
+
+def test_with_calls_in_flight_together_one_claimed_batch_may_leave_several_runs() -> None:
+    delivered = [(0, o) for o in range(50)]
+    handled = [line(o, 10.0 + o / 100) for o in range(50) if o not in (3, 4, 7, 12, 30)]
+    runs = loss_runs(delivered, handled)  # 3..4, 7, 12 within one batch of 20; 30 in the next
+    assert len(runs) == 4
+    assert len(unexplained_losses(runs, [kill(10.05)], batch_size=20, slack=1.0)) == 3  # one run per fault
+    assert len(unexplained_losses(runs, [kill(10.05)], batch_size=20, slack=1.0, holes=True)) == 1, "30: a 2nd batch"
+    assert unexplained_losses(runs, [kill(10.05), kill(10.2)], batch_size=20, slack=1.0, holes=True) == []
+
+
+def test_a_fault_may_explain_as_many_batches_as_it_has_units() -> None:
+    delivered = [(0, o) for o in range(100)]
+    handled = [line(o, 10.0 + o / 100) for o in range(100) if not 20 <= o < 60]
+    [run] = loss_runs(delivered, handled)  # 40 lost: two ranges of 20
+    assert len(unexplained_losses([run], [kill(10.3)], batch_size=20, slack=1.0)) == 1
+    assert unexplained_losses([run], [kill(10.3)], batch_size=20, slack=1.0, units=lambda fault: 4) == []
+
+
+def test_a_worker_handles_each_key_in_offset_order() -> None:
+    def keyed(offset: int, pid: int) -> SinkLine:
+        return SinkLine("s0", pid, 0, offset, str(offset), 0.0)
+
+    key_of = lambda value: str(int(value) % 2)  # noqa: E731
+    in_order = [keyed(0, 1), keyed(2, 1), keyed(1, 1), keyed(4, 1), keyed(3, 1)]  # keys 0: 0 2 4; 1: 1 3
+    assert out_of_key_order(in_order, key_of) == []
+    assert len(out_of_key_order([keyed(2, 1), keyed(0, 1)], key_of)) == 1
+    assert out_of_key_order([keyed(2, 1), keyed(0, 2)], key_of) == []  # a new worker after a fault may go back
 
 
 def test_a_repeat_must_follow_an_unclean_fault() -> None:
