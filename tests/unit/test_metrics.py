@@ -20,7 +20,8 @@ from marshal_workers.metrics import Counters, MetricsServer, PartitionStats, Pro
 def snapshot() -> Snapshot:
     latency = [0] * (len(LATENCY_BOUNDS) + 1)
     latency[0], latency[4], latency[-1] = 90, 9, 1  # <= 0.5ms, <= 10ms, > 10s
-    busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5, in_flight=32, window_used=700)
+    busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5, in_flight=32, window_used=700,
+                          call_age_s=95.5)  # fmt: skip
     fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
@@ -74,6 +75,11 @@ def test_calls_in_flight_and_window_use_per_partition(served: dict) -> None:
     assert served[("marshal_workers_partition_in_flight", where(3))] == 32
     assert served[("marshal_workers_partition_window_used", where(3))] == 700
     assert served[("marshal_workers_partition_in_flight", where(4))] == 0
+
+
+def test_the_age_of_the_oldest_call_in_flight_per_partition(served: dict) -> None:
+    assert served[("marshal_workers_partition_call_age_seconds", where(3))] == 95.5
+    assert served[("marshal_workers_partition_call_age_seconds", where(4))] == 0, "no call in flight"
 
 
 def test_handler_latency_is_a_cumulative_histogram(served: dict) -> None:
