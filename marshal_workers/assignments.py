@@ -18,7 +18,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from marshal_workers.channel import Field, Slot
-from marshal_workers.health import PartitionHealth
+from marshal_workers.health import CallInFlight, PartitionHealth
 
 if TYPE_CHECKING:
     from marshal_workers.app import App
@@ -66,10 +66,21 @@ class Assignment:
     restart_reason: str = "crash"  # why the pending restart (the worker_restarts metric's label)
     claimed_at: float = field(default_factory=time.monotonic)
     health: PartitionHealth = field(default_factory=PartitionHealth)
+    call: CallInFlight | None = None  # its worker's handler call in flight, as last seen (health.watch_call)
 
     @property
     def key(self) -> Key:
         return (self.topic, self.partition)
+
+    @property
+    def calls_in_flight(self) -> int:
+        """Handler calls running in its worker: the lanes' count, or the one call of a one-at-a-time worker."""
+        return max(self.slot.get(Field.IN_FLIGHT), 0 if self.call is None else 1)
+
+    def call_age(self, now: float) -> float | None:
+        """Seconds its worker's call in flight (with concurrency, the oldest) has been running; None: no call."""
+        call = self.call
+        return None if call is None else call.age(now)
 
     @property
     def next_offset(self) -> int:
@@ -129,7 +140,7 @@ class SupervisorState:
     timers: Timers
     counters: Counters
     restart_policy: RestartPolicy
-    health_policy: HealthPolicy
+    health_policies: dict[str, HealthPolicy]  # by topic: the handler's time limit judges its long calls
     time_limits: dict[str, tuple[float, float]]
     shared: Any
     _context: BaseContext | None

@@ -47,15 +47,19 @@ class Field(enum.IntEnum):
     PROCESSED = 2  # worker: messages handled
     DEAD_LETTERED = 3  # worker: messages sent to the dead-letter topic
     HIGH_WATERMARK = 4  # worker: the partition's high watermark from its last fetch
-    # Set only when a time limit or metrics are on (instrumented handler calls, see worker.py):
+    # The timed call in progress: with a time limit, a batch handler, or on concurrent lanes (their oldest call):
     CALL_STARTED_MS = 5  # worker: start of the handler call in progress (monotonic_ms); 0 between calls
     CALL_END_OFFSET = 6  # worker: the offset after the message(s) of that call
-    LATENCY_SUM_NS = 7  # worker: total time spent in handler calls
+    LATENCY_SUM_NS = 7  # worker (metrics on): total time spent in handler calls
     STOP_REQUESTED = 8  # supervisor: 1 = finish the message or batch in hand and exit (SIGTERM follows)
     CALL_FIRST_OFFSET = 9  # worker: the first offset of the tracked call (with CALL_STARTED_MS)
     IN_FLIGHT = 10  # worker: handler calls running now (concurrency > 1)
     WINDOW_USED = 11  # worker: offsets from the lowest unfinished message to the furthest fetched one
-    FETCH_STALLS = 12  # worker: times the broker answered its fetches without records while behind (stalled_reads.py)
+    # worker, one message per call (not on lanes): the offset after the message in hand, stored just before its
+    # call (one store, no clock: the supervisor notes when it first sees it); a call runs while it is above
+    # NEXT_OFFSET.  Its retries, and with at most once the rest of its claimed batch, keep it there.
+    HANDLING_END = 12
+    FETCH_STALLS = 13  # worker: times the broker answered its fetches without records while behind (stalled_reads.py)
 
 
 # Handler latency histogram (metrics on): upper bounds in seconds; after the Field entries, one count

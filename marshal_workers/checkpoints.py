@@ -139,6 +139,7 @@ def _position(topic: str, partition: int, found: PartitionState) -> codec.Positi
         last_ts=found.last_ts, offset=found.offset, amo_offset=found.amo_offset,
         done=None if found.done is None else list(found.done),
         lag=found.lag, rate=found.rate, in_flight=found.in_flight, window_used=found.window_used,
+        call_age_s=found.call_age_s,
         release_requested=found.release_requested,
     )  # fmt: skip
 
@@ -154,6 +155,7 @@ def _partition_state(position: codec.Position) -> PartitionState:
         owner=owner, last_ts=position.last_ts, offset=position.offset, amo_offset=position.amo_offset, done=done,
         lag=reported_number(position.lag), rate=reported_number(position.rate),
         in_flight=reported_number(position.in_flight), window_used=reported_number(position.window_used),
+        call_age_s=reported_number(position.call_age_s),
         release_requested=position.release_requested and owner is not None,
     )  # fmt: skip
 

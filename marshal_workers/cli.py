@@ -218,6 +218,12 @@ def dashboard(config_file: str | None, **options: Any) -> None:
 )
 @click.option("--shutdown-timeout", help="On SIGTERM, how long workers may finish, e.g. 30s.")
 @click.option(
+    "--release-if-behind/--no-release-if-behind",
+    default=None,
+    help="Hand a partition whose worker falls behind or stalls to another member (default on; a handler call "
+    "running within its time limit is not a stall).",
+)
+@click.option(
     "--max-memory-per-worker",
     help="Restart a worker cleanly once its resident memory passes this, e.g. 512MB (a bare number is bytes; 0: never).",
 )

@@ -74,6 +74,7 @@ class Heartbeat(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="hear
     done: Any = None
     in_flight: Any = None  # handler calls running (concurrency inside a worker), for ``status``
     window_used: Any = None  # offsets from the lowest unfinished message to the furthest fetched one
+    call_age_s: Any = None  # seconds the oldest handler call in flight has been running, for ``status``
 
 
 class Release(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="release", omit_defaults=True):
@@ -96,6 +97,7 @@ class Beat(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=Tr
     done: Any = None
     in_flight: Any = None
     window_used: Any = None
+    call_age_s: Any = None
 
 
 # A member heartbeats every partition of a topic it owns in one record; more than this many entries is
@@ -119,7 +121,7 @@ class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats")
         return [
             Heartbeat(
                 **common, topic=self.topic, partition=b.partition, offset=b.offset, lag=b.lag, rate=b.rate,
-                done=b.done, in_flight=b.in_flight, window_used=b.window_used,
+                done=b.done, in_flight=b.in_flight, window_used=b.window_used, call_age_s=b.call_age_s,
             )  # fmt: skip
             for b in self.beats
         ]
@@ -140,6 +142,7 @@ class Position(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_default
     rate: Any = None
     in_flight: Any = None
     window_used: Any = None
+    call_age_s: Any = None
     release_requested: bool = False  # release 0.5.0
 
 

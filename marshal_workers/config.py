@@ -205,7 +205,8 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "release_if_behind",
             _parse_bool,
-            "Release a partition whose worker falls behind or stalls, if another member can take it.",
+            "Release a partition whose worker falls behind or stalls (a handler call within its time limit does not), "
+            "if another member can take it.",
         ),
         Setting(
             "max_messages_per_worker",

@@ -101,7 +101,7 @@ _MAX_RECORD_BYTES = 256 * 1024
 def _beat(p: Progress) -> codec.Beat:
     return codec.Beat(
         partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate, done=p.done, in_flight=p.in_flight,
-        window_used=p.window_used,
+        window_used=p.window_used, call_age_s=p.call_age_s,
     )  # fmt: skip
 
 
@@ -161,6 +161,7 @@ class Progress(NamedTuple):
     done: list[int] | None = None  # done_set runs above offset (concurrency: messages done out of order)
     in_flight: int | None = None  # handler calls running (concurrency)
     window_used: int | None = None  # offsets from the lowest unfinished message to the furthest fetched one
+    call_age_s: float | None = None  # seconds the oldest handler call in flight has been running
 
 
 @dataclass

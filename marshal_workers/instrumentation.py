@@ -8,7 +8,8 @@ message).
   inside the handler; the error policy treats it as any other failure.
 * The call in progress (for the hard time limit, which the supervisor
   enforces by killing the worker, since a handler stuck in C code never sees
-  a signal handler run): its start (monotonic_ms) and the offset after its
+  a signal handler run, and for its health monitor, which judges a long call
+  by the time limits): its start (monotonic_ms) and the offset after its
   message(s), in the worker's slot.
 * Latency: a count per bucket of LATENCY_BOUNDS and the total time, in the
   slot, read by the supervisor's metrics endpoint.

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from marshal_workers import done_set
 from marshal_workers.app import HandlerSpec, Message, Mode, OnError, effective_time_limits
-from marshal_workers.channel import LATENCY_BOUNDS, LATENCY_FIRST_BUCKET, Field, monotonic_ms
+from marshal_workers.channel import LATENCY_BOUNDS, LATENCY_FIRST_BUCKET, Field
 from marshal_workers.errors import TimeLimitExceeded
 from marshal_workers.executors import AsyncExecutor, Completion, Executor, ThreadExecutor
 from marshal_workers.exit_codes import WorkerExit
@@ -71,8 +71,7 @@ class LaneRunner:
         self.skipper = done_set.Skipper(spec.skip)
         self.give_up = spec.give_up_on  # [start, end): killed by the hard time limit too often; on_error, no call
         self.at_most_once = handler.mode is Mode.AMO
-        soft, hard = effective_time_limits(handler, spec.settings)
-        self.track_calls = bool(hard)
+        soft, _hard = effective_time_limits(handler, spec.settings)
         self.latency = bool(spec.settings.metrics_port)
         self.executor: Executor = (
             AsyncExecutor(handler.function, soft) if handler.is_async
@@ -81,7 +80,8 @@ class LaneRunner:
         self.held: deque[Any] = deque()  # fetched, not yet offered (the window was full)
         self.records: dict[int, Any] = {}  # every offered, unfinished message's record
         self.calls: dict[int, list[int]] = {}  # running call (by first offset) -> its offsets
-        self.started_ms: dict[int, int] = {}  # running call -> when it started (for the hard time limit)
+        # running call -> when it started (monotonic_ms), oldest first: the oldest is published (time limits, health)
+        self.started_ms: dict[int, int] = {}
         self.claimed_end: int | None = None  # AMO: the end of the batch in hand
         self.exit: WorkerExit | None = None  # set when a message asked to stop (on_error="release")
         self.window_full_since: float | None = None
@@ -278,7 +278,7 @@ class LaneRunner:
                 if self.exit is not None:
                     break
                 continue
-            calls.append(self._call(offsets))
+            calls.append(self._call(offsets, now))
         if calls:
             self.executor.submit(calls)
 
@@ -297,11 +297,10 @@ class LaneRunner:
         self.credit -= 1
         return True
 
-    def _call(self, offsets: list[int]) -> tuple[int, Any]:
+    def _call(self, offsets: list[int], now: float) -> tuple[int, Any]:
         first = offsets[0]
         self.calls[first] = offsets
-        if self.track_calls:
-            self.started_ms[first] = monotonic_ms()
+        self.started_ms[first] = int(now * 1000)  # the slot's clock (monotonic_ms), read once per dispatch
         records, attempt = self.records, self.lanes.attempts(first)  # started just now: this try included
         if self.handler.batch:
             return first, [Message(records[o], attempt) for o in offsets]
@@ -404,8 +403,7 @@ class LaneRunner:
             self.worker.slot.publish_done(progress, self._done_runs(progress))
         fields[Field.IN_FLIGHT] = lanes.in_flight
         fields[Field.WINDOW_USED] = lanes.window_used
-        if self.track_calls:
-            self._publish_oldest_call()
+        self._publish_oldest_call()
 
     def _done_runs(self, progress: int) -> list[int]:
         """The lanes' done set, with the skipped ranges not fetched yet (they are done too)."""
@@ -424,7 +422,7 @@ class LaneRunner:
         if not self.started_ms:
             fields[Field.CALL_STARTED_MS] = 0
             return
-        first = min(self.started_ms, key=self.started_ms.__getitem__)
+        first = next(iter(self.started_ms))  # calls are added as they start and removed as they end: the oldest
         fields[Field.CALL_FIRST_OFFSET] = first
         fields[Field.CALL_END_OFFSET] = self.calls[first][-1] + 1
         fields[Field.CALL_STARTED_MS] = self.started_ms[first]

@@ -82,8 +82,9 @@ class PartitionStats:
     dead_lettered: int
     latency_counts: list[int]  # per bucket of LATENCY_BOUNDS, then +Inf; not cumulative
     latency_sum_s: float
-    in_flight: int = 0  # handler calls running now (concurrency inside a worker)
+    in_flight: int = 0  # handler calls running now (one at most without concurrency)
     window_used: int = 0  # offsets from the lowest unfinished message to the furthest fetched one
+    call_age_s: float = 0.0  # how long the oldest handler call in flight has been running (0: none)
     fetch_stalls: int = 0  # times the worker's fetches stalled and were read again with a longer wait
 
 
@@ -125,7 +126,12 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     rate = per_partition(GaugeMetricFamily, "partition_messages_per_second", "Moving average of messages handled/s.")
     handled = per_partition(CounterMetricFamily, "messages_handled", "Messages handled since the partition was claimed.")
     dead = per_partition(CounterMetricFamily, "messages_dead_lettered", "Messages sent to the dead-letter topic.")
-    in_flight = per_partition(GaugeMetricFamily, "partition_in_flight", "Handler calls running now (concurrency).")
+    in_flight = per_partition(GaugeMetricFamily, "partition_in_flight", "Handler calls running now.")
+    call_age = per_partition(
+        GaugeMetricFamily,
+        "partition_call_age_seconds",
+        "How long the oldest handler call in flight has been running (0: none).",
+    )
     window = per_partition(
         GaugeMetricFamily,
         "partition_window_used",
@@ -148,6 +154,7 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         handled.add_metric(where, p.handled)
         dead.add_metric(where, p.dead_lettered)
         in_flight.add_metric(where, p.in_flight)
+        call_age.add_metric(where, p.call_age_s)
         window.add_metric(where, p.window_used)
         stalls.add_metric(where, p.fetch_stalls)
         if p.high_watermark is not None:
@@ -213,8 +220,8 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ),
     ]
     families: list[Metric] = [
-        next_offset, high, lag, rate, handled, dead, in_flight, window, stalls, latency, owned, claims, releases, restarts,
-        errors, retries, outcomes,
+        next_offset, high, lag, rate, handled, dead, in_flight, call_age, window, stalls, latency, owned, claims,
+        releases, restarts, errors, retries, outcomes,
     ]  # fmt: skip
     for name, doc, value in simple:
         counter = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group"])

@@ -29,7 +29,7 @@ from marshal_workers.balance import (
 from marshal_workers.channel import ClaimAnswer, Field, Slot, above, monotonic_ms
 from marshal_workers.coordinator import Progress, heartbeat_verdicts, message_claim_verdicts
 from marshal_workers.handler_outcomes import OUTCOMES
-from marshal_workers.health import PartitionHealth, Sample, observe
+from marshal_workers.health import HealthPolicy, PartitionHealth, Sample, observe
 from marshal_workers.offsets import OffsetLookupError
 from marshal_workers.world_state import Owner, WorldState
 
@@ -44,6 +44,7 @@ class PartitionClaims(SupervisorState):
 
         def _stop_worker(self, assignment: Assignment) -> None: ...
         def _start_worker(self, assignment: Assignment) -> None: ...
+        def _watch_call(self, assignment: Assignment, now: float) -> None: ...
 
     def _claim_free_partitions(self) -> None:
         if self.phase is not Phase.RUNNING or not self.claiming:
@@ -194,7 +195,8 @@ class PartitionClaims(SupervisorState):
             self._require_offsets().commit(self.shared.low_water_marks())
 
     def _send_heartbeats(self, held: list[Assignment]) -> None:
-        progress = [_progress(a) for a in held]
+        now = time.monotonic()
+        progress = [_progress(a, now) for a in held]
         written_ms = monotonic_ms()  # before the write: the lease errs short
         self._require_writes().submit(
             "heartbeat",
@@ -227,18 +229,22 @@ class PartitionClaims(SupervisorState):
         high = assignment.high_watermark
         if assignment.process is None or assignment.unhealthy or high is None:
             return
-        sample = Sample(time.monotonic(), assignment.next_offset, high, assignment.slot.get(Field.PROCESSED))
-        assignment.health, verdict = observe(assignment.health, sample, self.health_policy)
+        now = time.monotonic()
+        self._watch_call(assignment, now)
+        sample = Sample(now, assignment.next_offset, high, assignment.slot.get(Field.PROCESSED), assignment.call)
+        policy = self.health_policies[assignment.topic]
+        assignment.health, verdict = observe(assignment.health, sample, policy)
         if not verdict.release or not self.settings.release_if_behind or self.phase is not Phase.RUNNING:
             return
         where = f"{assignment.topic}[{assignment.partition}]"
+        why = f"{verdict.value} (lag {sample.lag}{_call_note(sample, policy)})"
         coordinator = self._require_coordinator()
         others = coordinator.read(lambda world: world.live_members(coordinator.now_ms())) - {self._me()}
         if not others:
-            self.log.warning("%s is %s (lag %d) but no other member could take it: keeping it", where, verdict.value, sample.lag)
+            self.log.warning("%s is %s but no other member could take it: keeping it", where, why)
             assignment.health = PartitionHealth()  # judge it afresh rather than warn every cycle
             return
-        self.log.warning("%s is %s (lag %d): handing it over to another member", where, verdict.value, sample.lag)
+        self.log.warning("%s is %s: handing it over to another member (release_if_behind)", where, why)
         assignment.unhealthy = True
         self._stop_worker(assignment)
 
@@ -462,17 +468,26 @@ class PartitionClaims(SupervisorState):
         self.assignments.pop(assignment.key, None)
 
 
-def _progress(assignment: Assignment) -> Progress:
-    """The heartbeat of one partition: its worker's position, with lag, rate, calls in flight and window use."""
+def _progress(assignment: Assignment, now: float) -> Progress:
+    """The heartbeat of one partition: its worker's position, with lag, rate, calls in flight (and the age of
+    the oldest) and window use."""
     rate = assignment.health.consume_rate
     rate = None if rate is None else round(max(rate, 0.0), 1)
     offset, done = _position(assignment)
-    slot = assignment.slot
-    in_flight, window_used = slot.get(Field.IN_FLIGHT), slot.get(Field.WINDOW_USED)
+    call_age = assignment.call_age(now)
     return Progress(
         assignment.topic, assignment.partition, offset, assignment.lag, rate, done or None,
-        in_flight or None, window_used or None,
+        assignment.calls_in_flight or None, assignment.slot.get(Field.WINDOW_USED) or None,
+        None if call_age is None else round(call_age, 1),
     )  # fmt: skip
+
+
+def _call_note(sample: Sample, policy: HealthPolicy) -> str:
+    """For the log: the call in flight that made a partition stalled, past its time limit."""
+    call = sample.call
+    if call is None or not call.timed or not policy.call_time_limit or call.age(sample.at) <= policy.call_time_limit:
+        return ""
+    return f"; its handler call has run {call.age(sample.at):.0f}s, past its time limit of {policy.call_time_limit:g}s"
 
 
 def _position(assignment: Assignment) -> tuple[int, list[int]]:

@@ -91,11 +91,16 @@ def _partition_row(state: WorldState, topic: str, partition: int, now_ms: int) -
         "lag": None if found is None else found.lag,
         "rate": None if found is None else found.rate,
         "in_flight": None if found is None else found.in_flight,
+        # The oldest call in flight, as old as it was at the heartbeat (add heartbeat_age_s for now, if it still runs).
+        "call_age_s": None if found is None else found.call_age_s,
         "window_used": None if found is None else found.window_used,
     }
 
 
-_COLUMNS = ("TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE", "LAG", "MSGS/S", "IN FLIGHT", "WINDOW")
+_COLUMNS = (
+    "TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE", "LAG", "MSGS/S", "IN FLIGHT", "CALL AGE",
+    "WINDOW",
+)  # fmt: skip
 
 
 def render_table(document: dict[str, Any], now_ms: int) -> str:
@@ -119,6 +124,7 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
             "-" if row["lag"] is None else f"{row['lag']:.0f}",
             "-" if row["rate"] is None else f"{row['rate']:.0f}",
             "-" if row["in_flight"] is None else f"{row['in_flight']:.0f}",
+            "-" if row["call_age_s"] is None else f"{row['call_age_s']:.1f}s",
             "-" if row["window_used"] is None else f"{row['window_used']:.0f}",
         )
         for row in document["partitions"]

@@ -88,9 +88,14 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         self.log = group_log(_log, self.group)
         self.hb_s = settings.heartbeat_interval
         self.restart_policy = RestartPolicy(limit=settings.crash_limit)
-        self.health_policy = HealthPolicy(behind_cycles=settings.behind_cycles, stall_after_s=settings.heartbeat_interval)
         # (soft, hard) seconds per topic; checked here so a bad combination fails before any fork.
         self.time_limits = {topic: effective_time_limits(h, settings) for topic, h in app.handlers.items()}
+        # A handler call in flight is progress until it passes its time limit (hard, else soft; none: ever).
+        self.health_policies = {
+            topic: HealthPolicy(behind_cycles=settings.behind_cycles, stall_after_s=settings.heartbeat_interval,
+                                call_time_limit=hard or soft)
+            for topic, (soft, hard) in self.time_limits.items()
+        }  # fmt: skip
         self.assignments: dict[Key, Assignment] = {}
         self.cooldown_until: dict[Key, float] = {}  # monotonic; partitions released as sick
         self.partition_counts: dict[str, int] = {}  # topics whose partitions are claimed whole
@@ -242,6 +247,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         if now >= self.timers.claim:
             self.timers.claim = now + CLAIM_INTERVAL_S * random.uniform(0.5, 1.5)
             self._claim_free_partitions()
+        self._watch_calls()
         self._enforce_time_limits()
         self._restart_due_workers(now)
         self._check_stop_progress(now)
@@ -306,7 +312,9 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
 
     def _state_document(self) -> dict[str, Any]:
         partitions = []
+        now = time.monotonic()
         for a in sorted(list(self.assignments.values()), key=lambda a: a.key):
+            call_age = a.call_age(now)
             partitions.append(
                 {
                     "topic": a.topic,
@@ -317,7 +325,8 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
                     "lag": a.lag,
                     "processed": a.slot.get(Field.PROCESSED),
                     "dead_lettered": a.slot.get(Field.DEAD_LETTERED),
-                    "in_flight": a.slot.get(Field.IN_FLIGHT),
+                    "in_flight": a.calls_in_flight,
+                    "call_age_s": None if call_age is None else round(call_age, 3),
                     "window_used": a.slot.get(Field.WINDOW_USED),
                     "lease_left_s": round((a.slot.get(Field.LEASE_UNTIL_MS) - monotonic_ms()) / 1000, 3),
                     "crashes_in_a_row": a.crashes_in_a_row,
@@ -511,6 +520,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
     def metrics_snapshot(self) -> Snapshot:
         """What the metrics endpoint shows; called from its thread, so it only reads."""
         partitions = []
+        now = time.monotonic()
         for a in sorted(list(self.assignments.values()), key=lambda a: a.key):
             partitions.append(
                 PartitionStats(
@@ -522,7 +532,8 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
                     messages_per_second=a.health.consume_rate,
                     handled=a.slot.get(Field.PROCESSED),
                     dead_lettered=a.slot.get(Field.DEAD_LETTERED),
-                    in_flight=a.slot.get(Field.IN_FLIGHT),
+                    in_flight=a.calls_in_flight,
+                    call_age_s=a.call_age(now) or 0.0,
                     window_used=a.slot.get(Field.WINDOW_USED),
                     fetch_stalls=a.slot.get(Field.FETCH_STALLS),
                     latency_counts=a.slot.latency_counts(),

@@ -253,9 +253,10 @@ class Worker:
     def _instrumented(self, handler: HandlerSpec) -> tuple[HandlerSpec, HandlerSpec | None]:
         """The handler with its time limits, and (metrics on) the same also timing each call."""
         soft, hard = effective_time_limits(handler, self.spec.settings)
-        # The call in progress is published for a hard time limit, and for a batch: if the worker dies in it, the
-        # supervisor knows which batch to dead-letter as WorkerLost (worker_pool.py; a few writes per batch).
-        limits = Instruments(soft_time_limit=soft, track_calls=bool(hard) or handler.batch)
+        # The call in progress is published with its start for a time limit (the hard one is enforced by the
+        # supervisor; the health monitor judges a long call by either), and for a batch: if the worker dies in it,
+        # the supervisor knows which batch to dead-letter as WorkerLost (worker_pool.py; a few writes per call).
+        limits = Instruments(soft_time_limit=soft, track_calls=bool(soft or hard) or handler.batch)
         plain = replace(handler, function=instrument(handler.function, handler.batch, self.slot, limits))
         if not self.spec.settings.metrics_port:
             return plain, None
@@ -322,6 +323,7 @@ class Worker:
         Progress is stored after each message, unless the handlers sent messages (app.send) not yet flushed: then
         it waits (``unreported``) until the outbox is flushed, once for the fetch, or before looking up from it."""
         fields, next_offset, processed = self.slot.fields, int(Field.NEXT_OFFSET), int(Field.PROCESSED)
+        handling_end = int(Field.HANDLING_END)
         wrap, now, outbox = Message, time.monotonic, self.outbox  # the slot's clock (monotonic_ms)
         self._alarm = Alarm()
         due = self._alarm.due
@@ -356,7 +358,10 @@ class Worker:
                         fields[next_offset] = record.offset() + 1
                         handled += 1
                         continue
-                # The hot path: one call, one store.  Retries and dead letters only after a failure.
+                # The hot path: a store before the call (a call in flight: the supervisor's health monitor), the
+                # call, a store after it.  Retries and dead letters only after a failure.
+                end = record.offset() + 1
+                fields[handling_end] = end
                 try:
                     function(wrap(record))
                 except Exception as exc:
@@ -367,9 +372,9 @@ class Worker:
                         fields[processed] += handled
                         return _exit_for(outcome)
                 if outbox.pending:
-                    unreported = record.offset() + 1
+                    unreported = end
                 else:
-                    fields[next_offset] = record.offset() + 1
+                    fields[next_offset] = end
                 handled += 1
             if unreported:
                 self._report_sent(unreported)
@@ -434,11 +439,13 @@ class Worker:
         """At most once, one message per call: handle every message of a claimed batch, stopping or not (a
         clean stop finishes the claim).  As lean as _consume_alo: one call per message, housekeeping when due."""
         fields, function, wrap, now = self.slot.fields, handler.function, Message, time.monotonic
+        handling_end = int(Field.HANDLING_END)
         handled = 0
         try:
             for record in records:
                 if now() >= self._next_housekeeping:
                     self._housekeeping()
+                fields[handling_end] = record.offset() + 1  # a call in flight (the batch's end moves NEXT_OFFSET)
                 try:
                     function(wrap(record))
                 except Exception as exc:

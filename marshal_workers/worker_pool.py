@@ -23,7 +23,7 @@ from marshal_workers.app import Mode, OnError
 from marshal_workers.assignments import Assignment, Phase, SupervisorState, signal_process
 from marshal_workers.channel import Field, WorkerSpec, monotonic_ms
 from marshal_workers.exit_codes import ExitCode
-from marshal_workers.health import PartitionHealth
+from marshal_workers.health import PartitionHealth, watch_call
 from marshal_workers.loader import split_app_path
 from marshal_workers.worker import WorkerExit, worker_main
 
@@ -59,6 +59,8 @@ class WorkerPool(SupervisorState):
         slot.set(Field.CALL_STARTED_MS, 0)  # a killed worker's call must not time the new one out
         slot.set(Field.STOP_REQUESTED, 0)
         slot.set(Field.IN_FLIGHT, 0)
+        slot.set(Field.HANDLING_END, 0)  # nor look like a call the new one is in
+        assignment.call = None
         spec = WorkerSpec(
             self.app_path, assignment.topic, assignment.partition, start, self.settings, assignment.give_up_on,
             assignment.give_up_reason,
@@ -189,6 +191,23 @@ class WorkerPool(SupervisorState):
         if slot.get(Field.CALL_STARTED_MS) <= 0 or not assignment.next_offset <= first < end:
             return None  # it died between calls, or the slot holds an older call: nothing known to be in hand
         return first, end
+
+    def _watch_calls(self) -> None:
+        """Note each worker's handler call in flight, and when it was first seen if the worker does not say when it
+        began (every pass of the loop: a few reads of shared memory per partition)."""
+        now = time.monotonic()
+        for assignment in self.assignments.values():
+            self._watch_call(assignment, now)
+
+    def _watch_call(self, assignment: Assignment, now: float) -> None:
+        slot = assignment.slot
+        if assignment.process is None:
+            assignment.call = None
+            return
+        assignment.call = watch_call(
+            assignment.call, slot.get(Field.CALL_STARTED_MS), slot.get(Field.HANDLING_END), slot.get(Field.NEXT_OFFSET),
+            now,
+        )  # fmt: skip
 
     def _enforce_time_limits(self) -> None:
         """Kill a worker whose handler call has run past the hard time limit (it may be stuck in C code)."""

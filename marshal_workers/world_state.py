@@ -104,8 +104,13 @@ class PartitionState:
     rate: int | float | None = None
     in_flight: int | float | None = None  # handler calls running (concurrency inside a worker)
     window_used: int | float | None = None  # offsets from the lowest unfinished message to the furthest fetched
+    call_age_s: int | float | None = None  # seconds the oldest handler call in flight had been running
     # An operator asked the owner to hand the partition over (release_partition); cleared when the owner changes.
     release_requested: bool = False
+
+    def clear_report(self) -> None:
+        """Forget the owner's optional report (a new owner, none, or a pause): it was the previous owner's."""
+        self.lag = self.rate = self.in_flight = self.window_used = self.call_age_s = None
 
     @property
     def resume_offset(self) -> int | None:
@@ -274,7 +279,7 @@ class WorldState:
         state.owner = Owner(record.client, record.instance)
         state.last_ts = at
         state.release_requested = False
-        state.lag = state.rate = state.in_flight = state.window_used = None  # the previous owner's numbers
+        state.clear_report()  # the previous owner's numbers
         return True
 
     def _claimable_by(self, state: PartitionState, client: str, instance: str, at: int) -> bool:
@@ -303,6 +308,8 @@ class WorldState:
         in_flight, window_used = record.in_flight, record.window_used
         state.in_flight = None if in_flight is None else reported_number(in_flight)
         state.window_used = None if window_used is None else reported_number(window_used)
+        call_age_s = record.call_age_s
+        state.call_age_s = None if call_age_s is None else reported_number(call_age_s)
         return True
 
     def _heartbeats(self, record: Heartbeats, at: int, source: int) -> Verdicts:
@@ -319,7 +326,7 @@ class WorldState:
             state.offset = record.offset
             done = record.done
             state.done = None if done is None else (done_set.parse(record.offset, done) or None)
-            state.lag = state.rate = state.in_flight = state.window_used = None
+            state.clear_report()
             return True
         pause = self._paused_at(source, at)
         if pause is not None and pause.client == record.client:
@@ -356,7 +363,7 @@ class WorldState:
             if self.routed_here(topic, source):
                 state.owner = None
                 state.release_requested = False
-                state.lag = state.rate = state.in_flight = state.window_used = None
+                state.clear_report()
         return True
 
     def _checkpoint(self, record: Checkpoint, at: int, source: int) -> bool:

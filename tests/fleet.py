@@ -53,6 +53,7 @@ class Fleet:
     partitions: int
     env: dict[str, str] = field(default_factory=dict)
     app: str = "sink_app:app"  # MODULE:APP in tests/apps
+    heartbeat: str = HB  # --heartbeat-interval of its supervisors, servers and status
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
 
@@ -66,7 +67,7 @@ class Fleet:
         return self._spawn(client_id, [
             sys.executable, "-m", "marshal_workers", "run", self.app,
             "--brokers", self.brokers, "--group", self.group, "--coordination-topic", self.coordination_topic,
-            "--heartbeat-interval", HB, *args,
+            "--heartbeat-interval", self.heartbeat, *args,
         ], app_env)  # fmt: skip
 
     def serve(self, client_id: str, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -74,8 +75,8 @@ class Fleet:
         port = free_port()
         process = self._spawn(client_id, [
             sys.executable, "-m", "marshal_workers", "serve", "--brokers", self.brokers, "--group", self.group,
-            "--coordination-topic", self.coordination_topic, "--heartbeat-interval", HB, "--topic", self.topic,
-            "--port", str(port), *args,
+            "--coordination-topic", self.coordination_topic, "--heartbeat-interval", self.heartbeat,
+            "--topic", self.topic, "--port", str(port), *args,
         ], env)  # fmt: skip
         return process, f"http://127.0.0.1:{port}"
 
@@ -172,8 +173,8 @@ class Fleet:
         """``marshal-workers status --json`` of the fleet's topic."""
         result = subprocess.run(
             [sys.executable, "-m", "marshal_workers", "status", "--brokers", self.brokers, "--group", self.group,
-             "--coordination-topic", self.coordination_topic, "--heartbeat-interval", HB, "--topic", self.topic,
-             "--json"],
+             "--coordination-topic", self.coordination_topic, "--heartbeat-interval", self.heartbeat,
+             "--topic", self.topic, "--json"],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         # UNKNOWN_GROUP: no supervisor wrote yet; the document (every partition unclaimed) is printed all the same.

@@ -21,7 +21,7 @@ def snapshot() -> Snapshot:
     latency = [0] * (len(LATENCY_BOUNDS) + 1)
     latency[0], latency[4], latency[-1] = 90, 9, 1  # <= 0.5ms, <= 10ms, > 10s
     busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5, in_flight=32, window_used=700,
-                          fetch_stalls=2)
+                          call_age_s=95.5, fetch_stalls=2)  # fmt: skip
     fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
@@ -81,6 +81,11 @@ def test_stalled_fetches_read_again_with_a_longer_wait_are_counted(served: dict)
     assert served[("marshal_workers_partition_fetch_stalls_total", where(3))] == 2
     assert served[("marshal_workers_partition_fetch_stalls_total", where(4))] == 0
     assert served[("marshal_workers_coordination_fetch_stalls_total", (("group", "billing"),))] == 3
+
+
+def test_the_age_of_the_oldest_call_in_flight_per_partition(served: dict) -> None:
+    assert served[("marshal_workers_partition_call_age_seconds", where(3))] == 95.5
+    assert served[("marshal_workers_partition_call_age_seconds", where(4))] == 0, "no call in flight"
 
 
 def test_handler_latency_is_a_cumulative_histogram(served: dict) -> None:

@@ -27,7 +27,7 @@ RECORDS: dict[str, type[msgspec.Struct]] = {cls.__struct_config__.tag: cls for c
 TAG_FIELD = {cls.__struct_config__.tag_field for cls in RECORDS.values()}.pop()
 # The fields every record has, described once in the page's introduction.
 COMMON = set.intersection(*({f.name for f in msgspec.structs.fields(cls)} for cls in RECORDS.values()))
-EXTRAS = ("lag", "rate", "in_flight", "window_used")
+EXTRAS = ("lag", "rate", "in_flight", "window_used", "call_age_s")
 RELEASE = re.compile(r"Introduced in release (\d+\.\d+\.\d+)")
 
 

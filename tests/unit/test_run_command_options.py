@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from marshal_workers.cli import main, run
+from marshal_workers.config import Settings
 from marshal_workers.exit_codes import ExitCode
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -38,3 +39,28 @@ def test_a_memory_limit_without_a_unit_under_1mb_is_refused_before_anything_star
     result = CliRunner().invoke(main, ["run", "memory_limit_app:app", "--max-memory-per-worker", "512"])
     assert result.exit_code == ExitCode.CONFIG_ERROR, result.output
     assert "512 is 512 bytes" in result.output and "did you mean 512MB?" in result.output
+
+
+@pytest.mark.parametrize(("flag", "expected"), [([], True), (["--no-release-if-behind"], False),
+                                                (["--release-if-behind"], True)])  # fmt: skip
+def test_release_if_behind_is_a_run_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: list[str], expected: bool
+) -> None:
+    (tmp_path / "behind_app.py").write_text(
+        "from marshal_workers import App\napp = App(group='g')\n@app.handler('t')\ndef handle(msg): pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    class Supervisor:  # what run would start, with the settings it gets
+        def __init__(self, app: object, app_path: str, settings: Settings) -> None:
+            seen.append(settings)
+            self.restart_requested = False
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr("marshal_workers.supervisor.Supervisor", Supervisor)
+    result = CliRunner().invoke(main, ["run", "behind_app:app", *flag], env={"MARSHAL_WORKERS_RELEASE_IF_BEHIND": None})
+    assert result.exit_code == 0, result.output
+    assert [s.release_if_behind for s in seen] == [expected]

@@ -17,7 +17,10 @@ HB = 5_000  # ms
 T0 = 1_700_000_000_000  # ms since epoch
 
 DOCUMENT_KEYS = {"group", "paused_until", "partitions"}
-ROW_KEYS = {"topic", "partition", "state", "client", "instance", "offset", "heartbeat_age_s", "lag", "rate", "in_flight", "window_used"}
+ROW_KEYS = {
+    "topic", "partition", "state", "client", "instance", "offset", "heartbeat_age_s", "lag", "rate", "in_flight",
+    "call_age_s", "window_used",
+}  # fmt: skip
 STATES = {"fresh", "unknown", "stale", "released", "unclaimed"}
 
 
@@ -110,6 +113,7 @@ def test_owned_partition_row() -> None:
         "lag": None,
         "rate": None,
         "in_flight": None,
+        "call_age_s": None,
         "window_used": None,
     }
 
@@ -179,6 +183,7 @@ def test_released_partition() -> None:
         "lag": None,
         "rate": None,
         "in_flight": None,
+        "call_age_s": None,
         "window_used": None,
     }
 
@@ -216,6 +221,7 @@ def test_unclaimed_partitions_are_listed_with_topic_and_partition_count() -> Non
             "lag": None,
             "rate": None,
             "in_flight": None,
+            "call_age_s": None,
             "window_used": None,
         }
 
@@ -416,7 +422,7 @@ def test_status_shows_the_lag_and_rate_of_the_owners_last_heartbeat() -> None:
     assert (row["offset"], row["lag"], row["rate"]) == (20, 42, 99.0)
     table = render_table(status_document(state, T0 + 2500), T0 + 2500)
     assert "LAG" in table and "MSGS/S" in table
-    assert table.splitlines()[2].split()[-4:] == ["42", "99", "-", "-"]
+    assert table.splitlines()[2].split()[-5:] == ["42", "99", "-", "-", "-"]
 
 
 def test_status_shows_calls_in_flight_and_window_use_and_forgets_them_on_release() -> None:
@@ -424,10 +430,26 @@ def test_status_shows_calls_in_flight_and_window_use_and_forgets_them_on_release
     state.apply_value(heartbeat_value(T0 + 1000, 20, in_flight=32, window_used=1024, done=[3, 1, 2]))
     row = only_row(status_document(state, T0 + 1500))
     assert (row["in_flight"], row["window_used"]) == (32, 1024)
-    assert render_table(status_document(state, T0 + 1500), T0 + 1500).splitlines()[2].split()[-2:] == ["32", "1024"]
+    table = render_table(status_document(state, T0 + 1500), T0 + 1500)
+    assert table.splitlines()[2].split()[-3:] == ["32", "-", "1024"]
     state.apply_value(heartbeat_value(T0 + 2000, 20, in_flight="lots", window_used=-1))
     row = only_row(status_document(state, T0 + 2500))
     assert (row["in_flight"], row["window_used"]) == (None, None)
+
+
+def test_status_shows_the_age_of_the_call_in_flight_and_forgets_it_with_the_owner() -> None:
+    state = world(claim("orders", 0, T0))
+    state.apply_value(heartbeat_value(T0 + 1000, 20, lag=3, in_flight=1, call_age_s=12.5))
+    row = only_row(status_document(state, T0 + 1500))
+    assert (row["in_flight"], row["call_age_s"]) == (1, 12.5)
+    table = render_table(status_document(state, T0 + 1500), T0 + 1500).splitlines()
+    assert "CALL AGE" in table[1] and table[2].split()[-3:] == ["1", "12.5s", "-"]
+    state.apply_value(heartbeat_value(T0 + 2000, 21, call_age_s="long"))
+    assert only_row(status_document(state, T0 + 2500))["call_age_s"] is None, "not a number: not shown"
+    state.apply_value(heartbeat_value(T0 + 3000, 21, in_flight=1, call_age_s=2.0))
+    state.apply(release("orders", 0, T0 + 4000, 21), T0 + 4000)
+    row = only_row(status_document(state, T0 + 4500))
+    assert (row["in_flight"], row["call_age_s"]) == (None, None), "the previous owner's call"
 
 
 @pytest.mark.parametrize(
