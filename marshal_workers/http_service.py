@@ -214,9 +214,8 @@ class _ServeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         topic, c = self.topic, self.topic.counters
         group = topic.settings.require_group()
-        marks = topic.coordinator.read(
-            lambda world: {p: (s.low, s.lost) for (t, p), s in world.shared.items() if t == topic.topic and s.low is not None}
-        )
+        now_ms = round(time.time() * 1000)
+        marks = {p: mark for (_, p), mark in topic.coordinator.read(lambda w: w.shared_marks(now_ms, topic.topic)).items()}
         summary = topic.held_summary()
         stats = SharedStats(
             topic=topic.topic, leases_held=summary["leases"], workers=0,

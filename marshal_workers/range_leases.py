@@ -219,7 +219,7 @@ class SharedPartition:
     def tries_in(self, start: int, end: int, now: int | None = None) -> list[Tries]:
         """The tries of the offsets in ``[start, end)`` that were delivered before (clipped to the range), counting
         the leases lapsed at ``now`` if given (as :meth:`free_ranges` does)."""
-        tries = self.tries if now is None else self._as_of(now).tries
+        tries = self.tries if now is None else self.as_of(now).tries
         return [Tries(max(t.start, start), min(t.end, end), t.count) for t in tries if t.start < end and start < t.end]
 
     def free_ranges(self, now: int, end: int, size: int, most: int) -> Iterator[tuple[int, int]]:
@@ -230,7 +230,7 @@ class SharedPartition:
             return
         # The leases lapsed at ``now`` but not yet in the fold: their offsets have one try more (ALO) or are done
         # (AMO, lost) once the next record lapses them, so they are counted so here.
-        view = self._as_of(now)
+        view = self.as_of(now)
         assert view.low is not None
         taken = sorted([(lease.start, lease.end) for lease in view.leases.values()] + view.done)
         ceiling = min(end, view.low + MAX_WINDOW)
@@ -248,12 +248,17 @@ class SharedPartition:
 
     # --------------------------------------------------------------- helpers
 
-    def _as_of(self, now: int) -> SharedPartition:
+    def as_of(self, now: int) -> SharedPartition:
         """This partition as the fold will see it once the leases lapsed at ``now`` are lapsed: itself if none is,
-        else a copy (a query never changes the state: the lapse belongs to the next record's time)."""
+        else a copy (a query never changes the state: the lapse belongs to the next record's time).  Queries at
+        ``now`` (status, metrics, the free ranges) look at this view: a lease that lapsed after the partition's
+        last record is lapsed all the same, its offsets lost (AMO) or to try again (ALO)."""
         if all(lease.expires > now for lease in self.leases.values()):
             return self
-        view = SharedPartition(self.low, list(self.done), dict(self.leases), list(self.tries))
+        view = SharedPartition(
+            self.low, list(self.done), dict(self.leases), list(self.tries), self.acked, self.dead_letters, self.lost,
+            self.lapsed, self.high,
+        )
         view.lapse(now)
         return view
 

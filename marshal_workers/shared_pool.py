@@ -475,9 +475,8 @@ class SharedPool:
         """For the metrics endpoint (its thread): counts of ours, low-water marks and losses from the log."""
         if self._coordinator is None or not self.topics:
             return []
-        marks = self._coordinator.read(
-            lambda world: {key: (s.low, s.lost) for key, s in world.shared.items() if s.low is not None}
-        )
+        now_ms = round(time.time() * 1000)
+        marks = self._coordinator.read(lambda world: world.shared_marks(now_ms))
         found = []
         for topic, shared in list(self.topics.items()):
             c = shared.counters

@@ -47,7 +47,7 @@ def status_document(
 
 def _shared_row(state: WorldState, topic: str, partition: int, now_ms: int) -> dict[str, Any]:
     """A shared partition (DESIGN.md section 11): its low-water mark, counts and the leases live at ``now_ms``."""
-    shared = state.shared[(topic, partition)]
+    shared = state.shared[(topic, partition)].as_of(now_ms)  # leases lapsed since the last record are lapsed
     leases = []
     for lease in shared.live_leases(now_ms):
         tries = shared.tries_in(lease.start, lease.end)

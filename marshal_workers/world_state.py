@@ -503,6 +503,16 @@ class WorldState:
             return Liveness.UNKNOWN
         return Liveness.STALE
 
+    def shared_marks(self, now: int, topic: str | None = None) -> dict[tuple[str, int], tuple[int, int]]:
+        """(low-water mark, offsets lost) of each shared partition (of ``topic``, if given) that has a claim, as of
+        ``now``: leases lapsed since the partition's last record count as lapsed."""
+        marks = {}
+        for key, shared in self.shared.items():
+            if shared.low is not None and (topic is None or key[0] == topic):
+                view = shared.as_of(now)
+                marks[key] = (view.low if view.low is not None else shared.low, view.lost)
+        return marks
+
     def paused_until(self) -> int | None:
         """The latest pause expiry the log holds for the group (it may lie in the past)."""
         return max((pause.until for pause in self.pauses.values()), default=None)

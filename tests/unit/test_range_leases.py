@@ -16,6 +16,7 @@ import pytest
 from marshal_workers import checkpoints, codec
 from marshal_workers.errors import DecodeError
 from marshal_workers.range_leases import MAX_RANGE, MAX_WINDOW, Holder, SharedPartition, Tries
+from marshal_workers.status import status_document
 from marshal_workers.world_state import WorldState, refusals
 
 A = Holder("host-a", "a1")
@@ -249,6 +250,21 @@ def wire(record: codec.Record) -> codec.Record:
 
 def fold_wire(state: WorldState, record: codec.Record, source: int = 0) -> object:
     return state.apply(wire(record), record.ts, source)
+
+
+def test_queries_at_a_time_see_a_lease_lapsed_after_the_partitions_last_record() -> None:
+    """The last lease of a partition lapses with no record after it: status and the metrics see it lapsed (the
+    nemesis found status stuck at an at-most-once lease of one offset once production had stopped)."""
+    state = WorldState(GROUP, HB)
+    claim = codec.ClaimRanges(**common(A, 1_000), topic="t", lease_ms=LEASE, amo=True, ranges=ranges((0, 10, 11)))
+    assert tuple(fold_wire(state, claim)) == (True,)  # type: ignore[arg-type]
+    shared = state.shared[("t", 0)]
+    assert shared.as_of(1_000 + LEASE - 1) is shared  # nothing lapsed yet: no copy
+    assert state.shared_marks(1_000 + LEASE - 1) == {("t", 0): (10, 0)}
+    assert state.shared_marks(1_000 + LEASE) == {("t", 0): (11, 1)}  # lost, and the low-water mark past it
+    [row] = status_document(state, 1_000 + LEASE, topic="t")["shared"]
+    assert (row["low_water_mark"], row["lost"], row["lapsed_leases"], row["leases"]) == (11, 1, 1, [])
+    assert shared.low == 10 and shared.lost == 0  # a query changes nothing: the lapse is the next record's
 
 
 def test_range_records_fold_with_one_verdict_per_entry() -> None:
