@@ -154,6 +154,10 @@ class Fleet:
 
     def status_rows(self) -> dict[int, dict[str, Any]]:
         """``marshal-workers status --json`` of the fleet's topic, by partition."""
+        return {row["partition"]: row for row in self.status()["partitions"]}
+
+    def status(self) -> dict[str, Any]:
+        """``marshal-workers status --json`` of the fleet's topic."""
         result = subprocess.run(
             [sys.executable, "-m", "marshal_workers", "status", "--brokers", self.brokers, "--group", self.group,
              "--coordination-topic", self.coordination_topic, "--heartbeat-interval", HB, "--topic", self.topic,
@@ -161,7 +165,7 @@ class Fleet:
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
-        return {row["partition"]: row for row in orjson.loads(result.stdout)["partitions"]}
+        return orjson.loads(result.stdout)  # type: ignore[no-any-return]
 
     def dead_letters(self, count: int) -> list[Message]:
         """The first ``count`` messages of the dead-letter topic (waits for them)."""
