@@ -30,7 +30,7 @@ import orjson
 
 from marshal_workers.app import App, HandlerSpec, Message, OnError, effective_time_limits
 from marshal_workers.config import load_settings
-from marshal_workers.dead_letter_groups import origin_headers
+from marshal_workers.dead_letter_groups import for_another_group, origin_headers
 from marshal_workers.dead_letters import error_headers
 from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimitExceeded
 from marshal_workers.hooks import run_hooks
@@ -120,7 +120,8 @@ class HandlerResult:
     # done: handled; ignored: the handler raised Ignore; dead_letter: rejected, or failed past its retries with
     # on_error="dlq" (or too old, with on_too_old="dlq"); released: failed past its retries with on_error="release"
     # (the partition would be released there); not_handled: after a release, the partition's later messages (the
-    # next owner gets them); too_old: older than max_age, skipped without a call.
+    # next owner gets them); too_old: older than max_age, skipped without a call; other_group: redriven for
+    # another group than the app's (dlq redrive), passed by without a call.
     outcome: str
     attempts: int = 0  # handler calls made for it
     error: BaseException | None = None  # the last error, if any
@@ -171,11 +172,14 @@ def run_handler(
             hook()  # one that fails stops everything, as it stops a worker from starting
         for partition in partitions:
             run_hooks(app.hooks.on_partition_claimed, topic, partition)
-    results: dict[int, HandlerResult] = {}
+    # As a worker does where it fetches them: a message redriven for another group is passed by, never called.
+    group = (settings.group or "").encode()
+    others = [m for m in given if group and for_another_group(m.headers, group)]
+    results: dict[int, HandlerResult] = {id(m): HandlerResult(m, "other_group") for m in others}
     released: set[int] = set()
     outbox, app.outbox = app.outbox, _CapturingOutbox()  # type: ignore[assignment]
     try:
-        for unit in _units(handler, given):
+        for unit in _units(handler, [m for m in given if id(m) not in results]):
             if unit[0].partition in released:
                 for msg in unit:
                     results[id(msg)] = HandlerResult(msg, "not_handled")

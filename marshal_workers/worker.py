@@ -680,6 +680,11 @@ class Worker:
                 break
             records.append(message)
         error = give_up_error(self.spec, handler)
+        # A batch's range may hold messages redriven for another group (passed by, never in the call): not ours.
+        others = self._other_groups.offsets(records)
+        if others:
+            records = [r for r in records if r.offset() not in others]
+            self.outcomes.other_group += len(others)
         if records:
             self._dead_letter(handler, records, error)
         self.slot.fields[Field.NEXT_OFFSET] = max(self.slot.fields[Field.NEXT_OFFSET], end)

@@ -160,3 +160,17 @@ def test_the_testing_harness_shows_the_headers_a_dead_letter_would_carry() -> No
     headers = dict(result.dead_letter_headers or [])
     assert (headers[GROUP_HEADER], headers[CLIENT_ID_HEADER], headers["error_type"]) == (b"billing", b"host-a",
                                                                                          b"ValueError")  # fmt: skip
+
+
+def test_the_testing_harness_passes_by_a_message_redriven_for_another_group_as_a_worker_does() -> None:
+    app, called = App(group="billing"), []
+
+    @app.handler("orders")
+    def handle(msg: object) -> None:
+        called.append(msg)
+
+    messages = [make_message(b"mine", topic="orders", headers={REDRIVEN_FOR_HEADER: "billing"}),
+                make_message(b"theirs", topic="orders", offset=1, headers={REDRIVEN_FOR_HEADER: "audit"}),
+                make_message(b"anyone's", topic="orders", offset=2)]  # fmt: skip
+    assert [r.outcome for r in run_handler(app, "orders", messages)] == ["done", "other_group", "done"]
+    assert [m.value for m in called] == [b"mine", b"anyone's"]  # type: ignore[attr-defined]
