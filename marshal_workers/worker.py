@@ -68,7 +68,8 @@ class _Outcome(enum.Enum):
 
 
 class _Admit(enum.Enum):
-    """What the limits (rate_limit, max_age) say about the next message."""
+    """What the limits (rate_limit, max_age) and the group (a message redriven for another) say about the next
+    message."""
 
     CALL = "call"  # call the handler on it
     PASS = "pass"  # past max_age, or redriven for another group: done without a call
