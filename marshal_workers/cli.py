@@ -597,22 +597,39 @@ def dlq() -> None:
     """Dead-letter topics: what is in one, and sending its messages back."""
 
 
+_DLQ_GROUP = click.option(
+    "--group", help="Only the dead letters this group wrote (default: every group's; also the group setting)."
+)
+
+
 @dlq.command("list")
 @_kafka_options
 @click.option("--topic", required=True, help="The handler's topic: its dead letters are in TOPIC.dlq.")
+@_DLQ_GROUP
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @_reports_errors
 def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any) -> None:
-    """Summarise TOPIC.dlq by error type: how many, oldest and newest, where they came from."""
-    from marshal_workers.dlq import read_dead_letters, summary
+    """Summarise TOPIC.dlq by error type: how many, oldest and newest, where they came from; and by group."""
+    from marshal_workers.dlq import Tally, read_dead_letters
     from marshal_workers.status import utc_text
 
     settings = _load(config_file, **options)
-    rows = summary(list(read_dead_letters(settings, f"{topic}.dlq")))
+    group = settings.group
+    tally = Tally()
+    for letter in read_dead_letters(settings, f"{topic}.dlq"):
+        tally.add(letter)
+    rows, groups = tally.rows(None if group is None else {group}), tally.groups()
     if as_json:
-        click.echo(orjson.dumps({"topic": f"{topic}.dlq", "error_types": rows}).decode())
+        document = {"topic": f"{topic}.dlq", "group": group, "error_types": rows, "groups": groups}
+        click.echo(orjson.dumps(document).decode())
         return
-    click.echo(f"{topic}.dlq: {sum(r['count'] for r in rows)} dead letters")
+    by_group = ", ".join(f"{'no group' if g['group'] is None else 'group ' + g['group']}: {g['count']}" for g in groups)
+    count = sum(r["count"] for r in rows)
+    if group is None:
+        click.echo(f"{topic}.dlq: {count} dead letters" + (f" ({by_group})" if groups else ""))
+    else:
+        click.echo(f"{topic}.dlq: {count} dead letters of group {group} (of {sum(g['count'] for g in groups)}: "
+                   f"{by_group or 'none'})")  # fmt: skip
     for r in rows:
         span = "-" if r["oldest_ms"] is None else f"{utc_text(r['oldest_ms'])} .. {utc_text(r['newest_ms'])}"
         click.echo(f"  {r['error_type']}: {r['count']}   {span}   from {', '.join(r['from_topics'])}")
@@ -621,6 +638,7 @@ def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any)
 @dlq.command("redrive")
 @_kafka_options
 @click.option("--topic", required=True, help="The handler's topic: its dead letters are in TOPIC.dlq.")
+@_DLQ_GROUP
 @click.option("--error-type", help="Only dead letters of this error_type (e.g. ConnectionError).")
 @click.option("--since", help="Only dead letters written at or after this time: ms since epoch or ISO 8601.")
 @click.option("--to", "to_topic", help="Send them here instead of each one's original topic.")
@@ -630,18 +648,25 @@ def dlq_redrive(
     config_file: str | None, topic: str, error_type: str | None, since: str | None, to_topic: str | None,
     dry_run: bool, **options: Any,
 ) -> None:  # fmt: skip
-    """Send dead letters of TOPIC.dlq back (each once, without the error headers); checks everything first."""
+    """Send dead letters of TOPIC.dlq back (each once, without the error headers), each for the group that wrote
+    it only; checks everything first."""
     from marshal_workers.dlq import choose, read_dead_letters, redrive
 
     settings = _load(config_file, **options)
     letters = list(read_dead_letters(settings, f"{topic}.dlq"))
-    chosen = choose(letters, error_type, None if since is None else _parse_timestamp(since, "--since"))
+    group = settings.group
+    chosen = choose(letters, error_type, None if since is None else _parse_timestamp(since, "--since"), group)
+    of_group = "" if group is None else f" (group {group})"
     if dry_run:
-        click.echo(f"would send {len(chosen)} of {len(letters)} dead letters of {topic}.dlq")
+        click.echo(f"would send {len(chosen)} of {len(letters)} dead letters of {topic}.dlq{of_group}")
         return
     redrive(settings, f"{topic}.dlq", chosen, to_topic, click.echo)
     if not chosen:
-        click.echo(f"nothing to send: none of the {len(letters)} dead letters of {topic}.dlq matched")
+        click.echo(f"nothing to send: none of the {len(letters)} dead letters of {topic}.dlq matched{of_group}")
+    unnamed = sum(1 for letter in letters if letter.group is None)
+    if group is not None and unnamed:
+        click.echo(f"note: {unnamed} dead letters of {topic}.dlq name no group (written before dead letters named "
+                   "their group) and were not chosen: redrive them without --group, for every group", err=True)
 
 
 def _parse_timestamp(text: str, option: str = "--timestamp") -> int:

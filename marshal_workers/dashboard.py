@@ -214,7 +214,9 @@ class GroupWatcher:
                 tally = self._tallies.setdefault(dlq_topic, Tally())
                 for letter in read_dead_letters(self.settings, dlq_topic, after=tally.positions):
                     tally.add(letter)
-                found[dlq_topic] = tally.rows()
+                # The group's own letters, and those that name no group (written before letters named their
+                # group: they may be its own); other groups' letters in the same topic are theirs.
+                found[dlq_topic] = tally.rows({self.group, None})
             except (MarshalWorkersError, KafkaUnavailable) as exc:
                 log.warning("dashboard: cannot read %s: %s", dlq_topic, exc)
         with self._lock:

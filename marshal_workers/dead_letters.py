@@ -4,9 +4,10 @@ Shared by the partition worker (after a handler's retries) and the shared worker
 (after ``max_deliveries``).  Each dead letter keeps the original value, key,
 headers (a trace id survives) and timestamp; headers added after the original
 ones say what failed (with the traceback, when the handler raised it), where the
-message came from and, for shared handlers, how many times it was delivered.  A
-write that Kafka does not confirm raises: the caller then has not moved past the
-message, so it is handled again rather than lost.
+message came from and, for shared handlers, how many times it was delivered; the
+last ones say which group and client wrote it (dead_letter_groups.py: ``dlq
+list/redrive --group``).  A write that Kafka does not confirm raises: the caller
+then has not moved past the message, so it is handled again rather than lost.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Producer
 
 from marshal_workers.config import Settings
+from marshal_workers.dead_letter_groups import origin_headers
 from marshal_workers.kafka_clients import client_config
 
 FLUSH_TIMEOUT_S = 30
@@ -77,6 +79,7 @@ class DeadLetterWriter:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._producer: Producer | None = None
+        self._origin = origin_headers(settings.group, settings.client_id)  # who wrote it: after every other header
 
     def write(self, topic: str, records: Sequence[Any], headers: Sequence[Sequence[tuple[str, bytes]]]) -> None:
         """Write ``records`` (raw Kafka messages) to ``topic``, their own headers followed by ``headers``; wait until
@@ -92,7 +95,7 @@ class DeadLetterWriter:
                 failures.append(err)
 
         for record, record_headers in zip(records, headers):
-            kept = list(record.headers() or []) + list(record_headers)  # ours last: they win in a dict() of them
+            kept = list(record.headers() or []) + list(record_headers) + self._origin  # ours last: they win in a dict()
             kind, stamp = record.timestamp()
             when = {"timestamp": stamp} if kind != 0 and stamp >= 0 else {}  # 0: the record has no timestamp
             while True:

@@ -3,18 +3,22 @@
 A dead letter is the original message (value, key, headers, timestamp) with the
 headers our workers add (``error``, ``error_type``, ``traceback`` when the
 handler raised the error, ``handler``, ``original_topic``,
-``original_partition``, ``original_offset``, and ``deliveries`` for shared
-handlers).  Both commands read the dead-letter topic
-from its start to its end as it is when they begin; a redrive checks
+``original_partition``, ``original_offset``, ``deliveries`` for shared
+handlers, then ``dead_letter_group`` and ``dead_letter_client_id``: who wrote
+it).  Both commands read the dead-letter topic from its start to its end as it
+is when they begin, and take a group: then only the letters that group wrote
+(dead_letter_groups.py); letters written before letters named their group
+belong to none.  A redrive checks
 everything it can before it writes anything (the topics exist, each chosen
 letter has somewhere to go), then sends each chosen letter once, through an
-idempotent producer, without our headers.
+idempotent producer, without our headers, and addressed (``redriven_for_group``)
+to the group that wrote it, which alone handles it.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +26,17 @@ from confluent_kafka import KafkaError, Producer, TopicPartition
 
 from marshal_workers.config import Settings
 from marshal_workers.dead_letters import TRACEBACK_HEADER
+from marshal_workers.dead_letter_groups import CLIENT_ID_HEADER, GROUP_HEADER, REDRIVEN_FOR_HEADER, last_header
 from marshal_workers.errors import ConfigError, UnknownTopicError
 from marshal_workers.kafka_clients import admin_client, client_config, topic_partition_count
 from marshal_workers.positions import partition_bounds, position_consumer
 
-# The headers a worker adds to a dead letter: dropped when it is sent back.
+# The headers a worker adds to a dead letter, and a redrive's address (it is addressed anew): dropped when it is
+# sent back.
 ADDED_HEADERS = frozenset(
-    {"error", "error_type", "handler", "original_topic", "original_partition", "original_offset", "deliveries"}
-) | {TRACEBACK_HEADER}
+    {"error", "error_type", "handler", "original_topic", "original_partition", "original_offset", "deliveries",
+     GROUP_HEADER, CLIENT_ID_HEADER, REDRIVEN_FOR_HEADER, TRACEBACK_HEADER}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -42,12 +49,29 @@ class DeadLetter:
     headers: list[tuple[str, bytes]]
 
     def header(self, name: str) -> str | None:
-        found = [value for key, value in self.headers if key == name]
-        return found[-1].decode("utf-8", "replace") if found else None  # ours come last
+        """The last header called ``name`` (ours come last), as text; None if it has none, or an empty one."""
+        found = last_header(self.headers, name)
+        return None if found is None else found.decode("utf-8", "replace")
 
     @property
     def error_type(self) -> str:
         return self.header("error_type") or "unknown"
+
+    @property
+    def group(self) -> str | None:
+        """The group whose worker wrote it; None if it does not say (written before letters named their group)."""
+        return self.header(GROUP_HEADER)
+
+    @property
+    def client_id(self) -> str | None:
+        return self.header(CLIENT_ID_HEADER)
+
+    def redrive_headers(self, dlq_topic: str) -> list[tuple[str, bytes]]:
+        """What it carries back: its original headers, where it was in ``dlq_topic``, and (if it names one) the
+        group it is for, as that group's name was written (compared as bytes by the runners)."""
+        headers = self.original_headers + [("redriven_from", f"{dlq_topic}/{self.partition}/{self.offset}".encode())]
+        group = last_header(self.headers, GROUP_HEADER)
+        return headers + ([(REDRIVEN_FOR_HEADER, group)] if group is not None else [])
 
     @property
     def original_headers(self) -> list[tuple[str, bytes]]:
@@ -91,48 +115,76 @@ class _TypeTally:
     newest_ms: int | None = None
     from_topics: set[str] = field(default_factory=set)
 
+    def add(self, timestamp: int | None, from_topic: str) -> None:
+        self.merge(_TypeTally(1, timestamp, timestamp, {from_topic}))
+
+    def merge(self, other: _TypeTally) -> None:
+        self.count += other.count
+        self.oldest_ms = _either(min, self.oldest_ms, other.oldest_ms)
+        self.newest_ms = _either(max, self.newest_ms, other.newest_ms)
+        self.from_topics |= other.from_topics
+
+
+def _either(pick: Callable[[int, int], int], one: int | None, other: int | None) -> int | None:
+    """``pick`` of the two times that are known (None: unknown)."""
+    return other if one is None else one if other is None else pick(one, other)
+
 
 class Tally:
-    """Dead letters counted by error type as they are read, so a reader that comes back (the dashboard) reads only
-    what is new: ``positions`` is where it goes on (partition -> next offset)."""
+    """Dead letters counted by group and error type as they are read, so a reader that comes back (the dashboard)
+    reads only what is new: ``positions`` is where it goes on (partition -> next offset)."""
 
     def __init__(self) -> None:
-        self._by_type: dict[str, _TypeTally] = collections.defaultdict(_TypeTally)
+        # (the group that wrote them, or None: they do not say; error type) -> their tally
+        self._by_type: dict[tuple[str | None, str], _TypeTally] = collections.defaultdict(_TypeTally)
         self.positions: dict[int, int] = {}
 
     def add(self, letter: DeadLetter) -> None:
-        row = self._by_type[letter.error_type]
-        row.count += 1
-        if letter.timestamp is not None:
-            row.oldest_ms = letter.timestamp if row.oldest_ms is None else min(row.oldest_ms, letter.timestamp)
-            row.newest_ms = letter.timestamp if row.newest_ms is None else max(row.newest_ms, letter.timestamp)
-        row.from_topics.add(letter.header("original_topic") or "?")
+        self._by_type[(letter.group, letter.error_type)].add(letter.timestamp, letter.header("original_topic") or "?")
         self.positions[letter.partition] = max(self.positions.get(letter.partition, 0), letter.offset + 1)
 
-    def rows(self) -> list[dict[str, Any]]:
-        """``dlq list``: per error type, how many, the oldest and newest time, and the topics they came from."""
+    def rows(self, groups: Collection[str | None] | None = None) -> list[dict[str, Any]]:
+        """``dlq list``: per error type, how many, the oldest and newest time, and the topics they came from; of
+        the letters of ``groups`` only, if given (None in it: the letters that name no group)."""
+        merged: dict[str, _TypeTally] = collections.defaultdict(_TypeTally)
+        for (group, error_type), row in self._by_type.items():
+            if groups is None or group in groups:
+                merged[error_type].merge(row)
         return [
             {"error_type": error_type, "count": row.count, "oldest_ms": row.oldest_ms, "newest_ms": row.newest_ms,
              "from_topics": sorted(row.from_topics)}
-            for error_type, row in sorted(self._by_type.items(), key=lambda item: (-item[1].count, item[0]))
+            for error_type, row in sorted(merged.items(), key=lambda item: (-item[1].count, item[0]))
         ]  # fmt: skip
 
+    def groups(self) -> list[dict[str, Any]]:
+        """How many letters each group wrote, most first; ``"group": None`` counts those that name no group."""
+        counts: collections.Counter[str | None] = collections.Counter()
+        for (group, _), row in self._by_type.items():
+            counts[group] += row.count
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0] is None, item[0] or ""))
+        return [{"group": group, "count": count} for group, count in ranked]
 
-def summary(letters: Iterable[DeadLetter]) -> list[dict[str, Any]]:
-    """``dlq list``: per error type, how many, the oldest and newest time, and the topics they came from."""
+
+def summary(letters: Iterable[DeadLetter], groups: Collection[str | None] | None = None) -> list[dict[str, Any]]:
+    """``dlq list``: per error type, how many, the oldest and newest time, and the topics they came from (of the
+    letters of ``groups`` only, if given)."""
     tally = Tally()
     for letter in letters:
         tally.add(letter)
-    return tally.rows()
+    return tally.rows(groups)
 
 
-def choose(letters: list[DeadLetter], error_type: str | None, since_ms: int | None) -> list[DeadLetter]:
-    """The letters a redrive sends: of this error type, and written at or after ``since_ms``, if given."""
+def choose(
+    letters: list[DeadLetter], error_type: str | None, since_ms: int | None, group: str | None = None
+) -> list[DeadLetter]:
+    """The letters a redrive sends: of this error type, written at or after ``since_ms``, and by ``group``, if
+    given (a letter that names no group is no group's)."""
     return [
         letter
         for letter in letters
         if (error_type is None or letter.error_type == error_type)
         and (since_ms is None or (letter.timestamp is not None and letter.timestamp >= since_ms))
+        and (group is None or letter.group == group)
     ]
 
 
@@ -161,7 +213,7 @@ def redrive(
             failures.append(err)
 
     for letter, target in targets:
-        headers = letter.original_headers + [("redriven_from", f"{dlq_topic}/{letter.partition}/{letter.offset}".encode())]
+        headers = letter.redrive_headers(dlq_topic)
         while True:
             try:
                 producer.produce(target, value=letter.value, key=letter.key, headers=headers, on_delivery=delivered)
@@ -172,6 +224,9 @@ def redrive(
     if left or failures:
         raise ConfigError(f"{left + len(failures)} of {len(targets)} dead letters were not confirmed by Kafka "
                           f"({failures[0] if failures else 'timed out'}); the others were sent")  # fmt: skip
-    for target, count in sorted(collections.Counter(t for _, t in targets).items()):
-        report(f"sent {count} dead letters of {dlq_topic} to {target}")
+    sent = collections.Counter((t, letter.group) for letter, t in targets)
+    for (target, group), count in sorted(sent.items(), key=lambda item: (item[0][0], item[0][1] or "")):
+        report(f"sent {count} dead letters of {dlq_topic} to {target} " + (
+            f"for group {group} (only its workers handle them)" if group is not None
+            else "that name no group (every group reading it handles them)"))  # fmt: skip
     return len(targets)

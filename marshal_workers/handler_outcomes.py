@@ -1,8 +1,9 @@
 """Counts of what became of failed handler calls, kept in a worker and sent to its supervisor for the metrics.
 
 A worker counts every failed call by error type, every retry, every message a handler ignored
-(``raise Ignore()``) or rejected (``raise Reject()``), and every message older than the handler's ``max_age``
-(not handled: skipped or dead-lettered, message_age.py).  Every half second (its housekeeping) it sends what
+(``raise Ignore()``) or rejected (``raise Reject()``), every message older than the handler's ``max_age``
+(not handled: skipped or dead-lettered, message_age.py), and every message redriven for another group (passed
+by, dead_letter_groups.py).  Every half second (its housekeeping) it sends what
 changed to its supervisor over its pipe as ``("outcomes", {...})``; the supervisor adds it to its counters
 (metrics.Counters) and the metrics endpoint shows them as ``marshal_workers_handler_errors_total{error_type}``,
 ``marshal_workers_handler_retries_total`` and ``marshal_workers_handler_outcomes_total{outcome}``.  A count
@@ -27,16 +28,18 @@ class OutcomeCounts:
         self.ignored = 0  # messages
         self.rejected = 0  # messages
         self.too_old = 0  # messages past max_age, not handled
+        self.other_group = 0  # messages redriven for another group, passed by
 
     def failed(self, error: BaseException) -> None:
         self.errors[type(error).__qualname__] += 1
 
     def take(self) -> tuple[str, dict[str, Any]] | None:
         """The pipe message for what changed since the last take (None if nothing did), and start again."""
-        if not (self.errors or self.retries or self.ignored or self.rejected or self.too_old):
+        if not (self.errors or self.retries or self.ignored or self.rejected or self.too_old or self.other_group):
             return None
         message = (OUTCOMES, {"errors": dict(self.errors), "retries": self.retries, "ignored": self.ignored,
-                              "rejected": self.rejected, "too_old": self.too_old})  # fmt: skip
+                              "rejected": self.rejected, "too_old": self.too_old,
+                              "other_group": self.other_group})  # fmt: skip
         self.errors.clear()
-        self.retries = self.ignored = self.rejected = self.too_old = 0
+        self.retries = self.ignored = self.rejected = self.too_old = self.other_group = 0
         return message

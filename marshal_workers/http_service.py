@@ -222,7 +222,7 @@ class _ServeCollector(Collector):
             ranges={"claimed": c.ranges_claimed, "refused": c.ranges_refused, "acked": c.ranges_acked,
                     "cancelled": c.ranges_cancelled, "abandoned": c.ranges_lost},
             messages={"delivered": c.delivered, "handled": c.acked, "cancelled": c.cancelled,
-                      "dead_lettered": c.dead_lettered, "refused": c.refused},
+                      "dead_lettered": c.dead_lettered, "refused": c.refused, "other_group": c.other_group},
             worker_restarts=0,
             low_water_marks={p: low for p, (low, _) in marks.items()}, lost={p: lost for p, (_, lost) in marks.items()},
         )  # fmt: skip

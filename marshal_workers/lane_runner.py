@@ -176,12 +176,17 @@ class LaneRunner:
 
     def _offer_held(self) -> None:
         lanes, held, skipper, records, max_age_ms = self.lanes, self.held, self.skipper, self.records, self.max_age_ms
+        not_ours = self.worker.not_ours
         while held:
             record = held[0]
             offset = record.offset()
             if offset in skipper:
                 if not lanes.skip(offset):
                     return
+            elif not_ours and offset in not_ours:
+                if not lanes.skip(offset):
+                    return
+                self._pass_by(offset)
             elif max_age_ms and self._too_old(record):
                 if not lanes.skip(offset):
                     return
@@ -222,6 +227,9 @@ class LaneRunner:
             offset = record.offset()
             if offset in self.skipper:
                 self.lanes.skip(offset)
+            elif self.worker.not_ours and offset in self.worker.not_ours:
+                self.lanes.skip(offset)
+                self._pass_by(offset)
             elif self.max_age_ms and self._too_old(record):
                 self.lanes.skip(offset)
                 self._drop(record)
@@ -232,6 +240,11 @@ class LaneRunner:
 
     def _too_old(self, record: Any) -> bool:
         return is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms)
+
+    def _pass_by(self, offset: int) -> None:
+        """A message redriven for another group, skipped in the lanes: done without a call, counted."""
+        self.worker.passes_by(offset)
+        self.fields[Field.PROCESSED] += 1
 
     def _drop(self, record: Any) -> None:
         """A message past max_age: done without a call (skipped or dead-lettered), counted."""

@@ -56,8 +56,8 @@ class Counters:
         dropped (it comes from a process running user code)."""
         try:
             errors = {str(name): int(n) for name, n in dict(counts.get("errors", {})).items()}
-            retries, ignored, rejected, too_old = (
-                int(counts.get(k, 0)) for k in ("retries", "ignored", "rejected", "too_old")
+            retries, ignored, rejected, too_old, other_group = (
+                int(counts.get(k, 0)) for k in ("retries", "ignored", "rejected", "too_old", "other_group")
             )
         except (TypeError, ValueError, AttributeError):
             return
@@ -68,6 +68,8 @@ class Counters:
         self.handler_outcomes[(topic, "rejected")] += max(rejected, 0)
         if too_old:  # only handlers with max_age have this outcome
             self.handler_outcomes[(topic, "too_old")] += max(too_old, 0)
+        if other_group:  # only topics with messages redriven for another group (dlq redrive) have this one
+            self.handler_outcomes[(topic, "other_group")] += max(other_group, 0)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,9 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     for topic, count in sorted(counters.handler_retries.items()):
         retries.add_metric([group, topic], count)
     outcomes = CounterMetricFamily(
-        f"{PREFIX}_handler_outcomes", "Messages a handler ignored (raise Ignore) or rejected (raise Reject), or too old to handle (max_age).",
+        f"{PREFIX}_handler_outcomes",
+        "Messages a handler ignored (raise Ignore) or rejected (raise Reject), too old to handle (max_age), or "
+        "redriven for another group (other_group).",
         labels=["group", "topic", "outcome"],
     )
     for (topic, outcome), count in sorted(counters.handler_outcomes.items()):

@@ -39,6 +39,7 @@ from marshal_workers import codec
 from marshal_workers.channel import monotonic_ms
 from marshal_workers.config import Settings
 from marshal_workers.coordinator import Coordinator
+from marshal_workers.dead_letter_groups import OtherGroups
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http_messages import BadRequest, MessageId, message_json
@@ -124,6 +125,7 @@ class ServeCounters:
     cancelled: int = 0
     dead_lettered: int = 0
     refused: int = 0  # verdicts the fold refused after our checks passed (a race with a deadline or a lease)
+    other_group: int = 0  # messages redriven for another group: never handed out, done
     ranges_claimed: int = 0
     ranges_refused: int = 0
     ranges_acked: int = 0
@@ -154,6 +156,7 @@ class ServedTopic:
         self._offsets: OffsetStore | None = None
         self._consumer: GuardedConsumer | None = None
         self._dlq = DeadLetterWriter(settings)
+        self._other_groups = OtherGroups(settings.require_group())  # messages redriven for another group
         self._positions: dict[int, int] = {}  # partition -> the next offset the consumer reads there
         self._ends = PartitionEnds()  # as ListOffsets says, asked without blocking
         self._fetched_high: dict[int, int] = {}  # partition -> its end as fetches saw it
@@ -662,11 +665,15 @@ class ServedTopic:
             _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
             if high is not None and high > self._fetched_high.get(partition, -1):
                 self._fetched_high[partition] = high  # the true end (ListOffsets may under-report it on Tansu)
+        not_ours = self._other_groups.keys([record for _, _, record in fetched])
         with self.lock:
             for partition, offset, record in fetched:
                 held = self._held_covering(partition, offset)
                 if held is not None and offset >= held.fetched_to and offset not in held.acked:
-                    held.messages[offset] = record
+                    if not_ours and (partition, offset) in not_ours:
+                        self.counters.other_group += 1  # never handed out: done, as an offset with no message
+                    else:
+                        held.messages[offset] = record
             for held in self.ranges.values():
                 reached = seen.get(held.partition)
                 if reached is not None and reached > held.fetched_to:  # read in order from at most fetched_to

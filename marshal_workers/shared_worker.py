@@ -48,6 +48,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from marshal_workers.app import App, HandlerSpec, Message, Mode
 from marshal_workers.channel import monotonic_ms
 from marshal_workers.config import Settings
+from marshal_workers.dead_letter_groups import OtherGroups
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import MaxDeliveriesExceeded, SendError
 from marshal_workers.exit_codes import WorkerExit
@@ -120,6 +121,7 @@ class SharedWorker:
         self._consumer: GuardedConsumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
         self._dlq = DeadLetterWriter(spec.settings)
+        self._other_groups = OtherGroups(spec.settings.require_group())  # messages redriven for another group
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
         self.hooks = Hooks()  # the app's, once it is loaded
@@ -249,6 +251,7 @@ class SharedWorker:
                 return self._leave_at_the_end(leased, next_offset)
             records = self._consumer.consume(min(leased.end - next_offset, _FETCH_MOST), 0.1)
             self._read_pipe(wait=0)  # renewals (and a stop, which waits for this range to end)
+            not_ours = self._other_groups.offsets(records)  # one partition: the range's
             for record in records:
                 error = record.error()
                 if error is not None:
@@ -265,6 +268,11 @@ class SharedWorker:
                 if offset >= leased.end:
                     next_offset = leased.end
                     break
+                if not_ours and offset in not_ours:  # redriven for another group: done here without a call
+                    self.outcomes.other_group += 1
+                    leased.handled += 1
+                    next_offset = offset + 1
+                    continue
                 if self.max_age_ms and is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms):
                     self._too_old(handler, leased, record)
                     next_offset = offset + 1

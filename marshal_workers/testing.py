@@ -31,6 +31,7 @@ import orjson
 
 from marshal_workers.app import App, HandlerSpec, Message, OnError, effective_time_limits
 from marshal_workers.config import load_settings
+from marshal_workers.dead_letter_groups import for_another_group, origin_headers
 from marshal_workers.dead_letters import error_headers, traceback_text
 from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimitExceeded
 from marshal_workers.hooks import run_hooks
@@ -138,7 +139,8 @@ class HandlerResult:
     # done: handled; ignored: the handler raised Ignore; dead_letter: rejected, or failed past its retries with
     # on_error="dlq" (or too old, with on_too_old="dlq"); released: failed past its retries with on_error="release"
     # (the partition would be released there); not_handled: after a release, the partition's later messages (the
-    # next owner gets them); too_old: older than max_age, skipped without a call.
+    # next owner gets them); too_old: older than max_age, skipped without a call; other_group: redriven for
+    # another group than the app's (dlq redrive), passed by without a call.
     outcome: str
     attempts: int = 0  # handler calls made for it
     error: BaseException | None = None  # the last error, if any
@@ -188,7 +190,9 @@ def run_handler(
     handler = app.handler_in_worker(topic)
     given = [_on_handler_topic(m, topic) if isinstance(m, Message) else make_message(m, topic=topic, offset=i)
              for i, m in enumerate(messages)]  # fmt: skip
-    soft, hard = effective_time_limits(handler, load_settings(app_defaults=app.settings, env={}))
+    settings = load_settings(app_defaults=app.settings, env={})
+    soft, hard = effective_time_limits(handler, settings)
+    origin = origin_headers(settings.group, settings.client_id)  # who a dead letter says wrote it
     rng = random.Random(seed)
     partitions = sorted({m.partition for m in given})
     if lifecycle:
@@ -196,16 +200,19 @@ def run_handler(
             hook()  # one that fails stops everything, as it stops a worker from starting
         for partition in partitions:
             run_hooks(app.hooks.on_partition_claimed, topic, partition)
-    results: dict[int, HandlerResult] = {}
+    # As a worker does where it fetches them: a message redriven for another group is passed by, never called.
+    group = (settings.group or "").encode()
+    others = [m for m in given if group and for_another_group(m.headers, group)]
+    results: dict[int, HandlerResult] = {id(m): HandlerResult(m, "other_group") for m in others}
     released: set[int] = set()
     outbox, app.outbox = app.outbox, _CapturingOutbox()  # type: ignore[assignment]
     try:
-        for unit in _units(handler, given):
+        for unit in _units(handler, [m for m in given if id(m) not in results]):
             if unit[0].partition in released:
                 for msg in unit:
                     results[id(msg)] = HandlerResult(msg, "not_handled")
                 continue
-            for result in _run_unit(app, handler, unit, soft, hard, sleep, rng):
+            for result in _run_unit(app, handler, unit, soft, hard, sleep, rng, origin):
                 results[id(result.message)] = result
                 if result.outcome == "released":
                     released.add(result.message.partition)
@@ -232,15 +239,16 @@ def _units(handler: HandlerSpec, messages: list[Message]) -> Iterator[list[Messa
 
 
 def _run_unit(
-    app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, rng: random.Random
-) -> list[HandlerResult]:
+    app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, rng: random.Random,
+    origin: list[tuple[str, bytes]],
+) -> list[HandlerResult]:  # fmt: skip
     if handler.max_age:  # as a worker does when it gets to them: too old, skipped or dead-lettered, never called
         now_ms, max_age_ms = int(time.time() * 1000), round(handler.max_age * 1000)
         old = [m for m in unit if is_too_old(m._record.timestamp(), now_ms, max_age_ms)]
         if old:
             unit = [m for m in unit if m not in old]
-            return _too_old(app, handler, old, now_ms, max_age_ms) + (
-                _run_unit(app, handler, unit, soft, hard, sleep, rng) if unit else []
+            return _too_old(app, handler, old, now_ms, max_age_ms, origin) + (
+                _run_unit(app, handler, unit, soft, hard, sleep, rng, origin) if unit else []
             )
     attempts, delays = 0, []
     capture = app.outbox
@@ -266,21 +274,23 @@ def _run_unit(
             return [HandlerResult(m, "released", attempts, error, delays, sent=sent) for m in unit]
         results = []
         for msg in unit:
-            headers = error_headers(handler.name, msg._record, error)
+            headers = error_headers(handler.name, msg._record, error) + origin
             run_hooks(app.hooks.on_dead_letter, msg, error)
             results.append(HandlerResult(msg, "dead_letter", attempts, error, delays, headers, sent))
         return results
 
 
-def _too_old(app: App, handler: HandlerSpec, old: list[Message], now_ms: int, max_age_ms: int) -> list[HandlerResult]:
+def _too_old(
+    app: App, handler: HandlerSpec, old: list[Message], now_ms: int, max_age_ms: int, origin: list[tuple[str, bytes]]
+) -> list[HandlerResult]:
     if handler.on_too_old is not OnTooOld.DLQ:
         return [HandlerResult(m, "too_old") for m in old]
     results = []
     for msg in old:
         error = too_old_error(msg._record.timestamp(), now_ms, max_age_ms)
         run_hooks(app.hooks.on_dead_letter, msg, error)
-        results.append(HandlerResult(msg, "dead_letter", 0, error, dead_letter_headers=error_headers(handler.name,
-                                                                                                      msg._record, error)))  # fmt: skip
+        headers = error_headers(handler.name, msg._record, error) + origin
+        results.append(HandlerResult(msg, "dead_letter", 0, error, dead_letter_headers=headers))
     return results
 
 

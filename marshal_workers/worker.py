@@ -27,6 +27,7 @@ from confluent_kafka import Message as KafkaMessage
 from marshal_workers.alarm import Alarm
 from marshal_workers.app import App, HandlerSpec, Message, Mode, OnError, effective_time_limits
 from marshal_workers.channel import ClaimAnswer, Field, Slot, WorkerSpec
+from marshal_workers.dead_letter_groups import OtherGroups
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import SendError, TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
@@ -69,10 +70,11 @@ class _Outcome(enum.Enum):
 
 
 class _Admit(enum.Enum):
-    """What the limits (rate_limit, max_age) say about the next message."""
+    """What the limits (rate_limit, max_age) and the group (a message redriven for another) say about the next
+    message."""
 
     CALL = "call"  # call the handler on it
-    TOO_OLD = "too_old"  # past max_age: done without a call
+    PASS = "pass"  # past max_age, or redriven for another group: done without a call
     STOP = "stop"  # asked to stop while waiting for a token: not begun
 
 
@@ -197,6 +199,10 @@ class Worker:
         self._next_housekeeping = 0.0
         self._dlq = DeadLetterWriter(spec.settings)
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before progress is reported
+        # Fetched messages redriven for another group (dead_letter_groups.py), until passed by: one set for the
+        # worker's life, filled by _fetch, emptied by the loops as they get to them.
+        self._other_groups = OtherGroups(spec.group)
+        self.not_ours: set[int] = set()
         self._dead_letters_in_a_row = 0  # dlq_limit: dead letters since the last message that was not one
         self._dead_letters_end = -1  # the offset after the last dead letter
         self._first_fetched = False
@@ -328,7 +334,7 @@ class Worker:
         self._alarm = Alarm()
         due = self._alarm.due
         plain = handler
-        limited = self.throttle is not None or bool(self.max_age_ms)  # rate_limit or max_age: one check a message
+        limits = self.throttle is not None or bool(self.max_age_ms)  # rate_limit or max_age: one check a message
         while not self.stopping:
             records = self._fetch(self._fetch_size(plain))
             if self.max_age_ms and records:
@@ -336,6 +342,7 @@ class Worker:
             handler = self._sampled(plain, records)
             function = handler.function
             handled = unreported = 0
+            limited = limits or bool(self.not_ours)  # or a message for another group in this fetch
             self._set_check_at()
             for record in records:
                 # The lease's end, housekeeping or a stop (SIGTERM raises it too): the alarm says when to look.
@@ -354,8 +361,11 @@ class Worker:
                     admitted = self._admit(handler, record)
                     if admitted is _Admit.STOP:
                         break  # asked to stop while waiting for the rate limit: this message is not begun
-                    if admitted is _Admit.TOO_OLD:
-                        fields[next_offset] = record.offset() + 1
+                    if admitted is _Admit.PASS:  # done: progress moves past it once what was sent is flushed
+                        if outbox.pending:
+                            unreported = record.offset() + 1
+                        else:
+                            fields[next_offset] = record.offset() + 1
                         handled += 1
                         continue
                 # The hot path: a store before the call (a call in flight: the supervisor's health monitor), the
@@ -408,7 +418,8 @@ class Worker:
             if not records or not self._wait_for_lease():
                 continue
             end = records[-1].offset() + 1
-            fresh, old = split_by_age(records, _wall_ms(), self.max_age_ms) if self.max_age_ms else (records, [])
+            ours, passed = self._without_other_groups(records) if self.not_ours else (records, 0)
+            fresh, old = split_by_age(ours, _wall_ms(), self.max_age_ms) if self.max_age_ms else (ours, [])
             # The batch's tokens before its claim: stopped while waiting, nothing is claimed or begun.
             if self.throttle is not None and fresh and not self._take_tokens(len(fresh)):
                 break
@@ -423,6 +434,7 @@ class Worker:
             if old:
                 self.too_old(handler, old)
                 self.slot.fields[Field.PROCESSED] += len(old)
+            self.slot.fields[Field.PROCESSED] += passed
             outcome = _Outcome.DONE
             if fresh:
                 outcome = self._handle(handler, fresh) if handler.batch else self._handle_each(handler, fresh)
@@ -460,11 +472,13 @@ class Worker:
     # ------------------------------------------------------- rate and age
 
     def _admit(self, handler: HandlerSpec, record: Any) -> _Admit:
-        """One message under max_age and rate_limit: too old (done without a call), or its token taken (or a
-        stop came while waiting for it)."""
+        """One message under max_age and rate_limit: for another group or too old (done without a call), or its
+        token taken (or a stop came while waiting for it)."""
+        if self.not_ours and self.passes_by(record.offset()):
+            return _Admit.PASS
         if self.max_age_ms and is_too_old(record.timestamp(), _wall_ms(), self.max_age_ms):
             self.too_old(handler, [record])
-            return _Admit.TOO_OLD
+            return _Admit.PASS
         if self.throttle is not None and not self._take_tokens(1):
             return _Admit.STOP
         return _Admit.CALL
@@ -483,9 +497,11 @@ class Worker:
 
     def _drop_old_run(self, handler: HandlerSpec, records: list[Any]) -> list[Any]:
         """The fetch's leading messages past max_age, done together (one dead-letter write for all of them, not
-        one each: an old backlog goes by at the speed of a batch); the rest is left to the loop's own check."""
-        now_ms, count = _wall_ms(), 0
-        while count < len(records) and is_too_old(records[count].timestamp(), now_ms, self.max_age_ms):
+        one each: an old backlog goes by at the speed of a batch); the rest is left to the loop's own check.
+        The run ends at a message for another group: that one is passed by, never dead-lettered here."""
+        now_ms, count, not_ours = _wall_ms(), 0, self.not_ours
+        while (count < len(records) and is_too_old(records[count].timestamp(), now_ms, self.max_age_ms)
+               and not (not_ours and records[count].offset() in not_ours)):  # fmt: skip
             count += 1
         if not count or (time.monotonic() * 1000 >= self._lease_until and not self._wait_for_lease()):
             return records  # none, or the lease is in doubt: the loop looks at the lease before each message
@@ -494,6 +510,21 @@ class Worker:
         self.slot.fields[Field.PROCESSED] += count
         self._count_handled(count)
         return records[count:]
+
+    def passes_by(self, offset: int) -> bool:
+        """Is the fetched message at ``offset`` redriven for another group?  Then it is counted (outcome
+        other_group) and forgotten here, and the caller passes it by: done, without a call."""
+        not_ours = self.not_ours
+        if offset not in not_ours:
+            return False
+        not_ours.discard(offset)
+        self.outcomes.other_group += 1
+        return True
+
+    def _without_other_groups(self, records: list[Any]) -> tuple[list[Any], int]:
+        """The messages of a fetch that are this group's, and how many were passed by (for another group)."""
+        ours = [r for r in records if not self.passes_by(r.offset())]
+        return ours, len(records) - len(ours)
 
     def too_old(self, handler: HandlerSpec, records: list[Any]) -> None:
         """Messages past the handler's max_age: not handled; counted, and dead-lettered if on_too_old="dlq".
@@ -564,6 +595,12 @@ class Worker:
             for error in errors:
                 if error is not None and error.code() != KafkaError._PARTITION_EOF:
                     self.log.warning("fetch error: %s", error)
+        # Every loop passes these by as it gets to them (passes_by): the one rule of dead_letter_groups.py.
+        others = self._other_groups.offsets(good)
+        if others:
+            self.not_ours.update(others)
+            self.log.debug("%d fetched message(s) from offset %d redriven for another group: passed by",
+                           len(others), min(others))  # fmt: skip
         return good
 
     # ------------------------------------------------------------- leases
@@ -664,6 +701,11 @@ class Worker:
                 break
             records.append(message)
         error = give_up_error(self.spec, handler)
+        # A batch's range may hold messages redriven for another group (passed by, never in the call): not ours.
+        others = self._other_groups.offsets(records)
+        if others:
+            records = [r for r in records if r.offset() not in others]
+            self.outcomes.other_group += len(others)
         if records:
             self._dead_letter(handler, records, error)
         self.slot.fields[Field.NEXT_OFFSET] = max(self.slot.fields[Field.NEXT_OFFSET], end)

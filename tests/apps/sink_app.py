@@ -8,7 +8,8 @@ kills the worker), MW_TEST_STUCK_VALUE (one the handler hangs on),
 MW_TEST_BOOT_FAILS=1 (on_worker_start raises), MW_TEST_ON_ERROR (dlq|release),
 MW_TEST_SLOW_FORK (seconds every new worker sleeps right after its fork, before it
 installs its SIGTERM handler: widens the window in which it ignores SIGTERM).
-MW_TEST_FAIL_FROM (every value from this number on fails), MW_TEST_DLQ_LIMIT.
+MW_TEST_FAIL_FROM (every value from this number on fails), MW_TEST_FAIL_VALUES (values that always fail,
+comma-separated), MW_TEST_DLQ_LIMIT.
 Shared partitions: MW_TEST_SHARED=1, MW_TEST_RANGE_SIZE, MW_TEST_PENDING_TIMEOUT,
 MW_TEST_MAX_DELIVERIES.
 Limits: MW_TEST_RATE_LIMIT (e.g. 50/s), MW_TEST_MAX_AGE (e.g. 1h), MW_TEST_ON_TOO_OLD (skip|dlq);
@@ -25,6 +26,7 @@ SINK = os.environ.get("MW_TEST_SINK", os.devnull)
 DELAY = float(os.environ.get("MW_TEST_DELAY", "0"))
 FAIL_VALUE = os.environ.get("MW_TEST_FAIL_VALUE", "").encode() or None
 FAIL_FROM = int(os.environ.get("MW_TEST_FAIL_FROM", "-1"))
+FAIL_VALUES = {v.encode() for v in os.environ.get("MW_TEST_FAIL_VALUES", "").split(",") if v}
 CRASH_VALUE = os.environ.get("MW_TEST_CRASH_VALUE", "").encode() or None  # the worker process dies on it
 STUCK_VALUE = os.environ.get("MW_TEST_STUCK_VALUE", "").encode() or None  # the handler hangs on it
 BOOT_FAILS = os.environ.get("MW_TEST_BOOT_FAILS") == "1"
@@ -53,7 +55,7 @@ def close_sink() -> None:
 
 
 def record(msg: Message) -> None:
-    if FAIL_VALUE is not None and msg.value == FAIL_VALUE:
+    if (FAIL_VALUE is not None and msg.value == FAIL_VALUE) or msg.value in FAIL_VALUES:
         raise ValueError(f"cannot handle {msg.value!r}")
     if FAIL_FROM >= 0 and int(msg.value) >= FAIL_FROM:
         raise ConnectionError("the database is down")

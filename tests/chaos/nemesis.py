@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -291,6 +292,8 @@ class Nemesis:
         except Exception:
             self.report.problems.append(f"the nemesis itself failed: {traceback.format_exc()}")
         finally:
+            if self.report.problems:
+                self._write_coordination_log()
             stop_producing.set()
             stop_watching.set()
             if self.broker.process is not None:
@@ -298,6 +301,19 @@ class Nemesis:
             self._kill_everything()
             self._write_fault_log()
         return self.report
+
+    def _write_coordination_log(self) -> None:
+        """coordination.txt: the group's whole coordination log, decoded and folded (``marshal-workers log``), for
+        reading a failed run; written while the broker still runs."""
+        self.broker.resume()
+        command = [sys.executable, "-m", "marshal_workers", "log", "--from-beginning", "--brokers", self.broker.bootstrap,
+                   "--group", self.fleet.group, "--coordination-topic", self.fleet.coordination_topic,
+                   "--heartbeat-interval", HB]  # fmt: skip
+        with open(self.workdir / "coordination.txt", "wb") as out:
+            try:
+                subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=120)
+            except subprocess.TimeoutExpired:
+                out.write(b"\n(log did not finish within 120 s)\n")
 
     def _write_fault_log(self) -> None:
         """faults.txt beside the ledger and the logs: what happened when, for reading a failed run."""
