@@ -17,7 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TopicPa
 
 from marshal_workers import checkpoints, codec
 from marshal_workers.config import Settings
-from marshal_workers.coordination_log import find_checkpoints
+from marshal_workers.coordination_log import find_starts
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
@@ -268,9 +268,10 @@ def log_lines(
 ) -> Iterator[str]:
     """The group's coordination records, decoded, one line each, in log order per coordination partition.
 
-    From the latest checkpoint of each partition on (the checkpoint included), or the whole log.  Each record is
-    folded as every member folds it, from the checkpoint's state: one the rules refused says why at its end.
-    UnknownGroupError once the log's end is reached (with ``follow``, the first time) if it holds nothing of
+    From the latest checkpoint of each partition on (the checkpoint included; for a group with none there, the
+    latest checkpoint of another group whose directory does not list it: release 0.7.0), or the whole log.
+    Each record is folded as every member folds it, from the checkpoint's state: one the rules refused says why at
+    its end.  UnknownGroupError once the log's end is reached (with ``follow``, the first time) if it holds nothing of
     the group, as the admin commands refuse it.
     """
     group = settings.require_group()
@@ -281,15 +282,16 @@ def log_lines(
     consumer = GuardedConsumer(
         reader_config(settings, "log"), f"coordination log {settings.coordination_topic} (log)", settings.heartbeat_interval
     )
-    starts = [OFFSET_BEGINNING] * count
     state = WorldState(group, settings.heartbeat_ms, count)
+    starts = [checkpoints.BEGINNING] * count
     if not from_beginning:
-        found = find_checkpoints(settings, settings.coordination_topic, count, group)
-        starts = [OFFSET_BEGINNING if parts is None else parts[0].as_of for parts in found]
-        for partition, parts in enumerate(found):
-            if parts is not None:
-                checkpoints.seed(state, parts, partition)
-    consumer.assign([TopicPartition(settings.coordination_topic, p, starts[p]) for p in range(count)])
+        starts = find_starts(settings, settings.coordination_topic, count, group)
+    for partition, start in enumerate(starts):
+        checkpoints.begin(state, start, partition)
+    consumer.assign(
+        [TopicPartition(settings.coordination_topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
+         for p, s in enumerate(starts)]
+    )  # fmt: skip
     at_end: set[int] = set()
     caught_up = False
     try:

@@ -15,6 +15,18 @@ fold keeps about members for balance (``last_claim``, ``last_refused_claim``)
 only matters within 2 HB of ``now`` and is rebuilt from the records read,
 so a reader that starts 2 HB before ``now`` agrees on it too.
 
+Directories (release 0.7.0): every checkpoint also lists the groups with a
+record on its partition before ``as_of``, when its writer knows them all
+(it read the partition from its start, or started at a checkpoint that
+listed them; a reader that started at a checkpoint without one cannot know:
+it writes none).  A group that is not listed had no record there before
+``as_of``: its state there was empty.  So a reader of a group that has no
+checkpoint of its own (a new group on a topic other groups have filled)
+starts at the latest checkpoint of any group that does not list it, with
+the empty state, instead of reading the whole partition.  It reaches the
+state a reader of everything reaches (property-tested), and so does every
+reader that starts elsewhere, once they have read the same offsets.
+
 Everything here is pure: states, records and numbers in, records out.
 Where each piece of state lives once the log before a checkpoint is gone:
 ``docs/protocol.md``.
@@ -22,16 +34,22 @@ Where each piece of state lives once the log before a checkpoint is gone:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from marshal_workers import codec, done_set
-from marshal_workers.codec import reported_number
+from marshal_workers.codec import MAX_DIRECTORY, MAX_NAME_LENGTH, reported_number
 from marshal_workers.range_leases import Holder, Lease, SharedPartition, Tries
 from marshal_workers.world_state import Controls, Owner, PartitionState, Pause, WorldState
 
 # Positions per record: well below Kafka's default 1 MB message, even with done sets.
 POSITIONS_PER_RECORD = 1000
+# The directory's share of one record, in bytes of JSON (a name takes up to 6 bytes a character): a small directory
+# rides in the first part, a large one spreads over parts, up to MAX_DIRECTORY names (codec.py) in all.
+DIRECTORY_BYTES_PER_RECORD = 64 * 1024
 
 
 def state_records(
@@ -48,15 +66,63 @@ def state_records(
     # Shared partitions ride in parts of their own after the positions: a few per record, as leases add up.
     per_shared = max(per_record // 10, 1)
     shared_chunks = [shared[i : i + per_shared] for i in range(0, len(shared), per_shared)]
-    parts = [(tuple(chunk), ()) for chunk in chunks] + [((), tuple(chunk)) for chunk in shared_chunks]
+    parts: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = [(tuple(chunk), ()) for chunk in chunks]
+    parts += [((), tuple(chunk)) for chunk in shared_chunks]
+    # The directory, if known, in every part (an empty share where it has none left): a reader knows it only if
+    # every part has one.  Parts of their own after the rest if it needs more than they have.
+    names = state.groups_before(source)
+    shares: list[tuple[str, ...] | None] = [None] * len(parts)
+    if names is not None:
+        shares = directory_chunks(names)
+        parts += [((), ())] * (len(shares) - len(parts))
+        shares += [()] * (len(parts) - len(shares))
     return [
         codec.Checkpoint(
             **common, source=source, as_of=as_of, part=index, parts=len(parts), positions=chunk, shared=shared_chunk,
             pause=None if pause is None else codec.PausePosition(until=pause.until, client=pause.client),
-            controls=controls,
+            controls=controls, directory=share,
         )  # fmt: skip
-        for index, (chunk, shared_chunk) in enumerate(parts)
+        for index, ((chunk, shared_chunk), share) in enumerate(zip(parts, shares))
     ]
+
+
+def directory_chunks(names: Iterable[str], budget: int = DIRECTORY_BYTES_PER_RECORD) -> list[tuple[str, ...]]:
+    """``names`` sorted, in shares of at most ``budget`` bytes of JSON each (at least one name a share; one empty
+    share if there is no name)."""
+    chunks: list[tuple[str, ...]] = []
+    chunk: list[str] = []
+    size = 0
+    for name in sorted(names):
+        cost = len(msgspec.json.encode(name)) + 1
+        if chunk and size + cost > budget:
+            chunks.append(tuple(chunk))
+            chunk, size = [], 0
+        chunk.append(name)
+        size += cost
+    chunks.append(tuple(chunk))
+    return chunks
+
+
+def directory_of(parts: Sequence[codec.Checkpoint]) -> frozenset[str] | None:
+    """The groups a complete checkpoint lists, or None if it lists none: written by a release before 0.7.0, by a
+    writer that did not know them, or malformed (a part without its share, a share that is not an array of
+    names, more than MAX_DIRECTORY names).  A malformed directory is ignored, never trusted in part."""
+    return directory_of_shares([part.directory for part in parts])
+
+
+def directory_of_shares(shares: Sequence[Any]) -> frozenset[str] | None:
+    """The union of the parts' shares of a directory (see :func:`directory_of`)."""
+    names: set[str] = set()
+    for share in shares:
+        if not isinstance(share, (list, tuple)) or len(share) > MAX_DIRECTORY:
+            return None
+        for name in share:
+            if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_LENGTH:
+                return None
+        names.update(share)
+        if len(names) > MAX_DIRECTORY:
+            return None
+    return frozenset(names) if shares else None
 
 
 def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> None:
@@ -82,6 +148,7 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
         for topic, until in controls.topic_pauses:
             if state.routed_here(topic, source):
                 state.topic_pauses[topic] = until
+    state.set_directory(source, directory_of(parts))
 
 
 def _control_position(state: WorldState, source: int) -> codec.ControlPosition | None:
@@ -113,6 +180,77 @@ class Assembler:
             if self.latest is None or record.as_of >= self.latest[0].as_of:
                 self.latest = complete
             del self._parts[key]
+
+
+class DirectoryFinder:
+    """The directories of other groups' checkpoints met while scanning a partition (release 0.7.0).
+
+    Keeps the latest complete one that does not list ``group``: ``group`` had no record on the partition
+    before its ``as_of``, so a reader of ``group`` may start there with the empty state.  Only the directory of
+    each part is kept, not its positions.
+    """
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self._shares: dict[tuple[str, str, int], tuple[int, dict[int, Any]]] = {}
+        self.latest: tuple[int, frozenset[str]] | None = None  # (as_of, directory)
+
+    def add(self, record: codec.Checkpoint) -> None:
+        if record.directory is None:
+            return  # a part without a directory: its checkpoint has none
+        key = (record.group, record.instance, record.as_of)
+        parts, shares = self._shares.setdefault(key, (record.parts, {}))
+        if parts != record.parts:
+            return  # parts of one checkpoint that disagree on their number: not an honest writer's
+        shares[record.part] = record.directory
+        if len(shares) < parts or not all(i in shares for i in range(parts)):
+            return
+        del self._shares[key]
+        names = directory_of_shares([shares[i] for i in range(parts)])
+        if names is None or self.group in names:
+            return
+        if self.latest is None or record.as_of > self.latest[0]:
+            self.latest = (record.as_of, names)
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a reader of a group starts on one coordination partition.
+
+    At its group's own checkpoint (``checkpoint``: seed from it), at another group's checkpoint whose directory
+    does not list the group (``directory``: the empty state, and the groups before ``offset``; release 0.7.0),
+    or at the beginning (``offset`` None).
+    """
+
+    offset: int | None = None
+    checkpoint: list[codec.Checkpoint] | None = None
+    directory: frozenset[str] | None = None
+
+    @property
+    def kind(self) -> str:
+        """For people: "checkpoint", "directory" or "beginning"."""
+        return "checkpoint" if self.checkpoint is not None else "directory" if self.offset is not None else "beginning"
+
+
+BEGINNING = Start()
+
+
+def choose_start(own: list[codec.Checkpoint] | None, elsewhere: tuple[int, frozenset[str]] | None) -> Start:
+    """The later of the group's own latest checkpoint and the latest other group's directory that does not list it
+    (both are sound; the later leaves less to read; on a tie, the own one, which names its writer)."""
+    if own is not None and (elsewhere is None or own[0].as_of >= elsewhere[0]):
+        return Start(offset=own[0].as_of, checkpoint=own)
+    if elsewhere is not None:
+        return Start(offset=elsewhere[0], directory=elsewhere[1])
+    return BEGINNING
+
+
+def begin(state: WorldState, start: Start, source: int) -> None:
+    """Make ``state`` (which has read nothing of ``source`` yet) what a reader knows at ``start``."""
+    if start.checkpoint is not None:
+        seed(state, start.checkpoint, source)
+    else:
+        state.set_directory(source, start.directory if start.offset is not None else ())
 
 
 def due(state: WorldState, source: int, now: int, interval_ms: int, me: Owner) -> bool:

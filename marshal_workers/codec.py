@@ -25,7 +25,8 @@ VERSION: Final = 1
 # Kafka offsets and timestamps are int64: a larger number is garbage, not a record.
 NonNegative = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 # Names are bounded so a hostile record cannot make every reader keep megabytes.
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+MAX_NAME_LENGTH: Final = 1024
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_LENGTH)]
 
 
 class _Record(msgspec.Struct, frozen=True, gc=False, tag_field="type", kw_only=True):
@@ -196,6 +197,11 @@ class ControlPosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_
     topic_pauses: Annotated[tuple[tuple[Name, NonNegative], ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
 
 
+# The most group names a checkpoint's directory holds (release 0.7.0).  A reader that has seen more groups on a
+# coordination partition forgets that partition's directory and writes none: readers then start as before 0.7.0.
+MAX_DIRECTORY: Final = 10_000
+
+
 class Checkpoint(_Record, frozen=True, gc=False, kw_only=True, tag="checkpoint", omit_defaults=True):
     """The fold's state of one coordination partition, so a reader need not read the log before it.
 
@@ -215,6 +221,10 @@ class Checkpoint(_Record, frozen=True, gc=False, kw_only=True, tag="checkpoint",
     pause: PausePosition | None = None
     shared: Annotated[tuple[SharedPosition, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()  # release 0.4.0
     controls: ControlPosition | None = None  # release 0.5.0
+    # Release 0.7.0: this part's share of the names of every group with a record on ``source`` before ``as_of``
+    # (checkpoints.directory_of).  Typed loosely, as the extras of a heartbeat are: a malformed directory is
+    # ignored by readers, it does not make the checkpoint garbage.
+    directory: Any = None
 
 
 class ClaimMessages(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="claim_messages"):
@@ -430,6 +440,29 @@ def decode(value: bytes | None) -> Record:
         raise DecodeError(str(exc)) from None
     except (ValueError, TypeError, RecursionError) as exc:  # defensive: msgspec documents only MsgspecError
         raise DecodeError(f"{type(exc).__name__}: {exc}") from None
+
+
+class _Named(msgspec.Struct, frozen=True, gc=False):
+    """The one field of any record, valid or not, that says whose it is."""
+
+    group: Name
+
+
+_named_decoder = msgspec.json.Decoder(_Named)
+
+
+def group_named(value: bytes | None) -> str | None:
+    """The ``group`` a value names if it is a JSON object with a valid group name, whatever else it holds or lacks.
+
+    For values that are not valid records (checkpoints.py): a record of a newer release, unknown to this one, is
+    still a record of its group for the checkpoints' directory (release 0.7.0).
+    """
+    if value is None:
+        return None
+    try:
+        return _named_decoder.decode(value).group
+    except (msgspec.MsgspecError, ValueError, TypeError, RecursionError):
+        return None
 
 
 def expand(record: Record) -> list[Record]:

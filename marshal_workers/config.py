@@ -47,6 +47,26 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
+# The least heartbeat interval.  A member writes one heartbeats record per topic every HB/2 (more often only if its
+# writes are confirmed faster), and every member of every group on the coordination topic reads and folds them
+# all, and reads again those since the last checkpoint at each start-up: 8 records/s per member and topic at
+# 250ms, but up to one per write round trip (some 1,000/s) at 1ms.  Below it a claim (stale after 2 HB) also
+# lapses within two passes of the supervisor's loop (100 ms each) plus one slow write.  docs/operations.md.
+MIN_HEARTBEAT_INTERVAL_S = 0.25
+
+
+def parse_heartbeat_interval(value: Any) -> float:
+    """A duration of at least MIN_HEARTBEAT_INTERVAL_S."""
+    seconds = parse_duration(value)
+    if seconds < MIN_HEARTBEAT_INTERVAL_S:
+        raise ConfigError(
+            f"{value!r} is below the least heartbeat interval, 250ms: every member writes a record per topic every "
+            "HB/2, which every member of every group on the coordination topic reads, so a shorter one slows them "
+            "all (docs/operations.md); give 250ms or more (default 5s)"
+        )
+    return seconds
+
+
 def parse_limit(value: Any) -> float:
     """A duration, or 0 for "no limit"."""
     if not isinstance(value, bool) and value in (0, "0"):
@@ -165,7 +185,11 @@ SETTINGS: dict[str, Setting] = {
         Setting("brokers", _parse_str, "Kafka bootstrap servers, comma-separated host:port."),
         Setting("group", _parse_str, "The consumer group: the unit that shares partitions."),
         Setting("client_id", _parse_str, "Stable name of this host or instance (default: the hostname)."),
-        Setting("heartbeat_interval", parse_duration, "HB: heartbeat period; a claim is stale after 2*HB."),
+        Setting(
+            "heartbeat_interval",
+            parse_heartbeat_interval,
+            "HB: heartbeat period (at least 250ms); a claim is stale after 2*HB.",
+        ),
         Setting("coordination_topic", _parse_str, "The topic that carries claims, heartbeats and releases."),
         Setting("coordination_partitions", _parse_int(1), "Partition count used when creating the coordination topic."),
         Setting(

@@ -34,12 +34,14 @@ from marshal_workers.config import Settings
 from marshal_workers.errors import DecodeError, KafkaUnavailable
 from marshal_workers.kafka_clients import admin_client, reader_config, topic_partition_count
 from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.stopping import ShouldStop, check_stop, never
 from marshal_workers.world_state import WorldState
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 GARBAGE_LOG_INTERVAL_S = 60.0
+PROGRESS_LOG_INTERVAL_S = 3.0  # how often a supervisor's long start-up read says how far it has got
 _BATCH = 2000
 _MAX_UNCLAIMED_VERDICTS = 100_000
 
@@ -80,6 +82,7 @@ class CoordinationLog:
         partition_count: int,
         own_instance: str | None = None,
         from_beginning: bool = False,
+        progress_every: float = 0.0,
     ) -> None:
         self.settings = settings
         self.topic = settings.coordination_topic
@@ -97,6 +100,7 @@ class CoordinationLog:
         self.own_folds, self._own_folds_w = wakeup_pair()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._learning: threading.Thread | None = None  # learn_directories
         self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
         self.from_beginning = from_beginning
         # fold_delivered: the timestamp kind last read per partition, what it folded (time used), on or off.
@@ -105,34 +109,99 @@ class CoordinationLog:
         self.fast_verdicts = True
         self.early_folds = 0  # records fold_delivered folded
         self.started_at: list[int] = [0] * partition_count  # where reading began, per partition
+        self.starts: list[checkpoints.Start] = [checkpoints.BEGINNING] * partition_count
+        # A supervisor's start-up says how far it has read, every ``progress_every`` seconds (0: never) from its
+        # beginning (the search for checkpoints included), until it is caught up.
+        self.report_progress = progress_every > 0
+        self._progress_every = progress_every
+        self._next_report = time.monotonic() + progress_every
         self._consumer = log_consumer(settings, "log")
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> CoordinationLog:
-        """Start tailing: from the latest checkpoint of each partition (or the beginning, if there is none)."""
-        starts = [OFFSET_BEGINNING] * self.partition_count
+    def start(self, should_stop: ShouldStop = never) -> CoordinationLog:
+        """Start tailing each partition at the group's latest checkpoint there, else at the latest checkpoint of
+        any group whose directory does not list it (release 0.7.0), else at the beginning (checkpoints.Start).
+
+        StopRequested if ``should_stop`` says so while it looks for checkpoints.
+        """
         if not self.from_beginning:
-            found = find_checkpoints(self.settings, self.topic, self.partition_count, self._state.group)
-            for partition, parts in enumerate(found):
-                if parts is not None:
-                    starts[partition] = self._seed(partition, parts)
-        self._consumer.assign([TopicPartition(self.topic, p, starts[p]) for p in range(self.partition_count)])
+            self.starts = find_starts(
+                self.settings, self.topic, self.partition_count, self._state.group,
+                should_stop=should_stop, report=self.report_progress,
+            )  # fmt: skip
+        for partition, start in enumerate(self.starts):
+            checkpoints.begin(self._state, start, partition)
+            if start.offset is not None:
+                self._next_offset[partition] = self.started_at[partition] = start.offset
+        self._consumer.assign(
+            [TopicPartition(self.topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
+             for p, s in enumerate(self.starts)]
+        )  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="coordination-log", daemon=True)
         self._thread.start()
         return self
 
-    def _seed(self, partition: int, parts: list[codec.Checkpoint]) -> int:
-        """Seed the state from a partition's checkpoint; the offset to read from."""
-        checkpoints.seed(self._state, parts, partition)
-        as_of = parts[0].as_of
-        self._next_offset[partition] = self.started_at[partition] = as_of
-        return as_of
+    def learn_directories(self) -> None:
+        """Learn, in the background, the groups before where reading began on each partition whose directory this
+        reader does not know (it started at a checkpoint without one: written before release 0.7.0, or by a
+        reader that did not know it either), so that its checkpoints carry one from then on (checkpoints.py).
+
+        Reads each such partition from its start to where the tail began, noting only group names: once per
+        member and partition, while directories do not exist yet, and never in the way of the tail.
+        """
+        known = self.read(lambda world: set(world.directory_known))
+        unknown = {p: self.started_at[p] for p in range(self.partition_count) if p not in known}
+        if not unknown:
+            return
+        self._learning = threading.Thread(
+            target=self._learn_directories, args=(unknown,), name="coordination-directories", daemon=True
+        )
+        self._learning.start()
+
+    def _learn_directories(self, stops: dict[int, int]) -> None:
+        group = self._state.group
+        consumer = log_consumer(self.settings, "directories")
+        try:
+            learned = learn_groups_before(consumer, self.topic, stops, self.settings, self._stopping.is_set)
+        except KafkaException as exc:
+            log.warning(
+                "group %s: could not read which groups wrote to %s before our start (%s): our checkpoints carry no "
+                "directory until a restart; other groups' new members read as before 0.7.0", group, self.topic, exc,
+            )  # fmt: skip
+            return
+        finally:
+            consumer.close()
+        with self._lock:
+            for partition, names in learned.items():
+                self._state.learn_groups_before(partition, names)
+        if learned:
+            log.info(
+                "group %s: learned which groups wrote to %s before our start (%s): our checkpoints carry a directory",
+                group, self.topic, ", ".join(f"[{p}]: {len(names)} groups in {stops[p]} records"
+                                             for p, names in sorted(learned.items())),
+            )  # fmt: skip
+
+    def describe_starts(self) -> str:
+        """Where reading began, for the start-up log line: "from the latest checkpoints", ..."""
+        kinds = [start.kind for start in self.starts]
+        if all(kind == "beginning" for kind in kinds):
+            return "the whole log: no checkpoint yet"
+        if all(kind == "checkpoint" for kind in kinds):
+            return "from the latest checkpoints"
+        words = {
+            "checkpoint": "at the group's checkpoint",
+            "directory": "at another group's checkpoint (this group had no record before it)",
+            "beginning": "from the beginning",
+        }
+        return ", ".join(f"{words[kind]} on {kinds.count(kind)}" for kind in words if kind in kinds)
 
     def close(self) -> None:
         self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._learning is not None:
+            self._learning.join(timeout=10)
         self._consumer.close()
         for end in (self.releases, self._releases_w, self.own_folds, self._own_folds_w):
             end.close()
@@ -146,9 +215,34 @@ class CoordinationLog:
                         for message in messages:
                             self._fold_message(message)
                         self._lock.notify_all()
+                if self.report_progress:
+                    self._report_progress(time.monotonic())
             except Exception:  # nothing may silently kill the tail: log it and go on
                 log.exception("coordination log %s: reading failed", self.topic)
                 time.sleep(0.5)
+
+    def _report_progress(self, now: float) -> None:
+        """Until every partition was read to its end once: every ``progress_every`` seconds, how far reading got.
+        (On the tail's thread, which alone uses the consumer: the ends are those of its last fetch responses.)"""
+        if now < self._next_report:
+            return
+        self._next_report = now + self._progress_every
+        with self._lock:
+            behind = [p for p, done in enumerate(self._at_end) if not done]
+            read = [self._next_offset[p] - self.started_at[p] for p in range(self.partition_count)]
+        if not behind:
+            self.report_progress = False
+            return
+        about: dict[int, int] = {}
+        for p in behind:
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+            about[p] = max(high - self.started_at[p], read[p])
+        shown = "; ".join(f"{self.topic}[{p}]: {read[p]} of about {about[p]}" for p in behind[:4])
+        more = f"; {len(behind) - 4} more partitions" if len(behind) > 4 else ""
+        log.info(
+            "group %s: read %d of about %d records of %s so far (%s%s)",
+            self._state.group, sum(read), sum(read) + sum(about[p] - read[p] for p in behind), self.topic, shown, more,
+        )  # fmt: skip
 
     def _next_messages(self) -> list[Message]:
         """Wait up to 100 ms for one message, then take what else is already fetched.
@@ -256,12 +350,14 @@ class CoordinationLog:
         with self._lock:
             return checkpoints.state_records(self._state, partition, self._next_offset[partition], common)
 
-    def wait_caught_up(self, stall_timeout: float) -> None:
-        """Block until every partition reached its end once; give up after ``stall_timeout`` without progress."""
+    def wait_caught_up(self, stall_timeout: float, should_stop: ShouldStop = never) -> None:
+        """Block until every partition reached its end once; give up after ``stall_timeout`` without progress, or
+        (StopRequested) as soon as ``should_stop`` says so."""
         with self._lock:
             last_progress, folded = time.monotonic(), sum(self._next_offset)
             while not all(self._at_end):
                 self._lock.wait(0.1)
+                check_stop(should_stop)
                 if sum(self._next_offset) != folded:
                     last_progress, folded = time.monotonic(), sum(self._next_offset)
                 elif time.monotonic() - last_progress > stall_timeout:
@@ -323,13 +419,29 @@ _FIRST_LOOK = 20_000
 def find_checkpoints(
     settings: Settings, topic: str, partition_count: int, group: str
 ) -> list[list[codec.Checkpoint] | None]:
-    """The latest complete checkpoint of ``group`` on each coordination partition (None: it has none).
+    """The latest complete checkpoint of ``group`` on each coordination partition (None: it has none)."""
+    starts = find_starts(settings, topic, partition_count, group, use_directories=False)
+    return [start.checkpoint for start in starts]
 
-    Looks at the last records of every partition at once, then 4 times as far back each time where none
-    was found, so the cost is the records since the last checkpoint.  (Offsets, not times: Tansu answers
-    every "offset for a time" with the log start.)
+
+def find_starts(
+    settings: Settings,
+    topic: str,
+    partition_count: int,
+    group: str,
+    use_directories: bool = True,
+    should_stop: ShouldStop = never,
+    report: bool = False,
+) -> list[checkpoints.Start]:
+    """Where a reader of ``group`` starts on each coordination partition (checkpoints.Start).
+
+    Looks at the last records of every partition at once, then 4 times as far back each time where it found
+    neither a complete checkpoint of ``group`` nor (``use_directories``, release 0.7.0) a complete checkpoint of
+    another group whose directory does not list ``group``, so the cost is the records since the last checkpoint
+    of any group.  (Offsets, not times: Tansu answers every "offset for a time" with the log start.)
+    ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.
     """
-    found: list[list[codec.Checkpoint] | None] = [None] * partition_count
+    starts = [checkpoints.BEGINNING] * partition_count
     consumer = log_consumer(settings, "checkpoints")
     try:
         bounds = [
@@ -337,26 +449,41 @@ def find_checkpoints(
             for p in range(partition_count)
         ]
         assemblers = [checkpoints.Assembler() for _ in range(partition_count)]
+        finders = [checkpoints.DirectoryFinder(group) if use_directories else None for _ in range(partition_count)]
         looking = {p for p, (low, high) in enumerate(bounds) if high > low}  # an empty partition has none
         stops: dict[int, int | None] = {p: None for p in looking}  # None: to the end
         look = _FIRST_LOOK
         while looking:
             begins = {p: max(bounds[p][0], bounds[p][1] - look) for p in looking}
-            _scan(consumer, topic, group, {p: (begins[p], stops[p]) for p in looking}, assemblers, settings)
+            spans = {p: (begins[p], stops[p]) for p in looking}
+            _scan(consumer, topic, group, spans, assemblers, finders, settings, should_stop)
             for p in sorted(looking):
-                latest = assemblers[p].latest
-                if latest is not None and latest[0].as_of >= bounds[p][0]:
-                    found[p] = latest
+                low, high = bounds[p]
+                own = assemblers[p].latest
+                finder = finders[p]
+                elsewhere = None if finder is None else finder.latest
+                start = checkpoints.choose_start(
+                    own if own is not None and own[0].as_of >= low else None,
+                    elsewhere if elsewhere is not None and elsewhere[0] >= low else None,
+                )  # fmt: skip
+                if start.offset is not None:
+                    starts[p] = start
                     looking.discard(p)
-                elif begins[p] <= bounds[p][0]:
+                elif begins[p] <= low:
                     looking.discard(p)  # read back to the start: no checkpoint
                 else:
                     stops[p] = begins[p]
+                    if report:
+                        log.info(
+                            "group %s: no checkpoint that tells where to start in the last %d records of %s[%d] "
+                            "(of %d): looking further back",
+                            group, high - begins[p], topic, p, high - low,
+                        )  # fmt: skip
             look *= 4
-        return found
+        return starts
     except KafkaException as exc:
         log.warning("coordination log %s: cannot look for checkpoints (%s): reading it all", topic, exc)
-        return [None] * partition_count
+        return [checkpoints.BEGINNING] * partition_count
     finally:
         consumer.close()
 
@@ -367,13 +494,17 @@ def _scan(
     group: str,
     spans: dict[int, tuple[int, int | None]],
     assemblers: list[checkpoints.Assembler],
+    finders: list[checkpoints.DirectoryFinder | None],
     settings: Settings,
+    should_stop: ShouldStop,
 ) -> None:
-    """Feed the group's checkpoints in [begin, stop) of each partition (stop None: to its end) to its assembler."""
+    """Feed the checkpoints in [begin, stop) of each partition (stop None: to its end) to its assembler (the group's
+    own) and its directory finder (other groups')."""
     consumer.assign([TopicPartition(topic, p, begin) for p, (begin, _) in spans.items()])
     reading = set(spans)
     last_progress = time.monotonic()
     while reading:
+        check_stop(should_stop)
         batch = consumer.consume(num_messages=_BATCH, timeout=0.1)
         if batch:
             last_progress = time.monotonic()
@@ -399,10 +530,56 @@ def _scan(
                 record = codec.decode(value)
             except DecodeError:
                 continue
-            # A checkpoint of this group and partition, describing the log before itself.
-            if isinstance(record, codec.Checkpoint) and record.group == group and record.source == partition:
-                if record.as_of <= offset:
-                    assemblers[partition].add(record)
+            # A checkpoint of this partition, describing the log before itself.
+            if not isinstance(record, codec.Checkpoint) or record.source != partition or record.as_of > offset:
+                continue
+            if record.group == group:
+                assemblers[partition].add(record)
+            else:
+                finder = finders[partition]
+                if finder is not None:
+                    finder.add(record)
+
+
+def learn_groups_before(
+    consumer: GuardedConsumer, topic: str, stops: dict[int, int], settings: Settings, should_stop: ShouldStop = never
+) -> dict[int, set[str]]:
+    """The names of the groups with a record before offset ``stops[p]`` on each partition p of ``topic`` (every
+    value that names a group, valid record or not: codec.group_named).  {} if ``should_stop`` said so first."""
+    names: dict[int, set[str]] = {p: set() for p in stops}
+    lows = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)[0]
+            for p in stops}  # fmt: skip
+    reading = {p for p, stop in stops.items() if stop > lows[p]}
+    if not reading:
+        return names
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in reading])
+    last_progress = time.monotonic()
+    while reading:
+        if should_stop():
+            return {}
+        batch = consumer.consume(num_messages=_BATCH, timeout=0.1)
+        if batch:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > settings.connect_timeout:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no progress while reading group names"))
+        for message in batch:
+            partition = message.partition()
+            if partition not in reading:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    reading.discard(partition)  # read it all (its end is past the stop, so it was reached before)
+                continue
+            if message.offset() >= stops[partition]:
+                reading.discard(partition)
+                continue
+            group = codec.group_named(message.value())
+            if group is not None and group not in names[partition]:
+                names[partition].add(group)
+            if message.offset() + 1 >= stops[partition] or len(names[partition]) > codec.MAX_DIRECTORY:
+                reading.discard(partition)  # done; or too many groups for a directory: no need to read on
+    return names
 
 
 def read_group_state(settings: Settings, group: str) -> WorldState:
@@ -417,6 +594,10 @@ def read_group_state(settings: Settings, group: str) -> WorldState:
     reader = CoordinationLog(settings, group, count).start()
     try:
         reader.wait_caught_up(stall_timeout=settings.connect_timeout)
+        log.debug(
+            "group %s: read %d records of %s, %s", group, reader.records_read(), settings.coordination_topic,
+            reader.describe_starts(),
+        )  # fmt: skip
         return reader.snapshot()
     finally:
         reader.close()

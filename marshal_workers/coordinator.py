@@ -22,11 +22,12 @@ from typing import Any, NamedTuple, TypeVar
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from marshal_workers import codec
+from marshal_workers import codec, stopping
 from marshal_workers.config import Settings
-from marshal_workers.coordination_log import CoordinationLog
-from marshal_workers.errors import CoordinationWriteError
+from marshal_workers.coordination_log import PROGRESS_LOG_INTERVAL_S, CoordinationLog
+from marshal_workers.errors import CoordinationWriteError, StopRequested
 from marshal_workers.kafka_clients import admin_client, client_config, ensure_topic
+from marshal_workers.stopping import ShouldStop, never, wait_future
 from marshal_workers.world_state import WorldState, per_entry
 
 log = logging.getLogger(__name__)
@@ -36,25 +37,26 @@ _PRODUCER_ID_RETRY_S = 0.6
 T = TypeVar("T")
 
 
-def ensure_coordination_topic(admin: AdminClient, settings: Settings) -> int:
+def ensure_coordination_topic(admin: AdminClient, settings: Settings, should_stop: ShouldStop = never) -> int:
     """The coordination topic's partition count, creating the topic first if it is missing."""
     # The fold prefers broker time, so members' clock skew matters less (Tansu ignores it).
     config = {"message.timestamp.type": "LogAppendTime"}
     if settings.coordination_retention:
         # Checkpoints carry the whole state every checkpoint_interval: older records are history only.
         config["retention.ms"] = str(round(settings.coordination_retention * 1000))
-    count = ensure_topic(admin, settings, settings.coordination_topic, settings.coordination_partitions, config=config)
-    _warn_if_kept_forever(admin, settings)
+    count = ensure_topic(
+        admin, settings, settings.coordination_topic, settings.coordination_partitions, config, should_stop
+    )
+    _warn_if_kept_forever(admin, settings, should_stop)
     return count
 
 
-def _warn_if_kept_forever(admin: AdminClient, settings: Settings) -> None:
+def _warn_if_kept_forever(admin: AdminClient, settings: Settings, should_stop: ShouldStop = never) -> None:
     """An existing coordination topic without retention works (readers start at checkpoints) but only grows."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, settings.coordination_topic)
     try:
-        found = admin.describe_configs([resource], request_timeout=settings.connect_timeout)[resource].result(
-            timeout=settings.connect_timeout + 1
-        )
+        future = admin.describe_configs([resource], request_timeout=settings.connect_timeout)[resource]
+        found = wait_future(future, settings.connect_timeout + 1, should_stop)
         retention = found.get("retention.ms")
         if retention is not None and retention.value is not None and int(retention.value) < 0:
             log.warning(
@@ -62,6 +64,8 @@ def _warn_if_kept_forever(admin: AdminClient, settings: Settings) -> None:
                 "checkpoints, but the topic only grows; set retention.ms (e.g. %d, coordination_retention)",
                 settings.coordination_topic, round((settings.coordination_retention or 7 * 86400) * 1000),
             )  # fmt: skip
+    except StopRequested:
+        raise
     except Exception as exc:  # noqa: BLE001 - a broker that cannot describe configs: nothing to say
         log.debug("cannot read the coordination topic's retention: %s", exc)
 
@@ -201,25 +205,37 @@ class Coordinator:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> Coordinator:
-        admin = admin_client(self.settings)
-        self.partition_count = ensure_coordination_topic(admin, self.settings)
-        producer_created = time.monotonic()
-        self._producer = self._new_producer()
-        self._log = CoordinationLog(self.settings, self.group, self.partition_count, own_instance=self.instance).start()
-        self._deliveries = threading.Thread(target=self._serve_deliveries, name="coordination-deliveries", daemon=True)
-        self._deliveries.start()
+    def start(self, should_stop: ShouldStop = never, member: bool = False) -> Coordinator:
+        """Create the coordination topic if it is missing and read it to its end.
+
+        ``should_stop``: a supervisor's start-up, which a stop signal interrupts (StopRequested, after closing
+        everything opened here).  ``member``: a supervisor's, which logs how far the reading got while it reads
+        and, since it writes checkpoints, learns the directories it lacks (CoordinationLog.learn_directories).
+        """
         try:
-            self._log.wait_caught_up(stall_timeout=self.settings.connect_timeout)
+            admin = admin_client(self.settings)
+            self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop)
+            producer_created = time.monotonic()
+            self._producer = self._new_producer()
+            self._log = CoordinationLog(
+                self.settings, self.group, self.partition_count, own_instance=self.instance,
+                progress_every=PROGRESS_LOG_INTERVAL_S if member else 0.0,
+            )  # fmt: skip
+            self._log.start(should_stop)
+            self._deliveries = threading.Thread(
+                target=self._serve_deliveries, name="coordination-deliveries", daemon=True
+            )
+            self._deliveries.start()
+            self._log.wait_caught_up(self.settings.connect_timeout, should_stop)
+            # An idempotent producer asks for its producer id before it has a broker connection, and
+            # librdkafka retries that after 500 ms: until then nothing it produces is sent.  Report
+            # ready only after that, so a first claim (a take-over) does not stall for half a second.
+            stopping.sleep(_PRODUCER_ID_RETRY_S - (time.monotonic() - producer_created), should_stop)
         except BaseException:
             self.close()
             raise
-        # An idempotent producer asks for its producer id before it has a broker connection, and
-        # librdkafka retries that after 500 ms: until then nothing it produces is sent.  Report
-        # ready only after that, so a first claim (a take-over) does not stall for half a second.
-        remaining = _PRODUCER_ID_RETRY_S - (time.monotonic() - producer_created)
-        if remaining > 0:
-            time.sleep(remaining)
+        if member:
+            self._log.learn_directories()
         log.info(
             "group %s: coordinator %s/%s ready on %s (%d partitions; read %d records, %s)",
             self.group,
@@ -228,7 +244,7 @@ class Coordinator:
             self.settings.coordination_topic,
             self.partition_count,
             self._log.records_read(),
-            "from the latest checkpoints" if any(self._log.started_at) else "the whole log: no checkpoint yet",
+            self._log.describe_starts(),
         )
         return self
 

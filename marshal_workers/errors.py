@@ -15,6 +15,7 @@
         SparkJobError             a Spark job failed (a split could not be read)
             ReplayFailedError     a handler still failed after its retries; the replay is incomplete
     DecodeError                   a coordination record is not valid (internal; readers skip it)
+    StopRequested                 a stop signal came during a start-up step (internal; the supervisor exits 0)
 
 Raised inside handlers:
 
@@ -88,6 +89,10 @@ class ReplayFailedError(SparkJobError):
 
 class DecodeError(ValueError):
     """A coordination record that is not a valid version-1 record."""
+
+
+class StopRequested(Exception):
+    """SIGTERM or SIGINT came while a start-up step waited on Kafka: the step gives up, the supervisor stops."""
 
 
 class TimeLimitExceeded(Exception):

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from marshal_workers.config import Settings
 from marshal_workers.errors import CoordinationTopicError, KafkaUnavailable, UnknownTopicError
+from marshal_workers.stopping import ShouldStop, check_stop, interruptible, never, wait_future
 
 # librdkafka's own log lines go to Python logging instead of raw stderr.
 log = logging.getLogger(__name__)
@@ -117,14 +118,15 @@ def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(client_config(settings, "admin"))
 
 
-def cluster_metadata(admin: AdminClient, settings: Settings) -> ClusterMetadata:
-    """Metadata of all topics within the connect timeout, or KafkaUnavailable.
+def cluster_metadata(admin: AdminClient, settings: Settings, should_stop: ShouldStop = never) -> ClusterMetadata:
+    """Metadata of all topics within the connect timeout, or KafkaUnavailable (StopRequested as soon as
+    ``should_stop`` says so: stopping.py).
 
     Never asks for one topic by name: on clusters with auto.create.topics.enable
     that request would create it.
     """
     try:
-        return admin.list_topics(timeout=settings.connect_timeout)
+        return interruptible(lambda: admin.list_topics(timeout=settings.connect_timeout), should_stop)
     except KafkaException as exc:
         raise KafkaUnavailable(
             f"Kafka at {settings.brokers} did not answer within {settings.connect_timeout:g}s ({exc.args[0]}). "
@@ -133,9 +135,11 @@ def cluster_metadata(admin: AdminClient, settings: Settings) -> ClusterMetadata:
         ) from None
 
 
-def topic_partition_count(admin: AdminClient, settings: Settings, topic: str) -> int | None:
+def topic_partition_count(
+    admin: AdminClient, settings: Settings, topic: str, should_stop: ShouldStop = never
+) -> int | None:
     """The number of partitions of ``topic``, or None if it does not exist."""
-    metadata = cluster_metadata(admin, settings)
+    metadata = cluster_metadata(admin, settings, should_stop)
     found = metadata.topics.get(topic)
     if found is None or found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
         return None
@@ -153,10 +157,15 @@ def require_topic(admin: AdminClient, settings: Settings, topic: str) -> int:
 
 
 def ensure_topic(
-    admin: AdminClient, settings: Settings, topic: str, partitions: int, config: dict[str, str] | None = None
+    admin: AdminClient,
+    settings: Settings,
+    topic: str,
+    partitions: int,
+    config: dict[str, str] | None = None,
+    should_stop: ShouldStop = never,
 ) -> int:
     """The partition count of ``topic``, creating it first if it is missing (CoordinationTopicError if it cannot)."""
-    count = topic_partition_count(admin, settings, topic)
+    count = topic_partition_count(admin, settings, topic, should_stop)
     if count is not None:
         return count
     log.info("creating topic %s with %d partitions", topic, partitions)
@@ -168,14 +177,14 @@ def ensure_topic(
     )
     future = admin.create_topics([new_topic], request_timeout=settings.connect_timeout)[topic]
     try:
-        future.result(timeout=settings.connect_timeout + 1)
+        wait_future(future, settings.connect_timeout + 1, should_stop)
     except KafkaException as exc:
         error = exc.args[0]
         if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
             raise _cannot_create(settings, topic, partitions, config, str(error)) from None
     except concurrent.futures.TimeoutError:
         raise _cannot_create(settings, topic, partitions, config, f"no answer within {settings.connect_timeout:g}s") from None
-    return _wait_topic_visible(admin, settings, topic)
+    return _wait_topic_visible(admin, settings, topic, should_stop)
 
 
 def _cannot_create(
@@ -188,12 +197,13 @@ def _cannot_create(
     )
 
 
-def _wait_topic_visible(admin: AdminClient, settings: Settings, topic: str) -> int:
+def _wait_topic_visible(admin: AdminClient, settings: Settings, topic: str, should_stop: ShouldStop) -> int:
     deadline = time.monotonic() + settings.connect_timeout
     while time.monotonic() < deadline:
-        count = topic_partition_count(admin, settings, topic)
+        count = topic_partition_count(admin, settings, topic, should_stop)
         if count:
             return count
+        check_stop(should_stop)
         time.sleep(0.05)
     raise CoordinationTopicError(
         f"topic {topic!r} was created but does not show in the metadata of {settings.brokers} "

@@ -52,7 +52,7 @@ from marshal_workers.coordination_log import drain, wakeup_pair
 from marshal_workers.coordinator import Coordinator
 from marshal_workers.dashboard import Publisher, supervisor_step
 from marshal_workers.dashboard_model import Dashboard
-from marshal_workers.errors import UnknownTopicError
+from marshal_workers.errors import StopRequested, UnknownTopicError
 from marshal_workers.exit_codes import ExitCode
 from marshal_workers.health import HealthPolicy
 from marshal_workers.in_flight import InFlightWrites
@@ -146,29 +146,12 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
     def run(self) -> int:
         """Run until stopped; return the process exit code."""
         self._install_signal_handlers()
-        self._context = self._start_fork_server()  # before any Kafka client exists
-        # One bucket per rate-limited handler, shared by all its workers (rate_limits.py).
-        self.rate_buckets = create_buckets(self._context, {t: h.rate_limit for t, h in self.app.handlers.items()})
-        self.shared.rate_buckets = self.rate_buckets
-        self._coordinator = Coordinator(self.settings).start()
-        self.started_ms = self._coordinator.now_ms()
-        self._writes = InFlightWrites(self._coordinator)
-        self._offsets = OffsetStore(self.settings)
-        self._admin = admin_client(self.settings)
-        self.shared.attach(self._context, self._coordinator, self._writes, self._offsets)
         try:
-            self._refresh_topics(first=True)
-            if self.settings.metrics_port:
-                if self.settings.dashboard:
-                    self._dashboard = Publisher(self._dashboard_step()).start()
-                self._metrics = MetricsServer(
-                    self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
-                    Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
-                )  # fmt: skip
-            setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
-            self.log.info(
-                "%s", start_line(self.app, self.app_path, self.settings, self._coordinator.client, self._coordinator.instance)
-            )
+            try:
+                self._start_up()
+            except StopRequested:
+                self._stopped_during_start_up()
+                return self.exit_code
             steps = (
                 self._handle_signals,
                 self._submit_message_claims,
@@ -193,6 +176,51 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         finally:
             self._close()
         return self.exit_code
+
+    def _start_up(self) -> None:
+        """Everything before the loop.  A stop signal meanwhile interrupts the steps that wait on Kafka within a
+        fraction of a second (StopRequested; stopping.py): nothing is claimed before the loop, so nothing is held."""
+        should_stop = self._stop_asked
+        self._context = self._start_fork_server()  # before any Kafka client exists
+        # One bucket per rate-limited handler, shared by all its workers (rate_limits.py).
+        self.rate_buckets = create_buckets(self._context, {t: h.rate_limit for t, h in self.app.handlers.items()})
+        self.shared.rate_buckets = self.rate_buckets
+        coordinator = Coordinator(self.settings)
+        self._coordinator = coordinator.start(should_stop, member=True)
+        self.started_ms = coordinator.now_ms()
+        self._writes = InFlightWrites(coordinator)
+        self._offsets = OffsetStore(self.settings)
+        self._admin = admin_client(self.settings)
+        self.shared.attach(self._context, coordinator, self._writes, self._offsets)
+        self._refresh_topics(first=True)
+        if self.settings.metrics_port:
+            if self.settings.dashboard:
+                self._dashboard = Publisher(self._dashboard_step()).start()
+            self._metrics = MetricsServer(
+                self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
+                Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
+            )  # fmt: skip
+        setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
+        line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance)
+        self.log.info("%s", line)
+
+    def _stop_asked(self) -> bool:
+        """Has SIGTERM, SIGINT or SIGHUP come (start-up steps give up on it)?"""
+        return self._stop_signalled
+
+    def _stopped_during_start_up(self) -> None:
+        """A stop signal interrupted the start-up: nothing was claimed, so nothing is released; exit 0 (SIGHUP: the
+        command runs again, as after a graceful restart)."""
+        received = []
+        while not self._signals.empty():
+            received.append(self._signals.get_nowait())
+        stops = [signum for signum in received if signum in (signal.SIGTERM, signal.SIGINT)]
+        self.restart_requested = not stops and signal.SIGHUP in received
+        name = signal.Signals(stops[0] if stops else signal.SIGHUP).name
+        self.log.info(
+            "%s during start-up: stopped before claiming anything (nothing to release)%s",
+            name, ", restarting" if self.restart_requested else "",
+        )  # fmt: skip
 
     def _log_stop(self) -> None:
         """The last line: a clean stop says so at INFO, with what it released and how long it took."""
@@ -431,7 +459,7 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
         admin = self._admin
         assert admin is not None
         if first:
-            self._apply_metadata(cluster_metadata(admin, self.settings), first=True)
+            self._apply_metadata(cluster_metadata(admin, self.settings, self._stop_asked), first=True)
         elif self._metadata is None:
             self._metadata = self._metadata_thread.submit(cluster_metadata, admin, self.settings)
 
@@ -466,7 +494,8 @@ class Supervisor(PartitionClaims, WorkerPool, RemoteControl):
                 self.log.info("topic %s now has %d partitions (was %d)", topic, count, counts[topic])
             counts[topic] = count
             if first and self.app.handlers[topic].on_error is OnError.DLQ:
-                ensure_topic(admin, self.settings, self.app.handlers[topic].dlq_topic, count)
+                dlq_topic = self.app.handlers[topic].dlq_topic
+                ensure_topic(admin, self.settings, dlq_topic, count, should_stop=self._stop_asked)
 
     def _check_coordination_partitions(self, metadata: Any) -> None:
         """Routing is md5(topic) mod the coordination topic's partition count: if the count changed, members

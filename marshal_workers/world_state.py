@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 from marshal_workers import done_set
 from marshal_workers.codec import (
+    MAX_DIRECTORY,
     AckMessages,
     AckRanges,
     CancelMessages,
@@ -53,6 +54,7 @@ from marshal_workers.codec import (
     RenewRanges,
     coordination_partition,
     decode,
+    group_named,
     reported_number,
 )
 from marshal_workers.errors import DecodeError
@@ -207,6 +209,15 @@ class WorldState:
     controls: dict[int, Controls] = field(default_factory=dict)
     topic_pauses: dict[str, int] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
+    # Per coordination partition, the names of every group with a record read there (this one's and others'),
+    # since this reader started there; ``directory_known``: the partitions where that covers everything from the
+    # partition's start (it started there, or at a checkpoint that listed the groups before it, or learned them
+    # since: learn_groups_before).  Checkpoints carry it (release 0.7.0), so that a reader of a group it does not
+    # name starts there (checkpoints.py).  Knowledge about the log, not the group: readers that agree on the
+    # group may know more or less of it.
+    groups_seen: dict[int, set[str]] = field(default_factory=dict, compare=False, repr=False)
+    directory_known: set[int] = field(default_factory=set, compare=False, repr=False)
+    _too_many_groups: set[int] = field(default_factory=set, compare=False, repr=False)  # past MAX_DIRECTORY
     _routes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # topic -> coordination partition
 
     def __post_init__(self) -> None:
@@ -219,6 +230,9 @@ class WorldState:
         """Fold one record; return whether it was accepted by the rules."""
         # The hot path of every reader (a million records a second): plain lookups, no helpers.
         stats = self.stats
+        names = self.groups_seen.get(source)
+        if names is None or record.group not in names:
+            self._note_group(source, record.group)
         if record.group != self.group:
             stats.other_groups += 1
             return False
@@ -251,8 +265,47 @@ class WorldState:
             record = decode(value)
         except DecodeError:
             self.stats.garbage += 1
+            group = group_named(value)  # a newer release's record is still its group's (rare: only for garbage)
+            if group is not None:
+                self._note_group(source, group)
             raise
         return record, self.apply(record, record_time(record, log_append_time), source)
+
+    # ------------------------------------------------------------ directory
+
+    def _note_group(self, source: int, group: str) -> None:
+        """A group's record on ``source``: its name noted, unless ``source`` has had more than MAX_DIRECTORY."""
+        names = self.groups_seen.setdefault(source, set())
+        if group in names or source in self._too_many_groups:
+            return
+        if len(names) >= MAX_DIRECTORY:  # too many to carry: this reader writes no directory of ``source``
+            self._too_many_groups.add(source)
+            self.directory_known.discard(source)
+            return
+        names.add(group)
+
+    def set_directory(self, source: int, names: Iterable[str] | None) -> None:
+        """Where this reader starts on ``source`` (before folding anything there), the groups with a record before:
+        ``names``, or None if it does not know them (a checkpoint without a directory)."""
+        if names is None:
+            self.directory_known.discard(source)
+            return
+        self.learn_groups_before(source, names)
+
+    def learn_groups_before(self, source: int, names: Iterable[str]) -> None:
+        """``names`` are every group with a record on ``source`` before where this reader started: with those it
+        has seen since, it knows the directory of ``source``."""
+        for group in names:
+            self._note_group(source, group)
+        if source not in self._too_many_groups:
+            self.directory_known.add(source)
+
+    def groups_before(self, source: int) -> frozenset[str] | None:
+        """The names of every group with a record on ``source`` among those folded, or None if this reader does
+        not know them all."""
+        if source not in self.directory_known:
+            return None
+        return frozenset(self.groups_seen.get(source, ()))
 
     def routed_here(self, topic: str, source: int) -> bool:
         """Is coordination partition ``source`` the one that carries every record about ``topic``?"""

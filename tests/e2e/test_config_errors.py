@@ -76,6 +76,16 @@ def test_a_bad_value_of_a_consumer_property_is_named_with_its_section(tmp_path: 
     assert_one_line_config_error(result, '"isolation.level"', f"[kafka.consumer] of {config}", "refused by librdkafka")
 
 
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c != "dlq"])  # (dlq takes no --heartbeat-interval)
+def test_a_heartbeat_interval_below_the_floor_is_refused_with_the_reason(command: str) -> None:
+    result = run_cli(*COMMANDS[command], "--group", "g", "--brokers", NOBODY, "--heartbeat-interval", "10ms")
+    assert_one_line_config_error(result, "heartbeat_interval in the command line", "'10ms'", "250ms",
+                                 "every member of every group on the coordination topic")  # fmt: skip
+    from_the_environment = run_cli(*COMMANDS[command], env={"MARSHAL_WORKERS_GROUP": "g", "MARSHAL_WORKERS_BROKERS":
+                                                           NOBODY, "MARSHAL_WORKERS_HEARTBEAT_INTERVAL": "0.1"})
+    assert_one_line_config_error(from_the_environment, "heartbeat_interval in the environment", "250ms")
+
+
 @pytest.fixture
 def other_group(settings: Settings) -> Settings:
     """A coordination topic where one group (``settings.group``) has records."""

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import replace
 
+import msgspec
 import pytest
 from confluent_kafka import Producer
+from polling import poll_until
 
 from marshal_workers import codec
 from marshal_workers.config import Settings
-from marshal_workers.coordination_log import CoordinationLog, find_checkpoints, read_group_state
+from marshal_workers.coordination_log import CoordinationLog, find_checkpoints, find_starts, read_group_state
 from marshal_workers.coordinator import Coordinator, Progress
+from marshal_workers.world_state import WorldState
 
 pytestmark = pytest.mark.broker
 
@@ -79,3 +84,95 @@ def test_without_a_checkpoint_a_reader_reads_the_whole_log(settings: Settings, u
     state = read_group_state(settings, settings.group)
     assert state.get(topic, 3).offset == 777_777  # type: ignore[union-attr]
     assert state.stats.applied == 1_000 + 5
+
+
+def test_a_new_groups_reader_starts_at_another_groups_checkpoint_that_does_not_name_it(
+    settings: Settings, unique: str
+) -> None:
+    settings = replace(settings, coordination_partitions=1, heartbeat_interval=3600.0)
+    busy = replace(settings, group=f"busy-{unique}")
+    early = replace(settings, group=f"early-{unique}")  # wrote one record before the history, long ago
+    topic = f"orders-{unique}"
+    with Coordinator(early) as writer:  # creates the topic
+        writer.claim(f"early-{unique}", 0)
+        write_history(busy, topic, HISTORY, writer.now_ms() - 60_000)
+    with Coordinator(busy) as writer:  # read it all from the beginning: knows every group before its checkpoint
+        written = writer.checkpoint_records(0)
+        writer.write(written, partitions=[0])
+        writer.heartbeats([Progress(topic, 1, 5)])  # life goes on after it
+    assert {busy.group, early.group} == set(written[0].directory)  # type: ignore[attr-defined, arg-type]
+
+    # A new group: no record anywhere, no checkpoint of its own; it starts at the busy group's checkpoint.
+    [start] = find_starts(settings, settings.coordination_topic, 1, settings.group)
+    assert (start.kind, start.offset) == ("directory", written[0].as_of)  # type: ignore[attr-defined]
+    new = CoordinationLog(settings, settings.group, 1).start()
+    try:
+        new.wait_caught_up(stall_timeout=30)
+        assert new.records_read() <= 10  # the checkpoint and what followed it, not the 60,000 before
+        assert not new.read(WorldState.has_records)  # status and log: "unknown group" without reading it all
+    finally:
+        new.close()
+    # Once it writes, its readers still start there and agree with one that read everything.
+    with Coordinator(settings) as member:
+        assert member.claim(f"new-{unique}", 0)
+        assert member.heartbeat(f"new-{unique}", 0, 42)
+    later = read_group_state(settings, settings.group)
+    everything = CoordinationLog(settings, settings.group, 1, from_beginning=True).start()
+    try:
+        everything.wait_caught_up(stall_timeout=30)
+        assert everything.records_read() > HISTORY
+        assert later.partitions == everything.snapshot().partitions
+        assert later.get(f"new-{unique}", 0).offset == 42  # type: ignore[union-attr]
+    finally:
+        everything.close()
+
+    # The group that wrote before the history is named: its reader cannot start there, and reads it all, as before.
+    [start] = find_starts(early, early.coordination_topic, 1, early.group)
+    assert start.kind == "beginning"
+    assert read_group_state(early, early.group).get(f"early-{unique}", 0) is not None
+
+
+def test_a_member_that_started_at_a_checkpoint_without_a_directory_learns_one_in_the_background(
+    settings: Settings, unique: str
+) -> None:
+    settings = replace(settings, coordination_partitions=1, heartbeat_interval=3600.0)
+    other = replace(settings, group=f"other-{unique}")
+    topic = f"orders-{unique}"
+    with Coordinator(other) as writer:
+        write_history(other, topic, 5_000, writer.now_ms() - 60_000)
+    with Coordinator(settings) as member:
+        member.claim(topic, 0)
+        # A checkpoint as release 0.6.0 wrote it: no directory.
+        old = [msgspec.structs.replace(part, directory=None) for part in member.checkpoint_records(0)]
+        member.write(old, partitions=[0])  # type: ignore[arg-type]
+    with Coordinator(settings) as reader:  # not a member: reads from it and learns nothing more
+        assert reader.checkpoint_records(0)[0].directory is None  # type: ignore[attr-defined]
+    member = Coordinator(settings).start(member=True)
+    try:
+        part = lambda: member.checkpoint_records(0)[0]  # noqa: E731
+        learned = poll_until(lambda: part().directory, timeout=60, what="a directory")  # type: ignore[attr-defined]
+        assert set(learned) == {other.group, settings.group}
+    finally:
+        member.close()
+
+
+def test_a_long_read_says_how_far_it_got_while_it_reads(
+    settings: Settings, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = replace(settings, coordination_partitions=1, heartbeat_interval=3600.0)
+    with Coordinator(settings) as writer:
+        write_history(settings, f"orders-{unique}", 20_000, writer.now_ms())
+    caplog.set_level(logging.INFO, logger="marshal_workers.coordination_log")
+    reader = CoordinationLog(settings, settings.group, 1, progress_every=0.001).start()  # a line per batch read
+    try:
+        reader.wait_caught_up(stall_timeout=30)
+        total = reader.records_read()
+    finally:
+        reader.close()
+    assert total == 20_005  # 4 claims, the heartbeats, a release
+    found = [(int(n), int(m)) for record in caplog.records
+             for n, m in re.findall(r"read (\d+) of about (\d+) records of \S+ so far", record.getMessage())]  # fmt: skip
+    assert found, caplog.text
+    assert all(settings.group in record.getMessage() for record in caplog.records if "so far" in record.getMessage())
+    assert [n for n, _ in found] == sorted(n for n, _ in found) and all(n <= total for n, _ in found)
+    assert found[-1][1] == total  # "about": the end its fetches saw

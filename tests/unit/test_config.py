@@ -575,3 +575,14 @@ def test_a_producer_built_from_settings_with_consumer_properties_does_not_warn(
         warned.poll(0.3)
     warnings = [r.getMessage() for r in caplog.records if "CONFWARN" in r.getMessage()]
     assert len(warnings) == 1 and "fetch.min.bytes" in warnings[0], warnings
+
+
+@pytest.mark.parametrize("value", ["1ms", "10ms", "249ms", 0.1, "0.2s"])
+def test_a_heartbeat_interval_below_the_floor_is_refused_with_the_reason(value: Any) -> None:
+    with pytest.raises(ConfigError, match="heartbeat_interval") as info:
+        load_settings(cli={"heartbeat_interval": value}, env={})
+    assert "250ms" in str(info.value) and "every member of every group" in str(info.value)
+
+
+def test_the_heartbeat_floor_itself_is_accepted() -> None:
+    assert load_settings(cli={"heartbeat_interval": "250ms"}, env={}).heartbeat_ms == 250
