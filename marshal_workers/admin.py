@@ -280,8 +280,9 @@ def log_lines(
     if count is None:
         raise unknown_group(settings)
     consumer = GuardedConsumer(
-        reader_config(settings, "log"), f"coordination log {settings.coordination_topic} (log)", settings.heartbeat_interval
-    )
+        reader_config(settings, "log"), f"coordination log {settings.coordination_topic} (log)",
+        settings.heartbeat_interval, contiguous=True,
+    )  # fmt: skip
     state = WorldState(group, settings.heartbeat_ms, count)
     starts = [checkpoints.BEGINNING] * count
     if not from_beginning:

@@ -270,6 +270,9 @@ class CoordinationLog:
         if offset < self._next_offset[partition]:
             self._check_folded_early(partition, offset, at)
             return
+        if offset > self._next_offset[partition] and self._next_offset[partition] > self.started_at[partition]:
+            log.error("coordination log %s[%d]: records %d..%d were never read (a gap in the log): this member's state "
+                      "may differ from the others'", self.topic, partition, self._next_offset[partition], offset - 1)  # fmt: skip
         self._fold_value(partition, offset, message.value(), at)
 
     def _fold_value(self, partition: int, offset: int, value: bytes | None, log_append_time: int | None) -> None:
@@ -409,6 +412,7 @@ def log_consumer(settings: Settings, purpose: str) -> GuardedConsumer:
         ),
         f"coordination log {settings.coordination_topic} ({purpose})",
         settings.heartbeat_interval,
+        contiguous=True,  # no transactions, no compaction: a gap is a record not read yet (stalled_reads.py)
     )
 
 

@@ -1,4 +1,4 @@
-"""Readers that never sit stuck behind a broker that answers every fetch without records.
+"""Readers that never sit stuck behind a broker that answers every fetch without records, nor skip a record.
 
 The embedded broker (Tansu, memory storage) stores every produced batch as an object of its own, never
 deleted, and on every fetch lists all of a partition's batch objects, oldest first, within the time the
@@ -16,10 +16,18 @@ watermark (from the last fetch response) is ahead of its position, and the broke
 request (so it is not merely down or frozen).  It then replaces its consumer by one with a 4 times
 longer wait, at the same positions.  On Apache Kafka, which answers a waiting fetch as soon as records
 arrive, this never happens, and would cost nothing if it did.
+
+The same broker gives a batch its offsets before it stores it: while two producers write to one partition,
+a fetch can find the later batch stored and not yet the earlier one, and a reader that takes what it is
+given skips the earlier record for good.  A reader of a log with no gaps (the coordination topic: no
+transactions, no compaction) is ``contiguous``: a record past the offset it expects sends it back to
+read from that offset again (``Contiguity``), and only a gap that is still there after a few re-reads is
+taken as a real one, and logged.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +66,50 @@ class StallWatch:
     def restart(self, now: float) -> None:
         """Looked (or replaced the consumer): wait a whole ``stall_after_s`` again before the next look."""
         self._reads_seen, self._idle_since = self.reads, now
+
+
+class Gap(enum.Enum):
+    """What a contiguous reader does with a record (Contiguity.check)."""
+
+    NEXT = "next"  # the offset it expected: take it
+    OLD = "old"  # below it: returned already (before a re-read), drop it
+    REREAD = "reread"  # past it: the expected record is missing; read again from the expected offset
+    ACCEPTED = "accepted"  # past it, and still after REREADS re-reads: a real gap, take it
+
+
+REREADS = 3  # times a contiguous reader reads a partition again for one missing offset before it goes on
+
+
+@dataclass
+class Contiguity:
+    """Per partition, the offset a reader expects next, and how often it re-read for a missing one.  Pure."""
+
+    expected: dict[tuple[str, int], int] = field(default_factory=dict)
+    _rereads: dict[tuple[tuple[str, int], int], int] = field(default_factory=dict)
+
+    def place(self, key: tuple[str, int], offset: int) -> None:
+        """The reader was placed (assign, seek) at ``offset``; a logical offset (< 0) expects whatever comes."""
+        if offset >= 0:
+            self.expected[key] = offset
+        else:
+            self.expected.pop(key, None)
+
+    def check(self, key: tuple[str, int], offset: int) -> Gap:
+        expected = self.expected.get(key)
+        if expected is None or offset == expected:
+            self.expected[key] = offset + 1
+            if self._rereads:
+                self._rereads.pop((key, expected), None)  # type: ignore[arg-type]
+            return Gap.NEXT
+        if offset < expected:
+            return Gap.OLD
+        tried = self._rereads.get((key, expected), 0)
+        if tried < REREADS:
+            self._rereads[(key, expected)] = tried + 1
+            return Gap.REREAD
+        del self._rereads[(key, expected)]
+        self.expected[key] = offset + 1
+        return Gap.ACCEPTED
 
 
 def behind(positions: dict[tuple[str, int], int], ends: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
@@ -99,6 +151,7 @@ class GuardedConsumer:
         heartbeat_s: float,
         on_stall: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        contiguous: bool = False,
     ) -> None:
         self._config = dict(config)
         self.wait_ms = int(self._config.get("fetch.wait.max.ms", 500))
@@ -111,6 +164,8 @@ class GuardedConsumer:
         self._watch = StallWatch(stall_after(heartbeat_s, self.wait_ms))
         self._placed: dict[tuple[str, int], _Position] = {}
         self.stalls = 0
+        self._contiguity = Contiguity() if contiguous else None
+        self.rereads = 0  # times a missing record sent it back (contiguous readers)
 
     # ----------------------------------------------------------- reading
 
@@ -118,6 +173,9 @@ class GuardedConsumer:
         message = self._consumer.poll(timeout)
         if message is not None:
             self._watch.reads += 1
+            if self._contiguity is not None:
+                kept = self._admit([message])
+                return kept[0] if kept else None
         elif self._watch.empty(self._clock()):
             self._look()
         return message
@@ -126,24 +184,73 @@ class GuardedConsumer:
         messages = self._consumer.consume(num_messages, timeout)
         if messages:
             self._watch.reads += 1
+            if self._contiguity is not None:
+                return self._admit(messages)
         elif self._watch.empty(self._clock()):
             self._look()
         return messages
+
+    def _admit(self, messages: list[Message]) -> list[Message]:
+        """A contiguous reader's records: in offset order per partition with none missing.  At a missing one the
+        partition is read again from it, and what came after it in this batch is dropped (it comes again)."""
+        assert self._contiguity is not None
+        kept: list[Message] = []
+        again: set[tuple[str, int]] = set()
+        for message in messages:
+            key = (message.topic(), message.partition())
+            if key in again:
+                continue
+            if message.error() is not None:
+                kept.append(message)
+                continue
+            verdict = self._contiguity.check(key, message.offset())
+            if verdict is Gap.NEXT:
+                kept.append(message)
+            elif verdict is Gap.REREAD and self._read_again(key):
+                again.add(key)
+            elif verdict is not Gap.OLD:  # ACCEPTED, or a re-read the consumer refused
+                log.warning(
+                    "%s: %s[%d] has no record before offset %d from %d on, after %d re-reads: going on past the gap",
+                    self.what, key[0], key[1], message.offset(), self._contiguity.expected[key] - 1, REREADS,
+                )  # fmt: skip
+                kept.append(message)
+        return kept
+
+    def _read_again(self, key: tuple[str, int]) -> bool:
+        assert self._contiguity is not None
+        offset = self._contiguity.expected[key]
+        try:
+            self._consumer.seek(TopicPartition(key[0], key[1], offset))
+        except KafkaException as exc:
+            log.debug("%s: cannot read %s[%d] again from %d: %s", self.what, key[0], key[1], offset, exc)
+            return False
+        self._placed[key] = _Position(offset, self._watch.reads)
+        self.rereads += 1
+        return True
 
     # ---------------------------------------------------- placing the reader
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         self._consumer.assign(partitions)
         self._placed = {(tp.topic, tp.partition): _Position(tp.offset, self._watch.reads) for tp in partitions}
+        if self._contiguity is not None:
+            self._contiguity = Contiguity()
+            for tp in partitions:
+                self._contiguity.place((tp.topic, tp.partition), tp.offset)
         self._watch.restart(self._clock())
 
     def unassign(self) -> None:
         self._consumer.unassign()
         self._placed = {}
+        if self._contiguity is not None:
+            self._contiguity = Contiguity()
 
     def seek(self, partition: TopicPartition) -> None:
         self._consumer.seek(partition)
-        self._placed[(partition.topic, partition.partition)] = _Position(partition.offset, self._watch.reads)
+        key = (partition.topic, partition.partition)
+        self._placed[key] = _Position(partition.offset, self._watch.reads)
+        if self._contiguity is not None:
+            self._contiguity.place(key, partition.offset)
 
     # ------------------------------------------------------ passed through
 
