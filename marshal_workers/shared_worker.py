@@ -184,12 +184,13 @@ class SharedWorker:
 
     def _loop(self, handler: HandlerSpec) -> WorkerExit:
         while True:
-            if not self.ranges and self._position is not None:
+            if not self.ranges and self._position is not None and not self.stopping:
                 self._read_pipe(wait=_IDLE_WAIT_S)  # the next range usually comes now, often where we stand
                 if not self.ranges and self._consumer is not None:
                     self._consumer.unassign()  # idle: stop fetching
                     self._position = None
-            self._read_pipe(wait=0 if self.ranges else _IDLE_WAIT_S)
+            if not self.stopping:  # stopping: no wait for ranges that will not come
+                self._read_pipe(wait=0 if self.ranges else _IDLE_WAIT_S)
             if self.stopping:
                 # A stop waits for the range in hand (_handle_range finishes it); the rest was never begun.
                 for leased in self.ranges:
@@ -245,7 +246,7 @@ class SharedWorker:
         while next_offset < leased.end:
             if monotonic_ms() >= leased.deadline_ms:
                 return self._abandon(leased, next_offset)
-            if end_seen is not None and end_seen <= next_offset and (self.stopping or len(self.ranges) > 1):
+            if (self.stopping or len(self.ranges) > 1) and self._at_end(leased.partition, next_offset, end_seen):
                 # Read to the partition's end inside the lease: don't wait there for messages while a stop or
                 # another range waits.
                 return self._leave_at_the_end(leased, next_offset)
@@ -296,6 +297,16 @@ class SharedWorker:
         self._send_outcomes()
         self._send(("settled", leased.partition, leased.start, end, leased.failed, leased.dead, leased.handled,
                     None if high is None or high[1] < 0 else high[1]))  # fmt: skip
+
+    def _at_end(self, partition: int, next_offset: int, end_seen: int | None) -> bool:
+        """Read to the partition's end: its end-of-partition event said so in this range, or the end the last fetch
+        response carried does.  (A range that starts where the last one ended may never get the event: the
+        consumer, not re-assigned, reported that end already, in the range before.)"""
+        if end_seen is not None and end_seen <= next_offset:
+            return True
+        assert self._consumer is not None
+        high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, partition), cached=True)[1]
+        return 0 <= high <= next_offset
 
     def _leave_at_the_end(self, leased: _Range, next_offset: int) -> None:
         """The partition read to its end inside the lease: settle what was handled and give the rest back, rather

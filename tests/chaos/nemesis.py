@@ -43,7 +43,7 @@ from ledger import (
     unexplained_losses,
     unexplained_repeats,
 )
-from processes import process_group, titled
+from processes import cmdline, process_group, titled
 
 from marshal_workers.config import Settings
 from marshal_workers.coordination_log import log_consumer
@@ -414,7 +414,7 @@ class Nemesis:
         self._kill(client, fault.kind)
         time.sleep(fault.length)
         log_from = self._start(client)
-        self._wait(lambda: "claimed " in self._log_since(client, log_from), 30, f"{client} to claim", interval=0.002)
+        self._wait(lambda: self._claimed_since(client, log_from), 30, f"{client} to claim", interval=0.002)
         self._term(client, "faults")
         self._start(client)
 
@@ -524,6 +524,13 @@ class Nemesis:
         if process.poll() is not None:
             raise RuntimeError(f"{client} exited with {process.poll()} at start:\n{self._log_since(client, log_from)}")
         return log_from
+
+    def _claimed_since(self, client: str, log_from: int) -> bool:
+        """Has the supervisor claimed work since its start: a whole partition (its log says so), or (shared) a
+        range that one of its workers handles (the worker's title names its partition)?"""
+        if self.config.holding is Holding.SHARED:
+            return any("[" in cmdline(pid) for pid in self._workers(client).values())
+        return "claimed " in self._log_since(client, log_from)
 
     def _log_since(self, client: str, offset: int) -> str:
         with open(self.fleet.logs[client], "rb") as log:
