@@ -19,7 +19,7 @@ from ledger import (
     unexplained_repeats,
 )
 from nemesis import Kind, plan_faults
-from test_nemesis import SUITE_FAULT_SECONDS, SUITE_SEEDS
+from test_nemesis import HOLDING_FAULT_SECONDS, HOLDING_KINDS, HOLDING_SEED, SUITE_FAULT_SECONDS, SUITE_SEEDS
 
 
 def line(offset: int, at: float, partition: int = 0, pid: int = 1) -> SinkLine:
@@ -47,6 +47,10 @@ def test_a_long_plan_has_every_kind_of_fault_every_2_to_6_seconds() -> None:
 @pytest.mark.parametrize("mode", sorted(SUITE_SEEDS))
 def test_the_suite_meets_every_kind_of_fault(mode: str) -> None:
     assert {fault.kind for fault in plan_faults(SUITE_SEEDS[mode], SUITE_FAULT_SECONDS)} == set(Kind)
+
+
+def test_the_suite_runs_of_lanes_and_shared_workers_meet_every_fault_of_a_supervisor_or_a_worker() -> None:
+    assert HOLDING_KINDS <= {fault.kind for fault in plan_faults(HOLDING_SEED, HOLDING_FAULT_SECONDS)}
 
 
 def test_losses_come_as_runs_with_the_times_around_them() -> None:
