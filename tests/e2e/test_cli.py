@@ -75,7 +75,7 @@ def test_status_json_shows_owner_offset_and_unclaimed_partitions(started_group: 
     assert rows[0] | {"heartbeat_age_s": None} == {
         "topic": topic, "partition": 0, "state": "fresh", "client": settings.client_id,
         "instance": rows[0]["instance"], "offset": 10, "heartbeat_age_s": None, "lag": None, "rate": None,
-        "in_flight": None, "window_used": None,
+        "in_flight": None, "call_age_s": None, "window_used": None,
     }  # fmt: skip
     assert 0 <= rows[0]["heartbeat_age_s"] < 60
     assert (rows[1]["state"], rows[1]["offset"], rows[1]["client"]) == ("released", 5, None)
@@ -89,9 +89,12 @@ def test_status_table_for_people(started_group: tuple[Settings, str]) -> None:
     assert result.returncode == ExitCode.OK, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"group {settings.group}")
-    assert lines[1].split() == ["TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT", "AGE", "LAG", "MSGS/S", "IN", "FLIGHT", "WINDOW"]
+    assert lines[1].split() == [
+        "TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT", "AGE", "LAG", "MSGS/S", "IN", "FLIGHT", "CALL", "AGE",
+        "WINDOW",
+    ]  # fmt: skip
     assert lines[2].split()[:5] == [topic, "0", "fresh", f"{settings.client_id}/{lines[2].split()[3].split('/')[1]}", "10"]
-    assert lines[3].split() == [topic, "1", "released", "-", "5", "-", "-", "-", "-", "-"]
+    assert lines[3].split() == [topic, "1", "released", "-", "5", "-", "-", "-", "-", "-", "-"]
     assert lines[-1] == "1 fresh, 1 released, 2 unclaimed"
 
 

@@ -269,7 +269,7 @@ def test_a_second_sigterm_skips_the_wait(fleet: Fleet) -> None:
     assert fleet.status_rows()[4] | {"heartbeat_age_s": None} == {
         "topic": fleet.topic, "partition": 4, "state": "released", "client": None, "instance": None,
         "offset": 1, "heartbeat_age_s": None, "lag": None, "rate": None,
-        "in_flight": None, "window_used": None,
+        "in_flight": None, "call_age_s": None, "window_used": None,
     }  # fmt: skip
 
 

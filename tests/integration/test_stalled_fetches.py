@@ -121,8 +121,8 @@ def test_the_coordination_reader_skips_no_record_while_several_producers_write_o
 ) -> None:
     """Tansu gives a batch its offsets before it stores it, so a fetch may find a later batch and not yet an
     earlier one: a plain reader skips the earlier record for good (docs/brokers.md).  Several producers write
-    one partition while a plain reader and the coordination log's reader (contiguous) tail it: the latter
-    returns every offset once, in order, re-reading where a record was missing."""
+    one partition while the coordination log's reader (contiguous) tails it: it returns every offset once, in
+    order, re-reading where a record was missing (without that, it fails here: 3 runs of 3 skipped records)."""
     topic = f"log-{unique}"
     ensure_topic(admin_client(settings), settings, topic, 1)
     stop = threading.Event()
@@ -138,33 +138,25 @@ def test_the_coordination_reader_skips_no_record_while_several_producers_write_o
             producer.poll(0.001)
         assert producer.flush(30) == 0
 
-    plain = Consumer({"bootstrap.servers": settings.brokers, "group.id": f"plain-{unique}", "fetch.wait.max.ms": 5})
-    guarded = log_consumer(settings, "test")
-    readers = {"plain": plain, "guarded": guarded}
-    read: dict[str, list[int]] = {name: [] for name in readers}
+    reader = log_consumer(settings, "test")
+    read: list[int] = []
     producers = [threading.Thread(target=produce) for _ in range(6)]
     try:
-        for reader in readers.values():
-            reader.assign([TopicPartition(topic, 0, 0)])
+        reader.assign([TopicPartition(topic, 0, 0)])
         for thread in producers:
             thread.start()
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
-            for name, reader in readers.items():
-                read[name] += [m.offset() for m in reader.consume(1000, 0.01) if m.error() is None]
+            read += [m.offset() for m in reader.consume(1000, 0.01) if m.error() is None]
         stop.set()
         for thread in producers:
             thread.join(30)
         written = max(acked) + 1
         assert sorted(acked) == list(range(written))
         deadline = time.monotonic() + 20
-        while len(read["guarded"]) < written and time.monotonic() < deadline:
-            read["guarded"] += [m.offset() for m in guarded.consume(1000, 0.1) if m.error() is None]
-        assert read["guarded"] == list(range(written))  # every record, once, in order
-        skipped = [b for a, b in zip(read["plain"], read["plain"][1:]) if b != a + 1]
-        if skipped:  # the fault showed (it does not every time): the guarded reader went back for it
-            assert guarded.rereads >= 1
+        while len(read) < written and time.monotonic() < deadline:
+            read += [m.offset() for m in reader.consume(1000, 0.1) if m.error() is None]
+        assert read == list(range(written))  # every record, once, in order
     finally:
         stop.set()
-        for reader in readers.values():
-            reader.close()
+        reader.close()
