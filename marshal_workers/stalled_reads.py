@@ -22,7 +22,9 @@ a fetch can find the later batch stored and not yet the earlier one, and a reade
 given skips the earlier record for good.  A reader of a log with no gaps (the coordination topic: no
 transactions, no compaction) is ``contiguous``: a record past the offset it expects sends it back to
 read from that offset again (``Contiguity``), and only a gap that is still there after a few re-reads is
-taken as a real one, and logged.
+taken as a real one, and logged.  A reader of a data topic is contiguous only on a broker known to skip
+(``SKIPPING_CLUSTER_IDS``): on Kafka, transaction markers and compaction leave real gaps, which it must
+not read again and again.
 """
 
 from __future__ import annotations
@@ -78,6 +80,10 @@ class Gap(enum.Enum):
 
 
 REREADS = 3  # times a contiguous reader reads a partition again for one missing offset before it goes on
+EMBEDDED_CLUSTER_ID = "marshal-workers-embedded"  # the embedded broker's (embedded_broker.py)
+# Brokers known to let a reader skip a record written concurrently with a later one: Tansu on object storage
+# (memory, S3), as the embedded broker runs, or as a Tansu started by hand names itself by default.
+SKIPPING_CLUSTER_IDS = frozenset({EMBEDDED_CLUSTER_ID, "tansu_cluster"})
 
 
 @dataclass
@@ -190,10 +196,30 @@ class GuardedConsumer:
             self._look()
         return messages
 
+    @property
+    def contiguous(self) -> bool:
+        return self._contiguity is not None
+
+    def read_without_gaps_if_the_broker_skips(self, timeout: float) -> None:
+        """Read as a contiguous reader does on a broker known to skip records (SKIPPING_CLUSTER_IDS); elsewhere as
+        it is.  One metadata request: call it once, when the reader starts."""
+        if self._contiguity is not None:
+            return
+        try:
+            cluster = self._consumer.list_topics(timeout=timeout).cluster_id
+        except KafkaException:
+            return  # not known: read as it is (the worker's first fetch will say more about the broker)
+        if cluster in SKIPPING_CLUSTER_IDS:
+            self._contiguity = Contiguity()
+            for key, placed in self._placed.items():
+                self._contiguity.place(key, placed.offset)
+
     def _admit(self, messages: list[Message]) -> list[Message]:
         """A contiguous reader's records: in offset order per partition with none missing.  At a missing one the
         partition is read again from it, and what came after it in this batch is dropped (it comes again)."""
         assert self._contiguity is not None
+        if len(self._placed) == 1 and self._in_order(messages):
+            return messages  # one partition, the offsets it expected, none missing: the common case, O(1)
         kept: list[Message] = []
         again: set[tuple[str, int]] = set()
         for message in messages:
@@ -215,6 +241,22 @@ class GuardedConsumer:
                 )  # fmt: skip
                 kept.append(message)
         return kept
+
+    def _in_order(self, messages: list[Message]) -> bool:
+        """A batch of a one-partition reader that starts at the offset it expects and has no gap (checked at its
+        ends only), which it then expects to go on after."""
+        assert self._contiguity is not None
+        first, last = messages[0], messages[-1]
+        if first.error() is not None or last.error() is not None:
+            return False
+        key = (first.topic(), first.partition())
+        start, end = first.offset(), last.offset()
+        expected = self._contiguity.expected.get(key)
+        if (expected is not None and start != expected) or end - start + 1 != len(messages):
+            return False
+        self._contiguity.check(key, start)  # takes the first and forgets any re-read of it
+        self._contiguity.expected[key] = end + 1
+        return True
 
     def _read_again(self, key: tuple[str, int]) -> bool:
         assert self._contiguity is not None

@@ -236,7 +236,6 @@ class Worker:
         self._partition_hooks_due = True  # on_partition_released runs as the worker stops
         try:
             self._consumer = self._open_consumer()
-            self._consumer.assign([TopicPartition(self.spec.topic, self.spec.partition, self.spec.start_offset)])
             self.log.info("worker started at offset %d (%s%s)", self.spec.start_offset, handler.mode.value,
                           f", concurrency {handler.concurrency}" if on_lanes else "")  # fmt: skip
             if on_lanes:
@@ -540,13 +539,17 @@ class Worker:
     # ----------------------------------------------------- lifecycle limits
 
     def _open_consumer(self) -> GuardedConsumer:
+        """The worker's reader of its partition, placed at its start offset."""
         spec = self.spec
-        return GuardedConsumer(
+        consumer = GuardedConsumer(
             consumer_settings(spec),
             f"worker of {spec.group} {spec.topic}[{spec.partition}]",
             spec.settings.heartbeat_interval,
             on_stall=lambda stalls: self.slot.set(Field.FETCH_STALLS, stalls),
         )
+        consumer.assign([TopicPartition(spec.topic, spec.partition, spec.start_offset)])
+        consumer.read_without_gaps_if_the_broker_skips(spec.settings.connect_timeout)
+        return consumer
 
     def _fetch_size(self, handler: HandlerSpec) -> int:
         """A batch never runs past max_messages_per_worker, so the restart falls on a message boundary."""

@@ -116,13 +116,15 @@ def test_a_guarded_reader_tailing_a_growing_partition_reads_every_record_once(se
         reader.close()
 
 
-def test_the_coordination_reader_skips_no_record_while_several_producers_write_one_partition(
-    settings: Settings, unique: str
+@pytest.mark.parametrize("reader", ["coordination log", "worker"])
+def test_a_reader_skips_no_record_while_several_producers_write_one_partition(
+    reader: str, settings: Settings, unique: str
 ) -> None:
     """Tansu gives a batch its offsets before it stores it, so a fetch may find a later batch and not yet an
     earlier one: a plain reader skips the earlier record for good (docs/brokers.md).  Several producers write
-    one partition while the coordination log's reader (contiguous) tails it: it returns every offset once, in
-    order, re-reading where a record was missing (without that, it fails here: 3 runs of 3 skipped records)."""
+    one partition while the coordination log's reader (always contiguous), or a worker's (contiguous on a broker
+    known to skip: the embedded one), tails it: it returns every offset once, in order, re-reading where a record
+    was missing (without that, it fails here: 3 runs of 3 skipped records)."""
     topic = f"log-{unique}"
     ensure_topic(admin_client(settings), settings, topic, 1)
     stop = threading.Event()
@@ -138,16 +140,22 @@ def test_the_coordination_reader_skips_no_record_while_several_producers_write_o
             producer.poll(0.001)
         assert producer.flush(30) == 0
 
-    reader = log_consumer(settings, "test")
+    if reader == "worker":
+        tail = GuardedConsumer({"bootstrap.servers": settings.brokers, "group.id": f"g-{unique}"}, "test", 1.0)
+        tail.assign([TopicPartition(topic, 0, 0)])
+        tail.read_without_gaps_if_the_broker_skips(10.0)
+    else:
+        tail = log_consumer(settings, "test")
+        tail.assign([TopicPartition(topic, 0, 0)])
     read: list[int] = []
     producers = [threading.Thread(target=produce) for _ in range(6)]
     try:
-        reader.assign([TopicPartition(topic, 0, 0)])
+        assert tail.contiguous == (EMBEDDED or reader == "coordination log")
         for thread in producers:
             thread.start()
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
-            read += [m.offset() for m in reader.consume(1000, 0.01) if m.error() is None]
+            read += [m.offset() for m in tail.consume(1000, 0.01) if m.error() is None]
         stop.set()
         for thread in producers:
             thread.join(30)
@@ -155,8 +163,8 @@ def test_the_coordination_reader_skips_no_record_while_several_producers_write_o
         assert sorted(acked) == list(range(written))
         deadline = time.monotonic() + 20
         while len(read) < written and time.monotonic() < deadline:
-            read += [m.offset() for m in reader.consume(1000, 0.1) if m.error() is None]
+            read += [m.offset() for m in tail.consume(1000, 0.1) if m.error() is None]
         assert read == list(range(written))  # every record, once, in order
     finally:
         stop.set()
-        reader.close()
+        tail.close()
