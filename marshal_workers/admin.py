@@ -22,7 +22,7 @@ from marshal_workers.coordinator import Coordinator
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
 from marshal_workers.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
-from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.guarded_consumer import GuardedConsumer
 from marshal_workers.status import utc_iso
 from marshal_workers.world_state import Owner, WorldState, record_time, refusals
 

@@ -33,7 +33,7 @@ from marshal_workers.codec import Release
 from marshal_workers.config import Settings
 from marshal_workers.errors import DecodeError, KafkaUnavailable, StopRequested
 from marshal_workers.kafka_clients import admin_client, reader_config, topic_partition_count
-from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.guarded_consumer import GuardedConsumer
 from marshal_workers.stopping import ShouldStop, check_stop, never
 from marshal_workers.world_state import WorldState
 
@@ -371,7 +371,7 @@ class CoordinationLog:
 
     @property
     def fetch_stalls(self) -> int:
-        """Times the tail found the broker answering without records while the log went on (stalled_reads.py)."""
+        """Times the tail found the broker answering without records while the log went on (guarded_consumer.py)."""
         return self._consumer.stalls
 
     def records_read(self) -> int:
@@ -398,7 +398,7 @@ class CoordinationLog:
 
 def log_consumer(settings: Settings, purpose: str) -> GuardedConsumer:
     """A reader of the coordination topic that gets each record as soon as the broker has it (and gets past the
-    embedded broker's stalled fetches on a long log: stalled_reads.py)."""
+    embedded broker's stalled fetches on a long log: guarded_consumer.py)."""
     return GuardedConsumer(
         reader_config(
             settings,
@@ -412,7 +412,7 @@ def log_consumer(settings: Settings, purpose: str) -> GuardedConsumer:
         ),
         f"coordination log {settings.coordination_topic} ({purpose})",
         settings.heartbeat_interval,
-        contiguous=True,  # no transactions, no compaction: a gap is a record not read yet (stalled_reads.py)
+        contiguous=True,  # no transactions, no compaction: a gap is a record not read yet (guarded_consumer.py)
     )
 
 

@@ -569,7 +569,7 @@ class Coordinator:
 
     @property
     def fetch_stalls(self) -> int:
-        """Times the log's reader found the broker answering without records while behind (stalled_reads.py)."""
+        """Times the log's reader found the broker answering without records while behind (guarded_consumer.py)."""
         assert self._log is not None
         return self._log.fetch_stalls
 

@@ -31,7 +31,7 @@ from marshal_workers.coordinator import ensure_coordination_topic
 from marshal_workers.embedded_broker import EmbeddedBroker
 from marshal_workers.errors import ConfigError
 from marshal_workers.kafka_clients import admin_client, ensure_topic, reader_config
-from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.guarded_consumer import GuardedConsumer
 from marshal_workers.world_state import WorldState
 
 DEMO_APP = "examples.quickstart:app"

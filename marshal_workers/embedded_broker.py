@@ -3,7 +3,7 @@
 Memory storage only: nothing survives a restart.  Its known differences from
 Apache Kafka, and its faults, are in docs/brokers.md.  It runs as cluster
 ``EMBEDDED_CLUSTER_ID``, by which readers know to guard against its skipped
-records (stalled_reads.py).
+records (guarded_consumer.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from marshal_workers.errors import EmbeddedBrokerError
-from marshal_workers.stalled_reads import EMBEDDED_CLUSTER_ID
+from marshal_workers.guarded_consumer import EMBEDDED_CLUSTER_ID
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 from marshal_workers.config import Settings
 from marshal_workers.errors import KafkaUnavailable
 from marshal_workers.kafka_clients import reader_config
-from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.guarded_consumer import GuardedConsumer
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from marshal_workers.dead_letter_groups import OtherGroups
 from marshal_workers.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http_messages import BadRequest, MessageId, message_json
-from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.guarded_consumer import GuardedConsumer
 from marshal_workers.logs import group_log
 from marshal_workers.offsets import OffsetLookupError, OffsetStore, PartitionEnds
 from marshal_workers.range_leases import Holder, SharedPartition

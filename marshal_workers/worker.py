@@ -33,7 +33,7 @@ from marshal_workers.errors import SendError, TimeLimitExceeded, WorkerLost
 from marshal_workers.exit_codes import WorkerExit
 from marshal_workers.failure_logs import apart_from, log_dead_letter, log_ignored, log_release, log_retry
 from marshal_workers.handler_outcomes import OutcomeCounts
-from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.guarded_consumer import GuardedConsumer
 from marshal_workers.hooks import Hooks, run_hooks
 from marshal_workers.instrumentation import Instruments, instrument
 from marshal_workers.kafka_clients import client_config

@@ -6,7 +6,7 @@ listing takes longer than that, the answer is empty, with the high watermark far
 
     python tests/chaos/tansu_stalled_fetches.py                       # one producer, a plain reader at 5 ms
     python tests/chaos/tansu_stalled_fetches.py --fetch-wait-ms 100   # the plain reader keeps up far longer
-    python tests/chaos/tansu_stalled_fetches.py --guarded             # the project's reader (stalled_reads.py)
+    python tests/chaos/tansu_stalled_fetches.py --guarded             # the project's reader (guarded_consumer.py)
 
 One or more producers write 200-byte records, one per batch, to a 1-partition topic while a reader tails it
 from the start.  Prints, every 2 s, the highest acknowledged offset and where the reader is; a plain reader
@@ -26,7 +26,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Pro
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from marshal_workers.embedded_broker import EmbeddedBroker
-from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.guarded_consumer import GuardedConsumer
 
 
 def main() -> int:

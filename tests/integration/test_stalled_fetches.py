@@ -22,7 +22,7 @@ from marshal_workers.config import Settings
 from marshal_workers.coordination_log import CoordinationLog, log_consumer
 from marshal_workers.coordinator import ensure_coordination_topic
 from marshal_workers.kafka_clients import admin_client, ensure_topic
-from marshal_workers.stalled_reads import GuardedConsumer
+from marshal_workers.guarded_consumer import GuardedConsumer
 
 pytestmark = pytest.mark.broker
 
@@ -66,7 +66,7 @@ def test_the_coordination_reader_gets_past_the_stalled_fetches_of_a_long_partiti
     if EMBEDDED:  # the fault is there: a plain reader with the same wait never gets the last record
         assert not reaches(settings.brokers, settings.coordination_topic, BATCHES - 1, wait_ms=1, within_s=3.0)
 
-    caplog.set_level(logging.WARNING, logger="marshal_workers.stalled_reads")
+    caplog.set_level(logging.WARNING, logger="marshal_workers.guarded_consumer")
     reader = CoordinationLog(settings, settings.group, 2, from_beginning=True).start()
     try:
         reader.wait_caught_up(stall_timeout=10.0)  # raises if it makes no progress for 10 s

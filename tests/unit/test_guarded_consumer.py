@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marshal_workers.stalled_reads import (
+from marshal_workers.guarded_consumer import (
     MAX_WAIT_MS,
     REREADS,
     Contiguity,
