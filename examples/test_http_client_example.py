@@ -20,8 +20,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import read_group_state
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordination_log import read_group_state
 
 SCRIPT = Path(__file__).with_name("http_client.sh")
 TOKEN = "example-token"

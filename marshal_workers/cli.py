@@ -14,8 +14,9 @@ import click
 import orjson
 
 from marshal_workers import __version__
-from marshal_workers.config import Settings, load_settings
-from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.core.config import Settings, load_settings
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.core.logs import configure_logging
 from marshal_workers.errors import (
     AppLoadError,
     ConfigError,
@@ -32,8 +33,7 @@ from marshal_workers.errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
-from marshal_workers.exit_codes import ExitCode
-from marshal_workers.logs import configure_logging
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -157,10 +157,10 @@ def broker(port: int) -> None:
 @_reports_errors
 def status(config_file: str | None, topic: str | None, as_json: bool, **options: Any) -> None:
     """Show the world state of a group: owner, offset and liveness of each partition."""
-    from marshal_workers.admin import unknown_group
-    from marshal_workers.coordination_log import read_group_state
-    from marshal_workers.kafka_clients import admin_client, require_topic
-    from marshal_workers.status import render_table, status_document
+    from marshal_workers.kafka.coordination_log import read_group_state
+    from marshal_workers.kafka.kafka_clients import admin_client, require_topic
+    from marshal_workers.observe.status import render_table, status_document
+    from marshal_workers.ops.admin import unknown_group
 
     settings = _load(config_file, **options)
     group = settings.require_group()
@@ -187,8 +187,8 @@ def dashboard(config_file: str | None, **options: Any) -> None:
     """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters."""
     import asyncio
 
-    from marshal_workers.dashboard import GroupWatcher, Publisher
-    from marshal_workers.dashboard_server import serve
+    from marshal_workers.observe.dashboard import GroupWatcher, Publisher
+    from marshal_workers.ops.dashboard_server import serve
 
     settings = _load(config_file, **options)
     group = settings.require_group()
@@ -235,8 +235,8 @@ def dashboard(config_file: str | None, **options: Any) -> None:
 def run(app_path: str, config_file: str | None, **options: Any) -> None:
     """Run the handlers of MODULE:APP: one worker process per claimed partition, and --processes workers per
     shared handler."""
-    from marshal_workers.loader import ensure_cwd_importable, load_app
-    from marshal_workers.supervisor import Supervisor
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+    from marshal_workers.runtime.supervisor.supervisor import Supervisor
 
     ensure_cwd_importable()
     app = load_app(app_path)
@@ -277,9 +277,9 @@ def serve(config_file: str | None, allow_unauthenticated: bool, **options: Any) 
     """Serve a shared topic over HTTP: POST /read, /ack and /cancel, for processes with no Kafka client."""
     import asyncio
 
-    from marshal_workers.http_service import check_bind, tls_context
-    from marshal_workers.http_service import serve as serve_http
-    from marshal_workers.served_topic import ServedTopic, ServeOptions
+    from marshal_workers.http.http_service import check_bind, tls_context
+    from marshal_workers.http.http_service import serve as serve_http
+    from marshal_workers.http.served_topic import ServedTopic, ServeOptions
 
     settings = _load(config_file, **options)
     group = settings.require_group()
@@ -312,7 +312,7 @@ def serve(config_file: str | None, allow_unauthenticated: bool, **options: Any) 
 @_reports_errors
 def demo(partitions: int, rate: int, supervisors: int, duration: float) -> None:
     """Everything on the embedded broker: a stream, supervisors sharing it, a live view; Ctrl-C hands over."""
-    from marshal_workers.demo import DemoOptions, run_demo
+    from marshal_workers.ops.demo import DemoOptions, run_demo
 
     configure_logging("warning")
     options = DemoOptions(partitions=partitions, rate=rate, supervisors=supervisors, duration=duration)
@@ -328,7 +328,7 @@ def demo(partitions: int, rate: int, supervisors: int, duration: float) -> None:
 @_reports_errors
 def log_command(config_file: str | None, follow: bool, from_beginning: bool, **options: Any) -> None:
     """Print the group's coordination records, decoded, one per line (from its latest checkpoint on)."""
-    from marshal_workers.admin import log_lines
+    from marshal_workers.ops.admin import log_lines
 
     settings = _load(config_file, **options)
     stop: list[int] = []
@@ -377,7 +377,7 @@ def replay_command(
     **options: Any,
 ) -> None:
     """Run MODULE:APP's handler over a range of TOPIC's history on Spark (never touches the group's positions)."""
-    from marshal_workers.loader import ensure_cwd_importable, load_app
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
     from marshal_workers.spark import planner, ranges, replay
     from marshal_workers.spark.session import parse_spark_conf, spark_session
 
@@ -469,7 +469,7 @@ _wait_option = click.option(
 
 
 def _seconds(option: str, text: str) -> float:
-    from marshal_workers.config import parse_duration
+    from marshal_workers.core.durations import parse_duration
 
     try:
         return parse_duration(text)
@@ -490,8 +490,8 @@ def _obeyed(done: bool) -> None:
 @_reports_errors
 def admin_pause(config_file: str | None, topic: str | None, duration: str | None, wait: str, **options: Any) -> None:
     """Pause the group (every owner drops its partitions; nobody claims until the pause ends), or one topic."""
-    from marshal_workers.admin import pause, pause_topic
-    from marshal_workers.status import utc_text
+    from marshal_workers.observe.status import utc_text
+    from marshal_workers.ops.admin import pause, pause_topic
 
     settings = _load(config_file, **options)
     seconds = None if duration is None else _seconds("--for", duration)
@@ -511,7 +511,7 @@ def admin_pause(config_file: str | None, topic: str | None, duration: str | None
 @_reports_errors
 def admin_resume(config_file: str | None, client: str | None, topic: str | None, **options: Any) -> None:
     """End a drain (--client), a topic's pause (--topic) or, with neither, the group's pause."""
-    from marshal_workers.admin import resume
+    from marshal_workers.ops.admin import resume
 
     if client is not None and topic is not None:
         raise ConfigError("give --client or --topic, not both")
@@ -525,7 +525,7 @@ def admin_resume(config_file: str | None, client: str | None, topic: str | None,
 @_reports_errors
 def admin_drain(config_file: str | None, client: str, wait: str, **options: Any) -> None:
     """Make a client's supervisors release everything and claim nothing until `admin resume --client`."""
-    from marshal_workers.admin import drain
+    from marshal_workers.ops.admin import drain
 
     _obeyed(drain(_load(config_file, **options), client, _seconds("--wait", wait), report=click.echo))
 
@@ -537,7 +537,7 @@ def admin_drain(config_file: str | None, client: str, wait: str, **options: Any)
 @_reports_errors
 def admin_shutdown(config_file: str | None, client: str, wait: str, **options: Any) -> None:
     """Stop a client's running supervisors as SIGTERM does (release everything at its exact offset, exit 0)."""
-    from marshal_workers.admin import shutdown
+    from marshal_workers.ops.admin import shutdown
 
     _obeyed(shutdown(_load(config_file, **options), client, _seconds("--wait", wait), report=click.echo))
 
@@ -550,7 +550,7 @@ def admin_shutdown(config_file: str | None, client: str, wait: str, **options: A
 @_reports_errors
 def admin_release(config_file: str | None, topic: str, partition: tuple[int, ...], wait: str, **options: Any) -> None:
     """Ask the owners of these partitions to hand them over cleanly (to another member, if there is one)."""
-    from marshal_workers.admin import release_partitions
+    from marshal_workers.ops.admin import release_partitions
 
     settings = _load(config_file, **options)
     _obeyed(release_partitions(settings, topic, list(partition), _seconds("--wait", wait), report=click.echo))
@@ -576,8 +576,8 @@ def admin_set_position(
     **options: Any,
 ) -> None:
     """Move the group on a topic: pause it, set the positions, resume it."""
-    from marshal_workers.admin import set_position
-    from marshal_workers.positions import Bound
+    from marshal_workers.kafka.positions import Bound
+    from marshal_workers.ops.admin import set_position
 
     given = [offset is not None, earliest, latest, timestamp is not None]
     if sum(given) != 1:
@@ -610,8 +610,8 @@ _DLQ_GROUP = click.option(
 @_reports_errors
 def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any) -> None:
     """Summarise TOPIC.dlq by error type: how many, oldest and newest, where they came from; and by group."""
-    from marshal_workers.dlq import Tally, read_dead_letters
-    from marshal_workers.status import utc_text
+    from marshal_workers.kafka.dead_letter_topic import Tally, read_dead_letters
+    from marshal_workers.observe.status import utc_text
 
     settings = _load(config_file, **options)
     group = settings.group
@@ -650,7 +650,8 @@ def dlq_redrive(
 ) -> None:  # fmt: skip
     """Send dead letters of TOPIC.dlq back (each once, without the error headers), each for the group that wrote
     it only; checks everything first."""
-    from marshal_workers.dlq import choose, read_dead_letters, redrive
+    from marshal_workers.kafka.dead_letter_topic import read_dead_letters
+    from marshal_workers.ops.dlq import choose, redrive
 
     settings = _load(config_file, **options)
     letters = list(read_dead_letters(settings, f"{topic}.dlq"))
@@ -671,7 +672,7 @@ def dlq_redrive(
 
 def _parse_timestamp(text: str, option: str = "--timestamp") -> int:
     """A time option: ms since epoch, or ISO 8601 (UTC if no zone)."""
-    from marshal_workers.positions import iso_time_ms
+    from marshal_workers.kafka.positions import iso_time_ms
 
     if text.isdigit():
         return int(text)

@@ -130,27 +130,3 @@ class MaxDeliveriesExceeded(Exception):
 class MessageTooOld(Exception):
     """A message older than its handler's ``max_age`` when its worker got to it, with ``on_too_old="dlq"``: it is
     dead-lettered with this as its ``error_type`` instead of being handled."""
-
-
-# Raised by handlers to say what should happen to the message (retry_policy.py; Celery's and Dramatiq's anchors).
-
-
-class Retry(Exception):
-    """``raise Retry(delay=5)``: try the message again, after ``delay`` seconds (or a string such as ``"5s"``;
-    None: the handler's backoff).  Counted against ``retries``; once they are spent, ``on_error`` applies."""
-
-    def __init__(self, delay: float | str | None = None, reason: str = "") -> None:
-        from marshal_workers.config import parse_duration  # here, not at import: config imports this module
-
-        self.delay = None if delay is None else 0.0 if delay == 0 else parse_duration(delay)
-        self.reason = reason
-        super().__init__(reason or (f"retry in {self.delay:g}s" if self.delay is not None else "retry"))
-
-
-class Reject(Exception):
-    """``raise Reject("malformed order")``: no retry; the message goes to the dead-letter topic at once, whatever
-    the handler's ``on_error``, with this as its error."""
-
-
-class Ignore(Exception):
-    """``raise Ignore()``: no retry, no dead letter; the message counts as done (and as ignored in the metrics)."""

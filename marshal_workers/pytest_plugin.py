@@ -40,7 +40,7 @@ TOPIC_PARTITIONS = 4  # of each handler topic running_app creates
 # from it), in a process of its own so the test's process keeps no module imported with another test's env.
 _PRINT_TOPICS = (
     "import json, sys\n"
-    "from marshal_workers.loader import ensure_cwd_importable, load_app\n"
+    "from marshal_workers.handlers.loader import ensure_cwd_importable, load_app\n"
     "ensure_cwd_importable()\n"
     "print(json.dumps(list(load_app(sys.argv[1]).topics)))\n"
 )
@@ -96,7 +96,7 @@ def marshal_broker() -> Iterator[str]:
     if external:
         yield external
         return
-    from marshal_workers.embedded_broker import EmbeddedBroker
+    from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         yield broker.bootstrap
@@ -144,8 +144,8 @@ def running_app(marshal_broker: str) -> Iterator[Callable[..., RunningApp]]:
 def create_handler_topics(app_path: str, brokers: str, partitions: int, env: dict[str, str]) -> None:
     """Create the topics of ``app_path``'s handlers that ``brokers`` lacks, with ``partitions`` partitions each
     (an existing one is left as it is).  An app that cannot be loaded creates nothing: ``run`` says what is wrong."""
-    from marshal_workers.config import load_settings
-    from marshal_workers.kafka_clients import admin_client, ensure_topic
+    from marshal_workers.core.config import load_settings
+    from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
 
     found = subprocess.run([sys.executable, "-c", _PRINT_TOPICS, app_path], env=env, capture_output=True, text=True,
                            timeout=READY_TIMEOUT_S)  # fmt: skip

@@ -29,14 +29,14 @@ from typing import Any
 
 import orjson
 
-from marshal_workers.app import App, HandlerSpec, Message, OnError, effective_time_limits
-from marshal_workers.config import load_settings
-from marshal_workers.dead_letter_groups import for_another_group, origin_headers
-from marshal_workers.dead_letters import error_headers, traceback_text
+from marshal_workers.core.config import load_settings
 from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimitExceeded
-from marshal_workers.hooks import run_hooks
-from marshal_workers.message_age import OnTooOld, is_too_old, too_old_error
-from marshal_workers.retry_policy import Action, next_step
+from marshal_workers.handlers.app import App, HandlerSpec, Message, OnError, effective_time_limits
+from marshal_workers.handlers.hooks import run_hooks
+from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
+from marshal_workers.handlers.retry_policy import Action, next_step
+from marshal_workers.kafka.dead_letters import error_headers, traceback_text
+from marshal_workers.protocol.dead_letter_groups import for_another_group, origin_headers
 
 __all__ = ["FakeRecord", "HandlerResult", "make_message", "run_handler"]
 

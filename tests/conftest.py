@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from marshal_workers.config import Settings
+from marshal_workers.core.config import Settings
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from polling import poll_until
 from processes import cmdline, process_group
 
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.exit_codes import ExitCode
 
 APPS = Path(__file__).parent / "apps"  # the applications the e2e and chaos tests run
 HB = "1s"

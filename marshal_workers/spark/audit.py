@@ -35,19 +35,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import find_checkpoints
+from marshal_workers.core.config import Settings
 from marshal_workers.errors import DecodeError, UnknownGroupError
-from marshal_workers.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.positions import partition_bounds, position_consumer
+from marshal_workers.kafka.coordination_log import find_checkpoints
+from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
+from marshal_workers.kafka.positions import partition_bounds, position_consumer
+from marshal_workers.observe.status import utc_iso
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.world_state import record_time
 from marshal_workers.spark import ownership
 from marshal_workers.spark.jobs import run_job
 from marshal_workers.spark.lease_audit import RangeLease
 from marshal_workers.spark.planner import Split, plan_splits
 from marshal_workers.spark.split_reader import SplitReader
-from marshal_workers.status import utc_iso
-from marshal_workers.world_state import record_time
 
 if TYPE_CHECKING:
     from pyspark.rdd import RDD

@@ -1,4 +1,4 @@
-"""What the fold of one coordination partition says about range leases of shared partitions (DESIGN.md 11).
+"""What the fold of one coordination partition says about range leases of shared partitions (docs/shared-partitions.md).
 
 Pure, like ownership.py, whose audit calls it for every range record: it
 compares each shared partition's leases before and after the project's own
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from marshal_workers import codec
-from marshal_workers.range_leases import Lease, SharedPartition
-from marshal_workers.world_state import WorldState, per_entry
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.range_leases import Lease, SharedPartition
+from marshal_workers.protocol.world_state import WorldState, per_entry
 
 
 class RangeLease(NamedTuple):

@@ -22,7 +22,7 @@ before and after each record and writes down what changed:
   rules accepted.
 
 Ownership of a topic's partitions is totally ordered within its one
-coordination partition (md5 routing, DESIGN.md section 2), so each
+coordination partition (md5 routing, docs/protocol.md), so each
 coordination partition is audited on its own, in one task.
 """
 
@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from marshal_workers import checkpoints
-from marshal_workers.codec import (
+from marshal_workers.protocol import checkpoints
+from marshal_workers.protocol.codec import (
     MESSAGE_RECORD_TYPES,
     RANGE_RECORD_TYPES,
     Checkpoint,
@@ -46,8 +46,8 @@ from marshal_workers.codec import (
     ReleaseGroup,
     ReleasePartition,
 )
+from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.spark.lease_audit import LeaseTracker, RangeLease
-from marshal_workers.world_state import Owner, WorldState
 
 
 class Tenure(NamedTuple):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from marshal_workers.config import Settings
+from marshal_workers.core.config import Settings
 from marshal_workers.errors import OffsetRangeError
-from marshal_workers.kafka_clients import admin_client, require_topic
-from marshal_workers.positions import (
+from marshal_workers.kafka.kafka_clients import admin_client, require_topic
+from marshal_workers.kafka.positions import (
     Bound,
     chosen_partitions,
     iso_time_ms,

@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from marshal_workers.app import App, HandlerSpec, Message
-from marshal_workers.config import Settings
+from marshal_workers.core.config import Settings
 from marshal_workers.errors import SparkJobError
-from marshal_workers.loader import load_app
-from marshal_workers.retry_policy import Action, next_step
+from marshal_workers.handlers.app import App, HandlerSpec, Message
+from marshal_workers.handlers.loader import load_app
+from marshal_workers.handlers.retry_policy import Action, next_step
 from marshal_workers.spark.jobs import run_job
 from marshal_workers.spark.planner import Split, total_size
 from marshal_workers.spark.split_reader import SplitReader

@@ -17,8 +17,8 @@ from typing import Any, Self
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from marshal_workers.config import Settings
-from marshal_workers.kafka_clients import reader_config
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.kafka_clients import reader_config
 from marshal_workers.spark.planner import Split
 
 _CONSUME_WAIT_S = 0.5

@@ -43,14 +43,14 @@ import checkout  # noqa: F401 - puts the checkout on sys.path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import read_group_state
-from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.core.config import Settings
 from marshal_workers.errors import DecodeError
+from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.spark.audit import AuditReport, audit, plan_log
 from marshal_workers.spark.session import start_session, stop_session
-from marshal_workers.world_state import WorldState
 
 T = TypeVar("T")
 COORDINATION_TOPIC = "__marshal-bench-audit"

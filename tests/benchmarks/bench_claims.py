@@ -24,9 +24,9 @@ import uuid
 import checkout  # noqa: F401 - puts the checkout on sys.path
 from bench_run import machine_info
 
-from marshal_workers.config import Settings
-from marshal_workers.coordinator import Coordinator, message_claim_verdicts
-from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 
 def claims_per_ms(coordinator: Coordinator, topic: str, count: int, first_end: int) -> float:

@@ -1,4 +1,4 @@
-"""Benchmark: concurrency inside a worker (DESIGN.md section 10) on one partition.
+"""Benchmark: concurrency inside a worker (docs/concurrency.md) on one partition.
 
     /work/venv/bin/python tests/benchmarks/bench_concurrency.py [--messages 10000] [--concurrency 1,16,64,256]
 
@@ -91,7 +91,7 @@ def main() -> int:
     args = parser.parse_args()
     levels = [int(n) for n in args.concurrency.split(",")]
 
-    from marshal_workers.embedded_broker import EmbeddedBroker
+    from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
     print("concurrency inside a worker: one partition")
     for line in machine_info():

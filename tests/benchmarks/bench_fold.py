@@ -2,7 +2,7 @@
 
     /work/venv/bin/python tests/benchmarks/bench_fold.py [--records 1000000] [--seed 1] [--runs 3]
 
-A realistic coordination log (DESIGN.md sections 2 and 3) is built in memory
+A realistic coordination log (docs/protocol.md) is built in memory
 first, outside the timed part: one busy group and two smaller ones (~10% of
 the records), ~8 clients per group with a stable instance each (plus restarts
 and crashes, which bring new instances), several topics of 16-64 partitions,
@@ -22,7 +22,7 @@ b. decode + fold: ``codec.decode`` and ``WorldState.apply`` of every value into
 For attribution it also times ``codec.decode`` alone (the rest of b is the
 fold).  Targets: b >= 300,000 records/s and b/a >= 0.5.  A miss prints FAIL but the
 exit status stays 0: this is a benchmark, not a test.  The log builder is
-smoke-tested by tests/unit/test_bench_fold_smoke.py so it cannot silently rot.
+smoke-tested by tests/unit/protocol/test_bench_fold_smoke.py so it cannot silently rot.
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ if __package__ in (None, ""):  # run as a script from a checkout without install
 
 import orjson
 
-from marshal_workers import codec
 from marshal_workers.errors import DecodeError
-from marshal_workers.world_state import WorldState
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.world_state import WorldState
 
 HB_MS = 5000
 COORDINATION_PARTITIONS = 8

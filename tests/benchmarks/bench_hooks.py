@@ -44,8 +44,8 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     from marshal_workers import App, Message
-    from marshal_workers.config import Settings
-    from marshal_workers.worker import consumer_settings
+    from marshal_workers.core.config import Settings
+    from marshal_workers.runtime.worker.worker import consumer_settings
 
     app = App(group="bench-hooks")
 
@@ -85,7 +85,7 @@ def main() -> None:
         inner(args.brokers, args.topic, args.messages, args.variant)
         return
 
-    from marshal_workers.embedded_broker import EmbeddedBroker
+    from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
     n = args.messages
     print(f"bench_hooks: instructions per message (callgrind), N = {n:,} and 2N, {args.rounds} round(s)", flush=True)

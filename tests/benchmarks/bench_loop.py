@@ -39,10 +39,10 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
     """Run under valgrind: handle ``count`` messages of partition 0 from offset 0, one way or the other."""
     import bench_app  # reads MW_BENCH_* from the environment: topic, ALO, the stamp directory
 
-    from marshal_workers.app import Message
-    from marshal_workers.channel import Field, Slot, WorkerSpec, monotonic_ms
-    from marshal_workers.config import Settings
-    from marshal_workers.worker import Worker, consumer_settings
+    from marshal_workers.core.config import Settings
+    from marshal_workers.handlers.app import Message
+    from marshal_workers.runtime.channel import Field, Slot, WorkerSpec, monotonic_ms
+    from marshal_workers.runtime.worker.worker import Worker, consumer_settings
 
     settings = Settings(brokers=brokers, group="bench-loop", max_messages_per_worker=count, log_level="warning")
     spec = WorkerSpec("bench_app:app", topic, 0, 0, settings)
@@ -74,7 +74,7 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
 
 def answer_claims(supervisor_end: Any) -> None:
     """Stand in for the supervisor: every batch claim is claimed at once (until the worker closes its end)."""
-    from marshal_workers.channel import ClaimAnswer
+    from marshal_workers.runtime.channel import ClaimAnswer
 
     try:
         while True:
@@ -92,7 +92,7 @@ def main() -> None:
         inner(args.brokers, args.topic, args.messages, args.variant)
         return
 
-    from marshal_workers.embedded_broker import EmbeddedBroker
+    from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
     n = args.messages
     print(f"bench_loop: instructions per message (callgrind), N = {n:,} and 2N, {args.rounds} round(s), "

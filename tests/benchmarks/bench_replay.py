@@ -38,8 +38,8 @@ import bench_run
 import orjson
 from checkout import HERE, ROOT  # and the checkout on sys.path
 
-from marshal_workers.config import Settings
-from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 from marshal_workers.spark.planner import plan_splits
 from marshal_workers.spark.ranges import Bound, resolve_ranges
 from marshal_workers.spark.replay import ReplayReport, replay

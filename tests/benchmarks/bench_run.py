@@ -15,7 +15,7 @@ Starts its own embedded broker (Tansu, memory only) and measures:
       0, looping ``consume(num_messages=500, timeout=0.5)``.  The processes
       import everything, then wait on one start signal before they create
       their consumers, so their start-up costs do not overlap the measurement;
-   b. the same with the fetch settings of marshal_workers.worker.consumer_settings();
+   b. the same with the fetch settings of marshal_workers.runtime.worker.worker.consumer_settings();
    c. ``python -m marshal_workers run bench_app:app`` (one supervisor), ALO;
    d. the same in AMO with batch_size 500 (per-message handler);
    e. c with --metrics-port (every handler call timed); f. c with one empty
@@ -220,7 +220,7 @@ def baseline_consumer(
     """In a spawned process: consume ``count`` messages of one partition from offset 0 with the bench handler."""
     import bench_app
 
-    from marshal_workers.app import Message
+    from marshal_workers.handlers.app import Message
 
     bench_app.OUT, bench_app.LAST = outdir, count - 1
     handle = bench_app.handle_throughput
@@ -535,8 +535,8 @@ class ReleaseReader:
     """Reads the coordination topic; collects the release records of one group/topic/partition, in log order."""
 
     def __init__(self, bootstrap: str, coordination_topic: str, group: str, topic: str, partition: int) -> None:
-        from marshal_workers import codec
         from marshal_workers.errors import DecodeError
+        from marshal_workers.protocol import codec
 
         self.codec, self.decode_error = codec, DecodeError
         self.group, self.topic, self.partition = group, topic, partition
@@ -799,10 +799,10 @@ def main() -> int:
         parser.error("need --partitions >= 1 and --messages >= --partitions")
     count = args.messages - args.messages % args.partitions  # evenly spread
 
-    from marshal_workers.channel import WorkerSpec
-    from marshal_workers.config import Settings
-    from marshal_workers.embedded_broker import EmbeddedBroker
-    from marshal_workers.worker import consumer_settings
+    from marshal_workers.core.config import Settings
+    from marshal_workers.kafka.embedded_broker import EmbeddedBroker
+    from marshal_workers.runtime.channel import WorkerSpec
+    from marshal_workers.runtime.worker.worker import consumer_settings
 
     began = time.monotonic()
     print("marshal-workers run benchmark")
@@ -817,7 +817,7 @@ def main() -> int:
 
     worker_conf = consumer_settings(WorkerSpec("bench_app:app", "t", 0, 0, Settings(group="g")))
     tuned = {k: worker_conf[k] for k in ("fetch.queue.backoff.ms", "fetch.wait.max.ms")}
-    print(f"  tuned baseline (b) settings, from marshal_workers.worker.consumer_settings(): {tuned}")
+    print(f"  tuned baseline (b) settings, from marshal_workers.runtime.worker.worker.consumer_settings(): {tuned}")
 
     rates: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": [], "e": [], "f": [], "g": []}
     per_cpu: dict[str, list[float]] = {key: [] for key in rates}

@@ -33,10 +33,10 @@ from bench_run import SupervisorProcess, base_env, create_topic, machine_info, p
 from checkout import ROOT  # and the checkout on sys.path
 from confluent_kafka import Consumer, TopicPartition
 
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import CoordinationLog
-from marshal_workers.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.world_state import Liveness, Owner
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordination_log import CoordinationLog
+from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
+from marshal_workers.protocol.world_state import Liveness, Owner
 
 HB = "2s"
 
@@ -88,7 +88,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=20.0, help="seconds over which traffic is counted")
     args = parser.parse_args()
 
-    from marshal_workers.embedded_broker import EmbeddedBroker
+    from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
     print(f"a fleet of {args.members} supervisors on {args.partitions} partitions (--balance fair, HB {HB})")
     for line in machine_info():

@@ -47,7 +47,7 @@ from bench_run import (
 from confluent_kafka import Producer
 from processes import process_group
 
-from marshal_workers.embedded_broker import EmbeddedBroker, free_port
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
 
 HERE = Path(__file__).resolve().parent
 PARTITIONS = 2

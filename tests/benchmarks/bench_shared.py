@@ -36,10 +36,10 @@ import checkout  # noqa: F401  (sys.path: the checkout's package, this folder)
 from bench_run import base_env, cpu_seconds, create_topic, leftovers, machine_info, produce, verdict
 from processes import process_group
 
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import read_group_state
-from marshal_workers.embedded_broker import EmbeddedBroker
-from marshal_workers.status import render_table, status_document
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
+from marshal_workers.observe.status import render_table, status_document
 
 PARTITIONS = 2
 SLOW_DELAY = 0.02

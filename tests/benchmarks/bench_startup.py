@@ -29,10 +29,10 @@ import checkout  # noqa: F401 - puts the checkout on sys.path
 from bench_run import machine_info, verdict
 from confluent_kafka import Producer
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import CoordinationLog
-from marshal_workers.coordinator import Coordinator
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordination_log import CoordinationLog
+from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.protocol import codec
 
 
 def history(settings: Settings, count: int, start_ts: int) -> None:
@@ -71,7 +71,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", default="100000,1000000,3000000")
     args = parser.parse_args()
-    from marshal_workers.embedded_broker import EmbeddedBroker
+    from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
     print("reading a group's state against the coordination log's length")
     for line in machine_info():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 
 @pytest.fixture

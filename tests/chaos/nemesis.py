@@ -45,9 +45,9 @@ from ledger import (
 )
 from processes import cmdline, process_group, titled
 
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import log_consumer
-from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordination_log import log_consumer
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 HB_S = float(HB.rstrip("s"))
 LEASE_S = 1.5 * HB_S  # a supervisor's workers stop at its last confirmed write plus 1.5 HB

@@ -22,7 +22,7 @@ sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parent.parent)]  
 
 from nemesis import Holding, Nemesis, NemesisConfig, Report  # noqa: E402
 
-from marshal_workers.embedded_broker import EmbeddedBroker  # noqa: E402
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker  # noqa: E402
 
 
 def seeds(text: str) -> list[int]:

@@ -25,8 +25,8 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from marshal_workers.embedded_broker import EmbeddedBroker
-from marshal_workers.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
+from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 
 
 def main() -> int:

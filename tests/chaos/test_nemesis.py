@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from nemesis import Holding, Kind, Nemesis, NemesisConfig, seed_from_environment
 
-from marshal_workers.embedded_broker import EmbeddedBroker
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.broker, pytest.mark.chaos, pytest.mark.serial]  # SIGTERM deadlines: run alone
 

@@ -12,7 +12,7 @@ import pytest
 from fleet import Fleet
 from polling import poll_until
 
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.exit_codes import ExitCode
 
 pytestmark = pytest.mark.broker
 

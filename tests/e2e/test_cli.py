@@ -17,10 +17,10 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from polling import poll_until
 
-from marshal_workers.config import Settings
-from marshal_workers.coordinator import Coordinator
-from marshal_workers.embedded_broker import free_port
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.config import Settings
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.embedded_broker import free_port
 
 CLI = [sys.executable, "-m", "marshal_workers"]
 

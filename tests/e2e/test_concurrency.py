@@ -1,4 +1,4 @@
-"""Concurrency inside a worker (DESIGN.md section 10), end to end: real broker, real supervisors.
+"""Concurrency inside a worker (docs/concurrency.md), end to end: real broker, real supervisors.
 
 The application (tests/apps/lanes_app.py) logs the start ("S") and the end
 ("E") of every handler call, so each test can say exactly which messages

@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from fleet import HB, Fleet
 from polling import poll_until
 
-from marshal_workers.embedded_broker import free_port
+from marshal_workers.kafka.embedded_broker import free_port
 
 pytestmark = pytest.mark.broker
 

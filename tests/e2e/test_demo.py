@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.exit_codes import ExitCode
 
 
 def processes_mentioning(text: str) -> list[str]:

@@ -15,9 +15,9 @@ from fleet import Fleet
 from polling import poll_until
 from test_observability import scrape, total
 
-from marshal_workers.dead_letter_groups import CLIENT_ID_HEADER, GROUP_HEADER, REDRIVEN_FOR_HEADER
-from marshal_workers.embedded_broker import free_port
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.kafka.embedded_broker import free_port
+from marshal_workers.protocol.dead_letter_groups import CLIENT_ID_HEADER, GROUP_HEADER, REDRIVEN_FOR_HEADER
 
 pytestmark = pytest.mark.broker
 

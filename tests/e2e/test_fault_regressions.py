@@ -15,8 +15,8 @@ from fleet import Fleet
 from kafka_proxy import PRODUCE, KafkaProxy
 from polling import poll_until
 
-from marshal_workers.embedded_broker import EmbeddedBroker, free_port
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.broker
 

@@ -1,4 +1,4 @@
-"""The Read / Ack / Cancel service (``marshal-workers serve``, DESIGN.md section 12), end to end: HTTP clients in
+"""The Read / Ack / Cancel service (``marshal-workers serve``, docs/http-service.md), end to end: HTTP clients in
 their own processes share a topic with Python workers under the same range leases, with every message accounted
 for on a clean run, under kill -9, SIGSTOP past the pending timeout and SIGTERM of a server."""
 
@@ -25,11 +25,11 @@ from fleet import Fleet
 from polling import poll_until
 from test_admin import admin
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import read_group_state
-from marshal_workers.exit_codes import ExitCode
-from marshal_workers.world_state import WorldState
+from marshal_workers.core.config import Settings
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.world_state import WorldState
 
 pytestmark = pytest.mark.broker
 

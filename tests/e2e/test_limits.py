@@ -9,7 +9,7 @@ from fleet import Fleet
 from polling import poll_until
 from test_observability import scrape, total
 
-from marshal_workers.embedded_broker import free_port
+from marshal_workers.kafka.embedded_broker import free_port
 
 pytestmark = pytest.mark.broker
 

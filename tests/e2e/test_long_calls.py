@@ -12,7 +12,7 @@ from fleet import Fleet
 from polling import poll_until
 from test_observability import probe, scrape, total
 
-from marshal_workers.embedded_broker import free_port
+from marshal_workers.kafka.embedded_broker import free_port
 
 pytestmark = pytest.mark.broker
 

@@ -18,7 +18,7 @@ from fleet import Fleet
 from polling import poll_until
 from processes import pid_gone
 
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.exit_codes import ExitCode
 
 pytestmark = pytest.mark.broker
 
@@ -364,7 +364,7 @@ def test_json_logs_and_a_state_dump_on_sigusr1(fleet: Fleet) -> None:
     lines = [orjson.loads(line) for line in fleet.log_of("only").splitlines() if line.startswith("{")]
     assert lines and len(lines) == len(fleet.log_of("only").splitlines()), "every line is one JSON object"
     assert all(line["group"] == fleet.group for line in lines if line["logger"].startswith("marshal_workers.s"))
-    workers = [line for line in lines if line["logger"] == "marshal_workers.worker"]
+    workers = [line for line in lines if line["logger"] == "marshal_workers.runtime.worker.worker"]
     assert {line["partition"] for line in workers} == set(range(8)) and {line["topic"] for line in workers} == {fleet.topic}
     [dump] = [line for line in lines if line["message"].startswith("state: ")]
     state = orjson.loads(dump["message"][len("state: "):])
@@ -428,7 +428,7 @@ def test_handlers_say_retry_reject_or_ignore_and_the_policy_retries_only_what_it
 ) -> None:
     from test_observability import scrape, total
 
-    from marshal_workers.embedded_broker import free_port
+    from marshal_workers.kafka.embedded_broker import free_port
 
     fleet.app = "outcomes_app:app"
     fleet.env |= {"MW_TEST_RUNNER": runner}

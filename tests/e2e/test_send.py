@@ -19,7 +19,7 @@ from fleet import Fleet
 from polling import poll_until
 from processes import pid_gone, process_group
 
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.exit_codes import ExitCode
 
 pytestmark = pytest.mark.broker
 

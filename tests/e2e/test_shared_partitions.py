@@ -1,4 +1,4 @@
-"""Shared partitions (DESIGN.md section 11): many workers on many supervisors share each partition through range
+"""Shared partitions (docs/shared-partitions.md): many workers on many supervisors share each partition through range
 leases, with every message accounted for under kill -9, SIGSTOP past the pending timeout and SIGTERM."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
 
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import read_group_state
-from marshal_workers.exit_codes import ExitCode
-from marshal_workers.range_leases import SharedPartition
-from marshal_workers.world_state import WorldState
+from marshal_workers.core.config import Settings
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.protocol.range_leases import SharedPartition
+from marshal_workers.protocol.world_state import WorldState
 
 pytestmark = pytest.mark.broker
 

@@ -26,11 +26,11 @@ from fleet import HB, Fleet
 from polling import poll_until
 from processes import cmdline, process_group
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import find_starts
-from marshal_workers.coordinator import Coordinator
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.config import Settings
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.kafka.coordination_log import find_starts
+from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.protocol import codec
 
 pytestmark = pytest.mark.broker
 

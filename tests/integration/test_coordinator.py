@@ -16,12 +16,12 @@ from confluent_kafka.admin import AdminClient
 from kafka_proxy import CREATE_TOPICS, KafkaProxy
 from polling import poll_until
 
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import drain, read_group_state
-from marshal_workers.coordinator import Coordinator, message_claim_verdicts
-from marshal_workers.embedded_broker import EmbeddedBroker, free_port
+from marshal_workers.core.config import Settings
 from marshal_workers.errors import CoordinationTopicError, CoordinationWriteError, KafkaUnavailable
-from marshal_workers.world_state import Owner
+from marshal_workers.kafka.coordination_log import drain, read_group_state
+from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
+from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
+from marshal_workers.protocol.world_state import Owner
 
 pytestmark = pytest.mark.broker
 

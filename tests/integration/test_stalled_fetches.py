@@ -17,12 +17,12 @@ from dataclasses import replace
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import CoordinationLog, log_consumer
-from marshal_workers.coordinator import ensure_coordination_topic
-from marshal_workers.kafka_clients import admin_client, ensure_topic
-from marshal_workers.guarded_consumer import GuardedConsumer
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordination_log import CoordinationLog, log_consumer
+from marshal_workers.kafka.coordinator import ensure_coordination_topic
+from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
+from marshal_workers.protocol import codec
 
 pytestmark = pytest.mark.broker
 
@@ -66,7 +66,7 @@ def test_the_coordination_reader_gets_past_the_stalled_fetches_of_a_long_partiti
     if EMBEDDED:  # the fault is there: a plain reader with the same wait never gets the last record
         assert not reaches(settings.brokers, settings.coordination_topic, BATCHES - 1, wait_ms=1, within_s=3.0)
 
-    caplog.set_level(logging.WARNING, logger="marshal_workers.guarded_consumer")
+    caplog.set_level(logging.WARNING, logger="marshal_workers.kafka.guarded_consumer")
     reader = CoordinationLog(settings, settings.group, 2, from_beginning=True).start()
     try:
         reader.wait_caught_up(stall_timeout=10.0)  # raises if it makes no progress for 10 s

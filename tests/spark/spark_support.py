@@ -8,8 +8,8 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
+from marshal_workers.core.config import Settings
+from marshal_workers.protocol import codec
 
 APPS = Path(__file__).parent / "apps"
 APP = "replay_app:app"

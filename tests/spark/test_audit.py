@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from spark_support import T0, LogWriter, create_topic
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
-from marshal_workers.coordination_log import CoordinationLog
+from marshal_workers.core.config import Settings
 from marshal_workers.errors import UnknownGroupError
+from marshal_workers.kafka.coordination_log import CoordinationLog
+from marshal_workers.protocol import codec
 from marshal_workers.spark.audit import audit, document, plan_log, render
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.xdist_group("spark-audit")]  # a Spark session

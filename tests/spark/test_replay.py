@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from spark_support import APP, ReplayApp, create_topic, produce
 
-from marshal_workers.config import Settings
+from marshal_workers.core.config import Settings
 from marshal_workers.errors import SparkJobError
 from marshal_workers.spark.planner import Split, plan_splits
 from marshal_workers.spark.ranges import Bound, resolve_ranges

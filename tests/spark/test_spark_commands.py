@@ -16,9 +16,9 @@ import orjson
 import pytest
 from spark_support import APP, APPS, LogWriter, ReplayApp, create_topic, produce
 
-from marshal_workers import codec
-from marshal_workers.config import Settings
-from marshal_workers.exit_codes import ExitCode
+from marshal_workers.core.config import Settings
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.protocol import codec
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.xdist_group("spark")]  # one Spark session
 

@@ -1,0 +1,542 @@
+"""The application object: handlers by topic, per-process hooks, settings.
+
+    from marshal_workers import App
+
+    app = App(group="billing.invoices")
+
+    @app.handler("orders")
+    def on_order(msg):
+        order = msg.json()
+
+The decorator refuses mistakes at import time (a second handler for a topic,
+an unknown mode or error policy), so a bad application never reaches a fork.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
+import orjson
+
+from marshal_workers.core.config import SETTINGS, Settings
+from marshal_workers.core.durations import parse_duration, parse_limit
+from marshal_workers.errors import ConfigError, NotInWorkerError
+from marshal_workers.handlers.hooks import (
+    AfterHook,
+    BeforeHook,
+    DeadLetterHook,
+    Hooks,
+    PartitionHook,
+    with_message_hooks,
+)
+from marshal_workers.handlers.message_age import OnTooOld
+from marshal_workers.handlers.rate_limits import parse_rate
+from marshal_workers.handlers.retry_policy import RetryPolicy
+from marshal_workers.kafka.outbox import Outbox, encode_send
+from marshal_workers.protocol.done_set import MAX_RUNS
+from marshal_workers.protocol.lanes import Ordering
+from marshal_workers.protocol.range_leases import MAX_LEASE_MS
+
+MAX_RANGE_SIZE = 10_000  # offsets per lease: a crash acks them all as failed in one record, which must stay small
+
+
+class Mode(str, enum.Enum):
+    ALO = "alo"  # at least once: process, then report progress
+    AMO = "amo"  # at most once: claim a batch in the coordination log, then process it
+
+
+class OnError(str, enum.Enum):
+    DLQ = "dlq"  # after the retries, write the message to <topic>.dlq and go on
+    RELEASE = "release"  # after the retries, stop and release the partition at that message
+
+
+class Message(msgspec.Struct, gc=False, eq=False):
+    """One Kafka message, as handlers see it.  Reads the underlying record lazily.
+
+    ``Message(record, attempt=1)``.  A msgspec Struct rather than a class with ``__init__``: one is made per
+    message on the workers' hot path, and a Struct is built in C, in about a third of the time.  ``eq=False``:
+    messages compare and hash by identity, as objects do; ``gc=False``: it holds a Kafka record and an int, no
+    cycle.
+    """
+
+    _record: Any
+    attempt: int = 1  # which try of this message this call is: 1 for the first, 2 for the first retry...
+
+    @property
+    def topic(self) -> str:
+        return self._record.topic()  # type: ignore[no-any-return]
+
+    @property
+    def partition(self) -> int:
+        return self._record.partition()  # type: ignore[no-any-return]
+
+    @property
+    def offset(self) -> int:
+        return self._record.offset()  # type: ignore[no-any-return]
+
+    @property
+    def key(self) -> bytes | None:
+        return self._record.key()  # type: ignore[no-any-return]
+
+    @property
+    def value(self) -> bytes | None:
+        return self._record.value()  # type: ignore[no-any-return]
+
+    @property
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._record.headers() or []
+
+    @property
+    def timestamp(self) -> int | None:
+        """Milliseconds since the epoch, or None if the record has none."""
+        kind, stamp = self._record.timestamp()
+        return None if kind == 0 else stamp
+
+    def json(self) -> Any:
+        """The value parsed as JSON (orjson)."""
+        return orjson.loads(self._record.value())
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic}[{self.partition}]@{self.offset})"
+
+
+Handler = Callable[..., Any]
+Hook = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    """A registered handler and how to run it."""
+
+    topic: str
+    function: Handler
+    mode: Mode = Mode.ALO
+    batch: bool = False
+    batch_size: int = 500  # most messages per handler call (batch) or per AMO claim
+    retries: int = 3  # retries after the first failure, before on_error applies
+    retry_backoff: float = 0.1  # seconds before the first retry; doubles each time
+    # Which errors are retried, how long between tries (retries and retry_backoff included): retry_policy.py.
+    retry_policy: RetryPolicy = RetryPolicy()
+    on_error: OnError = OnError.DLQ
+    dlq_limit: int = 0  # dead letters in a row, after which the next failure releases the partition as sick (0: none)
+    soft_time_limit: float | None = None  # seconds; None: the soft_time_limit setting
+    time_limit: float | None = None  # seconds; None: the time_limit setting
+    concurrency: int = 1  # messages (batches, for a batch handler) in flight at once in a worker
+    ordering: Ordering = Ordering.PARTITION  # which messages may be in flight together (lanes.Ordering)
+    window: int = 1  # most offsets from the lowest unfinished message to the furthest fetched one
+    # Shared partitions (docs/shared-partitions.md, docs/shared-partitions.md): workers lease ranges of offsets.
+    shared: bool = False
+    range_size: int = 100  # offsets per range claim
+    pending_timeout: float = 60.0  # seconds a lease lasts unless renewed; past it another worker may take it
+    max_deliveries: int = 5  # deliveries of a message (at least once) before it is dead-lettered instead
+    # Limits (docs/handlers.md): messages per second across one supervisor's workers (rate_limits.py), and the
+    # age past which a message is skipped or dead-lettered instead of handled (message_age.py).
+    rate_limit: float | None = None  # messages per second; None: no limit
+    max_age: float | None = None  # seconds; None: any age
+    on_too_old: OnTooOld = OnTooOld.SKIP
+
+    @property
+    def is_async(self) -> bool:
+        """An ``async def`` handler: its calls run as tasks on the worker's event loop."""
+        return inspect.iscoroutinefunction(self.function)
+
+    @property
+    def runs_on_lanes(self) -> bool:
+        """Handled by the concurrent runner (lane_runner) rather than the one-call-at-a-time loop."""
+        return self.concurrency > 1 or self.is_async
+
+    @property
+    def lane_capacity(self) -> int:
+        """Messages in flight at once: a batch handler's concurrency counts batches."""
+        return self.concurrency * (self.batch_size if self.batch else 1)
+
+    @property
+    def name(self) -> str:
+        return f"{self.function.__module__}.{self.function.__qualname__}"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.topic}.dlq"
+
+    def call(self, records: list[Any], attempt: int = 1) -> None:
+        """The user's function on raw Kafka records: on the batch (batch=True) or on its one message.
+        ``attempt``: which try this is (``msg.attempt``), 1 for the first."""
+        if self.batch:
+            self.function([Message(r, attempt) for r in records])
+        else:
+            self.function(Message(records[0], attempt))
+
+
+class App:
+    """Handlers by topic, hooks, and settings given in code (the lowest precedence but defaults)."""
+
+    def __init__(self, group: str | None = None, **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise ConfigError(f"App() got unknown settings {unknown}; known settings: {', '.join(sorted(SETTINGS))}")
+        self.settings: dict[str, Any] = {"group": group, **settings} if group else dict(settings)
+        self.handlers: dict[str, HandlerSpec] = {}
+        self.worker_start_hooks: list[Hook] = []
+        self.worker_stop_hooks: list[Hook] = []
+        self.hooks = Hooks()  # per message and per partition, in the workers (hooks.py)
+        self.outbox: Outbox | None = None  # set in each worker process (app.send); None everywhere else
+
+    @property
+    def group(self) -> str | None:
+        return self.settings.get("group")
+
+    @property
+    def topics(self) -> Sequence[str]:
+        return sorted(self.handlers)
+
+    def handler(
+        self,
+        topic: str,
+        mode: str = "alo",
+        batch: bool = False,
+        batch_size: int = 500,
+        retries: int = 3,
+        retry_backoff: float | str = 0.1,
+        retry_backoff_max: float | str = "10m",
+        retry_jitter: bool = True,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+        no_retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
+        on_error: str = "dlq",
+        soft_time_limit: float | str | None = None,
+        time_limit: float | str | None = None,
+        concurrency: int = 1,
+        ordering: str | None = None,
+        window: int | None = None,
+        shared: bool = False,
+        range_size: int = 100,
+        pending_timeout: float | str = 60.0,
+        max_deliveries: int = 5,
+        dlq_limit: int = 0,
+        rate_limit: float | str | None = None,
+        max_age: float | str | None = None,
+        on_too_old: str = "skip",
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``.
+
+        ``soft_time_limit`` and ``time_limit`` (e.g. "30s") override the settings of the same name
+        for this handler; 0 turns a limit off.  ``concurrency`` N runs up to N calls at once in each
+        worker (a ``def`` handler on N threads, an ``async def`` one as N tasks), ``ordering`` says
+        which may overlap ("key", the default then; "none"; "partition") and ``window`` bounds how
+        far past a stuck message the worker reads (docs/concurrency.md).
+
+        ``shared=True`` lets many workers on many hosts share each partition: they lease ranges of
+        ``range_size`` offsets for ``pending_timeout`` (renewed while they work), and a message
+        delivered ``max_deliveries`` times goes to the dead-letter topic (docs/shared-partitions.md).
+
+        ``dlq_limit`` N: once N messages in a row went to the dead-letter topic, the next failure
+        releases the partition as sick at that message instead (a broken dependency is not drained
+        into the dead-letter topic); 0, the default, sets no limit.
+
+        A failed call is retried ``retries`` times if its error is one of ``retry_on`` and none of
+        ``no_retry_on``, after ``retry_backoff`` doubling up to ``retry_backoff_max``, each wait a random
+        time up to that with ``retry_jitter`` (on by default, as in Celery); then ``on_error`` applies.
+        A handler may also ``raise Retry(delay=...)``, ``Reject(reason)`` (to the dead-letter topic at
+        once) or ``Ignore()`` (skip it, counted); ``msg.attempt`` is the try number (docs/handlers.md).
+
+        ``rate_limit`` ("200/s", "100/m", "5/h", or a number per second) bounds the messages handled per
+        second across all the workers of one supervisor (docs/handlers.md, "Rate limits").  ``max_age``
+        (e.g. "1h"): a message older than that (its Kafka timestamp) when its worker gets to it is not
+        handled but skipped, or with ``on_too_old="dlq"`` dead-lettered as ``MessageTooOld``; both counted.
+        """
+        spec_options = _handler_options(
+            topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
+        )
+        spec_options["retry_policy"] = _retry_policy(
+            topic, spec_options, retry_backoff_max, retry_jitter, retry_on, no_retry_on
+        )
+        lane_options = _lane_options(topic, batch, spec_options, concurrency, ordering, window)
+        shared_options = _shared_options(
+            topic, shared, range_size, pending_timeout, max_deliveries, batch, concurrency, spec_options
+        )
+        if not isinstance(dlq_limit, int) or isinstance(dlq_limit, bool) or dlq_limit < 0:
+            raise ConfigError(f"handler for {topic!r}: dlq_limit must be a whole number >= 0, got {dlq_limit!r}")
+        limit_options = _limit_options(topic, rate_limit, max_age, on_too_old)
+        if dlq_limit and shared:
+            raise ConfigError(
+                f"handler for {topic!r}: dlq_limit releases a partition, which a shared handler never holds; "
+                "max_deliveries bounds how often a message is tried"
+            )
+
+        def register(function: Handler) -> Handler:
+            existing = self.handlers.get(topic)
+            if existing is not None:
+                what = "is already registered" if existing.function is function else f"already has {existing.name}"
+                raise ConfigError(f"topic {topic!r} {what}: one handler per topic; call the others from it")
+            if inspect.isasyncgenfunction(function) or (batch and inspect.iscoroutinefunction(function)):
+                raise ConfigError(
+                    f"handler for {topic!r}: {'an async generator' if not batch else 'an async def batch handler'} "
+                    "is not supported; use an async def handler of one message, or a def batch handler"
+                )
+            self.handlers[topic] = HandlerSpec(
+                topic=topic, function=function, batch=batch, dlq_limit=dlq_limit, **spec_options, **lane_options,
+                **shared_options, **limit_options,
+            )
+            return function
+
+        return register
+
+    def on_worker_start(self, hook: Hook) -> Hook:
+        """Run ``hook()`` in each worker process before its first message (open connections here)."""
+        self.worker_start_hooks.append(hook)
+        return hook
+
+    def on_worker_stop(self, hook: Hook) -> Hook:
+        """Run ``hook()`` in each worker process as it stops (close connections here)."""
+        self.worker_stop_hooks.append(hook)
+        return hook
+
+    def before_message(self, hook: BeforeHook) -> BeforeHook:
+        """Run ``hook(msg)`` before each handler call (``msg``: what the handler gets; a list for a batch)."""
+        self.hooks.before_message.append(hook)
+        return hook
+
+    def after_message(self, hook: AfterHook) -> AfterHook:
+        """Run ``hook(msg, outcome, error, seconds)`` after each handler call; ``outcome`` is done, failed, retry,
+        ignored or rejected (docs/handlers.md#hooks), ``error`` the exception raised or None."""
+        self.hooks.after_message.append(hook)
+        return hook
+
+    def on_dead_letter(self, hook: DeadLetterHook) -> DeadLetterHook:
+        """Run ``hook(msg, error)`` for each message written to the dead-letter topic."""
+        self.hooks.on_dead_letter.append(hook)
+        return hook
+
+    def on_partition_claimed(self, hook: PartitionHook) -> PartitionHook:
+        """Run ``hook(topic, partition)`` in a worker as it starts on its partition."""
+        self.hooks.on_partition_claimed.append(hook)
+        return hook
+
+    def on_partition_released(self, hook: PartitionHook) -> PartitionHook:
+        """Run ``hook(topic, partition)`` in a worker as it stops on its partition (before on_worker_stop)."""
+        self.hooks.on_partition_released.append(hook)
+        return hook
+
+    def handler_in_worker(self, topic: str) -> HandlerSpec:
+        """The handler of ``topic`` as a worker runs it: with the message hooks around each call, if any."""
+        spec = self.handlers[topic]
+        hooked = with_message_hooks(spec.function, self.hooks)
+        return spec if hooked is spec.function else replace(spec, function=hooked)
+
+    def send(self, topic: str, value: Any, key: bytes | str | None = None, headers: Any = None) -> None:
+        """Send a message to ``topic`` from a handler (or a worker hook), on the worker's idempotent producer.
+
+        ``value``: bytes, str (UTF-8), a dict or list (JSON) or None; ``key``: bytes, str or None; ``headers``: a
+        dict or a list of (name, value) pairs.  The message is buffered, not waited for: the worker makes sure Kafka
+        has it before it reports progress past the message being handled, so under at least once no output is
+        lost (an input handled twice sends its output twice).  See docs/handlers.md, "Producing from handlers".
+        """
+        outbox = self.outbox
+        if outbox is None:
+            raise NotInWorkerError(
+                "app.send() works only inside a worker process (in a handler, or an on_worker_start/on_worker_stop "
+                "hook) of `marshal-workers run`; it cannot send at import time, in the supervisor or elsewhere. "
+                "Use a confluent_kafka.Producer of your own there."
+            )
+        outbox.send(*encode_send(topic, value, key, headers))
+
+    def __repr__(self) -> str:
+        return f"App(group={self.group!r}, topics={list(self.topics)})"
+
+
+def _handler_options(
+    topic: str,
+    mode: str,
+    batch_size: int,
+    retries: int,
+    retry_backoff: float | str,
+    on_error: str,
+    soft_time_limit: float | str | None,
+    time_limit: float | str | None,
+) -> dict[str, Any]:
+    if not isinstance(topic, str) or not topic:
+        raise ConfigError(f"a handler needs a topic name, got {topic!r}")
+    try:
+        parsed_mode = Mode(mode)
+    except ValueError:
+        raise ConfigError(f"handler for {topic!r}: mode must be 'alo' or 'amo', got {mode!r}") from None
+    try:
+        parsed_on_error = OnError(on_error)
+    except ValueError:
+        raise ConfigError(f"handler for {topic!r}: on_error must be 'dlq' or 'release', got {on_error!r}") from None
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"handler for {topic!r}: batch_size must be a whole number >= 1, got {batch_size!r}")
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ConfigError(f"handler for {topic!r}: retries must be a whole number >= 0, got {retries!r}")
+    return {
+        "mode": parsed_mode,
+        "batch_size": batch_size,
+        "retries": retries,
+        "retry_backoff": _duration(topic, "retry_backoff", retry_backoff, parse_duration),
+        "on_error": parsed_on_error,
+        "soft_time_limit": _time_limit(topic, "soft_time_limit", soft_time_limit),
+        "time_limit": _time_limit(topic, "time_limit", time_limit),
+    }
+
+
+def _retry_policy(
+    topic: str,
+    options: dict[str, Any],
+    backoff_max: float | str,
+    jitter: bool,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...],
+    no_retry_on: type[BaseException] | tuple[type[BaseException], ...],
+) -> RetryPolicy:
+    if not isinstance(jitter, bool):
+        raise ConfigError(f"handler for {topic!r}: retry_jitter must be True or False, got {jitter!r}")
+    return RetryPolicy(
+        retries=options["retries"],
+        backoff=options["retry_backoff"],
+        backoff_max=_duration(topic, "retry_backoff_max", backoff_max, parse_duration),
+        jitter=jitter,
+        retry_on=_exception_types(topic, "retry_on", retry_on),
+        no_retry_on=_exception_types(topic, "no_retry_on", no_retry_on),
+    )
+
+
+def _exception_types(topic: str, name: str, value: Any) -> tuple[type[BaseException], ...]:
+    """An exception class or a tuple of them, as ``except`` takes them."""
+    found = value if isinstance(value, tuple) else (value,)
+    if not all(isinstance(t, type) and issubclass(t, BaseException) for t in found):
+        raise ConfigError(
+            f"handler for {topic!r}: {name} must be an exception class or a tuple of them, e.g. "
+            f"{name}=(ConnectionError, TimeoutError); got {value!r}"
+        )
+    return found
+
+
+# Default window: room for every lane to run and plenty queued behind a slow message, within the done-set bound.
+_WINDOW_PER_LANE = 16
+_MIN_WINDOW = 1024
+
+
+def _lane_options(
+    topic: str, batch: bool, options: dict[str, Any], concurrency: int, ordering: str | None, window: int | None
+) -> dict[str, Any]:
+    """concurrency, ordering and window checked together: a wrong combination is refused with what to do."""
+    where = f"handler for {topic!r}"
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 4096:
+        raise ConfigError(f"{where}: concurrency must be a whole number in [1, 4096], got {concurrency!r}")
+    if ordering is None:  # key order where it means something, else one at a time
+        parsed = Ordering.PARTITION if concurrency == 1 else (Ordering.NONE if batch else Ordering.KEY)
+    else:
+        try:
+            parsed = Ordering(ordering)
+        except ValueError:
+            raise ConfigError(f"{where}: ordering must be 'key', 'none' or 'partition', got {ordering!r}") from None
+        if concurrency == 1 and parsed is not Ordering.PARTITION:
+            raise ConfigError(
+                f"{where}: ordering={ordering!r} needs concurrency > 1 (with concurrency=1 messages run one at a "
+                "time in offset order); set concurrency=N, or drop ordering"
+            )
+        if concurrency > 1 and parsed is Ordering.PARTITION:
+            raise ConfigError(
+                f"{where}: ordering='partition' runs one message at a time; drop concurrency, or use "
+                "ordering='key' (same-key messages in order) or 'none'"
+            )
+        if batch and parsed is Ordering.KEY:
+            raise ConfigError(
+                f"{where}: a batch handler cannot keep key order across batches in flight; use ordering='none', "
+                "or a message handler with ordering='key'"
+            )
+    batch_size: int = options["batch_size"]
+    in_flight = concurrency * (batch_size if batch else 1)
+    # At most once claims a whole fetch (batch_size) before dispatching it: the window must hold it.
+    least = max(in_flight, batch_size if options["mode"] is Mode.AMO else 1)
+    if window is None:
+        window = max(least, min(MAX_RUNS, max(_MIN_WINDOW, _WINDOW_PER_LANE * in_flight)))
+    if not isinstance(window, int) or isinstance(window, bool) or not least <= window <= MAX_RUNS:
+        raise ConfigError(
+            f"{where}: window must be a whole number in [{least}, {MAX_RUNS}] (at least the messages in flight"
+            f"{' and an AMO claim of batch_size' if options['mode'] is Mode.AMO else ''}), got {window!r}"
+            + ("; lower batch_size or concurrency" if least > MAX_RUNS else "")
+        )
+    return {"concurrency": concurrency, "ordering": parsed, "window": window}
+
+
+def _shared_options(
+    topic: str,
+    shared: bool,
+    range_size: int,
+    pending_timeout: float | str,
+    max_deliveries: int,
+    batch: bool,
+    concurrency: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """The shared-partition options, checked: refused with what to do instead."""
+    where = f"handler for {topic!r}"
+    if not isinstance(shared, bool):
+        raise ConfigError(f"{where}: shared must be True or False, got {shared!r}")
+    if not isinstance(range_size, int) or isinstance(range_size, bool) or not 1 <= range_size <= MAX_RANGE_SIZE:
+        raise ConfigError(f"{where}: range_size must be a whole number in [1, {MAX_RANGE_SIZE}], got {range_size!r}")
+    if not isinstance(max_deliveries, int) or isinstance(max_deliveries, bool) or max_deliveries < 1:
+        raise ConfigError(f"{where}: max_deliveries must be a whole number >= 1, got {max_deliveries!r}")
+    timeout = _duration(topic, "pending_timeout", pending_timeout, parse_duration)
+    if not 1.0 <= timeout <= MAX_LEASE_MS / 1000:
+        raise ConfigError(f"{where}: pending_timeout must be between 1s and 24h, got {pending_timeout!r}")
+    if shared and (batch or concurrency > 1):
+        raise ConfigError(
+            f"{where}: a shared handler takes one message per call in each worker; drop batch/concurrency and "
+            "raise --processes (workers per supervisor) instead"
+        )
+    if shared and options["on_error"] is OnError.RELEASE:
+        raise ConfigError(
+            f"{where}: on_error='release' releases a whole partition, which a shared handler never holds; "
+            "failures are delivered again up to max_deliveries, then dead-lettered"
+        )
+    return {"shared": shared, "range_size": range_size, "pending_timeout": timeout, "max_deliveries": max_deliveries}
+
+
+def _limit_options(
+    topic: str, rate_limit: float | str | None, max_age: float | str | None, on_too_old: str
+) -> dict[str, Any]:
+    """rate_limit, max_age and on_too_old, checked."""
+    where = f"handler for {topic!r}"
+    rate = None
+    if rate_limit is not None:
+        try:
+            rate = parse_rate(rate_limit)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: rate_limit: {exc}") from None
+    age = None if max_age is None else _duration(topic, "max_age", max_age, parse_duration)
+    try:
+        parsed = OnTooOld(on_too_old)
+    except ValueError:
+        raise ConfigError(f"{where}: on_too_old must be 'skip' or 'dlq', got {on_too_old!r}") from None
+    if parsed is not OnTooOld.SKIP and age is None:
+        raise ConfigError(f"{where}: on_too_old={on_too_old!r} needs max_age (e.g. max_age='1h'): no message is too old")
+    return {"rate_limit": rate, "max_age": age, "on_too_old": parsed}
+
+
+def _time_limit(topic: str, name: str, value: float | str | None) -> float | None:
+    """None (not given: the setting of the same name applies), 0 (none) or seconds."""
+    return None if value is None else _duration(topic, name, value, parse_limit)
+
+
+def _duration(topic: str, name: str, value: float | str, parse: Callable[[Any], float]) -> float:
+    try:
+        return parse(value)
+    except ConfigError as exc:
+        raise ConfigError(f"handler for {topic!r}: {name}: {exc}") from None
+
+
+def effective_time_limits(handler: HandlerSpec, settings: Settings) -> tuple[float, float]:
+    """(soft, hard) limits in seconds for a handler (0: none); the handler's own win over the settings."""
+    soft = settings.soft_time_limit if handler.soft_time_limit is None else handler.soft_time_limit
+    hard = settings.time_limit if handler.time_limit is None else handler.time_limit
+    if soft and hard and soft >= hard:
+        raise ConfigError(
+            f"handler for {handler.topic!r}: soft_time_limit ({soft:g}s) must be shorter than time_limit "
+            f"({hard:g}s), or the soft one never fires"
+        )
+    return soft, hard

@@ -1,0 +1,78 @@
+"""The log lines of failed handler calls: each failure once, with its traceback, at the level its outcome deserves.
+
+Every runner (one call at a time in worker.py, lanes in lane_runner.py, shared partitions in shared_worker.py)
+logs a failed call through exactly one of these functions, when it knows what becomes of the message:
+
+* tried again here (a retry), or later (a shared partition's next delivery, or the next owner after a stop):
+  a warning;
+* written to the dead-letter topic, or the partition released at it (``on_error="release"``, ``dlq_limit``):
+  an error;
+* ignored (``raise Ignore()``): an info line, without a traceback (the handler chose it).
+
+The traceback goes with the line (``exc_info``: text logs print it below the line, JSON logs in the
+``exception`` field), so a failure retried three times and then dead-lettered shows four tracebacks, one per
+call, and none twice.  ``log`` is a logs.ContextLog: each line carries the group, topic and partition, and the
+message's offset (in the text, and as the ``offset`` field of a JSON line).  An error that was never raised
+(WorkerLost, MaxDeliveriesExceeded: made up for a message not handed to the handler) has no traceback to show.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from marshal_workers.core.logs import ContextLog
+
+
+def log_retry(log: ContextLog, handler: str, offset: int, error: BaseException, retry: int, delay: float) -> None:
+    """The call on ``offset`` failed; retry number ``retry`` follows in ``delay`` seconds."""
+    _failed(log, logging.WARNING, offset, error, "handler %s failed at offset %d (%r); retry %d in %.2fs",
+            handler, offset, error, retry, delay)  # fmt: skip
+
+
+def log_left_for_later(log: ContextLog, handler: str, offset: int, error: BaseException, reason: str) -> None:
+    """The call on ``offset`` failed and is tried again, but not by this worker now: ``reason`` says by whom."""
+    _failed(log, logging.WARNING, offset, error, "handler %s failed at offset %d (%r): %s",
+            handler, offset, error, reason)  # fmt: skip
+
+
+def log_dead_letter(
+    log: ContextLog, handler: str, offset: int, error: BaseException, count: int, destination: str
+) -> None:
+    """The ``count`` message(s) from ``offset`` went to the dead-letter topic because of ``error``; ``destination``
+    names the topic (and, for a shared handler, after how many deliveries)."""
+    _failed(log, logging.ERROR, offset, error, "handler %s failed at offset %d (%r): sent %d message(s) to %s",
+            handler, offset, error, count, destination)  # fmt: skip
+
+
+def log_release(log: ContextLog, handler: str, offset: int, error: BaseException) -> None:
+    """The call on ``offset`` failed for good, and the partition is released at it (not dead-lettered)."""
+    _failed(log, logging.ERROR, offset, error, "handler %s failed at offset %d (%r): releasing the partition",
+            handler, offset, error)  # fmt: skip
+
+
+def log_ignored(log: ContextLog, handler: str, offset: int, error: BaseException) -> None:
+    """The handler raised Ignore: done, on purpose; no traceback."""
+    log.info("handler %s ignored offset %d (%r)", handler, offset, error, extra={"offset": offset})
+
+
+def apart_from(error: BaseException, first: BaseException) -> BaseException:
+    """``error``, raised by a retry made while ``first`` (the message's first failure) was still being handled,
+    without the link Python made to it (``__context__``: "During handling of the above exception, another
+    exception occurred"): each call's traceback is its own, and the first failure is not shown again with every
+    retry's.  Links the handler made itself (``raise ... from``, an exception of its own being handled) stay."""
+    pending, seen = [error], set()
+    while pending:
+        link = pending.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        if link.__context__ is first:
+            link.__context__ = None
+        pending.extend(e for e in (link.__cause__, link.__context__) if e is not None and e is not first)
+    return error
+
+
+def _failed(log: ContextLog, level: int, offset: int, error: BaseException, message: str, *args: Any) -> None:
+    raised = error.__traceback__ is not None
+    log.log(level, message, *args, exc_info=error if raised else None, extra={"offset": offset})

@@ -1,0 +1,270 @@
+"""``marshal-workers serve``: the Read / Ack / Cancel service's HTTP server (aiohttp; docs/http-service.md).
+
+Routes: ``POST /read?timeout=5s&max=N``, ``POST /ack``, ``POST /cancel``
+(see http_messages.py for the bodies), ``GET /healthz`` and ``GET /metrics``
+(Prometheus).  aiohttp gives keep-alive, many concurrent long polls on one
+event loop, TLS through an ``ssl.SSLContext`` and a graceful shutdown; the
+work of each request (a coordination write and its verdict) runs in a thread
+pool, as the Kafka clients block.
+
+With a token every route but ``/healthz`` requires ``Authorization: Bearer
+<token>`` (compared in constant time; the token is never logged).  SIGTERM
+(or ``admin shutdown``): reads answer at once (503 ``stopping``: ask another
+server), acks and cancels go on being served while the held ranges are
+settled (ranges no client holds a message of are given back at once), then
+the server closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import ssl
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from marshal_workers.errors import ConfigError
+from marshal_workers.http.http_messages import BadRequest, message_ids, read_request
+from marshal_workers.http.served_topic import ServedTopic
+from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
+from marshal_workers.observe.web_sites import open_site, stop_signal
+
+_log = logging.getLogger(__name__)
+
+_TOPIC = web.AppKey("topic", ServedTopic)
+_TOKEN = web.AppKey("token", str)
+_POOL = web.AppKey("pool", ThreadPoolExecutor)
+_REQUESTS = web.AppKey("requests", Counter)
+_THREADS = 64  # requests doing coordination writes at once
+
+
+class News:
+    """Wakes every read waiting for a message: announced from the serve loop's thread when messages wait, and at a
+    stop.  Reads that wait cost nothing until then (no polling)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+
+    def announce_threadsafe(self) -> None:
+        self._loop.call_soon_threadsafe(self.announce)
+
+    def announce(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def wait(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._event.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+
+_REGISTRY = web.AppKey("registry", CollectorRegistry)
+_NEWS = web.AppKey("news", News)
+
+
+def check_bind(host: str, token: str | None, allow_unauthenticated: bool) -> None:
+    """Without a token the service listens on this host only, unless told otherwise."""
+    if token or allow_unauthenticated:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(f"serving on {host} without a token lets anyone who can reach it ack messages: give "
+                          "--token-file (or MARSHAL_WORKERS_SERVE_TOKEN), or --allow-unauthenticated")  # fmt: skip
+
+
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        raise ConfigError("TLS needs both --tls-cert and --tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from None
+    return context
+
+
+def make_app(topic: ServedTopic, token: str | None) -> web.Application:
+    app = web.Application(middlewares=[_errors_and_auth], client_max_size=4 * 2**20)
+    app[_TOPIC] = topic
+    app[_TOKEN] = token or ""
+    app[_POOL] = ThreadPoolExecutor(_THREADS, thread_name_prefix="serve-request")
+    app[_REQUESTS] = Counter()
+    app[_NEWS] = News()
+    topic.on_news = app[_NEWS].announce_threadsafe
+    app.router.add_post("/read", _read)
+    app.router.add_post("/ack", _ack)
+    app.router.add_post("/cancel", _cancel)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/metrics", _metrics)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_ServeCollector(topic, app[_REQUESTS]))
+    app[_REGISTRY] = registry
+    return app
+
+
+
+
+@web.middleware
+async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    route = request.path if request.path in ("/read", "/ack", "/cancel", "/healthz", "/metrics") else "other"
+    try:
+        token = request.app[_TOKEN]
+        if token and request.path != "/healthz":
+            given = request.headers.get("Authorization", "")
+            if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token.encode()):
+                raise BadRequest(401, "unauthorized", "send Authorization: Bearer <the server's token>")
+        response = await handler(request)
+    except BadRequest as exc:
+        response = web.Response(status=exc.status, body=exc.body(), content_type="application/json")
+        if exc.status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        if exc.status == 503:
+            response.headers["Retry-After"] = "1"
+    except web.HTTPException as exc:  # aiohttp's own: 404 no such route, 405, 413 body too large
+        response = web.Response(status=exc.status, content_type="application/json",
+                                body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}))  # fmt: skip
+    except Exception:  # a bug, or Kafka failing under us: a JSON 500, logged and counted like the rest
+        _log.exception("group %s: %s %s failed", request.app[_TOPIC].settings.group, request.method, request.path)
+        response = web.Response(status=500, content_type="application/json", body=orjson.dumps(
+            {"error": "internal", "message": "the server failed on this request (see its log): try again"}))  # fmt: skip
+    request.app[_REQUESTS][(route, response.status)] += 1
+    return response
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+async def _in_pool(request: web.Request, call: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(request.app[_POOL], call, *args)
+
+
+async def _read(request: web.Request) -> web.StreamResponse:
+    asked = read_request(dict(request.query))
+    topic, news = request.app[_TOPIC], request.app[_NEWS]
+    deadline = time.monotonic() + asked.wait_s
+    topic.waiting_readers += 1
+    try:
+        while True:
+            if topic.available_now:
+                messages = await _in_pool(request, topic.read, asked.most)
+                if messages:
+                    return _json({"messages": messages})
+            if topic.stopping:  # not "nothing yet": this server is going away, ask another
+                raise BadRequest(503, "stopping", "this server is shutting down: read from another server of the group",
+                                 retry_after=1)  # fmt: skip
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return web.Response(status=204)
+            await news.wait(remaining)
+    finally:
+        topic.waiting_readers -= 1
+
+
+async def _ack(request: web.Request) -> web.Response:
+    ids = message_ids(await request.read())
+    return _json(await _in_pool(request, request.app[_TOPIC].ack, ids))
+
+
+async def _cancel(request: web.Request) -> web.Response:
+    ids = message_ids(await request.read())
+    return _json(await _in_pool(request, request.app[_TOPIC].cancel, ids))
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    topic = request.app[_TOPIC]
+    loop_age = time.monotonic() - topic.last_loop
+    details = {**topic.held_summary(), "topic": topic.topic, "stopping": topic.stopping,
+               "loop_seconds_ago": round(loop_age, 3)}  # fmt: skip
+    ok = loop_age < 10 and not topic.stopping
+    return _json({"status": "ok" if ok else "unhealthy", **details}, 200 if ok else 503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[_REGISTRY])
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+class _ServeCollector(Collector):
+    """The shared-partition metrics of ``run`` (leases, ranges, messages, low-water marks) plus the service's
+    requests and pending messages."""
+
+    def __init__(self, topic: ServedTopic, requests: Counter[tuple[str, int]]) -> None:
+        self.topic = topic
+        self.requests = requests
+
+    def collect(self) -> Iterator[Metric]:
+        topic, c = self.topic, self.topic.counters
+        group = topic.settings.require_group()
+        now_ms = round(time.time() * 1000)
+        marks = {p: mark for (_, p), mark in topic.coordinator.read(lambda w: w.shared_marks(now_ms, topic.topic)).items()}
+        summary = topic.held_summary()
+        stats = SharedStats(
+            topic=topic.topic, leases_held=summary["leases"], workers=0,
+            ranges={"claimed": c.ranges_claimed, "refused": c.ranges_refused, "acked": c.ranges_acked,
+                    "cancelled": c.ranges_cancelled, "abandoned": c.ranges_lost},
+            messages={"delivered": c.delivered, "handled": c.acked, "cancelled": c.cancelled,
+                      "dead_lettered": c.dead_lettered, "refused": c.refused, "other_group": c.other_group},
+            worker_restarts=0,
+            low_water_marks={p: low for p, (low, _) in marks.items()}, lost={p: lost for p, (_, lost) in marks.items()},
+        )  # fmt: skip
+        yield from shared_families(group, [stats])
+        pending = GaugeMetricFamily(f"{PREFIX}_serve_pending_messages", "Messages handed to HTTP clients and not "
+                                    "acked, cancelled or past their deadline.", labels=["group", "topic"])  # fmt: skip
+        pending.add_metric([group, topic.topic], summary["pending"])
+        yield pending
+        requests = CounterMetricFamily(f"{PREFIX}_serve_requests", "HTTP requests by route and status.",
+                                       labels=["group", "route", "status"])  # fmt: skip
+        for (route, status), count in sorted(self.requests.items()):
+            requests.add_metric([group, route, str(status)], count)
+        yield requests
+
+
+async def serve(
+    topic: ServedTopic,
+    host: str,
+    port: int,
+    token: str | None,
+    ssl_context: ssl.SSLContext | None,
+    shutdown_timeout: float,
+    ready: Callable[[str], None],
+) -> None:
+    """Serve until SIGTERM or SIGINT, then settle what is held and close."""
+    app = make_app(topic, token)
+    runner, url = await open_site(app, host, port, ssl_context, "the service", "--port")
+    ordered = asyncio.Event()  # admin shutdown: the serve loop's thread sets it through the event loop
+    loop = asyncio.get_running_loop()
+    topic.on_shutdown_order = lambda: loop.call_soon_threadsafe(ordered.set)
+    ready(url)
+    await stop_signal(ordered)
+    _log.info("group %s: stopping: settling %d held ranges of %s", topic.settings.group, topic.held_summary()["leases"],
+              topic.topic)  # fmt: skip
+    topic.begin_stop()
+    app[_NEWS].announce()  # reads waiting answer now
+    give_up = time.monotonic() + shutdown_timeout
+    while not topic.stopped() and time.monotonic() < give_up:
+        await asyncio.sleep(0.05)
+    if not topic.stopped():
+        _log.warning("group %s: %s: ranges still held after the shutdown timeout: they lapse and their messages not "
+                     "acked are delivered again", topic.settings.group, topic.topic)  # fmt: skip
+        topic.abandon()
+    await runner.cleanup()
+    app[_POOL].shutdown(wait=True)

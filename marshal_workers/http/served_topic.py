@@ -1,0 +1,739 @@
+"""One topic served over HTTP (``marshal-workers serve``, docs/http-service.md): leases, messages, hand-outs.
+
+The server takes part in the topic as a shared-partition member (section
+11): it leases ranges of offsets in the coordination log, reads their
+messages from Kafka and hands them to HTTP clients one by one.  Everything a
+client does is written to the log before the client hears back:
+
+* a read writes ``deliver_messages`` (the messages are pending until their
+  deadline), and only the messages the fold accepted are answered;
+* an ack writes ``ack_messages`` and a cancel ``cancel_messages``, from
+  whichever server the client asked: every server judges them by the same
+  fold, so an ack may reach any server of the group;
+* a range whose every message is acked (or dead-lettered after
+  ``max_deliveries``) is settled with ``ack_ranges``; on SIGTERM, ranges no
+  client holds a message of are given back at once (``cancel_ranges``).
+
+A server killed with -9 leaves its leases to lapse: what clients acked is
+done, the rest is delivered again by whoever leases it next.
+
+Threads: a background loop (:meth:`ServedTopic.run_loop`) claims, reads
+Kafka, renews and settles; HTTP requests call :meth:`read`, :meth:`ack` and
+:meth:`cancel` from the server's thread pool.  A lock guards the local
+mirror of the held ranges; the fold is the judge of every verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+
+from marshal_workers.core.config import Settings
+from marshal_workers.core.logs import group_log
+from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
+from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
+from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
+from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore, PartitionEnds
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.dead_letter_groups import OtherGroups
+from marshal_workers.protocol.range_leases import Holder, SharedPartition
+from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
+from marshal_workers.runtime.channel import monotonic_ms
+from marshal_workers.runtime.supervisor.remote_control import orders_for
+from marshal_workers.runtime.supervisor.shared_pool import free_candidates, pick_ranges
+from marshal_workers.runtime.worker.shared_worker import consumer_settings
+
+_log = logging.getLogger(__name__)
+
+LOOP_PAUSE_S = 0.01
+ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
+FETCH_MOST = 500
+LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
+IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
+MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    topic: str
+    pending_timeout: float = 30.0  # seconds a read message stays pending
+    max_deliveries: int = 5  # hand-outs before a message is dead-lettered instead
+    range_size: int = 100
+    max_leases: int = 4  # ranges with messages still to hand out, held at once
+    dlq_topic: str = ""  # default: "<topic>.dlq"
+
+    @property
+    def pending_ms(self) -> int:
+        return round(self.pending_timeout * 1000)
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return self.dlq_topic or f"{self.topic}.dlq"
+
+
+@dataclass
+class HeldRange:
+    """A range whose lease we hold, and what we know of its messages."""
+
+    partition: int
+    start: int
+    end: int
+    tries: int  # deliveries of its offsets before this lease
+    deadline_ms: int  # monotonic: past it the lease may have lapsed, so nothing more is handed out
+    fetched_to: int  # the next offset to read from Kafka
+    messages: dict[int, Any] = field(default_factory=dict)  # offset -> Kafka message, until acked or dead
+    pending_until: dict[int, int] = field(default_factory=dict)  # offset -> monotonic ms: handed out until then
+    handed: dict[int, int] = field(default_factory=dict)  # offset -> hand-outs in this lease (the fold's)
+    acked: set[int] = field(default_factory=set)
+    dead: set[int] = field(default_factory=set)
+    reserved: set[int] = field(default_factory=set)  # a deliver_messages write for them is in flight
+    settling: bool = False
+    last_used: int = field(default_factory=monotonic_ms)  # claimed, or a message handed out: monotonic ms
+
+    def fetched(self) -> bool:
+        return self.fetched_to >= self.end
+
+    def eligible(self, offset: int, now: int) -> bool:
+        return (
+            offset not in self.acked
+            and offset not in self.dead
+            and offset not in self.reserved
+            and self.pending_until.get(offset, 0) <= now
+        )
+
+    def complete(self) -> bool:
+        """Every message read, and each acked or dead-lettered (offsets without a message need nothing)."""
+        return self.fetched() and all(o in self.acked or o in self.dead for o in self.messages)
+
+    def holds_a_client_message(self, now: int) -> bool:
+        return any(until > now and o not in self.acked for o, until in self.pending_until.items()) or bool(self.reserved)
+
+
+@dataclass
+class ServeCounters:
+    delivered: int = 0
+    acked: int = 0
+    cancelled: int = 0
+    dead_lettered: int = 0
+    refused: int = 0  # verdicts the fold refused after our checks passed (a race with a deadline or a lease)
+    other_group: int = 0  # messages redriven for another group: never handed out, done
+    ranges_claimed: int = 0
+    ranges_refused: int = 0
+    ranges_acked: int = 0
+    ranges_cancelled: int = 0
+    ranges_lost: int = 0  # our lease ran out before we settled it (it lapses in the log)
+
+
+class ServedTopic:
+    def __init__(self, settings: Settings, options: ServeOptions) -> None:
+        self.settings = settings
+        self.options = options
+        self.topic = options.topic
+        self.log = group_log(_log, settings.require_group())
+        self.counters = ServeCounters()
+        self.ranges: dict[tuple[int, int], HeldRange] = {}
+        self.lock = threading.Lock()
+        self.stopping = False
+        self.partition_count = 0
+        self.waiting_readers = 0  # long polls waiting for a message: the loop leases more when they wait
+        self.available_now = 0  # messages that could be handed out, as of the loop's last pass
+        self.on_news: Callable[[], None] | None = None  # called (from the loop's thread) when messages wait for readers
+        self.on_shutdown_order: Callable[[], None] | None = None  # called (from the loop's thread) at admin shutdown
+        self.held_back = False  # an operator drained this client or paused the topic: no claims
+        self.started_ms = int(time.time() * 1000)  # an admin shutdown ordered before is old news
+        self._next_orders = 0.0
+        self.last_loop = time.monotonic()  # for /healthz: the loop is alive
+        self._coordinator: Coordinator | None = None
+        self._offsets: OffsetStore | None = None
+        self._consumer: GuardedConsumer | None = None
+        self._dlq = DeadLetterWriter(settings)
+        self._other_groups = OtherGroups(settings.require_group())  # messages redriven for another group
+        self._positions: dict[int, int] = {}  # partition -> the next offset the consumer reads there
+        self._ends = PartitionEnds()  # as ListOffsets says, asked without blocking
+        self._fetched_high: dict[int, int] = {}  # partition -> its end as fetches saw it
+        self._initial: dict[int, int] = {}
+        self._next_renewal = 0.0
+        self._rng = random.Random()
+        self._stop_loop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._holder: Holder | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> ServedTopic:
+        self._consumer = GuardedConsumer(
+            consumer_settings(self.settings),
+            f"serve {self.settings.require_group()} {self.topic}",
+            self.settings.heartbeat_interval,
+        )
+        self._consumer.read_without_gaps_if_the_broker_skips(self.settings.connect_timeout)
+        metadata = self._consumer.list_topics(self.topic, timeout=self.settings.connect_timeout)
+        found = metadata.topics.get(self.topic)
+        if found is None or found.error is not None or not found.partitions:
+            self._consumer.close()
+            raise UnknownTopicError(f"topic {self.topic!r} does not exist on {self.settings.brokers}: create it first")
+        self.partition_count = len(found.partitions)
+        self._coordinator = Coordinator(self.settings).start()
+        self._holder = Holder(self._coordinator.client, self._coordinator.instance)
+        self._offsets = OffsetStore(self.settings)
+        self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
+        self._thread.start()
+        return self
+
+    def begin_stop(self) -> None:
+        """SIGTERM: hand nothing more out; give back every range no client holds a message of (at once), the
+        rest once their messages are acked or their deadlines pass (the loop does it)."""
+        self.stopping = True
+
+    def stopped(self) -> bool:
+        with self.lock:
+            return not self.ranges
+
+    def close(self) -> None:
+        self._stop_loop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._dlq.close()
+        if self._consumer is not None:
+            self._consumer.close()
+        if self._coordinator is not None:
+            self._coordinator.close()
+
+    def abandon(self) -> None:
+        """Past the shutdown timeout: what is still held is left to lapse (delivered again, at least once)."""
+        with self.lock:
+            self.counters.ranges_lost += len(self.ranges)
+            self.ranges.clear()
+
+    @property
+    def coordinator(self) -> Coordinator:
+        assert self._coordinator is not None, "call start() first"
+        return self._coordinator
+
+    # ----------------------------------------------------------- HTTP calls
+
+    def available(self) -> int:
+        """Messages that could be handed out now (a cheap check before a read)."""
+        if self.stopping:
+            return 0
+        now = monotonic_ms()
+        with self.lock:
+            return sum(
+                1 for held in self.ranges.values() if held.deadline_ms > now
+                for offset in held.messages if held.eligible(offset, now)
+            )  # fmt: skip
+
+    def read(self, most: int) -> list[dict[str, Any]]:
+        """Hand out up to ``most`` messages: written to the log as pending before they are returned."""
+        if self.stopping:
+            return []
+        now = monotonic_ms()
+        picked: list[tuple[HeldRange, int, int]] = []  # (range, offset, its hand-outs before this one)
+        with self.lock:
+            for held in sorted(self.ranges.values(), key=lambda r: (r.partition, r.start)):
+                if held.deadline_ms - now < self.options.pending_ms // 3:
+                    continue  # its lease may not outlive what we would promise
+                for offset in sorted(held.messages):
+                    if len(picked) >= most:
+                        break
+                    if held.eligible(offset, now) and held.tries + held.handed.get(offset, 0) < self.options.max_deliveries:
+                        held.reserved.add(offset)
+                        picked.append((held, offset, held.handed.get(offset, 0)))
+        if not picked:
+            return []
+        record = codec.DeliverMessages(
+            **self.coordinator.record_fields(), topic=self.topic, pending_ms=self.options.pending_ms,
+            messages=tuple(codec.MessageEntry(held.partition, offset) for held, offset, _ in picked),
+        )  # fmt: skip
+        written_ms, written_wall = monotonic_ms(), record.ts
+        try:
+            verdicts = per_entry(self.coordinator.write([record])[0], len(picked))
+        except CoordinationWriteError:
+            verdicts = [False] * len(picked)  # not handed out: the client's read goes on waiting
+        answer = []
+        with self.lock:
+            for (held, offset, before), accepted in zip(picked, verdicts):
+                held.reserved.discard(offset)
+                if not accepted:
+                    self.counters.refused += 1
+                    continue
+                held.pending_until[offset] = written_ms + self.options.pending_ms
+                held.handed[offset] = max(held.handed.get(offset, 0), before + 1)  # the loop may have synced it
+                held.last_used = written_ms
+                self.counters.delivered += 1
+                message = held.messages[offset]
+                kind, stamp = message.timestamp()
+                answer.append(message_json(
+                    self.topic, held.partition, offset, message.key(), message.value(), message.headers() or [],
+                    stamp if kind != 0 else None, written_wall + self.options.pending_ms,
+                    held.tries + held.handed[offset],
+                ))  # fmt: skip
+        return answer
+
+    def ack(self, ids: Sequence[MessageId]) -> dict[str, Any]:
+        """Ack pending messages (any server's): 200's body; BadRequest if any of them cannot be acked."""
+        return self._settle_messages(ids, codec.AckMessages, "acked")
+
+    def cancel(self, ids: Sequence[MessageId]) -> dict[str, Any]:
+        """Give pending messages back: their holder hands them out again at once."""
+        return self._settle_messages(ids, codec.CancelMessages, "cancelled")
+
+    def _settle_messages(self, ids: Sequence[MessageId], kind: type[Any], verb: str) -> dict[str, Any]:
+        for found in ids:
+            if found.topic != self.topic:
+                raise BadRequest(404, "unknown_topic", f"this server serves {self.topic!r}, not {found.topic!r}")
+            if found.partition >= self.partition_count:
+                raise BadRequest(404, "unknown_partition", f"{self.topic} has partitions 0 to "
+                                 f"{self.partition_count - 1}, not {found.partition}")  # fmt: skip
+        states = self._states(ids)
+        # Another server handed the message out and wrote so before its client heard of it, but our view of the
+        # log may lag by a fetch or two: give it a moment before calling a message never handed out (or, handed out
+        # again, expired).
+        give_up = time.monotonic() + LOG_LAG_GRACE_S
+        while any(state in ("unknown", "undelivered", "expired") for state in states) and time.monotonic() < give_up:
+            time.sleep(0.01)
+            states = self._states(ids)
+        already = [m for m, state in zip(ids, states) if state == "done" or (state == "acked" and verb == "acked")]
+        bad = [(m, state) for m, state in zip(ids, states) if state not in ("pending", "done", "acked")]
+        bad += [(m, state) for m, state in zip(ids, states) if state in ("done", "acked") and verb == "cancelled"]
+        if bad:
+            raise BadRequest(409, "not_pending", f"{len(bad)} of the messages cannot be {verb}: nothing was {verb}",
+                             messages=[_problem(m, state) for m, state in bad])  # fmt: skip
+        todo = [m for m, state in zip(ids, states) if state == "pending"]
+        late: set[MessageId] = set()  # refused by the log because another server's ack of them came first
+        refused: list[MessageId] = []
+        if todo:
+            record = kind(**self.coordinator.record_fields(), topic=self.topic,
+                          messages=tuple(codec.MessageEntry(m.partition, m.offset) for m in todo))  # fmt: skip
+            try:
+                verdicts = per_entry(self.coordinator.write([record])[0], len(todo))
+            except CoordinationWriteError as exc:
+                raise BadRequest(503, "not_written", f"the coordination log did not confirm the {verb[:-2]}: "
+                                 f"try again ({exc})") from None  # fmt: skip
+            refused = [m for m, ok in zip(todo, verdicts) if not ok]
+            self._apply_locally(todo, verdicts, verb)
+        if refused and verb == "acked":
+            # Acked meanwhile through another server (our view had not seen it): done, as the client wants.
+            late = {m for m, state in zip(refused, self._states(refused)) if state in ("acked", "done")}
+            refused = [m for m in refused if m not in late]
+        if refused:
+            self.counters.refused += len(refused)
+            raise BadRequest(409, "partly_refused", f"{len(refused)} of the messages were no longer pending when the "
+                             f"log got the request (their deadline or lease ended): the others were {verb}",
+                             messages=[_problem(m, "expired") for m in refused])  # fmt: skip
+        return {verb: len(todo) - len(late), "already": len(already) + len(late)}
+
+    def _states(self, ids: Sequence[MessageId]) -> list[str]:
+        wall = self.coordinator.now_ms()
+        return self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
+
+    def _apply_locally(self, ids: Sequence[MessageId], verdicts: Sequence[bool], verb: str) -> None:
+        with self.lock:
+            for found, accepted in zip(ids, verdicts):
+                if not accepted:
+                    continue
+                if verb == "acked":
+                    self.counters.acked += 1
+                else:
+                    self.counters.cancelled += 1
+                held = self._held_covering(found.partition, found.offset)
+                if held is None:
+                    continue  # another server's: it learns from the log
+                if verb == "acked":
+                    held.acked.add(found.offset)
+                    held.messages.pop(found.offset, None)
+                else:
+                    held.pending_until[found.offset] = 0
+
+    def _held_covering(self, partition: int, offset: int) -> HeldRange | None:
+        for held in self.ranges.values():
+            if held.partition == partition and held.start <= offset < held.end:
+                return held
+        return None
+
+    # ------------------------------------------------------------- the loop
+
+    def run_loop(self) -> None:
+        while not self._stop_loop.is_set():
+            self.last_loop = time.monotonic()
+            try:
+                self._step()
+            except CoordinationWriteError as exc:
+                self.log.warning("%s: coordination write not confirmed: %s", self.topic, exc)
+            except Exception:  # the loop must go on: a bug here would strand every held range
+                self.log.exception("%s: the serve loop failed a step", self.topic)
+            self._stop_loop.wait(LOOP_PAUSE_S)
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        self._sync_from_log()
+        self._drop_lapsed()
+        self._dead_letter()
+        self._settle()
+        if now >= self._next_renewal:
+            self._next_renewal = now + self.options.pending_timeout / 3
+            self._renew()
+        if now >= self._next_orders:
+            self._next_orders = now + ORDERS_INTERVAL_S
+            self._obey_operators()
+        if not self.stopping:
+            self._ask_high_watermarks(now)
+            if not self.held_back:
+                self._claim()
+        self._fetch()
+        self.available_now = self.available()
+        if self.available_now and self.waiting_readers and self.on_news is not None:
+            self.on_news()  # wake the reads waiting for a message
+
+    def _obey_operators(self) -> None:
+        """``admin drain``/``pause --topic``: claim nothing and give back what no client holds (acks are still
+        taken); ``admin shutdown``: stop as on SIGTERM.  The same orders a supervisor obeys (remote_control.py)."""
+        assert self._holder is not None
+        me = Owner(self._holder.client, self._holder.instance)
+        now_ms = self.coordinator.now_ms()
+        orders = self.coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
+        held_back = orders.drained or self.topic in orders.paused_topics
+        if held_back != self.held_back:
+            self.log.warning("%s: %s", self.topic, "drained or paused by an operator: claiming nothing, giving back "
+                             "what no client holds" if held_back else "resumed by an operator")  # fmt: skip
+            self.held_back = held_back
+        if orders.shutdown and not self.stopping:
+            self.log.warning("%s: an operator ordered a shutdown (admin shutdown): stopping as on SIGTERM", self.topic)
+            self.begin_stop()
+            if self.on_shutdown_order is not None:
+                self.on_shutdown_order()
+
+    def _sync_from_log(self) -> None:
+        """What other servers did to our messages (acks, cancels), as the fold has it."""
+        with self.lock:
+            keys = [(held.partition, held.start) for held in self.ranges.values()]
+        if not keys:
+            return
+        wall = self.coordinator.now_ms()
+
+        def leases(world: WorldState) -> dict[tuple[int, int], tuple[set[int], dict[int, tuple[int, int]]]]:
+            found = {}
+            for partition, start in keys:
+                shared = world.shared_partition(self.topic, partition)
+                lease = None if shared is None else shared.leases.get(start)
+                if lease is not None and lease.holder == self._holder:
+                    found[(partition, start)] = (set(lease.acked), dict(lease.handed))
+            return found
+
+        seen = self.coordinator.read(leases)
+        now = monotonic_ms()
+        with self.lock:
+            for key, (acked, handed) in seen.items():
+                held = self.ranges.get(key)
+                if held is None:
+                    continue
+                for offset in acked - held.acked:
+                    held.acked.add(offset)
+                    held.messages.pop(offset, None)
+                for offset, (deadline, count) in handed.items():
+                    held.handed[offset] = max(held.handed.get(offset, 0), count)
+                    if deadline <= wall and held.pending_until.get(offset, 0) > now:
+                        held.pending_until[offset] = 0  # cancelled through another server
+
+    def _drop_lapsed(self) -> None:
+        now = monotonic_ms()
+        with self.lock:
+            for key, held in list(self.ranges.items()):
+                if held.deadline_ms <= now and not held.settling:
+                    self.log.warning("%s[%d]: the lease on %d..%d ran out before it was settled (renewals not "
+                                     "confirmed): it lapses, and its messages not acked are delivered again",
+                                     self.topic, held.partition, held.start, held.end - 1)  # fmt: skip
+                    del self.ranges[key]
+                    self.counters.ranges_lost += 1
+
+    def _dead_letter(self) -> None:
+        """Messages handed out ``max_deliveries`` times (counting earlier leases) and not acked, once their last
+        pending time is over: to the dead-letter topic, so their range can be settled."""
+        now = monotonic_ms()
+        todo: list[tuple[HeldRange, int, Any]] = []
+        with self.lock:
+            for held in self.ranges.values():
+                for offset, message in held.messages.items():
+                    deliveries = held.tries + held.handed.get(offset, 0)
+                    if deliveries >= self.options.max_deliveries and held.eligible(offset, now):
+                        held.reserved.add(offset)
+                        todo.append((held, offset, message))
+        for held, offset, message in todo:
+            deliveries = held.tries + held.handed.get(offset, 0)
+            error = MaxDeliveriesExceeded(f"delivered {deliveries} times and never acked "
+                                          f"(max_deliveries={self.options.max_deliveries})")  # fmt: skip
+            try:
+                headers = error_headers("serve", message, error) + [("deliveries", str(deliveries).encode())]
+                self._dlq.write(self.options.dead_letter_topic, [message], [headers])
+            except Exception as exc:  # noqa: BLE001 - try again next pass
+                self.log.warning("%s[%d]: writing offset %d to %s failed: %s", self.topic, held.partition, offset,
+                                 self.options.dead_letter_topic, exc)  # fmt: skip
+                with self.lock:
+                    held.reserved.discard(offset)
+                continue
+            self.log.error("%s[%d]: offset %d sent to %s after %d deliveries", self.topic, held.partition, offset,
+                           self.options.dead_letter_topic, deliveries)  # fmt: skip
+            with self.lock:
+                held.reserved.discard(offset)
+                held.dead.add(offset)
+                held.messages.pop(offset, None)
+                self.counters.dead_lettered += 1
+
+    def _settle(self) -> None:
+        """Ack the ranges that are complete; give back those no client holds a message of when stopping, or when
+        no reader has wanted them for a while (so another server, or a Python worker, may serve them)."""
+        now = monotonic_ms()
+        acks: list[HeldRange] = []
+        give_back: list[HeldRange] = []
+        with self.lock:
+            for held in self.ranges.values():
+                if held.settling:
+                    continue
+                if held.complete():
+                    acks.append(held)
+                elif (self.stopping or self.held_back or (not self.waiting_readers and now - held.last_used >
+                                                          IDLE_GIVE_BACK_MS)) and not held.holds_a_client_message(now):
+                    give_back.append(held)
+            for held in acks + give_back:
+                held.settling = True
+        if acks:
+            record = codec.AckRanges(**self.coordinator.record_fields(), topic=self.topic, ranges=tuple(
+                codec.AckEntry(partition=h.partition, offset=h.start, end=h.end, dead=tuple(sorted(h.dead)),
+                               high=self._fetched_high.get(h.partition)) for h in acks))  # fmt: skip
+            self._write_settlement(record, acks, "ranges_acked")
+        going_back = [(h, _given_back(h)) for h in give_back]
+        settle = [(h, entry) for h, entry in going_back if entry is not None]
+        if settle:
+            record = codec.AckRanges(**self.coordinator.record_fields(), topic=self.topic,
+                                     ranges=tuple(entry for _, entry in settle))  # fmt: skip
+            self._write_settlement(record, [h for h, _ in settle], "ranges_cancelled")
+        cancels = [h for h, entry in going_back if entry is None]
+        if cancels:
+            record = codec.CancelRanges(**self.coordinator.record_fields(), topic=self.topic, ranges=tuple(
+                codec.RangeEntry(partition=h.partition, offset=h.start, end=h.end) for h in cancels))  # fmt: skip
+            self._write_settlement(record, cancels, "ranges_cancelled")
+
+    def _write_settlement(self, record: codec.Record, held: list[HeldRange], counter: str) -> None:
+        try:
+            verdicts = per_entry(self.coordinator.write([record])[0], len(held))
+        except CoordinationWriteError:
+            with self.lock:
+                for h in held:
+                    h.settling = False  # written again next pass: the fold refuses a second settlement
+            raise
+        with self.lock:
+            for h, accepted in zip(held, verdicts):
+                self.ranges.pop((h.partition, h.start), None)
+                if accepted:
+                    setattr(self.counters, counter, getattr(self.counters, counter) + 1)
+                else:
+                    self.counters.ranges_lost += 1
+                    self.log.warning("%s[%d]: settling %d..%d refused: its lease had lapsed", self.topic,
+                                     h.partition, h.start, h.end - 1)  # fmt: skip
+
+    def _renew(self) -> None:
+        with self.lock:
+            held = [h for h in self.ranges.values() if not h.settling]
+        if not held:
+            return
+        record = codec.RenewRanges(**self.coordinator.record_fields(), topic=self.topic, lease_ms=self.options.pending_ms,
+                                   ranges=tuple(codec.RangeEntry(partition=h.partition, offset=h.start, end=h.end)
+                                                for h in held))  # fmt: skip
+        written_ms = monotonic_ms()
+        verdicts = per_entry(self.coordinator.write([record])[0], len(held))
+        with self.lock:
+            for h, accepted in zip(held, verdicts):
+                if accepted:
+                    h.deadline_ms = max(h.deadline_ms, written_ms + self.options.pending_ms - self._safety_ms)
+
+    @property
+    def _safety_ms(self) -> int:
+        lease_ms = self.options.pending_ms
+        return min(lease_ms // 2, max(500, lease_ms // 10))
+
+    # -------------------------------------------------------------- claiming
+
+    def _ask_high_watermarks(self, now: float) -> None:
+        assert self._offsets is not None
+        self._ends.refresh(self._offsets, self.topic, self.partition_count, now)
+
+    def _want(self, available: int) -> int:
+        """Ranges to claim now: only while readers wait (a server with no readers holds nothing others could
+        serve), when fewer than half a range of messages wait to be handed out.  Ranges whose every message is
+        out with clients do not count against ``max_leases`` (they only wait for acks), up to MAX_HELD in all."""
+        if not self.waiting_readers:
+            return 0
+        now = monotonic_ms()
+        with self.lock:
+            held = len(self.ranges)
+            active = sum(1 for h in self.ranges.values() if not h.fetched() or any(h.eligible(o, now) for o in h.messages))
+        if held >= MAX_HELD or active >= self.options.max_leases:
+            return 0
+        if available >= max(1, self.options.range_size // 2):
+            return 0
+        return 1 if active else min(2, self.options.max_leases)
+
+    def _claim(self) -> None:
+        available = self.available()
+        want = self._want(available)
+        if not want or not self._ends.ends:
+            return
+        now_ms = self.coordinator.now_ms()
+        size = self.options.range_size
+        high = {p: max(end, self._fetched_high.get(p, 0)) for p, end in self._ends.ends.items()}
+        # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
+        # hand the messages out as they come (and tell the true end).
+        idle = self.partition_count if available == 0 else 0
+        candidates, members, unknown = self.coordinator.read(
+            lambda world: free_candidates(world, self.topic, high, self._initial, now_ms, size, want, idle, size)
+        )
+        if unknown:
+            self._look_up_initial(unknown)
+            return
+        picked = pick_ranges(candidates, want, members, self._rng)
+        if not picked:
+            return
+        record = codec.ClaimRanges(
+            **self.coordinator.record_fields(), topic=self.topic, lease_ms=self.options.pending_ms,
+            ranges=tuple(codec.RangeEntry(partition=p, offset=s, end=e) for p, s, e, _ in picked),
+        )  # fmt: skip
+        written_ms = monotonic_ms()
+        verdicts = per_entry(self.coordinator.write([record])[0], len(picked))
+        deadline = written_ms + self.options.pending_ms - self._safety_ms
+        with self.lock:
+            for (partition, start, end, tries), accepted in zip(picked, verdicts):
+                if not accepted:
+                    self.counters.ranges_refused += 1
+                    continue
+                self.counters.ranges_claimed += 1
+                self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
+
+    def _look_up_initial(self, partitions: list[int]) -> None:
+        """Where partitions never leased start (as a supervisor's shared pool does)."""
+        assert self._offsets is not None
+        try:
+            found = self._offsets.start_offsets([(self.topic, p) for p in partitions])
+        except OffsetLookupError as exc:
+            self.log.warning("%s", exc)
+            return
+        self._initial.update({partition: offset for (_, partition), offset in found.items()})
+
+    # ---------------------------------------------------------------- Kafka
+
+    def _fetch(self) -> None:
+        """Read the messages of every held range not read yet: one consumer, each partition from the lowest offset
+        still to read, every message routed to the range that covers it."""
+        with self.lock:
+            wanted: dict[int, int] = {}
+            for held in self.ranges.values():
+                if not held.fetched():
+                    wanted[held.partition] = min(wanted.get(held.partition, held.fetched_to), held.fetched_to)
+        assert self._consumer is not None
+        if not wanted:
+            if self._positions:
+                self._consumer.unassign()
+                self._positions = {}
+            return
+        if set(wanted) != set(self._positions) or any(wanted[p] < self._positions[p] for p in wanted):
+            self._consumer.assign([TopicPartition(self.topic, p, offset) for p, offset in sorted(wanted.items())])
+            self._positions = dict(wanted)
+        records = self._consumer.consume(FETCH_MOST, 0.01)  # short: the loop has more to do than wait here
+        seen: dict[int, int] = {}  # partition -> the offset after the last message (or the end) seen
+        fetched: list[tuple[int, int, Any]] = []
+        for record in records:
+            error = record.error()
+            partition = record.partition()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    seen[partition] = max(seen.get(partition, 0), record.offset())  # nothing more there for now
+                else:
+                    self.log.warning("%s[%s]: fetch error: %s", self.topic, partition, error)
+                continue
+            fetched.append((partition, record.offset(), record))
+            seen[partition] = max(seen.get(partition, 0), record.offset() + 1)
+        for partition in seen:
+            if partition in self._positions:
+                self._positions[partition] = max(self._positions[partition], seen[partition])
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
+            if high is not None and high > self._fetched_high.get(partition, -1):
+                self._fetched_high[partition] = high  # the true end (ListOffsets may under-report it on Tansu)
+        not_ours = self._other_groups.keys([record for _, _, record in fetched])
+        with self.lock:
+            for partition, offset, record in fetched:
+                held = self._held_covering(partition, offset)
+                if held is not None and offset >= held.fetched_to and offset not in held.acked:
+                    if not_ours and (partition, offset) in not_ours:
+                        self.counters.other_group += 1  # never handed out: done, as an offset with no message
+                    else:
+                        held.messages[offset] = record
+            for held in self.ranges.values():
+                reached = seen.get(held.partition)
+                if reached is not None and reached > held.fetched_to:  # read in order from at most fetched_to
+                    held.fetched_to = min(reached, held.end)
+
+    # --------------------------------------------------------------- status
+
+    def held_summary(self) -> dict[str, Any]:
+        now = monotonic_ms()
+        with self.lock:
+            pending = sum(
+                1 for h in self.ranges.values() for o, until in h.pending_until.items()
+                if until > now and o not in h.acked
+            )  # fmt: skip
+            return {"leases": len(self.ranges), "pending": pending, "buffered": sum(len(h.messages) for h in self.ranges.values())}
+
+
+def _given_back(held: HeldRange) -> codec.AckEntry | None:
+    """How a range no client holds a message of goes back: None, a plain cancel, if nothing of it was handed out;
+    else an ack of its prefix up to the first message never handed out: what was handed out and not acked one try
+    more (``failed``), dead letters done.  The rest goes back untried."""
+    never = [o for o in held.messages if o not in held.handed and o not in held.dead and o not in held.acked]
+    end = min([*never, held.fetched_to, held.end])
+    if end <= held.start or not (held.handed or held.dead):
+        return None
+    failed = tuple(sorted(o for o in held.handed if o < end and o not in held.acked and o not in held.dead))
+    dead = tuple(sorted(o for o in held.dead if o < end))
+    return codec.AckEntry(partition=held.partition, offset=held.start, end=end, failed=failed, dead=dead)
+
+
+def _message_state(world: WorldState, found: MessageId, wall_ms: int) -> str:
+    """One message as the fold has it at ``wall_ms``: done, acked (by a client; the lease still runs), pending,
+    expired (handed out, deadline passed), undelivered (leased, never handed out) or unknown (no lease)."""
+    shared: SharedPartition | None = world.shared_partition(found.topic, found.partition)
+    if shared is None:
+        return "unknown"
+    if shared.is_done(found.offset):
+        return "done"
+    lease = shared.covering(found.offset, wall_ms)
+    if lease is None:
+        return "unknown"
+    if found.offset in lease.acked:
+        return "acked"
+    handed = lease.handed.get(found.offset)
+    if handed is None:
+        return "undelivered"
+    return "pending" if handed[0] > wall_ms else "expired"
+
+
+_WHY = {
+    "unknown": "this group never handed it out, or the lease it was handed out under has ended (it will be "
+    "delivered again)",
+    "undelivered": "it was never handed out",
+    "expired": "its pending deadline passed: it may be handed to another client",
+    "done": "it is done already (acked, or dead-lettered)",
+    "acked": "it is acked already",
+}
+
+
+def _problem(found: MessageId, state: str) -> dict[str, Any]:
+    return {"topic": found.topic, "partition": found.partition, "offset": found.offset, "state": state,
+            "why": _WHY.get(state, state)}  # fmt: skip

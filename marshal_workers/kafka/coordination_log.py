@@ -1,0 +1,642 @@
+"""Reading the coordination topic: tail every partition into a WorldState.
+
+The I/O shell around the fold.  A background thread consumes all partitions
+of the coordination topic from the beginning, decodes each value, and folds
+it into the state under a lock.  It remembers, per partition, the offset it
+has folded up to, so that a writer can wait for its own record to be folded
+and learn whether the rules accepted it (the read-your-write fence: never
+ListOffsets, which Tansu under-reports).  "Caught up" for a pure reader means
+every partition has reported end-of-partition from a fetch response, whose
+high watermark is right on Tansu and on Kafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from marshal_workers.core.config import Settings
+from marshal_workers.core.stopping import ShouldStop, check_stop, never
+from marshal_workers.errors import DecodeError, KafkaUnavailable, StopRequested
+from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import admin_client, reader_config, topic_partition_count
+from marshal_workers.protocol import checkpoints, codec
+from marshal_workers.protocol.codec import Release
+from marshal_workers.protocol.world_state import WorldState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+GARBAGE_LOG_INTERVAL_S = 60.0
+PROGRESS_LOG_INTERVAL_S = 3.0  # how often a supervisor's long start-up read says how far it has got
+_BATCH = 2000
+_MAX_UNCLAIMED_VERDICTS = 100_000
+
+
+class RateLimitedLog:
+    """Logs at most once per interval, counting what it held back."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._logger, self._interval, self._clock = logger, interval_s, clock
+        self._next_at = 0.0
+        self._held = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = self._clock()
+        if now < self._next_at:
+            self._held += 1
+            return
+        held, self._held = self._held, 0
+        suffix = f" ({held} more since the last report)" if held else ""
+        self._logger.warning(message + suffix, *args)
+        self._next_at = now + self._interval
+
+
+class CoordinationLog:
+    """Tails the coordination topic of one group into a WorldState.
+
+    ``start()`` launches the tail thread; ``wait_caught_up()`` blocks until
+    the state reflects the whole log as it was when reading began;
+    ``wait_verdict(p, o)`` blocks until the record at partition p, offset o,
+    written by ``own_instance``, is folded and returns whether it was accepted.  Read the state only
+    through ``read()``, which holds the lock.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        group: str,
+        partition_count: int,
+        own_instance: str | None = None,
+        from_beginning: bool = False,
+        progress_every: float = 0.0,
+    ) -> None:
+        self.settings = settings
+        self.topic = settings.coordination_topic
+        self.partition_count = partition_count
+        self._state = WorldState(group, settings.heartbeat_ms, partition_count)
+        self._lock = threading.Condition()
+        self._next_offset = [0] * partition_count  # next offset to fold, per partition
+        self._at_end = [False] * partition_count  # reported end-of-partition at least once
+        # Verdicts on the records this process wrote, by (partition, offset), until their writer takes them.
+        self.own_instance = own_instance
+        self._verdicts: dict[tuple[int, int], bool] = {}
+        # Readable when a partition of the group was released: claimants need not wait for their next tick.
+        self.releases, self._releases_w = wakeup_pair()
+        # Readable when a record of own_instance was folded (for writers that do not block: Coordinator.collect).
+        self.own_folds, self._own_folds_w = wakeup_pair()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._learning: threading.Thread | None = None  # learn_directories
+        self._garbage_log = RateLimitedLog(log, GARBAGE_LOG_INTERVAL_S)
+        self.from_beginning = from_beginning
+        # fold_delivered: the timestamp kind last read per partition, what it folded (time used), on or off.
+        self._timestamp_kinds: list[int | None] = [None] * partition_count
+        self._folded_early: dict[tuple[int, int], int | None] = {}
+        self.fast_verdicts = True
+        self.early_folds = 0  # records fold_delivered folded
+        self.started_at: list[int] = [0] * partition_count  # where reading began, per partition
+        self.starts: list[checkpoints.Start] = [checkpoints.BEGINNING] * partition_count
+        # A supervisor's start-up says how far it has read, every ``progress_every`` seconds (0: never) from its
+        # beginning (the search for checkpoints included), until it is caught up.
+        self.report_progress = progress_every > 0
+        self._progress_every = progress_every
+        self._next_report = time.monotonic() + progress_every
+        self._consumer = log_consumer(settings, "log")
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, should_stop: ShouldStop = never) -> CoordinationLog:
+        """Start tailing each partition at the group's latest checkpoint there, else at the latest checkpoint of
+        any group whose directory does not list it (release 0.7.0), else at the beginning (checkpoints.Start).
+
+        StopRequested if ``should_stop`` says so while it looks for checkpoints.
+        """
+        if not self.from_beginning:
+            self.starts = find_starts(
+                self.settings, self.topic, self.partition_count, self._state.group,
+                should_stop=should_stop, report=self.report_progress,
+            )  # fmt: skip
+        for partition, start in enumerate(self.starts):
+            checkpoints.begin(self._state, start, partition)
+            if start.offset is not None:
+                self._next_offset[partition] = self.started_at[partition] = start.offset
+        self._consumer.assign(
+            [TopicPartition(self.topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
+             for p, s in enumerate(self.starts)]
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name="coordination-log", daemon=True)
+        self._thread.start()
+        return self
+
+    def learn_directories(self) -> None:
+        """Learn, in the background, the groups before where reading began on each partition whose directory this
+        reader does not know (it started at a checkpoint without one: written before release 0.7.0, or by a
+        reader that did not know it either), so that its checkpoints carry one from then on (checkpoints.py).
+
+        Reads each such partition from its start to where the tail began, noting only group names: once per
+        member and partition, while directories do not exist yet, and never in the way of the tail.
+        """
+        known = self.read(lambda world: set(world.directory_known))
+        unknown = {p: self.started_at[p] for p in range(self.partition_count) if p not in known}
+        if not unknown:
+            return
+        self._learning = threading.Thread(
+            target=self._learn_directories, args=(unknown,), name="coordination-directories", daemon=True
+        )
+        self._learning.start()
+
+    def _learn_directories(self, stops: dict[int, int]) -> None:
+        group = self._state.group
+        consumer = log_consumer(self.settings, "directories")
+        try:
+            learned = learn_groups_before(consumer, self.topic, stops, self.settings, self._stopping.is_set)
+        except KafkaException as exc:
+            log.warning(
+                "group %s: could not read which groups wrote to %s before our start (%s): our checkpoints carry no "
+                "directory until a restart; other groups' new members read as before 0.7.0", group, self.topic, exc,
+            )  # fmt: skip
+            return
+        finally:
+            consumer.close()
+        with self._lock:
+            for partition, names in learned.items():
+                self._state.learn_groups_before(partition, names)
+        if learned:
+            log.info(
+                "group %s: learned which groups wrote to %s before our start (%s): our checkpoints carry a directory",
+                group, self.topic, ", ".join(f"[{p}]: {len(names)} groups in {stops[p]} records"
+                                             for p, names in sorted(learned.items())),
+            )  # fmt: skip
+
+    def describe_starts(self) -> str:
+        """Where reading began, for the start-up log line: "from the latest checkpoints", ..."""
+        kinds = [start.kind for start in self.starts]
+        if all(kind == "beginning" for kind in kinds):
+            return "the whole log: no checkpoint yet"
+        if all(kind == "checkpoint" for kind in kinds):
+            return "from the latest checkpoints"
+        words = {
+            "checkpoint": "at the group's checkpoint",
+            "directory": "at another group's checkpoint (this group had no record before it)",
+            "beginning": "from the beginning",
+        }
+        return ", ".join(f"{words[kind]} on {kinds.count(kind)}" for kind in words if kind in kinds)
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._learning is not None:
+            self._learning.join(timeout=10)
+        self._consumer.close()
+        for end in (self.releases, self._releases_w, self.own_folds, self._own_folds_w):
+            end.close()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                messages = self._next_messages()
+                if messages:
+                    with self._lock:
+                        for message in messages:
+                            self._fold_message(message)
+                        self._lock.notify_all()
+                if self.report_progress:
+                    self._report_progress(time.monotonic())
+            except Exception:  # nothing may silently kill the tail: log it and go on
+                log.exception("coordination log %s: reading failed", self.topic)
+                time.sleep(0.5)
+
+    def _report_progress(self, now: float) -> None:
+        """Until every partition was read to its end once: every ``progress_every`` seconds, how far reading got.
+        (On the tail's thread, which alone uses the consumer: the ends are those of its last fetch responses.)"""
+        if now < self._next_report:
+            return
+        self._next_report = now + self._progress_every
+        with self._lock:
+            behind = [p for p, done in enumerate(self._at_end) if not done]
+            read = [self._next_offset[p] - self.started_at[p] for p in range(self.partition_count)]
+        if not behind:
+            self.report_progress = False
+            return
+        about: dict[int, int] = {}
+        for p in behind:
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+            about[p] = max(high - self.started_at[p], read[p])
+        shown = "; ".join(f"{self.topic}[{p}]: {read[p]} of about {about[p]}" for p in behind[:4])
+        more = f"; {len(behind) - 4} more partitions" if len(behind) > 4 else ""
+        log.info(
+            "group %s: read %d of about %d records of %s so far (%s%s)",
+            self._state.group, sum(read), sum(read) + sum(about[p] - read[p] for p in behind), self.topic, shown, more,
+        )  # fmt: skip
+
+    def _next_messages(self) -> list[Message]:
+        """Wait up to 100 ms for one message, then take what else is already fetched.
+
+        (consume(n, timeout) would wait the whole timeout whenever fewer than n are there.)
+        """
+        first = self._consumer.poll(0.1)
+        if first is None:
+            return []
+        return [first, *self._consumer.consume(num_messages=_BATCH, timeout=0)]
+
+    def _fold_message(self, message: Message) -> None:
+        partition = message.partition()
+        error = message.error()
+        if error is not None:
+            if error.code() == KafkaError._PARTITION_EOF:
+                self._at_end[partition] = True
+            else:
+                log.warning("coordination log %s: %s", self.topic, error)
+            return
+        offset = message.offset()
+        kind, stamp = message.timestamp()
+        self._timestamp_kinds[partition] = kind
+        at = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
+        if offset < self._next_offset[partition]:
+            self._check_folded_early(partition, offset, at)
+            return
+        if offset > self._next_offset[partition] and self._next_offset[partition] > self.started_at[partition]:
+            log.error("coordination log %s[%d]: records %d..%d were never read (a gap in the log): this member's state "
+                      "may differ from the others'", self.topic, partition, self._next_offset[partition], offset - 1)  # fmt: skip
+        self._fold_value(partition, offset, message.value(), at)
+
+    def _fold_value(self, partition: int, offset: int, value: bytes | None, log_append_time: int | None) -> None:
+        """Fold the record at (partition, offset): the one place the tail and fold_delivered both fold through."""
+        try:
+            record, accepted = self._state.apply_value(value, partition, log_append_time)
+            record_instance: str | None = record.instance
+            if accepted and isinstance(record, Release):
+                _wake(self._releases_w)
+        except DecodeError as exc:
+            self._garbage_log.warning(
+                "coordination log %s[%d]@%d: skipped a record that is not valid: %s", self.topic, partition, offset, exc
+            )
+            accepted, record_instance = False, None
+        self._next_offset[partition] = offset + 1
+        if self.own_instance is not None and record_instance == self.own_instance:
+            self._verdicts[(partition, offset)] = accepted
+            _wake(self._own_folds_w)
+            if len(self._verdicts) > _MAX_UNCLAIMED_VERDICTS:  # writers that gave up waiting
+                del self._verdicts[next(iter(self._verdicts))]
+
+    # ------------------------------------------------- folding our own writes
+
+    def fold_delivered(self, partition: int, offset: int, value: bytes, timestamp: tuple[int, int]) -> bool:
+        """Fold a record we wrote from its delivery report, if the tail has folded everything before it.
+
+        The fast path of a verdict (docs/protocol.md): the record's place in the log is known, and
+        so is every record before it, so folding it now gives exactly the state and verdict the tail
+        would reach when it reads it, without waiting for that read.  The tail then skips it.  Only
+        when the report's timestamp is of the kind the tail sees in that partition: a broker that
+        stamps LogAppendTime but does not return it in its produce response (seen in Redpanda) would
+        give a different record time.  Returns True if folded.
+        """
+        kind, stamp = timestamp
+        with self._lock:
+            if (
+                not self.fast_verdicts
+                or self._next_offset[partition] != offset
+                or self._timestamp_kinds[partition] != kind
+            ):
+                return False
+            at = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
+            self._fold_value(partition, offset, value, at)
+            self._folded_early[(partition, offset)] = at
+            self.early_folds += 1
+            if len(self._folded_early) > _MAX_UNCLAIMED_VERDICTS:  # cannot happen while the tail reads
+                del self._folded_early[next(iter(self._folded_early))]
+            self._lock.notify_all()
+            return True
+
+    def notify_own_folds(self) -> None:
+        """Wake whoever waits on own_folds: a delivery report came, a verdict may now be complete."""
+        _wake(self._own_folds_w)
+
+    def _check_folded_early(self, partition: int, offset: int, at: int | None) -> None:
+        """The tail reached a record fold_delivered folded: it must have folded it at the same time."""
+        used = self._folded_early.pop((partition, offset), at)
+        if used != at:
+            self.fast_verdicts = False
+            log.error(
+                "coordination log %s[%d]@%d: the delivery report gave record time %s, the log %s: this member's "
+                "state may differ from the others' for this record; verdicts now always wait for the log",
+                self.topic, partition, offset, used, at,
+            )  # fmt: skip
+
+    # -------------------------------------------------------------- reading
+
+    def read(self, query: Callable[[WorldState], T]) -> T:
+        """Run ``query`` on the state under the lock (keep it short)."""
+        with self._lock:
+            return query(self._state)
+
+    def snapshot(self) -> WorldState:
+        return self.read(WorldState.snapshot)
+
+    def checkpoint(self, partition: int, common: dict[str, object]) -> list[codec.Checkpoint]:
+        """The checkpoint records of a partition: the state as folded, and the offset it is folded to."""
+        with self._lock:
+            return checkpoints.state_records(self._state, partition, self._next_offset[partition], common)
+
+    def wait_caught_up(self, stall_timeout: float, should_stop: ShouldStop = never) -> None:
+        """Block until every partition reached its end once; give up after ``stall_timeout`` without progress, or
+        (StopRequested) as soon as ``should_stop`` says so."""
+        with self._lock:
+            last_progress, folded = time.monotonic(), sum(self._next_offset)
+            while not all(self._at_end):
+                self._lock.wait(0.1)
+                check_stop(should_stop)
+                if sum(self._next_offset) != folded:
+                    last_progress, folded = time.monotonic(), sum(self._next_offset)
+                elif time.monotonic() - last_progress > stall_timeout:
+                    raise KafkaUnavailable(
+                        f"could not read the coordination topic {self.topic} at {self.settings.brokers} "
+                        f"(no progress for {stall_timeout:g}s)"
+                    )
+
+    @property
+    def fetch_stalls(self) -> int:
+        """Times the tail found the broker answering without records while the log went on (guarded_consumer.py)."""
+        return self._consumer.stalls
+
+    def records_read(self) -> int:
+        """Records folded (or skipped as garbage) since reading began: a bounded number when it began at checkpoints."""
+        with self._lock:
+            return sum(end - start for end, start in zip(self._next_offset, self.started_at))
+
+    def take_verdict(self, partition: int, offset: int) -> bool | None:
+        """The verdict of our record at (partition, offset) if it is folded already, else None."""
+        with self._lock:
+            return self._verdicts.pop((partition, offset), None)
+
+    def wait_verdict(self, partition: int, offset: int, deadline: float) -> bool | None:
+        """The verdict of the record at (partition, offset), or None if it was not folded by ``deadline``."""
+        key = (partition, offset)
+        with self._lock:
+            while key not in self._verdicts:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._lock.wait(min(remaining, 0.1))
+            return self._verdicts.pop(key)
+
+
+def log_consumer(settings: Settings, purpose: str) -> GuardedConsumer:
+    """A reader of the coordination topic that gets each record as soon as the broker has it (and gets past the
+    embedded broker's stalled fetches on a long log: guarded_consumer.py)."""
+    return GuardedConsumer(
+        reader_config(
+            settings,
+            purpose,
+            **{
+                # Every write waits for the tail to fold it. Kafka answers a waiting fetch as soon as
+                # data arrives; Tansu holds it for the whole wait, so the wait bounds write latency.
+                "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
+                "fetch.queue.backoff.ms": 5,
+            },
+        ),
+        f"coordination log {settings.coordination_topic} ({purpose})",
+        settings.heartbeat_interval,
+        contiguous=True,  # no transactions, no compaction: a gap is a record not read yet (guarded_consumer.py)
+    )
+
+
+# How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far.
+_FIRST_LOOK = 20_000
+
+
+def find_checkpoints(
+    settings: Settings, topic: str, partition_count: int, group: str
+) -> list[list[codec.Checkpoint] | None]:
+    """The latest complete checkpoint of ``group`` on each coordination partition (None: it has none)."""
+    starts = find_starts(settings, topic, partition_count, group, use_directories=False)
+    return [start.checkpoint for start in starts]
+
+
+def find_starts(
+    settings: Settings,
+    topic: str,
+    partition_count: int,
+    group: str,
+    use_directories: bool = True,
+    should_stop: ShouldStop = never,
+    report: bool = False,
+) -> list[checkpoints.Start]:
+    """Where a reader of ``group`` starts on each coordination partition (checkpoints.Start).
+
+    Looks at the last records of every partition at once, then 4 times as far back each time where it found
+    neither a complete checkpoint of ``group`` nor (``use_directories``, release 0.7.0) a complete checkpoint of
+    another group whose directory does not list ``group``, so the cost is the records since the last checkpoint
+    of any group.  (Offsets, not times: Tansu answers every "offset for a time" with the log start.)
+    ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.
+    """
+    starts = [checkpoints.BEGINNING] * partition_count
+    consumer = log_consumer(settings, "checkpoints")
+    try:
+        bounds = [
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
+            for p in range(partition_count)
+        ]
+        assemblers = [checkpoints.Assembler() for _ in range(partition_count)]
+        finders = [checkpoints.DirectoryFinder(group) if use_directories else None for _ in range(partition_count)]
+        looking = {p for p, (low, high) in enumerate(bounds) if high > low}  # an empty partition has none
+        stops: dict[int, int | None] = {p: None for p in looking}  # None: to the end
+        look = _FIRST_LOOK
+        while looking:
+            begins = {p: max(bounds[p][0], bounds[p][1] - look) for p in looking}
+            spans = {p: (begins[p], stops[p]) for p in looking}
+            _scan(consumer, topic, group, spans, assemblers, finders, settings, should_stop)
+            for p in sorted(looking):
+                low, high = bounds[p]
+                own = assemblers[p].latest
+                finder = finders[p]
+                elsewhere = None if finder is None else finder.latest
+                start = checkpoints.choose_start(
+                    own if own is not None and own[0].as_of >= low else None,
+                    elsewhere if elsewhere is not None and elsewhere[0] >= low else None,
+                )  # fmt: skip
+                if start.offset is not None:
+                    starts[p] = start
+                    looking.discard(p)
+                elif begins[p] <= low:
+                    looking.discard(p)  # read back to the start: no checkpoint
+                else:
+                    stops[p] = begins[p]
+                    if report:
+                        log.info(
+                            "group %s: no checkpoint that tells where to start in the last %d records of %s[%d] "
+                            "(of %d): looking further back",
+                            group, high - begins[p], topic, p, high - low,
+                        )  # fmt: skip
+            look *= 4
+        return starts
+    except KafkaException as exc:
+        log.warning("coordination log %s: cannot look for checkpoints (%s): reading it all", topic, exc)
+        return [checkpoints.BEGINNING] * partition_count
+    finally:
+        consumer.close()
+
+
+def _scan(
+    consumer: GuardedConsumer,
+    topic: str,
+    group: str,
+    spans: dict[int, tuple[int, int | None]],
+    assemblers: list[checkpoints.Assembler],
+    finders: list[checkpoints.DirectoryFinder | None],
+    settings: Settings,
+    should_stop: ShouldStop,
+) -> None:
+    """Feed the checkpoints in [begin, stop) of each partition (stop None: to its end) to its assembler (the group's
+    own) and its directory finder (other groups')."""
+    starts = {p: begin for p, (begin, _) in spans.items()}
+    stops = {p: stop for p, (_, stop) in spans.items()}
+    for message in _records_in_spans(consumer, topic, starts, stops, settings, should_stop, "looking for checkpoints"):
+        partition = message.partition()
+        value = message.value()
+        if value is None or b'"checkpoint"' not in value:
+            continue
+        try:
+            record = codec.decode(value)
+        except DecodeError:
+            continue
+        # A checkpoint of this partition, describing the log before itself.
+        if not isinstance(record, codec.Checkpoint) or record.source != partition or record.as_of > message.offset():
+            continue
+        if record.group == group:
+            assemblers[partition].add(record)
+        else:
+            finder = finders[partition]
+            if finder is not None:
+                finder.add(record)
+
+
+def learn_groups_before(
+    consumer: GuardedConsumer, topic: str, stops: dict[int, int], settings: Settings, should_stop: ShouldStop = never
+) -> dict[int, set[str]]:
+    """The names of the groups with a record before offset ``stops[p]`` on each partition p of ``topic`` (every
+    value that names a group, valid record or not: codec.group_named).  {} if ``should_stop`` said so first."""
+    names: dict[int, set[str]] = {p: set() for p in stops}
+    lows = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)[0]
+            for p in stops}  # fmt: skip
+    starts = {p: OFFSET_BEGINNING for p, stop in stops.items() if stop > lows[p]}
+    full: set[int] = set()  # partitions with too many groups for a directory: no need to read on
+    try:
+        for message in _records_in_spans(
+            consumer, topic, starts, dict(stops), settings, should_stop, "reading group names", skip=full
+        ):
+            partition = message.partition()
+            group = codec.group_named(message.value())
+            if group is not None and group not in names[partition]:
+                names[partition].add(group)
+                if len(names[partition]) > codec.MAX_DIRECTORY:
+                    full.add(partition)
+    except StopRequested:
+        return {}
+    return names
+
+
+def _records_in_spans(
+    consumer: GuardedConsumer,
+    topic: str,
+    starts: dict[int, int],
+    stops: dict[int, int | None],
+    settings: Settings,
+    should_stop: ShouldStop,
+    doing: str,
+    skip: set[int] | None = None,
+) -> Iterator[Message]:
+    """The records of each partition p from ``starts[p]`` up to ``stops[p]`` (None: to its end), as they come.
+    KafkaException when nothing comes for the connect timeout; StopRequested when ``should_stop`` says so.
+    A partition added to ``skip`` meanwhile is read no further."""
+    if not starts:
+        return
+    consumer.assign([TopicPartition(topic, p, start) for p, start in starts.items()])
+    reading = set(starts)
+    last_progress = time.monotonic()
+    while reading:
+        check_stop(should_stop)
+        batch = consumer.consume(num_messages=_BATCH, timeout=0.1)
+        if batch:
+            last_progress = time.monotonic()
+        elif time.monotonic() - last_progress > settings.connect_timeout:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no progress while {doing}"))
+        for message in batch:
+            partition = message.partition()
+            if skip and partition in skip:
+                reading.discard(partition)
+            if partition not in reading:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    reading.discard(partition)  # read to its end
+                continue
+            stop = stops[partition]
+            if stop is not None and message.offset() >= stop:
+                reading.discard(partition)
+                continue
+            yield message
+            if stop is not None and message.offset() + 1 >= stop:
+                reading.discard(partition)
+
+
+def read_group_state(settings: Settings, group: str) -> WorldState:
+    """The group's world state as of now, read from the latest checkpoints on (read-only).
+
+    A coordination topic that does not exist yet is an empty log: it is not created here.
+    """
+    admin = admin_client(settings)
+    count = topic_partition_count(admin, settings, settings.coordination_topic)
+    if count is None:
+        return WorldState(group, settings.heartbeat_ms, None)
+    reader = CoordinationLog(settings, group, count).start()
+    try:
+        reader.wait_caught_up(stall_timeout=settings.connect_timeout)
+        log.debug(
+            "group %s: read %d records of %s, %s", group, reader.records_read(), settings.coordination_topic,
+            reader.describe_starts(),
+        )  # fmt: skip
+        return reader.snapshot()
+    finally:
+        reader.close()
+
+
+def wakeup_pair() -> tuple[socket.socket, socket.socket]:
+    """A non-blocking (read end, write end) pair: a byte written wakes whoever waits on the read end."""
+    read_end, write_end = socket.socketpair()
+    for end in (read_end, write_end):
+        end.setblocking(False)
+    return read_end, write_end
+
+
+def _wake(sock: socket.socket) -> None:
+    """Make the other end readable; if it already is, one wake-up is enough."""
+    try:
+        sock.send(b"!")
+    except (BlockingIOError, OSError):
+        pass
+
+
+def drain(sock: socket.socket) -> None:
+    """Read every wake-up byte waiting on a socket."""
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, OSError):
+        pass

@@ -1,0 +1,157 @@
+"""Building confluent-kafka clients from Settings, and the few metadata calls we need.
+
+librdkafka retries forever on its own; every call here has a deadline and
+turns "no answer" into a :class:`KafkaUnavailable` that names the brokers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+
+from marshal_workers.core.config import Settings
+from marshal_workers.core.stopping import ShouldStop, check_stop, interruptible, never, wait_future
+from marshal_workers.errors import CoordinationTopicError, KafkaUnavailable, UnknownTopicError
+
+# librdkafka's own log lines go to Python logging instead of raw stderr.
+log = logging.getLogger(__name__)
+librdkafka_log = logging.getLogger("marshal_workers.librdkafka")
+
+
+def client_config(settings: Settings, role: str, **overrides: Any) -> dict[str, Any]:
+    """The librdkafka settings of a ``consumer``, ``producer`` or ``admin`` client: brokers, client id, the user's
+    passthrough for that kind of client (Settings.kafka_for), then overrides."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.brokers,
+        "client.id": f"marshal-workers-{settings.client_id}",
+        "logger": librdkafka_log,
+        # Connection errors are reported by our own deadlines, with a message that says what to do.
+        "error_cb": _log_client_error,
+    }
+    config.update(settings.kafka_for(role))
+    config.update(overrides)
+    return config
+
+
+def reader_config(settings: Settings, purpose: str, **tuning: Any) -> dict[str, Any]:
+    """A consumer that only assign()s and reads: a private group id (never joined, never committed),
+    partition-end events on, and the log's start where an asked-for offset is gone; then ``tuning``."""
+    return client_config(
+        settings,
+        "consumer",
+        **{
+            "group.id": f"marshal-workers-{purpose}-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+        | tuning,
+    )
+
+
+def _log_client_error(error: KafkaError) -> None:
+    librdkafka_log.debug("kafka client error: %s", error)
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    return AdminClient(client_config(settings, "admin"))
+
+
+def cluster_metadata(admin: AdminClient, settings: Settings, should_stop: ShouldStop = never) -> ClusterMetadata:
+    """Metadata of all topics within the connect timeout, or KafkaUnavailable (StopRequested as soon as
+    ``should_stop`` says so: stopping.py).
+
+    Never asks for one topic by name: on clusters with auto.create.topics.enable
+    that request would create it.
+    """
+    try:
+        return interruptible(lambda: admin.list_topics(timeout=settings.connect_timeout), should_stop)
+    except KafkaException as exc:
+        raise KafkaUnavailable(
+            f"Kafka at {settings.brokers} did not answer within {settings.connect_timeout:g}s ({exc.args[0]}). "
+            "Check --brokers / MARSHAL_WORKERS_BROKERS and that the cluster is up "
+            "(for a local broker: marshal-workers broker)."
+        ) from None
+
+
+def topic_partition_count(
+    admin: AdminClient, settings: Settings, topic: str, should_stop: ShouldStop = never
+) -> int | None:
+    """The number of partitions of ``topic``, or None if it does not exist."""
+    metadata = cluster_metadata(admin, settings, should_stop)
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        return None
+    if found.error is not None:
+        raise KafkaUnavailable(f"metadata for topic {topic!r} has an error: {found.error}")
+    return len(found.partitions)
+
+
+def require_topic(admin: AdminClient, settings: Settings, topic: str) -> int:
+    """The partition count of an existing topic, or UnknownTopicError."""
+    count = topic_partition_count(admin, settings, topic)
+    if count is None:
+        raise UnknownTopicError(f"topic {topic!r} does not exist on {settings.brokers}; check the name or create it first")
+    return count
+
+
+def ensure_topic(
+    admin: AdminClient,
+    settings: Settings,
+    topic: str,
+    partitions: int,
+    config: dict[str, str] | None = None,
+    should_stop: ShouldStop = never,
+) -> int:
+    """The partition count of ``topic``, creating it first if it is missing (CoordinationTopicError if it cannot)."""
+    count = topic_partition_count(admin, settings, topic, should_stop)
+    if count is not None:
+        return count
+    log.info("creating topic %s with %d partitions", topic, partitions)
+    new_topic = NewTopic(
+        topic,
+        num_partitions=partitions,
+        replication_factor=settings.coordination_replication_factor,
+        config=config or {},
+    )
+    future = admin.create_topics([new_topic], request_timeout=settings.connect_timeout)[topic]
+    try:
+        wait_future(future, settings.connect_timeout + 1, should_stop)
+    except KafkaException as exc:
+        error = exc.args[0]
+        if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise _cannot_create(settings, topic, partitions, config, str(error)) from None
+    except concurrent.futures.TimeoutError:
+        raise _cannot_create(settings, topic, partitions, config, f"no answer within {settings.connect_timeout:g}s") from None
+    return _wait_topic_visible(admin, settings, topic, should_stop)
+
+
+def _cannot_create(
+    settings: Settings, topic: str, partitions: int, config: dict[str, str] | None, reason: str
+) -> CoordinationTopicError:
+    extra = "".join(f", {k}={v}" for k, v in (config or {}).items())
+    return CoordinationTopicError(
+        f"topic {topic!r} is missing and could not be created on {settings.brokers}: {reason}. "
+        f"Create it (e.g. {partitions} partitions{extra}) or allow this client to create topics."
+    )
+
+
+def _wait_topic_visible(admin: AdminClient, settings: Settings, topic: str, should_stop: ShouldStop) -> int:
+    deadline = time.monotonic() + settings.connect_timeout
+    while time.monotonic() < deadline:
+        count = topic_partition_count(admin, settings, topic, should_stop)
+        if count:
+            return count
+        check_stop(should_stop)
+        time.sleep(0.05)
+    raise CoordinationTopicError(
+        f"topic {topic!r} was created but does not show in the metadata of {settings.brokers} "
+        f"after {settings.connect_timeout:g}s"
+    )

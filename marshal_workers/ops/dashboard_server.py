@@ -1,0 +1,82 @@
+"""The ``dashboard`` command's web server (aiohttp): the page, its JSON, its server-sent events.
+
+Routes: ``GET /`` the page, ``GET /api/state`` the latest document, ``GET /events`` one ``data:`` JSON
+document per update.  Everything comes from a :class:`~marshal_workers.observe.dashboard.Publisher`; this module
+only moves bytes.  SIGTERM and SIGINT stop it cleanly: open event streams end, then the server closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+
+from aiohttp import web
+
+from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, page, sse_event
+from marshal_workers.observe.web_sites import open_site, stop_signal
+
+_PUBLISHER = web.AppKey("publisher", Publisher)
+_STOPPING = web.AppKey("stopping", asyncio.Event)
+_STREAM_POLL_S = 0.2  # how often an event stream looks for a newer document (a dict lookup under a lock)
+
+
+def make_app(publisher: Publisher) -> web.Application:
+    app = web.Application()
+    app[_PUBLISHER] = publisher
+    app[_STOPPING] = asyncio.Event()
+    app.router.add_get("/", _page)
+    app.router.add_get("/api/state", _state)
+    app.router.add_get("/events", _events)
+    app.on_shutdown.append(_end_streams)
+    return app
+
+
+async def _page(request: web.Request) -> web.Response:
+    return web.Response(body=page(), content_type="text/html", charset="utf-8")
+
+
+async def _state(request: web.Request) -> web.Response:
+    _, body = request.app[_PUBLISHER].latest()
+    return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
+    publisher, stopping = request.app[_PUBLISHER], request.app[_STOPPING]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+    await response.prepare(request)
+    sent, quiet = 0, 0.0
+    try:
+        while not stopping.is_set():
+            version, body = publisher.latest()
+            if version > sent:
+                await response.write(sse_event(body))
+                sent, quiet = version, 0.0
+            elif quiet >= KEEPALIVE_S:
+                await response.write(b": keep-alive\n\n")
+                quiet = 0.0
+            try:  # wake at once when the server stops
+                await asyncio.wait_for(stopping.wait(), _STREAM_POLL_S)
+            except asyncio.TimeoutError:
+                quiet += _STREAM_POLL_S
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass  # the browser went away
+    return response
+
+
+async def _end_streams(app: web.Application) -> None:
+    app[_STOPPING].set()
+
+
+async def serve(
+    publisher: Publisher,
+    host: str,
+    port: int,
+    ready: Callable[[str], None],
+    ssl_context: ssl.SSLContext | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT; ``ready`` gets the URL once the port is open."""
+    runner, url = await open_site(make_app(publisher), host, port, ssl_context, "the dashboard", "--port")
+    ready(url)
+    await stop_signal()
+    await runner.cleanup()

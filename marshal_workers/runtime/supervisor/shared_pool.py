@@ -1,0 +1,579 @@
+"""Shared partitions in a supervisor: the range-lease policy and the shared workers that use the leases.
+
+Whole partitions are claimed, heartbeated and handed to one worker each by
+the supervisor's partition policy.  A shared handler's topic is never claimed
+whole: this pool runs ``processes`` workers for it and keeps each of them
+supplied with two leased ranges (the one it handles and the next, so it never
+waits for a claim), all through the coordination log (docs/shared-partitions.md):
+
+* claim: ``claim_ranges`` for the free ranges the fold shows, spread over the
+  partitions and picked at random among the lowest so members do not all race
+  for the same one;
+* renew: ``renew_ranges`` every third of the pending timeout, for every lease held;
+* settle: ``ack_ranges`` when a worker is done with a range (its failed and
+  dead-lettered offsets included), ``cancel_ranges`` for ranges it never began;
+* on a worker's crash: the range it was handling is acked with every offset
+  failed (at least once: delivered again with one try more; at most once:
+  lost), the others cancelled.
+
+The pool never blocks the supervisor's loop: writes go through
+:class:`InFlightWrites` and their verdicts come back in a later pass.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from marshal_workers.core.config import Settings
+from marshal_workers.core.exit_codes import WorkerExit
+from marshal_workers.core.logs import ContextLog
+from marshal_workers.handlers.app import App, HandlerSpec, Mode
+from marshal_workers.handlers.handler_outcomes import OUTCOMES
+from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.in_flight import InFlightWrites
+from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore, PartitionEnds
+from marshal_workers.observe.metrics import SharedStats
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.restarts import RestartPolicy
+from marshal_workers.protocol.world_state import WorldState, per_entry
+from marshal_workers.runtime.channel import monotonic_ms
+from marshal_workers.runtime.supervisor.assignments import signal_process
+from marshal_workers.runtime.worker.shared_worker import SharedWorkerSpec, shared_worker_main
+
+LEASES_PER_WORKER = 2  # the range in hand and the next one
+
+
+@dataclass
+class LeasedRange:
+    """A range whose lease we hold, and the worker it was handed to."""
+
+    partition: int
+    start: int
+    end: int
+    tries: int
+    deadline_ms: int  # monotonic: the worker must not handle a message past it
+    started: bool = False
+
+
+@dataclass
+class SharedWorkerHandle:
+    index: int
+    process: BaseProcess | None = None
+    connection: Connection | None = None
+    leases: list[LeasedRange] = field(default_factory=list)
+    crashes_in_a_row: int = 0
+    restart_at: float | None = 0.0  # monotonic; None: not to be (re)started
+    handled: int = 0
+
+
+@dataclass
+class SharedCounters:
+    ranges_claimed: int = 0
+    ranges_refused: int = 0
+    ranges_acked: int = 0
+    acks_refused: int = 0  # the lease had lapsed (or we never held it): another worker handles it again
+    ranges_cancelled: int = 0
+    ranges_abandoned: int = 0  # a worker's lease ran out while it handled the range
+    handled: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    worker_restarts: int = 0
+
+
+@dataclass
+class SharedTopic:
+    """One shared handler's topic: its workers and what is in flight for it."""
+
+    handler: HandlerSpec
+    workers: list[SharedWorkerHandle]
+    # Partition ends, as last asked (ListOffsets; ends.ends).  They may under-report the end (Tansu,
+    # docs/brokers.md): the end that workers' fetches saw, as acks carry it into the log, counts too.
+    ends: PartitionEnds = field(default_factory=PartitionEnds)
+    initial: dict[int, int] = field(default_factory=dict)  # where a partition never leased starts
+    claiming: bool = False  # a claim_ranges write is in flight
+    next_renewal: float = 0.0  # monotonic
+    acks: list[codec.AckEntry] = field(default_factory=list)  # to write this pass
+    cancels: list[codec.RangeEntry] = field(default_factory=list)
+    counters: SharedCounters = field(default_factory=lambda: SharedCounters())
+
+    @property
+    def lease_ms(self) -> int:
+        return round(self.handler.pending_timeout * 1000)
+
+    @property
+    def safety_ms(self) -> int:
+        """How much earlier than the lease's end in the log the worker stops: clock skew and the write's time."""
+        return min(self.lease_ms // 2, max(500, self.lease_ms // 10))
+
+
+class SharedPool:
+    """The shared handlers of one supervisor: their workers and their leases."""
+
+    def __init__(
+        self,
+        app: App,
+        app_path: str,
+        settings: Settings,
+        log: ContextLog,
+        partition_counts: Callable[[str], int | None],
+    ) -> None:
+        self.app_path = app_path
+        self.settings = settings
+        self.log = log
+        self.partition_counts = partition_counts
+        self.restart_policy = RestartPolicy(limit=settings.crash_limit)
+        self.topics = {
+            topic: SharedTopic(handler, [SharedWorkerHandle(i) for i in range(settings.shared_processes)])
+            for topic, handler in app.handlers.items()
+            if handler.shared
+        }
+        self.stopping = False
+        self.held_back: set[str] = set()  # topics an operator paused (or all, drained): no new leases
+        self.record_outcomes: Callable[[str, dict[str, Any]], None] | None = None  # workers' reports (metrics)
+        self.boot_failed = False  # a worker could not start (an on_worker_start hook failed)
+        self._last_tries = False  # past the shutdown timeout: a settlement that fails is not written again
+        self._writes_in_flight = 0
+        self._context: BaseContext | None = None
+        self.rate_buckets: dict[str, Any] = {}  # rate-limited topic -> its token bucket (set by the supervisor)
+        self._coordinator: Coordinator | None = None
+        self._writes: InFlightWrites | None = None
+        self._offsets: OffsetStore | None = None
+        self._rng = random.Random()
+
+    def attach(self, context: BaseContext, coordinator: Coordinator, writes: InFlightWrites, offsets: OffsetStore) -> None:
+        """The supervisor's fork server and Kafka clients, once they exist."""
+        self._context, self._coordinator, self._writes, self._offsets = context, coordinator, writes, offsets
+
+    # ------------------------------------------------------------- the loop
+
+    def waitables(self) -> list[object]:
+        """What the supervisor's loop waits on for us: workers' pipes and exits."""
+        found: list[object] = []
+        for shared in self.topics.values():
+            for worker in shared.workers:
+                if worker.process is not None:
+                    found.append(worker.process.sentinel)
+                if worker.connection is not None:
+                    found.append(worker.connection)
+        return found
+
+    def step(self) -> None:
+        """One pass of the supervisor's loop: workers' news, exits, starts, then claims, renewals, settlements."""
+        if not self.topics or self._coordinator is None:
+            return
+        now = time.monotonic()
+        for topic, shared in self.topics.items():
+            for worker in shared.workers:
+                self._read_worker(topic, shared, worker)
+                self._reap(topic, shared, worker, now)
+                if worker.process is None and worker.restart_at is not None and worker.restart_at <= now:
+                    self._start_worker(topic, worker)
+            self._ask_high_watermarks(topic, shared, now)
+            self._settle(topic, shared)
+            if now >= shared.next_renewal:
+                shared.next_renewal = now + shared.handler.pending_timeout / 3
+                self._renew(topic, shared)
+            self._claim(topic, shared)
+
+    def begin_stop(self) -> None:
+        """Stop claiming; every worker finishes the range in hand and gives the others back."""
+        self.stopping = True
+        for shared in self.topics.values():
+            for worker in shared.workers:
+                worker.restart_at = None
+                if worker.connection is not None:
+                    try:
+                        worker.connection.send(("stop",))
+                    except OSError:
+                        pass
+
+    def stopped(self) -> bool:
+        """Every worker gone and every lease settled in the log (or given up on)."""
+        return all(
+            worker.process is None and not worker.leases for shared in self.topics.values() for worker in shared.workers
+        ) and self._writes_in_flight == 0 and not any(s.acks or s.cancels for s in self.topics.values())
+
+    def signal_workers(self, signum: int) -> None:
+        for shared in self.topics.values():
+            for worker in shared.workers:
+                signal_process(worker.process, signum)
+
+    def kill_workers(self) -> None:
+        """Past the shutdown timeout: kill every worker; what they held is settled once more, then left to lapse."""
+        self._last_tries = True
+        self.signal_workers(signal.SIGKILL)
+
+    def state(self) -> list[dict[str, Any]]:
+        """For the SIGUSR1 dump: per shared topic, its workers and their leases."""
+        return [
+            {
+                "topic": topic,
+                "workers": [
+                    {
+                        "pid": None if w.process is None else w.process.pid,
+                        "leases": [[r.partition, r.start, r.end, r.tries, r.started] for r in w.leases],
+                        "handled": w.handled,
+                    }
+                    for w in shared.workers
+                ],
+            }
+            for topic, shared in self.topics.items()
+        ]
+
+    # -------------------------------------------------------------- workers
+
+    def _start_worker(self, topic: str, worker: SharedWorkerHandle) -> None:
+        assert self._context is not None
+        ours, theirs = self._context.Pipe(duplex=True)
+        process = self._context.Process(  # type: ignore[attr-defined]
+            target=shared_worker_main,
+            args=(SharedWorkerSpec(self.app_path, topic, worker.index, self.settings), theirs,
+                  self.rate_buckets.get(topic)),
+            name=f"shared worker {topic} #{worker.index}",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        worker.process, worker.connection, worker.restart_at = process, ours, None
+
+    def _read_worker(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle) -> None:
+        connection = worker.connection
+        if connection is None:
+            return
+        try:
+            while connection.poll(0):
+                self._on_worker_message(topic, shared, worker, connection.recv())
+        except (EOFError, OSError):
+            pass  # it exited: _reap settles what it held
+
+    def _on_worker_message(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, message: tuple[Any, ...]) -> None:
+        if message[0] == OUTCOMES:
+            if len(message) == 2 and isinstance(message[1], dict) and self.record_outcomes is not None:
+                self.record_outcomes(topic, message[1])
+            return
+        kind, partition, start = message[0], message[1], message[2]
+        leased = next((r for r in worker.leases if r.partition == partition and r.start == start), None)
+        if leased is None:
+            return
+        if kind == "started":
+            leased.started = True
+            return
+        worker.leases.remove(leased)
+        if kind == "settled":
+            _, _, _, end, failed, dead, handled, high = message
+            worker.handled += handled
+            worker.crashes_in_a_row = 0
+            shared.counters.handled += handled
+            shared.counters.failed += len(failed)
+            shared.counters.dead_lettered += len(dead)
+            shared.acks.append(codec.AckEntry(partition=partition, offset=start, end=end, failed=tuple(failed),
+                                              dead=tuple(dead), high=high))  # fmt: skip
+        elif kind == "returned":
+            shared.cancels.append(codec.RangeEntry(partition=partition, offset=start, end=leased.end))
+        elif kind == "abandoned":
+            shared.counters.ranges_abandoned += 1  # its lease lapses in the log: handled again (ALO) or lost (AMO)
+
+    def _reap(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, now: float) -> None:
+        process = worker.process
+        if process is None or process.is_alive():
+            return
+        self._read_worker(topic, shared, worker)  # what it said before it went
+        process.join()
+        code = process.exitcode if process.exitcode is not None else -1
+        process.close()
+        if worker.connection is not None:
+            worker.connection.close()
+        worker.process = worker.connection = None
+        for leased in worker.leases:
+            if leased.started:  # it may have handled any of them: one try more each (AMO: lost)
+                offsets = tuple(range(leased.start, leased.end))
+                shared.acks.append(codec.AckEntry(partition=leased.partition, offset=leased.start, end=leased.end,
+                                                  failed=offsets))  # fmt: skip
+            else:
+                shared.cancels.append(codec.RangeEntry(partition=leased.partition, offset=leased.start, end=leased.end))
+        worker.leases.clear()
+        if code == WorkerExit.BOOT_ERROR:
+            self.log.error("a shared worker for %s could not start (see its error above): stopping", topic)
+            self.boot_failed = True  # every worker would fail the same way: the supervisor stops
+            return
+        if self.stopping:
+            return
+        if code not in (WorkerExit.STOPPED, WorkerExit.SUPERVISOR_GONE):
+            worker.crashes_in_a_row += 1
+        delay = self.restart_policy.delay(max(worker.crashes_in_a_row, 1)) or self.settings.sick_cooldown
+        self.log.warning("shared worker %s #%d exited (code %s): restarting in %.1fs", topic, worker.index, code, delay)
+        shared.counters.worker_restarts += 1
+        worker.restart_at = now + (0.0 if code == WorkerExit.STOPPED else delay)
+
+    # --------------------------------------------------------------- claims
+
+    def _claim(self, topic: str, shared: SharedTopic) -> None:
+        if self.stopping or shared.claiming or topic in self.held_back:
+            return
+        hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
+        want = sum(LEASES_PER_WORKER - len(w.leases) for w in hungry)
+        idle = sum(1 for w in hungry if not w.leases)
+        if not want or not shared.ends.ends:
+            return
+        coordinator = self._require_coordinator()
+        now_ms = coordinator.now_ms()
+        size = shared.handler.range_size
+
+        candidates, members, unknown = coordinator.read(
+            lambda world: free_candidates(world, topic, shared.ends.ends, shared.initial, now_ms, size, want, idle)
+        )
+        if unknown:
+            self._look_up_initial(topic, shared, unknown)
+            return
+        picked = pick_ranges(candidates, want, members, self._rng)
+        if not picked:
+            return
+        record = codec.ClaimRanges(
+            **coordinator.record_fields(), topic=topic, lease_ms=shared.lease_ms,
+            amo=shared.handler.mode is Mode.AMO,
+            ranges=tuple(codec.RangeEntry(partition=p, offset=s, end=e) for p, s, e, _ in picked),
+        )  # fmt: skip
+        written_ms = monotonic_ms()  # before the write: the deadline errs short
+        shared.claiming = True
+        self._submit(
+            "range claim", record,
+            lambda verdicts: self._after_claim(topic, shared, picked, verdicts, written_ms),
+            lambda exc: self._claim_failed(topic, shared, exc),
+        )  # fmt: skip
+
+    def _after_claim(self, topic: str, shared: SharedTopic, picked: list[tuple[int, int, int, int]],
+                     verdicts: Sequence[bool], written_ms: int) -> None:  # fmt: skip
+        shared.claiming = False
+        won = [entry for entry, accepted in zip(picked, verdicts) if accepted]
+        shared.counters.ranges_claimed += len(won)
+        shared.counters.ranges_refused += len(picked) - len(won)
+        deadline = written_ms + shared.lease_ms - shared.safety_ms
+        for partition, start, end, tries in won:
+            worker = self._hungriest(shared)  # a range at a partition's end goes to an idle worker (see free_candidates)
+            if worker is None or self.stopping:
+                shared.cancels.append(codec.RangeEntry(partition=partition, offset=start, end=end))
+                continue
+            leased = LeasedRange(partition, start, end, tries, deadline)
+            worker.leases.append(leased)
+            self._tell(worker, ("lease", partition, start, end, deadline, tries))
+
+    def _claim_failed(self, topic: str, shared: SharedTopic, exc: Exception) -> None:
+        shared.claiming = False
+        self.log.warning("range claims on %s not confirmed: %s", topic, exc)
+
+    def _hungriest(self, shared: SharedTopic) -> SharedWorkerHandle | None:
+        hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
+        return min(hungry, key=lambda w: len(w.leases), default=None)
+
+    def _look_up_initial(self, topic: str, shared: SharedTopic, partitions: list[int]) -> None:
+        """Where partitions never leased start: the group's committed offset (the low-water mark's backup),
+        else auto_offset_reset.  Once per partition; a blocking lookup, like a whole partition's first claim."""
+        try:
+            found = self._require_offsets().start_offsets([(topic, p) for p in partitions])
+        except OffsetLookupError as exc:
+            self.log.warning("%s", exc)
+            return
+        shared.initial.update({partition: offset for (_, partition), offset in found.items()})
+
+    # ------------------------------------------------------ renew and settle
+
+    def _renew(self, topic: str, shared: SharedTopic) -> None:
+        held = [(w, r) for w in shared.workers for r in w.leases]
+        if not held or self._coordinator is None:
+            return
+        record = codec.RenewRanges(
+            **self._require_coordinator().record_fields(), topic=topic, lease_ms=shared.lease_ms,
+            ranges=tuple(codec.RangeEntry(partition=r.partition, offset=r.start, end=r.end) for _, r in held),
+        )  # fmt: skip
+        written_ms = monotonic_ms()
+
+        def renewed(verdicts: Sequence[bool]) -> None:
+            deadline = written_ms + shared.lease_ms - shared.safety_ms
+            for (worker, leased), accepted in zip(held, verdicts):
+                if accepted and leased in worker.leases and deadline > leased.deadline_ms:
+                    leased.deadline_ms = deadline
+                    self._tell(worker, ("renewed", leased.partition, leased.start, deadline))
+
+        self._submit("range renewal", record, renewed, lambda exc: self.log.warning("lease renewal on %s: %s", topic, exc))
+
+    def _settle(self, topic: str, shared: SharedTopic) -> None:
+        coordinator = self._coordinator
+        if coordinator is None:
+            return
+        if shared.acks:
+            acks, shared.acks = shared.acks, []
+            record = codec.AckRanges(**coordinator.record_fields(), topic=topic, ranges=tuple(acks))
+
+            def acked(verdicts: Sequence[bool]) -> None:
+                refused = [a for a, ok in zip(acks, verdicts) if not ok]
+                shared.counters.ranges_acked += len(acks) - len(refused)
+                shared.counters.acks_refused += len(refused)
+                for ack in refused:
+                    self.log.warning("%s[%d]: ack of %d..%d refused: its lease had lapsed, so it is delivered again "
+                                     "(at most once: counted lost)", topic, ack.partition, ack.offset, ack.end - 1)  # fmt: skip
+
+            self._submit("range ack", record, acked, lambda exc: self._settle_failed(topic, shared, acks, [], exc))
+        if shared.cancels:
+            cancels, shared.cancels = shared.cancels, []
+            record = codec.CancelRanges(**coordinator.record_fields(), topic=topic, ranges=tuple(cancels))
+
+            def cancelled(verdicts: Sequence[bool]) -> None:
+                shared.counters.ranges_cancelled += sum(1 for ok in verdicts if ok)
+
+            self._submit("range cancel", record, cancelled, lambda exc: self._settle_failed(topic, shared, [], cancels, exc))
+
+    def _settle_failed(self, topic: str, shared: SharedTopic, acks: list[codec.AckEntry],
+                       cancels: list[codec.RangeEntry], exc: Exception) -> None:  # fmt: skip
+        """Not confirmed: try again (the fold refuses a second ack of the same lease, so a repeat is harmless),
+        unless the shutdown timeout has passed: then the leases lapse (ALO: delivered again; AMO: lost)."""
+        if self._last_tries:
+            self.log.error("settling ranges of %s not confirmed (%s): leaving them to lapse", topic, exc)
+            return
+        self.log.warning("settling ranges of %s not confirmed (%s): writing again", topic, exc)
+        shared.acks.extend(acks)
+        shared.cancels.extend(cancels)
+
+    def _submit(self, what: str, record: codec.Record, on_verdicts: Callable[[Sequence[bool]], None],
+                on_failure: Callable[[Exception], None]) -> None:  # fmt: skip
+        entries = len(record.ranges)  # type: ignore[union-attr]
+        self._writes_in_flight += 1
+
+        def done(verdicts: list[Any]) -> None:
+            self._writes_in_flight -= 1
+            on_verdicts(per_entry(verdicts[0], entries))
+
+        def failed(exc: Exception) -> None:
+            self._writes_in_flight -= 1
+            on_failure(exc)
+
+        assert self._writes is not None
+        self._writes.submit(what, [record], done, failed)
+
+    def _tell(self, worker: SharedWorkerHandle, message: tuple[Any, ...]) -> None:
+        if worker.connection is None:
+            return
+        try:
+            worker.connection.send(message)
+        except OSError:
+            pass  # it is exiting: _reap settles its leases
+
+    # --------------------------------------------------------- partition ends
+
+    def _ask_high_watermarks(self, topic: str, shared: SharedTopic, now: float) -> None:
+        """Keep each partition's end offset fresh, without blocking."""
+        shared.ends.refresh(self._require_offsets(), topic, self.partition_counts(topic), now)
+
+    def stats(self) -> list[SharedStats]:
+        """For the metrics endpoint (its thread): counts of ours, low-water marks and losses from the log."""
+        if self._coordinator is None or not self.topics:
+            return []
+        now_ms = round(time.time() * 1000)
+        marks = self._coordinator.read(lambda world: world.shared_marks(now_ms))
+        found = []
+        for topic, shared in list(self.topics.items()):
+            c = shared.counters
+            found.append(SharedStats(
+                topic=topic,
+                leases_held=sum(len(w.leases) for w in shared.workers),
+                workers=sum(1 for w in shared.workers if w.process is not None),
+                ranges={"claimed": c.ranges_claimed, "refused": c.ranges_refused, "acked": c.ranges_acked,
+                        "ack_refused": c.acks_refused, "cancelled": c.ranges_cancelled,
+                        "abandoned": c.ranges_abandoned},
+                messages={"handled": c.handled, "failed": c.failed, "dead_lettered": c.dead_lettered},
+                worker_restarts=c.worker_restarts,
+                low_water_marks={p: low for (t, p), (low, _) in marks.items() if t == topic},
+                lost={p: lost for (t, p), (_, lost) in marks.items() if t == topic},
+            ))  # fmt: skip
+        return found
+
+    def _require_coordinator(self) -> Coordinator:
+        assert self._coordinator is not None
+        return self._coordinator
+
+    def _require_offsets(self) -> OffsetStore:
+        assert self._offsets is not None
+        return self._offsets
+
+    def low_water_marks(self) -> list[tuple[str, int, int]]:
+        """(topic, partition, low-water mark) of every shared partition: committed as the group's offsets."""
+        coordinator = self._require_coordinator()
+
+        def marks(world: WorldState) -> list[tuple[str, int, int]]:
+            return [
+                (topic, partition, shared.low)
+                for (topic, partition), shared in world.shared.items()
+                if topic in self.topics and shared.low is not None
+            ]
+
+        return coordinator.read(marks)
+
+
+def free_candidates(
+    world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
+    idle: int, probe_size: int = 1,
+) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
+    """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
+    partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
+    ``initial``: where partitions never leased start, as looked up.
+
+    A partition read to its end, with nobody waiting there, gets a one-offset range at its end if a worker
+    is idle (``idle``): that worker waits for the next message (and its fetches tell the true end, which
+    ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.  The HTTP
+    service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
+    """
+    found: dict[int, list[tuple[int, int, int]]] = {}
+    unknown: list[int] = []
+    holders = set()
+    for partition, asked_end in high.items():
+        state = world.shared_partition(topic, partition)
+        end = asked_end if state is None else max(asked_end, state.high)
+        if state is None or state.low is None:
+            start = initial.get(partition)
+            if start is None:
+                unknown.append(partition)
+            else:
+                found[partition] = [(start, max(min(start + size, end), start + 1), 0)]
+            continue
+        live = state.live_leases(now_ms)
+        holders.update(lease.holder for lease in live)
+        ranges = []
+        for start, stop in state.free_ranges(now_ms, end, size, want + 8):
+            tries = state.tries_in(start, stop)
+            ranges.append((start, stop, tries[0].count if tries else 0))
+        if not ranges and not live and idle > 0:
+            idle -= 1
+            start = state.low
+            tries = state.tries_in(start, start + 1)
+            ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
+        found[partition] = ranges
+    return found, max(len(holders), 1), unknown
+
+
+def pick_ranges(
+    candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random
+) -> list[tuple[int, int, int, int]]:
+    """Up to ``want`` ranges: one partition after another (spread), each a random one of the lowest few free
+    ranges (the more members, the wider the pick), so members racing for the same range are rare."""
+    pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
+    order = list(pools)
+    rng.shuffle(order)
+    picked: list[tuple[int, int, int, int]] = []
+    while len(picked) < want and order:
+        for partition in list(order):
+            pool = pools[partition]
+            index = rng.randrange(min(len(pool), members))
+            start, end, tries = pool.pop(index)
+            picked.append((partition, start, end, tries))
+            if not pool:
+                order.remove(partition)
+            if len(picked) >= want:
+                break
+    return picked

@@ -1,0 +1,48 @@
+"""The supervisor's first and last log lines: what it runs with, and how it stopped.  Pure: values in, text out."""
+
+from __future__ import annotations
+
+from marshal_workers.core.config import SETTINGS, Settings
+from marshal_workers.handlers.app import App
+
+# Shown in the start-up line whatever their value; other settings only where they differ from the default.
+_ALWAYS_SHOWN = ("coordination_topic", "heartbeat_interval", "balance", "max_partitions", "shutdown_timeout")
+_NEVER_SHOWN = ("group", "brokers", "client_id", "processes")  # processes: shown as the count in effect
+
+
+def start_line(app: App, app_path: str, settings: Settings, client: str, instance: str) -> str:
+    """The start-up line: the effective settings (option, environment, file or App(...)), not App's own arguments."""
+    topics = [t for t in app.topics if not app.handlers[t].shared]
+    shared = [t for t in app.topics if app.handlers[t].shared]
+    handled = f"topics {', '.join(topics) or '-'}" + (f"; shared {', '.join(shared)}" if shared else "")
+    defaults = Settings(client_id=settings.client_id)
+    shown = [
+        f"{name}={_setting_text(name, getattr(settings, name))}"
+        for name in SETTINGS
+        if name not in _NEVER_SHOWN
+        and (name in _ALWAYS_SHOWN or getattr(settings, name) != getattr(defaults, name))
+    ]
+    if shared:
+        shown.append(f"processes={settings.shared_processes}")
+    return (
+        f"supervisor {client}/{instance} running {app_path} ({handled}) in group {settings.group} "
+        f"on {settings.brokers}: {', '.join(shown)}"
+    )
+
+
+def _setting_text(name: str, value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:g}s"  # every float setting is a duration
+    if name == "max_memory_per_worker" and isinstance(value, int) and value:
+        return f"{value / 2**20:g}MB"
+    return str(value)
+
+
+def stop_line(released: int, seconds: float, exit_code: int, workers_killed: bool) -> str:
+    """The last line of a supervisor that stopped by releasing its partitions."""
+    what = f"released {released} partition{'' if released == 1 else 's'}"
+    if exit_code == 0 and not workers_killed:
+        return f"stopped cleanly: {what} at {'its offset' if released == 1 else 'their offsets'} in {seconds:.1f}s"
+    killed = "; workers were killed and released at their last progress" if workers_killed else ""
+    code = f" with exit code {exit_code}" if exit_code else ""
+    return f"stopped{code}: {what} in {seconds:.1f}s{killed}"

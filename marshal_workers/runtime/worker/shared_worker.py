@@ -1,0 +1,429 @@
+"""A shared worker: one process that handles the ranges of offsets its supervisor leased for it.
+
+Shared handlers (``@app.handler(topic, shared=True)``, docs/shared-partitions.md)
+are not tied to a partition: the supervisor leases ranges ``[start, end)`` of
+any partition of the topic in the coordination log and hands them to its
+shared workers through their pipes, two at a time, so the next range is
+leased while the current one is handled.  A worker reads its ranges from
+Kafka itself (payloads never cross the supervisor), handles each message,
+and reports the range settled: which offsets failed (to be delivered again,
+at least once) and which went to the dead-letter topic.
+
+A worker never handles a message once its lease's deadline has passed (the
+supervisor moves the deadline on as it renews the lease): past it, another
+worker may hold the range.
+
+What passes on the pipe (tuples, first item the kind):
+
+supervisor to worker
+    ``("lease", partition, start, end, deadline_ms, tries)``: handle ``[start, end)`` before
+    ``deadline_ms`` (monotonic, see channel.monotonic_ms); its messages were delivered ``tries`` times.
+    ``("renewed", partition, start, deadline_ms)``: the lease now lasts until ``deadline_ms``.
+    ``("stop",)``: finish the range in hand, give the others back, exit.
+worker to supervisor
+    ``("started", partition, start)``: handling that range now.
+    ``("settled", partition, start, end, failed, dead, handled, high)``: done with ``[start, end)`` (``end``
+    is short of the lease's when a stop found nothing more to read); ``high`` is the partition's end as its
+    fetches saw it (or None).
+    ``("abandoned", partition, start, end)``: its deadline passed first; it was left alone from there.
+    ``("returned", partition, start, end)``: never started (a stop): the supervisor cancels it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from types import FrameType
+from typing import Any
+
+import setproctitle
+from confluent_kafka import KafkaError, TopicPartition
+
+from marshal_workers.core.config import Settings
+from marshal_workers.core.exit_codes import WorkerExit
+from marshal_workers.core.logs import ContextLog, configure_logging, group_log, partition_log
+from marshal_workers.errors import MaxDeliveriesExceeded, SendError
+from marshal_workers.handlers.app import App, HandlerSpec, Message, Mode
+from marshal_workers.handlers.failure_logs import log_dead_letter, log_ignored, log_left_for_later, log_retry
+from marshal_workers.handlers.handler_outcomes import OutcomeCounts
+from marshal_workers.handlers.hooks import Hooks, run_hooks
+from marshal_workers.handlers.loader import load_app
+from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
+from marshal_workers.handlers.rate_limits import Throttle
+from marshal_workers.handlers.retry_policy import Action, next_step
+from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
+from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import client_config
+from marshal_workers.kafka.outbox import Outbox
+from marshal_workers.protocol.dead_letter_groups import OtherGroups
+from marshal_workers.runtime.channel import monotonic_ms
+from marshal_workers.runtime.worker.stack_dumps import dump_stacks_on_sigusr2, worker_heading
+from marshal_workers.runtime.worker.worker import die_with_parent, finish_worker, send_failed, take_up_handler
+
+_log = logging.getLogger(__name__)
+
+_FETCH_MOST = 500
+_IDLE_WAIT_S = 0.5
+
+
+@dataclass(frozen=True)
+class SharedWorkerSpec:
+    """Everything a shared worker needs to start; picklable, built in the supervisor."""
+
+    app_path: str
+    topic: str
+    index: int  # this worker's number among the topic's shared workers of its supervisor
+    settings: Settings
+
+
+@dataclass
+class _Range:
+    partition: int
+    start: int
+    end: int
+    deadline_ms: int
+    tries: int
+    failed: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+    handled: int = 0
+
+
+class _SupervisorGone(Exception):
+    pass
+
+
+def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None) -> None:
+    """Entry point in the worker process (the target of the fork server's Process).  ``rate_bucket``: the
+    handler's shared token bucket (rate_limits.py), if it has a rate_limit."""
+    code = SharedWorker(spec, connection, rate_bucket).run()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code))
+
+
+class SharedWorker:
+    def __init__(self, spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None) -> None:
+        self.spec = spec
+        self.rate_bucket = rate_bucket
+        self.throttle: Throttle | None = None  # the handler's rate_limit, if any
+        self.max_age_ms = 0  # the handler's max_age, 0: none
+        self.connection = connection
+        self.log = group_log(_log, spec.settings.require_group())
+        self.stopping = False
+        self.ranges: collections.deque[_Range] = collections.deque()
+        self._consumer: GuardedConsumer | None = None
+        self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
+        self._dlq = DeadLetterWriter(spec.settings)
+        self._other_groups = OtherGroups(spec.settings.require_group())  # messages redriven for another group
+        self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
+        self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
+        self.hooks = Hooks()  # the app's, once it is loaded
+        self.in_hand: tuple[int, int] | None = None  # (partition, start) of the range being handled, for SIGUSR2
+
+    def run(self) -> WorkerExit:
+        configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
+        die_with_parent()
+        dump_stacks_on_sigusr2(self._stack_dump_heading)  # sent by the supervisor on its own SIGUSR2
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "
+                                  f"#{self.spec.index}")  # fmt: skip
+        app: App | None = None
+        try:
+            app = load_app(self.spec.app_path)
+            handler = take_up_handler(self, app, self.spec.topic)
+            for hook in app.worker_start_hooks:
+                hook()
+        except Exception:
+            self.log.exception("shared worker for %s cannot start", self.spec.topic)
+            return WorkerExit.BOOT_ERROR
+        try:
+            settings = self.spec.settings
+            self._consumer = GuardedConsumer(
+                consumer_settings(settings),
+                f"shared worker of {settings.require_group()} {self.spec.topic}",
+                settings.heartbeat_interval,
+            )
+            self._consumer.read_without_gaps_if_the_broker_skips(settings.connect_timeout)
+            return self._loop(handler)
+        except _SupervisorGone:
+            return WorkerExit.SUPERVISOR_GONE
+        except SendError as exc:
+            return send_failed(self.log, exc)
+        finally:
+            self._finish(app)
+
+    def _stack_dump_heading(self) -> str:
+        at = self.in_hand  # read once: the main thread may move on meanwhile
+        range_text = f"shared worker #{self.spec.index}, " + ("between ranges" if at is None else f"range from {at[1]}")
+        return worker_heading(os.getpid(), self.spec.settings.require_group(), self.spec.topic,
+                              None if at is None else at[0], range_text)  # fmt: skip
+
+    def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
+        self.stopping = True
+
+    def _finish(self, app: App | None) -> None:
+        try:
+            self._send_outcomes()
+        except _SupervisorGone:
+            pass
+        finish_worker(app, self.log, self._dlq, self._consumer, self.outbox)
+
+    def _send_outcomes(self) -> None:
+        message = self.outcomes.take()
+        if message is not None:
+            self._send(message)
+
+    # ------------------------------------------------------------------ loop
+
+    def _loop(self, handler: HandlerSpec) -> WorkerExit:
+        while True:
+            if not self.ranges and self._position is not None and not self.stopping:
+                self._read_pipe(wait=_IDLE_WAIT_S)  # the next range usually comes now, often where we stand
+                if not self.ranges and self._consumer is not None:
+                    self._consumer.unassign()  # idle: stop fetching
+                    self._position = None
+            if not self.stopping:  # stopping: no wait for ranges that will not come
+                self._read_pipe(wait=0 if self.ranges else _IDLE_WAIT_S)
+            if self.stopping:
+                # A stop waits for the range in hand (_handle_range finishes it); the rest was never begun.
+                for leased in self.ranges:
+                    self._send(("returned", leased.partition, leased.start, leased.end))
+                return WorkerExit.STOPPED
+            if self.ranges:
+                self.in_hand = (self.ranges[0].partition, self.ranges[0].start)
+                self._handle_range(handler, self.ranges[0])
+                self.ranges.popleft()
+                self.in_hand = None
+
+    def _read_pipe(self, wait: float) -> None:
+        try:
+            ready = self.connection.poll(wait)
+            while ready:
+                self._on_message(self.connection.recv())
+                ready = self.connection.poll(0)
+        except (EOFError, OSError):
+            raise _SupervisorGone() from None
+
+    def _on_message(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "lease":
+            _, partition, start, end, deadline_ms, tries = message
+            self.ranges.append(_Range(partition, start, end, deadline_ms, tries))
+        elif kind == "renewed":
+            _, partition, start, deadline_ms = message
+            for leased in self.ranges:
+                if leased.partition == partition and leased.start == start:
+                    leased.deadline_ms = max(leased.deadline_ms, deadline_ms)
+        elif kind == "stop":
+            self.stopping = True
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        try:
+            self.connection.send(message)
+        except (BrokenPipeError, OSError):
+            raise _SupervisorGone() from None
+
+    # ---------------------------------------------------------------- ranges
+
+    def _handle_range(self, handler: HandlerSpec, leased: _Range) -> None:
+        """Handle every message of ``leased`` while its lease holds, then report it settled (or abandoned)."""
+        assert self._consumer is not None
+        self._send(("started", leased.partition, leased.start))
+        setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} "
+                                  f"{self.spec.topic}[{leased.partition}] @{leased.start}")  # fmt: skip
+        if self._position != (leased.partition, leased.start):
+            self._consumer.assign([TopicPartition(self.spec.topic, leased.partition, leased.start)])
+        self._position = (leased.partition, leased.start)
+        next_offset = leased.start
+        end_seen: int | None = None  # the partition's end when the last fetch reached it
+        while next_offset < leased.end:
+            if monotonic_ms() >= leased.deadline_ms:
+                return self._abandon(leased, next_offset)
+            if (self.stopping or len(self.ranges) > 1) and self._at_end(leased.partition, next_offset, end_seen):
+                # Read to the partition's end inside the lease: don't wait there for messages while a stop or
+                # another range waits.
+                return self._leave_at_the_end(leased, next_offset)
+            records = self._consumer.consume(min(leased.end - next_offset, _FETCH_MOST), 0.1)
+            self._read_pipe(wait=0)  # renewals (and a stop, which waits for this range to end)
+            not_ours = self._other_groups.offsets(records)  # one partition: the range's
+            for record in records:
+                error = record.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        self.log.warning("%s[%d]: fetch error: %s", self.spec.topic, leased.partition, error)
+                    elif record.offset() >= leased.end:
+                        next_offset = leased.end  # the offsets left hold no message (transaction markers)
+                    else:
+                        end_seen = record.offset()
+                    continue
+                offset = record.offset()
+                if offset < next_offset:
+                    continue
+                if offset >= leased.end:
+                    next_offset = leased.end
+                    break
+                if not_ours and offset in not_ours:  # redriven for another group: done here without a call
+                    self.outcomes.other_group += 1
+                    leased.handled += 1
+                    next_offset = offset + 1
+                    continue
+                if self.max_age_ms and is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms):
+                    self._too_old(handler, leased, record)
+                    next_offset = offset + 1
+                    continue
+                if self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased)):
+                    # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
+                    if self.stopping:
+                        return self._leave_at_the_end(leased, offset)
+                if monotonic_ms() >= leased.deadline_ms:
+                    return self._abandon(leased, offset)
+                self._handle_message(handler, leased, record)
+                next_offset = offset + 1
+        self._settle(leased, leased.end)
+
+    def _settle(self, leased: _Range, end: int) -> None:
+        """Report ``[leased.start, end)`` handled (the lease's offsets from ``end`` on go back untried)."""
+        assert self._consumer is not None
+        self._position = (leased.partition, end)
+        high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, leased.partition), cached=True)
+        self.outbox.flush()  # what the range's calls sent (app.send), before it is reported handled
+        self._send_outcomes()
+        self._send(("settled", leased.partition, leased.start, end, leased.failed, leased.dead, leased.handled,
+                    None if high is None or high[1] < 0 else high[1]))  # fmt: skip
+
+    def _at_end(self, partition: int, next_offset: int, end_seen: int | None) -> bool:
+        """Read to the partition's end: its end-of-partition event said so in this range, or the end the last fetch
+        response carried does.  (A range that starts where the last one ended may never get the event: the
+        consumer, not re-assigned, reported that end already, in the range before.)"""
+        if end_seen is not None and end_seen <= next_offset:
+            return True
+        assert self._consumer is not None
+        high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, partition), cached=True)[1]
+        return 0 <= high <= next_offset
+
+    def _leave_at_the_end(self, leased: _Range, next_offset: int) -> None:
+        """The partition read to its end inside the lease: settle what was handled and give the rest back, rather
+        than wait for messages that may not come before the shutdown timeout, or hold up the next range."""
+        if next_offset > leased.start:
+            self._settle(leased, next_offset)
+        else:
+            self._position = None
+            self._send(("returned", leased.partition, leased.start, leased.end))
+
+    def _abandon(self, leased: _Range, offset: int) -> None:
+        self.log.warning(
+            "%s[%d]: the lease on %d..%d ran out at offset %d (is the supervisor stopped?): leaving the rest",
+            self.spec.topic, leased.partition, leased.start, leased.end - 1, offset,
+        )  # fmt: skip
+        self._position = None
+        self._send(("abandoned", leased.partition, leased.start, leased.end))
+
+    def _still_waiting(self, leased: _Range) -> bool:
+        """While waiting for a token: renewals and a stop read, and the lease still holds."""
+        self._read_pipe(wait=0)
+        return not self.stopping and monotonic_ms() < leased.deadline_ms
+
+    def _too_old(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
+        """A message past max_age: not handled but skipped (handled, as far as the lease is concerned) or
+        dead-lettered (on_too_old="dlq"); counted either way."""
+        self.outcomes.too_old += 1
+        if handler.on_too_old is OnTooOld.DLQ:
+            error = too_old_error(record.timestamp(), int(time.time() * 1000), self.max_age_ms)
+            self._dead_letter(handler, record, error, leased.tries + 1)
+            leased.dead.append(record.offset())
+        else:
+            leased.handled += 1
+
+    def _handle_message(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
+        """Call the handler, retrying by its policy; a message that keeps failing is failed (delivered again
+        later, at least once) or dead-lettered (at most once, or delivered max_deliveries times).  Each failed
+        call is logged once, with its traceback (failure_logs.py)."""
+        deliveries = leased.tries + 1
+        if leased.tries >= handler.max_deliveries:
+            error: Exception = MaxDeliveriesExceeded(
+                f"delivered {leased.tries} times without success (max_deliveries={handler.max_deliveries})"
+            )
+            self._dead_letter(handler, record, error, leased.tries)
+            leased.dead.append(record.offset())
+            return
+        error_or_none, action = self._call_with_retries(handler, record, leased)
+        if error_or_none is None:
+            leased.handled += 1
+        elif action is Action.IGNORE:
+            self.outcomes.ignored += 1
+            log_ignored(self._log_of(record), handler.name, record.offset(), error_or_none)
+            leased.handled += 1
+        elif action is Action.REJECT or handler.mode is Mode.AMO:
+            self.outcomes.rejected += action is Action.REJECT
+            self._dead_letter(handler, record, error_or_none, deliveries)
+            leased.dead.append(record.offset())
+        else:
+            log_left_for_later(
+                self._log_of(record), handler.name, record.offset(), error_or_none,
+                f"delivery {deliveries} of {handler.max_deliveries}, it will be delivered again",
+            )  # fmt: skip
+            leased.failed.append(record.offset())
+
+    def _call_with_retries(
+        self, handler: HandlerSpec, record: Any, leased: _Range
+    ) -> tuple[Exception | None, Action | None]:
+        """(None, None) if the handler succeeded (at once or on a retry), else its last error and what the
+        handler's retry policy says to do with it (IGNORE, REJECT or GIVE_UP).  A failure retried here is logged
+        here; the last one is the caller's to log, once it knows what becomes of the message."""
+        failures = 0
+        while True:
+            try:
+                handler.call([record], failures + 1)
+                return None, None
+            except Exception as exc:
+                error = exc
+            failures += 1
+            self.outcomes.failed(error)
+            step = next_step(handler.retry_policy, error, failures)
+            if step.action is not Action.RETRY:
+                return error, step.action
+            if self.stopping or monotonic_ms() + step.delay * 1000 >= leased.deadline_ms:
+                return error, Action.GIVE_UP  # no time left in the lease: the next delivery retries it
+            log_retry(self._log_of(record), handler.name, record.offset(), error, failures, step.delay)
+            self.outcomes.retries += 1
+            time.sleep(step.delay)
+
+    def _dead_letter(self, handler: HandlerSpec, record: Any, error: Exception, deliveries: int) -> None:
+        headers = error_headers(handler.name, record, error) + [("deliveries", str(deliveries).encode())]
+        self._dlq.write(handler.dlq_topic, [record], [headers])
+        run_hooks(self.hooks.on_dead_letter, Message(record), error)
+        log_dead_letter(self._log_of(record), handler.name, record.offset(), error, 1,
+                        f"{handler.dlq_topic} after {deliveries} deliveries")  # fmt: skip
+
+    def _log_of(self, record: Any) -> ContextLog:
+        """The log for lines about ``record``: they carry its topic and partition besides the group."""
+        return partition_log(_log, self.spec.settings.require_group(), record.topic(), record.partition())
+
+
+def consumer_settings(settings: Settings) -> dict[str, Any]:
+    return client_config(
+        settings,
+        "consumer",
+        **{
+            "group.id": settings.require_group(),  # never joined: ranges are assigned by hand
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,  # a range that ends in offsets with no message (markers) ends there
+            "auto.offset.reset": "earliest",  # a leased offset that retention deleted: go on from the oldest
+            "fetch.queue.backoff.ms": 10,
+            # A worker moves from range to range: a fetch in flight at the old position delays the first fetch
+            # at the new one by up to this (100 ms made a range switch cost 105 ms; 10 ms, 15 ms).  An idle
+            # worker unassigns, so only workers with ranges to read poll the broker this often.
+            "fetch.wait.max.ms": 10,
+            # A worker reads short ranges here and there: a small read-ahead, not 64 MB of it.
+            "queued.max.messages.kbytes": 4096,
+        },
+    )

@@ -1,0 +1,118 @@
+"""The pure parts of the readers' guards: when to look, who is behind, how the wait grows; records in order."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from marshal_workers.kafka.guarded_consumer import (
+    MAX_WAIT_MS,
+    REREADS,
+    Contiguity,
+    Gap,
+    StallWatch,
+    behind,
+    raised_wait,
+    stall_after,
+)
+
+
+def test_a_reader_that_keeps_returning_records_is_never_looked_at() -> None:
+    watch = StallWatch(stall_after_s=0.5)
+    for tick in range(100):
+        watch.reads += 1  # a non-empty poll
+        assert not watch.empty(now=tick * 0.1)  # and an empty one right after: the clock restarts at each read
+
+
+def test_a_reader_is_looked_at_once_nothing_came_back_for_the_whole_time() -> None:
+    watch = StallWatch(stall_after_s=0.5)
+    assert not watch.empty(now=10.0)  # the first empty poll starts the clock
+    assert not watch.empty(now=10.4)
+    assert watch.empty(now=10.5)
+    watch.restart(now=10.5)  # looked: a whole stall_after again before the next look
+    assert not watch.empty(now=10.9)
+    assert watch.empty(now=11.0)
+
+
+def test_a_read_between_empty_polls_restarts_the_clock() -> None:
+    watch = StallWatch(stall_after_s=0.5)
+    watch.empty(now=0.0)
+    watch.reads += 1
+    assert not watch.empty(now=0.6)  # something came back since: idle from 0.6 on
+    assert not watch.empty(now=1.0)
+    assert watch.empty(now=1.1)
+
+
+def test_behind_names_the_partitions_whose_end_is_past_the_reader() -> None:
+    positions = {("log", 0): 100, ("log", 1): 50, ("log", 2): 7, ("log", 3): -2}
+    ends = {("log", 0): 5000, ("log", 1): 50, ("log", 3): 10}  # 2: no fetch answered yet; 3: a logical offset
+    assert behind(positions, ends) == {("log", 0): 4900}
+
+
+@given(st.integers(min_value=0, max_value=10 * MAX_WAIT_MS))
+def test_the_wait_grows_until_its_cap_and_never_shrinks(wait_ms: int) -> None:
+    raised = raised_wait(wait_ms)
+    assert raised <= MAX_WAIT_MS
+    assert raised >= min(wait_ms, MAX_WAIT_MS)
+    if wait_ms < MAX_WAIT_MS:
+        assert raised > wait_ms
+
+
+def test_a_stall_is_judged_within_half_a_heartbeat_but_never_quicker_than_three_fetch_waits() -> None:
+    assert stall_after(heartbeat_s=1.0, wait_ms=5) == 0.5  # recovers within a heartbeat
+    assert stall_after(heartbeat_s=1.0, wait_ms=320) == 0.96  # a fetch may take its whole wait
+
+
+KEY = ("log", 0)
+
+
+def test_a_contiguous_reader_takes_each_offset_once_and_in_order() -> None:
+    seen = Contiguity()
+    seen.place(KEY, 10)
+    assert [seen.check(KEY, offset) for offset in (10, 11, 12)] == [Gap.NEXT] * 3
+    assert seen.check(KEY, 11) is Gap.OLD  # returned already (it comes again after a re-read)
+    assert seen.expected[KEY] == 13
+
+
+def test_a_missing_record_is_read_again_until_it_comes() -> None:
+    seen = Contiguity()
+    seen.place(KEY, 0)
+    assert seen.check(KEY, 0) is Gap.NEXT
+    assert seen.check(KEY, 2) is Gap.REREAD  # 1 is missing: read again from 1
+    assert seen.check(KEY, 2) is Gap.REREAD
+    assert seen.check(KEY, 1) is Gap.NEXT  # it came: no gap after all
+    assert seen.check(KEY, 2) is Gap.NEXT
+
+
+def test_a_gap_still_there_after_every_re_read_is_a_real_one() -> None:
+    seen = Contiguity()
+    seen.place(KEY, 0)
+    assert [seen.check(KEY, 5) for _ in range(REREADS)] == [Gap.REREAD] * REREADS
+    assert seen.check(KEY, 5) is Gap.ACCEPTED
+    assert seen.check(KEY, 6) is Gap.NEXT
+
+
+def test_a_reader_placed_at_a_logical_offset_takes_the_first_record_as_it_comes() -> None:
+    seen = Contiguity()
+    seen.place(KEY, -2)  # OFFSET_BEGINNING: the log may start anywhere
+    assert seen.check(KEY, 500) is Gap.NEXT
+    assert seen.check(KEY, 502) is Gap.REREAD
+
+
+@given(st.lists(st.integers(min_value=0, max_value=30), max_size=60))
+def test_whatever_comes_a_contiguous_reader_takes_offsets_strictly_in_order_without_holes_it_did_not_wait_for(
+    arrivals: list[int],
+) -> None:
+    seen = Contiguity()
+    seen.place(KEY, 0)
+    taken: list[tuple[int, Gap]] = []
+    for offset in arrivals:
+        verdict = seen.check(KEY, offset)
+        if verdict in (Gap.NEXT, Gap.ACCEPTED):
+            taken.append((offset, verdict))
+    offsets = [offset for offset, _ in taken]
+    assert offsets == sorted(set(offsets))  # in order, each once
+    previous = -1
+    for offset, verdict in taken:  # a hole only where the reader gave up waiting
+        assert offset == previous + 1 or verdict is Gap.ACCEPTED
+        previous = offset

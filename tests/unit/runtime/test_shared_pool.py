@@ -1,0 +1,60 @@
+"""The range-picking policy of the shared pool (marshal_workers.runtime.supervisor.shared_pool): pure parts, no broker."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from marshal_workers.handlers.app import App
+from marshal_workers.protocol.range_leases import Holder, SharedPartition
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.runtime.supervisor.shared_pool import SharedTopic, free_candidates, pick_ranges
+
+NOW = 1_000_000
+
+
+def topic(**high: int) -> SharedTopic:
+    app = App(group="g")
+    app.handler("thumbs", shared=True)(lambda msg: None)
+    shared = SharedTopic(app.handlers["thumbs"], workers=[])
+    shared.ends.ends = {int(p[1:]): end for p, end in high.items()}
+    return shared
+
+
+def test_picks_spread_over_partitions_before_taking_a_second_range_of_one() -> None:
+    candidates = {p: [(s, s + 10, 0) for s in range(0, 100, 10)] for p in range(4)}
+    picked = pick_ranges(candidates, want=4, members=1, rng=random.Random(7))
+    assert sorted(p for p, *_ in picked) == [0, 1, 2, 3]
+    assert all(start == 0 for _, start, _, _ in picked), "a lone member takes the lowest free range of each"
+
+
+def test_members_pick_at_random_among_the_lowest_ranges_so_they_rarely_race() -> None:
+    candidates = {0: [(s, s + 10, 0) for s in range(0, 100, 10)]}
+    starts = Counter(pick_ranges(candidates, 1, members=3, rng=random.Random(seed))[0][1] for seed in range(300))
+    assert set(starts) == {0, 10, 20}, "three members: one of the three lowest"
+    assert min(starts.values()) > 50
+
+
+def test_candidates_start_where_the_group_starts_and_stop_at_the_end() -> None:
+    world = WorldState("g", 1000)
+    shared = topic(p0=250, p1=0)
+    found, members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
+    assert (found, unknown) == ({}, [0, 1]), "a partition never leased needs its start looked up first"
+    shared.initial = {0: 50, 1: 0}
+    found, members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
+    assert found == {0: [(50, 150, 0)], 1: [(0, 1, 0)]} and unknown == []
+
+
+def test_a_partition_read_to_its_end_gets_a_one_offset_range_only_for_an_idle_worker() -> None:
+    world = WorldState("g", 1000)
+    world.shared[("thumbs", 0)] = state = SharedPartition()
+    assert state.claim(0, 100, Holder("a", "1"), NOW - 10, 60_000, False)
+    assert state.ack(0, 100, Holder("a", "1"), NOW - 5, (), (), high=100)
+    shared = topic(p0=100)
+    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=0)[0] == {0: []}
+    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=1)[0] == {0: [(100, 101, 0)]}
+    # The end the holders' fetches saw (in the acks) counts when ListOffsets under-reports it.
+    assert state.claim(100, 101, Holder("a", "1"), NOW - 4, 60_000, False)
+    assert state.ack(100, 101, Holder("a", "1"), NOW - 3, (), (), high=400)
+    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 2, idle=0)[0] == {0: [(101, 201, 0), (201, 301, 0),
+                                                                                 (301, 400, 0)]}  # fmt: skip

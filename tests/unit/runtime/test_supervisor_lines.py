@@ -1,0 +1,35 @@
+"""The supervisor's first and last log lines: what it runs with, and how it stopped."""
+
+from __future__ import annotations
+
+from marshal_workers import App
+from marshal_workers.core.config import load_settings
+from marshal_workers.runtime.supervisor.supervisor_lines import start_line, stop_line
+
+
+def test_the_start_line_shows_the_effective_group_and_settings_not_the_apps_arguments() -> None:
+    app = App()  # no group in code: it comes from the command line
+    app.handler("orders")(lambda msg: None)
+    app.handler("thumbs", shared=True)(lambda msg: None)
+    settings = load_settings(
+        cli={"group": "billing", "brokers": "k1:9092", "balance": "fair", "max_memory_per_worker": "512MB"},
+        env={"MARSHAL_WORKERS_PROCESSES": "3"},
+        app_defaults=app.settings,
+    )
+    line = start_line(app, "tasks:app", settings, "host-a", "5f1c")
+    assert line.startswith("supervisor host-a/5f1c running tasks:app (topics orders; shared thumbs) in group billing ")
+    assert "on k1:9092: " in line
+    for shown in ("balance=fair", "heartbeat_interval=5s", "max_partitions=0", "shutdown_timeout=30s",
+                  "max_memory_per_worker=512MB", "processes=3", "coordination_topic=__marshal"):  # fmt: skip
+        assert shown in line, shown
+    assert "None" not in line and "App(" not in line
+    assert "crash_limit" not in line, "settings left at their defaults are not listed (but the main ones)"
+
+
+def test_the_stop_line_says_whether_the_stop_was_clean() -> None:
+    assert stop_line(8, 1.234, 0, False) == "stopped cleanly: released 8 partitions at their offsets in 1.2s"
+    assert stop_line(1, 0.5, 0, False) == "stopped cleanly: released 1 partition at its offset in 0.5s"
+    assert stop_line(3, 31.0, 0, True) == (
+        "stopped: released 3 partitions in 31.0s; workers were killed and released at their last progress"
+    )
+    assert stop_line(2, 0.3, 10, False) == "stopped with exit code 10: released 2 partitions in 0.3s"
