@@ -29,6 +29,21 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def new_fleet(brokers: str, unique: str, tmp_path: Path, name: str = "seq", partitions: int = 8,
+              **fields: Any) -> Fleet:  # fmt: skip
+    """The one way tests make a fleet: a fresh topic ``<name>-<unique>`` of ``partitions`` partitions, its group,
+    a coordination topic of the test's own, and a sink file of the fleet's own; ``fields``: Fleet's others
+    (env, app, heartbeat).  Whoever makes one stops it (the ``fleet`` and ``fleets`` fixtures do)."""
+    from confluent_kafka.admin import AdminClient, NewTopic  # noqa: PLC0415 - only the fixtures need it
+
+    topic = f"{name}-{unique}"
+    AdminClient({"bootstrap.servers": brokers}).create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)  # fmt: skip
+    (tmp_path / topic).mkdir(parents=True, exist_ok=True)
+    return Fleet(brokers=brokers, group=f"group-{topic}", topic=topic, coordination_topic=f"__marshal-{unique}",
+                 sink=tmp_path / topic / "sink.txt", partitions=partitions, **fields)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class SinkLine:
     """One message handled by the sink app."""

@@ -1,30 +1,38 @@
-"""Fixtures for the end-to-end tests: a fresh topic and group per test, supervisors killed after it."""
+"""Fixtures for the end-to-end tests: fresh fleets (a topic, a group, a coordination topic of their own), every
+supervisor, server and client they started killed after the test."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-from fleet import Fleet
+from fleet import Fleet, new_fleet
+
+NewFleet = Callable[..., Fleet]
 
 
 @pytest.fixture
-def fleet(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[Fleet]:
-    """A fresh 8-partition topic and group; every supervisor started through it is killed at the end."""
-    topic = f"seq-{unique}"
-    admin = AdminClient({"bootstrap.servers": kafka_brokers})
-    admin.create_topics([NewTopic(topic, num_partitions=8, replication_factor=1)])[topic].result(10)
-    running = Fleet(
-        brokers=kafka_brokers,
-        group=f"group-{unique}",
-        topic=topic,
-        coordination_topic=f"__marshal-{unique}",
-        sink=tmp_path / "sink.txt",
-        partitions=8,
-    )
+def fleets(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[NewFleet]:
+    """``fleets(name="seq", partitions=8, env=..., app=..., heartbeat=...)``: a fresh fleet (tests/fleet.py,
+    new_fleet); every process started through any of them is killed at the end."""
+    made: list[Fleet] = []
+
+    def make(name: str = "seq", partitions: int = 8, **fields: Any) -> Fleet:
+        made.append(new_fleet(kafka_brokers, unique, tmp_path, name, partitions, **fields))
+        return made[-1]
+
     try:
-        yield running
+        yield make
     finally:
-        running.stop_all()
+        for fleet in made:
+            fleet.stop_all()
+
+
+@pytest.fixture
+def fleet(fleets: NewFleet, request: pytest.FixtureRequest) -> Fleet:
+    """A fresh fleet of 8 partitions, or as a ``@pytest.mark.fleet(name=..., partitions=..., env=...)`` marker on
+    the test or its module says."""
+    marker = request.node.get_closest_marker("fleet")
+    return fleets(*(marker.args if marker else ()), **(marker.kwargs if marker else {}))

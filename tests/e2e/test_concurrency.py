@@ -11,13 +11,12 @@ import collections
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
 from processes import group_gone
@@ -52,41 +51,20 @@ def ends(fleet: Fleet) -> collections.Counter[int]:
     return collections.Counter(c.offset for c in calls(fleet) if c.kind == "E")
 
 
-def make_fleet(kafka_brokers: str, unique: str, tmp_path: Path, name: str, partitions: int = 1) -> Fleet:
-    topic = f"lanes-{name}-{unique}"
-    admin = AdminClient({"bootstrap.servers": kafka_brokers})
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)
-    return Fleet(
-        brokers=kafka_brokers,
-        group=f"group-{name}-{unique}",
-        topic=topic,
-        coordination_topic=f"__marshal-{unique}",
-        sink=tmp_path / f"{name}.txt",
-        partitions=partitions,
-        app="lanes_app:app",
-    )
-
-
 NewFleet = Callable[..., Fleet]
 
 
 @pytest.fixture
-def fleets(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[NewFleet]:
-    """``fleets(name, count, keys)``: a fresh 1-partition topic holding ``count`` keyed messages, and a group;
-    every supervisor started through it is killed at the end."""
-    made: list[Fleet] = []
+def keyed_fleets(fleets: NewFleet) -> NewFleet:
+    """``keyed_fleets(name, count, keys)``: a fresh 1-partition topic holding ``count`` messages of ``keys`` keys,
+    run by lanes_app (the fleets fixture stops it)."""
 
     def new(name: str, count: int, keys: int) -> Fleet:
-        fleet = make_fleet(kafka_brokers, unique, tmp_path, name)
-        made.append(fleet)
+        fleet = fleets(f"lanes-{name}", 1, app="lanes_app:app")
         produce_keyed(fleet, count, keys)
         return fleet
 
-    try:
-        yield new
-    finally:
-        for fleet in made:
-            fleet.stop_all()
+    return new
 
 
 def produce_keyed(fleet: Fleet, count: int, keys: int) -> None:
@@ -122,11 +100,11 @@ def handled_span(fleet: Fleet) -> float:
 
 
 @pytest.mark.serial  # a speed-up: run alone
-def test_concurrency_32_handles_every_message_once_and_many_times_faster(fleets: NewFleet) -> None:
+def test_concurrency_32_handles_every_message_once_and_many_times_faster(keyed_fleets: NewFleet) -> None:
     count = 200
     spans = {}
     for concurrency in (1, 32):
-        fleet = fleets(f"c{concurrency}", count, keys=1000)
+        fleet = keyed_fleets(f"c{concurrency}", count, keys=1000)
         handle_all(fleet, count, MW_TEST_CONCURRENCY=str(concurrency), MW_TEST_DELAY="0.02")
         spans[concurrency] = handled_span(fleet)
     # 20 ms per call: one lane needs 4 s for 200 messages, 32 lanes a few hundred ms.
@@ -137,10 +115,10 @@ def test_concurrency_32_handles_every_message_once_and_many_times_faster(fleets:
 
 
 def test_key_ordering_never_overlaps_a_key_and_keeps_its_offset_order(
-    fleets: NewFleet
+    keyed_fleets: NewFleet
 ) -> None:
     count = 400
-    fleet = fleets("keys", count, keys=10)
+    fleet = keyed_fleets("keys", count, keys=10)
     seen = handle_all(fleet, count, MW_TEST_ASYNC="1", MW_TEST_CONCURRENCY="16", MW_TEST_MAX_DELAY="0.01")
     by_key: dict[str, list[tuple[int, float, float]]] = collections.defaultdict(list)
     started = {c.offset: c.at for c in seen if c.kind == "S"}
@@ -180,10 +158,10 @@ def all_gated_calls_block(fleet: Fleet, client: str, lanes: int) -> bool:
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_kill_9_with_32_in_flight_reruns_exactly_those_under_alo_and_none_under_amo(
-    fleets: NewFleet, tmp_path: Path, mode: str
+    keyed_fleets: NewFleet, tmp_path: Path, mode: str
 ) -> None:
     count, gate = 2000, tmp_path / "gate"
-    fleet = fleets(f"kill-{mode}", count, keys=1000)
+    fleet = keyed_fleets(f"kill-{mode}", count, keys=1000)
     # Every 20th message blocks until the gate opens: under ALO all 32 lanes end up on blocked ones.
     # Under AMO a claim is a batch of 100, so its 5 blocked messages are what is in flight at the kill.
     env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_GATE_VALUES": "20",
@@ -229,10 +207,10 @@ def heartbeat_seen_after(fleet: Fleet) -> bool:
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_sigterm_mid_flight_loses_nothing_and_repeats_nothing(
-    fleets: NewFleet, mode: str
+    keyed_fleets: NewFleet, mode: str
 ) -> None:
     count = 1500
-    fleet = fleets(f"term-{mode}", count, keys=1000)
+    fleet = keyed_fleets(f"term-{mode}", count, keys=1000)
     env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_MAX_DELAY": "0.05",
            "MW_TEST_BATCH_SIZE": "100"}  # fmt: skip
     fleet.start("a", **env)
@@ -248,10 +226,10 @@ def test_sigterm_mid_flight_loses_nothing_and_repeats_nothing(
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_a_supervisor_frozen_past_its_lease_loses_nothing_under_alo_and_repeats_nothing_under_amo(
-    fleets: NewFleet, mode: str
+    keyed_fleets: NewFleet, mode: str
 ) -> None:
     count = 3000
-    fleet = fleets(f"stop-{mode}", count, keys=1000)
+    fleet = keyed_fleets(f"stop-{mode}", count, keys=1000)
     env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "8", "MW_TEST_MAX_DELAY": "0.02", "MW_TEST_BATCH_SIZE": "100"}
     fleet.start("a", **env)
     poll_until(lambda: len(ends(fleet)) >= 500, timeout=60, what="500 messages handled")
@@ -283,10 +261,10 @@ def test_a_supervisor_frozen_past_its_lease_loses_nothing_under_alo_and_repeats_
 
 
 def test_retries_of_one_key_do_not_delay_the_other_keys(
-    fleets: NewFleet
+    keyed_fleets: NewFleet
 ) -> None:
     count = 100
-    fleet = fleets("retry", count, keys=20)
+    fleet = keyed_fleets("retry", count, keys=20)
     # Every call on key k0 fails twice before it succeeds, 0.2 s then 0.4 s later (no jitter): 0.6 s per k0 message.
     seen = handle_all(
         fleet, count, MW_TEST_CONCURRENCY="8", MW_TEST_DELAY="0.01", MW_TEST_FAIL_KEY="k0", MW_TEST_RETRY_BACKOFF="0.2s",
@@ -302,10 +280,10 @@ def test_retries_of_one_key_do_not_delay_the_other_keys(
 
 
 def test_a_call_past_the_hard_time_limit_kills_the_worker_and_after_its_retries_is_dead_lettered(
-    fleets: NewFleet, tmp_path: Path
+    keyed_fleets: NewFleet, tmp_path: Path
 ) -> None:
     count = 200
-    fleet = fleets("limit", count, keys=1000)
+    fleet = keyed_fleets("limit", count, keys=1000)
     # Message 0 blocks for ever (its gate never opens); the time limit kills its worker each time.
     fleet.start("a", MW_TEST_CONCURRENCY="8", MW_TEST_GATE_VALUES="1000", MW_TEST_GATE_FILE=str(tmp_path / "never"),
                 MARSHAL_WORKERS_TIME_LIMIT="1s")  # fmt: skip
@@ -321,10 +299,10 @@ def test_a_call_past_the_hard_time_limit_kills_the_worker_and_after_its_retries_
 
 
 def test_a_stuck_message_holds_the_window_visibly_and_lets_go_when_done(
-    fleets: NewFleet, tmp_path: Path
+    keyed_fleets: NewFleet, tmp_path: Path
 ) -> None:
     count, gate = 300, tmp_path / "gate"
-    fleet = fleets("window", count, keys=1000)
+    fleet = keyed_fleets("window", count, keys=1000)
     # Message 0 blocks until the gate opens; the window of 50 lets the worker read only up to offset 49.
     fleet.start("a", MW_TEST_CONCURRENCY="4", MW_TEST_WINDOW="50", MW_TEST_GATE_VALUES="100000",
                 MW_TEST_GATE_FILE=str(gate))  # fmt: skip
@@ -343,10 +321,10 @@ def test_a_stuck_message_holds_the_window_visibly_and_lets_go_when_done(
 
 
 def test_a_batch_handler_runs_batches_side_by_side_each_message_once(
-    fleets: NewFleet
+    keyed_fleets: NewFleet
 ) -> None:
     count = 400
-    fleet = fleets("batches", count, keys=1000)
+    fleet = keyed_fleets("batches", count, keys=1000)
     seen = handle_all(fleet, count, MW_TEST_BATCH="1", MW_TEST_BATCH_SIZE="10", MW_TEST_CONCURRENCY="4",
                       MW_TEST_DELAY="0.05")  # fmt: skip
     assert max_overlap(seen) > 10  # more than one batch of 10 in flight at once

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
-from fleet import Fleet
+from fleet import Fleet, new_fleet
 from kafka_proxy import PRODUCE, KafkaProxy
 from polling import poll_until
 
@@ -31,18 +30,14 @@ def amo_fleet_behind_a_proxy(
     with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
         assert broker.port is not None
         proxy = KafkaProxy(proxy_port, broker.port, delay=frozenset({PRODUCE}), delay_s=produce_delay_s).start()
-        fleet = Fleet(
-            brokers=f"127.0.0.1:{proxy_port}", group=f"group-{unique}", topic=f"seq-{unique}",
-            coordination_topic=f"__marshal-{unique}", sink=tmp_path / "sink.txt", partitions=partitions,
-            env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": delay, "MW_TEST_BATCH_SIZE": str(batch)},
-        )  # fmt: skip
+        fleet: Fleet | None = None
         try:
-            admin = AdminClient({"bootstrap.servers": fleet.brokers})
-            topic = NewTopic(fleet.topic, num_partitions=partitions, replication_factor=1)
-            admin.create_topics([topic])[fleet.topic].result(10)
+            fleet = new_fleet(f"127.0.0.1:{proxy_port}", unique, tmp_path, partitions=partitions,
+                              env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": delay, "MW_TEST_BATCH_SIZE": str(batch)})
             yield fleet, proxy
         finally:
-            fleet.stop_all()
+            if fleet is not None:
+                fleet.stop_all()
             proxy.close()
 
 

@@ -12,7 +12,6 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ import aiohttp
 import pytest
 import trustme
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
 from test_admin import admin
@@ -31,27 +29,14 @@ from marshal_workers.kafka.coordination_log import read_group_state
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState
 
-pytestmark = pytest.mark.broker
-
 PARTITIONS = 2
 PENDING = "3s"
-
-
-@pytest.fixture
-def fleet(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[Fleet]:
-    """A fresh 2-partition topic; every server, client and supervisor started through it is killed at the end."""
-    topic = f"http-{unique}"
-    admin = AdminClient({"bootstrap.servers": kafka_brokers})
-    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(10)
-    running = Fleet(
-        brokers=kafka_brokers, group=f"group-{topic}", topic=topic, coordination_topic=f"__marshal-{unique}",
-        sink=tmp_path / "sink.txt", partitions=PARTITIONS,
-        env={"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20", "MW_TEST_PENDING_TIMEOUT": PENDING},
-    )  # fmt: skip
-    try:
-        yield running
-    finally:
-        running.stop_all()
+pytestmark = [
+    pytest.mark.broker,
+    # A fresh 2-partition topic served over HTTP beside shared Python workers.
+    pytest.mark.fleet(name="http", partitions=PARTITIONS,
+                      env={"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20", "MW_TEST_PENDING_TIMEOUT": PENDING}),
+]
 
 
 def call(url: str, path: str, body: Any = None, token: str | None = None, raw: bytes | None = None) -> tuple[int, Any]:

@@ -3,73 +3,57 @@ partition, and ``status``, ``/state`` and the metrics show the call in flight wi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
 from test_observability import probe, scrape, total
 
 from marshal_workers.kafka.embedded_broker import free_port
 
-pytestmark = pytest.mark.broker
-
 HB_S = 2.0
 CALL_S = 7.0  # three and a half heartbeats per message: before, "stalled (lag 3): handing it over" at each one
 MESSAGES = 3
-
-
-@pytest.fixture
-def slow_fleet(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[Fleet]:
-    """A fresh 1-partition topic whose handler takes CALL_S per message, run by supervisors with a 2 s HB."""
-    topic = f"slow-{unique}"
-    admin = AdminClient({"bootstrap.servers": kafka_brokers})
-    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(10)
-    running = Fleet(
-        brokers=kafka_brokers, group=f"group-{unique}", topic=topic, coordination_topic=f"__marshal-{unique}",
-        sink=tmp_path / "sink.txt", partitions=1, env={"MW_TEST_DELAY": str(CALL_S)}, heartbeat=f"{HB_S:g}s",
-    )  # fmt: skip
-    try:
-        yield running
-    finally:
-        running.stop_all()
+pytestmark = [
+    pytest.mark.broker,
+    # A fresh 1-partition topic whose handler takes CALL_S per message, run by supervisors with a 2 s HB.
+    pytest.mark.fleet(name="slow", partitions=1, env={"MW_TEST_DELAY": str(CALL_S)}, heartbeat=f"{HB_S:g}s"),
+]
 
 
 @pytest.mark.parametrize("runner", ["plain", "batch", "lanes"])
-def test_a_handler_taking_several_heartbeats_per_message_keeps_its_partition(slow_fleet: Fleet, runner: str) -> None:
+def test_a_handler_taking_several_heartbeats_per_message_keeps_its_partition(fleet: Fleet, runner: str) -> None:
     """Two members, the default settings (release_if_behind on): every message handled once, by one worker of one
     member, and no member ever hands the partition over; meanwhile every view shows the call in flight."""
-    slow_fleet.env |= {
+    fleet.env |= {
         "plain": {},  # one call at a time: the worker publishes the message in hand, the supervisor dates it
         "batch": {"MW_TEST_BATCH": "1", "MW_TEST_BATCH_SIZE": "1"},  # a timed call: the worker publishes its start
         "lanes": {"MW_TEST_CONCURRENCY": "2"},  # calls on lanes: the oldest one's start
     }[runner]
     ports = {"a": free_port(), "b": free_port()}
     for client, port in ports.items():
-        slow_fleet.start(client, "--metrics-port", str(port), MARSHAL_WORKERS_METRICS_HOST="127.0.0.1")
-    slow_fleet.produce(range(MESSAGES))
+        fleet.start(client, "--metrics-port", str(port), MARSHAL_WORKERS_METRICS_HOST="127.0.0.1")
+    fleet.produce(range(MESSAGES))
 
     # While a call runs, longer than an HB: status (the owner's heartbeat), /state and the metrics show it.
-    row = poll_until(lambda: _long_call(slow_fleet.status_rows()[0]), timeout=60, what="status showing a long call")
+    row = poll_until(lambda: _long_call(fleet.status_rows()[0]), timeout=60, what="status showing a long call")
     owner = row["client"]
     assert row["in_flight"] >= 1 and row["state"] == "fresh"
     state = poll_until(lambda: _long_call(_state_row(ports[owner])), timeout=30, what="/state showing a long call")
     assert state["in_flight"] >= 1, "a call in flight is one, not 0"
     samples = scrape(ports[owner])
-    assert total(samples, "marshal_workers_partition_call_age_seconds", topic=slow_fleet.topic) >= HB_S
-    assert total(samples, "marshal_workers_partition_in_flight", topic=slow_fleet.topic) >= 1
+    assert total(samples, "marshal_workers_partition_call_age_seconds", topic=fleet.topic) >= HB_S
+    assert total(samples, "marshal_workers_partition_in_flight", topic=fleet.topic) >= 1
 
-    poll_until(lambda: len(slow_fleet.lines()) >= MESSAGES, timeout=MESSAGES * CALL_S + 60, what="every message")
-    lines = slow_fleet.lines()
+    poll_until(lambda: len(fleet.lines()) >= MESSAGES, timeout=MESSAGES * CALL_S + 60, what="every message")
+    lines = fleet.lines()
     assert sorted(line.value for line in lines) == [str(n) for n in range(MESSAGES)], "each message exactly once"
     assert {(line.client, line.pid) for line in lines} == {(owner, lines[0].pid)}, "one worker of one member did all"
-    final = poll_until(lambda: (r := slow_fleet.status_rows()[0])["offset"] == MESSAGES and r,
+    final = poll_until(lambda: (r := fleet.status_rows()[0])["offset"] == MESSAGES and r,
                        what="the heartbeat after the last message")  # fmt: skip
     assert (final["client"], final["state"]) == (owner, "fresh"), "the partition never changed hands"
     for client in ports:
-        log = slow_fleet.log_of(client)
+        log = fleet.log_of(client)
         assert "handing it over" not in log and "released" not in log, f"{client} gave the partition up:\n{log}"
 
 

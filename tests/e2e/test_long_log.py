@@ -10,11 +10,10 @@ from __future__ import annotations
 import re
 import signal
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
 
@@ -73,14 +72,9 @@ def records_read_at_start(log: str) -> int:
 
 
 def test_a_supervisor_of_a_group_with_3_million_old_records_starts_from_checkpoints_and_resumes_exactly(
-    kafka_brokers: str, unique: str, tmp_path: Path
+    kafka_brokers: str, fleets: Callable[..., Fleet]
 ) -> None:
-    fleet = Fleet(
-        brokers=kafka_brokers, group=f"group-{unique}", topic=f"old-{unique}", coordination_topic=f"__marshal-{unique}",
-        sink=tmp_path / "sink.txt", partitions=4, env={"MARSHAL_WORKERS_CHECKPOINT_INTERVAL": "1s"},
-    )  # fmt: skip
-    admin = AdminClient({"bootstrap.servers": kafka_brokers})
-    admin.create_topics([NewTopic(fleet.topic, num_partitions=4, replication_factor=1)])[fleet.topic].result(10)
+    fleet = fleets("old", 4, env={"MARSHAL_WORKERS_CHECKPOINT_INTERVAL": "1s"})
     try:
         a_week_ago = int(time.time() * 1000) - 7 * 86_400_000
         coordination_partitions = write_history(fleet, HISTORY, a_week_ago)

@@ -7,11 +7,9 @@ import collections
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
 
@@ -26,49 +24,19 @@ pytestmark = pytest.mark.broker
 PARTITIONS = 2
 
 
-def new_fleet(brokers: str, unique: str, tmp_path: Path, shared: bool) -> Fleet:
-    """A fresh 2-partition topic and group; the handler shared or (for comparison) one worker per partition."""
-    topic = f"{'shared' if shared else 'classic'}-{unique}"
-    admin = AdminClient({"bootstrap.servers": brokers})
-    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(10)
-    (tmp_path / topic).mkdir()
-    return Fleet(
-        brokers=brokers,
-        group=f"group-{topic}",
-        topic=topic,
-        coordination_topic=f"__marshal-{unique}",
-        sink=tmp_path / topic / "sink.txt",
-        partitions=PARTITIONS,
-        env={"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20", "MW_TEST_PENDING_TIMEOUT": "5s"} if shared else {},
-    )
+SHARED_ENV = {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20", "MW_TEST_PENDING_TIMEOUT": "5s"}
 
 
 @pytest.fixture
-def fleets(kafka_brokers: str, unique: str, tmp_path: Path) -> Iterator[Callable[[bool], Fleet]]:
-    """Makes fleets (shared handler or not); every supervisor started through them is killed at the end."""
-    made: list[Fleet] = []
-
-    def make(shared: bool) -> Fleet:
-        made.append(new_fleet(kafka_brokers, unique, tmp_path, shared))
-        return made[-1]
-
-    try:
-        yield make
-    finally:
-        for fleet in made:
-            fleet.stop_all()
-
-
-@pytest.fixture
-def shared_fleet(fleets: Callable[[bool], Fleet]) -> Fleet:
+def shared_fleet(fleets: Callable[..., Fleet]) -> Fleet:
     """A fresh 2-partition topic whose handler is shared."""
-    return fleets(True)
+    return fleets("shared", PARTITIONS, env=SHARED_ENV)
 
 
 @pytest.fixture
-def classic_fleet(fleets: Callable[[bool], Fleet]) -> Fleet:
-    """The same with the handler not shared: one worker per partition."""
-    return fleets(False)
+def classic_fleet(fleets: Callable[..., Fleet]) -> Fleet:
+    """The same with the handler not shared (for comparison): one worker per partition."""
+    return fleets("classic", PARTITIONS)
 
 
 def shared_state(fleet: Fleet) -> WorldState:

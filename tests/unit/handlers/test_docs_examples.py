@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_record import FakeRecord
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -64,16 +65,9 @@ def test_the_handlers_page_registers_the_policy_it_describes_and_its_handler_doe
         retry_on=(ConnectionError, TimeoutError, namespace["PaymentsDown"]), no_retry_on=(ConnectionRefusedError,),
     )  # fmt: skip
 
-    class Record:  # what confluent-kafka hands a worker, as far as the handler looks
-        def __init__(self, value: bytes) -> None:
-            self._value = value
-
-        def value(self) -> bytes:
-            return self._value
-
     def outcome(value: bytes, attempt: int = 1) -> type[BaseException] | None:
         try:
-            handler.function(Message(Record(value), attempt))
+            handler.function(Message(FakeRecord(value=value), attempt))
         except (Ignore, Reject, Retry) as exc:
             return type(exc)
         return None
@@ -85,7 +79,6 @@ def test_the_handlers_page_registers_the_policy_it_describes_and_its_handler_doe
 
 
 def test_the_handlers_page_send_example_sends_what_it_says() -> None:
-    from fake_record import FakeRecord
 
     from marshal_workers.handlers.app import Message
 

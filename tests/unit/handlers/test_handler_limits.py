@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from types import SimpleNamespace
 
 import pytest
+from fake_record import FakeRecord
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -162,10 +162,6 @@ def test_a_throttle_waits_for_tokens_and_stops_when_told() -> None:
 # ----------------------------------------------------------------- the age
 
 
-def record(kind: int, stamp: int) -> SimpleNamespace:
-    return SimpleNamespace(timestamp=lambda: (kind, stamp))
-
-
 @pytest.mark.parametrize(
     ("timestamp", "too_old"),
     [((1, 1_000), True), ((1, 6_400_000), True), ((1, 6_401_000), False), ((2, 10_000_000), False),
@@ -176,7 +172,7 @@ def test_a_message_is_too_old_when_its_timestamp_is_past_max_age(timestamp: tupl
 
 
 def test_a_batch_splits_into_fresh_and_too_old_in_order() -> None:
-    records = [record(1, 0), record(1, 9_000), record(0, 0), record(1, 1)]
+    records = [FakeRecord(timestamp=stamp) for stamp in ((1, 0), (1, 9_000), (0, 0), (1, 1))]
     fresh, old = split_by_age(records, now_ms=10_000, max_age_ms=5_000)
     assert fresh == [records[1], records[2]] and old == [records[0], records[3]]
 
