@@ -70,8 +70,6 @@ _log = logging.getLogger(__name__)
 
 TICK_S = 0.1
 
-__all__ = ["Phase", "Supervisor"]
-
 
 @dataclass(frozen=True)
 class Parts:
