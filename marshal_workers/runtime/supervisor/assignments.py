@@ -1,8 +1,10 @@
-"""What a supervisor holds: whole partitions (Assignment), its phase, its timers, and the state its parts share.
+"""What a supervisor holds: whole partitions (Assignment), its phase, and the Table its components share.
 
-Shared by the supervisor's parts: the partition policy (partition_claims.py), the
-worker pool (worker_pool.py) and the loop (supervisor.py).  Leased ranges of
-shared partitions are the shared pool's (shared_pool.py).
+The Table is handed to each component of the supervisor (component.py): the
+claims (partition_claims.py, message_claims.py), the worker pool
+(worker_pool.py), remote control (remote_control.py) and the loop
+(supervisor.py).  Leased ranges of shared partitions are the shared pool's
+(shared_pool.py).
 """
 
 from __future__ import annotations
@@ -10,27 +12,16 @@ from __future__ import annotations
 import collections
 import enum
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from marshal_workers.protocol.health import CallInFlight, PartitionHealth
-from marshal_workers.runtime.channel import Field, Slot
-
-if TYPE_CHECKING:
-    from marshal_workers.core.config import Settings
-    from marshal_workers.handlers.app import App
-    from marshal_workers.kafka.coordinator import Coordinator
-    from marshal_workers.kafka.in_flight import InFlightWrites
-    from marshal_workers.kafka.offsets import OffsetStore
-    from marshal_workers.observe.metrics import Counters
-    from marshal_workers.protocol.balance import BalanceState
-    from marshal_workers.protocol.health import HealthPolicy
-    from marshal_workers.protocol.restarts import RestartPolicy
-    from marshal_workers.protocol.world_state import Owner
+from marshal_workers.observe.metrics import PartitionStats
+from marshal_workers.protocol.health import CallInFlight, PartitionHealth, watch_call
+from marshal_workers.runtime.channel import Field, Slot, monotonic_ms
 
 Key = tuple[str, int]
 
@@ -97,17 +88,76 @@ class Assignment:
         high = self.high_watermark
         return None if high is None else max(high - self.next_offset, 0)
 
+    def state(self, now: float) -> dict[str, Any]:
+        """For the state document (SIGUSR1, /state)."""
+        call_age = self.call_age(now)
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "worker_pid": None if self.process is None else self.process.pid,
+            "next_offset": self.next_offset,
+            "high_watermark": self.high_watermark,
+            "lag": self.lag,
+            "processed": self.slot.get(Field.PROCESSED),
+            "dead_lettered": self.slot.get(Field.DEAD_LETTERED),
+            "in_flight": self.calls_in_flight,
+            "call_age_s": None if call_age is None else round(call_age, 3),
+            "window_used": self.slot.get(Field.WINDOW_USED),
+            "lease_left_s": round((self.slot.get(Field.LEASE_UNTIL_MS) - monotonic_ms()) / 1000, 3),
+            "crashes_in_a_row": self.crashes_in_a_row,
+            "claimed_end": self.claimed_end,
+            "lost": self.lost,
+            "unhealthy": self.unhealthy,
+            "handing_over": self.handing_over,
+        }
 
-@dataclass
-class Timers:
-    """Monotonic times at which periodic work is next due."""
+    def stats(self, now: float) -> PartitionStats:
+        """For the metrics endpoint."""
+        return PartitionStats(
+            topic=self.topic,
+            partition=self.partition,
+            next_offset=self.next_offset,
+            high_watermark=self.high_watermark,
+            lag=self.lag,
+            messages_per_second=self.health.consume_rate,
+            handled=self.slot.get(Field.PROCESSED),
+            dead_lettered=self.slot.get(Field.DEAD_LETTERED),
+            in_flight=self.calls_in_flight,
+            call_age_s=self.call_age(now) or 0.0,
+            window_used=self.slot.get(Field.WINDOW_USED),
+            fetch_stalls=self.slot.get(Field.FETCH_STALLS),
+            latency_counts=self.slot.latency_counts(),
+            latency_sum_s=self.slot.get(Field.LATENCY_SUM_NS) / 1e9,
+        )
 
-    heartbeat: float = 0.0
-    claim: float = 0.0
-    ask: float = 0.0  # the next time we may ask another member for a partition
-    topics: float = 0.0
-    checkpoint: float = 0.0
-    stop_deadline: float | None = None
+    def ask_worker_to_stop(self) -> None:
+        """Ask its worker to finish the message or batch in hand and exit: the flag first, then the signal.
+
+        A worker forked a moment ago still ignores SIGTERM (inherited from the fork server) until it
+        installs its handler; it reads the flag right after doing so, so the request is never lost.
+        """
+        self.slot.set(Field.STOP_REQUESTED, 1)
+        signal_process(self.process, signal.SIGTERM)
+
+    def signal_worker(self, signum: int) -> None:
+        signal_process(self.process, signum)
+
+    def watch_call(self, now: float) -> None:
+        """Note its worker's handler call in flight, and when it was first seen if the worker does not say when
+        it began (a few reads of shared memory)."""
+        slot = self.slot
+        if self.process is None:
+            self.call = None
+            return
+        self.call = watch_call(
+            self.call, slot.get(Field.CALL_STARTED_MS), slot.get(Field.HANDLING_END), slot.get(Field.NEXT_OFFSET), now
+        )
+
+    def extend_lease(self, written_ms: int, heartbeat_ms: int) -> None:
+        """Hold the partition until 2*HB after our accepted record, minus half an HB of safety."""
+        lease = written_ms + int(1.5 * heartbeat_ms)
+        if lease > self.slot.get(Field.LEASE_UNTIL_MS):  # a late verdict never shortens it
+            self.slot.set(Field.LEASE_UNTIL_MS, lease)
 
 
 def signal_process(process: BaseProcess | None, signum: int) -> None:
@@ -122,45 +172,29 @@ def signal_process(process: BaseProcess | None, signum: int) -> None:
 MessageClaim = tuple[Assignment, Connection | None, int]  # who asked (which worker's pipe), for what end offset
 
 
-class SupervisorState:
-    """The state the supervisor's parts share (set in Supervisor.__init__), declared once for them."""
+@dataclass
+class Table:
+    """What the supervisor's components share, one object handed to each (they hold no state of one another).
 
-    app: App
-    app_path: str
-    settings: Settings
-    log: Any
-    hb_s: float
-    assignments: dict[Key, Assignment]
-    cooldown_until: dict[Key, float]
-    partition_counts: dict[str, int]
-    phase: Phase
-    exit_code: int
-    claiming: bool
-    drained: bool  # an operator drained our client (remote_control.py): claim nothing
-    timers: Timers
-    counters: Counters
-    restart_policy: RestartPolicy
-    health_policies: dict[str, HealthPolicy]  # by topic: the handler's time limit judges its long calls
-    time_limits: dict[str, tuple[float, float]]
-    shared: Any
-    _context: BaseContext | None
-    rate_buckets: dict[str, Any]
-    _claiming: set[Key]
-    _releasing: set[Key]
-    _stop_signalled: bool
-    _announced: bool
-    _to_start: collections.deque[Assignment]
-    _balance: BalanceState
-    _free_since: dict[Key, float]
-    ready: set[object]  # what the loop's last wait found readable (workers' pipes and sentinels)
-    _held_claims: list[MessageClaim]  # AMO batch claims asked while a message-claim write is in flight
-    _message_claims_in_flight: bool
+    Written by: the claims (assignments won, released, lost; ``claiming``), the worker pool (workers started
+    from ``to_start``), remote control (``drained``), the topic watch (``partition_counts``), the loop (``phase``,
+    ``stop_signalled``, ``ready``).
+    """
 
-    if TYPE_CHECKING:  # provided by the Supervisor and its other parts
+    assignments: dict[Key, Assignment] = field(default_factory=dict)
+    phase: Phase = Phase.RUNNING
+    stop_signalled: bool = False  # SIGTERM/SIGINT/SIGHUP received, perhaps not handled yet: fork nothing more
+    ready: set[object] = field(default_factory=set)  # what the loop's last wait found readable: pipes, sentinels
+    to_start: collections.deque[Assignment] = field(default_factory=collections.deque)  # claimed, no worker yet
+    claiming: bool = True  # False once another process took our client id's partitions: claim nothing more
+    drained: bool = False  # an operator drained our client (remote_control.py): claim nothing
+    partition_counts: dict[str, int] = field(default_factory=dict)  # topics whose partitions are claimed whole
+    shared_partition_counts: dict[str, int] = field(default_factory=dict)  # shared handlers' topics (shared_pool)
 
-        def _require_coordinator(self) -> Coordinator: ...
-        def _require_writes(self) -> InFlightWrites: ...
-        def _require_offsets(self) -> OffsetStore: ...
-        def _begin_graceful_stop(self) -> None: ...
-        def _me(self) -> Owner: ...
-        def _give_back(self, assignment: Assignment) -> None: ...
+    @property
+    def running(self) -> bool:
+        return self.phase is Phase.RUNNING
+
+    def holds(self, assignment: Assignment) -> bool:
+        """Is this assignment (not a later one of the same partition) still in the table?"""
+        return self.assignments.get(assignment.key) is assignment

@@ -1,9 +1,11 @@
-"""The policy for whole partitions: claim, heartbeat, balance, answer AMO batch claims, release.
+"""The policy for whole partitions: claim, heartbeat, balance, release.
 
 Every write goes through InFlightWrites and its verdict comes back in a later
 pass of the supervisor's loop, which never waits on Kafka.  A partition won
-gets a worker (worker_pool.py); a heartbeat refused means the partition is
-lost.  Shared partitions are leased by range instead (shared_pool.py).
+goes in the Table's ``to_start`` queue for the worker pool (worker_pool.py); a
+heartbeat refused means the partition is lost.  AMO workers' batch claims are
+message_claims.py's; shared partitions are leased by range instead
+(shared_pool.py).
 """
 
 from __future__ import annotations
@@ -11,13 +13,18 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
-from marshal_workers.handlers.handler_outcomes import OUTCOMES
-from marshal_workers.kafka.coordinator import Progress, heartbeat_verdicts, message_claim_verdicts
-from marshal_workers.kafka.offsets import OffsetLookupError
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordination_log import drain
+from marshal_workers.kafka.coordinator import Coordinator, Progress, heartbeat_verdicts
+from marshal_workers.kafka.in_flight import InFlightWrites
+from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore
+from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.balance import (
+    BalanceState,
     FairShare,
     claim_cap,
     fair_share,
@@ -30,38 +37,112 @@ from marshal_workers.protocol.balance import (
 )
 from marshal_workers.protocol.health import HealthPolicy, PartitionHealth, Sample, observe
 from marshal_workers.protocol.world_state import Owner, WorldState
-from marshal_workers.runtime.channel import ClaimAnswer, Field, Slot, above, monotonic_ms
-from marshal_workers.runtime.supervisor.assignments import Assignment, Key, MessageClaim, Phase, SupervisorState
+from marshal_workers.runtime.channel import Field, Slot, above, monotonic_ms
+from marshal_workers.runtime.supervisor.assignments import Assignment, Key, Phase, Table
 
 _log = logging.getLogger(__name__)
 CLAIMS_PER_TICK = 4  # our first claims (others see us), and partitions free for an HB, per round
+CLAIM_INTERVAL_S = 0.25  # between two rounds of claims (jittered), unless a release comes first
 
 
-class PartitionClaims(SupervisorState):
-    """The Supervisor's part that claims and keeps whole partitions (a mixin: the state is the supervisor's)."""
+class PartitionClaims:
+    """The supervisor's component that claims and keeps whole partitions (component.py's interface).
 
-    if TYPE_CHECKING:  # provided by the other parts
+    Its public methods (release, give_back, forget, owns, me) are what the worker pool and remote control
+    ask of it when a worker exits or an operator orders a hand-over.
+    """
 
-        def _stop_worker(self, assignment: Assignment) -> None: ...
-        def _start_worker(self, assignment: Assignment) -> None: ...
-        def _watch_call(self, assignment: Assignment, now: float) -> None: ...
+    def __init__(
+        self,
+        table: Table,
+        coordinator: Coordinator,
+        writes: InFlightWrites,
+        offsets: OffsetStore,
+        settings: Settings,
+        time_limits: dict[str, tuple[float, float]],
+        counters: Counters,
+        log: Any,
+        new_slot: Callable[[int], Slot],
+        shared_low_water_marks: Callable[[], list[tuple[str, int, int]]] | None = None,
+    ) -> None:
+        """``time_limits``: (soft, hard) seconds per topic; ``new_slot``: a worker's shared memory, at an offset;
+        ``shared_low_water_marks``: the shared partitions' offsets to commit with each heartbeat, if any."""
+        self.table = table
+        self.coordinator = coordinator
+        self.writes = writes
+        self.offsets = offsets
+        self.settings = settings
+        self.hb_s = settings.heartbeat_interval
+        self.counters = counters
+        self.log = log
+        self._new_slot = new_slot
+        self._shared_low_water_marks = shared_low_water_marks
+        # A handler call in flight is progress until it passes its time limit (hard, else soft; none: ever).
+        self.health_policies = {
+            topic: HealthPolicy(behind_cycles=settings.behind_cycles, stall_after_s=settings.heartbeat_interval,
+                                call_time_limit=hard or soft)
+            for topic, (soft, hard) in time_limits.items()
+        }  # fmt: skip
+        self.cooldown_until: dict[Key, float] = {}  # monotonic; partitions released as sick or handed over
+        self._claiming: set[Key] = set()  # claims in flight
+        self._releasing: set[Key] = set()  # releases in flight
+        self._announced = False  # our first claims are written: later rounds claim our part at once
+        self._balance = BalanceState()
+        self._free_since: dict[Key, float] = {}  # monotonic: when a partition was first seen free
+        self._next_heartbeat = 0.0  # monotonic times at which each is next due
+        self._next_claim = 0.0
+        self._next_ask = 0.0  # the next time we may ask another member for a partition
+
+    # --------------------------------------------------------- the component
+
+    def waitables(self) -> list[object]:
+        """The coordinator's release events: a partition freed is claimed at once, not at the next round."""
+        return [self.coordinator.release_events()]
+
+    def step(self, now: float) -> None:
+        """Heartbeat and balance every HB/2; claim free partitions every CLAIM_INTERVAL_S, or when one is released."""
+        releases = self.coordinator.release_events()
+        if releases in self.table.ready:
+            drain(releases)
+            self._next_claim = 0.0  # a partition was released: try to take it now, not at the next tick
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.hb_s / 2
+            self._heartbeat()
+            self._rebalance()
+        if now >= self._next_claim:
+            self._next_claim = now + CLAIM_INTERVAL_S * random.uniform(0.5, 1.5)
+            self._claim_free_partitions()
+
+    def begin_stop(self) -> None:
+        """Nothing more is claimed (the phase says so); the worker pool releases each partition as its worker
+        exits."""
+
+    def stopped(self) -> bool:
+        """No claim or release in flight (a claim won meanwhile is released)."""
+        return not self._claiming and not self._releasing
+
+    def cooling_down(self, now: float) -> list[Key]:
+        """The partitions released as sick (or handed over) that we do not claim again yet."""
+        return [key for key, until in list(self.cooldown_until.items()) if until > now]
+
+    # ------------------------------------------------------------- claims
 
     def _claim_free_partitions(self) -> None:
-        if self.phase is not Phase.RUNNING or not self.claiming:
+        if not self.table.running or not self.table.claiming:
             return
-        coordinator = self._require_coordinator()
+        coordinator = self.coordinator
         now_ms, monotonic = coordinator.now_ms(), time.monotonic()
         room = (self.settings.max_partitions or float("inf")) - self._held_or_claiming()
         if room <= 0:
             return
-        busy = self.assignments.keys() | self._claiming | self._releasing
+        busy = self.table.assignments.keys() | self._claiming | self._releasing
         wanted = [
             (topic, p)
-            for topic, count in self.partition_counts.items()
+            for topic, count in self.table.partition_counts.items()
             for p in range(count)
             if (topic, p) not in busy and self.cooldown_until.get((topic, p), 0) <= monotonic
         ]
-        me = self._me()
+        me = self.me()
         free = coordinator.read(lambda world: [key for key in wanted if world.is_free(*key, now_ms, *me)])
         self._free_since = {key: self._free_since.get(key, monotonic) for key in free}
         random.shuffle(free)
@@ -81,16 +162,16 @@ class PartitionClaims(SupervisorState):
         """balance="fair": which free partitions to claim.  One freed just now only up to our share, and not
         while a member that asks for partitions could take it; one free for an HB is anyone's (a few a round)."""
         counts, askers = self._group_view(now_ms)
-        share = fair_share(sum(self.partition_counts.values()), len(counts))
+        share = fair_share(sum(self.table.partition_counts.values()), len(counts))
         long_free = [key for key in free if monotonic - self._free_since[key] >= self.hb_s][:CLAIMS_PER_TICK]
-        if yields_to_askers(self._me(), counts, share, askers):
+        if yields_to_askers(self.me(), counts, share, askers):
             return long_free
         room = claim_cap(share, self.settings.max_partitions) - self._held_or_claiming()
         just_freed = [key for key in free if monotonic - self._free_since[key] < self.hb_s]
         return just_freed[: max(room, 0)] + long_free
 
     def _held_or_claiming(self) -> int:
-        return len(self.assignments) + len(self._claiming)
+        return len(self.table.assignments) + len(self._claiming)
 
     def _claim(self, topic: str, partition: int, asking: bool = False) -> None:
         self._claim_all([(topic, partition)], asking)
@@ -98,12 +179,12 @@ class PartitionClaims(SupervisorState):
     def _claim_all(self, keys: list[Key], asking: bool = False) -> None:
         """Write claims, all in one round trip; their verdicts (a later pass of the loop) start the workers."""
         keys = [key for key in keys if key not in self._claiming]
-        if self.phase is not Phase.RUNNING or not keys:
+        if not self.table.running or not keys:
             return
         written_ms = monotonic_ms()  # before the write: the lease errs short
         self._claiming.update(keys)
-        coordinator = self._require_coordinator()
-        self._require_writes().submit(
+        coordinator = self.coordinator
+        self.writes.submit(
             "claim",
             [coordinator.claim_record(*key) for key in keys],
             lambda verdicts: self._after_claims(keys, verdicts, written_ms, asking),
@@ -135,34 +216,33 @@ class PartitionClaims(SupervisorState):
 
     def _take(self, key: Key, position: tuple[int, list[done_set.Range]], written_ms: int) -> Assignment | None:
         """A partition just claimed: its assignment and worker (None if a stop began and it was released)."""
-        assert self._context is not None
         topic, partition = key
         start, skip = done_set.resume_past(*position)
-        slot = Slot.create(self._context, start)
+        slot = self._new_slot(start)
         if skip:  # the heartbeat carries it on; a heartbeat without it would tell the log nothing is done
             slot.publish_done(start, done_set.encode(start, skip))
         assignment = Assignment(topic, partition, slot, started_offset=start)
-        self.assignments[key] = assignment
-        self._extend_lease(assignment, written_ms)
+        self.table.assignments[key] = assignment
+        assignment.extend_lease(written_ms, self.settings.heartbeat_ms)
         self.log.info("claimed %s[%d], resuming at offset %d", topic, partition, start)
-        if self.phase is not Phase.RUNNING:
-            self._release(assignment)  # the claim was in flight when a stop began
-        elif self._stop_signalled:
+        if not self.table.running:
+            self.release(assignment)  # the claim was in flight when a stop began
+        elif self.table.stop_signalled:
             assignment.restart_at = time.monotonic()  # a stop is on its way: handling it releases this one, unforked
         else:
-            self._to_start.append(assignment)  # started by _start_queued_workers, a few per pass of the loop
-        return assignment if key in self.assignments else None
+            self.table.to_start.append(assignment)  # the worker pool starts it, a few per pass of the loop
+        return assignment if key in self.table.assignments else None
 
     def _start_positions(self, keys: list[Key]) -> dict[Key, tuple[int, list[done_set.Range]]]:
         """Where each partition resumes, and the done ranges above it: from the log; else the group's committed
         offsets (one lookup for all); else auto_offset_reset.  A partition whose position Kafka does not tell
         is left out: never guess a position; the claim lapses unused (2*HB) and the partition is tried again."""
-        found = self._require_coordinator().read(lambda world: {key: _resume_position(world, *key) for key in keys})
+        found = self.coordinator.read(lambda world: {key: _resume_position(world, *key) for key in keys})
         positions = {key: (resume, skip) for key, (resume, skip) in found.items() if resume is not None}
         unknown = [key for key in keys if key not in positions]
         if not unknown:
             return positions
-        offsets = self._require_offsets()
+        offsets = self.offsets
         try:
             committed = offsets.committed_many(unknown)
         except OffsetLookupError as exc:
@@ -187,20 +267,20 @@ class PartitionClaims(SupervisorState):
 
     def _heartbeat(self) -> None:
         """Heartbeat every partition we hold with its worker's progress; a refusal means it is lost."""
-        held = [a for a in self.assignments.values() if not a.lost]
+        held = [a for a in self.table.assignments.values() if not a.lost]
         if held:
             self._send_heartbeats(held)
-        if self.shared.topics:
+        if self._shared_low_water_marks is not None:
             # Shared partitions: the low-water marks, as the group's offsets (a backup of the log's bookkeeping).
-            self._require_offsets().commit(self.shared.low_water_marks())
+            self.offsets.commit(self._shared_low_water_marks())
 
     def _send_heartbeats(self, held: list[Assignment]) -> None:
         now = time.monotonic()
         progress = [_progress(a, now) for a in held]
         written_ms = monotonic_ms()  # before the write: the lease errs short
-        self._require_writes().submit(
+        self.writes.submit(
             "heartbeat",
-            self._require_coordinator().heartbeat_records(progress),
+            self.coordinator.heartbeat_records(progress),
             lambda verdicts: self._after_heartbeats(held, progress, heartbeat_verdicts(progress, verdicts), written_ms),
             self._heartbeat_failed,
         )
@@ -212,17 +292,17 @@ class PartitionClaims(SupervisorState):
     def _after_heartbeats(self, held: list[Assignment], progress: list[Progress], verdicts: list[bool], written_ms: int) -> None:
         backup = []
         for assignment, sent, accepted in zip(held, progress, verdicts):
-            if self.assignments.get(assignment.key) is not assignment or assignment.lost:
+            if self.table.assignments.get(assignment.key) is not assignment or assignment.lost:
                 continue  # released, or lost, since this heartbeat was written
             if accepted:
-                self._extend_lease(assignment, written_ms)
+                assignment.extend_lease(written_ms, self.settings.heartbeat_ms)
                 self._check_health(assignment)
                 backup.append((sent.topic, sent.partition, sent.offset))
             else:
                 self._lose(assignment)
         # The backup holds only what we own: a lost partition's offset is its new owner's to commit.
-        self._require_offsets().commit(backup)
-        self._require_offsets().poll()
+        self.offsets.commit(backup)
+        self.offsets.poll()
 
     def _check_health(self, assignment: Assignment) -> None:
         """One health cycle: release the partition if its worker cannot keep up and someone else can."""
@@ -230,36 +310,30 @@ class PartitionClaims(SupervisorState):
         if assignment.process is None or assignment.unhealthy or high is None:
             return
         now = time.monotonic()
-        self._watch_call(assignment, now)
+        assignment.watch_call(now)
         sample = Sample(now, assignment.next_offset, high, assignment.slot.get(Field.PROCESSED), assignment.call)
         policy = self.health_policies[assignment.topic]
         assignment.health, verdict = observe(assignment.health, sample, policy)
-        if not verdict.release or not self.settings.release_if_behind or self.phase is not Phase.RUNNING:
+        if not verdict.release or not self.settings.release_if_behind or not self.table.running:
             return
         where = f"{assignment.topic}[{assignment.partition}]"
         why = f"{verdict.value} (lag {sample.lag}{_call_note(sample, policy)})"
-        coordinator = self._require_coordinator()
-        others = coordinator.read(lambda world: world.live_members(coordinator.now_ms())) - {self._me()}
+        coordinator = self.coordinator
+        others = coordinator.read(lambda world: world.live_members(coordinator.now_ms())) - {self.me()}
         if not others:
             self.log.warning("%s is %s but no other member could take it: keeping it", where, why)
             assignment.health = PartitionHealth()  # judge it afresh rather than warn every cycle
             return
         self.log.warning("%s is %s: handing it over to another member (release_if_behind)", where, why)
         assignment.unhealthy = True
-        self._stop_worker(assignment)
-
-    def _extend_lease(self, assignment: Assignment, written_ms: int) -> None:
-        """Hold the partition until 2*HB after our accepted record, minus half an HB of safety."""
-        lease = written_ms + int(1.5 * self.settings.heartbeat_ms)
-        if lease > assignment.slot.get(Field.LEASE_UNTIL_MS):  # a late verdict never shortens it
-            assignment.slot.set(Field.LEASE_UNTIL_MS, lease)
+        assignment.ask_worker_to_stop()
 
     def _lose(self, assignment: Assignment) -> None:
         """Someone else owns the partition: stop its worker at once, release nothing."""
         assignment.slot.set(Field.LEASE_UNTIL_MS, 0)
         assignment.lost = True
         self.counters.partitions_lost += 1
-        coordinator = self._require_coordinator()
+        coordinator = self.coordinator
         owner = coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition))
         if owner is None:
             self.log.warning("%s[%d] was taken from us (a pause?): stopping its worker", assignment.topic, assignment.partition)
@@ -271,26 +345,26 @@ class PartitionClaims(SupervisorState):
                 "--client-id; this one stops claiming",
                 coordinator.client,
             )
-            self.claiming = False
+            self.table.claiming = False
         if assignment.process is None:
-            self._forget(assignment)
+            self.forget(assignment)
         else:
-            self._stop_worker(assignment)
+            assignment.ask_worker_to_stop()
 
-    def _me(self) -> Owner:
-        coordinator = self._require_coordinator()
+    def me(self) -> Owner:
+        coordinator = self.coordinator
         return Owner(coordinator.client, coordinator.instance)
 
     def _group_view(self, now_ms: int) -> tuple[dict[Owner, int], set[Owner]]:
         """The live members of the group (us included) with the partitions each holds, and who asks for more."""
-        me = self._me()
+        me = self.me()
 
         def view(world: WorldState) -> tuple[dict[Owner, int], set[Owner]]:
             held = world.holdings(now_ms)
             counts = {member: len(held.get(member, ())) for member in world.live_members(now_ms) | {me}}
             return counts, world.askers(now_ms)
 
-        return self._require_coordinator().read(view)
+        return self.coordinator.read(view)
 
     def _rebalance(self) -> None:
         """balance="fair": hand partitions over to members that ask, and ask when we hold too few.
@@ -300,16 +374,16 @@ class PartitionClaims(SupervisorState):
         asks.  With balance="greedy" only an idle member asks, so the health
         monitor knows someone could take a partition.
         """
-        if self.phase is not Phase.RUNNING or not self.claiming or self.drained:
+        if not self.table.running or not self.table.claiming or self.table.drained:
             return  # a drained member neither hands over by balance nor asks (it would look like a live member)
-        coordinator = self._require_coordinator()
-        now_ms, now, me = coordinator.now_ms(), time.monotonic(), self._me()
+        coordinator = self.coordinator
+        now_ms, now, me = coordinator.now_ms(), time.monotonic(), self.me()
         if self.settings.balance == "fair":
             counts, askers = self._group_view(now_ms)
-            share = fair_share(sum(self.partition_counts.values()), len(counts))
-            held = [a for a in self.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)]
+            share = fair_share(sum(self.table.partition_counts.values()), len(counts))
+            held = [a for a in self.table.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)]
             counts[me] = len(held)
-            hungry = is_hungry(len(self.assignments), share, self.settings.max_partitions)
+            hungry = is_hungry(len(self.table.assignments), share, self.settings.max_partitions)
             if hungry:
                 askers.add(me)  # about to ask, if not already
             wanted = partitions_to_hand_over(me, counts, share, askers)
@@ -317,9 +391,9 @@ class PartitionClaims(SupervisorState):
             for assignment in sorted(held, key=lambda a: a.claimed_at)[len(held) - count :] if count else []:
                 self._hand_over(assignment, share)
         else:
-            hungry = not self.assignments
-        if hungry and now >= self.timers.ask and not coordinator.read(lambda world: world.is_paused(now_ms)):
-            self.timers.ask = now + self.hb_s  # once per HB keeps us visible (2*HB) at one record per HB
+            hungry = not self.table.assignments
+        if hungry and now >= self._next_ask and not coordinator.read(lambda world: world.is_paused(now_ms)):
+            self._next_ask = now + self.hb_s  # once per HB keeps us visible (2*HB) at one record per HB
             wanted_key = partition_to_ask_for(coordinator.read(lambda world: world.holdings(now_ms)), me)
             if wanted_key is not None:
                 self._claim(*wanted_key, asking=True)  # accepted only if its owner went stale: a take-over
@@ -329,118 +403,31 @@ class PartitionClaims(SupervisorState):
             "%s[%d]: handing it over (balance=fair: our share is %d to %d partitions)",
             assignment.topic, assignment.partition, share.low, share.high,
         )  # fmt: skip
-        self._give_back(assignment)
+        self.give_back(assignment)
 
-    def _give_back(self, assignment: Assignment) -> None:
+    def give_back(self, assignment: Assignment) -> None:
         """Stop the partition's worker and release the partition when it exits, for another member to take."""
         assignment.handing_over = True
         if assignment.process is None:
-            self._release_handed_over(assignment)
+            self.release_handed_over(assignment)
         else:
-            self._stop_worker(assignment)  # released when it exits
+            assignment.ask_worker_to_stop()  # released when it exits
 
-    def _release_handed_over(self, assignment: Assignment) -> None:
-        self._release(assignment)
+    def release_handed_over(self, assignment: Assignment) -> None:
+        self.release(assignment)
         # Not ours to take back when the release wakes our claim loop: it is meant for another member.
         self.cooldown_until[assignment.key] = time.monotonic() + 2 * self.hb_s
 
-    def _submit_message_claims(self) -> None:
-        """Write every AMO batch claim the workers asked for, all in one go, without waiting.
-
-        Group commit: while one message-claim write is in flight, the claims asked meanwhile wait for it and
-        then go together in the next one.  Under load that is one write for most of the workers' claims
-        instead of one each; the embedded broker spent most of an AMO fleet's CPU on those writes.
-        """
-        ready = self.ready
-        for assignment in self.assignments.values():
-            connection = assignment.connection
-            # One message per pass, from the pipes the loop's wait found readable: a second one keeps its pipe
-            # readable, so the next wait returns at once (Connection.poll would build a selector per call).
-            if connection is None or connection not in ready:
-                continue
-            try:
-                message = connection.recv()
-                if isinstance(message, tuple):  # ("outcomes", counts): what became of failed calls
-                    if message[:1] == (OUTCOMES,) and len(message) == 2 and isinstance(message[1], dict):
-                        self.counters.add_outcomes(assignment.topic, message[1])
-                    continue
-                self._held_claims.append((assignment, connection, int(message)))
-            except (EOFError, OSError):
-                assignment.connection = None  # the worker is gone; reaping deals with it
-        if not self._message_claims_in_flight:
-            self._write_held_claims()
-
-    def _write_held_claims(self) -> None:
-        """Write the held claims of the workers still there; refuse those of partitions no longer ours."""
-        asked: list[MessageClaim] = []
-        for assignment, connection, end in self._held_claims:
-            if assignment.connection is not connection:
-                continue  # that worker is gone: its successor asks for itself
-            if assignment.lost:
-                self._answer(assignment, ClaimAnswer.REFUSED)  # not ours: refused without asking the log
-            else:
-                asked.append((assignment, connection, end))
-        self._held_claims = []
-        if not asked:
-            return
-        written_ms = monotonic_ms()  # before the write: the lease errs short
-        claims = [(a.topic, a.partition, end) for a, _, end in asked]
-        self._message_claims_in_flight = True
-        self._require_writes().submit(
-            "message claim",
-            self._require_coordinator().message_claims(claims),
-            lambda verdicts: self._after_message_claims(asked, message_claim_verdicts(claims, verdicts), written_ms),
-            lambda exc: self._message_claims_failed(asked, exc),
-            # Fail fast: a worker waits on this.  Told so, it asks again (the log keeps the highest claim).
-            within=self.hb_s,
-        )
-
-    def _after_message_claims(self, asked: list[MessageClaim], verdicts: list[bool], written_ms: int) -> None:
-        """Answer the workers whose claims have been folded: claimed (handle it) or refused (not ours: stop).
-        Then write the claims held meanwhile."""
-        for (assignment, connection, end), accepted in zip(asked, verdicts):
-            if accepted:
-                assignment.claimed_end = max(assignment.claimed_end, end)
-                self._extend_lease(assignment, written_ms)
-            if assignment.connection is connection:  # not a worker that has since been replaced
-                self._answer(assignment, ClaimAnswer.CLAIMED if accepted else ClaimAnswer.REFUSED)
-        self._message_claims_decided()
-
-    def _message_claims_failed(self, asked: list[MessageClaim], exc: Exception) -> None:
-        """Kafka did not confirm the claims in time: tell those workers, who ask again (or stop, if asked to).
-        Then write the claims held meanwhile."""
-        for assignment, connection, end in asked:
-            self.counters.message_claims_unconfirmed += 1
-            self.log.warning(
-                "%s[%d]: claim of the messages before offset %d: %s; its worker asks again",
-                assignment.topic, assignment.partition, end, exc,
-            )  # fmt: skip
-            if assignment.connection is connection:
-                self._answer(assignment, ClaimAnswer.UNCONFIRMED)
-        self._message_claims_decided()
-
-    def _message_claims_decided(self) -> None:
-        """The message-claim write in flight is decided: the next one carries the claims held meanwhile."""
-        self._message_claims_in_flight = False
-        self._write_held_claims()
-
-    def _answer(self, assignment: Assignment, answer: ClaimAnswer) -> None:
-        if assignment.connection is not None:
-            try:
-                assignment.connection.send(int(answer))
-            except OSError:
-                pass  # the worker is gone; reaping deals with it
-
-    def _release(self, assignment: Assignment, sick: bool = False) -> None:
+    def release(self, assignment: Assignment, sick: bool = False) -> None:
         """Write the release with the worker's progress, so the next owner resumes exactly there."""
         offset, done = _position(assignment)
         topic, partition = assignment.key
-        self._forget(assignment)
-        if not self._owns(assignment):
+        self.forget(assignment)
+        if not self.owns(assignment):
             # Only an owner's release means anything; another's could pass for an operator's during a pause.
             self.log.info("%s[%d] is no longer ours: nothing to release", topic, partition)
             return
-        reason = _release_reason(self.phase, assignment, sick)
+        reason = _release_reason(self.table.phase, assignment, sick)
         self.counters.releases[reason] += 1
         if sick:
             self.cooldown_until[assignment.key] = time.monotonic() + self.settings.sick_cooldown
@@ -456,16 +443,16 @@ class PartitionClaims(SupervisorState):
             self._releasing.discard(assignment.key)
             self.log.error("release of %s[%d] at offset %d not confirmed: %s", topic, partition, offset, exc)
 
-        self._require_writes().submit(
-            "release", [self._require_coordinator().release_record(topic, partition, offset, done)], released, failed
+        self.writes.submit(
+            "release", [self.coordinator.release_record(topic, partition, offset, done)], released, failed
         )
 
-    def _owns(self, assignment: Assignment) -> bool:
-        owner = self._require_coordinator().read(lambda world: world.owner(assignment.topic, assignment.partition))
-        return owner == self._me()
+    def owns(self, assignment: Assignment) -> bool:
+        owner = self.coordinator.read(lambda world: world.owner(assignment.topic, assignment.partition))
+        return owner == self.me()
 
-    def _forget(self, assignment: Assignment) -> None:
-        self.assignments.pop(assignment.key, None)
+    def forget(self, assignment: Assignment) -> None:
+        self.table.assignments.pop(assignment.key, None)
 
 
 def _progress(assignment: Assignment, now: float) -> Progress:

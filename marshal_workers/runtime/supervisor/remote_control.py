@@ -6,15 +6,19 @@ claims they forbid, so no member can take what an operator holds back, whatever 
 supervisor reads the orders about itself and obeys them: it hands over what it may no longer hold cleanly,
 at the exact offsets, as on SIGTERM, and stops claiming what it may not claim.
 
-:func:`orders_for` is pure (a world state and times in); :class:`RemoteControl` is the supervisor's part.
+:func:`orders_for` is pure (a world state and times in); :class:`RemoteControl` is the supervisor's component.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.protocol.world_state import Owner, WorldState
-from marshal_workers.runtime.supervisor.assignments import Key, Phase, SupervisorState
+from marshal_workers.runtime.supervisor.assignments import Assignment, Key, Table
 
 
 @dataclass(frozen=True)
@@ -49,30 +53,68 @@ def orders_for(world: WorldState, me: Owner, started_ms: int, now_ms: int) -> Or
     )
 
 
-class RemoteControl(SupervisorState):
-    """The Supervisor's part that obeys operators (a mixin: the state is the supervisor's)."""
+class RemoteControl:
+    """The supervisor's component that obeys operators, every HB/2 before the heartbeat (component.py's interface)."""
 
-    drained: bool
-    started_ms: int
+    def __init__(
+        self,
+        table: Table,
+        coordinator: Coordinator,
+        settings: Settings,
+        log: Any,
+        started_ms: int,
+        give_back: Callable[[Assignment], None],
+        shut_down: Callable[[], None],
+        hold_back_shared: Callable[[set[str]], None],
+        shared_topics: Collection[str] = (),
+    ) -> None:
+        """``started_ms``: coordinator time at our start (an order to shut down before it is not for us);
+        ``give_back``: hand a partition over (partition_claims.py); ``shut_down``: stop as on SIGTERM;
+        ``hold_back_shared``: the shared topics to lease no more ranges of (shared_pool.py)."""
+        self.table = table
+        self.coordinator = coordinator
+        self.hb_s = settings.heartbeat_interval
+        self.log = log
+        self.started_ms = started_ms
+        self._give_back = give_back
+        self._shut_down = shut_down
+        self._hold_back_shared = hold_back_shared
+        self._shared_topics = set(shared_topics)
+        self._next_look = 0.0  # monotonic: when the orders are next read (with the heartbeat: every HB/2)
 
-    def _obey_operators(self) -> None:
-        if self.phase is not Phase.RUNNING:
+    def waitables(self) -> list[object]:
+        return []
+
+    def step(self, now: float) -> None:
+        if now >= self._next_look:
+            self._next_look = now + self.hb_s / 2
+            self.obey_operators()
+
+    def begin_stop(self) -> None:
+        """Nothing: a stopping supervisor reads no more orders."""
+
+    def stopped(self) -> bool:
+        return True
+
+    def obey_operators(self) -> None:
+        """Read the orders about us from the fold and obey them: stop, stop claiming, hand partitions over."""
+        if not self.table.running:
             return
-        coordinator = self._require_coordinator()
-        me, now_ms = self._me(), coordinator.now_ms()
+        coordinator = self.coordinator
+        me, now_ms = Owner(coordinator.client, coordinator.instance), coordinator.now_ms()
         orders = coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
         if orders.shutdown:
             self.log.info("shutdown ordered by an operator: releasing every partition after its worker finishes")
-            self._begin_graceful_stop()
+            self._shut_down()
             return
-        if orders.drained != self.drained:
-            self.drained = orders.drained
+        if orders.drained != self.table.drained:
+            self.table.drained = orders.drained
             if orders.drained:
                 self.log.info("drained by an operator: releasing everything, claiming nothing until resumed")
             else:
                 self.log.info("resumed by an operator: claiming again")
-        self.shared.held_back = set(self.shared.topics) if orders.drained else set(orders.paused_topics)
-        for assignment in list(self.assignments.values()):
+        self._hold_back_shared(set(self._shared_topics) if orders.drained else set(orders.paused_topics))
+        for assignment in list(self.table.assignments.values()):
             reason = orders.give_up(assignment.key)
             if reason is None or assignment.handing_over or assignment.lost:
                 continue

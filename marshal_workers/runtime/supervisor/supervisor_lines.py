@@ -1,4 +1,4 @@
-"""The supervisor's first and last log lines: what it runs with, and how it stopped.  Pure: values in, text out."""
+"""The supervisor's first and last log lines, and its /healthz verdict.  Pure: values in, text out."""
 
 from __future__ import annotations
 
@@ -46,3 +46,12 @@ def stop_line(released: int, seconds: float, exit_code: int, workers_killed: boo
     killed = "; workers were killed and released at their last progress" if workers_killed else ""
     code = f" with exit code {exit_code}" if exit_code else ""
     return f"stopped{code}: {what} in {seconds:.1f}s{killed}"
+
+
+def loop_health(tick_age_s: float, heartbeat_s: float, last_confirmed: float, last_failed: float,
+                phase: str) -> tuple[bool, dict[str, object]]:  # fmt: skip
+    """/healthz: healthy while the loop ticked within an HB and the last coordination write was confirmed, not
+    failed (``last_confirmed``, ``last_failed``: monotonic times of the latest of each)."""
+    confirmed = last_confirmed >= last_failed
+    detail = {"loop_tick_age_s": round(tick_age_s, 3), "last_write_confirmed": confirmed, "phase": phase}
+    return tick_age_s < heartbeat_s and confirmed, detail

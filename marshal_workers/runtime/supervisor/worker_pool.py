@@ -3,8 +3,9 @@
 One worker per partition held, forked from a fork server started before any
 Kafka client exists (librdkafka is not fork-safe), with the application
 preloaded.  What a worker's exit means (release, restart with backoff, apply
-a time limit, forget a lost partition) is decided here too, with the
-partition policy's release (partition_claims.py).
+a time limit, forget a lost partition) is decided here too; the release
+itself is the partition claims' (partition_claims.py), asked through
+:class:`Releases`.
 """
 
 from __future__ import annotations
@@ -15,41 +16,134 @@ import multiprocessing.connection
 import multiprocessing.forkserver
 import signal
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
-from typing import TYPE_CHECKING
+from multiprocessing.process import BaseProcess
+from typing import Any, Protocol
 
+from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
-from marshal_workers.handlers.app import Mode, OnError
+from marshal_workers.handlers.app import App, Mode, OnError
 from marshal_workers.handlers.loader import split_app_path
+from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import done_set
-from marshal_workers.protocol.health import PartitionHealth, watch_call
-from marshal_workers.runtime.channel import Field, WorkerSpec, monotonic_ms
-from marshal_workers.runtime.supervisor.assignments import Assignment, Phase, SupervisorState, signal_process
+from marshal_workers.protocol.health import PartitionHealth
+from marshal_workers.protocol.restarts import RestartPolicy
+from marshal_workers.runtime.channel import Field, Slot, WorkerSpec, monotonic_ms
+from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 from marshal_workers.runtime.worker.worker import WorkerExit, worker_main
 
 _log = logging.getLogger(__name__)
 START_BUDGET_S = 0.02  # seconds per pass of the loop spent starting the workers of new claims
 
 
-class WorkerPool(SupervisorState):
-    """The Supervisor's part that runs workers (a mixin: the state is the supervisor's)."""
+class Releases(Protocol):
+    """What the pool asks of the partition claims when a worker exits."""
 
-    if TYPE_CHECKING:  # provided by the other parts
+    def release(self, assignment: Assignment, sick: bool = False) -> None: ...
+    def release_handed_over(self, assignment: Assignment) -> None: ...
+    def forget(self, assignment: Assignment) -> None: ...
+    def owns(self, assignment: Assignment) -> bool: ...
 
-        def _release(self, assignment: Assignment, sick: bool = False) -> None: ...
-        def _release_handed_over(self, assignment: Assignment) -> None: ...
-        def _forget(self, assignment: Assignment) -> None: ...
-        def _owns(self, assignment: Assignment) -> bool: ...
 
-    def _start_fork_server(self) -> BaseContext:
-        context = multiprocessing.get_context("forkserver")
-        module, _ = split_app_path(self.app_path)
-        context.set_forkserver_preload(["marshal_workers.runtime.worker.forkserver_preload", "marshal_workers.runtime.worker.worker", module])
-        multiprocessing.forkserver.ensure_running()
-        return context
+StartProcess = Callable[[WorkerSpec, Slot, Any, str], tuple[BaseProcess, Connection]]
+"""Start a worker process: (its spec, its slot, its topic's rate bucket or None, its name) -> (process, our pipe)."""
+
+
+def start_fork_server(app_path: str) -> BaseContext:
+    """The fork server every worker comes from, the application preloaded: start it before any Kafka client."""
+    context = multiprocessing.get_context("forkserver")
+    module, _ = split_app_path(app_path)
+    context.set_forkserver_preload(["marshal_workers.runtime.worker.forkserver_preload", "marshal_workers.runtime.worker.worker", module])
+    multiprocessing.forkserver.ensure_running()
+    return context
+
+
+def fork_server_starter(context: BaseContext) -> StartProcess:
+    """Workers forked from ``context``'s fork server, each with a duplex pipe to us."""
+
+    def start(spec: WorkerSpec, slot: Slot, rate_bucket: Any, name: str) -> tuple[BaseProcess, Connection]:
+        ours, theirs = context.Pipe(duplex=True)
+        process = context.Process(  # type: ignore[attr-defined]
+            target=worker_main, args=(spec, slot.array, theirs, rate_bucket), name=name, daemon=True
+        )
+        process.start()
+        theirs.close()
+        return process, ours
+
+    return start
+
+
+class WorkerPool:
+    """The supervisor's component that runs the workers of whole partitions (component.py's interface)."""
+
+    def __init__(
+        self,
+        table: Table,
+        releases: Releases,
+        app: App,
+        app_path: str,
+        settings: Settings,
+        time_limits: dict[str, tuple[float, float]],
+        counters: Counters,
+        log: Any,
+        start_process: StartProcess,
+        fail: Callable[[int], None],
+        rate_buckets: dict[str, Any] | None = None,
+    ) -> None:
+        """``time_limits``: (soft, hard) seconds per topic; ``fail(exit_code)``: a worker could not start, so the
+        supervisor stops with that code; ``rate_buckets``: rate-limited topic -> its token bucket (rate_limits.py)."""
+        self.table = table
+        self.releases = releases
+        self.app = app
+        self.app_path = app_path
+        self.settings = settings
+        self.time_limits = time_limits
+        self.counters = counters
+        self.log = log
+        self._start_process = start_process
+        self._fail = fail
+        self.rate_buckets = rate_buckets or {}
+        self.restart_policy = RestartPolicy(limit=settings.crash_limit)
+
+    # --------------------------------------------------------- the component
+
+    def waitables(self) -> list[object]:
+        """The exit sentinels of the workers running."""
+        return [a.process.sentinel for a in self.table.assignments.values() if a.process is not None]
+
+    def step(self, now: float) -> None:
+        """Start the workers of new claims, reap those that exited, enforce time limits, restart those due."""
+        self._start_queued_workers()
+        self._reap_workers()
+        self._watch_calls()
+        self._enforce_time_limits()
+        self._restart_due_workers(now)
+
+    def begin_stop(self) -> None:
+        """Ask every worker to finish what it holds; a partition without one is released at once."""
+        for assignment in list(self.table.assignments.values()):
+            if assignment.process is None:
+                self.releases.release(assignment)  # waiting for a restart: nothing runs, release at once
+            else:
+                assignment.ask_worker_to_stop()
+
+    def stopped(self) -> bool:
+        """Every partition released (or forgotten): its worker exited."""
+        return not self.table.assignments
+
+    def signal_workers(self, signum: int) -> None:
+        for assignment in self.table.assignments.values():
+            assignment.signal_worker(signum)
+
+    def kill_workers(self) -> None:
+        """SIGKILL every worker; each is released at its last progress when reaped."""
+        self.signal_workers(signal.SIGKILL)
+
+    # ------------------------------------------------------------- workers
 
     def _start_worker(self, assignment: Assignment) -> None:
-        assert self._context is not None
         # AMO: messages before claimed_end were claimed; whatever became of them, they are never handled again.
         # ALO: what the last worker did out of order is skipped (its done set, as published in the slot).
         offset, runs = assignment.slot.position()
@@ -69,15 +163,8 @@ class WorkerPool(SupervisorState):
         assignment.give_up_on = None
         if assignment.restart_at is not None:
             self.counters.worker_restarts[assignment.restart_reason] += 1
-        ours, theirs = self._context.Pipe(duplex=True)
-        process = self._context.Process(  # type: ignore[attr-defined]
-            target=worker_main,
-            args=(spec, assignment.slot.array, theirs, self.rate_buckets.get(assignment.topic)),
-            name=f"worker {assignment.topic}[{assignment.partition}]",
-            daemon=True,
-        )
-        process.start()
-        theirs.close()
+        name = f"worker {assignment.topic}[{assignment.partition}]"
+        process, ours = self._start_process(spec, assignment.slot, self.rate_buckets.get(assignment.topic), name)
         assignment.process, assignment.connection = process, ours
         assignment.started_offset, assignment.restart_at = start, None
         assignment.health = PartitionHealth()  # a new worker is judged afresh
@@ -89,24 +176,24 @@ class WorkerPool(SupervisorState):
         a hundred in one pass once held the loop for seconds, and the heartbeats with it.
         """
         budget_ends = time.monotonic() + START_BUDGET_S
-        while self._to_start and time.monotonic() < budget_ends:
-            assignment = self._to_start.popleft()
-            current = self.assignments.get(assignment.key) is assignment and not assignment.lost
-            if current and assignment.process is None and self.phase is Phase.RUNNING and not self._stop_signalled:
+        while self.table.to_start and time.monotonic() < budget_ends:
+            assignment = self.table.to_start.popleft()
+            current = self.table.assignments.get(assignment.key) is assignment and not assignment.lost
+            if current and assignment.process is None and self.table.running and not self.table.stop_signalled:
                 self._start_worker(assignment)
 
     def _restart_due_workers(self, now: float) -> None:
-        if self.phase is not Phase.RUNNING:
+        if not self.table.running:
             return
-        for assignment in self.assignments.values():
+        for assignment in self.table.assignments.values():
             if assignment.restart_at is not None and assignment.restart_at <= now and assignment.process is None:
                 self._start_worker(assignment)
 
     def _reap_workers(self) -> None:
         """Deal with the workers that exited: only those whose sentinel the loop's wait found readable (asking
         every process is_alive() built a selector per worker on every pass of the loop)."""
-        ready = self.ready
-        for assignment in list(self.assignments.values()):
+        ready = self.table.ready
+        for assignment in list(self.table.assignments.values()):
             process = assignment.process
             if process is None or process.sentinel not in ready or process.is_alive():
                 continue
@@ -122,21 +209,19 @@ class WorkerPool(SupervisorState):
     def _after_exit(self, assignment: Assignment, code: int) -> None:
         where = f"{assignment.topic}[{assignment.partition}]"
         if assignment.lost:
-            self._forget(assignment)
+            self.releases.forget(assignment)
         elif code == WorkerExit.BOOT_ERROR:
             self.log.error("the worker for %s could not start (see its error above): stopping", where)
-            self.exit_code = ExitCode.WORKER_BOOT_ERROR
-            self._release(assignment)
-            if self.phase is Phase.RUNNING:
-                self._begin_graceful_stop()
+            self.releases.release(assignment)
+            self._fail(ExitCode.WORKER_BOOT_ERROR)  # the others would fail the same way: the supervisor stops
         elif code == WorkerExit.RELEASE or assignment.unhealthy:
-            self._release(assignment, sick=True)
+            self.releases.release(assignment, sick=True)
         elif assignment.handing_over:
-            self._release_handed_over(assignment)
+            self.releases.release_handed_over(assignment)
         elif code == WorkerExit.LOST:
             self._after_lost_claim(assignment)
-        elif self.phase is not Phase.RUNNING:
-            self._release(assignment)  # stopped (or killed past the timeout): hand over at its progress
+        elif not self.table.running:
+            self.releases.release(assignment)  # stopped (or killed past the timeout): hand over at its progress
         elif assignment.timed_out is not None:
             self._after_time_limit(assignment)
         elif code == WorkerExit.RECYCLE and assignment.next_offset > assignment.started_offset:
@@ -164,7 +249,7 @@ class WorkerPool(SupervisorState):
             return
         if delay is None:
             self.log.error("worker for %s crashed %d times in a row: releasing it as sick", where, assignment.crashes_in_a_row)
-            self._release(assignment, sick=True)
+            self.releases.release(assignment, sick=True)
             return
         self.log.warning(
             "worker for %s exited with %s at offset %d: restarting in %.1fs",
@@ -193,26 +278,16 @@ class WorkerPool(SupervisorState):
         return first, end
 
     def _watch_calls(self) -> None:
-        """Note each worker's handler call in flight, and when it was first seen if the worker does not say when it
-        began (every pass of the loop: a few reads of shared memory per partition)."""
+        """Note each worker's handler call in flight (every pass of the loop: a few reads of shared memory per
+        partition)."""
         now = time.monotonic()
-        for assignment in self.assignments.values():
-            self._watch_call(assignment, now)
-
-    def _watch_call(self, assignment: Assignment, now: float) -> None:
-        slot = assignment.slot
-        if assignment.process is None:
-            assignment.call = None
-            return
-        assignment.call = watch_call(
-            assignment.call, slot.get(Field.CALL_STARTED_MS), slot.get(Field.HANDLING_END), slot.get(Field.NEXT_OFFSET),
-            now,
-        )  # fmt: skip
+        for assignment in self.table.assignments.values():
+            assignment.watch_call(now)
 
     def _enforce_time_limits(self) -> None:
         """Kill a worker whose handler call has run past the hard time limit (it may be stuck in C code)."""
         now_ms = monotonic_ms()
-        for assignment in self.assignments.values():
+        for assignment in self.table.assignments.values():
             limit = self.time_limits[assignment.topic][1]
             started = assignment.slot.get(Field.CALL_STARTED_MS)
             if not limit or assignment.process is None or started <= 0 or assignment.timed_out is not None:
@@ -228,7 +303,7 @@ class WorkerPool(SupervisorState):
                     assignment.topic, assignment.partition, assignment.timed_out[0], assignment.timed_out[1] - 1, limit,
                 )  # fmt: skip
                 self.counters.time_limit_kills += 1
-                self._signal_worker(assignment, signal.SIGKILL)
+                assignment.signal_worker(signal.SIGKILL)
 
     def _after_time_limit(self, assignment: Assignment) -> None:
         """A killed call is retried by the handler's error policy: again, then dead letter or release.
@@ -249,7 +324,7 @@ class WorkerPool(SupervisorState):
             assignment.restart_at = time.monotonic() + handler.retry_policy.backoff_delay(assignment.time_limit_kills)
         elif handler.on_error is OnError.RELEASE:
             self.log.error("%s: offset %d timed out %d times: releasing it", where, killed[0], assignment.time_limit_kills)
-            self._release(assignment, sick=True)
+            self.releases.release(assignment, sick=True)
         else:
             self.log.error("%s: offset %d timed out %d times: dead-lettering it", where, killed[0], assignment.time_limit_kills)
             assignment.give_up_on, assignment.time_limit_kills, assignment.last_killed = killed, 0, None
@@ -259,31 +334,12 @@ class WorkerPool(SupervisorState):
 
     def _after_lost_claim(self, assignment: Assignment) -> None:
         """An AMO claim was refused: gone if someone else owns it, else (a lapsed lease) start again."""
-        if not self._owns(assignment):
-            self._forget(assignment)
-        elif self.phase is Phase.RUNNING:
+        if not self.releases.owns(assignment):
+            self.releases.forget(assignment)
+        elif self.table.running:
             assignment.restart_at, assignment.restart_reason = time.monotonic(), "lost_claim"
         else:
-            self._release(assignment)
-
-    def _stop_worker(self, assignment: Assignment) -> None:
-        """Ask a worker to finish the message or batch in hand and exit: the flag first, then the signal.
-
-        A worker forked a moment ago still ignores SIGTERM (inherited from the fork server) until it
-        installs its handler; it reads the flag right after doing so, so the request is never lost.
-        """
-        assignment.slot.set(Field.STOP_REQUESTED, 1)
-        self._signal_worker(assignment, signal.SIGTERM)
-
-    def _signal_worker(self, assignment: Assignment, signum: int) -> None:
-        signal_process(assignment.process, signum)
-
-    def _kill_workers(self) -> None:
-        """SIGKILL every worker; each is released at its last progress when reaped."""
-        self.phase = Phase.STOPPING
-        for assignment in self.assignments.values():
-            self._signal_worker(assignment, signal.SIGKILL)
-        self.shared.kill_workers()
+            self.releases.release(assignment)
 
 
 def _describe_exit(code: int) -> str:

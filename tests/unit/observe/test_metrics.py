@@ -158,25 +158,19 @@ def test_the_probes_answer_from_the_supervisors_view_with_200_or_503() -> None:
 
 
 def test_a_supervisor_is_healthy_while_its_loop_ticks_and_its_writes_are_confirmed() -> None:
-    import time
-
     from marshal_workers.core.config import Settings
     from marshal_workers.handlers.app import App
-    from marshal_workers.kafka.in_flight import InFlightWrites
     from marshal_workers.runtime.supervisor.supervisor import Supervisor
+    from marshal_workers.runtime.supervisor.supervisor_lines import loop_health
 
-    supervisor = Supervisor(App(group="g"), "m:app", Settings(group="g", heartbeat_interval=1.0))
-    supervisor._writes = InFlightWrites(None)  # type: ignore[arg-type]  # never written through here
-    assert supervisor.health()[0]
-    supervisor._last_tick = time.monotonic() - 2.0
-    ok, details = supervisor.health()
+    # loop_health(seconds since the loop's last pass, HB, last write confirmed at, last write failed at, phase)
+    assert loop_health(0.0, 1.0, 0.0, 0.0, "running")[0]
+    ok, details = loop_health(2.0, 1.0, 0.0, 0.0, "running")
     assert not ok and details["loop_tick_age_s"] >= 2.0, "a loop stuck for an HB is not healthy"
-    supervisor._last_tick = time.monotonic()
-    supervisor._writes.last_failed = time.monotonic()
-    ok, details = supervisor.health()
+    ok, details = loop_health(0.0, 1.0, 5.0, 6.0, "running")
     assert not ok and details["last_write_confirmed"] is False, "the last coordination write failed"
-    supervisor._writes.last_confirmed = time.monotonic() + 1
-    assert supervisor.health()[0], "a confirmed write after the failure: healthy again"
+    assert loop_health(0.0, 1.0, 7.0, 6.0, "running")[0], "a confirmed write after the failure: healthy again"
+    supervisor = Supervisor(App(group="g"), "m:app", Settings(group="g", heartbeat_interval=1.0))
     assert supervisor.readiness() == (False, {"phase": "running", "claiming": True}), "not ready before start-up"
 
 

@@ -1,6 +1,6 @@
 """The supervisor's AMO claims: one message-claim write in flight, the claims asked meanwhile go together next.
 
-PartitionClaims runs here over real pipes and slots, with the coordination writes recorded instead of
+MessageClaims runs here over real pipes and slots, with the coordination writes recorded instead of
 produced (what a write does with Kafka is tested in tests/integration and tests/e2e); the verdicts are
 given by the test, as InFlightWrites.collect() would.
 """
@@ -9,73 +9,49 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 import pytest
+from supervisor_fakes import RecordedWrites, new_slot, settings
 
-from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.observe.metrics import Counters
-from marshal_workers.runtime.channel import ClaimAnswer, Field, Slot
-from marshal_workers.runtime.supervisor.assignments import Assignment
-from marshal_workers.runtime.supervisor.partition_claims import PartitionClaims
+from marshal_workers.runtime.channel import ClaimAnswer, Field
+from marshal_workers.runtime.supervisor.assignments import Assignment, Table
+from marshal_workers.runtime.supervisor.message_claims import MessageClaims
 
 
-@dataclass
-class Write:
-    claims: list[tuple[str, int, int]]
-    on_verdicts: Callable[[list[bool]], None]
-    on_failure: Callable[[Exception], None]
-
-
-@dataclass
-class RecordedWrites:
-    """InFlightWrites' submit(), kept for the test to decide."""
-
-    writes: list[Write] = field(default_factory=list)
-
-    def submit(self, what: str, records: list[Any], on_verdicts: Any, on_failure: Any, **_: Any) -> None:
-        assert what == "message claim"
-        claims = [(r.topic, e.partition, e.offset) for r in records for e in r.claims]
-        self.writes.append(Write(claims, on_verdicts, on_failure))
-
-
-class Claims(PartitionClaims):
-    """Just enough of a Supervisor for its AMO claim path."""
+class Claims:
+    """A MessageClaims component with a table of workers' pipes, and its writes recorded."""
 
     def __init__(self) -> None:
-        self.settings = Settings(group="g", heartbeat_interval=1.0)
-        self.hb_s = 1.0
-        self.log = logging.getLogger("test")
+        self.table = Table()
         self.counters = Counters()
-        self.assignments = {}
-        self.ready = set()
-        self._held_claims = []
-        self._message_claims_in_flight = False
-        self.recorded = RecordedWrites()
-        self.coordinator = Coordinator.__new__(Coordinator)  # only message_claims(), which needs _common()
-        self.coordinator._common = lambda: {"v": 1, "ts": 1, "group": "g", "client": "c", "instance": "i"}  # type: ignore[method-assign]
+        self.writes = RecordedWrites()
+        coordinator = Coordinator(settings(), instance="i")  # not started: it only builds the records
+        self.component = MessageClaims(self.table, coordinator, self.writes, settings(), self.counters,  # type: ignore[arg-type]
+                                       logging.getLogger("test"))  # fmt: skip
 
-    def _require_writes(self) -> Any:
-        return self.recorded
+    @property
+    def assignments(self) -> dict[Any, Assignment]:
+        return self.table.assignments
 
-    def _require_coordinator(self) -> Any:
-        return self.coordinator
+    @property
+    def recorded(self) -> RecordedWrites:
+        return self.writes
 
     def worker(self, partition: int) -> Connection:
         """A partition of ours with a worker: the worker's end of its pipe."""
         ours, theirs = multiprocessing.Pipe(duplex=True)
-        assignment = Assignment("t", partition, Slot.create(multiprocessing.get_context("fork"), 0), connection=ours)
+        assignment = Assignment("t", partition, new_slot(0), connection=ours)
         self.assignments[assignment.key] = assignment
         return theirs
 
     def pass_of_the_loop(self) -> None:
         """What the loop's wait would find readable, then the claim step."""
-        self.ready = {a.connection for a in self.assignments.values() if a.connection and a.connection.poll(0)}
-        self._submit_message_claims()
+        self.table.ready = {a.connection for a in self.assignments.values() if a.connection and a.connection.poll(0)}
+        self.component.step(0.0)
 
 
 def answer(worker: Connection) -> ClaimAnswer | None:

@@ -1,0 +1,162 @@
+"""What the supervisor's components are built with in unit tests: no broker, no fork.
+
+A coordinator whose world the test folds (records are built as a real member's), coordination writes recorded for
+the test to decide (by folding them, as the log would, or by hand), offsets looked up from a dict, worker processes
+that are plain objects the test makes exit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from marshal_workers.core.config import Settings
+from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.offsets import OffsetLookupError
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.runtime.channel import Slot, WorkerSpec
+
+HB_S = 1.0
+NOW_S = 1_000.0  # the coordinator's clock (wall time) when a test starts
+
+
+def settings(**overrides: Any) -> Settings:
+    return Settings(**{"group": "g", "client_id": "c", "heartbeat_interval": HB_S, **overrides})
+
+
+def new_slot(start: int) -> Slot:
+    """A worker's shared memory, as the supervisor creates it (fork context: no server needed)."""
+    return Slot.create(multiprocessing.get_context("fork"), start)
+
+
+class FoldedCoordinator(Coordinator):
+    """A Coordinator whose WorldState is folded by the test (``world``), on a clock the test moves (``now_s``)."""
+
+    def __init__(self, config: Settings | None = None, instance: str = "i1") -> None:
+        self.now_s = NOW_S
+        super().__init__(config or settings(), instance=instance, clock=lambda: self.now_s)
+        self.world = WorldState("g", round(HB_S * 1000))
+        self.partition_count = 1
+        self._release_events, self._release_events_writer = socket.socketpair()
+
+    @property
+    def me(self) -> Owner:
+        return Owner(self.client, self.instance)
+
+    def read(self, query: Callable[[WorldState], Any]) -> Any:
+        return query(self.world)
+
+    def release_events(self) -> socket.socket:
+        return self._release_events
+
+    def fold(self, *records: codec.Record) -> list[Any]:
+        """Fold records as the log would, in order; their verdicts."""
+        return [self.world.apply(record, record.ts) for record in records]
+
+    def close(self) -> None:
+        self._release_events.close()
+        self._release_events_writer.close()
+
+
+def record_of(who: Owner, ts: int) -> dict[str, Any]:
+    """The common fields of a record written by ``who`` at ``ts``."""
+    return {"v": codec.VERSION, "ts": ts, "group": "g", "client": who.client, "instance": who.instance}
+
+
+@dataclass
+class Write:
+    what: str
+    records: list[codec.Record]
+    on_verdicts: Callable[[list[Any]], None]
+    on_failure: Callable[[Exception], None]
+    options: dict[str, Any]
+
+    @property
+    def claims(self) -> list[tuple[str, int, int]]:
+        """A message-claim write's (topic, partition, end offset) claims."""
+        assert self.what == "message claim"
+        return [(r.topic, e.partition, e.offset) for r in self.records for e in r.claims]  # type: ignore[attr-defined]
+
+
+@dataclass
+class RecordedWrites:
+    """InFlightWrites' submit(), kept for the test to decide."""
+
+    writes: list[Write] = field(default_factory=list)
+
+    def submit(self, what: str, records: list[codec.Record], on_verdicts: Any, on_failure: Any, **options: Any) -> None:
+        self.writes.append(Write(what, list(records), on_verdicts, on_failure, options))
+
+    def of(self, what: str) -> list[Write]:
+        return [w for w in self.writes if w.what == what]
+
+    def fold_all(self, coordinator: FoldedCoordinator) -> None:
+        """Decide every write in order as the log would: fold its records, give their verdicts."""
+        while self.writes:
+            write = self.writes.pop(0)
+            write.on_verdicts(coordinator.fold(*write.records))
+
+
+@dataclass
+class FakeOffsets:
+    """The group's committed offsets (None: never committed), and auto_offset_reset's answer."""
+
+    committed: dict[tuple[str, int], int | None] = field(default_factory=dict)
+    reset_to: int = 0
+    unknown: bool = False  # Kafka does not answer: every lookup fails
+    commits: list[list[tuple[str, int, int]]] = field(default_factory=list)
+
+    def committed_many(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        if self.unknown:
+            raise OffsetLookupError("no broker answers")
+        return {key: self.committed.get(key) for key in keys}
+
+    def reset_offsets(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int | OffsetLookupError]:
+        return dict.fromkeys(keys, self.reset_to)
+
+    def commit(self, offsets: list[tuple[str, int, int]]) -> None:
+        self.commits.append(list(offsets))
+
+    def poll(self) -> None:
+        pass
+
+
+class FakeProcess:
+    """A worker process that is not one: the test says when it exits, and with what code."""
+
+    def __init__(self, spec: WorkerSpec, name: str) -> None:
+        self.spec = spec
+        self.name = name
+        self.sentinel = object()  # what the loop's wait would find readable when it exits
+        self.exitcode: int | None = None
+        self.pid = None  # never signalled: signal_process skips a process without a pid
+        self.closed = False
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def join(self) -> None:
+        assert self.exitcode is not None, "joined a worker that is still running"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeStarter:
+    """WorkerPool's start_process: records each start, and hands out the worker's end of a real pipe."""
+
+    started: list[FakeProcess] = field(default_factory=list)
+    pipes: list[Connection] = field(default_factory=list)
+
+    def __call__(self, spec: WorkerSpec, slot: Slot, rate_bucket: Any, name: str) -> tuple[Any, Connection]:
+        ours, theirs = multiprocessing.Pipe(duplex=True)
+        process = FakeProcess(spec, name)
+        self.started.append(process)
+        self.pipes.append(theirs)
+        return process, ours
