@@ -37,8 +37,8 @@ def new_fleet(brokers: str, unique: str, tmp_path: Path, name: str = "seq", part
     from confluent_kafka.admin import AdminClient, NewTopic  # noqa: PLC0415 - only the fixtures need it
 
     topic = f"{name}-{unique}"
-    AdminClient({"bootstrap.servers": brokers}).create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": brokers})  # held until the topic exists: its end cancels the request
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)
     (tmp_path / topic).mkdir(parents=True, exist_ok=True)
     return Fleet(brokers=brokers, group=f"group-{topic}", topic=topic, coordination_topic=f"__marshal-{unique}",
                  sink=tmp_path / topic / "sink.txt", partitions=partitions, **fields)  # fmt: skip
