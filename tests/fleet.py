@@ -40,8 +40,9 @@ def new_fleet(brokers: str, unique: str, tmp_path: Path, name: str = "seq", part
     admin = AdminClient({"bootstrap.servers": brokers})  # held until the topic exists: its end cancels the request
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)
     (tmp_path / topic).mkdir(parents=True, exist_ok=True)
+    env = dict(fields.pop("env", {}))  # the fleet's own: tests add to it (fleet.env |= ...)
     return Fleet(brokers=brokers, group=f"group-{topic}", topic=topic, coordination_topic=f"__marshal-{unique}",
-                 sink=tmp_path / topic / "sink.txt", partitions=partitions, **fields)  # fmt: skip
+                 sink=tmp_path / topic / "sink.txt", partitions=partitions, env=env, **fields)  # fmt: skip
 
 
 @dataclass(frozen=True)
