@@ -13,7 +13,6 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from marshal_workers.handlers.handler_outcomes import OUTCOMES
 from marshal_workers.kafka.coordinator import Progress, heartbeat_verdicts, message_claim_verdicts
 from marshal_workers.kafka.offsets import OffsetLookupError
 from marshal_workers.protocol import done_set
@@ -31,6 +30,7 @@ from marshal_workers.protocol.balance import (
 from marshal_workers.protocol.health import HealthPolicy, PartitionHealth, Sample, observe
 from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.runtime.channel import ClaimAnswer, Field, Slot, above, monotonic_ms
+from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, FromWorker, Outcomes
 from marshal_workers.runtime.supervisor.assignments import Assignment, Key, MessageClaim, Phase, SupervisorState
 
 _log = logging.getLogger(__name__)
@@ -359,12 +359,13 @@ class PartitionClaims(SupervisorState):
             if connection is None or connection not in ready:
                 continue
             try:
-                message = connection.recv()
-                if isinstance(message, tuple):  # ("outcomes", counts): what became of failed calls
-                    if message[:1] == (OUTCOMES,) and len(message) == 2 and isinstance(message[1], dict):
-                        self.counters.add_outcomes(assignment.topic, message[1])
+                message: FromWorker = connection.recv()
+                if isinstance(message, Outcomes):  # what became of failed calls
+                    if isinstance(message.counts, dict):
+                        self.counters.add_outcomes(assignment.topic, message.counts)
                     continue
-                self._held_claims.append((assignment, connection, int(message)))
+                if isinstance(message, ClaimMessages):
+                    self._held_claims.append((assignment, connection, message.end))
             except (EOFError, OSError):
                 assignment.connection = None  # the worker is gone; reaping deals with it
         if not self._message_claims_in_flight:
@@ -427,7 +428,7 @@ class PartitionClaims(SupervisorState):
     def _answer(self, assignment: Assignment, answer: ClaimAnswer) -> None:
         if assignment.connection is not None:
             try:
-                assignment.connection.send(int(answer))
+                assignment.connection.send(ClaimVerdict(answer))
             except OSError:
                 pass  # the worker is gone; reaping deals with it
 
