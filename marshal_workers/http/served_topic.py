@@ -42,7 +42,7 @@ from marshal_workers.http.http_messages import BadRequest, MessageId, message_js
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore, PartitionEnds
+from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
@@ -594,7 +594,8 @@ class ServedTopic:
             lambda world: self.member.choose(world, high, self._initial, now_ms, size, want, idle, self._rng)
         )
         if choice.unknown:
-            self._look_up_initial(choice.unknown)
+            assert self._offsets is not None
+            self._offsets.learn_start_offsets(self.topic, choice.unknown, self._initial, self.log)
             return
         picked = choice.ranges
         if not picked:
@@ -609,16 +610,6 @@ class ServedTopic:
             self.counters.ranges_claimed += len(won)
             for partition, start, end, tries in won:
                 self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
-
-    def _look_up_initial(self, partitions: list[int]) -> None:
-        """Where partitions never leased start (as a supervisor's shared pool does)."""
-        assert self._offsets is not None
-        try:
-            found = self._offsets.start_offsets([(self.topic, p) for p in partitions])
-        except OffsetLookupError as exc:
-            self.log.warning("%s", exc)
-            return
-        self._initial.update({partition: offset for (_, partition), offset in found.items()})
 
     # ---------------------------------------------------------------- Kafka
 

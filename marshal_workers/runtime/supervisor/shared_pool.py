@@ -41,7 +41,7 @@ from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.app import App, HandlerSpec, Mode
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
-from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore, PartitionEnds
+from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
@@ -342,7 +342,7 @@ class SharedPool:
             lambda world: member.choose(world, shared.ends.ends, shared.initial, now_ms, size, want, idle, self._rng)
         )
         if choice.unknown:
-            self._look_up_initial(topic, shared, choice.unknown)
+            self._require_offsets().learn_start_offsets(topic, choice.unknown, shared.initial, self.log)
             return
         picked = choice.ranges
         if not picked:
@@ -379,16 +379,6 @@ class SharedPool:
     def _hungriest(self, shared: SharedTopic) -> SharedWorkerHandle | None:
         hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
         return min(hungry, key=lambda w: len(w.leases), default=None)
-
-    def _look_up_initial(self, topic: str, shared: SharedTopic, partitions: list[int]) -> None:
-        """Where partitions never leased start: the group's committed offset (the low-water mark's backup),
-        else auto_offset_reset.  Once per partition; a blocking lookup, like a whole partition's first claim."""
-        try:
-            found = self._require_offsets().start_offsets([(topic, p) for p in partitions])
-        except OffsetLookupError as exc:
-            self.log.warning("%s", exc)
-            return
-        shared.initial.update({partition: offset for (_, partition), offset in found.items()})
 
     # ------------------------------------------------------ renew and settle
 
