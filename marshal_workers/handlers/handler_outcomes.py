@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+
 class OutcomeCounts:
     """What a worker saw since it last sent its counts."""
 

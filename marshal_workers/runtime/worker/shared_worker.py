@@ -65,7 +65,16 @@ from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.runtime.channel import monotonic_ms
 from marshal_workers.runtime.messages import (
-    Abandoned, FromSharedWorker, Lease, Outcomes, Renewed, Returned, Settled, Started, Stop, ToSharedWorker,
+    Abandoned,
+    FromSharedWorker,
+    Lease,
+    Outcomes,
+    Renewed,
+    Returned,
+    Settled,
+    Started,
+    Stop,
+    ToSharedWorker,
 )  # fmt: skip
 from marshal_workers.runtime.worker.stack_dumps import dump_stacks_on_sigusr2, worker_heading
 from marshal_workers.runtime.worker.worker import die_with_parent, finish_worker, send_failed, take_up_handler

@@ -17,7 +17,12 @@ from hypothesis import strategies as st
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import MAX_LEASE_MS, Holder, SharedPartition
 from marshal_workers.protocol.range_member import (
-    RangeMember, Wanted, crashed_entry, given_back_entry, handled_entry, safety_margin_ms,
+    RangeMember,
+    Wanted,
+    crashed_entry,
+    given_back_entry,
+    handled_entry,
+    safety_margin_ms,
 )  # fmt: skip
 from marshal_workers.protocol.world_state import WorldState, per_entry
 
