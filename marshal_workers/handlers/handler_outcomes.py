@@ -4,7 +4,7 @@ A worker counts every failed call by error type, every retry, every message a ha
 (``raise Ignore()``) or rejected (``raise Reject()``), every message older than the handler's ``max_age``
 (not handled: skipped or dead-lettered, message_age.py), and every message redriven for another group (passed
 by, dead_letter_groups.py).  Every half second (its housekeeping) it sends what
-changed to its supervisor over its pipe as ``("outcomes", {...})``; the supervisor adds it to its counters
+changed to its supervisor over its pipe (an ``Outcomes`` message, runtime/messages.py); the supervisor adds it to its counters
 (metrics.Counters) and the metrics endpoint shows them as ``marshal_workers_handler_errors_total{error_type}``,
 ``marshal_workers_handler_retries_total`` and ``marshal_workers_handler_outcomes_total{outcome}``.  A count
 not yet sent when a worker is killed is lost: these are metrics, not accounting (the coordination log and the
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import collections
 from typing import Any
-
-OUTCOMES = "outcomes"  # the tag of the pipe message
 
 
 class OutcomeCounts:
@@ -33,13 +31,12 @@ class OutcomeCounts:
     def failed(self, error: BaseException) -> None:
         self.errors[type(error).__qualname__] += 1
 
-    def take(self) -> tuple[str, dict[str, Any]] | None:
-        """The pipe message for what changed since the last take (None if nothing did), and start again."""
+    def take(self) -> dict[str, Any] | None:
+        """The counts of what changed since the last take (None if nothing did), and start again."""
         if not (self.errors or self.retries or self.ignored or self.rejected or self.too_old or self.other_group):
             return None
-        message = (OUTCOMES, {"errors": dict(self.errors), "retries": self.retries, "ignored": self.ignored,
-                              "rejected": self.rejected, "too_old": self.too_old,
-                              "other_group": self.other_group})  # fmt: skip
+        counts = {"errors": dict(self.errors), "retries": self.retries, "ignored": self.ignored,
+                  "rejected": self.rejected, "too_old": self.too_old, "other_group": self.other_group}  # fmt: skip
         self.errors.clear()
         self.retries = self.ignored = self.rejected = self.too_old = self.other_group = 0
-        return message
+        return counts

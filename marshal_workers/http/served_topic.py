@@ -42,14 +42,14 @@ from marshal_workers.http.http_messages import BadRequest, MessageId, message_js
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore, PartitionEnds
+from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
+from marshal_workers.protocol.range_member import RangeMember, cancel_entry, given_back_entry, handled_entry
 from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
 from marshal_workers.runtime.channel import monotonic_ms
 from marshal_workers.runtime.supervisor.remote_control import orders_for
-from marshal_workers.runtime.supervisor.shared_pool import free_candidates, pick_ranges
 from marshal_workers.runtime.worker.shared_worker import consumer_settings
 
 _log = logging.getLogger(__name__)
@@ -166,6 +166,9 @@ class ServedTopic:
         self._stop_loop = threading.Event()
         self._thread: threading.Thread | None = None
         self._holder: Holder | None = None
+        # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
+        # end, a whole range (its fetches hand the messages out as they come).
+        self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -240,7 +243,7 @@ class ServedTopic:
         picked: list[tuple[HeldRange, int, int]] = []  # (range, offset, its hand-outs before this one)
         with self.lock:
             for held in sorted(self.ranges.values(), key=lambda r: (r.partition, r.start)):
-                if held.deadline_ms - now < self.options.pending_ms // 3:
+                if not self.member.usable(held, now, promise_ms=self.options.pending_ms // 3):
                     continue  # its lease may not outlive what we would promise
                 for offset in sorted(held.messages):
                     if len(picked) >= most:
@@ -448,7 +451,7 @@ class ServedTopic:
         now = monotonic_ms()
         with self.lock:
             for key, held in list(self.ranges.items()):
-                if held.deadline_ms <= now and not held.settling:
+                if not self.member.usable(held, now) and not held.settling:
                     self.log.warning("%s[%d]: the lease on %d..%d ran out before it was settled (renewals not "
                                      "confirmed): it lapses, and its messages not acked are delivered again",
                                      self.topic, held.partition, held.start, held.end - 1)  # fmt: skip
@@ -505,21 +508,20 @@ class ServedTopic:
                     give_back.append(held)
             for held in acks + give_back:
                 held.settling = True
+        member = self.member
         if acks:
-            record = codec.AckRanges(**self.coordinator.record_fields(), topic=self.topic, ranges=tuple(
-                codec.AckEntry(partition=h.partition, offset=h.start, end=h.end, dead=tuple(sorted(h.dead)),
-                               high=self._fetched_high.get(h.partition)) for h in acks))  # fmt: skip
+            record = member.acks(self.coordinator.record_fields(), [
+                handled_entry(h, h.end, (), tuple(sorted(h.dead)), self._fetched_high.get(h.partition)) for h in acks
+            ])  # fmt: skip
             self._write_settlement(record, acks, "ranges_acked")
         going_back = [(h, _given_back(h)) for h in give_back]
         settle = [(h, entry) for h, entry in going_back if entry is not None]
         if settle:
-            record = codec.AckRanges(**self.coordinator.record_fields(), topic=self.topic,
-                                     ranges=tuple(entry for _, entry in settle))  # fmt: skip
+            record = member.acks(self.coordinator.record_fields(), [entry for _, entry in settle])
             self._write_settlement(record, [h for h, _ in settle], "ranges_cancelled")
         cancels = [h for h, entry in going_back if entry is None]
         if cancels:
-            record = codec.CancelRanges(**self.coordinator.record_fields(), topic=self.topic, ranges=tuple(
-                codec.RangeEntry(partition=h.partition, offset=h.start, end=h.end) for h in cancels))  # fmt: skip
+            record = member.cancels(self.coordinator.record_fields(), [cancel_entry(h) for h in cancels])
             self._write_settlement(record, cancels, "ranges_cancelled")
 
     def _write_settlement(self, record: codec.Record, held: list[HeldRange], counter: str) -> None:
@@ -541,24 +543,19 @@ class ServedTopic:
                                      h.partition, h.start, h.end - 1)  # fmt: skip
 
     def _renew(self) -> None:
+        now = monotonic_ms()
         with self.lock:
-            held = [h for h in self.ranges.values() if not h.settling]
+            held = self.member.renewals_due((h for h in self.ranges.values() if not h.settling), now)
         if not held:
             return
-        record = codec.RenewRanges(**self.coordinator.record_fields(), topic=self.topic, lease_ms=self.options.pending_ms,
-                                   ranges=tuple(codec.RangeEntry(partition=h.partition, offset=h.start, end=h.end)
-                                                for h in held))  # fmt: skip
+        record = self.member.renewal(self.coordinator.record_fields(), held)
         written_ms = monotonic_ms()
         verdicts = per_entry(self.coordinator.write([record])[0], len(held))
         with self.lock:
             for h, accepted in zip(held, verdicts):
-                if accepted:
-                    h.deadline_ms = max(h.deadline_ms, written_ms + self.options.pending_ms - self._safety_ms)
-
-    @property
-    def _safety_ms(self) -> int:
-        lease_ms = self.options.pending_ms
-        return min(lease_ms // 2, max(500, lease_ms // 10))
+                deadline = self.member.renewed_deadline(h, written_ms, accepted)
+                if deadline is not None:
+                    h.deadline_ms = deadline
 
     # -------------------------------------------------------------- claiming
 
@@ -593,39 +590,26 @@ class ServedTopic:
         # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
         # hand the messages out as they come (and tell the true end).
         idle = self.partition_count if available == 0 else 0
-        candidates, members, unknown = self.coordinator.read(
-            lambda world: free_candidates(world, self.topic, high, self._initial, now_ms, size, want, idle, size)
+        choice = self.coordinator.read(
+            lambda world: self.member.choose(world, high, self._initial, now_ms, size, want, idle, self._rng)
         )
-        if unknown:
-            self._look_up_initial(unknown)
+        if choice.unknown:
+            assert self._offsets is not None
+            self._offsets.learn_start_offsets(self.topic, choice.unknown, self._initial, self.log)
             return
-        picked = pick_ranges(candidates, want, members, self._rng)
+        picked = choice.ranges
         if not picked:
             return
-        record = codec.ClaimRanges(
-            **self.coordinator.record_fields(), topic=self.topic, lease_ms=self.options.pending_ms,
-            ranges=tuple(codec.RangeEntry(partition=p, offset=s, end=e) for p, s, e, _ in picked),
-        )  # fmt: skip
+        record = self.member.claim(self.coordinator.record_fields(), picked)
         written_ms = monotonic_ms()
         verdicts = per_entry(self.coordinator.write([record])[0], len(picked))
-        deadline = written_ms + self.options.pending_ms - self._safety_ms
+        won = self.member.won(picked, verdicts)
+        deadline = self.member.deadline(written_ms)
         with self.lock:
-            for (partition, start, end, tries), accepted in zip(picked, verdicts):
-                if not accepted:
-                    self.counters.ranges_refused += 1
-                    continue
-                self.counters.ranges_claimed += 1
+            self.counters.ranges_refused += len(picked) - len(won)
+            self.counters.ranges_claimed += len(won)
+            for partition, start, end, tries in won:
                 self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
-
-    def _look_up_initial(self, partitions: list[int]) -> None:
-        """Where partitions never leased start (as a supervisor's shared pool does)."""
-        assert self._offsets is not None
-        try:
-            found = self._offsets.start_offsets([(self.topic, p) for p in partitions])
-        except OffsetLookupError as exc:
-            self.log.warning("%s", exc)
-            return
-        self._initial.update({partition: offset for (_, partition), offset in found.items()})
 
     # ---------------------------------------------------------------- Kafka
 
@@ -693,16 +677,10 @@ class ServedTopic:
 
 
 def _given_back(held: HeldRange) -> codec.AckEntry | None:
-    """How a range no client holds a message of goes back: None, a plain cancel, if nothing of it was handed out;
-    else an ack of its prefix up to the first message never handed out: what was handed out and not acked one try
-    more (``failed``), dead letters done.  The rest goes back untried."""
+    """How a range no client holds a message of goes back (range_member.given_back_entry): None, a plain cancel, if
+    nothing of it was handed out; else an ack of its prefix up to the first message never handed out."""
     never = [o for o in held.messages if o not in held.handed and o not in held.dead and o not in held.acked]
-    end = min([*never, held.fetched_to, held.end])
-    if end <= held.start or not (held.handed or held.dead):
-        return None
-    failed = tuple(sorted(o for o in held.handed if o < end and o not in held.acked and o not in held.dead))
-    dead = tuple(sorted(o for o in held.dead if o < end))
-    return codec.AckEntry(partition=held.partition, offset=held.start, end=end, failed=failed, dead=dead)
+    return given_back_entry(held, held.fetched_to, never, held.handed, held.acked, held.dead)
 
 
 def _message_state(world: WorldState, found: MessageId, wall_ms: int) -> str:

@@ -112,6 +112,18 @@ class OffsetStore:
                 found[key] = offset
         return found
 
+    def learn_start_offsets(self, topic: str, partitions: Sequence[int], starts: dict[int, int], log: Any) -> None:
+        """Add to ``starts`` (partition -> offset) where ``topic``'s shared partitions never leased start
+        (start_offsets), for the range-lease member's choice (protocol/range_member.py).  Once per partition; a
+        blocking lookup, like a whole partition's first claim.  When Kafka cannot tell, say so on the caller's
+        ``log``: the partitions stay unknown and are asked about again on the next claim."""
+        try:
+            found = self.start_offsets([(topic, p) for p in partitions])
+        except OffsetLookupError as exc:
+            log.warning("%s", exc)
+            return
+        starts.update({partition: offset for (_, partition), offset in found.items()})
+
     def reset_offsets(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int | OffsetLookupError]:
         """Where partitions with no known position start, per auto_offset_reset: one request for all (a
         partition's lookup error in place of its offset)."""

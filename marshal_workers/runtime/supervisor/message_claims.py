@@ -15,11 +15,11 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.handlers.handler_outcomes import OUTCOMES
 from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.runtime.channel import ClaimAnswer, monotonic_ms
+from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, FromWorker, Outcomes
 from marshal_workers.runtime.supervisor.assignments import Assignment, MessageClaim, Table
 
 
@@ -65,21 +65,22 @@ class MessageClaims:
     # ------------------------------------------------------------- the pipe
 
     def _receive(self, assignment: Assignment, connection: Connection) -> None:
-        """One message from a worker's pipe: a batch claim (its end offset), or what became of failed calls."""
+        """One message from a worker's pipe: a batch claim (ClaimMessages), or what became of failed calls (Outcomes)."""
         try:
-            message = connection.recv()
-            if isinstance(message, tuple):  # ("outcomes", counts): what became of failed calls
-                if message[:1] == (OUTCOMES,) and len(message) == 2 and isinstance(message[1], dict):
-                    self.counters.add_outcomes(assignment.topic, message[1])
+            message: FromWorker = connection.recv()
+            if isinstance(message, Outcomes):  # what became of failed calls
+                if isinstance(message.counts, dict):
+                    self.counters.add_outcomes(assignment.topic, message.counts)
                 return
-            self._held.append((assignment, connection, int(message)))
+            if isinstance(message, ClaimMessages):
+                self._held.append((assignment, connection, message.end))
         except (EOFError, OSError):
             assignment.connection = None  # the worker is gone; reaping deals with it
 
     def _answer(self, assignment: Assignment, answer: ClaimAnswer) -> None:
         if assignment.connection is not None:
             try:
-                assignment.connection.send(int(answer))
+                assignment.connection.send(ClaimVerdict(answer))
             except OSError:
                 pass  # the worker is gone; reaping deals with it
 

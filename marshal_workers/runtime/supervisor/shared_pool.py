@@ -9,13 +9,16 @@ waits for a claim), all through the coordination log (docs/shared-partitions.md)
 * claim: ``claim_ranges`` for the free ranges the fold shows, spread over the
   partitions and picked at random among the lowest so members do not all race
   for the same one;
-* renew: ``renew_ranges`` every third of the pending timeout, for every lease held;
+* renew: ``renew_ranges`` every third of the pending timeout, for every lease held whose deadline has not
+  passed (one past it may have lapsed in the log: it is left to lapse);
 * settle: ``ack_ranges`` when a worker is done with a range (its failed and
   dead-lettered offsets included), ``cancel_ranges`` for ranges it never began;
 * on a worker's crash: the range it was handling is acked with every offset
   failed (at least once: delivered again with one try more; at most once:
   lost), the others cancelled.
 
+Each of those decisions (and the deadline's safety margin) is the range-lease member's, which the HTTP
+service shares (protocol/range_member.py); this pool does the writes and keeps the workers supplied.
 The pool never blocks the supervisor's loop: writes go through
 :class:`InFlightWrites` and their verdicts come back in a later pass.
 """
@@ -36,15 +39,27 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.app import App, HandlerSpec, Mode
-from marshal_workers.handlers.handler_outcomes import OUTCOMES
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
-from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore, PartitionEnds
+from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
 from marshal_workers.protocol.restarts import RestartPolicy
 from marshal_workers.protocol.world_state import WorldState, per_entry
 from marshal_workers.runtime.channel import monotonic_ms
+from marshal_workers.runtime.messages import (
+    Abandoned,
+    FromSharedWorker,
+    Lease,
+    Outcomes,
+    Renewed,
+    Returned,
+    Settled,
+    Started,
+    Stop,
+    ToSharedWorker,
+)  # fmt: skip
 from marshal_workers.runtime.supervisor.assignments import signal_process
 from marshal_workers.runtime.worker.shared_worker import SharedWorkerSpec, shared_worker_main
 
@@ -104,14 +119,11 @@ class SharedTopic:
     cancels: list[codec.RangeEntry] = field(default_factory=list)
     counters: SharedCounters = field(default_factory=lambda: SharedCounters())
 
-    @property
-    def lease_ms(self) -> int:
-        return round(self.handler.pending_timeout * 1000)
+    member: RangeMember = field(init=False)  # our lease decisions: leases as long as the handler's pending timeout
 
-    @property
-    def safety_ms(self) -> int:
-        """How much earlier than the lease's end in the log the worker stops: clock skew and the write's time."""
-        return min(self.lease_ms // 2, max(500, self.lease_ms // 10))
+    def __post_init__(self) -> None:
+        handler = self.handler
+        self.member = RangeMember(handler.topic, round(handler.pending_timeout * 1000), handler.mode is Mode.AMO)
 
 
 class SharedPool:
@@ -191,7 +203,7 @@ class SharedPool:
                 worker.restart_at = None
                 if worker.connection is not None:
                     try:
-                        worker.connection.send(("stop",))
+                        worker.connection.send(Stop())
                     except OSError:
                         pass
 
@@ -254,31 +266,31 @@ class SharedPool:
         except (EOFError, OSError):
             pass  # it exited: _reap settles what it held
 
-    def _on_worker_message(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, message: tuple[Any, ...]) -> None:
-        if message[0] == OUTCOMES:
-            if len(message) == 2 and isinstance(message[1], dict) and self.record_outcomes is not None:
-                self.record_outcomes(topic, message[1])
+    def _on_worker_message(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle,
+                           message: FromSharedWorker) -> None:  # fmt: skip
+        if isinstance(message, Outcomes):
+            if isinstance(message.counts, dict) and self.record_outcomes is not None:
+                self.record_outcomes(topic, message.counts)
             return
-        kind, partition, start = message[0], message[1], message[2]
-        leased = next((r for r in worker.leases if r.partition == partition and r.start == start), None)
+        if not isinstance(message, (Started, Settled, Abandoned, Returned)):
+            return
+        leased = next((r for r in worker.leases if r.partition == message.partition and r.start == message.start), None)
         if leased is None:
             return
-        if kind == "started":
+        if isinstance(message, Started):
             leased.started = True
             return
         worker.leases.remove(leased)
-        if kind == "settled":
-            _, _, _, end, failed, dead, handled, high = message
-            worker.handled += handled
+        if isinstance(message, Settled):
+            worker.handled += message.handled
             worker.crashes_in_a_row = 0
-            shared.counters.handled += handled
-            shared.counters.failed += len(failed)
-            shared.counters.dead_lettered += len(dead)
-            shared.acks.append(codec.AckEntry(partition=partition, offset=start, end=end, failed=tuple(failed),
-                                              dead=tuple(dead), high=high))  # fmt: skip
-        elif kind == "returned":
-            shared.cancels.append(codec.RangeEntry(partition=partition, offset=start, end=leased.end))
-        elif kind == "abandoned":
+            shared.counters.handled += message.handled
+            shared.counters.failed += len(message.failed)
+            shared.counters.dead_lettered += len(message.dead)
+            shared.acks.append(handled_entry(leased, message.end, message.failed, message.dead, message.high))
+        elif isinstance(message, Returned):
+            shared.cancels.append(cancel_entry(leased))
+        else:
             shared.counters.ranges_abandoned += 1  # its lease lapses in the log: handled again (ALO) or lost (AMO)
 
     def _reap(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, now: float) -> None:
@@ -292,13 +304,12 @@ class SharedPool:
         if worker.connection is not None:
             worker.connection.close()
         worker.process = worker.connection = None
-        for leased in worker.leases:
-            if leased.started:  # it may have handled any of them: one try more each (AMO: lost)
-                offsets = tuple(range(leased.start, leased.end))
-                shared.acks.append(codec.AckEntry(partition=leased.partition, offset=leased.start, end=leased.end,
-                                                  failed=offsets))  # fmt: skip
+        for leased in worker.leases:  # begun: it may have handled any of them, one try more each (AMO: lost)
+            entry = crashed_entry(leased, leased.started)
+            if isinstance(entry, codec.AckEntry):
+                shared.acks.append(entry)
             else:
-                shared.cancels.append(codec.RangeEntry(partition=leased.partition, offset=leased.start, end=leased.end))
+                shared.cancels.append(entry)
         worker.leases.clear()
         if code == WorkerExit.BOOT_ERROR:
             self.log.error("a shared worker for %s could not start (see its error above): stopping", topic)
@@ -326,21 +337,17 @@ class SharedPool:
         coordinator = self._require_coordinator()
         now_ms = coordinator.now_ms()
         size = shared.handler.range_size
-
-        candidates, members, unknown = coordinator.read(
-            lambda world: free_candidates(world, topic, shared.ends.ends, shared.initial, now_ms, size, want, idle)
+        member = shared.member
+        choice = coordinator.read(
+            lambda world: member.choose(world, shared.ends.ends, shared.initial, now_ms, size, want, idle, self._rng)
         )
-        if unknown:
-            self._look_up_initial(topic, shared, unknown)
+        if choice.unknown:
+            self._require_offsets().learn_start_offsets(topic, choice.unknown, shared.initial, self.log)
             return
-        picked = pick_ranges(candidates, want, members, self._rng)
+        picked = choice.ranges
         if not picked:
             return
-        record = codec.ClaimRanges(
-            **coordinator.record_fields(), topic=topic, lease_ms=shared.lease_ms,
-            amo=shared.handler.mode is Mode.AMO,
-            ranges=tuple(codec.RangeEntry(partition=p, offset=s, end=e) for p, s, e, _ in picked),
-        )  # fmt: skip
+        record = member.claim(coordinator.record_fields(), picked)
         written_ms = monotonic_ms()  # before the write: the deadline errs short
         shared.claiming = True
         self._submit(
@@ -349,21 +356,21 @@ class SharedPool:
             lambda exc: self._claim_failed(topic, shared, exc),
         )  # fmt: skip
 
-    def _after_claim(self, topic: str, shared: SharedTopic, picked: list[tuple[int, int, int, int]],
-                     verdicts: Sequence[bool], written_ms: int) -> None:  # fmt: skip
+    def _after_claim(self, topic: str, shared: SharedTopic, picked: list[Wanted], verdicts: Sequence[bool],
+                     written_ms: int) -> None:  # fmt: skip
         shared.claiming = False
-        won = [entry for entry, accepted in zip(picked, verdicts) if accepted]
+        won = shared.member.won(picked, verdicts)
         shared.counters.ranges_claimed += len(won)
         shared.counters.ranges_refused += len(picked) - len(won)
-        deadline = written_ms + shared.lease_ms - shared.safety_ms
+        deadline = shared.member.deadline(written_ms)
         for partition, start, end, tries in won:
+            leased = LeasedRange(partition, start, end, tries, deadline)
             worker = self._hungriest(shared)  # a range at a partition's end goes to an idle worker (see free_candidates)
             if worker is None or self.stopping:
-                shared.cancels.append(codec.RangeEntry(partition=partition, offset=start, end=end))
+                shared.cancels.append(cancel_entry(leased))
                 continue
-            leased = LeasedRange(partition, start, end, tries, deadline)
             worker.leases.append(leased)
-            self._tell(worker, ("lease", partition, start, end, deadline, tries))
+            self._tell(worker, Lease(partition, start, end, deadline, tries))
 
     def _claim_failed(self, topic: str, shared: SharedTopic, exc: Exception) -> None:
         shared.claiming = False
@@ -373,34 +380,23 @@ class SharedPool:
         hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
         return min(hungry, key=lambda w: len(w.leases), default=None)
 
-    def _look_up_initial(self, topic: str, shared: SharedTopic, partitions: list[int]) -> None:
-        """Where partitions never leased start: the group's committed offset (the low-water mark's backup),
-        else auto_offset_reset.  Once per partition; a blocking lookup, like a whole partition's first claim."""
-        try:
-            found = self._require_offsets().start_offsets([(topic, p) for p in partitions])
-        except OffsetLookupError as exc:
-            self.log.warning("%s", exc)
-            return
-        shared.initial.update({partition: offset for (_, partition), offset in found.items()})
-
     # ------------------------------------------------------ renew and settle
 
     def _renew(self, topic: str, shared: SharedTopic) -> None:
-        held = [(w, r) for w in shared.workers for r in w.leases]
+        member = shared.member
+        now_ms = monotonic_ms()
+        held = [(w, r) for w in shared.workers for r in member.renewals_due(w.leases, now_ms)]
         if not held or self._coordinator is None:
             return
-        record = codec.RenewRanges(
-            **self._require_coordinator().record_fields(), topic=topic, lease_ms=shared.lease_ms,
-            ranges=tuple(codec.RangeEntry(partition=r.partition, offset=r.start, end=r.end) for _, r in held),
-        )  # fmt: skip
+        record = member.renewal(self._require_coordinator().record_fields(), [r for _, r in held])
         written_ms = monotonic_ms()
 
         def renewed(verdicts: Sequence[bool]) -> None:
-            deadline = written_ms + shared.lease_ms - shared.safety_ms
             for (worker, leased), accepted in zip(held, verdicts):
-                if accepted and leased in worker.leases and deadline > leased.deadline_ms:
+                deadline = member.renewed_deadline(leased, written_ms, accepted)
+                if deadline is not None and leased in worker.leases:
                     leased.deadline_ms = deadline
-                    self._tell(worker, ("renewed", leased.partition, leased.start, deadline))
+                    self._tell(worker, Renewed(leased.partition, leased.start, deadline))
 
         self._submit("range renewal", record, renewed, lambda exc: self.log.warning("lease renewal on %s: %s", topic, exc))
 
@@ -410,7 +406,7 @@ class SharedPool:
             return
         if shared.acks:
             acks, shared.acks = shared.acks, []
-            record = codec.AckRanges(**coordinator.record_fields(), topic=topic, ranges=tuple(acks))
+            record = shared.member.acks(coordinator.record_fields(), acks)
 
             def acked(verdicts: Sequence[bool]) -> None:
                 refused = [a for a, ok in zip(acks, verdicts) if not ok]
@@ -423,7 +419,7 @@ class SharedPool:
             self._submit("range ack", record, acked, lambda exc: self._settle_failed(topic, shared, acks, [], exc))
         if shared.cancels:
             cancels, shared.cancels = shared.cancels, []
-            record = codec.CancelRanges(**coordinator.record_fields(), topic=topic, ranges=tuple(cancels))
+            record = shared.member.cancels(coordinator.record_fields(), cancels)
 
             def cancelled(verdicts: Sequence[bool]) -> None:
                 shared.counters.ranges_cancelled += sum(1 for ok in verdicts if ok)
@@ -457,7 +453,7 @@ class SharedPool:
         assert self._writes is not None
         self._writes.submit(what, [record], done, failed)
 
-    def _tell(self, worker: SharedWorkerHandle, message: tuple[Any, ...]) -> None:
+    def _tell(self, worker: SharedWorkerHandle, message: ToSharedWorker) -> None:
         if worker.connection is None:
             return
         try:
@@ -515,65 +511,3 @@ class SharedPool:
 
         return coordinator.read(marks)
 
-
-def free_candidates(
-    world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-    idle: int, probe_size: int = 1,
-) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
-    """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
-    partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
-    ``initial``: where partitions never leased start, as looked up.
-
-    A partition read to its end, with nobody waiting there, gets a one-offset range at its end if a worker
-    is idle (``idle``): that worker waits for the next message (and its fetches tell the true end, which
-    ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.  The HTTP
-    service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
-    """
-    found: dict[int, list[tuple[int, int, int]]] = {}
-    unknown: list[int] = []
-    holders = set()
-    for partition, asked_end in high.items():
-        state = world.shared_partition(topic, partition)
-        end = asked_end if state is None else max(asked_end, state.high)
-        if state is None or state.low is None:
-            start = initial.get(partition)
-            if start is None:
-                unknown.append(partition)
-            else:
-                found[partition] = [(start, max(min(start + size, end), start + 1), 0)]
-            continue
-        live = state.live_leases(now_ms)
-        holders.update(lease.holder for lease in live)
-        ranges = []
-        for start, stop in state.free_ranges(now_ms, end, size, want + 8):
-            tries = state.tries_in(start, stop)
-            ranges.append((start, stop, tries[0].count if tries else 0))
-        if not ranges and not live and idle > 0:
-            idle -= 1
-            start = state.low
-            tries = state.tries_in(start, start + 1)
-            ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
-        found[partition] = ranges
-    return found, max(len(holders), 1), unknown
-
-
-def pick_ranges(
-    candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random
-) -> list[tuple[int, int, int, int]]:
-    """Up to ``want`` ranges: one partition after another (spread), each a random one of the lowest few free
-    ranges (the more members, the wider the pick), so members racing for the same range are rare."""
-    pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
-    order = list(pools)
-    rng.shuffle(order)
-    picked: list[tuple[int, int, int, int]] = []
-    while len(picked) < want and order:
-        for partition in list(order):
-            pool = pools[partition]
-            index = rng.randrange(min(len(pool), members))
-            start, end, tries = pool.pop(index)
-            picked.append((partition, start, end, tries))
-            if not pool:
-                order.remove(partition)
-            if len(picked) >= want:
-                break
-    return picked

@@ -13,20 +13,21 @@ A worker never handles a message once its lease's deadline has passed (the
 supervisor moves the deadline on as it renews the lease): past it, another
 worker may hold the range.
 
-What passes on the pipe (tuples, first item the kind):
+What passes on the pipe (runtime/messages.py):
 
 supervisor to worker
-    ``("lease", partition, start, end, deadline_ms, tries)``: handle ``[start, end)`` before
-    ``deadline_ms`` (monotonic, see channel.monotonic_ms); its messages were delivered ``tries`` times.
-    ``("renewed", partition, start, deadline_ms)``: the lease now lasts until ``deadline_ms``.
-    ``("stop",)``: finish the range in hand, give the others back, exit.
+    :class:`~marshal_workers.runtime.messages.Lease`: handle ``[start, end)`` before ``deadline_ms``
+    (monotonic, see channel.monotonic_ms); its messages were delivered ``tries`` times.
+    ``Renewed``: the lease now lasts until ``deadline_ms``.
+    ``Stop``: finish the range in hand, give the others back, exit.
 worker to supervisor
-    ``("started", partition, start)``: handling that range now.
-    ``("settled", partition, start, end, failed, dead, handled, high)``: done with ``[start, end)`` (``end``
-    is short of the lease's when a stop found nothing more to read); ``high`` is the partition's end as its
-    fetches saw it (or None).
-    ``("abandoned", partition, start, end)``: its deadline passed first; it was left alone from there.
-    ``("returned", partition, start, end)``: never started (a stop): the supervisor cancels it.
+    ``Started``: handling that range now.
+    ``Settled``: done with ``[start, end)`` (``end`` is short of the lease's when a stop found nothing more to
+    read), with its failed and dead-lettered offsets; ``high`` is the partition's end as its fetches saw it
+    (or None).
+    ``Abandoned``: its deadline passed first; it was left alone from there.
+    ``Returned``: never started (a stop): the supervisor cancels it.
+    ``Outcomes``: what became of failed handler calls (for the metrics).
 """
 
 from __future__ import annotations
@@ -63,6 +64,18 @@ from marshal_workers.kafka.kafka_clients import client_config
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.runtime.channel import monotonic_ms
+from marshal_workers.runtime.messages import (
+    Abandoned,
+    FromSharedWorker,
+    Lease,
+    Outcomes,
+    Renewed,
+    Returned,
+    Settled,
+    Started,
+    Stop,
+    ToSharedWorker,
+)  # fmt: skip
 from marshal_workers.runtime.worker.stack_dumps import dump_stacks_on_sigusr2, worker_heading
 from marshal_workers.runtime.worker.worker import die_with_parent, finish_worker, send_failed, take_up_handler
 
@@ -177,9 +190,9 @@ class SharedWorker:
         finish_worker(app, self.log, self._dlq, self._consumer, self.outbox)
 
     def _send_outcomes(self) -> None:
-        message = self.outcomes.take()
-        if message is not None:
-            self._send(message)
+        counts = self.outcomes.take()
+        if counts is not None:
+            self._send(Outcomes(counts))
 
     # ------------------------------------------------------------------ loop
 
@@ -195,7 +208,7 @@ class SharedWorker:
             if self.stopping:
                 # A stop waits for the range in hand (_handle_range finishes it); the rest was never begun.
                 for leased in self.ranges:
-                    self._send(("returned", leased.partition, leased.start, leased.end))
+                    self._send(Returned(leased.partition, leased.start, leased.end))
                 return WorkerExit.STOPPED
             if self.ranges:
                 self.in_hand = (self.ranges[0].partition, self.ranges[0].start)
@@ -212,20 +225,18 @@ class SharedWorker:
         except (EOFError, OSError):
             raise _SupervisorGone() from None
 
-    def _on_message(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
-        if kind == "lease":
-            _, partition, start, end, deadline_ms, tries = message
-            self.ranges.append(_Range(partition, start, end, deadline_ms, tries))
-        elif kind == "renewed":
-            _, partition, start, deadline_ms = message
+    def _on_message(self, message: ToSharedWorker) -> None:
+        if isinstance(message, Lease):
+            self.ranges.append(_Range(message.partition, message.start, message.end, message.deadline_ms,
+                                      message.tries))  # fmt: skip
+        elif isinstance(message, Renewed):
             for leased in self.ranges:
-                if leased.partition == partition and leased.start == start:
-                    leased.deadline_ms = max(leased.deadline_ms, deadline_ms)
-        elif kind == "stop":
+                if leased.partition == message.partition and leased.start == message.start:
+                    leased.deadline_ms = max(leased.deadline_ms, message.deadline_ms)
+        elif isinstance(message, Stop):
             self.stopping = True
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: FromSharedWorker) -> None:
         try:
             self.connection.send(message)
         except (BrokenPipeError, OSError):
@@ -236,7 +247,7 @@ class SharedWorker:
     def _handle_range(self, handler: HandlerSpec, leased: _Range) -> None:
         """Handle every message of ``leased`` while its lease holds, then report it settled (or abandoned)."""
         assert self._consumer is not None
-        self._send(("started", leased.partition, leased.start))
+        self._send(Started(leased.partition, leased.start))
         setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} "
                                   f"{self.spec.topic}[{leased.partition}] @{leased.start}")  # fmt: skip
         if self._position != (leased.partition, leased.start):
@@ -296,8 +307,8 @@ class SharedWorker:
         high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, leased.partition), cached=True)
         self.outbox.flush()  # what the range's calls sent (app.send), before it is reported handled
         self._send_outcomes()
-        self._send(("settled", leased.partition, leased.start, end, leased.failed, leased.dead, leased.handled,
-                    None if high is None or high[1] < 0 else high[1]))  # fmt: skip
+        self._send(Settled(leased.partition, leased.start, end, tuple(leased.failed), tuple(leased.dead),
+                           leased.handled, None if high is None or high[1] < 0 else high[1]))  # fmt: skip
 
     def _at_end(self, partition: int, next_offset: int, end_seen: int | None) -> bool:
         """Read to the partition's end: its end-of-partition event said so in this range, or the end the last fetch
@@ -316,7 +327,7 @@ class SharedWorker:
             self._settle(leased, next_offset)
         else:
             self._position = None
-            self._send(("returned", leased.partition, leased.start, leased.end))
+            self._send(Returned(leased.partition, leased.start, leased.end))
 
     def _abandon(self, leased: _Range, offset: int) -> None:
         self.log.warning(
@@ -324,7 +335,7 @@ class SharedWorker:
             self.spec.topic, leased.partition, leased.start, leased.end - 1, offset,
         )  # fmt: skip
         self._position = None
-        self._send(("abandoned", leased.partition, leased.start, leased.end))
+        self._send(Abandoned(leased.partition, leased.start, leased.end))
 
     def _still_waiting(self, leased: _Range) -> bool:
         """While waiting for a token: renewals and a stop read, and the lease still holds."""

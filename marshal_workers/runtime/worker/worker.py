@@ -41,6 +41,7 @@ from marshal_workers.kafka.kafka_clients import client_config
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.runtime.channel import ClaimAnswer, Field, Slot, WorkerSpec
+from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, Outcomes
 from marshal_workers.runtime.worker.alarm import Alarm
 from marshal_workers.runtime.worker.instrumentation import Instruments, instrument
 from marshal_workers.runtime.worker.lane_runner import LaneRunner
@@ -641,11 +642,12 @@ class Worker:
     def _claim_messages(self, end: int) -> ClaimAnswer:
         """Ask the supervisor to claim every message before ``end``; wait for its answer."""
         try:
-            self.connection.send(end)
+            self.connection.send(ClaimMessages(end))
             # Blocking: the supervisor always answers (within an HB: UNCONFIRMED at worst) or its end closes the
             # pipe.  A signal runs its handler and the read goes on, as the old poll(0.1) loop did, without a
             # selector built every 0.1 s.
-            return ClaimAnswer(self.connection.recv())
+            verdict: ClaimVerdict = self.connection.recv()
+            return verdict.answer
         except (EOFError, OSError):
             raise _SupervisorGone() from None
 
@@ -672,10 +674,10 @@ class Worker:
 
     def send_outcomes(self) -> None:
         """What became of failed calls since the last time, to the supervisor for its metrics."""
-        message = self.outcomes.take()
-        if message is not None:
+        counts = self.outcomes.take()
+        if counts is not None:
             try:
-                self.connection.send(message)
+                self.connection.send(Outcomes(counts))
             except OSError:
                 pass  # the supervisor is gone: _check_supervisor deals with it
 

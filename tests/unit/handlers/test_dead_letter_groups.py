@@ -143,10 +143,10 @@ def test_every_groups_rows_add_up_to_the_whole_list(found: list[tuple[str | None
 def test_messages_passed_by_for_another_group_are_counted_in_the_outcomes() -> None:
     counts = OutcomeCounts()
     counts.other_group += 4
-    message = counts.take()
-    assert message is not None and message[1]["other_group"] == 4 and counts.take() is None
+    report = counts.take()
+    assert report is not None and report["other_group"] == 4 and counts.take() is None
     counters = Counters()
-    counters.add_outcomes("orders", message[1])
+    counters.add_outcomes("orders", report)
     assert counters.handler_outcomes[("orders", "other_group")] == 4
 
 

@@ -185,8 +185,8 @@ def test_the_dead_letters_error_says_how_old() -> None:
 def test_too_old_messages_are_counted_in_the_outcomes() -> None:
     counts = OutcomeCounts()
     counts.too_old += 3
-    message = counts.take()
-    assert message is not None and message[1]["too_old"] == 3 and counts.take() is None
+    report = counts.take()
+    assert report is not None and report["too_old"] == 3 and counts.take() is None
     counters = Counters()
-    counters.add_outcomes("t", message[1])
+    counters.add_outcomes("t", report)
     assert counters.handler_outcomes[("t", "too_old")] == 3

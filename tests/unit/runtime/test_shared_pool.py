@@ -1,4 +1,5 @@
-"""The range-picking policy of the shared pool (marshal_workers.runtime.supervisor.shared_pool): pure parts, no broker."""
+"""The range-picking policy of the shared pool (the range-lease member's, marshal_workers.protocol.range_member): pure
+parts, no broker."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from collections import Counter
 
 from marshal_workers.handlers.app import App
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
+from marshal_workers.protocol.range_member import free_candidates, pick_ranges
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.runtime.supervisor.shared_pool import SharedTopic, free_candidates, pick_ranges
+from marshal_workers.runtime.supervisor.shared_pool import SharedTopic
 
 NOW = 1_000_000
 

@@ -1,0 +1,250 @@
+"""The range-lease member: what a member of a shared topic decides about its leases (docs/shared-partitions.md).
+
+Two kinds of member lease ranges of a shared topic's offsets in the coordination log: a supervisor's shared
+pool (runtime/supervisor/shared_pool.py), for its shared workers, and the HTTP service
+(http/served_topic.py), for its clients.  Both take the same steps, decided here, once:
+
+* which ranges to ask for: the free ranges the fold shows (:func:`free_candidates`), spread over the
+  partitions and picked at random among the lowest so members rarely race for one (:func:`pick_ranges`);
+* the ``claim_ranges`` record, and what its verdicts mean: a lease until a deadline that comes a safety
+  margin before the lease's end in the log (:meth:`RangeMember.deadline`: clock skew and the write's time);
+* which leases to renew (never one whose deadline has passed), and the deadline a confirmed renewal gives;
+* whether a lease may still be acted on: nothing is handed out or handled once its deadline has passed;
+* how a range is settled: an ``ack_ranges`` entry that says exactly which offsets are done (every offset of
+  the entry's range but its ``failed`` ones), or a ``cancel_ranges`` entry for a range never begun.
+
+Pure, like the rest of the protocol: the callers read the clock (``now``, ``written_ms``: monotonic ms for
+deadlines, the log's wall-clock ms for the fold) and do the writes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.world_state import WorldState
+
+
+class Wanted(NamedTuple):
+    """A free range to ask for: ``[start, end)`` of ``partition``, whose offsets were delivered ``tries`` times."""
+
+    partition: int
+    start: int
+    end: int
+    tries: int
+
+
+class HeldLease(Protocol):
+    """What the member needs of a lease it holds (the callers' own records of their leases)."""
+
+    partition: int
+    start: int
+    end: int
+    deadline_ms: int  # monotonic: past it the lease may have lapsed in the log
+
+
+Held = TypeVar("Held", bound=HeldLease)
+
+
+@dataclass(frozen=True)
+class RangeChoice:
+    """The ranges to claim now, or the partitions whose start must be looked up first (then nothing is claimed)."""
+
+    ranges: list[Wanted]
+    unknown: list[int]
+
+
+def safety_margin_ms(lease_ms: int) -> int:
+    """How much earlier than the lease's end in the log a member stops acting on it: clock skew between the
+    member and the log's timestamps, and the time the write took.  A tenth of the lease, at least half a second,
+    at most half of the lease."""
+    return min(lease_ms // 2, max(500, lease_ms // 10))
+
+
+@dataclass(frozen=True)
+class RangeMember:
+    """One member's leases on one shared topic: the decisions, over plain data.  ``lease_ms``: how long a lease
+    lasts from its record's time (the handler's pending timeout); ``amo``: at most once (a lapse loses the
+    offsets); ``probe_size``: the offsets asked for at the end of a partition read to its end (see
+    :func:`free_candidates`)."""
+
+    topic: str
+    lease_ms: int
+    amo: bool = False
+    probe_size: int = 1
+
+    @property
+    def safety_ms(self) -> int:
+        return safety_margin_ms(self.lease_ms)
+
+    def deadline(self, written_ms: int) -> int:
+        """The deadline of a lease claimed or renewed by a write that started at ``written_ms`` (taken before the
+        write, so the deadline errs short)."""
+        return written_ms + self.lease_ms - self.safety_ms
+
+    # ----------------------------------------------------------------- claim
+
+    def choose(
+        self, world: WorldState, ends: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
+        idle: int, rng: random.Random,
+    ) -> RangeChoice:
+        """Up to ``want`` ranges of at most ``size`` offsets to claim, as the fold has it at ``now_ms`` (the log's
+        clock).  ``ends``: the partitions' ends as asked; ``initial``: where partitions never leased start, as looked
+        up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end."""
+        candidates, members, unknown = free_candidates(
+            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size
+        )
+        if unknown:
+            return RangeChoice([], unknown)
+        return RangeChoice(pick_ranges(candidates, want, members, rng), [])
+
+    def claim(self, fields: dict[str, Any], ranges: Sequence[Wanted]) -> codec.ClaimRanges:
+        """The ``claim_ranges`` record for ``ranges`` (``fields``: the writer's common record fields)."""
+        return codec.ClaimRanges(
+            **fields, topic=self.topic, lease_ms=self.lease_ms, amo=self.amo,
+            ranges=tuple(codec.RangeEntry(partition=w.partition, offset=w.start, end=w.end) for w in ranges),
+        )  # fmt: skip
+
+    @staticmethod
+    def won(ranges: Sequence[Wanted], verdicts: Sequence[bool]) -> list[Wanted]:
+        """The ranges the fold accepted: leases now ours (until :meth:`deadline`); the others are someone else's."""
+        return [wanted for wanted, accepted in zip(ranges, verdicts) if accepted]
+
+    # ----------------------------------------------------------------- renew
+
+    @staticmethod
+    def usable(lease: HeldLease, now_ms: int, promise_ms: int = 0) -> bool:
+        """Whether anything may still be done under ``lease`` at ``now_ms``: before its deadline, with at least
+        ``promise_ms`` left (what a hand-out promises a client)."""
+        return now_ms < lease.deadline_ms and lease.deadline_ms - now_ms >= promise_ms
+
+    def renewals_due(self, held: Iterable[Held], now_ms: int) -> list[Held]:
+        """The leases to renew now: every one still usable.  One past its deadline may have lapsed in the log
+        already (another member may hold its offsets): it is left to lapse, never renewed."""
+        return [lease for lease in held if self.usable(lease, now_ms)]
+
+    def renewal(self, fields: dict[str, Any], held: Sequence[HeldLease]) -> codec.RenewRanges:
+        """The ``renew_ranges`` record for ``held``."""
+        return codec.RenewRanges(
+            **fields, topic=self.topic, lease_ms=self.lease_ms,
+            ranges=tuple(codec.RangeEntry(partition=h.partition, offset=h.start, end=h.end) for h in held),
+        )  # fmt: skip
+
+    def renewed_deadline(self, lease: HeldLease, written_ms: int, accepted: bool) -> int | None:
+        """The lease's new deadline after a renewal written at ``written_ms``: None if the fold refused it or it
+        would not move the deadline on (a deadline never moves back)."""
+        deadline = self.deadline(written_ms)
+        return deadline if accepted and deadline > lease.deadline_ms else None
+
+    # ---------------------------------------------------------------- settle
+
+    def acks(self, fields: dict[str, Any], entries: Sequence[codec.AckEntry]) -> codec.AckRanges:
+        return codec.AckRanges(**fields, topic=self.topic, ranges=tuple(entries))
+
+    def cancels(self, fields: dict[str, Any], entries: Sequence[codec.RangeEntry]) -> codec.CancelRanges:
+        return codec.CancelRanges(**fields, topic=self.topic, ranges=tuple(entries))
+
+
+def cancel_entry(lease: HeldLease) -> codec.RangeEntry:
+    """A range given back untried (never begun)."""
+    return codec.RangeEntry(partition=lease.partition, offset=lease.start, end=lease.end)
+
+
+def handled_entry(
+    lease: HeldLease, end: int, failed: Sequence[int], dead: Sequence[int], high: int | None = None
+) -> codec.AckEntry:
+    """A range handled up to ``end``: every offset of ``[lease.start, end)`` is done but ``failed`` (to be delivered
+    again; at most once: lost); ``dead`` were dead-lettered (done).  The lease's offsets from ``end`` on go back
+    untried.  ``high``: the partition's end as the handler's fetches saw it."""
+    return codec.AckEntry(partition=lease.partition, offset=lease.start, end=end, failed=tuple(failed),
+                          dead=tuple(dead), high=high)  # fmt: skip
+
+
+def crashed_entry(lease: HeldLease, started: bool) -> codec.AckEntry | codec.RangeEntry:
+    """What becomes of a lease whose worker died: begun, any offset of it may have been handled, so every one is
+    failed (one try more; at most once: lost); never begun, it goes back untried."""
+    if not started:
+        return cancel_entry(lease)
+    return handled_entry(lease, lease.end, tuple(range(lease.start, lease.end)), ())
+
+
+def given_back_entry(
+    lease: HeldLease, read_to: int, unhanded: Iterable[int], handed: Collection[int], acked: Collection[int],
+    dead: Collection[int],
+) -> codec.AckEntry | None:
+    """How a range no client holds a message of goes back (the HTTP service): None, a plain cancel, if nothing of
+    it was handed out; else an ack of its prefix up to the first message never handed out (``unhanded``) or the
+    first offset not read yet (``read_to``): done are the offsets clients ``acked``, the ``dead`` letters and the
+    offsets with no message; what was ``handed`` out and not acked is failed (one try more).  The rest goes back
+    untried."""
+    end = min([*unhanded, read_to, lease.end])
+    if end <= lease.start or not (handed or dead):
+        return None
+    failed = tuple(sorted(o for o in handed if o < end and o not in acked and o not in dead))
+    return handled_entry(lease, end, failed, tuple(sorted(o for o in dead if o < end)))
+
+
+def free_candidates(
+    world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
+    idle: int, probe_size: int = 1,
+) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
+    """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
+    partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
+    ``initial``: where partitions never leased start, as looked up.
+
+    A partition read to its end, with nobody waiting there, gets a one-offset range at its end if a worker
+    is idle (``idle``): that worker waits for the next message (and its fetches tell the true end, which
+    ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.  The HTTP
+    service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
+    """
+    found: dict[int, list[tuple[int, int, int]]] = {}
+    unknown: list[int] = []
+    holders = set()
+    for partition, asked_end in high.items():
+        state = world.shared_partition(topic, partition)
+        end = asked_end if state is None else max(asked_end, state.high)
+        if state is None or state.low is None:
+            start = initial.get(partition)
+            if start is None:
+                unknown.append(partition)
+            else:
+                found[partition] = [(start, max(min(start + size, end), start + 1), 0)]
+            continue
+        live = state.live_leases(now_ms)
+        holders.update(lease.holder for lease in live)
+        ranges = []
+        for start, stop in state.free_ranges(now_ms, end, size, want + 8):
+            tries = state.tries_in(start, stop)
+            ranges.append((start, stop, tries[0].count if tries else 0))
+        if not ranges and not live and idle > 0:
+            idle -= 1
+            start = state.low
+            tries = state.tries_in(start, start + 1)
+            ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
+        found[partition] = ranges
+    return found, max(len(holders), 1), unknown
+
+
+def pick_ranges(
+    candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random
+) -> list[Wanted]:
+    """Up to ``want`` ranges: one partition after another (spread), each a random one of the lowest few free
+    ranges (the more members, the wider the pick), so members racing for the same range are rare."""
+    pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
+    order = list(pools)
+    rng.shuffle(order)
+    picked: list[Wanted] = []
+    while len(picked) < want and order:
+        for partition in list(order):
+            pool = pools[partition]
+            index = rng.randrange(min(len(pool), members))
+            start, end, tries = pool.pop(index)
+            picked.append(Wanted(partition, start, end, tries))
+            if not pool:
+                order.remove(partition)
+            if len(picked) >= want:
+                break
+    return picked
