@@ -129,7 +129,9 @@ class LaneRunner:
                 refused = self._fill(now)
                 if refused is not None:
                     return refused
-                self._dispatch(self.clock())
+                now = self.clock()
+                if link.lease_valid(now):  # the fetch may have waited for Kafka past the lease's end
+                    self._dispatch(now)
                 self._absorb(self.executor.wait(self._wait_time()))
             return self.exit if self.exit is not None else WorkerExit.STOPPED
         finally:

@@ -1,7 +1,7 @@
 """The lanes loop (concurrency: runtime/worker/lane_runner.py) against a fake link and a fake clock, in one process:
 the real executor's threads, no broker, no fork.  Calls finish in random orders and fail at random; what the
-heartbeat carries (progress and the done set above it) never covers a message that is not done, and a stop reports
-done exactly what was done."""
+heartbeat carries (progress and the done set above it) never covers a message that is not done, a stop reports
+done exactly what was done, and nothing is begun on a lapsed lease."""
 
 from __future__ import annotations
 
@@ -113,6 +113,34 @@ def test_progress_and_the_done_set_never_cover_a_message_not_done_and_a_stop_rep
     assert set(dead.offsets) == {o for o, n in fails.items() if n > RETRIES} & done
     if stop_after is None:
         assert done == set(offsets)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    offsets=offsets_strategy,
+    concurrency=st.integers(2, 4),
+    lease_s=st.floats(0.0, 0.5),
+    late=st.integers(0, 30),
+    late_by=st.floats(0.0, 0.5),
+    seed=st.integers(0, 2**32),
+)
+def test_nothing_is_begun_on_a_lapsed_lease(
+    offsets: list[int], concurrency: int, lease_s: float, late: int, late_by: float, seed: int
+) -> None:
+    """The records from index ``late`` on arrive ``late_by`` seconds after the others (a fetch waits for them);
+    the lease ends ``lease_s`` seconds in."""
+    clock = FakeClock()
+    start = clock()
+    arrivals = [(start if i < late else start + late_by, r) for i, r in enumerate(records(offsets))]
+    link = FakeLink(clock, arrivals, start_offset=1, lease_end=start + lease_s,
+                    stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0)  # fmt: skip
+    script = Script(clock, {}, seed)
+
+    code, _dead, reports = run_lanes(link, script, clock, concurrency)
+
+    assert code is WorkerExit.STOPPED
+    assert all(began < start + lease_s for began, _ in script.calls), "no call begins once the lease has ended"
+    assert all(offset not in offsets or offset in script.handled for offset, _ in reports)
 
 
 def test_a_message_that_keeps_failing_holds_progress_until_it_is_dead_lettered_while_others_go_on() -> None:
