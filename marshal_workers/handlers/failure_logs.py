@@ -1,7 +1,8 @@
 """The log lines of failed handler calls: each failure once, with its traceback, at the level its outcome deserves.
 
-Every runner (one call at a time in worker.py, lanes in lane_runner.py, shared partitions in shared_worker.py)
-logs a failed call through exactly one of these functions, when it knows what becomes of the message:
+Every runner (one call at a time and batches through runtime/worker/failures.py, lanes in lane_runner.py, shared
+partitions in shared_worker.py) logs a failed call through exactly one of these functions, when it knows what
+becomes of the message:
 
 * tried again here (a retry), or later (a shared partition's next delivery, or the next owner after a stop):
   a warning;

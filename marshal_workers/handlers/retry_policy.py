@@ -1,7 +1,8 @@
 """What to do after a handler call fails: retry (and when), give up (on_error), dead-letter at once, or skip.
 
 Pure: an error, the attempt number and a random source in, a :class:`Step` out.  Every runner (one call at a
-time in worker.py, concurrent lanes in lane_runner.py, shared partitions in shared_worker.py) asks the same
+time and batches in runtime/worker/failures.py, concurrent lanes in lane_runner.py, shared partitions in
+shared_worker.py) asks the same
 :func:`next_step`, so a policy means the same thing wherever its handler runs.
 
 The anchors are Celery's task options (``autoretry_for``, ``dont_autoretry_for``, ``retry_backoff``,

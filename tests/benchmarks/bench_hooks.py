@@ -40,7 +40,7 @@ def empty(msg: object) -> None:
 
 
 def inner(brokers: str, topic: str, count: int, variant: str) -> None:
-    """Run under valgrind: consume ``count`` messages and handle each as _consume_alo does."""
+    """Run under valgrind: consume ``count`` messages and handle each as the one-call loop (one_call_loop.py) does."""
     from confluent_kafka import Consumer, TopicPartition
 
     from marshal_workers import App, Message

@@ -3,7 +3,6 @@ partition, and ``status``, ``/state`` and the metrics show the call in flight wi
 
 from __future__ import annotations
 
-
 import pytest
 from fleet import Fleet
 from polling import poll_until

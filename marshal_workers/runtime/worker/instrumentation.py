@@ -22,16 +22,19 @@ import functools
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
+from marshal_workers.core.config import Settings
 from marshal_workers.errors import SoftTimeLimitExceeded
+from marshal_workers.handlers.app import HandlerSpec, effective_time_limits
 from marshal_workers.observe.latency import LATENCY_BOUNDS
 from marshal_workers.runtime.channel import LATENCY_FIRST_BUCKET, Field, Slot, monotonic_ms
 
 Handler = Callable[[Any], Any]
 _BOUNDS_NS = [round(bound * 1e9) for bound in LATENCY_BOUNDS]
+_LATENCY_SAMPLE_INTERVAL_S = 0.1  # metrics on: how often a fetch's handler calls are timed
 
 
 @dataclass(frozen=True)
@@ -85,3 +88,40 @@ def instrument(function: Handler, batch: bool, slot: Slot, instruments: Instrume
                 fields[LATENCY_FIRST_BUCKET + bisect.bisect_left(_BOUNDS_NS, elapsed)] += 1
 
     return call
+
+
+def instrumented_handlers(
+    handler: HandlerSpec, settings: Settings, slot: Slot
+) -> tuple[HandlerSpec, HandlerSpec | None]:
+    """The handler with its time limits, and (metrics on) the same also timing each call."""
+    soft, hard = effective_time_limits(handler, settings)
+    # The call in progress is published with its start for a time limit (the hard one is enforced by the
+    # supervisor; the health monitor judges a long call by either), and for a batch: if the worker dies in it,
+    # the supervisor knows which batch to dead-letter as WorkerLost (worker_pool.py; a few writes per call).
+    limits = Instruments(soft_time_limit=soft, track_calls=bool(soft or hard) or handler.batch)
+    plain = replace(handler, function=instrument(handler.function, handler.batch, slot, limits))
+    if not settings.metrics_port:
+        return plain, None
+    timed = replace(limits, latency=True)
+    return plain, replace(handler, function=instrument(handler.function, handler.batch, slot, timed))
+
+
+class LatencySampling:
+    """Which handler a fetch's messages are given to: the plain one, or (metrics on, a sample due) the timed one.
+
+    Every call of a fetch is timed once _LATENCY_SAMPLE_INTERVAL_S has passed
+    since the last timed fetch: a fast handler pays a fraction of a percent
+    for the histogram (timing every call cost a third of its throughput), a
+    slow one, whose fetches last longer than that, is timed at every call.
+    """
+
+    def __init__(self, plain: HandlerSpec, timed: HandlerSpec | None = None) -> None:
+        self.plain = plain
+        self._timed = timed
+        self._next_timed_fetch = 0.0
+
+    def handler_for(self, records: list[Any]) -> HandlerSpec:
+        if self._timed is None or not records or time.monotonic() < self._next_timed_fetch:
+            return self.plain
+        self._next_timed_fetch = time.monotonic() + _LATENCY_SAMPLE_INTERVAL_S
+        return self._timed

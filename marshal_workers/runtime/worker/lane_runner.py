@@ -1,6 +1,6 @@
 """A worker's loop for handlers with concurrency (docs/concurrency.md).
 
-The one-call-at-a-time loop (worker.py) fetches, handles and stores progress
+The one-call-at-a-time loop (one_call_loop.py) fetches, handles and stores progress
 in turn.  This one keeps up to ``concurrency`` calls of one partition in
 flight on an executor (threads for ``def``, an event loop for ``async def``),
 with :class:`lanes.Lanes` deciding what may start and what is done:
@@ -36,22 +36,22 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from marshal_workers.core.exit_codes import WorkerExit
-from marshal_workers.errors import TimeLimitExceeded
 from marshal_workers.handlers.app import HandlerSpec, Message, Mode, OnError, effective_time_limits
 from marshal_workers.handlers.failure_logs import log_ignored, log_left_for_later, log_release, log_retry
 from marshal_workers.handlers.message_age import is_too_old
+from marshal_workers.handlers.rate_limits import Throttle
 from marshal_workers.handlers.retry_policy import Action, next_step
 from marshal_workers.observe.latency import LATENCY_BOUNDS
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.lanes import Lanes
 from marshal_workers.runtime.channel import LATENCY_FIRST_BUCKET, Field
 from marshal_workers.runtime.worker.executors import AsyncExecutor, Completion, Executor, ThreadExecutor
-
-if TYPE_CHECKING:
-    from marshal_workers.runtime.worker.worker import Worker
+from marshal_workers.runtime.worker.failures import Failures, time_limit_error, wall_ms
+from marshal_workers.runtime.worker.link import SupervisorLink
 
 _PUBLISH_INTERVAL_S = 0.05  # the done set and the gauges in the slot: at most this stale
 _CAUGHT_UP_WAIT_S = 0.002  # calls in flight, nothing fetched: how long to wait for one before asking Kafka again
@@ -64,10 +64,19 @@ _BOUNDS_NS = [round(bound * 1e9) for bound in LATENCY_BOUNDS]
 class LaneRunner:
     """Runs one partition's messages on lanes until asked to stop; returns how the worker exits."""
 
-    def __init__(self, worker: Worker, handler: HandlerSpec) -> None:
-        self.worker, self.handler = worker, handler
-        self.fields = worker.slot.fields
-        spec = worker.spec
+    def __init__(
+        self,
+        link: SupervisorLink,
+        failures: Failures,
+        handler: HandlerSpec,
+        throttle: Throttle | None = None,
+        max_age_ms: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.link, self.failures, self.handler = link, failures, handler
+        self.fields = link.fields
+        self.clock = clock  # monotonic seconds
+        spec = link.spec
         self.lanes = Lanes(spec.start_offset, handler.lane_capacity, handler.window, handler.ordering)
         self.skipper = done_set.Skipper(spec.skip)
         self.give_up = spec.give_up_on  # [start, end): killed by the hard time limit too often; on_error, no call
@@ -90,36 +99,39 @@ class LaneRunner:
         self.next_publish = 0.0
         # rate_limit: tokens taken from the handler's bucket and not used yet, and when to look again when none
         # were left (rate_limits.py); max_age: messages older are not offered but counted done (message_age.py).
-        self.throttle = worker.throttle
+        self.throttle = throttle
         self.credit = 0
         self.rate_wait_until = 0.0
-        self.max_age_ms = worker.max_age_ms
+        self.max_age_ms = max_age_ms
 
     # ------------------------------------------------------------- the loop
 
     def run(self) -> WorkerExit:
+        link = self.link
         try:
             while True:
-                now = time.monotonic()
+                now = self.clock()
                 self._publish_if_due()
-                self.worker._housekeeping()
+                link.housekeeping()
                 self.executor.enforce_soft_limit(now)
-                draining = self.worker.stopping or self.exit is not None
+                draining = link.stopping or self.exit is not None
                 if draining and not self._finishing_claimed_batch(now):
                     if self.lanes.in_flight == 0:
                         break
                     self._absorb(self.executor.wait(_BUSY_WAIT_S))
                     continue
-                if not self._lease_valid(now):
+                if not link.lease_valid(now):
                     if self.lanes.in_flight == 0:
-                        self.worker._wait_for_lease()
+                        link.wait_for_lease()
                     else:
                         self._absorb(self.executor.wait(_BUSY_WAIT_S))
                     continue
                 refused = self._fill(now)
                 if refused is not None:
                     return refused
-                self._dispatch(time.monotonic())
+                now = self.clock()
+                if link.lease_valid(now):  # the fetch may have waited for Kafka past the lease's end
+                    self._dispatch(now)
                 self._absorb(self.executor.wait(self._wait_time()))
             return self.exit if self.exit is not None else WorkerExit.STOPPED
         finally:
@@ -129,20 +141,13 @@ class LaneRunner:
     def _finishing_claimed_batch(self, now: float) -> bool:
         """AMO: a claimed batch is handled to its end while stopping (its messages are never handled again),
         as long as the lease holds: a partition lost meanwhile loses the rest of it, as claimed."""
-        return self.at_most_once and self.exit is None and self.lanes.unfinished > 0 and self._lease_valid(now)
-
-    def _lease_valid(self, now: float) -> bool:
-        worker = self.worker
-        if now * 1000 < worker._lease_until:
-            return True
-        worker._lease_until = worker.slot.get(Field.LEASE_UNTIL_MS)
-        return now * 1000 < worker._lease_until
+        return self.at_most_once and self.exit is None and self.lanes.unfinished > 0 and self.link.lease_valid(now)
 
     def _wait_time(self) -> float:
         """How long to wait for a call to finish before looking at Kafka again."""
         lanes = self.lanes
         if self.throttle is not None:
-            rate_wait = self.rate_wait_until - time.monotonic()
+            rate_wait = self.rate_wait_until - self.clock()
             if rate_wait > 0:  # out of tokens: wait for one (or a call to finish)
                 return min(rate_wait, _BUSY_WAIT_S)
         if lanes.in_flight == 0:
@@ -158,7 +163,7 @@ class LaneRunner:
             return self._fill_claimed(now)
         self._offer_held()
         if not self.held and self.lanes.window_used < self.lanes.window:
-            self.held.extend(self.worker._fetch(self._fetch_size(), self._fetch_wait(now)))
+            self.held.extend(self.link.fetch(self._fetch_size(), self._fetch_wait(now)))
             self._offer_held()
         self._watch_window(now)
         return None
@@ -177,7 +182,7 @@ class LaneRunner:
 
     def _offer_held(self) -> None:
         lanes, held, skipper, records, max_age_ms = self.lanes, self.held, self.skipper, self.records, self.max_age_ms
-        not_ours = self.worker.not_ours
+        not_ours = self.link.not_ours
         while held:
             record = held[0]
             offset = record.offset()
@@ -202,23 +207,24 @@ class LaneRunner:
         """AMO: once the batch in hand is finished, fetch and claim the next one, then offer all of it."""
         if self.lanes.unfinished:
             return None
+        link = self.link
         if self.claimed_end is not None:
-            self.worker.outbox.flush()  # the batch's output delivered before the next claim
+            link.outbox.flush()  # the batch's output delivered before the next claim
             self.fields[Field.NEXT_OFFSET] = self.claimed_end
             self.claimed_end = None
         if not self.held:
-            self.held.extend(self.worker._fetch(self.handler.batch_size, self._fetch_wait(now)))
-        if not self.held or self.worker.stopping:
+            self.held.extend(link.fetch(self.handler.batch_size, self._fetch_wait(now)))
+        if not self.held or link.stopping:
             return None
         held, first = self.held, self.held[0].offset()
         count = 0  # the batch: up to batch_size fetched messages within one window (compaction leaves gaps)
         while count < min(len(held), self.handler.batch_size) and held[count].offset() - first < self.lanes.window:
             count += 1
         end = held[count - 1].offset() + 1
-        refused = self.worker._claim_batch(end)
+        refused = link.claim_batch(end)
         if refused is not None:
             return refused
-        if not self.worker._wait_for_lease():
+        if not link.wait_for_lease():
             self.exit = WorkerExit.STOPPED  # claimed and stopped before a call: these are lost, as claimed
             self.fields[Field.NEXT_OFFSET] = end
             return None
@@ -228,7 +234,7 @@ class LaneRunner:
             offset = record.offset()
             if offset in self.skipper:
                 self.lanes.skip(offset)
-            elif self.worker.not_ours and offset in self.worker.not_ours:
+            elif link.not_ours and offset in link.not_ours:
                 self.lanes.skip(offset)
                 self._pass_by(offset)
             elif self.max_age_ms and self._too_old(record):
@@ -240,16 +246,16 @@ class LaneRunner:
         return None
 
     def _too_old(self, record: Any) -> bool:
-        return is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms)
+        return is_too_old(record.timestamp(), wall_ms(), self.max_age_ms)
 
     def _pass_by(self, offset: int) -> None:
         """A message redriven for another group, skipped in the lanes: done without a call, counted."""
-        self.worker.passes_by(offset)
+        self.link.passes_by(offset)
         self.fields[Field.PROCESSED] += 1
 
     def _drop(self, record: Any) -> None:
         """A message past max_age: done without a call (skipped or dead-lettered), counted."""
-        self.worker.too_old(self.handler, [record])
+        self.failures.too_old(self.handler, [record])
         self.fields[Field.PROCESSED] += 1
 
     def _watch_window(self, now: float) -> None:
@@ -264,7 +270,7 @@ class LaneRunner:
         if held_for >= _WINDOW_WARNING_AFTER_S and now >= self.next_window_warning:
             self.next_window_warning = now + _WINDOW_WARNING_EVERY_S
             oldest = self.lanes.progress()
-            self.worker.log.warning(
+            self.link.log.warning(
                 "the window (%d offsets) has been full for %.0fs: offset %d is not done (%s, %d attempts); "
                 "no message past offset %d is read until it is",
                 self.lanes.window, held_for, oldest, _stage_name(self.lanes, oldest), self.lanes.attempts(oldest),
@@ -324,7 +330,7 @@ class LaneRunner:
         """Messages the hard time limit killed more often than the retries allow: on_error without a call."""
         if self.give_up is None or not any(self.give_up[0] <= o < self.give_up[1] for o in offsets):
             return False
-        self._on_error(offsets, TimeLimitExceeded(f"the handler ran past its time limit {self.handler.retries + 1} times"))
+        self._on_error(offsets, time_limit_error(self.handler))
         return True
 
     # ------------------------------------------------------------ completions
@@ -348,15 +354,15 @@ class LaneRunner:
             else:
                 handled += self._failed(offsets, completion.error)
         fields[Field.PROCESSED] += handled
-        if not self.at_most_once and not self.worker.outbox.pending:  # else _publish flushes, then reports it
+        if not self.at_most_once and not self.link.outbox.pending:  # else _publish flushes, then reports it
             fields[Field.NEXT_OFFSET] = lanes.progress()
-        self.worker._count_handled(handled)
+        self.link.count_handled(handled)
 
     def _failed(self, offsets: list[int], error: BaseException) -> int:
         """Retry later (the key's later messages wait; other keys go on), or apply on_error; how many got done.
         The failure is logged once, with its traceback (failure_logs.py), by whichever branch decides its fate."""
-        attempts, outcomes = self.lanes.attempts(offsets[0]), self.worker.outcomes
-        log, name = self.worker.log, self.handler.name
+        attempts, outcomes = self.lanes.attempts(offsets[0]), self.link.outcomes
+        log, name = self.link.log, self.handler.name
         outcomes.failed(error)
         step = next_step(self.handler.retry_policy, error, attempts)
         if step.action is Action.IGNORE:
@@ -365,17 +371,17 @@ class LaneRunner:
             return self._done(offsets)
         if step.action is Action.REJECT:
             outcomes.rejected += len(offsets)
-            self.worker._dead_letter(self.handler, [self.records[o] for o in offsets], error)  # type: ignore[arg-type]
+            self.failures.dead_letter(self.handler, [self.records[o] for o in offsets], error)
             return self._done(offsets)
         if step.action is Action.GIVE_UP:
             return self._on_error(offsets, error)
-        if self.worker.stopping and not self.at_most_once:
+        if self.link.stopping and not self.at_most_once:
             until = float("inf")  # stopping: not done, the next owner handles it again
             log_left_for_later(log, name, offsets[0], error, "the worker is stopping: the next owner retries it")
         else:
             log_retry(log, name, offsets[0], error, attempts, step.delay)
             outcomes.retries += 1
-            until = time.monotonic() + step.delay
+            until = self.clock() + step.delay
         for offset in offsets:
             self.lanes.defer(offset, until)
         return 0
@@ -383,13 +389,13 @@ class LaneRunner:
     def _on_error(self, offsets: list[int], error: BaseException) -> int:
         """The retries are spent: dead-letter the messages (done), or stop and release the partition at them."""
         failing = [self.records[o] for o in offsets]
-        if self.handler.on_error is OnError.RELEASE or self.worker.over_dlq_limit(self.handler, failing):
-            log_release(self.worker.log, self.handler.name, offsets[0], error)
+        if self.handler.on_error is OnError.RELEASE or self.failures.over_dlq_limit(self.handler, failing):
+            log_release(self.link.log, self.handler.name, offsets[0], error)
             for offset in offsets:
                 self.lanes.defer(offset, float("inf"))  # never done here: the next owner starts at it
             self.exit = WorkerExit.RELEASE
             return 0
-        self.worker._dead_letter(self.handler, failing, error)  # type: ignore[arg-type]
+        self.failures.dead_letter(self.handler, failing, error)
         return self._done(offsets)
 
     def _done(self, offsets: list[int]) -> int:
@@ -402,7 +408,7 @@ class LaneRunner:
     # -------------------------------------------------------------- reports
 
     def _publish_if_due(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if now >= self.next_publish:
             self.next_publish = now + _PUBLISH_INTERVAL_S
             self._publish()
@@ -412,9 +418,9 @@ class LaneRunner:
         lanes, fields = self.lanes, self.fields
         if not self.at_most_once:
             progress = lanes.progress()
-            self.worker.outbox.flush()  # what the calls behind this progress sent, before it is reported
+            self.link.outbox.flush()  # what the calls behind this progress sent, before it is reported
             fields[Field.NEXT_OFFSET] = progress
-            self.worker.slot.publish_done(progress, self._done_runs(progress))
+            self.link.publish_done(progress, self._done_runs(progress))
         fields[Field.IN_FLIGHT] = lanes.in_flight
         fields[Field.WINDOW_USED] = lanes.window_used
         self._publish_oldest_call()

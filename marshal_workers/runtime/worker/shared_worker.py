@@ -35,12 +35,9 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from types import FrameType
 from typing import Any
 
 import setproctitle
@@ -48,7 +45,7 @@ from confluent_kafka import KafkaError, TopicPartition
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
-from marshal_workers.core.logs import ContextLog, configure_logging, group_log, partition_log
+from marshal_workers.core.logs import ContextLog, group_log, partition_log
 from marshal_workers.errors import MaxDeliveriesExceeded, SendError
 from marshal_workers.handlers.app import App, HandlerSpec, Message, Mode
 from marshal_workers.handlers.failure_logs import log_dead_letter, log_ignored, log_left_for_later, log_retry
@@ -76,8 +73,14 @@ from marshal_workers.runtime.messages import (
     Stop,
     ToSharedWorker,
 )  # fmt: skip
-from marshal_workers.runtime.worker.stack_dumps import dump_stacks_on_sigusr2, worker_heading
-from marshal_workers.runtime.worker.worker import die_with_parent, finish_worker, send_failed, take_up_handler
+from marshal_workers.runtime.worker.process import (
+    exit_process,
+    finish_worker,
+    send_failed,
+    start_process,
+    take_up_handler,
+)
+from marshal_workers.runtime.worker.stack_dumps import worker_heading
 
 _log = logging.getLogger(__name__)
 
@@ -114,11 +117,7 @@ class _SupervisorGone(Exception):
 def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None) -> None:
     """Entry point in the worker process (the target of the fork server's Process).  ``rate_bucket``: the
     handler's shared token bucket (rate_limits.py), if it has a rate_limit."""
-    code = SharedWorker(spec, connection, rate_bucket).run()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(int(code))
+    exit_process(SharedWorker(spec, connection, rate_bucket).run())
 
 
 class SharedWorker:
@@ -141,17 +140,15 @@ class SharedWorker:
         self.in_hand: tuple[int, int] | None = None  # (partition, start) of the range being handled, for SIGUSR2
 
     def run(self) -> WorkerExit:
-        configure_logging(self.spec.settings.log_level, self.spec.settings.log_format)
-        die_with_parent()
-        dump_stacks_on_sigusr2(self._stack_dump_heading)  # sent by the supervisor on its own SIGUSR2
-        signal.signal(signal.SIGTERM, self._request_stop)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        start_process(self.spec.settings, self._stack_dump_heading, self._request_stop)
         setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "
                                   f"#{self.spec.index}")  # fmt: skip
         app: App | None = None
         try:
             app = load_app(self.spec.app_path)
-            handler = take_up_handler(self, app, self.spec.topic)
+            taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket)
+            handler, self.throttle, self.max_age_ms = taken.handler, taken.throttle, taken.max_age_ms
+            self.hooks = app.hooks
             for hook in app.worker_start_hooks:
                 hook()
         except Exception:
@@ -179,7 +176,7 @@ class SharedWorker:
         return worker_heading(os.getpid(), self.spec.settings.require_group(), self.spec.topic,
                               None if at is None else at[0], range_text)  # fmt: skip
 
-    def _request_stop(self, _signum: int, _frame: FrameType | None) -> None:
+    def _request_stop(self) -> None:
         self.stopping = True
 
     def _finish(self, app: App | None) -> None:

@@ -204,7 +204,7 @@ def test_a_retry_made_while_the_first_failure_is_handled_keeps_a_traceback_of_it
     first = raised_in_check_order()
     try:
         raise first
-    except ValueError:  # a worker's loop calls _recover here: its retries run while the first failure is handled
+    except ValueError:  # a worker's loop calls Failures.recover here: its retries run while the first failure is handled
         retried = raised_in_check_order()
         try:
             try:
