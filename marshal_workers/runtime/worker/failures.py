@@ -73,7 +73,9 @@ class Failures:
             if step.action is Action.GIVE_UP:
                 break
             log_retry(self.log, handler.name, offset, error, failures, step.delay)
-            if not self.link.sleep(step.delay):
+            # After the backoff the lease must still hold (it waits while it has lapsed, as a fetch does): a
+            # supervisor frozen meanwhile may have lost the partition, and its next owner handles it.
+            if not (self.link.sleep(step.delay) and self.link.lease_holds()):
                 return Outcome.STOP  # not done: the next owner handles it again
             self.outcomes.retries += 1
             failures += 1

@@ -117,6 +117,26 @@ def test_nothing_is_begun_on_a_lapsed_lease(offsets: list[int], lease_calls: int
         assert link.lapsed_waits, "the rest waits for the lease"
 
 
+@settings(max_examples=150, deadline=None)
+@given(offsets=offsets_strategy, lease_calls=st.integers(0, 20), data=st.data())
+def test_no_retry_begins_on_a_lapsed_lease(offsets: list[int], lease_calls: int, data: Any) -> None:
+    """Failed messages are retried after a backoff (10 ms of the fake clock): a retry whose backoff ends past the
+    lease's end waits for the lease like any call (the supervisor, frozen meanwhile, may have lost the partition)."""
+    fails = data.draw(st.dictionaries(st.sampled_from(offsets), st.integers(1, RETRIES + 1)), label="fails")
+    clock = FakeClock()
+    lease_end = clock() + lease_calls * CALL_S + CALL_S / 2
+    link = FakeLink(clock, [(clock(), r) for r in records(offsets)], start_offset=1, lease_end=lease_end,
+                    stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0)  # fmt: skip
+    script = Script(clock, fails)
+
+    code, dead, stores = run_loop(link, script, clock)
+
+    assert code is WorkerExit.STOPPED
+    assert all(began < lease_end for began, _ in script.calls), "no call, first or retry, begins past the lease"
+    done = script.handled | set(dead.offsets)
+    assert done == {o for o in offsets if o < link.next_offset}, "reported done is exactly what was done"
+
+
 def test_a_message_that_keeps_failing_is_dead_lettered_and_progress_moves_past_it() -> None:
     clock = FakeClock()
     link = FakeLink(clock, [(0.0, r) for r in records([5, 6, 7])], start_offset=5,
