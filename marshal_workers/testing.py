@@ -35,6 +35,7 @@ from marshal_workers.handlers.app import App, HandlerSpec, Message, OnError, eff
 from marshal_workers.handlers.hooks import run_hooks
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.handlers.retry_policy import Action, next_step
+from marshal_workers.handlers.signals import rejected_of
 from marshal_workers.kafka.dead_letters import error_headers, traceback_text
 from marshal_workers.protocol.dead_letter_groups import for_another_group, origin_headers
 
@@ -272,11 +273,17 @@ def _run_unit(
             return [HandlerResult(m, "ignored", attempts, error, delays, sent=sent) for m in unit]
         if step.action is Action.GIVE_UP and handler.on_error is OnError.RELEASE:
             return [HandlerResult(m, "released", attempts, error, delays, sent=sent) for m in unit]
+        # Of a typed batch, a Reject (PayloadError) dead-letters only the messages that did not decode.
+        rejected = rejected_of(error, [m.offset for m in unit]) if step.action is Action.REJECT else {}
         results = []
         for msg in unit:
-            headers = error_headers(handler.name, msg._record, error) + origin
-            run_hooks(app.hooks.on_dead_letter, msg, error)
-            results.append(HandlerResult(msg, "dead_letter", attempts, error, delays, headers, sent))
+            if rejected and msg.offset not in rejected:
+                results.append(HandlerResult(msg, "done", attempts, None, delays, sent=sent))
+                continue
+            own = rejected.get(msg.offset, error)
+            headers = error_headers(handler.name, msg._record, own) + origin
+            run_hooks(app.hooks.on_dead_letter, msg, own)
+            results.append(HandlerResult(msg, "dead_letter", attempts, own, delays, headers, sent))
         return results
 
 

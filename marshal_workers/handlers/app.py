@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -35,6 +36,7 @@ from marshal_workers.handlers.hooks import (
     with_message_hooks,
 )
 from marshal_workers.handlers.message_age import OnTooOld
+from marshal_workers.handlers.models import ModelPlan, check_serializer, plan_for, typed
 from marshal_workers.handlers.rate_limits import parse_rate
 from marshal_workers.handlers.retry_policy import RetryPolicy
 from marshal_workers.kafka.outbox import Outbox, encode_send
@@ -101,8 +103,22 @@ class Message(msgspec.Struct, gc=False, eq=False):
         """The value parsed as JSON (orjson)."""
         return orjson.loads(self._record.value())
 
+    def with_body(self, body: Any) -> TypedMessage:
+        """This message with its value decoded (``msg.body``): what a ``Message[Order]`` handler gets."""
+        return TypedMessage(self._record, self.attempt, body)
+
+    def __class_getitem__(cls, model: Any) -> Any:
+        """``Message[Order]``: a handler's annotation, for the Message with ``msg.body`` an Order (models.py)."""
+        return types.GenericAlias(cls, model)
+
     def __repr__(self) -> str:
         return f"Message({self.topic}[{self.partition}]@{self.offset})"
+
+
+class TypedMessage(Message, gc=False, eq=False):
+    """A Message whose value was decoded for a ``Message[Order]`` handler: ``msg.body`` is the Order."""
+
+    body: Any = None  # the value decoded by the handler's serializer into its model
 
 
 Handler = Callable[..., Any]
@@ -139,6 +155,10 @@ class HandlerSpec:
     rate_limit: float | None = None  # messages per second; None: no limit
     max_age: float | None = None  # seconds; None: any age
     on_too_old: OnTooOld = OnTooOld.SKIP
+    # A typed handler (models.py): how its values are decoded; ``function`` then decodes before the user's, which
+    # ``declared`` is.  None: the handler takes Messages, called as it is.
+    model: ModelPlan | None = None
+    declared: Handler | None = None
 
     @property
     def is_async(self) -> bool:
@@ -220,6 +240,7 @@ class App:
         rate_limit: float | str | None = None,
         max_age: float | str | None = None,
         on_too_old: str = "skip",
+        serializer: Any = "json",
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``.
 
@@ -247,6 +268,11 @@ class App:
         second across all the workers of one supervisor (docs/handlers.md, "Rate limits").  ``max_age``
         (e.g. "1h"): a message older than that (its Kafka timestamp) when its worker gets to it is not
         handled but skipped, or with ``on_too_old="dlq"`` dead-lettered as ``MessageTooOld``; both counted.
+
+        A handler whose parameter is annotated with a model (``order: Order``, ``msg: Message[Order]``,
+        ``orders: list[Order]``; a msgspec Struct, a dataclass or a pydantic model) gets the values decoded by
+        ``serializer`` ("json", "msgpack", or an object with ``decode(data, type)`` and ``encode(value)``); one that
+        does not decode is dead-lettered at once as a ``PayloadError`` (docs/handlers.md, "Typed handlers").
         """
         spec_options = _handler_options(
             topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
@@ -261,6 +287,7 @@ class App:
         if not isinstance(dlq_limit, int) or isinstance(dlq_limit, bool) or dlq_limit < 0:
             raise ConfigError(f"handler for {topic!r}: dlq_limit must be a whole number >= 0, got {dlq_limit!r}")
         limit_options = _limit_options(topic, rate_limit, max_age, on_too_old)
+        check_serializer(topic, serializer)
         if dlq_limit and shared:
             raise ConfigError(
                 f"handler for {topic!r}: dlq_limit releases a partition, which a shared handler never holds; "
@@ -270,16 +297,19 @@ class App:
         def register(function: Handler) -> Handler:
             existing = self.handlers.get(topic)
             if existing is not None:
-                what = "is already registered" if existing.function is function else f"already has {existing.name}"
+                same = (existing.declared or existing.function) is function
+                what = "is already registered" if same else f"already has {existing.name}"
                 raise ConfigError(f"topic {topic!r} {what}: one handler per topic; call the others from it")
             if inspect.isasyncgenfunction(function) or (batch and inspect.iscoroutinefunction(function)):
                 raise ConfigError(
                     f"handler for {topic!r}: {'an async generator' if not batch else 'an async def batch handler'} "
                     "is not supported; use an async def handler of one message, or a def batch handler"
                 )
+            plan = plan_for(function, topic, batch, serializer, Message)
             self.handlers[topic] = HandlerSpec(
-                topic=topic, function=function, batch=batch, dlq_limit=dlq_limit, **spec_options, **lane_options,
-                **shared_options, **limit_options,
+                topic=topic, function=function if plan is None else typed(function, plan, batch), batch=batch,
+                dlq_limit=dlq_limit, **spec_options, **lane_options, **shared_options, **limit_options, model=plan,
+                declared=None if plan is None else function,
             )
             return function
 

@@ -26,3 +26,23 @@ class Reject(Exception):
 
 class Ignore(Exception):
     """``raise Ignore()``: no retry, no dead letter; the message counts as done (and as ignored in the metrics)."""
+
+
+class PayloadError(Reject):
+    """A message's value does not decode into its typed handler's model (not JSON, a field missing or of the
+    wrong type): a permanent failure, so a ``Reject``: no retry, dead-lettered at once with this as its
+    ``error_type`` and the validator's message (the field's path and what is wrong) as its ``error``.
+
+    ``by_offset``: for a batch, each undecodable message's own error by its offset (the others were handled)."""
+
+    def __init__(self, message: str, by_offset: dict[int, PayloadError] | None = None) -> None:
+        super().__init__(message)
+        self.by_offset = by_offset or {}
+
+
+def rejected_of(error: BaseException, offsets: list[int]) -> dict[int, BaseException]:
+    """The messages (by offset) a Reject sends to the dead-letter topic, each with its error: all of them, but of
+    a typed batch only those that did not decode (the handler had the others)."""
+    if isinstance(error, PayloadError) and error.by_offset:
+        return {o: error.by_offset[o] for o in offsets if o in error.by_offset}
+    return dict.fromkeys(offsets, error)

@@ -16,6 +16,7 @@ from marshal_workers.handlers.failure_logs import apart_from, log_dead_letter, l
 from marshal_workers.handlers.hooks import Hooks, run_hooks
 from marshal_workers.handlers.message_age import OnTooOld, too_old_error
 from marshal_workers.handlers.retry_policy import Action, next_step
+from marshal_workers.handlers.signals import rejected_of
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.runtime.channel import Field
 from marshal_workers.runtime.worker.link import SupervisorLink
@@ -67,8 +68,7 @@ class Failures:
                 log_ignored(self.log, handler.name, offset, error)
                 return Outcome.DONE
             if step.action is Action.REJECT:
-                self.outcomes.rejected += len(records)
-                self.dead_letter(handler, records, error)
+                self.reject(handler, records, error)
                 return Outcome.DONE
             if step.action is Action.GIVE_UP:
                 break
@@ -91,6 +91,21 @@ class Failures:
             return Outcome.RELEASE
         self.dead_letter(handler, records, error)
         return Outcome.DONE
+
+    def reject(self, handler: HandlerSpec, records: list[Any], error: BaseException) -> None:
+        """The handler rejected the messages (``Reject``): to the dead-letter topic at once, counted.  Of a typed
+        batch, only those that did not decode (``PayloadError``), each with its own error: it had the others."""
+        rejected = rejected_of(error, [r.offset() for r in records])
+        if len(rejected) == len(records):
+            self.outcomes.rejected += len(records)
+            self.dead_letter(handler, records, error)
+            return
+        bad = [r for r in records if r.offset() in rejected]
+        self.outcomes.rejected += len(bad)
+        self._write_dead_letters(handler, bad, [rejected[r.offset()] for r in bad])
+        self._dead_letters_in_a_row += len(bad)
+        self._dead_letters_end = bad[-1].offset() + 1
+        log_dead_letter(self.log, handler.name, bad[0].offset(), error, len(bad), handler.dlq_topic)
 
     def over_dlq_limit(self, handler: HandlerSpec, records: list[Any]) -> bool:
         """Have ``dlq_limit`` messages in a row gone to the dead-letter topic just before ``records``?  Then they

@@ -370,8 +370,7 @@ class LaneRunner:
             log_ignored(log, name, offsets[0], error)
             return self._done(offsets)
         if step.action is Action.REJECT:
-            outcomes.rejected += len(offsets)
-            self.failures.dead_letter(self.handler, [self.records[o] for o in offsets], error)
+            self.failures.reject(self.handler, [self.records[o] for o in offsets], error)
             return self._done(offsets)
         if step.action is Action.GIVE_UP:
             return self._on_error(offsets, error)
