@@ -29,7 +29,14 @@ from typing import Any
 import msgspec
 
 from marshal_workers.errors import ConfigError
-from marshal_workers.handlers.serializers import BUILT_IN, Decode, decoder, is_pydantic_model, serializer_name
+from marshal_workers.handlers.serializers import (
+    BUILT_IN,
+    Decode,
+    decoder,
+    is_pydantic_model,
+    is_pydantic_validation_error,
+    serializer_name,
+)
 from marshal_workers.handlers.signals import PayloadError
 
 _UNTYPED_NAMES = {"Message", "Any", "object", "list", "list[Message]", "List[Message]", "Sequence[Message]"}
@@ -159,12 +166,8 @@ def _value_decoder(plan: ModelPlan) -> Callable[[Any], Any]:
 def _reason(error: Exception) -> str:
     """The validator's message on one line: msgspec's says the path (``at `$.items[0].qty```), pydantic's each
     failing field's location and what is wrong with it."""
-    errors = getattr(error, "errors", None)
-    if type(error).__name__ == "ValidationError" and callable(errors):  # pydantic's
-        try:
-            return "; ".join(f"{'.'.join(map(str, e['loc'])) or '$'}: {e['msg']}" for e in errors())
-        except Exception:  # noqa: BLE001 - a ValidationError of another library: its own words
-            pass
+    if is_pydantic_validation_error(error):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or '$'}: {e['msg']}" for e in error.errors())  # type: ignore[attr-defined]
     return str(error) or type(error).__name__
 
 

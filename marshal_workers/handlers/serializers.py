@@ -24,7 +24,7 @@ class Serializer(Protocol):
     value, raising any exception if it cannot (the message is then dead-lettered as a ``PayloadError``);
     ``encode(value)`` makes bytes of one."""
 
-    def decode(self, data: bytes, type: type) -> Any: ...  # noqa: A002 - the name users write
+    def decode(self, data: bytes, type: type) -> Any: ...
 
     def encode(self, value: Any) -> bytes: ...
 
@@ -39,7 +39,7 @@ class JsonSerializer:
             return model.model_validate_json  # type: ignore[attr-defined, no-any-return]
         return msgspec.json.Decoder(model).decode
 
-    def decode(self, data: bytes, type: type) -> Any:  # noqa: A002
+    def decode(self, data: bytes, type: type) -> Any:
         return self.decoder_for(type)(data)
 
     def encode(self, value: Any) -> bytes:
@@ -60,7 +60,7 @@ class MsgpackSerializer:
             return lambda data: validate(read(data))
         return msgspec.msgpack.Decoder(model).decode
 
-    def decode(self, data: bytes, type: type) -> Any:  # noqa: A002
+    def decode(self, data: bytes, type: type) -> Any:
         return self.decoder_for(type)(data)
 
     def encode(self, value: Any) -> bytes:
@@ -76,6 +76,12 @@ def is_pydantic_model(cls: Any) -> bool:
     """Is ``cls`` a pydantic model class?  Without importing pydantic: if no module loaded it, no class is one."""
     pydantic = sys.modules.get("pydantic")
     return pydantic is not None and isinstance(cls, type) and issubclass(cls, pydantic.BaseModel)
+
+
+def is_pydantic_validation_error(error: BaseException) -> bool:
+    """Is ``error`` pydantic's ValidationError (its ``errors()`` list each field's location and message)?"""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(error, pydantic.ValidationError)
 
 
 def serializer_name(serializer: Any) -> str:

@@ -4,6 +4,8 @@ register what it says."""
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,19 @@ def python_blocks() -> list[tuple[str, int, str]]:
 
 @pytest.mark.parametrize(("page", "number", "code"), python_blocks(), ids=lambda v: str(v)[:30])
 def test_a_python_example_runs(page: str, number: int, code: str) -> None:
-    namespace: dict[str, Any] = {"__name__": f"example_{number}"}
-    exec(compile(code, f"{page} example {number}", "exec"), namespace)
+    run_as_module(code, f"example_{number}", f"{page} example {number}")
+
+
+def run_as_module(code: str, name: str, filename: str = "<example>") -> dict[str, Any]:
+    """Run an example as the module ``name`` (in sys.modules while it runs, as an imported module is: a dataclass
+    needs its module there); its namespace."""
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    try:
+        exec(compile(code, filename, "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
+    return module.__dict__
 
 
 def test_the_concurrency_page_registers_what_it_describes() -> None:
@@ -110,3 +123,30 @@ def test_the_handlers_page_running_app_example_is_the_one_the_suite_runs() -> No
     assert body in run, "docs/handlers.md's running_app example differs from examples/test_invoices.py"
     assert imports and all(line in run.splitlines() for line in imports)
     assert "create_topics" not in body and "NewTopic" not in run, "the fixture creates the handler's topic itself"
+
+
+def test_the_typed_handlers_example_decodes_and_dead_letters_what_it_says(capsys: pytest.CaptureFixture[str]) -> None:
+    import msgspec
+
+    from marshal_workers import PayloadError
+    from marshal_workers.testing import make_message, run_handler
+
+    text = (ROOT / "docs" / "handlers.md").read_text()
+    section = text[text.index("## Typed handlers") : text.index("## Time limits")]
+    [code] = BLOCK.findall(section)
+    app = run_as_module(code, "typed_example")["app"]
+
+    results = run_handler(app, "orders", [{"id": 1, "amount": 120}, {"id": 2, "amount": "lots"}, b"{not json"])
+    assert [r.outcome for r in results] == ["done", "dead_letter", "dead_letter"]
+    assert "invoice 1 120 EUR" in capsys.readouterr().out
+    bad = dict(results[1].dead_letter_headers or [])
+    assert bad["error_type"] == b"PayloadError" and b"$.amount" in bad["error"]
+    assert isinstance(results[2].error, PayloadError) and results[1].attempts == 1
+
+    refund = make_message(msgspec.msgpack.encode({"order_id": 1, "reason": "late"}), offset=9)
+    [done] = run_handler(app, "refunds", [refund])
+    assert done.outcome == "done" and "refund 1 from refunds 0 9 try 1" in capsys.readouterr().out
+
+    audited = run_handler(app, "orders.audit", [{"id": 1, "amount": 5}, {"amount": 5}, {"id": 3, "amount": 5}])
+    assert [r.outcome for r in audited] == ["done", "dead_letter", "done"]
+    assert "audited 2 orders" in capsys.readouterr().out

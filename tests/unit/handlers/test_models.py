@@ -182,7 +182,7 @@ def test_msgpack_decodes_each_model_kind(model: type) -> None:
 
 def test_a_user_serializer_decodes_and_its_errors_are_payload_errors() -> None:
     class Csv:
-        def decode(self, data: bytes, type: type) -> Any:  # noqa: A002
+        def decode(self, data: bytes, type: type) -> Any:
             id_, item = data.decode().split(",")
             return type(id=int(id_), item=item)
 
