@@ -180,10 +180,11 @@ def _first_annotation(function: Callable[..., Any]) -> Any:
 
 
 def _resolved(function: Callable[..., Any], topic: str, annotation: str) -> Any:
-    """A string annotation (``from __future__ import annotations``) evaluated where the function was written;
-    None if it names Message and cannot be resolved (as it always worked: untyped)."""
-    try:
-        hints = typing.get_type_hints(function)
+    """A string annotation (``from __future__ import annotations``) evaluated in the module the function was
+    written in (only this one: the others' may name what is imported under TYPE_CHECKING alone); None if it
+    cannot be and names a Message (as it always worked: untyped)."""
+    try:  # the app's own code, evaluated as typing.get_type_hints does
+        return eval(annotation, function.__globals__)
     except Exception as exc:  # noqa: BLE001 - NameError, or any error of evaluating the user's annotation
         if annotation.replace(" ", "") in _UNTYPED_NAMES:
             return None
@@ -191,8 +192,6 @@ def _resolved(function: Callable[..., Any], topic: str, annotation: str) -> Any:
             f"handler for {topic!r}: its parameter's annotation {annotation!r} cannot be resolved ({exc}); import "
             "the model class in the handler's module (not only under TYPE_CHECKING)"
         ) from None
-    name = next(iter(inspect.signature(function).parameters))
-    return hints.get(name, inspect.Parameter.empty)
 
 
 def _is_untyped(annotation: Any, message: type) -> bool:

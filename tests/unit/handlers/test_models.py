@@ -293,3 +293,22 @@ def test_rejected_of_a_batch_is_exactly_its_undecodable_messages(offsets: set[in
     assert all(chosen[o] is errors[o] for o in chosen if bad)
     plain = Reject("no")
     assert rejected_of(plain, sorted(offsets)) == dict.fromkeys(sorted(offsets), plain)
+
+
+def test_string_annotations_are_resolved_in_the_handlers_module() -> None:
+    """As ``from __future__ import annotations`` makes them: the model is found; only the first parameter's is
+    evaluated, so another one naming what is imported under TYPE_CHECKING alone changes nothing."""
+    got: list[Any] = []
+
+    def on_order(order: "OrderStruct") -> "NotImportedHere":  # type: ignore[name-defined]  # noqa: F821
+        got.append(order)
+
+    def untyped(msg: "Message", other: "NotImportedHere" = None) -> None:  # type: ignore[name-defined]  # noqa: F821
+        got.append(msg)
+
+    app = App(group="typed")
+    app.handler("orders")(on_order)
+    app.handler("plain")(untyped)
+    assert app.handlers["plain"].function is untyped
+    run_handler(app, "orders", [GOOD])
+    assert got == [OrderStruct(7, "tea", 2)]
