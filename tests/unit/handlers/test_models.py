@@ -312,3 +312,17 @@ def test_string_annotations_are_resolved_in_the_handlers_module() -> None:
     assert app.handlers["plain"].function is untyped
     run_handler(app, "orders", [GOOD])
     assert got == [OrderStruct(7, "tea", 2)]
+
+
+def test_hooks_see_the_message_before_decoding_and_the_outcome_after() -> None:
+    seen: list[Any] = []
+
+    def on_order(order: OrderStruct) -> None:
+        seen.append(("handler", order.id))
+
+    app = _app_with(on_order)
+    app.before_message(lambda msg: seen.append(("before", type(msg).__name__, msg.offset)))
+    app.after_message(lambda msg, outcome, error, seconds: seen.append(("after", outcome, type(error).__name__)))
+    run_handler(app, "orders", [GOOD, b"[]"])
+    assert seen == [("before", "Message", 0), ("handler", 7), ("after", "done", "NoneType"),
+                    ("before", "Message", 1), ("after", "rejected", "PayloadError")]  # fmt: skip
