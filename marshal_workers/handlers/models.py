@@ -112,10 +112,11 @@ def plan_for(function: Callable[..., Any], topic: str, batch: bool, serializer: 
 
 
 def typed(function: Callable[..., Any], plan: ModelPlan, batch: bool) -> Callable[..., Any]:
-    """``function`` as the runners call a handler: on a Message (a list of them for a batch), decoding first."""
-    decode_value = _value_decoder(plan)
-    body: Callable[[Any], Any] = (lambda msg: msg.with_body(decode_value(msg))) if plan.as_message else decode_value
+    """``function`` as the runners call a handler: on a Message (a list of them for a batch), decoding first.
+    The one-message wrappers decode inline (one Python call fewer per message than through decode_value)."""
+    decode, payload_error, decode_value = plan.decode, _payload_error(plan), _value_decoder(plan)
     if batch:
+        body: Callable[[Any], Any] = (lambda msg: msg.with_body(decode_value(msg))) if plan.as_message else decode_value
 
         @functools.wraps(function)
         def on_batch(msgs: list[Any]) -> Any:
@@ -136,31 +137,59 @@ def typed(function: Callable[..., Any], plan: ModelPlan, batch: bool) -> Callabl
 
         @functools.wraps(function)
         async def on_message_async(msg: Any) -> Any:
-            return await function(body(msg))
+            value = decode_value(msg)
+            return await function(msg.with_body(value) if plan.as_message else value)
 
         return on_message_async
+    if plan.as_message:
+
+        @functools.wraps(function)
+        def on_message_with_body(msg: Any) -> Any:
+            data = msg.value
+            try:
+                value = decode(data)
+            except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the payload is at fault
+                raise payload_error(data, exc) from None
+            return function(msg.with_body(value))
+
+        return on_message_with_body
 
     @functools.wraps(function)
     def on_message(msg: Any) -> Any:
-        return function(body(msg))
+        data = msg.value
+        try:
+            value = decode(data)
+        except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the payload is at fault
+            raise payload_error(data, exc) from None
+        return function(value)
 
     return on_message
 
 
 def _value_decoder(plan: ModelPlan) -> Callable[[Any], Any]:
     """Message -> model, or PayloadError saying why not (the validator's message: the field's path and reason)."""
-    decode, model, serializer = plan.decode, plan.model.__qualname__, plan.serializer
+    decode, payload_error = plan.decode, _payload_error(plan)
 
     def decode_value(msg: Any) -> Any:
         data = msg.value
-        if data is None:
-            raise PayloadError(f"the message has no value (a tombstone), so no {model} ({serializer})")
         try:
             return decode(data)
         except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the payload is at fault
-            raise PayloadError(f"the value does not decode as {model} ({serializer}): {_reason(exc)}") from None
+            raise payload_error(data, exc) from None
 
     return decode_value
+
+
+def _payload_error(plan: ModelPlan) -> Callable[[bytes | None, Exception], PayloadError]:
+    """The PayloadError of a value that did not decode: a tombstone (no value), or the validator's message."""
+    model, serializer = plan.model.__qualname__, plan.serializer
+
+    def payload_error(data: bytes | None, error: Exception) -> PayloadError:
+        if data is None:
+            return PayloadError(f"the message has no value (a tombstone), so no {model} ({serializer})")
+        return PayloadError(f"the value does not decode as {model} ({serializer}): {_reason(error)}")
+
+    return payload_error
 
 
 def _reason(error: Exception) -> str:
