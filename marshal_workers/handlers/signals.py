@@ -1,7 +1,8 @@
 """What a handler raises to say what should happen to its message: Retry, Reject, Ignore.
 
 Signals, not errors: each names an outcome (retry_policy.py acts on them; Celery's and Dramatiq's anchors), and
-users import them from the package itself: ``from marshal_workers import Retry, Reject, Ignore``.
+users import them from the package itself: ``from marshal_workers import Retry, Reject, Ignore``.  A typed
+handler's payload that does not decode raises ``PayloadError``, a Reject, before the handler is called (models.py).
 """
 
 from __future__ import annotations
