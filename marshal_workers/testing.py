@@ -34,7 +34,9 @@ from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimit
 from marshal_workers.handlers.app import App, HandlerSpec, Message, OnError, effective_time_limits
 from marshal_workers.handlers.hooks import run_hooks
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
+from marshal_workers.handlers.models import check_serializer
 from marshal_workers.handlers.retry_policy import Action, next_step
+from marshal_workers.handlers.serializers import is_model_value
 from marshal_workers.handlers.signals import rejected_of
 from marshal_workers.kafka.dead_letters import error_headers, traceback_text
 from marshal_workers.protocol.dead_letter_groups import for_another_group, origin_headers
@@ -101,10 +103,15 @@ def make_message(
     key: bytes | str | None = None,
     headers: Mapping[str, bytes | str] | Sequence[tuple[str, bytes | str]] | None = None,
     timestamp: int | None = None,
+    serializer: Any = "json",
 ) -> Message:
-    """A message as a handler gets it.  ``value``: bytes, a str (UTF-8) or a dict/list (JSON, as ``msg.json()``
-    reads it); ``timestamp`` in ms since the epoch (None: the record has none).  Without ``topic``, run_handler
-    gives it the topic of the handler it runs (as values given to run_handler get it); elsewhere it is "test"."""
+    """A message as a handler gets it.  ``value``: bytes, a str (UTF-8), a dict/list (JSON, as ``msg.json()``
+    reads it) or a model (a msgspec Struct, a dataclass or a pydantic model, encoded by ``serializer``: "json",
+    "msgpack" or your own, as the typed handler it is for decodes it); ``timestamp`` in ms since the epoch (None: the
+    record has none).  Without ``topic``, run_handler gives it the topic of the handler it runs (as values given to
+    run_handler get it); elsewhere it is "test"."""
+    if is_model_value(value):
+        value = check_serializer("make_message", serializer).encode(value)
     pairs = headers.items() if isinstance(headers, Mapping) else (headers or [])
     record = FakeRecord(
         topic or UNNAMED_TOPIC, partition, offset, _bytes(key), _bytes(value),

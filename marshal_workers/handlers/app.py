@@ -39,6 +39,7 @@ from marshal_workers.handlers.message_age import OnTooOld
 from marshal_workers.handlers.models import ModelPlan, check_serializer, plan_for, typed
 from marshal_workers.handlers.rate_limits import parse_rate
 from marshal_workers.handlers.retry_policy import RetryPolicy
+from marshal_workers.handlers.serializers import BUILT_IN, is_model_value
 from marshal_workers.kafka.outbox import Outbox, encode_send
 from marshal_workers.protocol.done_set import MAX_RUNS
 from marshal_workers.protocol.lanes import Ordering
@@ -159,6 +160,7 @@ class HandlerSpec:
     # ``declared`` is.  None: the handler takes Messages, called as it is.
     model: ModelPlan | None = None
     declared: Handler | None = None
+    serializer: Any = BUILT_IN["json"]  # what decodes its models, and encodes the models app.send sends to its topic
 
     @property
     def is_async(self) -> bool:
@@ -287,7 +289,7 @@ class App:
         if not isinstance(dlq_limit, int) or isinstance(dlq_limit, bool) or dlq_limit < 0:
             raise ConfigError(f"handler for {topic!r}: dlq_limit must be a whole number >= 0, got {dlq_limit!r}")
         limit_options = _limit_options(topic, rate_limit, max_age, on_too_old)
-        check_serializer(topic, serializer)
+        checked_serializer = check_serializer(f"handler for {topic!r}", serializer)
         if dlq_limit and shared:
             raise ConfigError(
                 f"handler for {topic!r}: dlq_limit releases a partition, which a shared handler never holds; "
@@ -309,7 +311,7 @@ class App:
             self.handlers[topic] = HandlerSpec(
                 topic=topic, function=function if plan is None else typed(function, plan, batch), batch=batch,
                 dlq_limit=dlq_limit, **spec_options, **lane_options, **shared_options, **limit_options, model=plan,
-                declared=None if plan is None else function,
+                declared=None if plan is None else function, serializer=checked_serializer,
             )
             return function
 
@@ -357,10 +359,14 @@ class App:
         hooked = with_message_hooks(spec.function, self.hooks)
         return spec if hooked is spec.function else replace(spec, function=hooked)
 
-    def send(self, topic: str, value: Any, key: bytes | str | None = None, headers: Any = None) -> None:
+    def send(
+        self, topic: str, value: Any, key: bytes | str | None = None, headers: Any = None, serializer: Any = None
+    ) -> None:
         """Send a message to ``topic`` from a handler (or a worker hook), on the worker's idempotent producer.
 
-        ``value``: bytes, str (UTF-8), a dict or list (JSON) or None; ``key``: bytes, str or None; ``headers``: a
+        ``value``: bytes, str (UTF-8), a dict or list (JSON), None, or a model (a msgspec Struct, a dataclass or a
+        pydantic model), encoded by ``serializer`` if given, else by the serializer of this app's handler of
+        ``topic`` (so that handler decodes it), else as JSON; ``key``: bytes, str or None; ``headers``: a
         dict or a list of (name, value) pairs.  The message is buffered, not waited for: the worker makes sure Kafka
         has it before it reports progress past the message being handled, so under at least once no output is
         lost (an input handled twice sends its output twice).  See docs/handlers.md, "Producing from handlers".
@@ -372,7 +378,16 @@ class App:
                 "hook) of `marshal-workers run`; it cannot send at import time, in the supervisor or elsewhere. "
                 "Use a confluent_kafka.Producer of your own there."
             )
+        if is_model_value(value):
+            value = self._serializer_for(topic, serializer).encode(value)
         outbox.send(*encode_send(topic, value, key, headers))
+
+    def _serializer_for(self, topic: str, serializer: Any) -> Any:
+        """What encodes a model sent to ``topic``: the one given, else that of our handler of the topic, else JSON."""
+        if serializer is not None:
+            return check_serializer(f"app.send to {topic!r}", serializer)
+        handler = self.handlers.get(topic)
+        return handler.serializer if handler is not None else BUILT_IN["json"]
 
     def __repr__(self) -> str:
         return f"App(group={self.group!r}, topics={list(self.topics)})"

@@ -53,18 +53,19 @@ class ModelPlan:
     serializer: str  # its name, for the errors
 
 
-def check_serializer(topic: str, serializer: Any) -> Any:
-    """The handler's serializer: a built-in one by name, or the user's object with decode and encode."""
+def check_serializer(where: str, serializer: Any) -> Any:
+    """A serializer: a built-in one by name, or the user's object with decode and encode (``where``: "handler for
+    'orders'", for the error)."""
     if isinstance(serializer, str):
         if serializer not in BUILT_IN:
             raise ConfigError(
-                f"handler for {topic!r}: serializer must be 'json', 'msgpack' or an object with decode(data, type) "
+                f"{where}: serializer must be 'json', 'msgpack' or an object with decode(data, type) "
                 f"and encode(value), got {serializer!r}"
             )
         return BUILT_IN[serializer]
     if not (callable(getattr(serializer, "decode", None)) and callable(getattr(serializer, "encode", None))):
         raise ConfigError(
-            f"handler for {topic!r}: serializer {serializer!r} has no decode(data, type) and encode(value) methods; "
+            f"{where}: serializer {serializer!r} has no decode(data, type) and encode(value) methods; "
             "give one that has, or 'json' or 'msgpack'"
         )
     return serializer
@@ -103,7 +104,7 @@ def plan_for(function: Callable[..., Any], topic: str, batch: bool, serializer: 
     if as_message and len(typing.get_args(item)) != 1:
         raise ConfigError(f"{where}: Message takes one model class, as in Message[Order]; got {what}")
     _check_model(where, what, model, message)
-    chosen = check_serializer(topic, serializer)
+    chosen = check_serializer(where, serializer)
     try:
         decode = decoder(chosen, model)
     except TypeError as exc:  # msgspec cannot decode this type

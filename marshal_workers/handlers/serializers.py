@@ -9,6 +9,7 @@ pydantic is never imported here: a pydantic model's class says it is one (its mo
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -76,6 +77,13 @@ def is_pydantic_model(cls: Any) -> bool:
     """Is ``cls`` a pydantic model class?  Without importing pydantic: if no module loaded it, no class is one."""
     pydantic = sys.modules.get("pydantic")
     return pydantic is not None and isinstance(cls, type) and issubclass(cls, pydantic.BaseModel)
+
+
+def is_model_value(value: Any) -> bool:
+    """Is ``value`` a model a serializer encodes: a msgspec Struct, a dataclass instance or a pydantic model?"""
+    if isinstance(value, msgspec.Struct) or is_pydantic_model(type(value)):
+        return True
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def is_pydantic_validation_error(error: BaseException) -> bool:
