@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from marshal_workers.core import tracing
 from marshal_workers.core.config import SETTINGS, Settings
 from marshal_workers.core.durations import parse_duration, parse_limit
 from marshal_workers.errors import ConfigError, NotInWorkerError
@@ -380,7 +381,10 @@ class App:
             )
         if is_model_value(value):
             value = self._serializer_for(topic, serializer).encode(value)
-        outbox.send(*encode_send(topic, value, key, headers))
+        topic, value, key, headers = encode_send(topic, value, key, headers)
+        if tracing.active():  # the handler's span continues in what it sends (docs/operations.md, "Tracing")
+            headers = tracing.with_trace_context(headers)
+        outbox.send(topic, value, key, headers)
 
     def _serializer_for(self, topic: str, serializer: Any) -> Any:
         """What encodes a model sent to ``topic``: the one given, else that of our handler of the topic, else JSON."""

@@ -10,10 +10,11 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
+from marshal_workers.core import tracing
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import configure_logging
@@ -73,10 +74,14 @@ def die_with_parent() -> None:
         os._exit(WorkerExit.SUPERVISOR_GONE)
 
 
-def take_up_handler(app: App, topic: str, outbox: Outbox, rate_bucket: Any) -> TakenUp:
+def take_up_handler(app: App, topic: str, outbox: Outbox, rate_bucket: Any, settings: Settings) -> TakenUp:
     """The handler a worker (of either kind) runs, and what it needs from the app: app.send's outbox, the rate
-    limit's shared bucket and the age limit."""
+    limit's shared bucket and the age limit; a span around each call if tracing is configured (core/tracing.py,
+    set up here, after fork and after the app is loaded: a provider the app set counts)."""
     handler = app.handler_in_worker(topic)
+    if tracing.start_in_worker():
+        function = tracing.traced(handler.function, topic, handler.batch, settings.require_group(), settings.client_id)
+        handler = replace(handler, function=function)
     app.outbox = outbox
     throttle = Throttle(rate_bucket, handler.rate_limit) if handler.rate_limit and rate_bucket is not None else None
     return TakenUp(handler, throttle, round(handler.max_age * 1000) if handler.max_age else 0)
@@ -96,6 +101,8 @@ def finish_worker(
     dlq.close()
     if consumer is not None:
         consumer.close()
+    if tracing.active():
+        tracing.flush()  # the spans still buffered, before the process exits (os._exit skips atexit)
 
 
 def send_failed(log: Any, error: SendError) -> WorkerExit:

@@ -146,7 +146,7 @@ class SharedWorker:
         app: App | None = None
         try:
             app = load_app(self.spec.app_path)
-            taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket)
+            taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket, self.spec.settings)
             handler, self.throttle, self.max_age_ms = taken.handler, taken.throttle, taken.max_age_ms
             self.hooks = app.hooks
             for hook in app.worker_start_hooks:

@@ -97,7 +97,7 @@ class Worker:
         self._init_process()
         try:
             app = load_app(self.spec.app_path)
-            taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket)
+            taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket, self.spec.settings)
             self.hooks = app.hooks
             handler = taken.handler
             # Skipping what a previous owner did out of order takes the lanes, whatever the concurrency.
