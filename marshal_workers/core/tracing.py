@@ -101,7 +101,7 @@ def flush(timeout_ms: int = 5000) -> None:
         return
     try:
         force_flush(timeout_ms)
-    except Exception:
+    except Exception:  # noqa: BLE001 - an exporter's failure must not change how the worker exits
         _log.exception("tracing: the spans could not be flushed")
 
 

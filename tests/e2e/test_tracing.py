@@ -1,0 +1,167 @@
+"""Built-in tracing (issue 28, part 4) end to end: a fleet configured only by the standard OTEL_* environment
+variables exports its handler spans over OTLP/HTTP to a receiver the test runs (decoding each
+ExportTraceServiceRequest with the OpenTelemetry protobuf definitions); the producer's trace continues in the
+handler's span and in the message the handler sent (tests/apps/send_app.py)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from fleet import Fleet
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from polling import poll_until
+
+from marshal_workers.core.exit_codes import ExitCode
+
+pytestmark = [pytest.mark.broker, pytest.mark.fleet(name="traced", partitions=2)]
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PRODUCER_SPAN_ID = "00f067aa0ba902b7"
+MESSAGES = 6
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP traces endpoint (POST /v1/traces, protobuf): every span received, with its service name."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                receiver.add(self.path, request)
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def add(self, path: str, request: ExportTraceServiceRequest) -> None:
+        assert path == "/v1/traces"
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        self.spans.append((resource.get("service.name", ""), span))
+
+    def received(self, name: str) -> list[tuple[str, Any]]:
+        with self._lock:
+            return [(service, span) for service, span in self.spans if span.name == name]
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    receiver = OtlpReceiver()
+    receiver.thread.start()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()
+
+
+def attributes(span: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for attribute in span.attributes:
+        value = attribute.value
+        out[attribute.key] = value.int_value if value.HasField("int_value") else value.string_value
+    return out
+
+
+def read_output(brokers: str, topic: str, partitions: int) -> list[dict[str, bytes]]:
+    """The headers of every message of ``topic``, read to the end of each partition."""
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "output-reader", "enable.auto.commit": False,
+                         "enable.partition.eof": True})  # fmt: skip
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    found: list[dict[str, bytes]] = []
+    at_end: set[int] = set()
+    try:
+        while len(at_end) < partitions:
+            message = poll_until(lambda: consumer.poll(0.5), timeout=30, what="the output topic to be read")
+            error = message.error()
+            if error is None:
+                at_end.discard(message.partition())
+                found.append(dict(message.headers() or []))
+            elif error.code() == KafkaError._PARTITION_EOF:
+                at_end.add(message.partition())
+    finally:
+        consumer.close()
+    return found
+
+
+def test_a_producers_trace_runs_through_the_handler_span_into_what_it_sent(
+    fleet: Fleet, receiver: OtlpReceiver, unique: str
+) -> None:
+    output = f"traced-out-{unique}"
+    admin = AdminClient({"bootstrap.servers": fleet.brokers})
+    admin.create_topics([NewTopic(output, num_partitions=2, replication_factor=1)])[output].result(10)
+    fleet.app = "send_app:app"
+    fleet.env |= {
+        "MW_TEST_OUTPUT": output,
+        "OTEL_SERVICE_NAME": "orders-service",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        # Spans wait a minute in the workers' buffers: only the flush as a worker stops can deliver them.
+        "OTEL_BSP_SCHEDULE_DELAY": "60000",
+    }
+    supervisor = fleet.start("traced")
+    poll_until(lambda: len(fleet.worker_pids("traced")) == 2, what="2 workers")
+    fleet.produce(range(MESSAGES), headers=[("traceparent", f"00-{TRACE_ID}-{PRODUCER_SPAN_ID}-01".encode())])
+    poll_until(lambda: len(fleet.lines()) >= MESSAGES, what="every message to be handled")
+
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == ExitCode.OK
+
+    name = f"process {fleet.topic}"
+    poll_until(lambda: len(receiver.received(name)) >= MESSAGES, timeout=30, what="every handler span to arrive")
+    received = receiver.received(name)
+    assert len(received) == MESSAGES  # one span per call, none twice
+    spans = [span for _, span in received]
+    assert {service for service, _ in received} == {"orders-service"}
+    assert {span.trace_id.hex() for span in spans} == {TRACE_ID}
+    assert {span.parent_span_id.hex() for span in spans} == {PRODUCER_SPAN_ID}
+    assert {span.kind for span in spans} == {5}  # SPAN_KIND_CONSUMER
+    by_offset = {}
+    for span in spans:
+        found = attributes(span)
+        assert found["messaging.system"] == "kafka"
+        assert found["messaging.operation.type"] == "process"
+        assert found["messaging.destination.name"] == fleet.topic
+        assert found["messaging.consumer.group.name"] == fleet.group
+        assert found["messaging.client.id"] == "traced"
+        assert found["marshal_workers.outcome"] == "ok"
+        by_offset[(found["messaging.destination.partition.id"], found["kafka.offset"])] = span
+    assert {partition for partition, _ in by_offset} == {"0", "1"}  # from both workers, flushed as each stopped
+
+    # What each handler call sent carries its span as the parent: the trace runs on to the output's consumers.
+    outputs = read_output(fleet.brokers, output, 2)
+    assert len(outputs) == MESSAGES
+    for headers in outputs:
+        partition, offset = headers["from"].decode().split(":")
+        span = by_offset[(partition, int(offset))]
+        assert headers["traceparent"] == f"00-{TRACE_ID}-{span.span_id.hex()}-01".encode()
