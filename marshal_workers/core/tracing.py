@@ -258,6 +258,7 @@ def traced(function: Handler, topic: str, batch: bool, group: str, client_id: st
             span.add_event("retry", {"marshal_workers.attempt": attempt})
 
     def on_error(span: Any, error: BaseException) -> None:
+        _remember_span(error, span.get_span_context())
         span.record_exception(error)
         span.set_attribute("error.type", type(error).__qualname__)
         span.set_attribute("marshal_workers.outcome", "error")
@@ -292,6 +293,29 @@ def traced(function: Handler, topic: str, batch: bool, group: str, client_id: st
             return result
 
     return call
+
+
+_SPAN_ATTRIBUTE = "_marshal_workers_span_context"  # set on a handler's exception: the span of the call it failed
+
+
+def _remember_span(error: BaseException, span_context: Any) -> None:
+    try:
+        setattr(error, _SPAN_ATTRIBUTE, span_context)
+    except (AttributeError, TypeError):
+        pass  # an exception class without __dict__: its dead letter keeps only the message's own trace context
+
+
+def failed_call_trace_headers(error: BaseException) -> Headers:
+    """The trace context of the handler call ``error`` ended (``traceparent``/``tracestate``), for its dead letter:
+    [] when tracing is off or the error was not raised in a traced call (WorkerLost, a message too old)."""
+    span_context = getattr(error, _SPAN_ATTRIBUTE, None)
+    if _State.tracer is None or span_context is None or not span_context.is_valid:
+        return []
+    from opentelemetry import propagate, trace
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(span_context)))
+    return [(name, value.encode()) for name, value in carrier.items()]
 
 
 def _key_text(key: bytes | None) -> str | None:

@@ -3,7 +3,8 @@
 Shared by the partition worker (after a handler's retries) and the shared worker
 (after ``max_deliveries``).  Each dead letter keeps the original value, key,
 headers (a trace id survives) and timestamp; headers added after the original
-ones say what failed (with the traceback, when the handler raised it), where the
+ones say what failed (with the traceback, when the handler raised it, and with
+tracing on the failed call's traceparent: core/tracing.py), where the
 message came from and, for shared handlers, how many times it was delivered; the
 last ones say which group and client wrote it (dead_letter_groups.py: ``dlq
 list/redrive --group``).  A write that Kafka does not confirm raises: the caller
@@ -18,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from marshal_workers.core import tracing
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.kafka_clients import client_config
 from marshal_workers.protocol.dead_letter_groups import origin_headers
@@ -44,6 +46,8 @@ def error_headers(handler_name: str, record: Any, error: BaseException) -> list[
     text = traceback_text(error)
     if text is not None:
         headers.append((TRACEBACK_HEADER, bounded_traceback(text)))
+    if tracing.active():  # the failed call's span as the dead letter's parent: after the record's own, so it wins
+        headers += tracing.failed_call_trace_headers(error)
     return headers
 
 

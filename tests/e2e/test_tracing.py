@@ -165,3 +165,38 @@ def test_a_producers_trace_runs_through_the_handler_span_into_what_it_sent(
         partition, offset = headers["from"].decode().split(":")
         span = by_offset[(partition, int(offset))]
         assert headers["traceparent"] == f"00-{TRACE_ID}-{span.span_id.hex()}-01".encode()
+
+
+@pytest.mark.fleet(name="traced", partitions=8)
+@pytest.mark.parametrize("runner", ["plain", "threads", "async", "shared"])
+def test_a_failed_call_is_a_failed_span_with_its_retry_and_its_dead_letter_continues_it(
+    fleet: Fleet, receiver: OtlpReceiver, runner: str
+) -> None:
+    fleet.app = "traceback_app:app"  # 13 fails (ValueError), is retried once, then dead-lettered
+    fleet.env |= {
+        "MW_TEST_RUNNER": runner,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    supervisor = fleet.start("only", "--processes", "1")
+    fleet.produce(range(20), headers=[("traceparent", f"00-{TRACE_ID}-{PRODUCER_SPAN_ID}-01".encode())])
+    [letter] = fleet.dead_letters(1)
+
+    def failed_spans() -> list[Any] | None:
+        found = [span for _, span in receiver.received(f"process {fleet.topic}") if attributes(span).get("error.type")]
+        return found if len(found) == 2 else None
+
+    first, retried = sorted(
+        poll_until(failed_spans, what="both failed calls' spans"), key=lambda s: s.start_time_unix_nano
+    )
+    for span in (first, retried):
+        assert span.trace_id.hex() == TRACE_ID and span.parent_span_id.hex() == PRODUCER_SPAN_ID
+        assert attributes(span)["error.type"] == "ValueError" and span.status.code == 2  # STATUS_CODE_ERROR
+    assert [event.name for event in first.events] == ["exception"]
+    assert sorted(event.name for event in retried.events) == ["exception", "retry"]
+    # The dead letter's own trace context (after the message's, so it wins) is the last failed call's span.
+    assert dict(letter.headers() or [])["traceparent"] == f"00-{TRACE_ID}-{retried.span_id.hex()}-01".encode()
+
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == ExitCode.OK

@@ -20,6 +20,7 @@ from marshal_workers import App
 from marshal_workers.core import tracing
 from marshal_workers.errors import ConfigError
 from marshal_workers.handlers.app import Message
+from marshal_workers.kafka.dead_letters import error_headers
 from marshal_workers.testing import FakeRecord, make_message
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -194,3 +195,22 @@ def test_an_unknown_exporter_is_refused_with_what_to_use() -> None:
     with pytest.raises(ConfigError, match="otlp, console"):
         tracing.start_in_worker({"OTEL_TRACES_EXPORTER": "zipkin"})
     assert not tracing.active()
+
+
+def test_a_dead_letter_continues_the_trace_of_the_call_that_failed(spans: InMemorySpanExporter) -> None:
+    def handler(msg: Message) -> None:
+        raise ValueError("no such customer")
+
+    msg = make_message(b"", topic="orders", headers={"traceparent": TRACEPARENT})
+    with pytest.raises(ValueError) as raised:
+        traced_call(handler, msg)
+    span = only_span(spans)
+    headers = error_headers("billing.handler", FakeRecord("orders", 0, 0), raised.value)
+    assert dict(headers)["traceparent"] == f"00-{TRACE_ID}-{format(span.context.span_id, '016x')}-01".encode()
+
+
+def test_a_dead_letter_of_an_error_never_raised_in_a_traced_call_has_no_trace_headers(
+    spans: InMemorySpanExporter,
+) -> None:
+    headers = error_headers("billing.handler", FakeRecord("orders", 0, 0), RuntimeError("worker lost"))
+    assert "traceparent" not in dict(headers)
