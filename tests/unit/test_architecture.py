@@ -52,3 +52,14 @@ def test_code_and_docs_cite_only_this_repositorys_pages() -> None:
              *ROOT.glob("examples/**/*.py"), ROOT / "README.md"]  # fmt: skip
     citing = [str(path.relative_to(ROOT)) for path in files if path != Path(__file__) and OUTSIDE.search(path.read_text())]
     assert citing == []
+
+
+def test_test_files_have_names_of_their_own() -> None:
+    """pytest imports test modules by their basename (rootdir conftest, no packages under tests/): two files of one
+    name in different folders break the collection of the whole suite.  Name the newer one for what it tests."""
+    seen: dict[str, list[str]] = {}
+    for folder in ("tests", "examples"):
+        for path in sorted((ROOT / folder).rglob("test_*.py")):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert len(seen) > 100, sorted(seen)  # the walk found the suite
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
