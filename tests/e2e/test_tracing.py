@@ -9,10 +9,10 @@ import signal
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
-from otlp import OtlpReceiver, attributes
+from otlp import OtlpReceiver, attributes, hex_ids
 from polling import poll_until
 
 from marshal_workers.core.exit_codes import ExitCode
@@ -129,6 +129,43 @@ def test_a_failed_call_is_a_failed_span_with_its_retry_and_its_dead_letter_conti
     assert sorted(event.name for event in retried.events) == ["exception", "retry"]
     # The dead letter's own trace context (after the message's, so it wins) is the last failed call's span.
     assert dict(letter.headers() or [])["traceparent"] == f"00-{TRACE_ID}-{retried.span_id.hex()}-01".encode()
+
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == ExitCode.OK
+
+
+@pytest.mark.fleet(name="traced", partitions=2, env={"MW_TEST_BATCH": "1", "MW_TEST_BATCH_SIZE": "4"})
+def test_a_batch_handler_call_is_one_span_linked_to_each_messages_trace(fleet: Fleet, receiver: OtlpReceiver) -> None:
+    fleet.env |= {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                  "OTEL_BSP_SCHEDULE_DELAY": "100"}  # fmt: skip
+    supervisor = fleet.start("batches")
+    total = 12
+    producer = Producer({"bootstrap.servers": fleet.brokers, "linger.ms": 5})
+    for n in range(total):  # each message a trace of its own: message n's trace id is n + 1
+        producer.produce(fleet.topic, value=str(n).encode(), partition=n % 2,
+                         headers=[("traceparent", f"00-{n + 1:032x}-{n + 1:016x}-01".encode())])  # fmt: skip
+    assert producer.flush(30) == 0
+    poll_until(lambda: len(fleet.lines()) >= total, what="every message to be handled")
+
+    name = f"process {fleet.topic}"
+
+    def every_batch_span() -> list[Any] | None:
+        spans = [span for _, span in receiver.received(name)]
+        counted = sum(attributes(span)["messaging.batch.message_count"] for span in spans)
+        return spans if counted >= total else None
+
+    spans = poll_until(every_batch_span, timeout=30, what="a span for every batch call")
+    assert sum(attributes(span)["messaging.batch.message_count"] for span in spans) == total  # each message once
+    linked = []
+    for span in spans:
+        found = attributes(span)
+        assert span.kind == 5 and found["messaging.operation.type"] == "process"  # SPAN_KIND_CONSUMER
+        assert 1 <= found["messaging.batch.message_count"] <= 4  # MW_TEST_BATCH_SIZE
+        assert "kafka.offset" not in found and found["marshal_workers.outcome"] == "ok"
+        assert len(span.links) == found["messaging.batch.message_count"]
+        assert span.parent_span_id == b""  # a batch has many parents: it links to each, and is a root
+        linked += [hex_ids(link) for link in span.links]
+    assert sorted(linked) == sorted((f"{n + 1:032x}", f"{n + 1:016x}") for n in range(total))
 
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == ExitCode.OK
