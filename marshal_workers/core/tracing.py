@@ -10,7 +10,8 @@ standard environment asks for it (``OTEL_TRACES_EXPORTER`` = ``otlp`` or
 ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_TRACES_SAMPLER`` read by the SDK), or
 the app set an SDK ``TracerProvider`` itself at import.  The exporter's
 provider is made in the worker after fork, so no exporter thread is forked;
-``flush`` sends what is buffered before a worker exits.
+``flush`` sends what is buffered before a worker exits.  ``marshal-workers serve``
+sets up the same way (``start_in_server``; its spans: http/http_spans.py).
 
 Spans follow the OpenTelemetry messaging semantic conventions for Kafka as of
 semconv 1.45 (``messaging.system`` ``kafka``, ``messaging.operation.type``

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from marshal_workers.core import tracing
+
+_log = logging.getLogger(__name__)
 
 ROUTES = {"/read": ("receive", "receive"), "/ack": ("settle", "ack"), "/cancel": ("settle", "cancel")}
 
@@ -44,6 +47,7 @@ class ServeSpans:
     def __init__(self, tracer: Any, topic: str, group: str, client_id: str) -> None:
         self.tracer = tracer
         self.topic = topic
+        self.group = group
         self.base = {
             "messaging.system": "kafka",
             "messaging.destination.name": topic,
@@ -64,9 +68,17 @@ class ServeSpans:
         )
 
     def record(self, outcome: Outcome, request_headers: Any, start_ns: int) -> None:
-        """The span of a request answered: started at ``start_ns`` (time.time_ns()), ended now."""
+        """The span of a request answered: started at ``start_ns`` (time.time_ns()), ended now.  Never raises: a
+        failure of tracing is logged and the request is answered as it would be without it."""
         if not self.wanted(outcome):
             return
+        try:
+            self._record(outcome, request_headers, start_ns)
+        except Exception:  # noqa: BLE001 - tracing must never change an answer
+            _log.warning("group %s: %s: a span of %s could not be made", self.group, self.topic, outcome.route,
+                         exc_info=True)  # fmt: skip
+
+    def _record(self, outcome: Outcome, request_headers: Any, start_ns: int) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         operation_type, operation_name = ROUTES[outcome.route]
