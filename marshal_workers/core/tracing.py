@@ -10,7 +10,8 @@ standard environment asks for it (``OTEL_TRACES_EXPORTER`` = ``otlp`` or
 ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_TRACES_SAMPLER`` read by the SDK), or
 the app set an SDK ``TracerProvider`` itself at import.  The exporter's
 provider is made in the worker after fork, so no exporter thread is forked;
-``flush`` sends what is buffered before a worker exits.
+``flush`` sends what is buffered before a worker exits.  ``marshal-workers serve``
+sets up the same way (``start_in_server``; its spans: http/http_spans.py).
 
 Spans follow the OpenTelemetry messaging semantic conventions for Kafka as of
 semconv 1.45 (``messaging.system`` ``kafka``, ``messaging.operation.type``
@@ -26,6 +27,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -36,7 +38,7 @@ _log = logging.getLogger(__name__)
 INSTRUMENTATION_NAME = "marshal_workers"
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.45.0"
 EXPORTERS = ("otlp", "console")
-_MAX_KEY_CHARS = 256  # a key longer than this is left off the span (keys are untrusted and can be large)
+MAX_KEY_CHARS = 256  # a key longer than this is left off the span (keys are untrusted and can be large)
 
 Handler = Callable[[Any], Any]
 Headers = list[tuple[str, bytes]]
@@ -52,6 +54,11 @@ class _State:
 def active() -> bool:
     """Tracing is on in this process (``start_in_worker`` found an exporter or the app's provider)."""
     return _State.tracer is not None
+
+
+def current_tracer() -> Any:
+    """This process's tracer while tracing is on, else None (the HTTP service's spans, http/http_spans.py)."""
+    return _State.tracer
 
 
 def start_in_worker(environ: dict[str, str] | None = None) -> bool:
@@ -73,6 +80,21 @@ def start_in_worker(environ: dict[str, str] | None = None) -> bool:
         return False
     _State.tracer = trace.get_tracer(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL)
     return True
+
+
+def start_in_server(environ: dict[str, str] | None = None) -> bool:
+    """Turn tracing on in ``marshal-workers serve`` the same way (the OTEL_* environment, or a TracerProvider set
+    before, e.g. by ``sitecustomize``); True if it is on.  ``flush`` before the server exits.
+
+    With no exporter asked for and opentelemetry never imported (so no provider can have been set), nothing is
+    imported at all."""
+    environ = dict(os.environ) if environ is None else environ
+    if (
+        environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() in ("", "none")
+        and "opentelemetry.trace" not in sys.modules
+    ):
+        return False
+    return start_in_worker(environ)
 
 
 def use_provider(provider: Any) -> None:
@@ -320,7 +342,7 @@ def failed_call_trace_headers(error: BaseException) -> Headers:
 
 def _key_text(key: bytes | None) -> str | None:
     """A message key as span text: only a UTF-8 key of reasonable length (binary keys are left off)."""
-    if key is None or len(key) > _MAX_KEY_CHARS:
+    if key is None or len(key) > MAX_KEY_CHARS:
         return None
     try:
         return key.decode("utf-8")

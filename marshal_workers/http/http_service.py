@@ -34,8 +34,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from marshal_workers.core import tracing
 from marshal_workers.errors import ConfigError
-from marshal_workers.http.http_messages import BadRequest, message_ids, read_request
+from marshal_workers.http.http_messages import BadRequest, MessageId, message_ids, read_request
+from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
 from marshal_workers.http.served_topic import ServedTopic
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
 from marshal_workers.observe.web_sites import open_site, stop_signal
@@ -46,7 +48,11 @@ _TOPIC = web.AppKey("topic", ServedTopic)
 _TOKEN = web.AppKey("token", str)
 _POOL = web.AppKey("pool", ThreadPoolExecutor)
 _REQUESTS = web.AppKey("requests", Counter)
+_SPANS = web.AppKey("spans", ServeSpans)  # None: tracing is off
 _THREADS = 64  # requests doing coordination writes at once
+_HANDED = web.RequestKey("handed", list[dict[str, Any]])  # a read's answer, kept on the request for its span
+_MOST = web.RequestKey("most", int)
+_IDS = web.RequestKey("ids", list[MessageId])  # an ack's or cancel's messages
 
 
 class News:
@@ -108,6 +114,7 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_POOL] = ThreadPoolExecutor(_THREADS, thread_name_prefix="serve-request")
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
+    app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
     topic.on_news = app[_NEWS].announce_threadsafe
     app.router.add_post("/read", _read)
     app.router.add_post("/ack", _ack)
@@ -125,6 +132,9 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
 @web.middleware
 async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     route = request.path if request.path in ("/read", "/ack", "/cancel", "/healthz", "/metrics") else "other"
+    spans = request.app[_SPANS]
+    start_ns = time.time_ns() if spans is not None else 0
+    error, why = "", ""
     try:
         token = request.app[_TOKEN]
         if token and request.path != "/healthz":
@@ -133,19 +143,26 @@ async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request]
                 raise BadRequest(401, "unauthorized", "send Authorization: Bearer <the server's token>")
         response = await handler(request)
     except BadRequest as exc:
+        error, why = exc.error, str(exc)
         response = web.Response(status=exc.status, body=exc.body(), content_type="application/json")
         if exc.status == 401:
             response.headers["WWW-Authenticate"] = "Bearer"
         if exc.status == 503:
             response.headers["Retry-After"] = "1"
     except web.HTTPException as exc:  # aiohttp's own: 404 no such route, 405, 413 body too large
+        error, why = exc.reason.lower().replace(" ", "_"), exc.reason
         response = web.Response(status=exc.status, content_type="application/json",
                                 body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}))  # fmt: skip
     except Exception:  # a bug, or Kafka failing under us: a JSON 500, logged and counted like the rest
         _log.exception("group %s: %s %s failed", request.app[_TOPIC].settings.group, request.method, request.path)
+        error, why = "internal", "the server failed on this request"
         response = web.Response(status=500, content_type="application/json", body=orjson.dumps(
             {"error": "internal", "message": "the server failed on this request (see its log): try again"}))  # fmt: skip
     request.app[_REQUESTS][(route, response.status)] += 1
+    if spans is not None and route in ROUTES:
+        outcome = Outcome(route, response.status, error, why, request.get(_MOST, 0), request.get(_HANDED, ()),
+                          [(m.partition, m.offset) for m in request.get(_IDS, ())])  # fmt: skip
+        spans.record(outcome, request.headers, start_ns)
     return response
 
 
@@ -167,6 +184,7 @@ async def _read(request: web.Request) -> web.StreamResponse:
             if topic.available_now:
                 messages = await _in_pool(request, topic.read, asked.most)
                 if messages:
+                    request[_HANDED], request[_MOST] = messages, asked.most
                     return _json({"messages": messages})
             if topic.stopping:  # not "nothing yet": this server is going away, ask another
                 raise BadRequest(503, "stopping", "this server is shutting down: read from another server of the group",
@@ -180,12 +198,12 @@ async def _read(request: web.Request) -> web.StreamResponse:
 
 
 async def _ack(request: web.Request) -> web.Response:
-    ids = message_ids(await request.read())
+    ids = request[_IDS] = message_ids(await request.read())
     return _json(await _in_pool(request, request.app[_TOPIC].ack, ids))
 
 
 async def _cancel(request: web.Request) -> web.Response:
-    ids = message_ids(await request.read())
+    ids = request[_IDS] = message_ids(await request.read())
     return _json(await _in_pool(request, request.app[_TOPIC].cancel, ids))
 
 
@@ -247,7 +265,24 @@ async def serve(
     shutdown_timeout: float,
     ready: Callable[[str], None],
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then settle what is held and close."""
+    """Serve until SIGTERM or SIGINT, then settle what is held and close (and send the spans still buffered)."""
+    tracing.start_in_server()  # OTEL_* (docs/operations.md, "Tracing"): nothing imported without them
+    try:
+        await _serve(topic, host, port, token, ssl_context, shutdown_timeout, ready)
+    finally:
+        if tracing.active():
+            tracing.flush()
+
+
+async def _serve(
+    topic: ServedTopic,
+    host: str,
+    port: int,
+    token: str | None,
+    ssl_context: ssl.SSLContext | None,
+    shutdown_timeout: float,
+    ready: Callable[[str], None],
+) -> None:
     app = make_app(topic, token)
     runner, url = await open_site(app, host, port, ssl_context, "the service", "--port")
     ordered = asyncio.Event()  # admin shutdown: the serve loop's thread sets it through the event loop

@@ -12,6 +12,9 @@ MW_BENCH_LAST_OFFSET  throughput: the last offset of each partition (N/partition
 MW_BENCH_HOOKS        "before": register one empty before_message hook; "both": and an empty after_message hook
 MW_BENCH_TYPED        "1": the throughput handler is typed, ``msg: Message[Order]`` (a msgspec Struct the worker
                       decodes), reading ``msg.body.amount`` instead of ``msg.json()["amount"]``
+MW_BENCH_TRACING      "1": built-in tracing on, through an SDK TracerProvider this module sets up at import (as an
+                      app may, docs/operations.md "Tracing") with a BatchSpanProcessor over an exporter that drops
+                      every span: the cost of making, ending and queueing spans, with no formatting or sending
 
 Every handler parses the value with ``msg.json()`` (orjson) and writes nothing
 else except:
@@ -43,6 +46,8 @@ BATCH_SIZE = int(os.environ.get("MW_BENCH_BATCH_SIZE", "500"))
 OUT = os.environ.get("MW_BENCH_OUT", "")
 LAST = int(os.environ.get("MW_BENCH_LAST_OFFSET", "-1"))
 
+TRACING = os.environ.get("MW_BENCH_TRACING") == "1"
+
 app = App()
 _started = False  # handover: has this worker process handled a message yet? (False in every fresh fork)
 
@@ -60,6 +65,11 @@ def handle_throughput(msg: Message) -> None:
     offset = msg.offset
     if offset == 0:
         _stamp(f"first-{msg.partition}", time.time())
+        if TRACING:  # proof for bench_run.py that the call ran inside a recording span
+            from opentelemetry import trace
+
+            with open(os.path.join(OUT, f"traced-{msg.partition}"), "w") as f:
+                f.write("1" if trace.get_current_span().is_recording() else "0")
     elif offset == LAST:
         _stamp(f"last-{msg.partition}", time.time())
 
@@ -112,3 +122,23 @@ if HOOKS == "both":
 TYPED = os.environ.get("MW_BENCH_TYPED", "") == "1"
 HANDLER = handle_handover if KIND == "handover" else handle_typed if TYPED else handle_throughput
 app.handler(TOPIC, mode=MODE, batch_size=BATCH_SIZE)(HANDLER)
+
+
+if TRACING:
+    from collections.abc import Sequence
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    class DropSpans(SpanExporter):
+        """An exporter that discards what it is given: the batch processor's queueing is measured, no I/O."""
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    # Set at import: the fork server preloads this module, and the SDK's batch processor starts its thread anew in
+    # each forked worker.
+    _provider = TracerProvider()
+    _provider.add_span_processor(BatchSpanProcessor(DropSpans()))
+    trace.set_tracer_provider(_provider)

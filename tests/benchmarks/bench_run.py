@@ -22,7 +22,12 @@ Starts its own embedded broker (Tansu, memory only) and measures:
       before_message hook (target: >= 0.97 x c); g. c with an empty
       before_message and after_message hook; h. c with a typed handler
       (``msg: Message[Order]``, a msgspec Struct decoded by the worker,
-      reading ``msg.body.amount``): issue 28's target, no slower than c.
+      reading ``msg.body.amount``): issue 28's target, no slower than c;
+      i. c with built-in tracing on
+      (bench_app.py MW_BENCH_TRACING: an SDK TracerProvider, BatchSpanProcessor,
+      an exporter that drops every span; the records carry no traceparent, so
+      each span is a root): the cost per message is reported (wall and CPU
+      microseconds over c), with no target.
 
    Throughput = N / (latest wall time of a last message - earliest wall time
    of a first message).  Each measurement runs twice, interleaved
@@ -77,7 +82,8 @@ TARGET_HOOKS = 0.97  # ALO with one empty before_message hook against ALO withou
 TARGET_TYPED = 0.97  # ALO with a typed handler (msgspec Struct) against msg.json(): no slower (issue 28), within 3% noise
 # A fixed port: one supervisor at a time runs in this benchmark.
 METRICS_ENV = {"MARSHAL_WORKERS_METRICS_PORT": "19464", "MARSHAL_WORKERS_METRICS_HOST": "127.0.0.1"}
-HOOKS_ENV = {"f": {"MW_BENCH_HOOKS": "before"}, "g": {"MW_BENCH_HOOKS": "both"}, "h": {"MW_BENCH_TYPED": "1"}}
+VARIANT_ENV = {"f": {"MW_BENCH_HOOKS": "before"}, "g": {"MW_BENCH_HOOKS": "both"}, "h": {"MW_BENCH_TYPED": "1"},
+               "i": {"MW_BENCH_TRACING": "1"}}
 TARGET_HANDOVER_MEDIAN_MS = 200.0
 HB = "1s"
 AMO_BATCH_SIZE = 500
@@ -747,6 +753,26 @@ def _version(found: Any) -> str:
     return str(found[0] if isinstance(found, tuple) else found)
 
 
+def check_traced(outdir: Path, partitions: int) -> None:
+    """i measured tracing only if every worker's handler ran inside a recording span (bench_app.py's stamps)."""
+    stamps = [outdir / f"traced-{p}" for p in range(partitions)]
+    found = {p: stamp.read_text() if stamp.exists() else "" for p, stamp in enumerate(stamps)}
+    if set(found.values()) != {"1"}:
+        raise RuntimeError(f"tracing was not on in every worker (partition: recording span?) {found}")
+
+
+def print_tracing_cost(best: dict[str, float | None], best_cpu: dict[str, float | None]) -> None:
+    """i against c: what a span per handler call costs per message (issue 28's measure; no target)."""
+    if not best["i"] or not best["c"]:
+        return
+    wall_us = (1 / best["i"] - 1 / best["c"]) * 1e6
+    print(f"   tracing on (i) against off (c): i/c = {best['i'] / best['c']:5.2f}; "
+          f"cost per message {wall_us:+.2f} us of wall time (all partitions together)")  # fmt: skip
+    if best_cpu["i"] and best_cpu["c"]:
+        cpu_us = (1 / best_cpu["i"] - 1 / best_cpu["c"]) * 1e6
+        print(f"   tracing on (i) against off (c): {cpu_us:+.2f} CPU-us per message")
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -794,7 +820,7 @@ def main() -> int:
     parser.add_argument("--handover-rounds", type=int, default=10)
     parser.add_argument("--runs", type=int, default=2, help="runs of each throughput measurement (best counts)")
     parser.add_argument("--value-bytes", type=int, default=VALUE_BYTES, help="bytes of each JSON value (padded)")
-    parser.add_argument("--only", default="abcdefgh", help="the throughput measurements to run, e.g. bd (default abcdefgh)")
+    parser.add_argument("--only", default="abcdefghi", help="the throughput measurements to run, e.g. bd (default abcdefghi)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) even if nothing went wrong")
     args = parser.parse_args()
     VALUE_BYTES = args.value_bytes
@@ -822,7 +848,7 @@ def main() -> int:
     tuned = {k: worker_conf[k] for k in ("fetch.queue.backoff.ms", "fetch.wait.max.ms")}
     print(f"  tuned baseline (b) settings, from marshal_workers.runtime.worker.worker.consumer_settings(): {tuned}")
 
-    rates: dict[str, list[float]] = {key: [] for key in "abcdefgh"}
+    rates: dict[str, list[float]] = {key: [] for key in "abcdefghi"}
     per_cpu: dict[str, list[float]] = {key: [] for key in rates}
     memory: dict[str, list[Memory]] = {}
     rounds: list[Round] = []
@@ -844,6 +870,7 @@ def main() -> int:
                 ("f", "marshal-workers run, ALO, one empty before_message hook"),
                 ("g", "marshal-workers run, ALO, an empty before_message and after_message hook"),
                 ("h", "marshal-workers run, ALO, a typed handler (Message[Order], a msgspec Struct)"),
+                ("i", "marshal-workers run, ALO, tracing on (SDK provider, batch processor, spans dropped)"),
             ):
                 if key not in args.only:
                     continue
@@ -859,10 +886,12 @@ def main() -> int:
                         result = run_supervised(
                             bootstrap, topic, count, args.partitions, "amo" if key == "d" else "alo", workdir,
                             sample_memory=(key == "c" and run == 1),
-                            extra_env=METRICS_ENV if key == "e" else HOOKS_ENV.get(key),
+                            extra_env=METRICS_ENV if key == "e" else VARIANT_ENV.get(key),
                         )  # fmt: skip
                         assert result.timing is not None
                         timing = result.timing
+                        if key == "i":
+                            check_traced(workdir / f"out-{topic}", args.partitions)
                         memory |= result.memory
                     rates[key].append(timing.rate)
                     if timing.per_cpu:
@@ -899,6 +928,7 @@ def main() -> int:
         "f": "f. marshal-workers run, ALO, one empty hook",
         "g": "g. marshal-workers run, ALO, before+after",
         "h": "h. marshal-workers run, ALO, typed handler",
+        "i": "i. marshal-workers run, ALO, tracing on",
     }
     for key, label in labels.items():
         runs = ", ".join(f"{r:,.0f}" for r in rates[key])
@@ -931,6 +961,7 @@ def main() -> int:
         if best_cpu[num] and best_cpu[den]:
             ratio = best_cpu[num] / best_cpu[den]
             print(f"   {num}/{den} per CPU-s = {ratio:5.2f}   target >= {target:.2f}   {verdict(ratio >= target)}")
+    print_tracing_cost(best, best_cpu)
     print()
     print("2. Memory of `run` (ALO, first run of c): USS = Private_Clean + Private_Dirty")
     if memory:

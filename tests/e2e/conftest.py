@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from fleet import Fleet, new_fleet
+from otlp import OtlpReceiver
 
 NewFleet = Callable[..., Fleet]
 
@@ -36,3 +37,13 @@ def fleet(fleets: NewFleet, request: pytest.FixtureRequest) -> Fleet:
     the test or its module says."""
     marker = request.node.get_closest_marker("fleet")
     return fleets(*(marker.args if marker else ()), **(marker.kwargs if marker else {}))
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP traces endpoint (tests/otlp.py) the test's processes export their spans to."""
+    receiver = OtlpReceiver()
+    receiver.thread.start()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()

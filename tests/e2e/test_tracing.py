@@ -6,19 +6,13 @@ handler's span and in the message the handler sent (tests/apps/send_app.py)."""
 from __future__ import annotations
 
 import signal
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from otlp import OtlpReceiver, attributes, hex_ids
 from polling import poll_until
 
 from marshal_workers.core.exit_codes import ExitCode
@@ -28,68 +22,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.fleet(name="traced", partitions=2)
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PRODUCER_SPAN_ID = "00f067aa0ba902b7"
 MESSAGES = 6
-
-
-class OtlpReceiver:
-    """An OTLP/HTTP traces endpoint (POST /v1/traces, protobuf): every span received, with its service name."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[str, Any]] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                receiver.add(self.path, request)
-                reply = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def add(self, path: str, request: ExportTraceServiceRequest) -> None:
-        assert path == "/v1/traces"
-        with self._lock:
-            for resource_spans in request.resource_spans:
-                resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-                for scope_spans in resource_spans.scope_spans:
-                    for span in scope_spans.spans:
-                        self.spans.append((resource.get("service.name", ""), span))
-
-    def received(self, name: str) -> list[tuple[str, Any]]:
-        with self._lock:
-            return [(service, span) for service, span in self.spans if span.name == name]
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    receiver = OtlpReceiver()
-    receiver.thread.start()
-    yield receiver
-    receiver.server.shutdown()
-    receiver.server.server_close()
-
-
-def attributes(span: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for attribute in span.attributes:
-        value = attribute.value
-        out[attribute.key] = value.int_value if value.HasField("int_value") else value.string_value
-    return out
 
 
 def read_output(brokers: str, topic: str, partitions: int) -> list[dict[str, bytes]]:
@@ -197,6 +129,43 @@ def test_a_failed_call_is_a_failed_span_with_its_retry_and_its_dead_letter_conti
     assert sorted(event.name for event in retried.events) == ["exception", "retry"]
     # The dead letter's own trace context (after the message's, so it wins) is the last failed call's span.
     assert dict(letter.headers() or [])["traceparent"] == f"00-{TRACE_ID}-{retried.span_id.hex()}-01".encode()
+
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == ExitCode.OK
+
+
+@pytest.mark.fleet(name="traced", partitions=2, env={"MW_TEST_BATCH": "1", "MW_TEST_BATCH_SIZE": "4"})
+def test_a_batch_handler_call_is_one_span_linked_to_each_messages_trace(fleet: Fleet, receiver: OtlpReceiver) -> None:
+    fleet.env |= {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                  "OTEL_BSP_SCHEDULE_DELAY": "100"}  # fmt: skip
+    supervisor = fleet.start("batches")
+    total = 12
+    producer = Producer({"bootstrap.servers": fleet.brokers, "linger.ms": 5})
+    for n in range(total):  # each message a trace of its own: message n's trace id is n + 1
+        producer.produce(fleet.topic, value=str(n).encode(), partition=n % 2,
+                         headers=[("traceparent", f"00-{n + 1:032x}-{n + 1:016x}-01".encode())])  # fmt: skip
+    assert producer.flush(30) == 0
+    poll_until(lambda: len(fleet.lines()) >= total, what="every message to be handled")
+
+    name = f"process {fleet.topic}"
+
+    def every_batch_span() -> list[Any] | None:
+        spans = [span for _, span in receiver.received(name)]
+        counted = sum(attributes(span)["messaging.batch.message_count"] for span in spans)
+        return spans if counted >= total else None
+
+    spans = poll_until(every_batch_span, timeout=30, what="a span for every batch call")
+    assert sum(attributes(span)["messaging.batch.message_count"] for span in spans) == total  # each message once
+    linked = []
+    for span in spans:
+        found = attributes(span)
+        assert span.kind == 5 and found["messaging.operation.type"] == "process"  # SPAN_KIND_CONSUMER
+        assert 1 <= found["messaging.batch.message_count"] <= 4  # MW_TEST_BATCH_SIZE
+        assert "kafka.offset" not in found and found["marshal_workers.outcome"] == "ok"
+        assert len(span.links) == found["messaging.batch.message_count"]
+        assert span.parent_span_id == b""  # a batch has many parents: it links to each, and is a root
+        linked += [hex_ids(link) for link in span.links]
+    assert sorted(linked) == sorted((f"{n + 1:032x}", f"{n + 1:016x}") for n in range(total))
 
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == ExitCode.OK
