@@ -20,11 +20,12 @@ deadlines, the log's wall-clock ms for the fold) and do the writes.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.range_leases import MAX_RANGE, Lease
 from marshal_workers.protocol.world_state import WorldState
 
 
@@ -47,6 +48,10 @@ class HeldLease(Protocol):
 
 
 Held = TypeVar("Held", bound=HeldLease)
+
+# The size of the ranges to claim on one partition, from its backlog (its end less where its free offsets start)
+# and the leases live on it (range_sizing.PartitionSizer: a share of the backlog, not the whole tail).
+Sizer = Callable[[int, Sequence[Lease]], int]
 
 
 @dataclass(frozen=True)
@@ -89,13 +94,14 @@ class RangeMember:
 
     def choose(
         self, world: WorldState, ends: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-        idle: int, rng: random.Random,
+        idle: int, rng: random.Random, sizer: Sizer | None = None,
     ) -> RangeChoice:
         """Up to ``want`` ranges of at most ``size`` offsets to claim, as the fold has it at ``now_ms`` (the log's
         clock).  ``ends``: the partitions' ends as asked; ``initial``: where partitions never leased start, as looked
-        up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end."""
+        up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end; ``sizer``, if
+        given, sizes each partition's ranges instead of ``size`` (adaptive range sizes)."""
         candidates, members, unknown = free_candidates(
-            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size
+            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size, sizer
         )
         if unknown:
             return RangeChoice([], unknown)
@@ -189,7 +195,7 @@ def given_back_entry(
 
 def free_candidates(
     world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-    idle: int, probe_size: int = 1,
+    idle: int, probe_size: int = 1, sizer: Sizer | None = None,
 ) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
     """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
     partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
@@ -199,6 +205,8 @@ def free_candidates(
     is idle (``idle``): that worker waits for the next message (and its fetches tell the true end, which
     ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.  The HTTP
     service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
+
+    ``sizer``: each partition's range size from its backlog and live leases, instead of ``size``.
     """
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
@@ -211,12 +219,17 @@ def free_candidates(
             if start is None:
                 unknown.append(partition)
             else:
-                found[partition] = [(start, max(min(start + size, end), start + 1), 0)]
+                sized = size if sizer is None else sizer(end - start, ())
+                found[partition] = [(start, max(min(start + sized, end), start + 1), 0)]
             continue
         live = state.live_leases(now_ms)
         holders.update(lease.holder for lease in live)
+        sized = size
+        if sizer is not None:
+            first = next(state.free_ranges(now_ms, end, MAX_RANGE, 1), None)
+            sized = sizer(0 if first is None else end - first[0], live)
         ranges = []
-        for start, stop in state.free_ranges(now_ms, end, size, want + 8):
+        for start, stop in state.free_ranges(now_ms, end, sized, want + 8):
             tries = state.tries_in(start, stop)
             ranges.append((start, stop, tries[0].count if tries else 0))
         if not ranges and not live and idle > 0:

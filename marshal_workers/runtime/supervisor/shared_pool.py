@@ -44,7 +44,9 @@ from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
+from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
 from marshal_workers.protocol.world_state import WorldState, per_entry
 from marshal_workers.runtime.channel import monotonic_ms
@@ -120,10 +122,13 @@ class SharedTopic:
     counters: SharedCounters = field(default_factory=lambda: SharedCounters())
 
     member: RangeMember = field(init=False)  # our lease decisions: leases as long as the handler's pending timeout
+    sizing: RangeSizing = field(init=False)  # how many offsets each claim covers, from the workers' measured rates
 
     def __post_init__(self) -> None:
         handler = self.handler
-        self.member = RangeMember(handler.topic, round(handler.pending_timeout * 1000), handler.mode is Mode.AMO)
+        lease_ms = round(handler.pending_timeout * 1000)
+        self.member = RangeMember(handler.topic, lease_ms, handler.mode is Mode.AMO)
+        self.sizing = RangeSizing(handler.range_size, lease_ms, adaptive=handler.adaptive_ranges)
 
 
 class SharedPool:
@@ -233,6 +238,7 @@ class SharedPool:
                         "pid": None if w.process is None else w.process.pid,
                         "leases": [[r.partition, r.start, r.end, r.tries, r.started] for r in w.leases],
                         "handled": w.handled,
+                        "range_size": shared.sizing.size_for(w.index),
                     }
                     for w in shared.workers
                 ],
@@ -282,6 +288,8 @@ class SharedPool:
             return
         worker.leases.remove(leased)
         if isinstance(message, Settled):
+            messages = message.handled + len(message.failed) + len(message.dead)
+            shared.sizing.observe(worker.index, messages, message.busy_ms, time.monotonic())
             worker.handled += message.handled
             worker.crashes_in_a_row = 0
             shared.counters.handled += message.handled
@@ -336,10 +344,13 @@ class SharedPool:
             return
         coordinator = self._require_coordinator()
         now_ms = coordinator.now_ms()
-        size = shared.handler.range_size
+        fields = coordinator.record_fields()
+        live = sum(1 for w in shared.workers if w.process is not None)
+        sizer = shared.sizing.sizer([w.index for w in hungry], live, Holder(fields["client"], fields["instance"]))
         member = shared.member
+        ends, initial, rng = shared.ends.ends, shared.initial, self._rng
         choice = coordinator.read(
-            lambda world: member.choose(world, shared.ends.ends, shared.initial, now_ms, size, want, idle, self._rng)
+            lambda world: member.choose(world, ends, initial, now_ms, sizer.size, want, idle, rng, sizer)
         )
         if choice.unknown:
             self._require_offsets().learn_start_offsets(topic, choice.unknown, shared.initial, self.log)
