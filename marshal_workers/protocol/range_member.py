@@ -94,18 +94,19 @@ class RangeMember:
 
     def choose(
         self, world: WorldState, ends: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-        idle: int, rng: random.Random, sizer: Sizer | None = None,
+        idle: int, rng: random.Random, sizer: Sizer | None = None, follow: Collection[tuple[int, int]] = (),
     ) -> RangeChoice:
         """Up to ``want`` ranges of at most ``size`` offsets to claim, as the fold has it at ``now_ms`` (the log's
         clock).  ``ends``: the partitions' ends as asked; ``initial``: where partitions never leased start, as looked
         up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end; ``sizer``, if
-        given, sizes each partition's ranges instead of ``size`` (adaptive range sizes)."""
+        given, sizes each partition's ranges instead of ``size`` (adaptive range sizes); ``follow``: (partition,
+        offset) where the member's readers stand, ranges starting there first (see :func:`pick_ranges`)."""
         candidates, members, unknown = free_candidates(
             world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size, sizer
         )
         if unknown:
             return RangeChoice([], unknown)
-        return RangeChoice(pick_ranges(candidates, want, members, rng), [])
+        return RangeChoice(pick_ranges(candidates, want, members, rng, follow), [])
 
     def claim(self, fields: dict[str, Any], ranges: Sequence[Wanted]) -> codec.ClaimRanges:
         """The ``claim_ranges`` record for ``ranges`` (``fields``: the writer's common record fields)."""
@@ -242,14 +243,23 @@ def free_candidates(
 
 
 def pick_ranges(
-    candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random
+    candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random,
+    follow: Collection[tuple[int, int]] = (),
 ) -> list[Wanted]:
-    """Up to ``want`` ranges: one partition after another (spread), each a random one of the lowest few free
+    """Up to ``want`` ranges: first those that start where one of our readers stands (``follow``: (partition,
+    offset) where a reader's last range ends), so its consumer goes on reading where it is, its read-ahead
+    already fetched; then one partition after another (spread), each a random one of the lowest few free
     ranges (the more members, the wider the pick), so members racing for the same range are rare."""
     pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
-    order = list(pools)
-    rng.shuffle(order)
     picked: list[Wanted] = []
+    for partition, offset in follow:
+        pool = pools.get(partition, [])
+        found = next((r for r in pool if r[0] == offset), None)
+        if found is not None and len(picked) < want:
+            pool.remove(found)
+            picked.append(Wanted(partition, *found))
+    order = [p for p, pool in pools.items() if pool]
+    rng.shuffle(order)
     while len(picked) < want and order:
         for partition in list(order):
             pool = pools[partition]

@@ -89,6 +89,14 @@ class SharedWorkerHandle:
     crashes_in_a_row: int = 0
     restart_at: float | None = 0.0  # monotonic; None: not to be (re)started
     handled: int = 0
+    settled_at: tuple[int, int] | None = None  # (partition, end) of the last range it settled: where it reads next
+
+    def reads_next(self) -> tuple[int, int] | None:
+        """(partition, offset) where this worker's consumer will stand once its ranges are handled: a range that
+        starts there is read on without a seek, from what the consumer fetched ahead."""
+        if self.leases:
+            return self.leases[-1].partition, self.leases[-1].end
+        return self.settled_at
 
 
 @dataclass
@@ -290,6 +298,7 @@ class SharedPool:
         if isinstance(message, Settled):
             messages = message.handled + len(message.failed) + len(message.dead)
             shared.sizing.observe(worker.index, messages, message.busy_ms, time.monotonic())
+            worker.settled_at = (message.partition, message.end)
             worker.handled += message.handled
             worker.crashes_in_a_row = 0
             shared.counters.handled += message.handled
@@ -312,6 +321,7 @@ class SharedPool:
         if worker.connection is not None:
             worker.connection.close()
         worker.process = worker.connection = None
+        worker.settled_at = None  # its successor's consumer starts nowhere
         for leased in worker.leases:  # begun: it may have handled any of them, one try more each (AMO: lost)
             entry = crashed_entry(leased, leased.started)
             if isinstance(entry, codec.AckEntry):
@@ -349,8 +359,9 @@ class SharedPool:
         sizer = shared.sizing.sizer([w.index for w in hungry], live, Holder(fields["client"], fields["instance"]))
         member = shared.member
         ends, initial, rng = shared.ends.ends, shared.initial, self._rng
+        follow = [at for at in (w.reads_next() for w in hungry) if at is not None]
         choice = coordinator.read(
-            lambda world: member.choose(world, ends, initial, now_ms, sizer.size, want, idle, rng, sizer)
+            lambda world: member.choose(world, ends, initial, now_ms, sizer.size, want, idle, rng, sizer, follow)
         )
         if choice.unknown:
             self._require_offsets().learn_start_offsets(topic, choice.unknown, shared.initial, self.log)
@@ -374,9 +385,12 @@ class SharedPool:
         shared.counters.ranges_claimed += len(won)
         shared.counters.ranges_refused += len(picked) - len(won)
         deadline = shared.member.deadline(written_ms)
+        # Ranges that start where a worker will stand go to that worker first (read on, no seek: its read-ahead).
+        won.sort(key=lambda w: self._follower(shared, w.partition, w.start) is None)
         for partition, start, end, tries in won:
             leased = LeasedRange(partition, start, end, tries, deadline)
-            worker = self._hungriest(shared)  # a range at a partition's end goes to an idle worker (see free_candidates)
+            # A range at a partition's end goes to an idle worker (see free_candidates).
+            worker = self._follower(shared, partition, start) or self._hungriest(shared)
             if worker is None or self.stopping:
                 shared.cancels.append(cancel_entry(leased))
                 continue
@@ -386,6 +400,11 @@ class SharedPool:
     def _claim_failed(self, topic: str, shared: SharedTopic, exc: Exception) -> None:
         shared.claiming = False
         self.log.warning("range claims on %s not confirmed: %s", topic, exc)
+
+    def _follower(self, shared: SharedTopic, partition: int, start: int) -> SharedWorkerHandle | None:
+        """A hungry worker whose consumer will stand at ``start`` of ``partition``, if any."""
+        return next((w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER
+                     and w.reads_next() == (partition, start)), None)  # fmt: skip
 
     def _hungriest(self, shared: SharedTopic) -> SharedWorkerHandle | None:
         hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
