@@ -115,7 +115,9 @@ def test_twelve_shared_workers_outrun_one_worker_per_partition_by_at_least_4_8_t
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_kill_9_of_a_supervisor_redelivers_only_its_ranges_or_nothing_at_most_once(shared_fleet: Fleet, mode: str) -> None:
     total = 1200
-    shared_fleet.env |= {"MW_TEST_DELAY": "0.02", "MW_TEST_MODE": mode, "MW_TEST_PENDING_TIMEOUT": "3s"}
+    # Fixed ranges of 20 (not sized by the handler's rate): what b's workers held is bounded by them.
+    shared_fleet.env |= {"MW_TEST_DELAY": "0.02", "MW_TEST_MODE": mode, "MW_TEST_PENDING_TIMEOUT": "3s",
+                         "MW_TEST_ADAPTIVE_RANGES": "0"}  # fmt: skip
     supervisors = {name: shared_fleet.start(name, "--processes", "4") for name in ("a", "b", "c")}
     shared_fleet.produce(range(total))
     poll_until(lambda: len({line.client for line in shared_fleet.lines()}) == 3 and len(shared_fleet.counts()) > 300,
