@@ -49,8 +49,8 @@ class HeldLease(Protocol):
 
 Held = TypeVar("Held", bound=HeldLease)
 
-# The size of the ranges to claim on one partition, from its backlog (its end less where its free offsets start)
-# and the leases live on it (range_sizing.PartitionSizer: a share of the backlog, not the whole tail).
+# The size of the ranges to claim, from the topic's backlog (what is not handed out yet, :func:`topic_backlog`) and
+# the leases live on it (range_sizing.BacklogSizer: a share of the backlog, not the whole tail).
 Sizer = Callable[[int, Sequence[Lease]], int]
 
 
@@ -207,8 +207,10 @@ def free_candidates(
     ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.  The HTTP
     service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
 
-    ``sizer``: each partition's range size from its backlog and live leases, instead of ``size``.
+    ``sizer``: the range size from the topic's backlog and live leases (:func:`topic_backlog`), instead of ``size``.
     """
+    if sizer is not None:
+        size = sizer(*topic_backlog(world, topic, high, initial, now_ms))
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
     holders = set()
@@ -220,17 +222,12 @@ def free_candidates(
             if start is None:
                 unknown.append(partition)
             else:
-                sized = size if sizer is None else sizer(end - start, ())
-                found[partition] = [(start, max(min(start + sized, end), start + 1), 0)]
+                found[partition] = [(start, max(min(start + size, end), start + 1), 0)]
             continue
         live = state.live_leases(now_ms)
         holders.update(lease.holder for lease in live)
-        sized = size
-        if sizer is not None:
-            first = next(state.free_ranges(now_ms, end, MAX_RANGE, 1), None)
-            sized = sizer(0 if first is None else end - first[0], live)
         ranges = []
-        for start, stop in state.free_ranges(now_ms, end, sized, want + 8):
+        for start, stop in state.free_ranges(now_ms, end, size, want + 8):
             tries = state.tries_in(start, stop)
             ranges.append((start, stop, tries[0].count if tries else 0))
         if not ranges and not live and idle > 0:
@@ -240,6 +237,25 @@ def free_candidates(
             ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
         found[partition] = ranges
     return found, max(len(holders), 1), unknown
+
+
+def topic_backlog(
+    world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int
+) -> tuple[int, list[Lease]]:
+    """The offsets of ``topic`` not yet handed out: on each partition, its end (as asked, or as holders saw it) less
+    where its free offsets start (a partition never leased: where it starts, if known); and the leases live on it."""
+    backlog, live = 0, []
+    for partition, asked_end in high.items():
+        state = world.shared_partition(topic, partition)
+        end = asked_end if state is None else max(asked_end, state.high)
+        if state is None or state.low is None:
+            start = initial.get(partition)
+            backlog += 0 if start is None else max(end - start, 0)
+            continue
+        live.extend(state.live_leases(now_ms))
+        first = next(state.free_ranges(now_ms, end, MAX_RANGE, 1), None)
+        backlog += 0 if first is None else end - first[0]
+    return backlog, live
 
 
 def pick_ranges(

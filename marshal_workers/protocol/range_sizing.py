@@ -15,10 +15,11 @@ shared pool sizes each claim from what its workers measured:
   handler still needs only a claim and an ack per several thousand messages;
 * between :data:`FLOOR` and :data:`CAP` offsets; the handler's ``range_size`` is the size until a worker has
   measured something;
-* never more than a fair share of the partition's backlog (its end as known, less where its free offsets
-  start), split between this member's workers and the workers of other members seen holding leases on the
-  partition: near the tail nobody takes the rest alone while others go idle, and the ranges shrink as the
-  backlog does.
+* never more than a fair share of the topic's backlog (on each partition, its end as known less where its free
+  offsets start), split between this member's workers and the workers of other members seen holding leases on
+  the topic: near the tail nobody takes the rest alone while others go idle, and the ranges shrink as the
+  backlog does.  The topic's, not each partition's: a worker that has a partition to itself (as many workers as
+  partitions) reads it to its end in full-sized ranges, with no tail of tiny ones.
 
 Pure, like the rest of the protocol: the caller passes ``now`` (seconds, any monotonic clock) and the
 measurements; nothing here reads a clock or Kafka.
@@ -128,19 +129,19 @@ class RangeSizing:
         share = math.ceil(max(backlog, 0) / max(sharers, 1))
         return self._clamp(min(size, share))
 
-    def sizer(self, hungry: Iterable[Hashable], our_workers: int, me: Holder | None) -> PartitionSizer:
-        """The per-partition sizes of one claim by ``me`` for its ``hungry`` workers, ``our_workers`` in all."""
-        return PartitionSizer(self, self.claim_size(hungry), max(our_workers, 1), me)
+    def sizer(self, hungry: Iterable[Hashable], our_workers: int, me: Holder | None) -> BacklogSizer:
+        """The size of one claim by ``me`` for its ``hungry`` workers, ``our_workers`` in all, given the backlog."""
+        return BacklogSizer(self, self.claim_size(hungry), max(our_workers, 1), me)
 
     def _clamp(self, size: int) -> int:
         return min(max(size, self.floor), self.cap)
 
 
 @dataclass(frozen=True)
-class PartitionSizer:
-    """The sizes of one claim's ranges, partition by partition: ``size`` bounded by the partition's backlog shared
-    among ``our_workers`` and the other members' workers, estimated from their live leases on the partition (a pool
-    keeps two per worker; any lease at all is at least one worker)."""
+class BacklogSizer:
+    """The size of one claim's ranges: ``size`` bounded by the topic's backlog shared among ``our_workers`` and the
+    other members' workers, estimated from their live leases on the topic (a pool keeps two per worker; any lease
+    at all is at least one worker)."""
 
     sizing: RangeSizing
     size: int

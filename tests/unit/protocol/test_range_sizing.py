@@ -1,5 +1,5 @@
 """Range sizes of a shared handler (protocol/range_sizing.py): from the workers' measured rates, within bounds, and
-never more than a share of a partition's backlog."""
+never more than a share of the topic's backlog."""
 
 from __future__ import annotations
 
