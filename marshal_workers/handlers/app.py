@@ -149,7 +149,8 @@ class HandlerSpec:
     window: int = 1  # most offsets from the lowest unfinished message to the furthest fetched one
     # Shared partitions (docs/shared-partitions.md, docs/shared-partitions.md): workers lease ranges of offsets.
     shared: bool = False
-    range_size: int = 100  # offsets per range claim
+    range_size: int = 100  # offsets per range claim: the first ones (adaptive_ranges), or every one
+    adaptive_ranges: bool = True  # size each claim from the workers' measured rate (protocol/range_sizing.py)
     pending_timeout: float = 60.0  # seconds a lease lasts unless renewed; past it another worker may take it
     max_deliveries: int = 5  # deliveries of a message (at least once) before it is dead-lettered instead
     # Limits (docs/handlers.md): messages per second across one supervisor's workers (rate_limits.py), and the
@@ -237,6 +238,7 @@ class App:
         window: int | None = None,
         shared: bool = False,
         range_size: int = 100,
+        adaptive_ranges: bool = True,
         pending_timeout: float | str = 60.0,
         max_deliveries: int = 5,
         dlq_limit: int = 0,
@@ -254,8 +256,10 @@ class App:
         far past a stuck message the worker reads (docs/concurrency.md).
 
         ``shared=True`` lets many workers on many hosts share each partition: they lease ranges of
-        ``range_size`` offsets for ``pending_timeout`` (renewed while they work), and a message
-        delivered ``max_deliveries`` times goes to the dead-letter topic (docs/shared-partitions.md).
+        offsets for ``pending_timeout`` (renewed while they work), and a message delivered
+        ``max_deliveries`` times goes to the dead-letter topic (docs/shared-partitions.md).  A range
+        covers a few seconds of the handler's measured work (``range_size`` offsets at first);
+        ``adaptive_ranges=False`` makes every range ``range_size`` offsets.
 
         ``dlq_limit`` N: once N messages in a row went to the dead-letter topic, the next failure
         releases the partition as sick at that message instead (a broken dependency is not drained
@@ -285,7 +289,7 @@ class App:
         )
         lane_options = _lane_options(topic, batch, spec_options, concurrency, ordering, window)
         shared_options = _shared_options(
-            topic, shared, range_size, pending_timeout, max_deliveries, batch, concurrency, spec_options
+            topic, shared, range_size, pending_timeout, max_deliveries, batch, concurrency, spec_options, adaptive_ranges
         )
         if not isinstance(dlq_limit, int) or isinstance(dlq_limit, bool) or dlq_limit < 0:
             raise ConfigError(f"handler for {topic!r}: dlq_limit must be a whole number >= 0, got {dlq_limit!r}")
@@ -521,6 +525,7 @@ def _shared_options(
     batch: bool,
     concurrency: int,
     options: dict[str, Any],
+    adaptive_ranges: bool = True,
 ) -> dict[str, Any]:
     """The shared-partition options, checked: refused with what to do instead."""
     where = f"handler for {topic!r}"
@@ -528,6 +533,11 @@ def _shared_options(
         raise ConfigError(f"{where}: shared must be True or False, got {shared!r}")
     if not isinstance(range_size, int) or isinstance(range_size, bool) or not 1 <= range_size <= MAX_RANGE_SIZE:
         raise ConfigError(f"{where}: range_size must be a whole number in [1, {MAX_RANGE_SIZE}], got {range_size!r}")
+    if not isinstance(adaptive_ranges, bool):
+        raise ConfigError(
+            f"{where}: adaptive_ranges must be True (ranges sized from the handler's measured rate, range_size the "
+            f"first size) or False (every range range_size offsets), got {adaptive_ranges!r}"
+        )
     if not isinstance(max_deliveries, int) or isinstance(max_deliveries, bool) or max_deliveries < 1:
         raise ConfigError(f"{where}: max_deliveries must be a whole number >= 1, got {max_deliveries!r}")
     timeout = _duration(topic, "pending_timeout", pending_timeout, parse_duration)
@@ -543,7 +553,8 @@ def _shared_options(
             f"{where}: on_error='release' releases a whole partition, which a shared handler never holds; "
             "failures are delivered again up to max_deliveries, then dead-lettered"
         )
-    return {"shared": shared, "range_size": range_size, "pending_timeout": timeout, "max_deliveries": max_deliveries}
+    return {"shared": shared, "range_size": range_size, "adaptive_ranges": adaptive_ranges, "pending_timeout": timeout,
+            "max_deliveries": max_deliveries}  # fmt: skip
 
 
 def _limit_options(

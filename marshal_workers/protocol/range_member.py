@@ -20,11 +20,12 @@ deadlines, the log's wall-clock ms for the fold) and do the writes.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.range_leases import MAX_RANGE, Lease
 from marshal_workers.protocol.world_state import WorldState
 
 
@@ -47,6 +48,10 @@ class HeldLease(Protocol):
 
 
 Held = TypeVar("Held", bound=HeldLease)
+
+# The size of the ranges to claim, from the topic's backlog (what is not handed out yet, :func:`topic_backlog`) and
+# the leases live on it (range_sizing.BacklogSizer: a share of the backlog, not the whole tail).
+Sizer = Callable[[int, Sequence[Lease]], int]
 
 
 @dataclass(frozen=True)
@@ -89,17 +94,19 @@ class RangeMember:
 
     def choose(
         self, world: WorldState, ends: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-        idle: int, rng: random.Random,
+        idle: int, rng: random.Random, sizer: Sizer | None = None, follow: Collection[tuple[int, int]] = (),
     ) -> RangeChoice:
         """Up to ``want`` ranges of at most ``size`` offsets to claim, as the fold has it at ``now_ms`` (the log's
         clock).  ``ends``: the partitions' ends as asked; ``initial``: where partitions never leased start, as looked
-        up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end."""
+        up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end; ``sizer``, if
+        given, sizes each partition's ranges instead of ``size`` (adaptive range sizes); ``follow``: (partition,
+        offset) where the member's readers stand, ranges starting there first (see :func:`pick_ranges`)."""
         candidates, members, unknown = free_candidates(
-            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size
+            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size, sizer
         )
         if unknown:
             return RangeChoice([], unknown)
-        return RangeChoice(pick_ranges(candidates, want, members, rng), [])
+        return RangeChoice(pick_ranges(candidates, want, members, rng, follow), [])
 
     def claim(self, fields: dict[str, Any], ranges: Sequence[Wanted]) -> codec.ClaimRanges:
         """The ``claim_ranges`` record for ``ranges`` (``fields``: the writer's common record fields)."""
@@ -189,7 +196,7 @@ def given_back_entry(
 
 def free_candidates(
     world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-    idle: int, probe_size: int = 1,
+    idle: int, probe_size: int = 1, sizer: Sizer | None = None,
 ) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
     """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
     partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
@@ -199,7 +206,11 @@ def free_candidates(
     is idle (``idle``): that worker waits for the next message (and its fetches tell the true end, which
     ListOffsets may under-report).  Only idle workers: a range queued behind it would wait too.  The HTTP
     service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
+
+    ``sizer``: the range size from the topic's backlog and live leases (:func:`topic_backlog`), instead of ``size``.
     """
+    if sizer is not None:
+        size = sizer(*topic_backlog(world, topic, high, initial, now_ms))
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
     holders = set()
@@ -228,15 +239,43 @@ def free_candidates(
     return found, max(len(holders), 1), unknown
 
 
+def topic_backlog(
+    world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int
+) -> tuple[int, list[Lease]]:
+    """The offsets of ``topic`` not yet handed out: on each partition, its end (as asked, or as holders saw it) less
+    where its free offsets start (a partition never leased: where it starts, if known); and the leases live on it."""
+    backlog, live = 0, []
+    for partition, asked_end in high.items():
+        state = world.shared_partition(topic, partition)
+        end = asked_end if state is None else max(asked_end, state.high)
+        if state is None or state.low is None:
+            start = initial.get(partition)
+            backlog += 0 if start is None else max(end - start, 0)
+            continue
+        live.extend(state.live_leases(now_ms))
+        first = next(state.free_ranges(now_ms, end, MAX_RANGE, 1), None)
+        backlog += 0 if first is None else end - first[0]
+    return backlog, live
+
+
 def pick_ranges(
-    candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random
+    candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random,
+    follow: Collection[tuple[int, int]] = (),
 ) -> list[Wanted]:
-    """Up to ``want`` ranges: one partition after another (spread), each a random one of the lowest few free
+    """Up to ``want`` ranges: first those that start where one of our readers stands (``follow``: (partition,
+    offset) where a reader's last range ends), so its consumer goes on reading where it is, its read-ahead
+    already fetched; then one partition after another (spread), each a random one of the lowest few free
     ranges (the more members, the wider the pick), so members racing for the same range are rare."""
     pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
-    order = list(pools)
-    rng.shuffle(order)
     picked: list[Wanted] = []
+    for partition, offset in follow:
+        pool = pools.get(partition, [])
+        found = next((r for r in pool if r[0] == offset), None)
+        if found is not None and len(picked) < want:
+            pool.remove(found)
+            picked.append(Wanted(partition, *found))
+    order = [p for p, pool in pools.items() if pool]
+    rng.shuffle(order)
     while len(picked) < want and order:
         for partition in list(order):
             pool = pools[partition]

@@ -84,7 +84,9 @@ class Started(msgspec.Struct, frozen=True):
 class Settled(msgspec.Struct, frozen=True):
     """Shared worker to pool: done with ``[start, end)`` (``end`` is short of the lease's when a stop or the
     partition's end came first): ``failed`` offsets to deliver again, ``dead`` ones dead-lettered, ``handled``
-    messages handled; ``high``: the partition's end as its fetches saw it (or None)."""
+    messages handled; ``high``: the partition's end as its fetches saw it (or None); ``busy_ms``: how long it was
+    busy with the range's messages (fetches that returned some, and handler calls; not waits at the partition's
+    end), from which the pool sizes the next ranges (protocol/range_sizing.py)."""
 
     partition: int
     start: int
@@ -93,6 +95,7 @@ class Settled(msgspec.Struct, frozen=True):
     dead: tuple[int, ...]
     handled: int
     high: int | None
+    busy_ms: float = 0.0
 
 
 class Abandoned(msgspec.Struct, frozen=True):

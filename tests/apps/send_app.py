@@ -61,5 +61,6 @@ app.handler(
     concurrency=int(os.environ.get("MW_TEST_CONCURRENCY", "1")),
     shared=os.environ.get("MW_TEST_SHARED") == "1",
     range_size=int(os.environ.get("MW_TEST_RANGE_SIZE", "100")),
+    adaptive_ranges=os.environ.get("MW_TEST_ADAPTIVE_RANGES", "1") == "1",
     retries=0,
 )(handle_batch if BATCH else handle_async if ASYNC else handle)

@@ -10,7 +10,7 @@ MW_TEST_SLOW_FORK (seconds every new worker sleeps right after its fork, before 
 installs its SIGTERM handler: widens the window in which it ignores SIGTERM).
 MW_TEST_FAIL_FROM (every value from this number on fails), MW_TEST_FAIL_VALUES (values that always fail,
 comma-separated), MW_TEST_DLQ_LIMIT.
-Shared partitions: MW_TEST_SHARED=1, MW_TEST_RANGE_SIZE, MW_TEST_PENDING_TIMEOUT,
+Shared partitions: MW_TEST_SHARED=1, MW_TEST_RANGE_SIZE, MW_TEST_ADAPTIVE_RANGES (0: fixed ranges), MW_TEST_PENDING_TIMEOUT,
 MW_TEST_MAX_DELIVERIES.
 Limits: MW_TEST_RATE_LIMIT (e.g. 50/s), MW_TEST_MAX_AGE (e.g. 1h), MW_TEST_ON_TOO_OLD (skip|dlq);
 MW_TEST_CONCURRENCY (calls in flight per worker, on lanes).
@@ -89,6 +89,7 @@ app.handler(
     on_error=os.environ.get("MW_TEST_ON_ERROR", "dlq"),
     shared=os.environ.get("MW_TEST_SHARED") == "1",
     range_size=int(os.environ.get("MW_TEST_RANGE_SIZE", "100")),
+    adaptive_ranges=os.environ.get("MW_TEST_ADAPTIVE_RANGES", "1") == "1",
     pending_timeout=os.environ.get("MW_TEST_PENDING_TIMEOUT", "60s"),
     max_deliveries=int(os.environ.get("MW_TEST_MAX_DELIVERIES", "5")),
     dlq_limit=int(os.environ.get("MW_TEST_DLQ_LIMIT", "0")),

@@ -10,9 +10,11 @@ measures, with ``tests/benchmarks/shared_bench_app.py`` under ``python -m marsha
    each of 3 supervisors (48), against the ideal (processes x 50 msgs/s).  Each run gets enough messages
    for about --slow-seconds at the ideal rate.  Target: >= 0.8 of the ideal up to what 2 cores allow.
 2. fast handler (``msg.json()["amount"]``, as bench_run.py): the classic handler (2 workers) against the
-   shared one with 2 processes, range_size 100, 1000 and 10000, on the same 200,000 messages: wall-clock
-   rate and messages per CPU-second (every process of the supervisor's session).
-3. coordination records per handled message at the default range size (100): the group's records in the
+   shared one with 2 processes (one per partition) at the default settings (adaptive range sizes; target:
+   >= 0.7 of classic's msgs/s and >= 0.8 per CPU-second) and with fixed ranges of --fixed-sizes (1000 and
+   10000), on the same 200,000 messages: wall-clock rate and messages per CPU-second (every process of the
+   supervisor's session).
+3. coordination records per handled message at the default settings: the group's records in the
    coordination log after a run, over the messages.
 
 Throughput = messages / (last handled - first handled, wall time, over every worker).  A benchmark, not a
@@ -63,7 +65,8 @@ class Result:
 
 
 def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: int = 1, supervisors: int = 1,
-        range_size: int = 100, delay: float = 0.0, timeout: float = 300.0) -> Result:  # fmt: skip
+        range_size: int = 100, adaptive: bool | None = None, delay: float = 0.0,
+        timeout: float = 300.0) -> Result:  # fmt: skip
     topic, group = f"bench-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, PARTITIONS)
     produce(bootstrap, topic, messages, PARTITIONS)
@@ -72,6 +75,7 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
     env = base_env() | {
         "MW_BENCH_TOPIC": topic, "MW_BENCH_SHARED": "1" if shared else "0", "MW_BENCH_RANGE_SIZE": str(range_size),
         "MW_BENCH_DELAY": str(delay), "MW_BENCH_OUT": str(out),
+        "MW_BENCH_ADAPTIVE": "1" if adaptive is None else str(int(adaptive)),
     }  # fmt: skip
     started = []
     for n in range(supervisors):
@@ -139,20 +143,24 @@ def slow(bootstrap: str, seconds: float) -> None:
               f"{ideal:6.0f}: {ratio:.2f} {verdict(ratio >= 0.8)}; CPU {result.cpu_seconds:5.1f}s", flush=True)  # fmt: skip
 
 
-def fast(bootstrap: str, messages: int) -> None:
+def fast(bootstrap: str, messages: int, sizes: list[int]) -> None:
     print(f"\n2. fast handler (msg.json()) on a 2-partition topic, {messages:,} messages", flush=True)
     classic = run(bootstrap, "classic", messages, shared=False)
-    print(f"    {'classic (2 workers)':26} {classic.rate:8.0f} msgs/s  {classic.per_cpu_second:8.0f} msgs/CPU-s", flush=True)
-    for size in (100, 1000, 10000):
-        result = run(bootstrap, f"shared range {size}", messages, shared=True, processes=2, range_size=size)
-        print(f"    {f'shared 1 x 2, range {size}':26} {result.rate:8.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s"
-              f"   ratio to classic: wall {result.rate / classic.rate:.2f}, per CPU-s "
-              f"{result.per_cpu_second / classic.per_cpu_second:.2f}; {result.records / result.messages:.4f} "
-              "records/msg", flush=True)  # fmt: skip
+    print(f"    {'classic (2 workers)':30} {classic.rate:8.0f} msgs/s  {classic.per_cpu_second:8.0f} msgs/CPU-s",
+          flush=True)  # fmt: skip
+    cases = [("shared 1 x 2, default", {}), *((f"shared 1 x 2, fixed {size}", {"range_size": size, "adaptive": False})
+                                              for size in sizes)]  # fmt: skip
+    for name, options in cases:
+        result = run(bootstrap, name, messages, shared=True, processes=2, **options)  # type: ignore[arg-type]
+        wall, cpu = result.rate / classic.rate, result.per_cpu_second / classic.per_cpu_second
+        target = f" (target 0.7 / 0.8: {verdict(wall >= 0.7 and cpu >= 0.8)})" if not options else ""
+        print(f"    {name:30} {result.rate:8.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s"
+              f"   ratio to classic: wall {wall:.2f}, per CPU-s {cpu:.2f}; {result.records / result.messages:.4f} "
+              f"records/msg{target}", flush=True)  # fmt: skip
 
 
 def records(bootstrap: str) -> None:
-    print("\n3. coordination records per message, range_size 100 (default), slow handler, 1 x 4", flush=True)
+    print("\n3. coordination records per message, default settings, slow handler, 1 x 4", flush=True)
     result = run(bootstrap, "records", 2000, shared=True, processes=4, delay=0.005)
     print(f"    {result.records:,} records for {result.messages:,} messages: {result.records / result.messages:.3f} "
           "per message (claims, acks, renewals, checkpoints)", flush=True)
@@ -163,13 +171,15 @@ def main() -> int:
     parser.add_argument("--only", choices=["slow", "fast", "records"])
     parser.add_argument("--slow-seconds", type=float, default=8.0)
     parser.add_argument("--fast-messages", type=int, default=200_000)
+    parser.add_argument("--fixed-sizes", default="1000,10000",
+                        help="fixed range sizes (adaptive_ranges=False) the fast section also runs, comma-separated")  # fmt: skip
     args = parser.parse_args()
     print("\n".join(machine_info()), flush=True)
     with EmbeddedBroker() as broker:
         if args.only in (None, "slow"):
             slow(broker.bootstrap, args.slow_seconds)
         if args.only in (None, "fast"):
-            fast(broker.bootstrap, args.fast_messages)
+            fast(broker.bootstrap, args.fast_messages, [int(n) for n in args.fixed_sizes.split(",") if n])
         if args.only in (None, "records"):
             records(broker.bootstrap)
     stray = leftovers()

@@ -1,6 +1,6 @@
 """The application that tests/benchmarks/bench_shared.py runs: one handler, shared or not.
 
-MW_BENCH_TOPIC, MW_BENCH_SHARED (1: shared=True), MW_BENCH_RANGE_SIZE, MW_BENCH_DELAY (seconds slept per
+MW_BENCH_TOPIC, MW_BENCH_SHARED (1: shared=True), MW_BENCH_RANGE_SIZE, MW_BENCH_ADAPTIVE (0: fixed ranges), MW_BENCH_DELAY (seconds slept per
 message: a slow handler; 0: parse the JSON value, the fast handler of bench_run.py), MW_BENCH_OUT (a
 directory).  Each worker process writes ``<pid>``: "count first_time last_time" of what it handled, every
 0.1 s from a thread, so the benchmark sums them without the handler doing I/O per message.  With
@@ -62,4 +62,5 @@ app.handler(
     TOPIC,
     shared=os.environ.get("MW_BENCH_SHARED") == "1",
     range_size=int(os.environ.get("MW_BENCH_RANGE_SIZE", "100")),
+    adaptive_ranges=os.environ.get("MW_BENCH_ADAPTIVE", "1") != "0",
 )(handle)

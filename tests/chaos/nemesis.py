@@ -810,7 +810,7 @@ def holding_env(config: NemesisConfig) -> dict[str, str]:
     if config.holding is Holding.LANES:
         return {"MW_TEST_CONCURRENCY": str(config.concurrency)}
     if config.holding is Holding.SHARED:
-        return {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": str(config.range_size),
+        return {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": str(config.range_size), "MW_TEST_ADAPTIVE_RANGES": "0",
                 "MW_TEST_PENDING_TIMEOUT": f"{config.pending_timeout:g}s"}  # fmt: skip
     return {}
 

@@ -115,7 +115,9 @@ def test_twelve_shared_workers_outrun_one_worker_per_partition_by_at_least_4_8_t
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_kill_9_of_a_supervisor_redelivers_only_its_ranges_or_nothing_at_most_once(shared_fleet: Fleet, mode: str) -> None:
     total = 1200
-    shared_fleet.env |= {"MW_TEST_DELAY": "0.02", "MW_TEST_MODE": mode, "MW_TEST_PENDING_TIMEOUT": "3s"}
+    # Fixed ranges of 20 (not sized by the handler's rate): what b's workers held is bounded by them.
+    shared_fleet.env |= {"MW_TEST_DELAY": "0.02", "MW_TEST_MODE": mode, "MW_TEST_PENDING_TIMEOUT": "3s",
+                         "MW_TEST_ADAPTIVE_RANGES": "0"}  # fmt: skip
     supervisors = {name: shared_fleet.start(name, "--processes", "4") for name in ("a", "b", "c")}
     shared_fleet.produce(range(total))
     poll_until(lambda: len({line.client for line in shared_fleet.lines()}) == 3 and len(shared_fleet.counts()) > 300,
@@ -145,9 +147,10 @@ def test_kill_9_of_a_supervisor_redelivers_only_its_ranges_or_nothing_at_most_on
 def test_a_supervisor_stopped_past_the_pending_timeout_handles_nothing_from_lapsed_leases(shared_fleet: Fleet) -> None:
     total = 2400  # 24 ranges of 100 for 8 workers: each holds two when b is stopped
     pending = 3.0
-    # A range takes 2s to handle: with its successor queued, a worker is mid-range when its lease runs out.
+    # A range takes 2s to handle (fixed: sized by the handler's pace, a range would take half a second): with its
+    # successor queued, a worker is mid-range when its lease runs out.
     shared_fleet.env |= {"MW_TEST_DELAY": "0.02", "MW_TEST_MODE": "amo", "MW_TEST_PENDING_TIMEOUT": f"{pending}s",
-                         "MW_TEST_RANGE_SIZE": "100"}  # fmt: skip
+                         "MW_TEST_RANGE_SIZE": "100", "MW_TEST_ADAPTIVE_RANGES": "0"}  # fmt: skip
     supervisors = {name: shared_fleet.start(name, "--processes", "4") for name in ("a", "b")}
     shared_fleet.produce(range(total))
     poll_until(lambda: len({line.client for line in shared_fleet.lines()}) == 2 and len(shared_fleet.counts()) > 200,

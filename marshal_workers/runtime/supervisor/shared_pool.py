@@ -44,7 +44,9 @@ from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
+from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
 from marshal_workers.protocol.world_state import WorldState, per_entry
 from marshal_workers.runtime.channel import monotonic_ms
@@ -87,6 +89,14 @@ class SharedWorkerHandle:
     crashes_in_a_row: int = 0
     restart_at: float | None = 0.0  # monotonic; None: not to be (re)started
     handled: int = 0
+    settled_at: tuple[int, int] | None = None  # (partition, end) of the last range it settled: where it reads next
+
+    def reads_next(self) -> tuple[int, int] | None:
+        """(partition, offset) where this worker's consumer will stand once its ranges are handled: a range that
+        starts there is read on without a seek, from what the consumer fetched ahead."""
+        if self.leases:
+            return self.leases[-1].partition, self.leases[-1].end
+        return self.settled_at
 
 
 @dataclass
@@ -120,10 +130,13 @@ class SharedTopic:
     counters: SharedCounters = field(default_factory=lambda: SharedCounters())
 
     member: RangeMember = field(init=False)  # our lease decisions: leases as long as the handler's pending timeout
+    sizing: RangeSizing = field(init=False)  # how many offsets each claim covers, from the workers' measured rates
 
     def __post_init__(self) -> None:
         handler = self.handler
-        self.member = RangeMember(handler.topic, round(handler.pending_timeout * 1000), handler.mode is Mode.AMO)
+        lease_ms = round(handler.pending_timeout * 1000)
+        self.member = RangeMember(handler.topic, lease_ms, handler.mode is Mode.AMO)
+        self.sizing = RangeSizing(handler.range_size, lease_ms, adaptive=handler.adaptive_ranges)
 
 
 class SharedPool:
@@ -233,6 +246,7 @@ class SharedPool:
                         "pid": None if w.process is None else w.process.pid,
                         "leases": [[r.partition, r.start, r.end, r.tries, r.started] for r in w.leases],
                         "handled": w.handled,
+                        "range_size": shared.sizing.size_for(w.index),
                     }
                     for w in shared.workers
                 ],
@@ -282,6 +296,9 @@ class SharedPool:
             return
         worker.leases.remove(leased)
         if isinstance(message, Settled):
+            messages = message.handled + len(message.failed) + len(message.dead)
+            shared.sizing.observe(worker.index, messages, message.busy_ms, time.monotonic())
+            worker.settled_at = (message.partition, message.end)
             worker.handled += message.handled
             worker.crashes_in_a_row = 0
             shared.counters.handled += message.handled
@@ -304,6 +321,7 @@ class SharedPool:
         if worker.connection is not None:
             worker.connection.close()
         worker.process = worker.connection = None
+        worker.settled_at = None  # its successor's consumer starts nowhere
         for leased in worker.leases:  # begun: it may have handled any of them, one try more each (AMO: lost)
             entry = crashed_entry(leased, leased.started)
             if isinstance(entry, codec.AckEntry):
@@ -336,10 +354,14 @@ class SharedPool:
             return
         coordinator = self._require_coordinator()
         now_ms = coordinator.now_ms()
-        size = shared.handler.range_size
+        fields = coordinator.record_fields()
+        live = sum(1 for w in shared.workers if w.process is not None)
+        sizer = shared.sizing.sizer([w.index for w in hungry], live, Holder(fields["client"], fields["instance"]))
         member = shared.member
+        ends, initial, rng = shared.ends.ends, shared.initial, self._rng
+        follow = [at for at in (w.reads_next() for w in hungry) if at is not None]
         choice = coordinator.read(
-            lambda world: member.choose(world, shared.ends.ends, shared.initial, now_ms, size, want, idle, self._rng)
+            lambda world: member.choose(world, ends, initial, now_ms, sizer.size, want, idle, rng, sizer, follow)
         )
         if choice.unknown:
             self._require_offsets().learn_start_offsets(topic, choice.unknown, shared.initial, self.log)
@@ -363,9 +385,12 @@ class SharedPool:
         shared.counters.ranges_claimed += len(won)
         shared.counters.ranges_refused += len(picked) - len(won)
         deadline = shared.member.deadline(written_ms)
+        # Ranges that start where a worker will stand go to that worker first (read on, no seek: its read-ahead).
+        won.sort(key=lambda w: self._follower(shared, w.partition, w.start) is None)
         for partition, start, end, tries in won:
             leased = LeasedRange(partition, start, end, tries, deadline)
-            worker = self._hungriest(shared)  # a range at a partition's end goes to an idle worker (see free_candidates)
+            # A range at a partition's end goes to an idle worker (see free_candidates).
+            worker = self._follower(shared, partition, start) or self._hungriest(shared)
             if worker is None or self.stopping:
                 shared.cancels.append(cancel_entry(leased))
                 continue
@@ -375,6 +400,11 @@ class SharedPool:
     def _claim_failed(self, topic: str, shared: SharedTopic, exc: Exception) -> None:
         shared.claiming = False
         self.log.warning("range claims on %s not confirmed: %s", topic, exc)
+
+    def _follower(self, shared: SharedTopic, partition: int, start: int) -> SharedWorkerHandle | None:
+        """A hungry worker whose consumer will stand at ``start`` of ``partition``, if any."""
+        return next((w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER
+                     and w.reads_next() == (partition, start)), None)  # fmt: skip
 
     def _hungriest(self, shared: SharedTopic) -> SharedWorkerHandle | None:
         hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]

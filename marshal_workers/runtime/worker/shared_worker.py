@@ -108,6 +108,7 @@ class _Range:
     failed: list[int] = field(default_factory=list)
     dead: list[int] = field(default_factory=list)
     handled: int = 0
+    busy_ms: float = 0.0  # fetches that returned messages of it, and its handler calls (range_sizing.py)
 
 
 class _SupervisorGone(Exception):
@@ -259,6 +260,7 @@ class SharedWorker:
                 # Read to the partition's end inside the lease: don't wait there for messages while a stop or
                 # another range waits.
                 return self._leave_at_the_end(leased, next_offset)
+            fetched_at = time.perf_counter()
             records = self._consumer.consume(min(leased.end - next_offset, _FETCH_MOST), 0.1)
             self._read_pipe(wait=0)  # renewals (and a stop, which waits for this range to end)
             not_ours = self._other_groups.offsets(records)  # one partition: the range's
@@ -295,6 +297,10 @@ class SharedWorker:
                     return self._abandon(leased, offset)
                 self._handle_message(handler, leased, record)
                 next_offset = offset + 1
+            if any(record.error() is None for record in records):
+                # Busy with messages, not waiting for them: the rate the pool sizes ranges by (a poll that timed out
+                # at the partition's end says nothing about the handler).
+                leased.busy_ms += (time.perf_counter() - fetched_at) * 1000
         self._settle(leased, leased.end)
 
     def _settle(self, leased: _Range, end: int) -> None:
@@ -305,7 +311,8 @@ class SharedWorker:
         self.outbox.flush()  # what the range's calls sent (app.send), before it is reported handled
         self._send_outcomes()
         self._send(Settled(leased.partition, leased.start, end, tuple(leased.failed), tuple(leased.dead),
-                           leased.handled, None if high is None or high[1] < 0 else high[1]))  # fmt: skip
+                           leased.handled, None if high is None or high[1] < 0 else high[1],
+                           round(leased.busy_ms, 3)))  # fmt: skip
 
     def _at_end(self, partition: int, next_offset: int, end_seen: int | None) -> bool:
         """Read to the partition's end: its end-of-partition event said so in this range, or the end the last fetch

@@ -421,3 +421,12 @@ def test_dlq_limit_is_a_whole_number_and_not_for_shared_handlers() -> None:
         app.handler("b", shared=True, dlq_limit=3)(lambda msg: None)
     app.handler("c", dlq_limit=3)(lambda msg: None)
     assert app.handlers["c"].dlq_limit == 3 and App(group="g").handler("d")(lambda m: None) is not None
+
+
+def test_shared_ranges_adapt_by_default_and_a_fixed_size_is_asked_for_with_adaptive_ranges_false() -> None:
+    app = App(group="g")
+    app.handler("a", shared=True, range_size=500)(lambda msg: None)
+    app.handler("b", shared=True, range_size=500, adaptive_ranges=False)(lambda msg: None)
+    assert [(h.range_size, h.adaptive_ranges) for h in app.handlers.values()] == [(500, True), (500, False)]
+    with pytest.raises(ConfigError, match=r"adaptive_ranges must be True .* or False \(every range range_size"):
+        app.handler("c", shared=True, adaptive_ranges="no")(lambda msg: None)  # type: ignore[arg-type]

@@ -60,8 +60,14 @@ def test_the_shared_partitions_page_registers_what_it_describes() -> None:
     namespace: dict[str, Any] = {"__name__": "shared_example"}
     exec(code, namespace)
     handlers = namespace["app"].handlers
-    described = {t: (h.shared, h.mode.value, h.range_size, h.pending_timeout, h.max_deliveries) for t, h in handlers.items()}
-    assert described == {"thumbnails": (True, "alo", 50, 60.0, 5), "uploads-audit": (True, "amo", 200, 60.0, 5)}
+    described = {
+        t: (h.shared, h.mode.value, h.range_size, h.adaptive_ranges, h.pending_timeout, h.max_deliveries)
+        for t, h in handlers.items()
+    }
+    assert described == {
+        "thumbnails": (True, "alo", 50, True, 60.0, 5),
+        "uploads-audit": (True, "amo", 200, False, 60.0, 5),
+    }
 
 
 def test_the_handlers_page_registers_the_policy_it_describes_and_its_handler_does_what_it_says() -> None:

@@ -23,6 +23,7 @@ from marshal_workers.protocol.range_member import (
     given_back_entry,
     handled_entry,
     safety_margin_ms,
+    topic_backlog,
 )  # fmt: skip
 from marshal_workers.protocol.world_state import WorldState, per_entry
 
@@ -279,3 +280,17 @@ def test_a_range_given_back_by_the_http_service_settles_exactly_what_clients_fin
     tried = {o for t in state.tries_in(100, 130) for o in range(t.start, t.end)}
     dead_settled = {o for o in dead if o < prefix_end} if entry else set()
     assert tried == (handed - acked) - dead_settled, "handed out, not acked, not dead-lettered: one try more"
+
+
+def test_the_backlog_that_sizes_ranges_is_the_topics_not_handed_out_offsets() -> None:
+    world = WorldState(GROUP, 1000)
+    world.shared[("t", 0)] = state = SharedPartition()
+    assert state.claim(100, 200, Holder("a", "1"), 0, 60_000, False)  # 100..199 leased: not backlog
+    backlog, live = topic_backlog(world, "t", {0: 500, 1: 50, 2: 70}, {1: 20}, now_ms=10)
+    assert backlog == (500 - 200) + (50 - 20), "partition 2's start is not known yet: not counted"
+    assert [(lease.start, lease.end) for lease in live] == [(100, 200)]
+    seen = []
+    member = RangeMember("t", 60_000)
+    choice = member.choose(world, {0: 500}, {}, 10, 7, 1, 0, random.Random(1),
+                           sizer=lambda backlog, leases: seen.append(backlog) or 50)  # fmt: skip
+    assert seen == [300] and [(w.start, w.end) for w in choice.ranges] == [(200, 250)], "the sizer's size, not 7"

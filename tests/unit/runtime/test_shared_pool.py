@@ -60,3 +60,22 @@ def test_a_partition_read_to_its_end_gets_a_one_offset_range_only_for_an_idle_wo
     assert state.ack(100, 101, Holder("a", "1"), NOW - 3, (), (), high=400)
     assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 2, idle=0)[0] == {0: [(101, 201, 0), (201, 301, 0),
                                                                                  (301, 400, 0)]}  # fmt: skip
+
+
+def test_a_range_that_starts_where_a_worker_stands_is_picked_first_so_its_consumer_reads_on() -> None:
+    candidates = {p: [(s, s + 10, 0) for s in range(0, 100, 10)] for p in range(2)}
+    for seed in range(50):
+        picked = pick_ranges(candidates, want=3, members=4, rng=random.Random(seed), follow=[(1, 40), (0, 70)])
+        assert picked[:2] == [(1, 40, 50, 0), (0, 70, 80, 0)], "both workers read on where they stand"
+    assert pick_ranges(candidates, want=1, members=1, rng=random.Random(1), follow=[(0, 15)])[0][1] == 0, (
+        "no free range starts there (someone else's): the lowest as before"
+    )
+
+
+def test_a_worker_stands_where_its_last_lease_ends_or_where_it_last_settled() -> None:
+    from marshal_workers.runtime.supervisor.shared_pool import LeasedRange, SharedWorkerHandle
+
+    standing = SharedWorkerHandle(0, process=object(), leases=[LeasedRange(0, 0, 100, 0, 10**12)])  # type: ignore[arg-type]
+    settled = SharedWorkerHandle(1, process=object(), settled_at=(1, 300))  # type: ignore[arg-type]
+    idle = SharedWorkerHandle(2, process=object())  # type: ignore[arg-type]
+    assert (standing.reads_next(), settled.reads_next(), idle.reads_next()) == ((0, 100), (1, 300), None)

@@ -1,0 +1,87 @@
+"""Shared handlers' ranges sized by the handler (docs/shared-partitions.md, "Range sizes"): a fast handler's leases
+grow far past ``range_size``, a slow one's stay small, and either way every message is handled once."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from fleet import Fleet
+from polling import poll_until
+
+from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.protocol import codec
+
+pytestmark = pytest.mark.broker
+
+PARTITIONS = 2
+
+
+def claimed_sizes(fleet: Fleet) -> list[tuple[int, list[int]]]:
+    """The group's range claims in the coordination log, in log order per log partition: (position among the
+    topic's range records, the sizes the claim asked for); with the position of every ack before it."""
+    consumer = Consumer({"bootstrap.servers": fleet.brokers, "group.id": "log-reader", "enable.partition.eof": True})
+    partitions = len(consumer.list_topics(fleet.coordination_topic, timeout=30).topics[fleet.coordination_topic]
+                     .partitions)  # fmt: skip
+    consumer.assign([TopicPartition(fleet.coordination_topic, p, 0) for p in range(partitions)])
+    found: list[codec.Record] = []
+    at_end: set[int] = set()
+    try:
+        deadline = time.monotonic() + 30
+        while len(at_end) < partitions and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error() is not None:
+                at_end.add(message.partition())
+                continue
+            found.append(codec.decode(message.value()))
+    finally:
+        consumer.close()
+    acks_before, claims = 0, []
+    for record in sorted(found, key=lambda r: r.ts):
+        if isinstance(record, codec.AckRanges) and record.topic == fleet.topic:
+            acks_before += 1
+        elif isinstance(record, codec.ClaimRanges) and record.topic == fleet.topic:
+            claims.append((acks_before, [entry.end - entry.offset for entry in record.ranges]))
+    return claims
+
+
+def run_to_the_end(fleet: Fleet, total: int, *args: str) -> None:
+    supervisor = fleet.start("a", "--processes", "2", *args)
+    try:
+        fleet.produce(range(total))
+        poll_until(lambda: len(fleet.counts()) == total, timeout=180, what="every message")
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=60) == ExitCode.OK
+    counts = fleet.counts()
+    assert sorted(counts, key=int) == [str(n) for n in range(total)], "at least once loses nothing"
+    assert [value for value, n in counts.items() if n > 1] == [], "no fault: each message handled once"
+
+
+def test_a_fast_handlers_ranges_grow_far_past_range_size(fleets: Callable[..., Fleet]) -> None:
+    fleet = fleets("shared", PARTITIONS, env={"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20"})
+    run_to_the_end(fleet, 20_000)
+    claims = claimed_sizes(fleet)
+    first = [size for acks, sizes in claims if acks == 0 for size in sizes]
+    assert first and max(first) <= 20, "before any range is settled, range_size is the size"
+    assert max(size for _, sizes in claims for size in sizes) >= 400, (
+        f"a handler of a fraction of a millisecond gets ranges of seconds of its work, not 20 offsets: {claims}"
+    )
+
+
+def test_a_slow_handlers_ranges_stay_small_whatever_range_size_says(fleets: Callable[..., Fleet]) -> None:
+    # 20 ms a message, a 3 s pending timeout: a lease should cover half a second of work, about 25 messages.
+    env = {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "2000", "MW_TEST_PENDING_TIMEOUT": "3s", "MW_TEST_DELAY": "0.02"}
+    fleet = fleets("shared", PARTITIONS, env=env)
+    run_to_the_end(fleet, 600)
+    claims = claimed_sizes(fleet)
+    # The first claims, before anything was measured, are bounded by a share of the backlog (600 between two
+    # workers: 300), not range_size's 2000; once two ranges are settled, by the handler's pace.
+    assert all(size <= 300 for _, sizes in claims for size in sizes), claims
+    later = [size for acks, sizes in claims if acks >= 2 for size in sizes]
+    assert later and max(later) <= 50, f"about half a second of a 20 ms handler's work: {claims}"
