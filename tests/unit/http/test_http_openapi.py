@@ -1,6 +1,6 @@
 """The service's OpenAPI document (http_openapi.py) against the code it describes: valid OpenAPI 3.1, every route
 documented and nothing else, the docs' copy current, and the parsers' and encoders' real inputs and outputs inside
-its schemas.  Pure: no broker (tests/e2e/test_http_openapi.py fuzzes a live server from it)."""
+its schemas.  Pure: no broker (tests/e2e/test_http_fuzzing.py fuzzes a live server from it)."""
 
 from __future__ import annotations
 
