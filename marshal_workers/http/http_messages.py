@@ -11,6 +11,7 @@ so a client decodes one message one way.
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -23,6 +24,11 @@ from marshal_workers.errors import ConfigError
 MAX_READ: Final = 1000  # messages per read
 MAX_READ_WAIT_S: Final = 60.0  # a long poll lasts at most this
 MAX_ITEMS: Final = 10_000  # messages per ack or cancel
+# A read's query as the OpenAPI document states it (http_openapi.py), in ASCII: Python's \\d and str.isdigit() take
+# other scripts' digits too ("²" is a digit int() refuses), which would let a query past the check and fail later.
+TIMEOUT_PATTERN: Final = r"^[0-9]+(\.[0-9]+)?(ms|s|m|h|d)?$"
+_TIMEOUT = re.compile(TIMEOUT_PATTERN)
+_WHOLE_NUMBER = re.compile(r"^[0-9]+$")
 
 
 class BadRequest(Exception):
@@ -57,14 +63,16 @@ def read_request(query: dict[str, str]) -> ReadRequest:
     if unknown:
         raise BadRequest(400, "bad_parameter", f"unknown query parameter {unknown[0]!r}: use timeout and max")
     text = query.get("timeout", "5s")
+    if not _TIMEOUT.fullmatch(text):
+        raise BadRequest(400, "bad_timeout", f"timeout is a duration such as 5s, 250ms or 0, got {text!r}")
     try:
-        wait_s = 0.0 if text.strip() in ("0", "0s", "0ms") else parse_duration(text)
+        wait_s = 0.0 if float(text.rstrip("mshd")) == 0 else parse_duration(text)
     except ConfigError as exc:
         raise BadRequest(400, "bad_timeout", f"timeout: {exc}") from None
     if wait_s > MAX_READ_WAIT_S:
         raise BadRequest(400, "bad_timeout", f"timeout is at most {MAX_READ_WAIT_S:.0f}s, got {text!r}")
     most_text = query.get("max", "1")
-    if not most_text.isdigit() or not 1 <= int(most_text) <= MAX_READ:
+    if not _WHOLE_NUMBER.fullmatch(most_text) or not 1 <= int(most_text) <= MAX_READ:
         raise BadRequest(400, "bad_max", f"max is a whole number from 1 to {MAX_READ}, got {most_text!r}")
     return ReadRequest(wait_s, int(most_text))
 

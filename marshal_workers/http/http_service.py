@@ -1,13 +1,13 @@
 """``marshal-workers serve``: the Read / Ack / Cancel service's HTTP server (aiohttp; docs/http-service.md).
 
 Routes: ``POST /read?timeout=5s&max=N``, ``POST /ack``, ``POST /cancel``
-(see http_messages.py for the bodies), ``GET /healthz`` and ``GET /metrics``
-(Prometheus).  aiohttp gives keep-alive, many concurrent long polls on one
+(see http_messages.py for the bodies), ``GET /healthz``, ``GET /metrics``
+(Prometheus) and ``GET /openapi.json`` (the OpenAPI document, http_openapi.py).  aiohttp gives keep-alive, many concurrent long polls on one
 event loop, TLS through an ``ssl.SSLContext`` and a graceful shutdown; the
 work of each request (a coordination write and its verdict) runs in a thread
 pool, as the Kafka clients block.
 
-With a token every route but ``/healthz`` requires ``Authorization: Bearer
+With a token every route but ``/healthz`` and ``/openapi.json`` requires ``Authorization: Bearer
 <token>`` (compared in constant time; the token is never logged).  SIGTERM
 (or ``admin shutdown``): reads answer at once (503 ``stopping``: ask another
 server), acks and cancels go on being served while the held ranges are
@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from marshal_workers.core import tracing
 from marshal_workers.errors import ConfigError
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_ids, read_request
+from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
 from marshal_workers.http.served_topic import ServedTopic
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
@@ -53,6 +54,8 @@ _THREADS = 64  # requests doing coordination writes at once
 _HANDED = web.RequestKey("handed", list[dict[str, Any]])  # a read's answer, kept on the request for its span
 _MOST = web.RequestKey("most", int)
 _IDS = web.RequestKey("ids", list[MessageId])  # an ack's or cancel's messages
+_OPENAPI = web.AppKey("openapi", bytes)
+_OPEN_ROUTES = ("/healthz", "/openapi.json")  # no token needed
 
 
 class News:
@@ -116,28 +119,35 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_NEWS] = News()
     app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
     topic.on_news = app[_NEWS].announce_threadsafe
-    app.router.add_post("/read", _read)
-    app.router.add_post("/ack", _ack)
-    app.router.add_post("/cancel", _cancel)
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/metrics", _metrics)
+    app[_OPENAPI] = orjson.dumps(openapi_document(token_required=bool(token)))
+    app.add_routes(service_routes())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_ServeCollector(topic, app[_REQUESTS]))
     app[_REGISTRY] = registry
     return app
 
 
+def service_routes() -> list[web.RouteDef]:
+    """Every route of the service (each one documented in the OpenAPI document: tests/unit/http check both ways)."""
+    return [
+        web.post("/read", _read),
+        web.post("/ack", _ack),
+        web.post("/cancel", _cancel),
+        web.get("/healthz", _healthz),
+        web.get("/metrics", _metrics),
+        web.get("/openapi.json", _openapi),
+    ]
 
 
 @web.middleware
 async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    route = request.path if request.path in ("/read", "/ack", "/cancel", "/healthz", "/metrics") else "other"
+    route = request.path if request.path in ("/read", "/ack", "/cancel", *_OPEN_ROUTES, "/metrics") else "other"
     spans = request.app[_SPANS]
     start_ns = time.time_ns() if spans is not None else 0
     error, why = "", ""
     try:
         token = request.app[_TOKEN]
-        if token and request.path != "/healthz":
+        if token and request.path not in _OPEN_ROUTES:
             given = request.headers.get("Authorization", "")
             if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token.encode()):
                 raise BadRequest(401, "unauthorized", "send Authorization: Bearer <the server's token>")
@@ -214,6 +224,10 @@ async def _healthz(request: web.Request) -> web.Response:
                "loop_seconds_ago": round(loop_age, 3)}  # fmt: skip
     ok = loop_age < 10 and not topic.stopping
     return _json({"status": "ok" if ok else "unhealthy", **details}, 200 if ok else 503)
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[_OPENAPI], content_type="application/json")
 
 
 async def _metrics(request: web.Request) -> web.Response:

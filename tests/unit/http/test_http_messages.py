@@ -27,6 +27,18 @@ def test_a_read_defaults_to_one_message_within_five_seconds_and_takes_durations(
     assert read_request({}) == ReadRequest(5.0, 1)
     assert read_request({"timeout": "250ms", "max": "100"}) == ReadRequest(0.25, 100)
     assert read_request({"timeout": "0"}) == ReadRequest(0.0, 1)
+    assert read_request({"timeout": "0.0s", "max": "007"}) == ReadRequest(0.0, 7)
+
+
+@given(st.dictionaries(st.sampled_from(["timeout", "max", "wait"]), st.text(max_size=8), max_size=3))
+@settings(max_examples=300)
+def test_any_read_query_is_either_a_read_or_a_bad_request(query: dict[str, str]) -> None:
+    try:
+        asked = read_request(query)
+    except BadRequest as refused:
+        assert refused.status == 400
+    else:
+        assert 0 <= asked.wait_s <= 60 and 1 <= asked.most <= 1000
 
 
 @pytest.mark.parametrize(
@@ -39,6 +51,13 @@ def test_a_read_defaults_to_one_message_within_five_seconds_and_takes_durations(
         ({"max": "-1"}, "bad_max"),
         ({"max": "1.5"}, "bad_max"),
         ({"wait": "1s"}, "bad_parameter"),
+        # Other scripts' digits: "²" passed str.isdigit() and int() then failed: a 500, not a 400.
+        ({"max": "\u00b2"}, "bad_max"),
+        ({"max": "\u0663"}, "bad_max"),
+        ({"timeout": "\u0663s"}, "bad_timeout"),
+        ({"timeout": "5s\n"}, "bad_timeout"),
+        ({"timeout": " 5s"}, "bad_timeout"),
+        ({"timeout": "0.0001s"}, "bad_timeout"),
     ],
 )
 def test_a_bad_read_query_is_a_400_that_says_what_to_send(query: dict[str, str], error: str) -> None:
