@@ -31,10 +31,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from marshal_workers.errors import ConfigError
+from marshal_workers.http.group_commit import LATENCY_BUCKETS
 from marshal_workers.http.http_messages import BadRequest, message_ids, read_request
 from marshal_workers.http.served_topic import ServedTopic
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
@@ -236,6 +237,30 @@ class _ServeCollector(Collector):
         for (route, status), count in sorted(self.requests.items()):
             requests.add_metric([group, route, str(status)], count)
         yield requests
+        yield from _write_families(group, topic)
+
+
+def _write_families(group: str, topic: ServedTopic) -> Iterator[Metric]:
+    """The group commit's coordination writes: how long each took (produce to verdict), how many messages they
+    carried, and how many failed: the read and ack latencies' floor."""
+    stats = topic.write_stats()
+    cumulative, running = [], 0
+    for bound, count in zip([*(str(b) for b in LATENCY_BUCKETS), "+Inf"], stats.buckets):
+        running += count
+        cumulative.append((bound, running))
+    seconds = HistogramMetricFamily(f"{PREFIX}_serve_write_seconds", "Coordination writes of the service's message "
+                                    "records (one per group commit): seconds from produce to verdict.",
+                                    labels=["group", "topic"])  # fmt: skip
+    seconds.add_metric([group, topic.topic], cumulative, stats.seconds)
+    yield seconds
+    entries = CounterMetricFamily(f"{PREFIX}_serve_written_messages", "Message entries (hand-outs, acks, cancels) "
+                                  "carried by the service's coordination writes.", labels=["group", "topic"])  # fmt: skip
+    entries.add_metric([group, topic.topic], stats.entries)
+    yield entries
+    failed = CounterMetricFamily(f"{PREFIX}_serve_write_failures", "Coordination writes of the service's message "
+                                 "records not confirmed in time.", labels=["group", "topic"])  # fmt: skip
+    failed.add_metric([group, topic.topic], stats.failed)
+    yield failed
 
 
 async def serve(

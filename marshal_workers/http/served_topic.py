@@ -30,6 +30,8 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from marshal_workers.core.config import Settings
 from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
+from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
@@ -95,7 +98,8 @@ class HeldRange:
     handed: dict[int, int] = field(default_factory=dict)  # offset -> hand-outs in this lease (the fold's)
     acked: set[int] = field(default_factory=set)
     dead: set[int] = field(default_factory=set)
-    reserved: set[int] = field(default_factory=set)  # a deliver_messages write for them is in flight
+    reserved: set[int] = field(default_factory=set)  # being handed out: a deliver_messages write for them is in flight
+    unwritten: set[int] = field(default_factory=set)  # answered to a client; their deliver_messages not confirmed yet
     settling: bool = False
     last_used: int = field(default_factory=monotonic_ms)  # claimed, or a message handed out: monotonic ms
 
@@ -115,7 +119,8 @@ class HeldRange:
         return self.fetched() and all(o in self.acked or o in self.dead for o in self.messages)
 
     def holds_a_client_message(self, now: int) -> bool:
-        return any(until > now and o not in self.acked for o, until in self.pending_until.items()) or bool(self.reserved)
+        return (any(until > now and o not in self.acked for o, until in self.pending_until.items())
+                or bool(self.reserved) or bool(self.unwritten))  # fmt: skip
 
 
 @dataclass
@@ -166,6 +171,9 @@ class ServedTopic:
         self._stop_loop = threading.Event()
         self._thread: threading.Thread | None = None
         self._holder: Holder | None = None
+        self._group_commit: GroupCommit | None = None
+        # A request waits this long for its write's verdict: the write's own timeout, plus one write queued before.
+        self._wait_s = 2 * settings.write_timeout + 1
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -187,6 +195,9 @@ class ServedTopic:
         self.partition_count = len(found.partitions)
         self._coordinator = Coordinator(self.settings).start()
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
+        coordinator = self._coordinator
+        self._group_commit = GroupCommit(lambda records: coordinator.write(records), coordinator.record_fields, self.topic,
+                                   self.options.pending_ms).start()  # fmt: skip
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
@@ -205,6 +216,8 @@ class ServedTopic:
         self._stop_loop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._group_commit is not None:
+            self._group_commit.close()  # what is queued is written first
         self._dlq.close()
         if self._consumer is not None:
             self._consumer.close()
@@ -216,6 +229,15 @@ class ServedTopic:
         with self.lock:
             self.counters.ranges_lost += len(self.ranges)
             self.ranges.clear()
+
+    @property
+    def _commit(self) -> GroupCommit:
+        assert self._group_commit is not None, "call start() first"
+        return self._group_commit
+
+    def write_stats(self) -> WriteStats:
+        """The group commit's writes (for /metrics)."""
+        return self._commit.snapshot()
 
     @property
     def coordinator(self) -> Coordinator:
@@ -236,61 +258,115 @@ class ServedTopic:
             )  # fmt: skip
 
     def read(self, most: int) -> list[dict[str, Any]]:
-        """Hand out up to ``most`` messages: written to the log as pending before they are returned."""
+        """Hand out up to ``most`` messages, pending from now until their deadline.
+
+        A message handed out for the first time under our lease is answered at once: the lease makes it ours
+        alone, and its ``deliver_messages`` goes in the next group commit, long before the lease could pass to
+        anyone else (``usable`` leaves a third of the pending timeout).  A message handed out again under the same
+        lease (cancelled, or its deadline passed) waits for its record's verdict: the log may still have it
+        pending with the client before (docs/http-service.md, "Reads without a wait")."""
         if self.stopping:
             return []
         now = monotonic_ms()
-        picked: list[tuple[HeldRange, int, int]] = []  # (range, offset, its hand-outs before this one)
+        picked = self._pick(most, now)
+        if not picked:
+            return []
+        entries = [codec.MessageEntry(held.partition, offset) for held, offset, _ in picked]
+        if all(first for _, _, first in picked):
+            wall = self.coordinator.now_ms()
+            with self.lock:
+                answer = [self._handed_out(held, offset, now, wall) for held, offset, _ in picked]
+                for held, offset, _ in picked:
+                    held.unwritten.add(offset)
+            self._write_hand_outs([(held, offset) for held, offset, _ in picked], entries)
+            return answer
+        written_ms, written_wall = monotonic_ms(), self.coordinator.now_ms()
+        try:
+            verdicts = self._commit.submit(Kind.DELIVER, entries).result(self._wait_s)
+        except (CoordinationWriteError, FutureTimeout):
+            verdicts = [False] * len(picked)  # not handed out: the client's read goes on waiting
+        answer = []
+        with self.lock:
+            for (held, offset, _), accepted in zip(picked, verdicts):
+                if accepted:
+                    answer.append(self._handed_out(held, offset, written_ms, written_wall))
+                else:
+                    held.reserved.discard(offset)
+                    self.counters.refused += 1
+        return answer
+
+    def _pick(self, most: int, now: int) -> list[tuple[HeldRange, int, bool]]:
+        """Up to ``most`` messages to hand out, reserved: (range, offset, never handed out under this lease)."""
+        picked: list[tuple[HeldRange, int, bool]] = []
         with self.lock:
             for held in sorted(self.ranges.values(), key=lambda r: (r.partition, r.start)):
+                if len(picked) >= most:
+                    break
                 if not self.member.usable(held, now, promise_ms=self.options.pending_ms // 3):
                     continue  # its lease may not outlive what we would promise
-                for offset in sorted(held.messages):
+                for offset in held.messages:  # in offset order: fetched in order, never inserted again
                     if len(picked) >= most:
                         break
                     if held.eligible(offset, now) and held.tries + held.handed.get(offset, 0) < self.options.max_deliveries:
                         held.reserved.add(offset)
-                        picked.append((held, offset, held.handed.get(offset, 0)))
-        if not picked:
-            return []
-        record = codec.DeliverMessages(
-            **self.coordinator.record_fields(), topic=self.topic, pending_ms=self.options.pending_ms,
-            messages=tuple(codec.MessageEntry(held.partition, offset) for held, offset, _ in picked),
+                        picked.append((held, offset, offset not in held.handed))
+        return picked
+
+    def _handed_out(self, held: HeldRange, offset: int, since_ms: int, since_wall: int) -> dict[str, Any]:
+        """A reserved message is out with a client from ``since_ms`` (monotonic; ``since_wall`` the wall clock's ms)
+        until the pending timeout: its answer.  Under the lock."""
+        held.reserved.discard(offset)
+        held.pending_until[offset] = since_ms + self.options.pending_ms
+        held.handed[offset] = held.handed.get(offset, 0) + 1
+        held.last_used = since_ms
+        self.counters.delivered += 1
+        message = held.messages[offset]
+        kind, stamp = message.timestamp()
+        return message_json(
+            self.topic, held.partition, offset, message.key(), message.value(), message.headers() or [],
+            stamp if kind != 0 else None, since_wall + self.options.pending_ms, held.tries + held.handed[offset],
         )  # fmt: skip
-        written_ms, written_wall = monotonic_ms(), record.ts
-        try:
-            verdicts = per_entry(self.coordinator.write([record])[0], len(picked))
-        except CoordinationWriteError:
-            verdicts = [False] * len(picked)  # not handed out: the client's read goes on waiting
-        answer = []
+
+    def _write_hand_outs(self, picked: list[tuple[HeldRange, int]], entries: list[codec.MessageEntry]) -> None:
+        """Queue the hand-outs answered already; their verdicts come back on the writer's thread."""
+        self._commit.submit(Kind.DELIVER, entries).add_done_callback(
+            lambda done: self._hand_outs_written(picked, done)
+        )
+
+    def _hand_outs_written(self, picked: list[tuple[HeldRange, int]], done: Future[list[bool]]) -> None:
+        """Hand-outs answered before their record: confirmed, refused (our lease had lapsed in the log: another
+        member may hand them out; at least once allows it), or not written (tried again while the lease lasts)."""
+        error = done.exception()
+        now = monotonic_ms()
+        again: list[tuple[HeldRange, int]] = []
         with self.lock:
-            for (held, offset, before), accepted in zip(picked, verdicts):
-                held.reserved.discard(offset)
-                if not accepted:
-                    self.counters.refused += 1
+            verdicts = done.result() if error is None else [None] * len(picked)
+            for (held, offset), accepted in zip(picked, verdicts):
+                if accepted is None and self.member.usable(held, now) and self.ranges.get((held.partition, held.start)) is held:
+                    again.append((held, offset))
                     continue
-                held.pending_until[offset] = written_ms + self.options.pending_ms
-                held.handed[offset] = max(held.handed.get(offset, 0), before + 1)  # the loop may have synced it
-                held.last_used = written_ms
-                self.counters.delivered += 1
-                message = held.messages[offset]
-                kind, stamp = message.timestamp()
-                answer.append(message_json(
-                    self.topic, held.partition, offset, message.key(), message.value(), message.headers() or [],
-                    stamp if kind != 0 else None, written_wall + self.options.pending_ms,
-                    held.tries + held.handed[offset],
-                ))  # fmt: skip
-        return answer
+                held.unwritten.discard(offset)
+                if accepted is False:
+                    self.counters.refused += 1
+        refused = [(h.partition, o) for (h, o), ok in zip(picked, verdicts) if ok is False]
+        if refused:
+            self.log.warning("%s: hand-outs %s refused by the log (the lease had lapsed): they may be handed to "
+                             "another client", self.topic, refused)  # fmt: skip
+        if error is not None:
+            self.log.warning("%s: hand-outs of %d messages not confirmed (%s): %s", self.topic, len(picked), error,
+                             "writing them again" if again else "their lease ran out: they are delivered again")
+        if again:
+            self._write_hand_outs(again, [codec.MessageEntry(h.partition, o) for h, o in again])
 
     def ack(self, ids: Sequence[MessageId]) -> dict[str, Any]:
         """Ack pending messages (any server's): 200's body; BadRequest if any of them cannot be acked."""
-        return self._settle_messages(ids, codec.AckMessages, "acked")
+        return self._settle_messages(ids, Kind.ACK, "acked")
 
     def cancel(self, ids: Sequence[MessageId]) -> dict[str, Any]:
         """Give pending messages back: their holder hands them out again at once."""
-        return self._settle_messages(ids, codec.CancelMessages, "cancelled")
+        return self._settle_messages(ids, Kind.CANCEL, "cancelled")
 
-    def _settle_messages(self, ids: Sequence[MessageId], kind: type[Any], verb: str) -> dict[str, Any]:
+    def _settle_messages(self, ids: Sequence[MessageId], kind: Kind, verb: str) -> dict[str, Any]:
         for found in ids:
             if found.topic != self.topic:
                 raise BadRequest(404, "unknown_topic", f"this server serves {self.topic!r}, not {found.topic!r}")
@@ -315,13 +391,12 @@ class ServedTopic:
         late: set[MessageId] = set()  # refused by the log because another server's ack of them came first
         refused: list[MessageId] = []
         if todo:
-            record = kind(**self.coordinator.record_fields(), topic=self.topic,
-                          messages=tuple(codec.MessageEntry(m.partition, m.offset) for m in todo))  # fmt: skip
+            entries = [codec.MessageEntry(m.partition, m.offset) for m in todo]
             try:
-                verdicts = per_entry(self.coordinator.write([record])[0], len(todo))
-            except CoordinationWriteError as exc:
+                verdicts = self._commit.submit(kind, entries).result(self._wait_s)
+            except (CoordinationWriteError, FutureTimeout) as exc:
                 raise BadRequest(503, "not_written", f"the coordination log did not confirm the {verb[:-2]}: "
-                                 f"try again ({exc})") from None  # fmt: skip
+                                 f"try again ({exc or 'no verdict in time'})") from None  # fmt: skip
             refused = [m for m, ok in zip(todo, verdicts) if not ok]
             self._apply_locally(todo, verdicts, verb)
         if refused and verb == "acked":
@@ -336,8 +411,17 @@ class ServedTopic:
         return {verb: len(todo) - len(late), "already": len(already) + len(late)}
 
     def _states(self, ids: Sequence[MessageId]) -> list[str]:
+        """Each message's state as the fold has it now; one we answered a read with and whose hand-out is queued
+        (or in flight) in our group commit counts as pending: an ack or cancel of it is written after it."""
         wall = self.coordinator.now_ms()
-        return self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
+        states = self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
+        if "undelivered" in states:
+            with self.lock:
+                for i, (found, state) in enumerate(zip(ids, states)):
+                    held = self._held_covering(found.partition, found.offset) if state == "undelivered" else None
+                    if held is not None and found.offset in held.unwritten:
+                        states[i] = "pending"
+        return states
 
     def _apply_locally(self, ids: Sequence[MessageId], verdicts: Sequence[bool], verb: str) -> None:
         with self.lock:
