@@ -31,6 +31,10 @@ from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import per_entry
 
 MAX_ENTRIES_PER_RECORD = 4096  # a record stays far below Kafka's message size limit
+# Entries nobody waits on (hand-outs answered already) wait this long for a write somebody waits on. Short against
+# any lease (a third of the pending timeout is left when a message is handed out) and against the 1 s another
+# server gives its view of the log before it calls a message never handed out.
+LINGER_S = 0.005
 
 
 class Kind(Enum):
@@ -46,6 +50,7 @@ class _Queued:
     kind: Kind
     entries: list[codec.MessageEntry]
     done: Future[list[bool]]
+    linger: bool = False
 
 
 # Upper bounds (seconds) of the write latency histogram in /metrics: fine below 10 ms, where a healthy write lies.
@@ -79,6 +84,7 @@ class GroupCommit:
         self._topic = topic
         self._pending_ms = pending_ms
         self._queue: list[_Queued] = []
+        self._urgent = False  # a queued entry has a request waiting for its verdict
         self._wake = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -97,9 +103,13 @@ class GroupCommit:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def submit(self, kind: Kind, entries: Sequence[codec.MessageEntry]) -> Future[list[bool]]:
+    def submit(self, kind: Kind, entries: Sequence[codec.MessageEntry], linger: bool = False) -> Future[list[bool]]:
         """Queue ``entries`` for the next write: the future gives one verdict per entry once the write is confirmed,
-        or the write's exception (CoordinationWriteError: not confirmed in time)."""
+        or the write's exception (CoordinationWriteError: not confirmed in time).
+
+        ``linger``: nobody waits for these verdicts (hand-outs answered already): they wait up to LINGER_S for a
+        write someone waits for (an ack's, typically of the same messages) to go with, instead of a write of their
+        own."""
         done: Future[list[bool]] = Future()
         if not entries:
             done.set_result([])
@@ -107,7 +117,9 @@ class GroupCommit:
         with self._wake:
             if self._closing and (self._thread is None or not self._thread.is_alive()):
                 raise RuntimeError("the group commit is closed: nothing more is written")
-            self._queue.append(_Queued(kind, list(entries), done))
+            self._queue.append(_Queued(kind, list(entries), done, linger))
+            if not linger:
+                self._urgent = True
             self._wake.notify()
         return done
 
@@ -124,13 +136,16 @@ class GroupCommit:
                     self._wake.wait()
                 if not self._queue:
                     return  # closing, and nothing left to write
+                flush_at = time.monotonic() + LINGER_S
+                while not self._urgent and not self._closing and (left := flush_at - time.monotonic()) > 0:
+                    self._wake.wait(left)  # only lingering entries: wait a moment for one somebody waits on
             self.write_queued()
 
     def write_queued(self) -> None:
         """One write of everything queued now, on this thread: the writer thread's step (a GroupCommit not
         started is written by calling it)."""
         with self._wake:
-            batch, self._queue = self._queue, []
+            batch, self._queue, self._urgent = self._queue, [], False
         if batch:
             self._write_batch(batch)
 

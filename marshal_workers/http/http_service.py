@@ -3,9 +3,9 @@
 Routes: ``POST /read?timeout=5s&max=N``, ``POST /ack``, ``POST /cancel``
 (see http_messages.py for the bodies), ``GET /healthz`` and ``GET /metrics``
 (Prometheus).  aiohttp gives keep-alive, many concurrent long polls on one
-event loop, TLS through an ``ssl.SSLContext`` and a graceful shutdown; the
-work of each request (a coordination write and its verdict) runs in a thread
-pool, as the Kafka clients block.
+event loop, TLS through an ``ssl.SSLContext`` and a graceful shutdown.  Requests
+never block the event loop: their coordination records go to the group commit
+(group_commit.py), whose verdicts they await as futures.
 
 With a token every route but ``/healthz`` requires ``Authorization: Bearer
 <token>`` (compared in constant time; the token is never logged).  SIGTERM
@@ -25,8 +25,8 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -34,10 +34,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from marshal_workers.errors import ConfigError
-from marshal_workers.http.group_commit import LATENCY_BUCKETS
+from marshal_workers.errors import ConfigError, CoordinationWriteError
+from marshal_workers.http.group_commit import LATENCY_BUCKETS, Kind
 from marshal_workers.http.http_messages import BadRequest, message_ids, read_request
-from marshal_workers.http.served_topic import ServedTopic
+from marshal_workers.http.served_topic import LOG_LAG_GRACE_S, ServedTopic
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
 from marshal_workers.observe.web_sites import open_site, stop_signal
 
@@ -45,9 +45,8 @@ _log = logging.getLogger(__name__)
 
 _TOPIC = web.AppKey("topic", ServedTopic)
 _TOKEN = web.AppKey("token", str)
-_POOL = web.AppKey("pool", ThreadPoolExecutor)
 _REQUESTS = web.AppKey("requests", Counter)
-_THREADS = 64  # requests doing coordination writes at once
+T = TypeVar("T")
 
 
 class News:
@@ -106,7 +105,6 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app = web.Application(middlewares=[_errors_and_auth], client_max_size=4 * 2**20)
     app[_TOPIC] = topic
     app[_TOKEN] = token or ""
-    app[_POOL] = ThreadPoolExecutor(_THREADS, thread_name_prefix="serve-request")
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
     topic.on_news = app[_NEWS].announce_threadsafe
@@ -154,10 +152,6 @@ def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-async def _in_pool(request: web.Request, call: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(request.app[_POOL], call, *args)
-
-
 async def _read(request: web.Request) -> web.StreamResponse:
     asked = read_request(dict(request.query))
     topic, news = request.app[_TOPIC], request.app[_NEWS]
@@ -166,7 +160,8 @@ async def _read(request: web.Request) -> web.StreamResponse:
     try:
         while True:
             if topic.available_now:
-                messages = await _in_pool(request, topic.read, asked.most)
+                # On the event loop: a first hand-out is answered at once, another waits for its write's verdict.
+                messages = await _verdict(topic, topic.hand_out(asked.most))
                 if messages:
                     return _json({"messages": messages})
             if topic.stopping:  # not "nothing yet": this server is going away, ask another
@@ -180,14 +175,41 @@ async def _read(request: web.Request) -> web.StreamResponse:
         topic.waiting_readers -= 1
 
 
+async def _verdict(topic: ServedTopic, future: Future[T]) -> T:
+    """A group commit's outcome, awaited without a thread (at once when it is known already)."""
+    if future.done():
+        return future.result()
+    async with asyncio.timeout(topic.verdict_wait_s):  # no task of its own, unlike wait_for
+        return await asyncio.wrap_future(future)
+
+
 async def _ack(request: web.Request) -> web.Response:
-    ids = message_ids(await request.read())
-    return _json(await _in_pool(request, request.app[_TOPIC].ack, ids))
+    return await _settle(request, Kind.ACK)
 
 
 async def _cancel(request: web.Request) -> web.Response:
+    return await _settle(request, Kind.CANCEL)
+
+
+async def _settle(request: web.Request, kind: Kind) -> web.Response:
+    """An ack or cancel: checked against the log (waiting a moment for a view that may lag), written in the next
+    group commit, answered once the log's verdict is known (never before)."""
     ids = message_ids(await request.read())
-    return _json(await _in_pool(request, request.app[_TOPIC].cancel, ids))
+    topic = request.app[_TOPIC]
+    states = topic.message_states(ids)
+    give_up = time.monotonic() + LOG_LAG_GRACE_S
+    while topic.log_may_lag(states) and time.monotonic() < give_up:
+        await asyncio.sleep(0.01)
+        states = topic.message_states(ids)
+    settlement = topic.settlement(ids, states, kind)
+    verdicts: list[bool] = []
+    if settlement.todo:
+        try:
+            verdicts = await _verdict(topic, topic.write_settlement(settlement))
+        except (CoordinationWriteError, TimeoutError) as exc:
+            raise BadRequest(503, "not_written", f"the coordination log did not confirm the {settlement.verb[:-2]}: "
+                             f"try again ({exc or 'no verdict in time'})") from None  # fmt: skip
+    return _json(topic.settled(settlement, verdicts))
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -292,4 +314,3 @@ async def serve(
                      "acked are delivered again", topic.settings.group, topic.topic)  # fmt: skip
         topic.abandon()
     await runner.cleanup()
-    app[_POOL].shutdown(wait=True)

@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +122,16 @@ class HeldRange:
                 or bool(self.reserved) or bool(self.unwritten))  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Settlement:
+    """An ack or cancel that passed the checks: the messages to write (pending ones) and those done already."""
+
+    kind: Kind
+    verb: str  # "acked" or "cancelled": the answer's key
+    todo: list[MessageId]
+    already: int
+
+
 @dataclass
 class ServeCounters:
     delivered: int = 0
@@ -173,7 +182,7 @@ class ServedTopic:
         self._holder: Holder | None = None
         self._group_commit: GroupCommit | None = None
         # A request waits this long for its write's verdict: the write's own timeout, plus one write queued before.
-        self._wait_s = 2 * settings.write_timeout + 1
+        self.verdict_wait_s = 2 * settings.write_timeout + 1
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -257,39 +266,43 @@ class ServedTopic:
                 for offset in held.messages if held.eligible(offset, now)
             )  # fmt: skip
 
-    def read(self, most: int) -> list[dict[str, Any]]:
-        """Hand out up to ``most`` messages, pending from now until their deadline.
+    def hand_out(self, most: int) -> Future[list[dict[str, Any]]]:
+        """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read (no wait:
+        the future is done, or done when a write's verdict comes).
 
         A message handed out for the first time under our lease is answered at once: the lease makes it ours
         alone, and its ``deliver_messages`` goes in the next group commit, long before the lease could pass to
         anyone else (``usable`` leaves a third of the pending timeout).  A message handed out again under the same
         lease (cancelled, or its deadline passed) waits for its record's verdict: the log may still have it
         pending with the client before (docs/http-service.md, "Reads without a wait")."""
-        if self.stopping:
-            return []
-        now = monotonic_ms()
-        picked = self._pick(most, now)
+        answered: Future[list[dict[str, Any]]] = Future()
+        picked = [] if self.stopping else self._pick(most, monotonic_ms())
         if not picked:
-            return []
+            answered.set_result([])
+            return answered
         entries = [codec.MessageEntry(held.partition, offset) for held, offset, _ in picked]
+        now, wall = monotonic_ms(), self.coordinator.now_ms()
         if all(first for _, _, first in picked):
-            wall = self.coordinator.now_ms()
             with self.lock:
-                answer = [self._handed_out(held, offset, now, wall) for held, offset, _ in picked]
+                answered.set_result([self._handed_out(held, offset, now, wall) for held, offset, _ in picked])
                 for held, offset, _ in picked:
                     held.unwritten.add(offset)
             self._write_hand_outs([(held, offset) for held, offset, _ in picked], entries)
-            return answer
-        written_ms, written_wall = monotonic_ms(), self.coordinator.now_ms()
-        try:
-            verdicts = self._commit.submit(Kind.DELIVER, entries).result(self._wait_s)
-        except (CoordinationWriteError, FutureTimeout):
-            verdicts = [False] * len(picked)  # not handed out: the client's read goes on waiting
+            return answered
+        self._commit.submit(Kind.DELIVER, entries).add_done_callback(
+            lambda written: answered.set_result(self._answer_written(picked, written, now, wall))
+        )
+        return answered
+
+    def _answer_written(self, picked: list[tuple[HeldRange, int, bool]], written: Future[list[bool]], since_ms: int,
+                        since_wall: int) -> list[dict[str, Any]]:  # fmt: skip
+        """The messages the log accepted as handed out (a write not confirmed: none; the read goes on waiting)."""
+        verdicts = written.result() if written.exception() is None else [False] * len(picked)
         answer = []
         with self.lock:
             for (held, offset, _), accepted in zip(picked, verdicts):
                 if accepted:
-                    answer.append(self._handed_out(held, offset, written_ms, written_wall))
+                    answer.append(self._handed_out(held, offset, since_ms, since_wall))
                 else:
                     held.reserved.discard(offset)
                     self.counters.refused += 1
@@ -329,7 +342,7 @@ class ServedTopic:
 
     def _write_hand_outs(self, picked: list[tuple[HeldRange, int]], entries: list[codec.MessageEntry]) -> None:
         """Queue the hand-outs answered already; their verdicts come back on the writer's thread."""
-        self._commit.submit(Kind.DELIVER, entries).add_done_callback(
+        self._commit.submit(Kind.DELIVER, entries, linger=True).add_done_callback(
             lambda done: self._hand_outs_written(picked, done)
         )
 
@@ -358,47 +371,51 @@ class ServedTopic:
         if again:
             self._write_hand_outs(again, [codec.MessageEntry(h.partition, o) for h, o in again])
 
-    def ack(self, ids: Sequence[MessageId]) -> dict[str, Any]:
-        """Ack pending messages (any server's): 200's body; BadRequest if any of them cannot be acked."""
-        return self._settle_messages(ids, Kind.ACK, "acked")
+    # An ack or a cancel, in steps the HTTP handler awaits between (nothing here blocks): the messages' states
+    # (waiting, up to LOG_LAG_GRACE_S, while some are not yet in our view of the log), the checks, the write
+    # (group commit), the answer.
 
-    def cancel(self, ids: Sequence[MessageId]) -> dict[str, Any]:
-        """Give pending messages back: their holder hands them out again at once."""
-        return self._settle_messages(ids, Kind.CANCEL, "cancelled")
-
-    def _settle_messages(self, ids: Sequence[MessageId], kind: Kind, verb: str) -> dict[str, Any]:
+    def message_states(self, ids: Sequence[MessageId]) -> list[str]:
+        """Each message's state (see _message_state); BadRequest 404 for a message not of the served topic."""
         for found in ids:
             if found.topic != self.topic:
                 raise BadRequest(404, "unknown_topic", f"this server serves {self.topic!r}, not {found.topic!r}")
             if found.partition >= self.partition_count:
                 raise BadRequest(404, "unknown_partition", f"{self.topic} has partitions 0 to "
                                  f"{self.partition_count - 1}, not {found.partition}")  # fmt: skip
-        states = self._states(ids)
-        # Another server handed the message out and wrote so before its client heard of it, but our view of the
-        # log may lag by a fetch or two: give it a moment before calling a message never handed out (or, handed out
-        # again, expired).
-        give_up = time.monotonic() + LOG_LAG_GRACE_S
-        while any(state in ("unknown", "undelivered", "expired") for state in states) and time.monotonic() < give_up:
-            time.sleep(0.01)
-            states = self._states(ids)
-        already = [m for m, state in zip(ids, states) if state == "done" or (state == "acked" and verb == "acked")]
+        return self._states(ids)
+
+    @staticmethod
+    def log_may_lag(states: Sequence[str]) -> bool:
+        """Another server handed a message out and wrote so before its client heard of it, but our view of the log
+        may lag by a fetch or two: worth waiting (up to LOG_LAG_GRACE_S) before calling a message never handed out
+        (or, handed out again, expired)."""
+        return any(state in ("unknown", "undelivered", "expired") for state in states)
+
+    def settlement(self, ids: Sequence[MessageId], states: Sequence[str], kind: Kind) -> Settlement:
+        """What an ack (``kind`` ACK) or cancel (CANCEL) of ``ids`` writes; BadRequest 409 if any of them cannot be
+        settled (then nothing is)."""
+        verb = "acked" if kind is Kind.ACK else "cancelled"
+        already = [m for m, state in zip(ids, states) if state == "done" or (state == "acked" and kind is Kind.ACK)]
         bad = [(m, state) for m, state in zip(ids, states) if state not in ("pending", "done", "acked")]
-        bad += [(m, state) for m, state in zip(ids, states) if state in ("done", "acked") and verb == "cancelled"]
+        bad += [(m, state) for m, state in zip(ids, states) if state in ("done", "acked") and kind is Kind.CANCEL]
         if bad:
             raise BadRequest(409, "not_pending", f"{len(bad)} of the messages cannot be {verb}: nothing was {verb}",
                              messages=[_problem(m, state) for m, state in bad])  # fmt: skip
-        todo = [m for m, state in zip(ids, states) if state == "pending"]
+        return Settlement(kind, verb, [m for m, state in zip(ids, states) if state == "pending"], len(already))
+
+    def write_settlement(self, settlement: Settlement) -> Future[list[bool]]:
+        """The settlement's record, in the next group commit: its verdicts (CoordinationWriteError if not
+        confirmed in time)."""
+        entries = [codec.MessageEntry(m.partition, m.offset) for m in settlement.todo]
+        return self._commit.submit(settlement.kind, entries)
+
+    def settled(self, settlement: Settlement, verdicts: Sequence[bool]) -> dict[str, Any]:
+        """The answer (200's body) once the log judged the settlement; BadRequest 409 if it refused some."""
+        todo, verb = settlement.todo, settlement.verb
+        refused = [m for m, ok in zip(todo, verdicts) if not ok]
+        self._apply_locally(todo, verdicts, verb)
         late: set[MessageId] = set()  # refused by the log because another server's ack of them came first
-        refused: list[MessageId] = []
-        if todo:
-            entries = [codec.MessageEntry(m.partition, m.offset) for m in todo]
-            try:
-                verdicts = self._commit.submit(kind, entries).result(self._wait_s)
-            except (CoordinationWriteError, FutureTimeout) as exc:
-                raise BadRequest(503, "not_written", f"the coordination log did not confirm the {verb[:-2]}: "
-                                 f"try again ({exc or 'no verdict in time'})") from None  # fmt: skip
-            refused = [m for m, ok in zip(todo, verdicts) if not ok]
-            self._apply_locally(todo, verdicts, verb)
         if refused and verb == "acked":
             # Acked meanwhile through another server (our view had not seen it): done, as the client wants.
             late = {m for m, state in zip(refused, self._states(refused)) if state in ("acked", "done")}
@@ -408,7 +425,7 @@ class ServedTopic:
             raise BadRequest(409, "partly_refused", f"{len(refused)} of the messages were no longer pending when the "
                              f"log got the request (their deadline or lease ended): the others were {verb}",
                              messages=[_problem(m, "expired") for m in refused])  # fmt: skip
-        return {verb: len(todo) - len(late), "already": len(already) + len(late)}
+        return {verb: len(todo) - len(late), "already": settlement.already + len(late)}
 
     def _states(self, ids: Sequence[MessageId]) -> list[str]:
         """Each message's state as the fold has it now; one we answered a read with and whose hand-out is queued
