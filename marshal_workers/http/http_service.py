@@ -157,9 +157,11 @@ async def _read(request: web.Request) -> web.StreamResponse:
     topic, news = request.app[_TOPIC], request.app[_NEWS]
     deadline = time.monotonic() + asked.wait_s
     topic.waiting_readers += 1
+    first = True  # a read tries the held messages at once: the loop's count may be stale (it may sit in a write)
     try:
         while True:
-            if topic.available_now:
+            if topic.available_now or first:
+                first = False
                 # On the event loop: a first hand-out is answered at once, another waits for its write's verdict.
                 messages = await _verdict(topic, topic.hand_out(asked.most))
                 if messages:
