@@ -82,9 +82,9 @@ def start_server(bootstrap: str, topic: str, group: str, out: Path,
                "--coordination-topic", f"__marshal-{group}", "--topic", topic, "--port", str(port),
                "--log-level", "warning"]  # fmt: skip
     env = base_env()
-    if package is not None:
+    if package is not None:  # from there: ``python -m`` puts the working directory first on sys.path
         env["PYTHONPATH"] = os.pathsep.join([package, str(HERE)])
-    return launch(command, env, out / "server.log", port)
+    return launch(command, env, out / "server.log", port, cwd=package)
 
 
 def start_ceiling(out: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -92,9 +92,10 @@ def start_ceiling(out: Path) -> tuple[subprocess.Popen[bytes], str]:
     return launch([sys.executable, str(HERE / "serve_ceiling.py"), str(port)], base_env(), out / "ceiling.log", port)
 
 
-def launch(command: list[str], env: dict[str, str], log_path: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
+def launch(command: list[str], env: dict[str, str], log_path: Path, port: int,
+           cwd: str | None = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     log = open(log_path, "wb")
-    server = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True, cwd=cwd)
     STARTED.append(server.pid)  # its own session: checked by leftovers() at the end
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
