@@ -5,7 +5,8 @@ one (no CREATE permission, a policy) is played by this proxy: it forwards
 every request frame unchanged except those whose API key is refused, on
 which it closes the connection.  A slow cluster is played by delaying the
 requests whose API key is in ``delay`` (e.g. every Produce) before passing
-them on, a stalled one by holding them between ``stall()`` and ``resume()``.
+them on, a stalled one by holding them between ``stall()`` and ``resume()``, and a write lost on the way by
+dropping them between ``drop()`` and ``resume()`` (never passed on, never answered).
 The broker behind it must advertise the proxy's address, so that clients
 never go around it.
 """
@@ -39,6 +40,7 @@ class KafkaProxy:
         self._server = socket.create_server((host, listen_port))
         self._sockets: list[socket.socket] = [self._server]
         self._closing = False
+        self._dropping = False
 
     def start(self) -> KafkaProxy:
         threading.Thread(target=self._accept, daemon=True).start()
@@ -48,7 +50,12 @@ class KafkaProxy:
         """Hold every request of the delayed kinds from now on (requests already passed on are answered)."""
         self._flowing.clear()
 
+    def drop(self) -> None:
+        """Throw every request of the delayed kinds away from now on: the broker never sees them."""
+        self._dropping = True
+
     def resume(self) -> None:
+        self._dropping = False
         self._flowing.set()
 
     def close(self) -> None:
@@ -82,6 +89,8 @@ class KafkaProxy:
                     self.refused += 1
                     break
                 if api_key in self.delay:
+                    if self._dropping:
+                        continue
                     self._flowing.wait()
                     time.sleep(self.delay_s)
                 upstream.sendall(header + body)

@@ -2,10 +2,10 @@
 
 Routes: ``POST /read?timeout=5s&max=N``, ``POST /ack``, ``POST /cancel``
 (see http_messages.py for the bodies), ``GET /healthz``, ``GET /metrics``
-(Prometheus) and ``GET /openapi.json`` (the OpenAPI document, http_openapi.py).  aiohttp gives keep-alive, many concurrent long polls on one
-event loop, TLS through an ``ssl.SSLContext`` and a graceful shutdown; the
-work of each request (a coordination write and its verdict) runs in a thread
-pool, as the Kafka clients block.
+(Prometheus) and ``GET /openapi.json`` (the OpenAPI document, http_openapi.py).  aiohttp gives
+keep-alive, many concurrent long polls on one event loop, TLS through an ``ssl.SSLContext`` and a
+graceful shutdown.  Requests never block the event loop: their coordination records go to the group
+commit (group_commit.py), whose verdicts they await as futures.
 
 With a token every route but ``/healthz`` and ``/openapi.json`` requires ``Authorization: Bearer
 <token>`` (compared in constant time; the token is never logged).  SIGTERM
@@ -25,21 +25,22 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from marshal_workers.core import tracing
-from marshal_workers.errors import ConfigError
+from marshal_workers.errors import ConfigError, CoordinationWriteError
+from marshal_workers.http.group_commit import LATENCY_BUCKETS, Kind
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_ids, read_request
 from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
-from marshal_workers.http.served_topic import ServedTopic
+from marshal_workers.http.served_topic import LOG_LAG_GRACE_S, ServedTopic
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
 from marshal_workers.observe.web_sites import open_site, stop_signal
 
@@ -47,15 +48,14 @@ _log = logging.getLogger(__name__)
 
 _TOPIC = web.AppKey("topic", ServedTopic)
 _TOKEN = web.AppKey("token", str)
-_POOL = web.AppKey("pool", ThreadPoolExecutor)
 _REQUESTS = web.AppKey("requests", Counter)
 _SPANS = web.AppKey("spans", ServeSpans)  # None: tracing is off
-_THREADS = 64  # requests doing coordination writes at once
 _HANDED = web.RequestKey("handed", list[dict[str, Any]])  # a read's answer, kept on the request for its span
 _MOST = web.RequestKey("most", int)
 _IDS = web.RequestKey("ids", list[MessageId])  # an ack's or cancel's messages
 _OPENAPI = web.AppKey("openapi", bytes)
 _OPEN_ROUTES = ("/healthz", "/openapi.json")  # no token needed
+T = TypeVar("T")
 
 
 class News:
@@ -114,7 +114,6 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app = web.Application(middlewares=[_errors_and_auth], client_max_size=4 * 2**20)
     app[_TOPIC] = topic
     app[_TOKEN] = token or ""
-    app[_POOL] = ThreadPoolExecutor(_THREADS, thread_name_prefix="serve-request")
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
     app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
@@ -180,19 +179,18 @@ def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-async def _in_pool(request: web.Request, call: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(request.app[_POOL], call, *args)
-
-
 async def _read(request: web.Request) -> web.StreamResponse:
     asked = read_request(dict(request.query))
     topic, news = request.app[_TOPIC], request.app[_NEWS]
     deadline = time.monotonic() + asked.wait_s
     topic.waiting_readers += 1
+    first = True  # a read tries the held messages at once: the loop's count may be stale (it may sit in a write)
     try:
         while True:
-            if topic.available_now:
-                messages = await _in_pool(request, topic.read, asked.most)
+            if topic.available_now or first:
+                first = False
+                # On the event loop: a first hand-out is answered at once, another waits for its write's verdict.
+                messages = await _verdict(topic, topic.hand_out(asked.most))
                 if messages:
                     request[_HANDED], request[_MOST] = messages, asked.most
                     return _json({"messages": messages})
@@ -207,14 +205,41 @@ async def _read(request: web.Request) -> web.StreamResponse:
         topic.waiting_readers -= 1
 
 
+async def _verdict(topic: ServedTopic, future: Future[T]) -> T:
+    """A group commit's outcome, awaited without a thread (at once when it is known already)."""
+    if future.done():
+        return future.result()
+    async with asyncio.timeout(topic.verdict_wait_s):  # no task of its own, unlike wait_for
+        return await asyncio.wrap_future(future)
+
+
 async def _ack(request: web.Request) -> web.Response:
-    ids = request[_IDS] = message_ids(await request.read())
-    return _json(await _in_pool(request, request.app[_TOPIC].ack, ids))
+    return await _settle(request, Kind.ACK)
 
 
 async def _cancel(request: web.Request) -> web.Response:
+    return await _settle(request, Kind.CANCEL)
+
+
+async def _settle(request: web.Request, kind: Kind) -> web.Response:
+    """An ack or cancel: checked against the log (waiting a moment for a view that may lag), written in the next
+    group commit, answered once the log's verdict is known (never before)."""
     ids = request[_IDS] = message_ids(await request.read())
-    return _json(await _in_pool(request, request.app[_TOPIC].cancel, ids))
+    topic = request.app[_TOPIC]
+    states = topic.message_states(ids)
+    give_up = time.monotonic() + LOG_LAG_GRACE_S
+    while topic.log_may_lag(states) and time.monotonic() < give_up:
+        await asyncio.sleep(0.01)
+        states = topic.message_states(ids)
+    settlement = topic.settlement(ids, states, kind)
+    verdicts: list[bool] = []
+    if settlement.todo:
+        try:
+            verdicts = await _verdict(topic, topic.write_settlement(settlement))
+        except (CoordinationWriteError, TimeoutError) as exc:
+            raise BadRequest(503, "not_written", f"the coordination log did not confirm the {settlement.verb[:-2]}: "
+                             f"try again ({exc or 'no verdict in time'})", retry_after=1) from None  # fmt: skip
+    return _json(topic.settled(settlement, verdicts))
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -268,6 +293,30 @@ class _ServeCollector(Collector):
         for (route, status), count in sorted(self.requests.items()):
             requests.add_metric([group, route, str(status)], count)
         yield requests
+        yield from _write_families(group, topic)
+
+
+def _write_families(group: str, topic: ServedTopic) -> Iterator[Metric]:
+    """The group commit's coordination writes: how long each took (produce to verdict), how many messages they
+    carried, and how many failed: the read and ack latencies' floor."""
+    stats = topic.write_stats()
+    cumulative, running = [], 0
+    for bound, count in zip([*(str(b) for b in LATENCY_BUCKETS), "+Inf"], stats.buckets):
+        running += count
+        cumulative.append((bound, running))
+    seconds = HistogramMetricFamily(f"{PREFIX}_serve_write_seconds", "Coordination writes of the service's message "
+                                    "records (one per group commit): seconds from produce to verdict.",
+                                    labels=["group", "topic"])  # fmt: skip
+    seconds.add_metric([group, topic.topic], cumulative, stats.seconds)
+    yield seconds
+    entries = CounterMetricFamily(f"{PREFIX}_serve_written_messages", "Message entries (hand-outs, acks, cancels) "
+                                  "carried by the service's coordination writes.", labels=["group", "topic"])  # fmt: skip
+    entries.add_metric([group, topic.topic], stats.entries)
+    yield entries
+    failed = CounterMetricFamily(f"{PREFIX}_serve_write_failures", "Coordination writes of the service's message "
+                                 "records not confirmed in time.", labels=["group", "topic"])  # fmt: skip
+    failed.add_metric([group, topic.topic], stats.failed)
+    yield failed
 
 
 async def serve(
@@ -316,4 +365,3 @@ async def _serve(
                      "acked are delivered again", topic.settings.group, topic.topic)  # fmt: skip
         topic.abandon()
     await runner.cleanup()
-    app[_POOL].shutdown(wait=True)

@@ -30,6 +30,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from marshal_workers.core.config import Settings
 from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
+from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
@@ -95,7 +97,8 @@ class HeldRange:
     handed: dict[int, int] = field(default_factory=dict)  # offset -> hand-outs in this lease (the fold's)
     acked: set[int] = field(default_factory=set)
     dead: set[int] = field(default_factory=set)
-    reserved: set[int] = field(default_factory=set)  # a deliver_messages write for them is in flight
+    reserved: set[int] = field(default_factory=set)  # being handed out: a deliver_messages write for them is in flight
+    unwritten: set[int] = field(default_factory=set)  # answered to a client; their deliver_messages not confirmed yet
     settling: bool = False
     last_used: int = field(default_factory=monotonic_ms)  # claimed, or a message handed out: monotonic ms
 
@@ -115,7 +118,18 @@ class HeldRange:
         return self.fetched() and all(o in self.acked or o in self.dead for o in self.messages)
 
     def holds_a_client_message(self, now: int) -> bool:
-        return any(until > now and o not in self.acked for o, until in self.pending_until.items()) or bool(self.reserved)
+        return (any(until > now and o not in self.acked for o, until in self.pending_until.items())
+                or bool(self.reserved) or bool(self.unwritten))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """An ack or cancel that passed the checks: the messages to write (pending ones) and those done already."""
+
+    kind: Kind
+    verb: str  # "acked" or "cancelled": the answer's key
+    todo: list[MessageId]
+    already: int
 
 
 @dataclass
@@ -166,6 +180,9 @@ class ServedTopic:
         self._stop_loop = threading.Event()
         self._thread: threading.Thread | None = None
         self._holder: Holder | None = None
+        self._group_commit: GroupCommit | None = None
+        # A request waits this long for its write's verdict: the write's own timeout, plus one write queued before.
+        self.verdict_wait_s = 2 * settings.write_timeout + 1
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -187,6 +204,9 @@ class ServedTopic:
         self.partition_count = len(found.partitions)
         self._coordinator = Coordinator(self.settings).start()
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
+        coordinator = self._coordinator
+        self._group_commit = GroupCommit(lambda records: coordinator.write(records), coordinator.record_fields, self.topic,
+                                   self.options.pending_ms).start()  # fmt: skip
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
@@ -205,6 +225,8 @@ class ServedTopic:
         self._stop_loop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._group_commit is not None:
+            self._group_commit.close()  # what is queued is written first
         self._dlq.close()
         if self._consumer is not None:
             self._consumer.close()
@@ -216,6 +238,15 @@ class ServedTopic:
         with self.lock:
             self.counters.ranges_lost += len(self.ranges)
             self.ranges.clear()
+
+    @property
+    def _commit(self) -> GroupCommit:
+        assert self._group_commit is not None, "call start() first"
+        return self._group_commit
+
+    def write_stats(self) -> WriteStats:
+        """The group commit's writes (for /metrics)."""
+        return self._commit.snapshot()
 
     @property
     def coordinator(self) -> Coordinator:
@@ -235,95 +266,156 @@ class ServedTopic:
                 for offset in held.messages if held.eligible(offset, now)
             )  # fmt: skip
 
-    def read(self, most: int) -> list[dict[str, Any]]:
-        """Hand out up to ``most`` messages: written to the log as pending before they are returned."""
-        if self.stopping:
-            return []
-        now = monotonic_ms()
-        picked: list[tuple[HeldRange, int, int]] = []  # (range, offset, its hand-outs before this one)
+    def hand_out(self, most: int) -> Future[list[dict[str, Any]]]:
+        """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read (no wait:
+        the future is done, or done when a write's verdict comes).
+
+        A message handed out for the first time under our lease is answered at once: the lease makes it ours
+        alone, and its ``deliver_messages`` goes in the next group commit, long before the lease could pass to
+        anyone else (``usable`` leaves a third of the pending timeout).  A message handed out again under the same
+        lease (cancelled, or its deadline passed) waits for its record's verdict: the log may still have it
+        pending with the client before (docs/http-service.md, "Reads without a wait")."""
+        answered: Future[list[dict[str, Any]]] = Future()
+        picked = [] if self.stopping else self._pick(most, monotonic_ms())
+        if not picked:
+            answered.set_result([])
+            return answered
+        entries = [codec.MessageEntry(held.partition, offset) for held, offset, _ in picked]
+        now, wall = monotonic_ms(), self.coordinator.now_ms()
+        if all(first for _, _, first in picked):
+            with self.lock:
+                answered.set_result([self._handed_out(held, offset, now, wall) for held, offset, _ in picked])
+                for held, offset, _ in picked:
+                    held.unwritten.add(offset)
+            self._write_hand_outs([(held, offset) for held, offset, _ in picked], entries)
+            return answered
+        self._commit.submit(Kind.DELIVER, entries).add_done_callback(
+            lambda written: answered.set_result(self._answer_written(picked, written, now, wall))
+        )
+        return answered
+
+    def _answer_written(self, picked: list[tuple[HeldRange, int, bool]], written: Future[list[bool]], since_ms: int,
+                        since_wall: int) -> list[dict[str, Any]]:  # fmt: skip
+        """The messages the log accepted as handed out (a write not confirmed: none; the read goes on waiting)."""
+        verdicts = written.result() if written.exception() is None else [False] * len(picked)
+        answer = []
+        with self.lock:
+            for (held, offset, _), accepted in zip(picked, verdicts):
+                if accepted:
+                    answer.append(self._handed_out(held, offset, since_ms, since_wall))
+                else:
+                    held.reserved.discard(offset)
+                    self.counters.refused += 1
+        return answer
+
+    def _pick(self, most: int, now: int) -> list[tuple[HeldRange, int, bool]]:
+        """Up to ``most`` messages to hand out, reserved: (range, offset, never handed out under this lease)."""
+        picked: list[tuple[HeldRange, int, bool]] = []
         with self.lock:
             for held in sorted(self.ranges.values(), key=lambda r: (r.partition, r.start)):
+                if len(picked) >= most:
+                    break
                 if not self.member.usable(held, now, promise_ms=self.options.pending_ms // 3):
                     continue  # its lease may not outlive what we would promise
-                for offset in sorted(held.messages):
+                for offset in held.messages:  # in offset order: fetched in order, never inserted again
                     if len(picked) >= most:
                         break
                     if held.eligible(offset, now) and held.tries + held.handed.get(offset, 0) < self.options.max_deliveries:
                         held.reserved.add(offset)
-                        picked.append((held, offset, held.handed.get(offset, 0)))
-        if not picked:
-            return []
-        record = codec.DeliverMessages(
-            **self.coordinator.record_fields(), topic=self.topic, pending_ms=self.options.pending_ms,
-            messages=tuple(codec.MessageEntry(held.partition, offset) for held, offset, _ in picked),
+                        picked.append((held, offset, offset not in held.handed))
+        return picked
+
+    def _handed_out(self, held: HeldRange, offset: int, since_ms: int, since_wall: int) -> dict[str, Any]:
+        """A reserved message is out with a client from ``since_ms`` (monotonic; ``since_wall`` the wall clock's ms)
+        until the pending timeout: its answer.  Under the lock."""
+        held.reserved.discard(offset)
+        held.pending_until[offset] = since_ms + self.options.pending_ms
+        held.handed[offset] = held.handed.get(offset, 0) + 1
+        held.last_used = since_ms
+        self.counters.delivered += 1
+        message = held.messages[offset]
+        kind, stamp = message.timestamp()
+        return message_json(
+            self.topic, held.partition, offset, message.key(), message.value(), message.headers() or [],
+            stamp if kind != 0 else None, since_wall + self.options.pending_ms, held.tries + held.handed[offset],
         )  # fmt: skip
-        written_ms, written_wall = monotonic_ms(), record.ts
-        try:
-            verdicts = per_entry(self.coordinator.write([record])[0], len(picked))
-        except CoordinationWriteError:
-            verdicts = [False] * len(picked)  # not handed out: the client's read goes on waiting
-        answer = []
+
+    def _write_hand_outs(self, picked: list[tuple[HeldRange, int]], entries: list[codec.MessageEntry]) -> None:
+        """Queue the hand-outs answered already; their verdicts come back on the writer's thread."""
+        self._commit.submit(Kind.DELIVER, entries, linger=True).add_done_callback(
+            lambda done: self._hand_outs_written(picked, done)
+        )
+
+    def _hand_outs_written(self, picked: list[tuple[HeldRange, int]], done: Future[list[bool]]) -> None:
+        """Hand-outs answered before their record: confirmed, refused (our lease had lapsed in the log: another
+        member may hand them out; at least once allows it), or not written (tried again while the lease lasts)."""
+        error = done.exception()
+        now = monotonic_ms()
+        again: list[tuple[HeldRange, int]] = []
         with self.lock:
-            for (held, offset, before), accepted in zip(picked, verdicts):
-                held.reserved.discard(offset)
-                if not accepted:
-                    self.counters.refused += 1
+            verdicts = done.result() if error is None else [None] * len(picked)
+            for (held, offset), accepted in zip(picked, verdicts):
+                if accepted is None and self.member.usable(held, now) and self.ranges.get((held.partition, held.start)) is held:
+                    again.append((held, offset))
                     continue
-                held.pending_until[offset] = written_ms + self.options.pending_ms
-                held.handed[offset] = max(held.handed.get(offset, 0), before + 1)  # the loop may have synced it
-                held.last_used = written_ms
-                self.counters.delivered += 1
-                message = held.messages[offset]
-                kind, stamp = message.timestamp()
-                answer.append(message_json(
-                    self.topic, held.partition, offset, message.key(), message.value(), message.headers() or [],
-                    stamp if kind != 0 else None, written_wall + self.options.pending_ms,
-                    held.tries + held.handed[offset],
-                ))  # fmt: skip
-        return answer
+                held.unwritten.discard(offset)
+                if accepted is False:
+                    self.counters.refused += 1
+        refused = [(h.partition, o) for (h, o), ok in zip(picked, verdicts) if ok is False]
+        if refused:
+            self.log.warning("%s: hand-outs %s refused by the log (the lease had lapsed): they may be handed to "
+                             "another client", self.topic, refused)  # fmt: skip
+        if error is not None:
+            self.log.warning("%s: hand-outs of %d messages not confirmed (%s): %s", self.topic, len(picked), error,
+                             "writing them again" if again else "their lease ran out: they are delivered again")
+        if again:
+            self._write_hand_outs(again, [codec.MessageEntry(h.partition, o) for h, o in again])
 
-    def ack(self, ids: Sequence[MessageId]) -> dict[str, Any]:
-        """Ack pending messages (any server's): 200's body; BadRequest if any of them cannot be acked."""
-        return self._settle_messages(ids, codec.AckMessages, "acked")
+    # An ack or a cancel, in steps the HTTP handler awaits between (nothing here blocks): the messages' states
+    # (waiting, up to LOG_LAG_GRACE_S, while some are not yet in our view of the log), the checks, the write
+    # (group commit), the answer.
 
-    def cancel(self, ids: Sequence[MessageId]) -> dict[str, Any]:
-        """Give pending messages back: their holder hands them out again at once."""
-        return self._settle_messages(ids, codec.CancelMessages, "cancelled")
-
-    def _settle_messages(self, ids: Sequence[MessageId], kind: type[Any], verb: str) -> dict[str, Any]:
+    def message_states(self, ids: Sequence[MessageId]) -> list[str]:
+        """Each message's state (see _message_state); BadRequest 404 for a message not of the served topic."""
         for found in ids:
             if found.topic != self.topic:
                 raise BadRequest(404, "unknown_topic", f"this server serves {self.topic!r}, not {found.topic!r}")
             if found.partition >= self.partition_count:
                 raise BadRequest(404, "unknown_partition", f"{self.topic} has partitions 0 to "
                                  f"{self.partition_count - 1}, not {found.partition}")  # fmt: skip
-        states = self._states(ids)
-        # Another server handed the message out and wrote so before its client heard of it, but our view of the
-        # log may lag by a fetch or two: give it a moment before calling a message never handed out (or, handed out
-        # again, expired).
-        give_up = time.monotonic() + LOG_LAG_GRACE_S
-        while any(state in ("unknown", "undelivered", "expired") for state in states) and time.monotonic() < give_up:
-            time.sleep(0.01)
-            states = self._states(ids)
-        already = [m for m, state in zip(ids, states) if state == "done" or (state == "acked" and verb == "acked")]
+        return self._states(ids)
+
+    @staticmethod
+    def log_may_lag(states: Sequence[str]) -> bool:
+        """Another server handed a message out and wrote so before its client heard of it, but our view of the log
+        may lag by a fetch or two: worth waiting (up to LOG_LAG_GRACE_S) before calling a message never handed out
+        (or, handed out again, expired)."""
+        return any(state in ("unknown", "undelivered", "expired") for state in states)
+
+    def settlement(self, ids: Sequence[MessageId], states: Sequence[str], kind: Kind) -> Settlement:
+        """What an ack (``kind`` ACK) or cancel (CANCEL) of ``ids`` writes; BadRequest 409 if any of them cannot be
+        settled (then nothing is)."""
+        verb = "acked" if kind is Kind.ACK else "cancelled"
+        already = [m for m, state in zip(ids, states) if state == "done" or (state == "acked" and kind is Kind.ACK)]
         bad = [(m, state) for m, state in zip(ids, states) if state not in ("pending", "done", "acked")]
-        bad += [(m, state) for m, state in zip(ids, states) if state in ("done", "acked") and verb == "cancelled"]
+        bad += [(m, state) for m, state in zip(ids, states) if state in ("done", "acked") and kind is Kind.CANCEL]
         if bad:
             raise BadRequest(409, "not_pending", f"{len(bad)} of the messages cannot be {verb}: nothing was {verb}",
                              messages=[_problem(m, state) for m, state in bad])  # fmt: skip
-        todo = [m for m, state in zip(ids, states) if state == "pending"]
+        return Settlement(kind, verb, [m for m, state in zip(ids, states) if state == "pending"], len(already))
+
+    def write_settlement(self, settlement: Settlement) -> Future[list[bool]]:
+        """The settlement's record, in the next group commit: its verdicts (CoordinationWriteError if not
+        confirmed in time)."""
+        entries = [codec.MessageEntry(m.partition, m.offset) for m in settlement.todo]
+        return self._commit.submit(settlement.kind, entries)
+
+    def settled(self, settlement: Settlement, verdicts: Sequence[bool]) -> dict[str, Any]:
+        """The answer (200's body) once the log judged the settlement; BadRequest 409 if it refused some."""
+        todo, verb = settlement.todo, settlement.verb
+        refused = [m for m, ok in zip(todo, verdicts) if not ok]
+        self._apply_locally(todo, verdicts, verb)
         late: set[MessageId] = set()  # refused by the log because another server's ack of them came first
-        refused: list[MessageId] = []
-        if todo:
-            record = kind(**self.coordinator.record_fields(), topic=self.topic,
-                          messages=tuple(codec.MessageEntry(m.partition, m.offset) for m in todo))  # fmt: skip
-            try:
-                verdicts = per_entry(self.coordinator.write([record])[0], len(todo))
-            except CoordinationWriteError as exc:
-                raise BadRequest(503, "not_written", f"the coordination log did not confirm the {verb[:-2]}: "
-                                 f"try again ({exc})") from None  # fmt: skip
-            refused = [m for m, ok in zip(todo, verdicts) if not ok]
-            self._apply_locally(todo, verdicts, verb)
         if refused and verb == "acked":
             # Acked meanwhile through another server (our view had not seen it): done, as the client wants.
             late = {m for m, state in zip(refused, self._states(refused)) if state in ("acked", "done")}
@@ -333,11 +425,20 @@ class ServedTopic:
             raise BadRequest(409, "partly_refused", f"{len(refused)} of the messages were no longer pending when the "
                              f"log got the request (their deadline or lease ended): the others were {verb}",
                              messages=[_problem(m, "expired") for m in refused])  # fmt: skip
-        return {verb: len(todo) - len(late), "already": len(already) + len(late)}
+        return {verb: len(todo) - len(late), "already": settlement.already + len(late)}
 
     def _states(self, ids: Sequence[MessageId]) -> list[str]:
+        """Each message's state as the fold has it now; one we answered a read with and whose hand-out is queued
+        (or in flight) in our group commit counts as pending: an ack or cancel of it is written after it."""
         wall = self.coordinator.now_ms()
-        return self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
+        states = self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
+        if "undelivered" in states:
+            with self.lock:
+                for i, (found, state) in enumerate(zip(ids, states)):
+                    held = self._held_covering(found.partition, found.offset) if state == "undelivered" else None
+                    if held is not None and found.offset in held.unwritten:
+                        states[i] = "pending"
+        return states
 
     def _apply_locally(self, ids: Sequence[MessageId], verdicts: Sequence[bool], verb: str) -> None:
         with self.lock:

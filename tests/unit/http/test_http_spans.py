@@ -11,6 +11,7 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -22,9 +23,11 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from marshal_workers.core import tracing
 from marshal_workers.core.config import Settings
+from marshal_workers.http.group_commit import Kind
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.http.http_service import make_app
 from marshal_workers.http.http_spans import Outcome, ServeSpans
+from marshal_workers.http.served_topic import Settlement
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PRODUCER_ID = "00f067aa0ba902b7"
@@ -43,7 +46,8 @@ def handed(
 
 
 class TopicStandIn:
-    """What the service's routes ask of a ServedTopic: reads hand out ``messages`` once; acks succeed unless told."""
+    """What the service's routes ask of a ServedTopic: reads hand out ``messages`` once; acks and cancels are
+    confirmed at once, unless ``refuse`` says how they fail."""
 
     def __init__(self, messages: list[dict[str, Any]]) -> None:
         self.settings = Settings(group="billing", client_id="server-1")
@@ -54,20 +58,40 @@ class TopicStandIn:
         self.stopping = False
         self.refuse: BadRequest | None = None
 
+    verdict_wait_s = 1.0
+
     @property
     def available_now(self) -> int:
         return len(self.messages)
 
-    def read(self, most: int) -> list[dict[str, Any]]:
+    def hand_out(self, most: int) -> Future[list[dict[str, Any]]]:
         out, self.messages = self.messages[:most], self.messages[most:]
-        return out
+        return done(out)
 
-    def ack(self, ids: Sequence[MessageId]) -> dict[str, Any]:
+    def message_states(self, ids: Sequence[MessageId]) -> list[str]:
         if self.refuse is not None:
             raise self.refuse
-        return {"acked": len(ids), "already": 0}
+        return ["pending"] * len(ids)
 
-    cancel = ack
+    @staticmethod
+    def log_may_lag(states: Sequence[str]) -> bool:
+        return False
+
+    def settlement(self, ids: Sequence[MessageId], states: Sequence[str], kind: Kind) -> Settlement:
+        return Settlement(kind, "acked" if kind is Kind.ACK else "cancelled", list(ids), 0)
+
+    def write_settlement(self, settlement: Settlement) -> Future[list[bool]]:
+        return done([True] * len(settlement.todo))
+
+    def settled(self, settlement: Settlement, verdicts: Sequence[bool]) -> dict[str, Any]:
+        return {settlement.verb: len(settlement.todo), "already": 0}
+
+
+def done(result: Any) -> Future[Any]:
+    """A group commit's verdict, known already."""
+    future: Future[Any] = Future()
+    future.set_result(result)
+    return future
 
 
 @pytest.fixture
