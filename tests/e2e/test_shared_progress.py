@@ -115,7 +115,8 @@ def test_a_frozen_supervisor_past_its_leases_gives_back_only_what_its_worker_had
     os.killpg(a.pid, signal.SIGCONT)  # its worker finds its deadline passed and leaves the range alone
     poll_until(lambda: all_done(big_ranges), timeout=240, interval=1, what="every offset done or lost")
 
-    by_a = {line.value for line in before}
+    # a's worker may finish the message in hand when it runs again (frozen inside the call): a's too.
+    by_a = {line.value for line in big_ranges.lines() if line.client == "a"}
     twice = repeated(big_ranges)
     if mode == "alo":
         assert len(big_ranges.counts()) == TOTAL, "at least once loses nothing"
