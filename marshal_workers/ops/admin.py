@@ -391,10 +391,12 @@ def _describe(record: codec.Record, where: str) -> str:
 
 
 def _range_text(entry: codec.RangeEntry) -> str:
-    """``[partition]first..last``, with an ack's failed, dead-lettered offsets and seen end."""
+    """``[partition]first..last``, with an ack's (or a progress entry's) failed, dead-lettered offsets and an ack's seen
+    end."""
     text = f"[{entry.partition}]{entry.offset}..{entry.end - 1}"
-    if isinstance(entry, codec.AckEntry):
+    if isinstance(entry, (codec.AckEntry, codec.ProgressEntry)):
         text += "".join(f" {name}={','.join(map(str, found))}" for name, found in (("failed", entry.failed),
                         ("dead", entry.dead)) if found)  # fmt: skip
+    if isinstance(entry, codec.AckEntry):
         text += f" high={entry.high}" if entry.high is not None else ""
     return text

@@ -34,6 +34,8 @@ Where each piece of state lives once the log before a checkpoint is gone:
 
 from __future__ import annotations
 
+import bisect
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -305,7 +307,8 @@ def _shared_position(topic: str, partition: int, found: SharedPartition) -> code
             codec.LeasePosition(offset=lease.start, end=lease.end, client=lease.holder.client,
                                 instance=lease.holder.instance, expires=lease.expires, claimed_at=lease.claimed_at,
                                 amo=lease.amo, handed=tuple((o, d, c) for o, (d, c) in sorted(lease.handed.items())),
-                                acked=tuple(sorted(lease.acked)))
+                                acked=tuple(sorted(lease.acked)), progress=tuple(lease.progress),
+                                dead=tuple(sorted(lease.dead)))
             for lease in sorted(found.leases.values(), key=lambda lease: lease.start)
         ),
         tries=tuple(tuple(t) for t in found.tries),  # type: ignore[misc]
@@ -333,9 +336,20 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
     if any(not lease.offset <= offset < lease.end for lease in position.leases
            for offset in [*(h[0] for h in lease.handed), *lease.acked]):  # fmt: skip
         return None  # a client's message outside its lease
+    for lease in position.leases:  # the holder's progress (release 0.8.0): runs inside the lease, sorted and apart
+        progress = list(lease.progress)
+        if any(not lease.offset <= start < end <= lease.end for start, end in progress):
+            return None
+        if any(a[1] >= b[0] for a, b in zip(progress, progress[1:])):
+            return None
+        if any(not _in_runs(progress, offset) for offset in lease.dead):
+            return None  # a dead letter the progress does not mark done
+        if list(lease.dead) != sorted(set(lease.dead)):
+            return None
     leases = {
         lease.offset: Lease(lease.offset, lease.end, Holder(lease.client, lease.instance), lease.expires, lease.amo,
-                            lease.claimed_at, {o: (d, c) for o, d, c in lease.handed}, set(lease.acked))
+                            lease.claimed_at, {o: (d, c) for o, d, c in lease.handed}, set(lease.acked),
+                            [(start, end) for start, end in lease.progress], set(lease.dead))
         for lease in position.leases
     }  # fmt: skip
     return SharedPartition(
@@ -343,3 +357,9 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
         acked=position.acked, dead_letters=position.dead_letters, lost=position.lost, lapsed=position.lapsed,
         high=position.high,
     )  # fmt: skip
+
+
+def _in_runs(runs: list[tuple[int, int]], offset: int) -> bool:
+    """Is ``offset`` in one of the sorted, disjoint ``runs``?"""
+    index = bisect.bisect_right(runs, (offset, 2**63)) - 1
+    return index >= 0 and runs[index][1] > offset

@@ -168,6 +168,10 @@ class LeasePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_de
     # and the offsets clients acked.
     handed: Annotated[tuple[tuple[NonNegative, NonNegative, NonNegative], ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
     acked: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
+    # The holder's progress inside the lease (release 0.8.0): the runs ``[start, end)`` it reported done, and of
+    # those the offsets it dead-lettered.
+    progress: Annotated[tuple[tuple[NonNegative, NonNegative], ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
+    dead: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
 
 
 class SharedPosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
@@ -281,6 +285,16 @@ class AckEntry(RangeEntry, frozen=True, gc=False, kw_only=True, omit_defaults=Tr
     high: NonNegative | None = None  # the partition's end as the holder's fetches saw it (for the claimers)
 
 
+class ProgressEntry(RangeEntry, frozen=True, gc=False, kw_only=True, omit_defaults=True):
+    """Progress inside a live lease (release 0.8.0): ``offset`` is the lease's first offset, and every offset of
+    ``[offset, end)`` is done except ``failed`` ones; ``dead``: those of them written to the dead-letter topic.
+    Both strictly increasing.  Cumulative: a later entry about the same lease never takes back what one before it
+    marked done."""
+
+    failed: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
+    dead: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
+
+
 RangeEntries = Annotated[tuple[RangeEntry, ...], msgspec.Meta(min_length=1, max_length=MAX_BEATS)]
 
 
@@ -317,6 +331,15 @@ class CancelRanges(_Record, frozen=True, gc=False, kw_only=True, tag="cancel_ran
 
     topic: Name
     ranges: RangeEntries
+
+
+class ProgressRanges(_Record, frozen=True, gc=False, kw_only=True, tag="progress_ranges"):
+    """The holder's progress inside its live leases (release 0.8.0): see :class:`ProgressEntry`.  What it marks done
+    is done when the lease ends, however it ends (ack, cancel, lapse), so a lapse or a crash gives back only the
+    offsets not done."""
+
+    topic: Name
+    ranges: Annotated[tuple[ProgressEntry, ...], msgspec.Meta(min_length=1, max_length=MAX_BEATS)]
 
 
 class MessageEntry(msgspec.Struct, frozen=True, gc=False, array_like=True):
@@ -356,7 +379,7 @@ class CancelMessages(_Record, frozen=True, gc=False, kw_only=True, tag="cancel_m
     messages: MessageEntries
 
 
-RANGE_RECORD_TYPES: Final = (ClaimRanges, RenewRanges, AckRanges, CancelRanges)
+RANGE_RECORD_TYPES: Final = (ClaimRanges, RenewRanges, AckRanges, CancelRanges, ProgressRanges)
 MESSAGE_RECORD_TYPES: Final = (DeliverMessages, AckMessages, CancelMessages)
 
 
@@ -401,13 +424,13 @@ class ReleasePartition(_PartitionRecord, frozen=True, gc=False, kw_only=True, ta
 Record = Union[
     Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
     ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
-    DeliverMessages, AckMessages, CancelMessages,
+    DeliverMessages, AckMessages, CancelMessages, ProgressRanges,
 ]
 PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
 RECORD_TYPES: Final = (
     Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
     ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
-    DeliverMessages, AckMessages, CancelMessages,
+    DeliverMessages, AckMessages, CancelMessages, ProgressRanges,
 )
 # Records about no topic: written to every coordination partition, so they are ordered against every topic's claims.
 GROUP_RECORD_TYPES: Final = (ReleaseGroup, Control)

@@ -15,7 +15,9 @@ The invariants, property-tested in ``tests/unit/protocol/test_range_leases_prope
 * ``low`` (every offset below it is done) never passes an offset that is
   not done;
 * an offset leased at most once (``amo``) is never leased again, whether
-  it was acked, cancelled after being tried, or its lease lapsed.
+  it was acked, cancelled after being tried, or its lease lapsed;
+* an offset the holder reported done inside its live lease (``progress_ranges``, release 0.8.0) is done
+  when the lease ends, however it ends: never leased, handed out or tried again.
 
 A lapse is applied when the next record about the partition is folded
 (:meth:`SharedPartition.lapse`), or, for queries, at the ``now`` they are
@@ -57,9 +59,25 @@ class Lease:
     # Worker leases never fill them.
     handed: dict[int, tuple[int, int]] = field(default_factory=dict)
     acked: set[int] = field(default_factory=set)
+    # The holder's progress inside the lease (``progress_ranges``, release 0.8.0): the runs it reported done
+    # (sorted, disjoint, apart) and, of those, the offsets it dead-lettered.  Like clients' acks, they are done
+    # when the lease ends, however it ends: a lapse or a crash gives back only the rest.
+    progress: list[tuple[int, int]] = field(default_factory=list)
+    dead: set[int] = field(default_factory=set)
 
     def overlaps(self, start: int, end: int) -> bool:
         return self.start < end and start < self.end
+
+    def is_settled(self, offset: int) -> bool:
+        """Done whatever becomes of the lease: a client acked it, or the holder reported it done."""
+        if offset in self.acked:
+            return True
+        index = bisect.bisect_right(self.progress, (offset, float("inf"))) - 1
+        return index >= 0 and self.progress[index][1] > offset
+
+    def settled_runs(self) -> list[tuple[int, int]]:
+        """The offsets :meth:`is_settled` says are done, as sorted runs apart from each other."""
+        return _union_runs(self.progress, list(_offset_runs(sorted(self.acked))))
 
 
 class Tries(NamedTuple):
@@ -92,8 +110,8 @@ class SharedPartition:
         for start in [s for s, lease in self.leases.items() if lease.expires <= at]:
             lease = self.leases.pop(start)
             self.lapsed += 1
-            self._settle_client_acks(lease)
-            self._tried(_runs(lease.start, lease.end, sorted(lease.acked)), lease.amo)
+            settled = self._settle_done(lease)
+            self._tried(_gaps(settled, lease.start, lease.end), lease.amo)  # only what was not done: one try more
 
     def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
         """A claim of ``[start, end)``: accepted iff no offset in it is done or leased, within the window."""
@@ -141,18 +159,37 @@ class SharedPartition:
         del self.leases[start]
         if high is not None and high > self.high:
             self.high = high
-        # What clients acked (the HTTP service) is done whatever the holder says; its other offsets from ``end``
-        # on go back as by a cancel: untried, unless they were handed to a client.
-        self._settle_client_acks(lease)
-        failed = [offset for offset in failed if offset not in lease.acked]
-        self.dead_letters += len(dead)
-        self.acked += sum(run_end - run_start for run_start, run_end in _runs(start, end, sorted(lease.acked)))
-        self.acked -= len(failed)
-        settled = sorted(lease.acked.union(failed))
-        for run_start, run_end in _runs(start, end, settled):
-            self._mark_done(run_start, run_end)
-        # Offsets past ``end`` that were handed to a client and not acked were tried: as by a cancel.
-        self._tried(_offset_runs(failed + [o for o in sorted(set(lease.handed) - lease.acked) if o >= end]), lease.amo)
+        # What clients acked (the HTTP service) and what the holder's progress marked is done whatever the ack
+        # says; the lease's other offsets from ``end`` on go back as by a cancel: untried, unless they were handed
+        # to a client.
+        settled = self._settle_done(lease)
+        failed = [offset for offset in failed if not lease.is_settled(offset)]
+        self.dead_letters += sum(1 for offset in dead if offset not in lease.dead)
+        for gap_start, gap_end in _gaps(settled, start, end):
+            for run_start, run_end in _runs(gap_start, gap_end, failed):
+                self.acked += run_end - run_start
+                self._mark_done(run_start, run_end)
+        # Offsets past ``end`` that were handed to a client and not settled were tried: as by a cancel.
+        handed_past = [o for o in sorted(lease.handed) if o >= end and not lease.is_settled(o)]
+        self._tried(_offset_runs(failed + handed_past), lease.amo)
+        return True
+
+    def progress(
+        self, start: int, end: int, holder: Holder, at: int, failed: Sequence[int], dead: Sequence[int]
+    ) -> bool:
+        """The holder of the live lease that starts at ``start`` reports ``[start, end)`` done but ``failed``
+        (release 0.8.0); ``dead`` of them were dead-lettered.  Nothing is settled yet: the lease marks them, and
+        they are done when it ends, however it ends.  A mark is never taken back (a later entry that says less
+        changes nothing), so no offset is done twice.  Offsets outside the range or out of order make the
+        entry invalid, as in :meth:`ack`."""
+        self.lapse(at)
+        lease = self.leases.get(start)
+        if lease is None or lease.holder != holder or not start < end <= lease.end:
+            return False
+        if not _valid_offsets(failed, start, end) or not _valid_offsets(dead, start, end) or set(failed) & set(dead):
+            return False
+        lease.progress = _union_runs(lease.progress, list(_runs(start, end, failed)))
+        lease.dead.update(dead)
         return True
 
     def cancel(self, start: int, end: int, holder: Holder, at: int) -> bool:
@@ -164,8 +201,8 @@ class SharedPartition:
         if lease is None:
             return False
         del self.leases[start]
-        self._settle_client_acks(lease)
-        self._tried(_offset_runs(sorted(set(lease.handed) - lease.acked)), lease.amo)
+        self._settle_done(lease)
+        self._tried(_offset_runs([o for o in sorted(lease.handed) if not lease.is_settled(o)]), lease.amo)
         return True
 
     # Per-message records of the Read / Ack / Cancel service (release 0.6.0).  The holder hands offsets of its
@@ -176,7 +213,7 @@ class SharedPartition:
         """The holder hands ``offset`` to a client until ``at + pending_ms``: accepted iff it lies in the holder's
         live lease, is not acked and is not pending with another client (at most once: was never handed out)."""
         lease = self._covering(offset, at)
-        if lease is None or lease.holder != holder or offset in lease.acked:
+        if lease is None or lease.holder != holder or lease.is_settled(offset):
             return False
         deadline, count = lease.handed.get(offset, (0, 0))
         if deadline > at or (lease.amo and count):
@@ -188,7 +225,7 @@ class SharedPartition:
         """A client acks ``offset`` (through any member): accepted iff it is pending (handed out, deadline not
         passed, under a live lease) and not acked yet.  It is done when the lease ends, however it ends."""
         lease = self._covering(offset, at)
-        if lease is None or offset in lease.acked or lease.handed.get(offset, (0, 0))[0] <= at:
+        if lease is None or lease.is_settled(offset) or lease.handed.get(offset, (0, 0))[0] <= at:
             return False
         lease.acked.add(offset)
         return True
@@ -197,7 +234,7 @@ class SharedPartition:
         """A client gives ``offset`` back (through any member): accepted iff it is pending; the holder may hand it
         out again at once."""
         lease = self._covering(offset, at)
-        if lease is None or offset in lease.acked:
+        if lease is None or lease.is_settled(offset):
             return False
         deadline, count = lease.handed.get(offset, (0, 0))
         if deadline <= at:
@@ -282,11 +319,15 @@ class SharedPartition:
             else:
                 self._add_tries(start, end)
 
-    def _settle_client_acks(self, lease: Lease) -> None:
-        """An ended lease's client acks are done offsets, and counted as acked (once: here)."""
-        for run_start, run_end in _offset_runs(sorted(lease.acked)):
+    def _settle_done(self, lease: Lease) -> list[tuple[int, int]]:
+        """An ended lease's client acks and progress are done offsets, counted as acked (once: here), its progress'
+        dead letters counted too; returns them as runs."""
+        settled = lease.settled_runs()
+        for run_start, run_end in settled:
             self._mark_done(run_start, run_end)
-        self.acked += len(lease.acked)
+            self.acked += run_end - run_start
+        self.dead_letters += len(lease.dead)
+        return settled
 
     def _held(self, start: int, end: int, holder: Holder, at: int) -> Lease | None:
         self.lapse(at)
@@ -404,6 +445,17 @@ def _offset_runs(offsets: Sequence[int]) -> Iterator[tuple[int, int]]:
         previous = offset
     if run_start is not None:
         yield run_start, previous + 1
+
+
+def _union_runs(first: list[tuple[int, int]], second: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of two lists of runs ``[start, end)``: sorted, merged where they overlap or touch."""
+    merged: list[tuple[int, int]] = []
+    for run_start, run_end in sorted(first + second):
+        if merged and merged[-1][1] >= run_start:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], run_end))
+        else:
+            merged.append((run_start, run_end))
+    return merged
 
 
 def _merge_tries(pieces: list[Tries]) -> list[Tries]:

@@ -154,6 +154,10 @@ class RangeMember:
     def cancels(self, fields: dict[str, Any], entries: Sequence[codec.RangeEntry]) -> codec.CancelRanges:
         return codec.CancelRanges(**fields, topic=self.topic, ranges=tuple(entries))
 
+    def progress(self, fields: dict[str, Any], entries: Sequence[codec.ProgressEntry]) -> codec.ProgressRanges:
+        """The ``progress_ranges`` record for ``entries`` (release 0.8.0): one per pass, for every lease that moved on."""
+        return codec.ProgressRanges(**fields, topic=self.topic, ranges=tuple(entries))
+
 
 def cancel_entry(lease: HeldLease) -> codec.RangeEntry:
     """A range given back untried (never begun)."""
@@ -170,12 +174,26 @@ def handled_entry(
                           dead=tuple(dead), high=high)  # fmt: skip
 
 
-def crashed_entry(lease: HeldLease, started: bool) -> codec.AckEntry | codec.RangeEntry:
-    """What becomes of a lease whose worker died: begun, any offset of it may have been handled, so every one is
-    failed (one try more; at most once: lost); never begun, it goes back untried."""
+def progress_entry(lease: HeldLease, upto: int, failed: Sequence[int], dead: Sequence[int]) -> codec.ProgressEntry:
+    """Progress inside a live lease: every offset of ``[lease.start, upto)`` done but ``failed``; ``dead`` of them
+    dead-lettered (release 0.8.0)."""
+    return codec.ProgressEntry(partition=lease.partition, offset=lease.start, end=upto, failed=tuple(failed),
+                               dead=tuple(dead))  # fmt: skip
+
+
+def crashed_entry(
+    lease: HeldLease, started: bool, upto: int | None = None, failed: Sequence[int] = (), dead: Sequence[int] = ()
+) -> codec.AckEntry | codec.RangeEntry:
+    """What becomes of a lease whose worker died: never begun, it goes back untried; begun, the offsets its worker
+    reported done (every one of ``[lease.start, upto)`` but ``failed``; ``dead`` dead-lettered) are done and every
+    other one is failed: any of them may have been handled (the one in hand surely was tried), so one try more (at
+    most once: lost).  Without ``upto``, nothing is known done: every offset is failed."""
     if not started:
         return cancel_entry(lease)
-    return handled_entry(lease, lease.end, tuple(range(lease.start, lease.end)), ())
+    upto = lease.start if upto is None else min(max(upto, lease.start), lease.end)
+    failed_before = tuple(o for o in failed if lease.start <= o < upto)
+    dead_before = tuple(o for o in dead if lease.start <= o < upto and o not in failed_before)
+    return handled_entry(lease, lease.end, failed_before + tuple(range(upto, lease.end)), dead_before)
 
 
 def given_back_entry(

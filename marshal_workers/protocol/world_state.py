@@ -48,6 +48,7 @@ from marshal_workers.protocol.codec import (
     Heartbeats,
     MessageClaims,
     PauseTopic,
+    ProgressRanges,
     Record,
     Release,
     ReleaseGroup,
@@ -456,6 +457,15 @@ class WorldState:
             for entry, shared in self._shared_of(record.topic, record.ranges)
         )
 
+    def _progress_ranges(self, record: ProgressRanges, at: int, source: int) -> Verdicts:
+        """Progress inside live leases (release 0.8.0).  Like acks, not stopped by a pause: it settles what is in
+        hand."""
+        holder = Holder(record.client, record.instance)
+        return Verdicts(
+            shared is not None and shared.progress(entry.offset, entry.end, holder, at, entry.failed, entry.dead)
+            for entry, shared in self._shared_of(record.topic, record.ranges)
+        )
+
     def _cancel_ranges(self, record: CancelRanges, at: int, source: int) -> Verdicts:
         holder = Holder(record.client, record.instance)
         return Verdicts(
@@ -668,6 +678,7 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
     RenewRanges: WorldState._renew_ranges,
     AckRanges: WorldState._ack_ranges,
     CancelRanges: WorldState._cancel_ranges,
+    ProgressRanges: WorldState._progress_ranges,
     DeliverMessages: WorldState._deliver_messages,
     AckMessages: WorldState._ack_messages,
     CancelMessages: WorldState._cancel_messages,
@@ -702,7 +713,7 @@ def refusals(state: WorldState, record: Record, at: int, source: int, verdict: b
         entries: list[Any] = record.heartbeats()  # type: ignore[union-attr]
     elif kind is MessageClaims:
         entries = record.claim_messages()  # type: ignore[union-attr]
-    elif kind in (ClaimRanges, RenewRanges, AckRanges, CancelRanges):
+    elif kind in (ClaimRanges, RenewRanges, AckRanges, CancelRanges, ProgressRanges):
         refused = [e for e, ok in zip(record.ranges, verdict, strict=True) if not ok]  # type: ignore[union-attr, call-overload]
         why = "by the lease rules"
         if state._paused_at(source, at) is not None and kind in (ClaimRanges, RenewRanges):

@@ -167,3 +167,49 @@ class WorkerSpec:
     @property
     def group(self) -> str:
         return self.settings.require_group()
+
+
+class RangeSlot:
+    """A shared worker's position inside the range in hand, in shared memory (docs/shared-partitions.md).
+
+    The worker stores, after each message it is done with, the offset up to which every offset of the range is
+    done (but the failed and dead-lettered ones, which it reports on the pipe before it stores past them); its
+    supervisor reads it when the worker died, so a crash repeats only the message in hand, and at its progress
+    cadence, for the ``progress_ranges`` it writes.  One writer (the worker); a sequence lock around a new range, so
+    a reader never takes one range's start with another's offset.
+    """
+
+    _SEQUENCE, _PARTITION, _START, _UPTO = range(4)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array  # the shared RawArray (what is passed to the worker)
+        self.fields = memoryview(array).cast("B").cast("q")
+
+    @classmethod
+    def create(cls, context: BaseContext) -> RangeSlot:
+        return cls(context.RawArray("q", 4))  # type: ignore[attr-defined]  # zeroed: sequence 0, nothing stored
+
+    def begin(self, partition: int, start: int) -> None:
+        """A new range in hand: nothing of it done yet."""
+        fields = self.fields
+        fields[self._SEQUENCE] += 1
+        fields[self._PARTITION] = partition
+        fields[self._START] = start
+        fields[self._UPTO] = start
+        fields[self._SEQUENCE] += 1
+
+    def advance(self, upto: int) -> None:
+        """Everything of the range in hand below ``upto`` is done (but what the pipe said failed or dead)."""
+        self.fields[self._UPTO] = upto
+
+    def read(self) -> tuple[int, int, int] | None:
+        """(partition, start, upto) of the range in hand, or None if none was begun (or a write never finished)."""
+        fields = self.fields
+        for _ in range(_READ_TRIES):
+            sequence = fields[self._SEQUENCE]
+            if sequence % 2:
+                continue
+            found = (fields[self._PARTITION], fields[self._START], fields[self._UPTO])
+            if fields[self._SEQUENCE] == sequence:
+                return found if sequence else None
+        return None

@@ -18,6 +18,8 @@ A shared worker (runtime/worker/shared_worker.py) and its supervisor's shared po
         :class:`Stop`: finish the range in hand, give the others back, exit.
     worker to supervisor
         :class:`Started`, :class:`Settled`, :class:`Abandoned`, :class:`Returned`: what became of a range.
+        :class:`Progress`: how far the range in hand is done (at a bounded cadence, and at once when an offset
+        failed or was dead-lettered; its position between those is in the worker's channel.RangeSlot).
         :class:`Outcomes`, as above.
 
 Deadlines are monotonic milliseconds (channel.monotonic_ms): one clock for every process of a host.
@@ -98,6 +100,18 @@ class Settled(msgspec.Struct, frozen=True):
     busy_ms: float = 0.0
 
 
+class Progress(msgspec.Struct, frozen=True):
+    """Shared worker to pool: inside the range from ``start`` in hand, every offset of ``[start, upto)`` is done
+    except ``failed`` ones (to deliver again); ``dead`` ones were dead-lettered.  Cumulative: each one says all
+    of it so far.  What it marks is done in the log when the lease ends, however it ends (``progress_ranges``)."""
+
+    partition: int
+    start: int
+    upto: int
+    failed: tuple[int, ...]
+    dead: tuple[int, ...]
+
+
 class Abandoned(msgspec.Struct, frozen=True):
     """Shared worker to pool: the lease's deadline passed first; the range was left alone from there."""
 
@@ -117,4 +131,4 @@ class Returned(msgspec.Struct, frozen=True):
 FromWorker = ClaimMessages | Outcomes
 ToWorker = ClaimVerdict
 ToSharedWorker = Lease | Renewed | Stop
-FromSharedWorker = Started | Settled | Abandoned | Returned | Outcomes
+FromSharedWorker = Started | Progress | Settled | Abandoned | Returned | Outcomes

@@ -1,6 +1,6 @@
 """Benchmark: shared partitions (range leases) against one worker per partition.
 
-    /work/venv/bin/python tests/benchmarks/bench_shared.py [--only slow|fast|records] [--slow-seconds 8]
+    /work/venv/bin/python tests/benchmarks/bench_shared.py [--only slow|fast|records|crash] [--slow-seconds 8]
 
 Starts its own embedded broker (Tansu, memory only), a fresh 2-partition topic and group per run, and
 measures, with ``tests/benchmarks/shared_bench_app.py`` under ``python -m marshal_workers run``:
@@ -16,6 +16,11 @@ measures, with ``tests/benchmarks/shared_bench_app.py`` under ``python -m marsha
    supervisor's session).
 3. coordination records per handled message at the default settings: the group's records in the
    coordination log after a run, over the messages.
+
+4. crash: a 100,000-message backlog on one partition, the fast handler; kill -9 of the worker midway (at
+   half the backlog handled), then every message handled: the repeated messages of the classic handler (one
+   worker for the partition) and of the shared one (1 process, range_size 10,000: the largest), counted from
+   every handled offset.  Target (issue 27): shared <= 1.5 x classic.
 
 Throughput = messages / (last handled - first handled, wall time, over every worker).  A benchmark, not a
 test: misses print FAIL; the exit status is non-zero only if the benchmark itself could not run.
@@ -166,9 +171,63 @@ def records(bootstrap: str) -> None:
           "per message (claims, acks, renewals, checkpoints)", flush=True)
 
 
+def crash_repeats(bootstrap: str, name: str, messages: int, *, shared: bool, timeout: float = 300.0) -> int:
+    """Repeated messages after a kill -9 of the (one) worker of a one-partition backlog, halfway through."""
+    topic, group = f"bench-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, messages, 1)
+    out = Path(tempfile.mkdtemp(prefix="bench-crash-"))
+    env = base_env() | {
+        "MW_BENCH_TOPIC": topic, "MW_BENCH_SHARED": "1" if shared else "0", "MW_BENCH_RANGE_SIZE": "10000",
+        "MW_BENCH_OUT": str(out), "MW_BENCH_OFFSETS": "1",
+    }  # fmt: skip
+    command = [
+        sys.executable, "-m", "marshal_workers", "run", "shared_bench_app:app", "--brokers", bootstrap,
+        "--group", group, "--coordination-topic", f"__marshal-{group}", "--client-id", "bench",
+        "--processes", "1", "--heartbeat-interval", "2s", "--log-level", "warning",
+    ]  # fmt: skip
+    log = open(out / "supervisor.log", "wb")
+    supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    killed = False
+    try:
+        while True:
+            handled = _handled_offsets(out)
+            if not killed and len(handled) >= messages // 2:
+                pids = [int(path.name.split(".")[0]) for path in out.glob("*.offsets")]
+                os.kill(pids[0], signal.SIGKILL)  # the one worker so far, midway
+                killed = True
+            if killed and len(set(handled)) >= messages:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: {len(set(handled))} of {messages} handled in {timeout:.0f}s ({out})")
+            time.sleep(0.05)
+        return len(handled) - len(set(handled))
+    finally:
+        os.killpg(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(30)
+
+
+def _handled_offsets(out: Path) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    for path in out.glob("*.offsets"):
+        found += [tuple(line.split()) for line in path.read_text().splitlines() if len(line.split()) == 2]  # type: ignore[misc]
+    return found
+
+
+def crash(bootstrap: str, messages: int = 100_000) -> None:
+    print(f"\n4. kill -9 of the worker halfway through a {messages:,}-message backlog on one partition (fast handler)",
+          flush=True)  # fmt: skip
+    classic = crash_repeats(bootstrap, "classic", messages, shared=False)
+    shared = crash_repeats(bootstrap, "shared", messages, shared=True)
+    ratio = shared / max(classic, 1)
+    print(f"    repeated messages: classic (1 worker) {classic}, shared (1 process, range_size 10,000) {shared}: "
+          f"{ratio:.2f} x classic (counting classic as 1 if 0) {verdict(shared <= 1.5 * max(classic, 1))}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--only", choices=["slow", "fast", "records"])
+    parser.add_argument("--only", choices=["slow", "fast", "records", "crash"])
     parser.add_argument("--slow-seconds", type=float, default=8.0)
     parser.add_argument("--fast-messages", type=int, default=200_000)
     parser.add_argument("--fixed-sizes", default="1000,10000",
@@ -182,6 +241,8 @@ def main() -> int:
             fast(broker.bootstrap, args.fast_messages, [int(n) for n in args.fixed_sizes.split(",") if n])
         if args.only in (None, "records"):
             records(broker.bootstrap)
+        if args.only in (None, "crash"):
+            crash(broker.bootstrap)
     stray = leftovers()
     if stray:
         print(f"FAIL: processes left behind: {stray}")

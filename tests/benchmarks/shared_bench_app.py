@@ -5,7 +5,9 @@ message: a slow handler; 0: parse the JSON value, the fast handler of bench_run.
 directory).  Each worker process writes ``<pid>``: "count first_time last_time" of what it handled, every
 0.1 s from a thread, so the benchmark sums them without the handler doing I/O per message.  With
 MW_BENCH_LATENCY=1 it also writes ``<pid>.lat``: a JSON list of each message's end-to-end latency (handled
-time minus its Kafka timestamp, ms; bench_serve.py).
+time minus its Kafka timestamp, ms; bench_serve.py).  With MW_BENCH_OFFSETS=1 it appends each handled message's
+"partition offset" line to ``<pid>.offsets`` at once (one write per message, so a kill -9 loses none: the crash
+section of bench_shared.py counts repeats from them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ OUT = Path(os.environ.get("MW_BENCH_OUT", "/tmp"))
 _handled = [0, 0.0, 0.0]  # count, first, last (wall time)
 LATENCY = os.environ.get("MW_BENCH_LATENCY") == "1"
 _latencies: list[float] = []
+OFFSETS = os.environ.get("MW_BENCH_OFFSETS") == "1"
+_offsets_file: list[int] = []  # the file descriptor, once open
 
 
 def _report() -> None:
@@ -49,6 +53,10 @@ def handle(msg: Message) -> None:
         time.sleep(DELAY)
     else:
         msg.json()["amount"]
+    if OFFSETS:
+        if not _offsets_file:
+            _offsets_file.append(os.open(OUT / f"{os.getpid()}.offsets", os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+        os.write(_offsets_file[0], f"{msg.partition} {msg.offset}\n".encode())
     now = time.time()
     if LATENCY and msg.timestamp is not None:
         _latencies.append(now * 1000 - msg.timestamp)

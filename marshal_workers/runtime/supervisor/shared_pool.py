@@ -13,9 +13,13 @@ waits for a claim), all through the coordination log (docs/shared-partitions.md)
   passed (one past it may have lapsed in the log: it is left to lapse);
 * settle: ``ack_ranges`` when a worker is done with a range (its failed and
   dead-lettered offsets included), ``cancel_ranges`` for ranges it never began;
-* on a worker's crash: the range it was handling is acked with every offset
-  failed (at least once: delivered again with one try more; at most once:
-  lost), the others cancelled.
+* progress: ``progress_ranges`` every ``PROGRESS_EVERY_S`` for the ranges in hand that moved on (one record
+  per topic for all of them), from what the workers report on their pipes and store in their range slots: what
+  it marks is done however the lease ends, so a lapse (a frozen or killed supervisor) gives back only the rest;
+* on a worker's crash: the range it was handling is acked with the offsets it
+  had done (its range slot says how far) done and every other one failed (at
+  least once: delivered again with one try more; at most once: lost), the
+  others cancelled.
 
 Each of those decisions (and the deadline's safety margin) is the range-lease member's, which the HTTP
 service shares (protocol/range_member.py); this pool does the writes and keeps the workers supplied.
@@ -45,16 +49,24 @@ from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
-from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
+from marshal_workers.protocol.range_member import (
+    RangeMember,
+    Wanted,
+    cancel_entry,
+    crashed_entry,
+    handled_entry,
+    progress_entry,
+)  # fmt: skip
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
 from marshal_workers.protocol.world_state import WorldState, per_entry
-from marshal_workers.runtime.channel import monotonic_ms
+from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
 from marshal_workers.runtime.messages import (
     Abandoned,
     FromSharedWorker,
     Lease,
     Outcomes,
+    Progress,
     Renewed,
     Returned,
     Settled,
@@ -63,7 +75,7 @@ from marshal_workers.runtime.messages import (
     ToSharedWorker,
 )  # fmt: skip
 from marshal_workers.runtime.supervisor.assignments import signal_process
-from marshal_workers.runtime.worker.shared_worker import SharedWorkerSpec, shared_worker_main
+from marshal_workers.runtime.worker.shared_worker import PROGRESS_EVERY_S, SharedWorkerSpec, shared_worker_main
 
 LEASES_PER_WORKER = 2  # the range in hand and the next one
 
@@ -78,6 +90,12 @@ class LeasedRange:
     tries: int
     deadline_ms: int  # monotonic: the worker must not handle a message past it
     started: bool = False
+    # Its worker's progress inside it: every offset of [start, upto) done but ``failed`` (``dead`` dead-lettered),
+    # from its Progress messages and its range slot; and what of it the log was last told (None: nothing yet).
+    upto: int = -1
+    failed: tuple[int, ...] = ()
+    dead: tuple[int, ...] = ()
+    written: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -89,6 +107,7 @@ class SharedWorkerHandle:
     crashes_in_a_row: int = 0
     restart_at: float | None = 0.0  # monotonic; None: not to be (re)started
     handled: int = 0
+    slot: RangeSlot | None = None  # its position in the range in hand (shared memory), for its progress
     settled_at: tuple[int, int] | None = None  # (partition, end) of the last range it settled: where it reads next
 
     def reads_next(self) -> tuple[int, int] | None:
@@ -107,6 +126,7 @@ class SharedCounters:
     acks_refused: int = 0  # the lease had lapsed (or we never held it): another worker handles it again
     ranges_cancelled: int = 0
     ranges_abandoned: int = 0  # a worker's lease ran out while it handled the range
+    progress_written: int = 0  # progress entries the log accepted
     handled: int = 0
     failed: int = 0
     dead_lettered: int = 0
@@ -126,6 +146,8 @@ class SharedTopic:
     claiming: bool = False  # a claim_ranges write is in flight
     next_renewal: float = 0.0  # monotonic
     acks: list[codec.AckEntry] = field(default_factory=list)  # to write this pass
+    progressing: bool = False  # a progress_ranges write is in flight
+    next_progress: float = 0.0  # monotonic
     cancels: list[codec.RangeEntry] = field(default_factory=list)
     counters: SharedCounters = field(default_factory=lambda: SharedCounters())
 
@@ -203,6 +225,9 @@ class SharedPool:
                     self._start_worker(topic, worker)
             self._ask_high_watermarks(topic, shared, now)
             self._settle(topic, shared)
+            if now >= shared.next_progress and not shared.progressing:
+                shared.next_progress = now + PROGRESS_EVERY_S
+                self._write_progress(topic, shared)
             if now >= shared.next_renewal:
                 shared.next_renewal = now + shared.handler.pending_timeout / 3
                 self._renew(topic, shared)
@@ -259,10 +284,11 @@ class SharedPool:
     def _start_worker(self, topic: str, worker: SharedWorkerHandle) -> None:
         assert self._context is not None
         ours, theirs = self._context.Pipe(duplex=True)
+        worker.slot = RangeSlot.create(self._context)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=shared_worker_main,
             args=(SharedWorkerSpec(self.app_path, topic, worker.index, self.settings), theirs,
-                  self.rate_buckets.get(topic)),
+                  self.rate_buckets.get(topic), worker.slot.array),
             name=f"shared worker {topic} #{worker.index}",
             daemon=True,
         )
@@ -286,13 +312,18 @@ class SharedPool:
             if isinstance(message.counts, dict) and self.record_outcomes is not None:
                 self.record_outcomes(topic, message.counts)
             return
-        if not isinstance(message, (Started, Settled, Abandoned, Returned)):
+        if not isinstance(message, (Started, Progress, Settled, Abandoned, Returned)):
             return
         leased = next((r for r in worker.leases if r.partition == message.partition and r.start == message.start), None)
         if leased is None:
             return
         if isinstance(message, Started):
             leased.started = True
+            return
+        if isinstance(message, Progress):
+            leased.started = True
+            if leased.start <= message.upto <= leased.end and message.upto >= leased.upto:
+                leased.upto, leased.failed, leased.dead = message.upto, message.failed, message.dead
             return
         worker.leases.remove(leased)
         if isinstance(message, Settled):
@@ -322,8 +353,8 @@ class SharedPool:
             worker.connection.close()
         worker.process = worker.connection = None
         worker.settled_at = None  # its successor's consumer starts nowhere
-        for leased in worker.leases:  # begun: it may have handled any of them, one try more each (AMO: lost)
-            entry = crashed_entry(leased, leased.started)
+        for leased in worker.leases:  # begun: what it did not report done may have been handled: one try more each
+            entry = crashed_entry(leased, leased.started, self._progress_of(worker, leased), leased.failed, leased.dead)
             if isinstance(entry, codec.AckEntry):
                 shared.acks.append(entry)
             else:
@@ -455,6 +486,48 @@ class SharedPool:
                 shared.counters.ranges_cancelled += sum(1 for ok in verdicts if ok)
 
             self._submit("range cancel", record, cancelled, lambda exc: self._settle_failed(topic, shared, [], cancels, exc))
+
+    def _progress_of(self, worker: SharedWorkerHandle, leased: LeasedRange) -> int:
+        """How far ``leased`` is done (every offset below, but its failed ones): its worker's last Progress, or
+        further if its range slot says so (the failures below the slot's position came on the pipe before it)."""
+        upto = max(leased.upto, leased.start)
+        found = worker.slot.read() if worker.slot is not None and leased.started else None
+        if found is not None and found[:2] == (leased.partition, leased.start):
+            upto = max(upto, min(found[2], leased.end))
+        return upto
+
+    def _write_progress(self, topic: str, shared: SharedTopic) -> None:
+        """One ``progress_ranges`` for every range in hand that moved on since the log last heard of it."""
+        moved: list[tuple[LeasedRange, tuple[int, int, int]]] = []
+        entries: list[codec.ProgressEntry] = []
+        now_ms = monotonic_ms()
+        for worker in shared.workers:
+            for leased in worker.leases:
+                if not leased.started or not shared.member.usable(leased, now_ms):
+                    continue
+                upto = self._progress_of(worker, leased)
+                mark = (upto, len(leased.failed), len(leased.dead))
+                if upto > leased.start and mark != leased.written:
+                    failed = [o for o in leased.failed if o < upto]
+                    dead = [o for o in leased.dead if o < upto]
+                    entries.append(progress_entry(leased, upto, failed, dead))
+                    moved.append((leased, mark))
+        if not entries or self._coordinator is None:
+            return
+        record = shared.member.progress(self._coordinator.record_fields(), entries)
+        shared.progressing = True
+
+        def written(verdicts: Sequence[bool]) -> None:
+            shared.progressing = False
+            for (leased, mark), accepted in zip(moved, verdicts):
+                leased.written = mark  # refused: the lease is gone (settled meanwhile, or lapsed): no use repeating
+                shared.counters.progress_written += accepted
+
+        def failed(exc: Exception) -> None:
+            shared.progressing = False  # written again at the next cadence
+            self.log.warning("progress of ranges of %s not confirmed: %s", topic, exc)
+
+        self._submit("range progress", record, written, failed)
 
     def _settle_failed(self, topic: str, shared: SharedTopic, acks: list[codec.AckEntry],
                        cancels: list[codec.RangeEntry], exc: Exception) -> None:  # fmt: skip

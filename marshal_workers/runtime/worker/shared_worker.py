@@ -22,6 +22,10 @@ supervisor to worker
     ``Stop``: finish the range in hand, give the others back, exit.
 worker to supervisor
     ``Started``: handling that range now.
+    ``Progress``: how far the range in hand is done: every ``PROGRESS_EVERY_S`` at most, and at once when an
+    offset failed or was dead-lettered (so the supervisor knows them before the worker's position passes them).
+    Between those, the worker stores its position after each message in its ``RangeSlot`` (shared memory):
+    if it dies, the supervisor settles the range from there, so a crash repeats only the message in hand.
     ``Settled``: done with ``[start, end)`` (``end`` is short of the lease's when a stop found nothing more to
     read), with its failed and dead-lettered offsets; ``high`` is the partition's end as its fetches saw it
     (or None).
@@ -60,12 +64,13 @@ from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import client_config
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
-from marshal_workers.runtime.channel import monotonic_ms
+from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
 from marshal_workers.runtime.messages import (
     Abandoned,
     FromSharedWorker,
     Lease,
     Outcomes,
+    Progress,
     Renewed,
     Returned,
     Settled,
@@ -86,6 +91,9 @@ _log = logging.getLogger(__name__)
 
 _FETCH_MOST = 500
 _IDLE_WAIT_S = 0.5
+# How often at most a worker reports its progress inside a range on the pipe (and flushes what its handler sent,
+# so its position may move on); the supervisor writes it to the log at the same cadence.
+PROGRESS_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -109,21 +117,27 @@ class _Range:
     dead: list[int] = field(default_factory=list)
     handled: int = 0
     busy_ms: float = 0.0  # fetches that returned messages of it, and its handler calls (range_sizing.py)
+    reported: tuple[int, int, int] = (-1, 0, 0)  # (upto, failed, dead) of the last Progress sent
 
 
 class _SupervisorGone(Exception):
     pass
 
 
-def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None) -> None:
+def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None,
+                       range_slot: Any = None) -> None:  # fmt: skip
     """Entry point in the worker process (the target of the fork server's Process).  ``rate_bucket``: the
-    handler's shared token bucket (rate_limits.py), if it has a rate_limit."""
-    exit_process(SharedWorker(spec, connection, rate_bucket).run())
+    handler's shared token bucket (rate_limits.py), if it has a rate_limit; ``range_slot``: the shared array of
+    its channel.RangeSlot."""
+    exit_process(SharedWorker(spec, connection, rate_bucket, range_slot).run())
 
 
 class SharedWorker:
-    def __init__(self, spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None) -> None:
+    def __init__(self, spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None,
+                 range_slot: Any = None) -> None:  # fmt: skip
         self.spec = spec
+        self.slot = RangeSlot(range_slot) if range_slot is not None else None  # our position in the range in hand
+        self._next_progress_ms = 0
         self.rate_bucket = rate_bucket
         self.throttle: Throttle | None = None  # the handler's rate_limit, if any
         self.max_age_ms = 0  # the handler's max_age, 0: none
@@ -246,6 +260,9 @@ class SharedWorker:
         """Handle every message of ``leased`` while its lease holds, then report it settled (or abandoned)."""
         assert self._consumer is not None
         self._send(Started(leased.partition, leased.start))
+        if self.slot is not None:
+            self.slot.begin(leased.partition, leased.start)
+        self._next_progress_ms = monotonic_ms() + round(PROGRESS_EVERY_S * 1000)
         setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} "
                                   f"{self.spec.topic}[{leased.partition}] @{leased.start}")  # fmt: skip
         if self._position != (leased.partition, leased.start):
@@ -284,10 +301,12 @@ class SharedWorker:
                     self.outcomes.other_group += 1
                     leased.handled += 1
                     next_offset = offset + 1
+                    self._progressed(leased, next_offset)
                     continue
                 if self.max_age_ms and is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms):
                     self._too_old(handler, leased, record)
                     next_offset = offset + 1
+                    self._progressed(leased, next_offset)
                     continue
                 if self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased)):
                     # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
@@ -297,11 +316,31 @@ class SharedWorker:
                     return self._abandon(leased, offset)
                 self._handle_message(handler, leased, record)
                 next_offset = offset + 1
+                self._progressed(leased, next_offset)
             if any(record.error() is None for record in records):
                 # Busy with messages, not waiting for them: the rate the pool sizes ranges by (a poll that timed out
                 # at the partition's end says nothing about the handler).
                 leased.busy_ms += (time.perf_counter() - fetched_at) * 1000
         self._settle(leased, leased.end)
+
+    def _progressed(self, leased: _Range, upto: int) -> None:
+        """Done with every offset of ``leased`` below ``upto`` (but its failed and dead ones): say so.  A failure or
+        a dead letter goes on the pipe at once, before the slot moves past it; otherwise the slot moves on after
+        each message (once what the handler sent is flushed, at least once: at the next report), and the pipe
+        hears of it every PROGRESS_EVERY_S."""
+        if (len(leased.failed), len(leased.dead)) != leased.reported[1:] or monotonic_ms() >= self._next_progress_ms:
+            self._report_progress(leased, upto)
+        elif self.slot is not None and not self.outbox.pending:
+            self.slot.advance(upto)
+
+    def _report_progress(self, leased: _Range, upto: int) -> None:
+        self.outbox.flush()  # what the calls sent (app.send) is in Kafka before their messages count as done
+        self._next_progress_ms = monotonic_ms() + round(PROGRESS_EVERY_S * 1000)
+        if (upto, len(leased.failed), len(leased.dead)) != leased.reported:
+            self._send(Progress(leased.partition, leased.start, upto, tuple(leased.failed), tuple(leased.dead)))
+            leased.reported = (upto, len(leased.failed), len(leased.dead))
+        if self.slot is not None:
+            self.slot.advance(upto)
 
     def _settle(self, leased: _Range, end: int) -> None:
         """Report ``[leased.start, end)`` handled (the lease's offsets from ``end`` on go back untried)."""

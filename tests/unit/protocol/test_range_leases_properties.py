@@ -10,6 +10,9 @@ Since release 0.6.0 they also hold the Read / Ack / Cancel service's per-message
 or of offsets outside any lease) and clients' acks and cancels (by any writer, mostly of pending
 offsets, sometimes of offsets whose deadline passed, acked ones or random ones), with pending times
 of the order of the time steps so deadlines pass.
+Since release 0.8.0 they also hold the holders' progress inside their leases (progress_ranges, mostly by
+the holder of a live lease up to somewhere in it, with failed and dead offsets, now and then by another
+writer or of a range that is not a lease).
 A per-offset reference model, kept apart from range_leases, checks every verdict and state.
 """
 
@@ -71,6 +74,12 @@ RANGE_GARBAGE = st.sampled_from(
         b'"messages":[[0,-1]]}',
         b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
         b'"messages":[0,3]}',
+        b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+        b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}',
+        b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+        b'"ranges":[]}',
+        b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+        b'"ranges":[{"partition":0,"offset":0}]}',
     ]
 )
 
@@ -139,8 +148,10 @@ def leases_live(guide: WorldState, topic: str, now: int, every: bool = False) ->
 
 
 def free_to_hand_out(lease: Lease, now: int) -> list[int]:
-    """The offsets of a live lease its holder may hand out at ``now``: not acked, not pending."""
-    return [o for o in range(lease.start, lease.end) if o not in lease.acked and lease.handed.get(o, (0, 0))[0] <= now]
+    """The offsets of a live lease its holder may hand out at ``now``: not acked or marked done, not pending."""
+    return [
+        o for o in range(lease.start, lease.end) if not lease.is_settled(o) and lease.handed.get(o, (0, 0))[0] <= now
+    ]  # fmt: skip
 
 
 def holder_writer(draw: st.DrawFn, guide: WorldState, topic: str, now: int, others: list[Holder]) -> Holder:
@@ -198,7 +209,7 @@ def settle_entry(draw: st.DrawFn, guide: WorldState, topic: str, now: int) -> tu
 
 KINDS = [
     *["claim"] * 5, *["renew"] * 2, *["ack"] * 3, "cancel", "pause",
-    *["deliver"] * 4, *["client_ack"] * 3, *["client_cancel"] * 2,
+    *["deliver"] * 4, *["client_ack"] * 3, *["client_cancel"] * 2, *["progress"] * 3,
 ]  # fmt: skip
 
 
@@ -222,7 +233,7 @@ def range_logs(draw: st.DrawFn, max_size: int = 50) -> list[codec.Record]:
         topic = draw(st.sampled_from(sorted(TOPICS) if draw(st.integers(0, 9)) == 0 else topics))
         if kind == "deliver":  # sometimes not the holder: another, or the other instance of its client
             holder = holder_writer(draw, guide, topic, now, [*HOLDERS, OTHER_INSTANCE])
-        elif kind in ("renew", "ack", "cancel"):
+        elif kind in ("renew", "ack", "cancel", "progress"):
             holder = holder_writer(draw, guide, topic, now, HOLDERS)
         else:
             holder = draw(st.sampled_from(HOLDERS))
@@ -253,6 +264,16 @@ def range_logs(draw: st.DrawFn, max_size: int = 50) -> list[codec.Record]:
             plain = tuple(codec.RangeEntry(partition=p, offset=s, end=e) for p, s, e in entries)
             if kind == "renew":
                 record = codec.RenewRanges(**common, topic=topic, lease_ms=draw(st.sampled_from(LEASE_MS)), ranges=plain)
+            elif kind == "progress":
+                marks = []
+                for p, s, e in entries:
+                    if e > s + 1 and draw(st.integers(0, 2)) > 0:
+                        e = draw(st.integers(s + 1, e))  # somewhere inside the lease: the worker is not done
+                    elif draw(st.integers(0, 9)) == 0:
+                        e += draw(st.integers(1, 3))  # past the lease's end: refused
+                    failed, dead = offsets_of(draw, s, e)
+                    marks.append(codec.ProgressEntry(partition=p, offset=s, end=e, failed=failed, dead=dead))
+                record = codec.ProgressRanges(**common, topic=topic, ranges=tuple(marks))
             elif kind == "cancel":
                 record = codec.CancelRanges(**common, topic=topic, ranges=plain)
             else:
@@ -284,6 +305,12 @@ class ModelLease:
     amo: bool
     handouts: dict[int, list[int]] = field(default_factory=dict)  # offset -> the pending deadline of each hand-out
     acked: set[int] = field(default_factory=set)  # offsets a client acked
+    marked: set[int] = field(default_factory=set)  # offsets the holder's progress marked done (0.8.0)
+    marked_dead: set[int] = field(default_factory=set)  # of those, the ones it dead-lettered
+
+    def settled(self, offset: int) -> bool:
+        """Done however the lease ends: acked by a client or marked by the holder."""
+        return offset in self.acked or offset in self.marked
 
     def pending(self, offset: int, at: int) -> bool:
         deadlines = self.handouts.get(offset)
@@ -305,11 +332,13 @@ class Model:
     lost: int = 0
     lapsed: int = 0
     client_acked: set[int] = field(default_factory=set)  # every offset a client's ack was accepted for
+    ever_marked: set[int] = field(default_factory=set)  # every offset an accepted progress entry marked done
 
     def is_done(self, offset: int) -> bool:
         return self.first is not None and (offset < self.first or offset in self.done)
 
     def mark_done(self, offset: int) -> None:
+        assert offset not in self.done, f"offset {offset} done twice"
         self.done.add(offset)
         self.tries.pop(offset, None)
         assert self.low is not None
@@ -333,10 +362,12 @@ class Model:
             self.tries[offset] = self.tries.get(offset, 0) + 1
 
     def end_lease(self, start: int) -> ModelLease:
-        """However a lease ends, what clients acked is done and counted acked."""
+        """However a lease ends, what clients acked and what its holder marked is done and counted acked (the
+        marked dead letters counted too)."""
         lease = self.leases.pop(start)
-        for offset in sorted(lease.acked):
+        for offset in sorted(lease.acked | lease.marked):
             self.settled(offset, lease.amo)
+        self.dead += len(lease.marked_dead)
         return lease
 
     def lapse(self, at: int) -> None:
@@ -345,7 +376,7 @@ class Model:
                 lease = self.end_lease(start)
                 self.lapsed += 1
                 for offset in range(start, lease.end):
-                    if offset not in lease.acked:
+                    if not lease.settled(offset):
                         self.given_back(offset, lease.amo)
 
     def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
@@ -387,17 +418,36 @@ class Model:
         if set(failed) & set(dead):
             return False
         self.end_lease(start)
-        self.dead += len(dead)
+        self.dead += len(set(dead) - lease.marked_dead)
         for offset in range(start, end):
-            if offset in lease.acked:
+            if lease.settled(offset):
                 continue
             if offset in failed:
                 self.given_back(offset, lease.amo)
             else:
                 self.settled(offset, lease.amo)
         for offset in sorted(lease.handouts):  # handed out past ``end``, not acked: tried, as by a cancel
-            if offset >= end and offset not in lease.acked:
+            if offset >= end and not lease.settled(offset):
                 self.given_back(offset, lease.amo)
+        return True
+
+    def progress(
+        self, start: int, end: int, holder: Holder, at: int, failed: tuple[int, ...], dead: tuple[int, ...]
+    ) -> bool:
+        # The holder marks [start, end) but failed as done inside its live lease; nothing is settled until it ends.
+        self.lapse(at)
+        lease = self.leases.get(start)
+        if lease is None or lease.holder != holder or not start < end <= lease.end:
+            return False
+        for offsets in (failed, dead):
+            if list(offsets) != sorted(set(offsets)) or any(not start <= o < end for o in offsets):
+                return False
+        if set(failed) & set(dead):
+            return False
+        marked = set(range(start, end)) - set(failed)
+        lease.marked |= marked
+        lease.marked_dead |= set(dead)
+        self.ever_marked |= marked
         return True
 
     def cancel(self, start: int, end: int, holder: Holder, at: int) -> bool:
@@ -406,7 +456,7 @@ class Model:
             return False
         lease = self.end_lease(start)
         for offset in sorted(lease.handouts):
-            if offset not in lease.acked:
+            if not lease.settled(offset):
                 self.given_back(offset, lease.amo)
         return True
 
@@ -418,7 +468,7 @@ class Model:
 
     def deliver(self, offset: int, holder: Holder, at: int, pending_ms: int) -> bool:
         lease = self.covering(offset, at)
-        if lease is None or lease.holder != holder or offset in lease.acked or lease.pending(offset, at):
+        if lease is None or lease.holder != holder or lease.settled(offset) or lease.pending(offset, at):
             return False
         if lease.amo and offset in lease.handouts:
             return False  # at most once: one hand-out only
@@ -427,7 +477,7 @@ class Model:
 
     def ack_offset(self, offset: int, at: int) -> bool:
         lease = self.covering(offset, at)
-        if lease is None or offset in lease.acked or not lease.pending(offset, at):
+        if lease is None or lease.settled(offset) or not lease.pending(offset, at):
             return False
         lease.acked.add(offset)
         self.client_acked.add(offset)
@@ -435,7 +485,7 @@ class Model:
 
     def cancel_offset(self, offset: int, at: int) -> bool:
         lease = self.covering(offset, at)
-        if lease is None or offset in lease.acked or not lease.pending(offset, at):
+        if lease is None or lease.settled(offset) or not lease.pending(offset, at):
             return False
         lease.handouts[offset][-1] = at
         return True
@@ -476,6 +526,8 @@ def model_verdicts(models: dict[tuple[str, int], Model], record: codec.Record, p
             verdicts.append(model.renew(entry.offset, entry.end, holder, at, record.lease_ms))
         elif isinstance(record, codec.AckRanges):
             verdicts.append(model.ack(entry.offset, entry.end, holder, at, entry.failed, entry.dead))  # type: ignore[attr-defined]
+        elif isinstance(record, codec.ProgressRanges):
+            verdicts.append(model.progress(entry.offset, entry.end, holder, at, entry.failed, entry.dead))  # type: ignore[attr-defined]
         else:
             verdicts.append(model.cancel(entry.offset, entry.end, holder, at))
     return verdicts
@@ -511,6 +563,14 @@ def check(state: WorldState, models: dict[tuple[str, int], Model], at: int) -> N
             s: ({o: (times[-1], len(times)) for o, times in lease.handouts.items()}, lease.acked)
             for s, lease in model.leases.items()
         }
+        # ... and the holder's progress: the offsets marked done and their dead letters.
+        assert {s: ({o for r in lease.progress for o in range(*r)}, lease.dead) for s, lease in shared.leases.items()} \
+            == {s: (lease.marked, lease.marked_dead) for s, lease in model.leases.items()}
+        assert all(a[1] < b[0] for lease in shared.leases.values() for a, b in zip(lease.progress, lease.progress[1:]))
+        # An offset a progress entry marked is done, or marked in the live lease that still holds it: never
+        # claimable, handed out or tried again.
+        for offset in model.ever_marked:
+            assert shared.is_done(offset) or any(lease.is_settled(offset) for lease in shared.leases.values()), offset
         assert {o: t.count for t in shared.tries for o in range(t.start, t.end)} == model.tries
         assert (shared.acked, shared.dead_letters, shared.lost, shared.lapsed) == (
             model.acked, model.dead, model.lost, model.lapsed,
@@ -581,7 +641,7 @@ def test_every_step_follows_the_rules_and_keeps_the_invariants(log: list[codec.R
             continue
         gone_before = {key: set(model.gone) for key, model in models.items()}
         done_before = {key: {o for o in range(END + 15) if model.is_done(o)} for key, model in models.items()}
-        client_acked_before = {key: set(model.client_acked) for key, model in models.items()}
+        client_acked_before = {key: set(model.client_acked) | model.ever_marked for key, model in models.items()}
         pending_before = pending_in(state, at)
         expected = model_verdicts(models, record, pause_until is not None and at < pause_until)
         verdicts = state.apply(codec.decode(codec.encode(record)), at)
@@ -641,15 +701,16 @@ def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: l
 def test_a_reader_seeded_from_a_checkpoint_agrees_with_one_that_read_everything(
     log: list[codec.Record], data: st.DataObject
 ) -> None:
-    # Half the time the cut is where a lease holds clients' messages, so the checkpoint carries them: client acks or
-    # repeated hand-outs if the log has such a prefix, else hand-outs.
+    # Half the time the cut is where a lease holds clients' messages or its holder's progress, so the checkpoint
+    # carries them: client acks, progress or repeated hand-outs if the log has such a prefix, else hand-outs.
     state, handed, rich = WorldState(GROUP, HB), [], []
     for index, record in enumerate(log, 1):
         state.apply(record, record.ts)
         leases = [lease for shared in state.shared.values() for lease in shared.leases.values()]
         if any(lease.handed for lease in leases):
             handed.append(index)
-        if any(lease.acked or any(count > 1 for _, count in lease.handed.values()) for lease in leases):
+        if any(lease.acked or lease.progress or any(count > 1 for _, count in lease.handed.values())
+               for lease in leases):  # fmt: skip
             rich.append(index)
     if handed and data.draw(st.booleans()):
         cut = data.draw(st.sampled_from(rich or handed))
@@ -715,3 +776,75 @@ def test_the_reference_model_and_the_fold_agree_on_a_hand_written_log_of_message
         assert getattr(model, name)(*args) == getattr(shared, name)(*args) == expected, (name, args)
     assert model.acked == shared.acked == 5 and model.tries == {3: 1} and model.low == shared.low == 3
     assert model.is_done(2) and not model.is_done(6) and model.client_acked == {2}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(range_logs(), st.data())
+def test_progress_from_anyone_but_the_holder_changes_nothing(log: list[codec.Record], data: st.DataObject) -> None:
+    """Another member, or another instance of the holder's client, cannot mark a lease's offsets done."""
+    state = fold_all(log)
+    at = log[-1].ts
+    for shared in state.shared.values():
+        shared.lapse(at)  # what the record's own time lapses anyway: the writer is judged by the live leases
+    live = [(topic, partition, lease) for (topic, partition), shared in sorted(state.shared.items())
+            for lease in shared.live_leases(at)]  # fmt: skip
+    if not live:
+        return
+    topic, partition, lease = data.draw(st.sampled_from(live))
+    writer = data.draw(st.sampled_from([h for h in [*HOLDERS, OTHER_INSTANCE] if h != lease.holder]))
+    end = data.draw(st.integers(lease.start + 1, lease.end))
+    record = codec.ProgressRanges(
+        v=1, ts=at, group=GROUP, client=writer.client, instance=writer.instance, topic=topic,
+        ranges=(codec.ProgressEntry(partition=partition, offset=lease.start, end=end),),
+    )  # fmt: skip
+    before = copy.deepcopy(state.shared)
+    assert list(state.apply(record, at)) == [False]  # type: ignore[call-overload]
+    assert state.shared == before
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.integers(1, 200), st.data())
+def test_a_lapse_after_progress_gives_back_only_what_was_not_marked(size: int, data: st.DataObject) -> None:
+    """Whatever the holder marked in steps before its lease lapsed: exactly the unmarked offsets get one try more
+    (at most once: are lost), the marked ones are done and counted acked once, and low stops at the first unmarked."""
+    amo = data.draw(st.booleans())
+    shared, holder = SharedPartition(), HOLDERS[0]
+    assert shared.claim(100, 100 + size, holder, 0, 1000, amo)
+    marked: set[int] = set()
+    for at in range(1, data.draw(st.integers(1, 5)) + 1):
+        end = data.draw(st.integers(101, 100 + size)) if size > 1 else 101
+        failed = tuple(sorted(data.draw(st.sets(st.integers(100, end - 1), max_size=4))))
+        assert shared.progress(100, end, holder, at, failed, ())
+        marked |= set(range(100, end)) - set(failed)
+    shared.lapse(1000)
+    unmarked = set(range(100, 100 + size)) - marked
+    assert shared.acked == len(marked)
+    assert all(shared.is_done(o) for o in marked)
+    if amo:
+        assert shared.lost == len(unmarked) and shared.tries == []
+    else:
+        assert {o: t.count for t in shared.tries for o in range(t.start, t.end)} == {o: 1 for o in unmarked}
+        assert shared.low == min(unmarked, default=100 + size)
+
+
+def test_the_reference_model_and_the_fold_agree_on_a_hand_written_log_of_progress() -> None:
+    model, shared = Model(), SharedPartition()
+    a, b = HOLDERS[0], HOLDERS[1]
+    steps = [
+        ("claim", 0, 10, a, 0, 100, False, True),
+        ("progress", 0, 4, a, 10, (2,), (3,), True),  # 0, 1, 3 done (3 dead-lettered), 2 failed
+        ("progress", 0, 4, b, 11, (), (), False),  # not b's lease
+        ("progress", 0, 11, a, 12, (), (), False),  # past the lease
+        ("progress", 1, 4, a, 13, (), (), False),  # not the lease's start
+        ("progress", 0, 6, a, 20, (2, 5), (), True),  # 4 done too; 2 and 5 not
+        ("progress", 0, 2, a, 30, (0,), (), True),  # says less: takes nothing back
+        ("deliver", 1, a, 31, 10, False),  # marked done: never handed out
+        ("claim", 3, 5, b, 200, 100, False, False),  # a's lease lapsed: 3 and 4 were marked, so they are done
+        ("claim", 2, 3, b, 200, 100, False, True),  # 2 came back, with a try
+        ("claim", 5, 10, b, 200, 100, False, True),  # and 5..9
+    ]
+    for name, *args, expected in steps:
+        assert getattr(model, name)(*args) == getattr(shared, name)(*args) == expected, (name, args)
+    assert model.acked == shared.acked == 4 and model.dead == shared.dead_letters == 1
+    assert model.low == shared.low == 2
+    assert model.tries == {o: t.count for t in shared.tries for o in range(t.start, t.end)} == {2: 1, **{o: 1 for o in range(5, 10)}}

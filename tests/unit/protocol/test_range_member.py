@@ -246,6 +246,24 @@ def test_a_crashed_workers_range_is_failed_whole_if_begun_else_given_back_untrie
     assert not any(state.is_done(o) for o in range(100, 130)) or (started and amo), "nothing reported handled"
 
 
+@given(upto=st.integers(100, 130), failed=st.sets(st.integers(100, 129), max_size=4), amo=st.booleans())
+def test_a_crashed_workers_range_keeps_what_it_had_done_and_fails_only_the_rest(upto: int, failed: set[int],
+                                                                                 amo: bool) -> None:  # fmt: skip
+    state, held = leased(amo=amo)
+    failed_before = sorted(o for o in failed if o < upto)
+    entry = crashed_entry(held, True, upto, failed_before, ())
+    assert isinstance(entry, codec.AckEntry)
+    assert state.ack(entry.offset, entry.end, US, 2_000, entry.failed, entry.dead)
+    not_done = set(failed_before) | set(range(upto, 130))
+    assert {o for o in range(100, 130) if state.is_done(o) and not (amo and o in not_done)} == \
+        set(range(100, 130)) - not_done
+    if amo:
+        assert state.lost == len(not_done)
+    else:
+        assert {o for t in state.tries_in(100, 130) for o in range(t.start, t.end)} == not_done, "one try more: only those"
+    assert state.acked == 30 - len(not_done)
+
+
 HTTP_FATES = st.sampled_from(["acked", "handed", "dead", "unhanded", "no message"])
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marshal_workers.protocol import done_set
-from marshal_workers.runtime.channel import _DONE_SEQUENCE, Field, Slot
+from marshal_workers.runtime.channel import _DONE_SEQUENCE, Field, RangeSlot, Slot
 
 
 def new_slot(next_offset: int = 0) -> Slot:
@@ -68,3 +68,16 @@ def test_the_position_claims_done_only_what_was_done(first: set[int], more: set[
     claimed = set(range(offset)) | {o for a, b in done_set.decode(offset, runs) for o in range(a, b)}
     assert claimed <= done_now | set(range(lowest_now))
     assert offset == lowest_now
+
+
+def test_a_range_slot_tells_the_range_in_hand_and_how_far_it_is_done() -> None:
+    slot = RangeSlot.create(multiprocessing.get_context("fork"))
+    assert slot.read() is None, "no range begun"
+    slot.begin(1, 500)
+    assert slot.read() == (1, 500, 500)
+    slot.advance(742)
+    assert slot.read() == (1, 500, 742)
+    slot.begin(0, 9000)
+    assert slot.read() == (0, 9000, 9000), "a new range starts from nothing done"
+    slot.fields[0] += 1  # a kill in the middle of begin(): half of it is not to be trusted
+    assert slot.read() is None
