@@ -46,6 +46,7 @@ from ledger import (
 from processes import cmdline, process_group, titled
 
 from marshal_workers.core.config import Settings
+from marshal_workers.handlers.app import MAX_RANGE_SIZE
 from marshal_workers.kafka.coordination_log import log_consumer
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
@@ -129,20 +130,26 @@ class NemesisConfig:
     concurrency: int = 8  # lanes: calls in flight per worker
     keys: int = 16  # lanes: message N has key N mod keys
     processes: int = 2  # shared: workers per supervisor
-    range_size: int = 20  # shared: offsets per lease
+    range_size: int = 20  # shared: offsets per lease (adaptive: the first leases')
+    adaptive_ranges: bool = False  # shared: leases sized by the handler's rate (at most MAX_RANGE_SIZE), not fixed
     pending_timeout: float = 3.0  # shared: a lease not renewed lapses after this (a frozen supervisor's do)
 
     @property
     def handler_seconds(self) -> float:
         """The longest a worker takes to finish what it holds: a whole claimed batch under AMO, a range shared."""
         if self.holding is Holding.SHARED:
-            return self.handler_delay * self.range_size
+            return self.handler_delay * self.largest_range
         return self.handler_delay * (self.batch_size if self.mode == "amo" else 1)
+
+    @property
+    def largest_range(self) -> int:
+        """The most offsets one shared lease may cover."""
+        return MAX_RANGE_SIZE if self.adaptive_ranges else self.range_size
 
     @property
     def claimed(self) -> int:
         """The offsets one claim covers, which an unclean fault may lose at most once per claim (AMO)."""
-        return self.range_size if self.holding is Holding.SHARED else self.batch_size
+        return self.largest_range if self.holding is Holding.SHARED else self.batch_size
 
     def claims_lost_at_most(self, fault: FaultWindow) -> int:
         """How many claims (batches, ranges) one unclean fault may lose on one partition (docs/faults.md).
@@ -810,7 +817,7 @@ def holding_env(config: NemesisConfig) -> dict[str, str]:
     if config.holding is Holding.LANES:
         return {"MW_TEST_CONCURRENCY": str(config.concurrency)}
     if config.holding is Holding.SHARED:
-        return {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": str(config.range_size), "MW_TEST_ADAPTIVE_RANGES": "0",
+        return {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": str(config.range_size), "MW_TEST_ADAPTIVE_RANGES": "1" if config.adaptive_ranges else "0",
                 "MW_TEST_PENDING_TIMEOUT": f"{config.pending_timeout:g}s"}  # fmt: skip
     return {}
 

@@ -45,6 +45,10 @@ def main() -> int:
         help="how workers hold work, one or more of whole (a worker per partition), lanes (concurrency 8, same-key "
         "messages in order), shared (range leases, 2 processes per supervisor)",
     )  # fmt: skip
+    parser.add_argument("--range-size", type=int, default=20, help="shared: offsets per lease (adaptive: the first)")
+    parser.add_argument("--adaptive-ranges", action="store_true",
+                        help="shared: leases sized by the handler's rate (the default of shared handlers) instead of "
+                        "fixed at --range-size; at most once's loss budget is then the largest range's")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     # Stopped from outside (timeout, kill): leave by an exception, so each run's clean-up kills its fleet and
@@ -59,7 +63,7 @@ def main() -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         config = NemesisConfig(
             mode=mode, seed=seed, fault_seconds=args.seconds, rate=args.rate, partitions=args.partitions,
-            holding=holding,
+            holding=holding, range_size=args.range_size, adaptive_ranges=args.adaptive_ranges,
         )
         with EmbeddedBroker(log_path=str(run_dir / "broker.log")) as broker:
             report = Nemesis(config, broker, run_dir, uuid.uuid4().hex[:10]).run()
