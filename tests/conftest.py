@@ -7,8 +7,9 @@ an external Kafka named by MARSHAL_WORKERS_TEST_BROKERS=host:port.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -46,3 +47,21 @@ def settings(kafka_brokers: str, unique: str) -> Settings:
 def as_client(settings: Settings) -> Callable[[str], Settings]:
     """The same group and coordination topic, seen from another client id."""
     return lambda client_id: replace(settings, client_id=client_id)
+
+
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """Built-in tracing on, into an OpenTelemetry SDK in-memory exporter (``get_finished_spans()``), for this test."""
+    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - only the tracing tests need the SDK
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: PLC0415
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: PLC0415
+
+    from marshal_workers.core import tracing  # noqa: PLC0415
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_provider(provider)
+    yield exporter
+    tracing.stop()
+    provider.shutdown()

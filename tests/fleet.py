@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from polling import poll_until
 from processes import cmdline, process_group
 
 from marshal_workers.core.exit_codes import ExitCode
+from marshal_workers.protocol import codec
 
 APPS = Path(__file__).parent / "apps"  # the applications the e2e and chaos tests run
 HB = "1s"
@@ -197,6 +199,28 @@ class Fleet:
         assert result.returncode in (ExitCode.OK, ExitCode.UNKNOWN_GROUP), result.stderr
         document: dict[str, Any] = orjson.loads(result.stdout)
         return document
+
+    def coordination_records(self) -> list[codec.Record]:
+        """Every record of the coordination log, decoded, read from the beginning of each partition to its end."""
+        consumer = Consumer({"bootstrap.servers": self.brokers, "group.id": "log-reader", "enable.partition.eof": True})
+        topic = self.coordination_topic
+        partitions = len(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        found: list[codec.Record] = []
+        at_end: set[int] = set()
+        try:
+            deadline = time.monotonic() + 30
+            while len(at_end) < partitions and time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                if message.error() is not None:
+                    at_end.add(message.partition())
+                    continue
+                found.append(codec.decode(message.value()))
+        finally:
+            consumer.close()
+        return found
 
     def dead_letters(self, count: int) -> list[Message]:
         """The first ``count`` messages of the dead-letter topic (waits for them)."""

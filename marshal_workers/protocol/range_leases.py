@@ -150,11 +150,8 @@ class SharedPartition:
         whole entry invalid.  ``high``, the partition's end as the holder saw it,
         raises ``self.high``.
         """
-        self.lapse(at)
-        lease = self.leases.get(start)
-        if lease is None or lease.holder != holder or not start < end <= lease.end:
-            return False
-        if not _valid_offsets(failed, start, end) or not _valid_offsets(dead, start, end) or set(failed) & set(dead):
+        lease = self._holders_report(start, end, holder, at, failed, dead)
+        if lease is None:
             return False
         del self.leases[start]
         if high is not None and high > self.high:
@@ -182,11 +179,8 @@ class SharedPartition:
         they are done when it ends, however it ends.  A mark is never taken back (a later entry that says less
         changes nothing), so no offset is done twice.  Offsets outside the range or out of order make the
         entry invalid, as in :meth:`ack`."""
-        self.lapse(at)
-        lease = self.leases.get(start)
-        if lease is None or lease.holder != holder or not start < end <= lease.end:
-            return False
-        if not _valid_offsets(failed, start, end) or not _valid_offsets(dead, start, end) or set(failed) & set(dead):
+        lease = self._holders_report(start, end, holder, at, failed, dead)
+        if lease is None:
             return False
         lease.progress = _union_runs(lease.progress, list(_runs(start, end, failed)))
         lease.dead.update(dead)
@@ -328,6 +322,19 @@ class SharedPartition:
             self.acked += run_end - run_start
         self.dead_letters += len(lease.dead)
         return settled
+
+    def _holders_report(
+        self, start: int, end: int, holder: Holder, at: int, failed: Sequence[int], dead: Sequence[int]
+    ) -> Lease | None:
+        """The live lease starting at ``start`` if ``holder`` holds it and may report on ``[start, end)`` of it with
+        these ``failed`` and ``dead`` offsets (inside the range, in order, disjoint); else None."""
+        self.lapse(at)
+        lease = self.leases.get(start)
+        if lease is None or lease.holder != holder or not start < end <= lease.end:
+            return None
+        if not _valid_offsets(failed, start, end) or not _valid_offsets(dead, start, end) or set(failed) & set(dead):
+            return None
+        return lease
 
     def _held(self, start: int, end: int, holder: Holder, at: int) -> Lease | None:
         self.lapse(at)

@@ -18,7 +18,6 @@ from typing import Any
 import aiohttp
 import pytest
 import trustme
-from confluent_kafka import Consumer, TopicPartition
 from fleet import Fleet
 from polling import poll_until
 from test_admin import admin
@@ -167,23 +166,7 @@ def test_a_message_never_acked_comes_back_after_the_pending_timeout_a_cancel_at_
 
 def log_records(fleet: Fleet) -> list[codec.Record]:
     """Every record of the coordination log (read from the beginning up to its end)."""
-    consumer = Consumer({"bootstrap.servers": fleet.brokers, "group.id": "log-reader", "enable.partition.eof": True})
-    consumer.assign([TopicPartition(fleet.coordination_topic, p, 0) for p in range(8)])
-    found: list[codec.Record] = []
-    at_end: set[int] = set()
-    try:
-        deadline = time.monotonic() + 30
-        while len(at_end) < 8 and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error() is not None:
-                at_end.add(message.partition())
-                continue
-            found.append(codec.decode(message.value()))
-    finally:
-        consumer.close()
-    return found
+    return fleet.coordination_records()
 
 
 def test_bad_requests_get_a_4xx_with_a_json_error_and_change_nothing_in_the_log(fleet: Fleet, tmp_path: Path) -> None:

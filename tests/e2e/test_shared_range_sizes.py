@@ -4,11 +4,9 @@ grow far past ``range_size``, a slow one's stay small, and either way every mess
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from fleet import Fleet
 from polling import poll_until
 
@@ -23,24 +21,7 @@ PARTITIONS = 2
 def claimed_sizes(fleet: Fleet) -> list[tuple[int, list[int]]]:
     """The group's range claims in the coordination log, in log order per log partition: (position among the
     topic's range records, the sizes the claim asked for); with the position of every ack before it."""
-    consumer = Consumer({"bootstrap.servers": fleet.brokers, "group.id": "log-reader", "enable.partition.eof": True})
-    partitions = len(consumer.list_topics(fleet.coordination_topic, timeout=30).topics[fleet.coordination_topic]
-                     .partitions)  # fmt: skip
-    consumer.assign([TopicPartition(fleet.coordination_topic, p, 0) for p in range(partitions)])
-    found: list[codec.Record] = []
-    at_end: set[int] = set()
-    try:
-        deadline = time.monotonic() + 30
-        while len(at_end) < partitions and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            if message.error() is not None:
-                at_end.add(message.partition())
-                continue
-            found.append(codec.decode(message.value()))
-    finally:
-        consumer.close()
+    found = fleet.coordination_records()
     acks_before, claims = 0, []
     for record in sorted(found, key=lambda r: r.ts):
         if isinstance(record, codec.AckRanges) and record.topic == fleet.topic:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -93,16 +91,6 @@ def done(result: Any) -> Future[Any]:
     future.set_result(result)
     return future
 
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.use_provider(provider)
-    yield exporter
-    tracing.stop()
-    provider.shutdown()
 
 
 def call(topic: TopicStandIn, requests: list[tuple[str, Any, dict[str, str]]]) -> list[int]:
