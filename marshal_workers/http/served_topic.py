@@ -41,6 +41,7 @@ from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
+from marshal_workers.http.read_ahead import ReadAhead
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
@@ -57,6 +58,10 @@ from marshal_workers.runtime.worker.shared_worker import consumer_settings
 _log = logging.getLogger(__name__)
 
 LOOP_PAUSE_S = 0.01
+# The loop mirrors what others did to our ranges only when the log folded another instance's record since the last
+# look (our own records we apply as we write them), and at least this often whatever it folded (an ack whose request
+# gave up waiting for its verdict is applied locally by nobody else).
+FULL_SYNC_S = 0.5
 ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
@@ -174,8 +179,11 @@ class ServedTopic:
         self._positions: dict[int, int] = {}  # partition -> the next offset the consumer reads there
         self._ends = PartitionEnds()  # as ListOffsets says, asked without blocking
         self._fetched_high: dict[int, int] = {}  # partition -> its end as fetches saw it
+        self._ahead = ReadAhead()  # messages read past the held ranges, for the next ones claimed (read_ahead.py)
         self._initial: dict[int, int] = {}
         self._next_renewal = 0.0
+        self._synced_foreign = -1  # coordinator.foreign_records at the last _sync_from_log
+        self._next_full_sync = 0.0
         self._rng = random.Random()
         self._stop_loop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -517,7 +525,12 @@ class ServedTopic:
                 self.on_shutdown_order()
 
     def _sync_from_log(self) -> None:
-        """What other servers did to our messages (acks, cancels), as the fold has it."""
+        """What other servers did to our messages (acks, cancels), as the fold has it: looked up only when the log
+        folded a record of another instance since the last look (or FULL_SYNC_S passed)."""
+        foreign, now_s = self.coordinator.foreign_records, time.monotonic()
+        if foreign == self._synced_foreign and now_s < self._next_full_sync:
+            return
+        self._synced_foreign, self._next_full_sync = foreign, now_s + FULL_SYNC_S  # read before: later ones count
         with self.lock:
             keys = [(held.partition, held.start) for held in self.ranges.values()]
         if not keys:
@@ -681,6 +694,8 @@ class ServedTopic:
         return 1 if active else min(2, self.options.max_leases)
 
     def _claim(self) -> None:
+        if not self.waiting_readers:
+            return  # nobody to claim for (_want): spare the count
         available = self.available()
         want = self._want(available)
         if not want or not self._ends.ends:
@@ -710,7 +725,15 @@ class ServedTopic:
             self.counters.ranges_refused += len(picked) - len(won)
             self.counters.ranges_claimed += len(won)
             for partition, start, end, tries in won:
-                self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
+                held = self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
+                taken = self._ahead.take(partition, start, end)  # read already: no fetch before its first read
+                if taken is not None:
+                    records, held.fetched_to = taken
+                    for offset, record in records.items():
+                        if record is None:
+                            self.counters.other_group += 1  # never handed out: done, as an offset with no message
+                        else:
+                            held.messages[offset] = record
 
     # ---------------------------------------------------------------- Kafka
 
@@ -731,6 +754,7 @@ class ServedTopic:
         if set(wanted) != set(self._positions) or any(wanted[p] < self._positions[p] for p in wanted):
             self._consumer.assign([TopicPartition(self.topic, p, offset) for p, offset in sorted(wanted.items())])
             self._positions = dict(wanted)
+        reading_from = dict(self._positions)
         records = self._consumer.consume(FETCH_MOST, 0.01)  # short: the loop has more to do than wait here
         seen: dict[int, int] = {}  # partition -> the offset after the last message (or the end) seen
         fetched: list[tuple[int, int, Any]] = []
@@ -764,6 +788,17 @@ class ServedTopic:
                 reached = seen.get(held.partition)
                 if reached is not None and reached > held.fetched_to:  # read in order from at most fetched_to
                     held.fetched_to = min(reached, held.end)
+            self._keep_ahead(reading_from, seen, fetched, not_ours)
+
+    def _keep_ahead(self, reading_from: dict[int, int], seen: dict[int, int], fetched: list[tuple[int, int, Any]],
+                    not_ours: frozenset[tuple[int, int]]) -> None:  # fmt: skip
+        """What this fetch read past every held range of a partition goes to the read-ahead. Under the lock."""
+        for partition, reached in seen.items():
+            ends = [held.end for held in self.ranges.values() if held.partition == partition]
+            begin = max(reading_from.get(partition, reached), *ends)
+            past = {offset: None if (partition, offset) in not_ours else record
+                    for p, offset, record in fetched if p == partition and offset >= begin}  # fmt: skip
+            self._ahead.note(partition, begin, reached, past)
 
     # --------------------------------------------------------------- status
 

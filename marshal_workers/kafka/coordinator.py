@@ -449,7 +449,7 @@ class Coordinator:
     def own_folds(self) -> socket.socket:
         """Readable when a record this coordinator wrote has been folded: time to collect()."""
         assert self._log is not None, "call start() first"
-        return self._log.own_folds
+        return self._log.watch_own_folds()
 
     def _not_confirmed(self) -> CoordinationWriteError:
         return CoordinationWriteError(
@@ -567,6 +567,13 @@ class Coordinator:
         """How many of our records were folded from their delivery report (CoordinationLog.fold_delivered)."""
         assert self._log is not None
         return self._log.early_folds
+
+    @property
+    def foreign_records(self) -> int:
+        """Records of other instances folded so far (CoordinationLog.foreign_folds): unchanged, nothing but our own
+        writes changed the state since it was last read."""
+        assert self._log is not None
+        return self._log.foreign_folds
 
     @property
     def fetch_stalls(self) -> int:
