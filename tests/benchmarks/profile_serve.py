@@ -25,7 +25,7 @@ from pathlib import Path
 
 import checkout  # noqa: F401  (sys.path: the checkout's package, this folder)
 from bench_run import base_env, create_topic, leftovers, produce
-from bench_serve import PARTITIONS, launch, run_clients
+from bench_serve import PARTITIONS, histogram_percentile, launch, percentile, run_clients, write_histogram
 
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
 
@@ -59,7 +59,9 @@ def main() -> int:
         try:
             time.sleep(1.0)
             before = json.loads((out / "threads.json").read_text())
+            writes_before = write_histogram(url)
             results, elapsed = run_clients(url, args.clients, 2, args.seconds, args.max, out)
+            writes_after = write_histogram(url)
             time.sleep(0.6)
             after = json.loads((out / "threads.json").read_text())
         finally:
@@ -67,6 +69,13 @@ def main() -> int:
             server.wait(60)
     handled = sum(r["messages"] for r in results)
     print(f"{handled} messages in {elapsed:.1f}s: {handled / elapsed:,.0f}/s")
+    reads, acks = [s for r in results for s in r["reads"]], [s for r in results for s in r["acks"]]
+    writes = writes_after.get(float("inf"), 0.0) - writes_before.get(float("inf"), 0.0)
+    print(f"read p50/p99 {percentile(reads, 0.5) * 1000:.1f}/{percentile(reads, 0.99) * 1000:.1f} ms, ack "
+          f"{percentile(acks, 0.5) * 1000:.1f}/{percentile(acks, 0.99) * 1000:.1f} ms, {writes:.0f} writes "
+          f"({handled / writes if writes else float('nan'):.1f} messages each), write p50/p99 "
+          f"{histogram_percentile(writes_before, writes_after, 0.5) * 1000:.1f}/"
+          f"{histogram_percentile(writes_before, writes_after, 0.99) * 1000:.1f} ms")  # fmt: skip
     total = 0.0
     for name, cpu in sorted(after["cpu"].items(), key=lambda kv: -(kv[1] - before["cpu"].get(kv[0], 0.0))):
         used = cpu - before["cpu"].get(name, 0.0)
