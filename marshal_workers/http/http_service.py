@@ -193,7 +193,8 @@ async def _read(request: web.Request) -> web.StreamResponse:
             if topic.available_now or first:
                 first = False
                 # On the event loop: a first hand-out is answered at once, another waits for its write's verdict.
-                messages = await _verdict(request, topic.hand_out(asked.most))
+                handed = topic.hand_out(asked.most)
+                messages = await _verdict(request, handed) if isinstance(handed, Future) else handed
                 if messages:
                     request[_HANDED], request[_MOST] = messages, asked.most
                     return _json({"messages": messages})

@@ -66,6 +66,9 @@ ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
 IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
+# The group commit's writes in flight at once: a request waits for about one write (its own), not also for the
+# one in flight when it came; more would only make writes smaller.
+WRITES_IN_FLIGHT = 2
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
 
@@ -214,7 +217,8 @@ class ServedTopic:
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
         coordinator = self._coordinator
         self._group_commit = GroupCommit(lambda records: coordinator.write(records), coordinator.record_fields, self.topic,
-                                   self.options.pending_ms).start()  # fmt: skip
+                                         self.options.pending_ms, send=coordinator.send,
+                                         in_flight=WRITES_IN_FLIGHT).start()  # fmt: skip
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
@@ -274,29 +278,28 @@ class ServedTopic:
                 for offset in held.messages if held.eligible(offset, now)
             )  # fmt: skip
 
-    def hand_out(self, most: int) -> Future[list[dict[str, Any]]]:
-        """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read (no wait:
-        the future is done, or done when a write's verdict comes).
+    def hand_out(self, most: int) -> list[dict[str, Any]] | Future[list[dict[str, Any]]]:
+        """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read, now, or
+        a future of it done when a write's verdict comes (no wait either way).
 
         A message handed out for the first time under our lease is answered at once: the lease makes it ours
         alone, and its ``deliver_messages`` goes in the next group commit, long before the lease could pass to
         anyone else (``usable`` leaves a third of the pending timeout).  A message handed out again under the same
         lease (cancelled, or its deadline passed) waits for its record's verdict: the log may still have it
         pending with the client before (docs/http-service.md, "Reads without a wait")."""
-        answered: Future[list[dict[str, Any]]] = Future()
         picked = [] if self.stopping else self._pick(most, monotonic_ms())
         if not picked:
-            answered.set_result([])
-            return answered
+            return []
         entries = [codec.MessageEntry(held.partition, offset) for held, offset, _ in picked]
         now, wall = monotonic_ms(), self.coordinator.now_ms()
         if all(first for _, _, first in picked):
             with self.lock:
-                answered.set_result([self._handed_out(held, offset, now, wall) for held, offset, _ in picked])
+                answer = [self._handed_out(held, offset, now, wall) for held, offset, _ in picked]
                 for held, offset, _ in picked:
                     held.unwritten.add(offset)
             self._write_hand_outs([(held, offset) for held, offset, _ in picked], entries)
-            return answered
+            return answer
+        answered: Future[list[dict[str, Any]]] = Future()
         self._commit.submit(Kind.DELIVER, entries).add_done_callback(
             lambda written: answered.set_result(self._answer_written(picked, written, now, wall))
         )
