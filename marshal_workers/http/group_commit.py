@@ -4,13 +4,14 @@ Every read writes ``deliver_messages``, every ack ``ack_messages`` and every
 cancel ``cancel_messages``.  Written one request at a time, each would wait
 for a coordination write of its own (a produce, its delivery report and its
 fold: milliseconds), and the server would spend its CPU on round trips.
-Here writer threads keep a few writes in flight (the server: two): the
+Here writer threads keep a few writes in flight (the server: one): the
 requests that arrive while every writer waits for its write's verdict queue,
 and the next write carries all of them, one record per kind (as the
 supervisor's at-most-once message claims share a ``message_claims`` record).
 Each request learns the verdicts of its own entries when its write is
 confirmed.  With two in flight, a request waits for about one write (its
-own), not also for the rest of the one in flight when it came.
+own), not also for the rest of the one in flight when it came, but writes
+are smaller (served_topic.WRITES_IN_FLIGHT says why the server keeps one).
 
 Order: within a write the records go deliver, ack, cancel, to the one
 coordination partition of the topic; writes are produced one after another

@@ -66,9 +66,11 @@ ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
 IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
-# The group commit's writes in flight at once: a request waits for about one write (its own), not also for the
-# one in flight when it came; more would only make writes smaller.
-WRITES_IN_FLIGHT = 2
+# The group commit's writes in flight at once. One: on the embedded broker (write p50 about 1 ms) a second one
+# in flight made writes smaller (2.5 messages each instead of 3.5 at 8 clients) and cost about 10% more CPU per
+# message, for no gain in messages per second at 8 or 64 clients (tests/benchmarks/profile_serve.py, same runs).
+# A broker with a longer write latency may gain from 2 (GroupCommit keeps them in order).
+WRITES_IN_FLIGHT = 1
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
 
