@@ -431,7 +431,7 @@ class ServedTopic:
         late: set[MessageId] = set()  # refused by the log because another server's ack of them came first
         if refused and verb == "acked":
             # Acked meanwhile through another server (our view had not seen it): done, as the client wants.
-            late = {m for m, state in zip(refused, self._states(refused)) if state in ("acked", "done")}
+            late = {m for m, state in zip(refused, self._log_states(refused)) if state in ("acked", "done")}
             refused = [m for m in refused if m not in late]
         if refused:
             self.counters.refused += len(refused)
@@ -442,7 +442,17 @@ class ServedTopic:
 
     def _states(self, ids: Sequence[MessageId]) -> list[str]:
         """Each message's state as the fold has it now; one we answered a read with and whose hand-out is queued
-        (or in flight) in our group commit counts as pending: an ack or cancel of it is written after it."""
+        (or in flight) in our group commit counts as pending: an ack or cancel of it is written after it.
+
+        Messages this server handed out under a lease it holds, whose pending time it still counts, are pending
+        without a look at the log (the usual ack: no wait for the log's lock).  The log still judges the record:
+        one acked or cancelled meanwhile through another server is refused there, and answered as such."""
+        if self._pending_here(ids, monotonic_ms()):
+            return ["pending"] * len(ids)
+        return self._log_states(ids)
+
+    def _log_states(self, ids: Sequence[MessageId]) -> list[str]:
+        """_states as the log has it (our hand-outs not written yet count as pending)."""
         wall = self.coordinator.now_ms()
         states = self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
         if "undelivered" in states:
@@ -452,6 +462,17 @@ class ServedTopic:
                     if held is not None and found.offset in held.unwritten:
                         states[i] = "pending"
         return states
+
+    def _pending_here(self, ids: Sequence[MessageId], now: int) -> bool:
+        """Every message is out with a client from this server, under a lease it holds, until after ``now``: our
+        own pending time ends before the log's (it starts before the hand-out's record is written)."""
+        with self.lock:
+            for found in ids:
+                held = self._held_covering(found.partition, found.offset)
+                if (held is None or held.deadline_ms <= now or found.offset in held.acked
+                        or held.pending_until.get(found.offset, 0) <= now):  # fmt: skip
+                    return False
+        return True
 
     def _apply_locally(self, ids: Sequence[MessageId], verdicts: Sequence[bool], verb: str) -> None:
         with self.lock:
