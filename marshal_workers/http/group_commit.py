@@ -4,16 +4,22 @@ Every read writes ``deliver_messages``, every ack ``ack_messages`` and every
 cancel ``cancel_messages``.  Written one request at a time, each would wait
 for a coordination write of its own (a produce, its delivery report and its
 fold: milliseconds), and the server would spend its CPU on round trips.
-Here one writer thread keeps at most one write in flight: the requests that
-arrive meanwhile queue, and the next write carries all of them, one record
-per kind (as the supervisor's at-most-once message claims share a
-``message_claims`` record).  Each request learns the verdicts of its own
-entries when the write is confirmed.
+Here writer threads keep a few writes in flight (the server: one): the
+requests that arrive while every writer waits for its write's verdict queue,
+and the next write carries all of them, one record per kind (as the
+supervisor's at-most-once message claims share a ``message_claims`` record).
+Each request learns the verdicts of its own entries when its write is
+confirmed.  With two in flight, a request waits for about one write (its
+own), not also for the rest of the one in flight when it came, but writes
+are smaller (served_topic.WRITES_IN_FLIGHT says why the server keeps one).
 
 Order: within a write the records go deliver, ack, cancel, to the one
-coordination partition of the topic; writes follow one another.  So an entry
-is folded after every entry submitted before it, and a hand-out submitted
-before an ack of it (the client acked what it was answered) is folded first.
+coordination partition of the topic; writes are produced one after another
+in the order their entries were queued (taking the queue and producing it is
+one step under a lock), and the idempotent producer keeps that order in the
+log.  So an entry is folded after every entry submitted before it, and a
+hand-out submitted before an ack of it (the client acked what it was
+answered) is folded first, whichever write is confirmed first.
 """
 
 from __future__ import annotations
@@ -72,14 +78,24 @@ class WriteStats:
 
 
 Write = Callable[[list[codec.Record]], list[Any]]  # the coordinator's write: the records' verdicts, or raises
+# The coordinator's send: produce now (after everything sent before), and return the wait for the verdicts.
+Send = Callable[[list[codec.Record]], Callable[[], list[Any]]]
 Fields = Callable[[], dict[str, Any]]  # the common fields of a record written now
 
 
 class GroupCommit:
-    """Queues message entries and writes them in batches, one write in flight at a time."""
+    """Queues message entries and writes them in batches, ``in_flight`` writes in flight at a time (default one).
 
-    def __init__(self, write: Write, fields: Fields, topic: str, pending_ms: int) -> None:
-        self._write = write
+    More than one needs ``send`` (the write in two steps): each write is produced, under a lock, in the order its
+    entries were queued, so the log folds them in that order whichever write is confirmed first; the next write
+    need not wait for the one before to be confirmed, so a request waits for about one write, not two."""
+
+    def __init__(self, write: Write, fields: Fields, topic: str, pending_ms: int, send: Send | None = None,
+                 in_flight: int = 1) -> None:  # fmt: skip
+        assert send is not None or in_flight == 1, "writes in flight together are produced in order by send"
+        self._send: Send = send or (lambda records: lambda: write(records))
+        self._in_flight = in_flight
+        self._sending = threading.Lock()  # taking a batch and producing it: one writer at a time, in queue order
         self._fields = fields
         self._topic = topic
         self._pending_ms = pending_ms
@@ -87,12 +103,15 @@ class GroupCommit:
         self._urgent = False  # a queued entry has a request waiting for its verdict
         self._wake = threading.Condition()
         self._closing = False
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self.stats = WriteStats()
 
     def start(self) -> GroupCommit:
-        self._thread = threading.Thread(target=self._run, name="serve-group-commit", daemon=True)
-        self._thread.start()
+        for n in range(self._in_flight):
+            name = "serve-group-commit" if n == 0 else f"serve-group-commit-{n + 1}"
+            self._threads.append(threading.Thread(target=self._run, name=name, daemon=True))
+        for thread in self._threads:
+            thread.start()
         return self
 
     def close(self, timeout: float = 10.0) -> None:
@@ -100,8 +119,8 @@ class GroupCommit:
         with self._wake:
             self._closing = True
             self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
 
     def submit(self, kind: Kind, entries: Sequence[codec.MessageEntry], linger: bool = False) -> Future[list[bool]]:
         """Queue ``entries`` for the next write: the future gives one verdict per entry once the write is confirmed,
@@ -115,7 +134,7 @@ class GroupCommit:
             done.set_result([])
             return done
         with self._wake:
-            if self._closing and (self._thread is None or not self._thread.is_alive()):
+            if self._closing and not any(thread.is_alive() for thread in self._threads):
                 raise RuntimeError("the group commit is closed: nothing more is written")
             self._queue.append(_Queued(kind, list(entries), done, linger))
             if not linger:
@@ -131,36 +150,49 @@ class GroupCommit:
 
     def _run(self) -> None:
         while True:
-            with self._wake:
-                while not self._queue and not self._closing:
-                    self._wake.wait()
-                if not self._queue:
-                    return  # closing, and nothing left to write
-                flush_at = time.monotonic() + LINGER_S
-                while not self._urgent and not self._closing and (left := flush_at - time.monotonic()) > 0:
-                    self._wake.wait(left)  # only lingering entries: wait a moment for one somebody waits on
-            self.write_queued()
+            with self._sending:  # the other writers wait here: one takes the queue and produces at a time
+                with self._wake:
+                    while not self._queue and not self._closing:
+                        self._wake.wait()
+                    if not self._queue:
+                        return  # closing, and nothing left to write
+                    flush_at = time.monotonic() + LINGER_S
+                    while not self._urgent and not self._closing and (left := flush_at - time.monotonic()) > 0:
+                        self._wake.wait(left)  # only lingering entries: wait a moment for one somebody waits on
+                    batch, self._queue, self._urgent = self._queue, [], False
+                sent = self._produce(batch)
+            if sent is not None:
+                self._confirm(batch, *sent)
 
     def write_queued(self) -> None:
         """One write of everything queued now, on this thread: the writer thread's step (a GroupCommit not
         started is written by calling it)."""
-        with self._wake:
-            batch, self._queue, self._urgent = self._queue, [], False
-        if batch:
-            self._write_batch(batch)
+        with self._sending:
+            with self._wake:
+                batch, self._queue, self._urgent = self._queue, [], False
+            sent = self._produce(batch) if batch else None
+        if sent is not None:
+            self._confirm(batch, *sent)
 
-    def _write_batch(self, batch: list[_Queued]) -> None:
-        """One write for every queued request: its records, then each request's verdicts (or the failure)."""
+    def _produce(self, batch: list[_Queued]) -> tuple[list[codec.Record], list[tuple[int, int]], Callable[[], list[Any]],
+                                                     float] | None:  # fmt: skip
+        """The batch's records, sent: (records, each request's span of verdicts, the wait, when); None if the
+        send failed (every request of the batch has heard)."""
         records, spans = self._records(batch)
         started = time.monotonic()
         try:
-            verdicts = self._write(records)
+            return records, spans, self._send(records), started
         except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
-            with self._wake:
-                self.stats.failed += 1
-            for queued in batch:
-                if not queued.done.done():
-                    queued.done.set_exception(exc)
+            self._fail(batch, exc)
+            return None
+
+    def _confirm(self, batch: list[_Queued], records: list[codec.Record], spans: list[tuple[int, int]],
+                 wait: Callable[[], list[Any]], started: float) -> None:  # fmt: skip
+        """Each request's verdicts once the write is confirmed (or the failure)."""
+        try:
+            verdicts = wait()
+        except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
+            self._fail(batch, exc)
             return
         took = time.monotonic() - started
         self._account(took, sum(len(q.entries) for q in batch))
@@ -169,6 +201,13 @@ class GroupCommit:
             flat += per_entry(verdict, len(record.messages))  # type: ignore[attr-defined]
         for queued, (start, end) in zip(batch, spans):
             queued.done.set_result(flat[start:end])
+
+    def _fail(self, batch: list[_Queued], exc: Exception) -> None:
+        with self._wake:
+            self.stats.failed += 1
+        for queued in batch:
+            if not queued.done.done():
+                queued.done.set_exception(exc)
 
     def _records(self, batch: list[_Queued]) -> tuple[list[codec.Record], list[tuple[int, int]]]:
         """The records of one write (deliver, ack, cancel; at most MAX_ENTRIES_PER_RECORD entries each) and, per

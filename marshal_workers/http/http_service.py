@@ -40,6 +40,7 @@ from marshal_workers.http.group_commit import LATENCY_BUCKETS, Kind
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_ids, read_request
 from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
+from marshal_workers.http.loop_handoff import LoopHandoff
 from marshal_workers.http.served_topic import LOG_LAG_GRACE_S, ServedTopic
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
 from marshal_workers.observe.web_sites import open_site, stop_signal
@@ -54,6 +55,7 @@ _HANDED = web.RequestKey("handed", list[dict[str, Any]])  # a read's answer, kep
 _MOST = web.RequestKey("most", int)
 _IDS = web.RequestKey("ids", list[MessageId])  # an ack's or cancel's messages
 _OPENAPI = web.AppKey("openapi", bytes)
+_HANDOFF = web.AppKey("handoff", LoopHandoff)  # write verdicts to the event loop, one wake-up per write
 _OPEN_ROUTES = ("/healthz", "/openapi.json")  # no token needed
 T = TypeVar("T")
 
@@ -116,6 +118,7 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_TOKEN] = token or ""
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
+    app[_HANDOFF] = LoopHandoff(asyncio.get_running_loop())
     app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
     topic.on_news = app[_NEWS].announce_threadsafe
     app[_OPENAPI] = orjson.dumps(openapi_document(token_required=bool(token)))
@@ -190,7 +193,8 @@ async def _read(request: web.Request) -> web.StreamResponse:
             if topic.available_now or first:
                 first = False
                 # On the event loop: a first hand-out is answered at once, another waits for its write's verdict.
-                messages = await _verdict(topic, topic.hand_out(asked.most))
+                handed = topic.hand_out(asked.most)
+                messages = await _verdict(request, handed) if isinstance(handed, Future) else handed
                 if messages:
                     request[_HANDED], request[_MOST] = messages, asked.most
                     return _json({"messages": messages})
@@ -205,12 +209,12 @@ async def _read(request: web.Request) -> web.StreamResponse:
         topic.waiting_readers -= 1
 
 
-async def _verdict(topic: ServedTopic, future: Future[T]) -> T:
+async def _verdict(request: web.Request, future: Future[T]) -> T:
     """A group commit's outcome, awaited without a thread (at once when it is known already)."""
     if future.done():
         return future.result()
-    async with asyncio.timeout(topic.verdict_wait_s):  # no task of its own, unlike wait_for
-        return await asyncio.wrap_future(future)
+    async with asyncio.timeout(request.app[_TOPIC].verdict_wait_s):  # no task of its own, unlike wait_for
+        return await request.app[_HANDOFF].watch(future)
 
 
 async def _ack(request: web.Request) -> web.Response:
@@ -235,7 +239,7 @@ async def _settle(request: web.Request, kind: Kind) -> web.Response:
     verdicts: list[bool] = []
     if settlement.todo:
         try:
-            verdicts = await _verdict(topic, topic.write_settlement(settlement))
+            verdicts = await _verdict(request, topic.write_settlement(settlement))
         except (CoordinationWriteError, TimeoutError) as exc:
             raise BadRequest(503, "not_written", f"the coordination log did not confirm the {settlement.verb[:-2]}: "
                              f"try again ({exc or 'no verdict in time'})", retry_after=1) from None  # fmt: skip

@@ -41,6 +41,7 @@ from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
+from marshal_workers.http.read_ahead import ReadAhead
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
@@ -57,10 +58,19 @@ from marshal_workers.runtime.worker.shared_worker import consumer_settings
 _log = logging.getLogger(__name__)
 
 LOOP_PAUSE_S = 0.01
+# The loop mirrors what others did to our ranges only when the log folded another instance's record since the last
+# look (our own records we apply as we write them), and at least this often whatever it folded (an ack whose request
+# gave up waiting for its verdict is applied locally by nobody else).
+FULL_SYNC_S = 0.5
 ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
 IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
+# The group commit's writes in flight at once. One: on the embedded broker (write p50 about 1 ms) a second one
+# in flight made writes smaller (2.5 messages each instead of 3.5 at 8 clients) and cost about 10% more CPU per
+# message, for no gain in messages per second at 8 or 64 clients (tests/benchmarks/profile_serve.py, same runs).
+# A broker with a longer write latency may gain from 2 (GroupCommit keeps them in order).
+WRITES_IN_FLIGHT = 1
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
 
@@ -174,8 +184,11 @@ class ServedTopic:
         self._positions: dict[int, int] = {}  # partition -> the next offset the consumer reads there
         self._ends = PartitionEnds()  # as ListOffsets says, asked without blocking
         self._fetched_high: dict[int, int] = {}  # partition -> its end as fetches saw it
+        self._ahead = ReadAhead()  # messages read past the held ranges, for the next ones claimed (read_ahead.py)
         self._initial: dict[int, int] = {}
         self._next_renewal = 0.0
+        self._synced_foreign = -1  # coordinator.foreign_records at the last _sync_from_log
+        self._next_full_sync = 0.0
         self._rng = random.Random()
         self._stop_loop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -206,7 +219,8 @@ class ServedTopic:
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
         coordinator = self._coordinator
         self._group_commit = GroupCommit(lambda records: coordinator.write(records), coordinator.record_fields, self.topic,
-                                   self.options.pending_ms).start()  # fmt: skip
+                                         self.options.pending_ms, send=coordinator.send,
+                                         in_flight=WRITES_IN_FLIGHT).start()  # fmt: skip
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
@@ -266,29 +280,28 @@ class ServedTopic:
                 for offset in held.messages if held.eligible(offset, now)
             )  # fmt: skip
 
-    def hand_out(self, most: int) -> Future[list[dict[str, Any]]]:
-        """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read (no wait:
-        the future is done, or done when a write's verdict comes).
+    def hand_out(self, most: int) -> list[dict[str, Any]] | Future[list[dict[str, Any]]]:
+        """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read, now, or
+        a future of it done when a write's verdict comes (no wait either way).
 
         A message handed out for the first time under our lease is answered at once: the lease makes it ours
         alone, and its ``deliver_messages`` goes in the next group commit, long before the lease could pass to
         anyone else (``usable`` leaves a third of the pending timeout).  A message handed out again under the same
         lease (cancelled, or its deadline passed) waits for its record's verdict: the log may still have it
         pending with the client before (docs/http-service.md, "Reads without a wait")."""
-        answered: Future[list[dict[str, Any]]] = Future()
         picked = [] if self.stopping else self._pick(most, monotonic_ms())
         if not picked:
-            answered.set_result([])
-            return answered
+            return []
         entries = [codec.MessageEntry(held.partition, offset) for held, offset, _ in picked]
         now, wall = monotonic_ms(), self.coordinator.now_ms()
         if all(first for _, _, first in picked):
             with self.lock:
-                answered.set_result([self._handed_out(held, offset, now, wall) for held, offset, _ in picked])
+                answer = [self._handed_out(held, offset, now, wall) for held, offset, _ in picked]
                 for held, offset, _ in picked:
                     held.unwritten.add(offset)
             self._write_hand_outs([(held, offset) for held, offset, _ in picked], entries)
-            return answered
+            return answer
+        answered: Future[list[dict[str, Any]]] = Future()
         self._commit.submit(Kind.DELIVER, entries).add_done_callback(
             lambda written: answered.set_result(self._answer_written(picked, written, now, wall))
         )
@@ -418,7 +431,7 @@ class ServedTopic:
         late: set[MessageId] = set()  # refused by the log because another server's ack of them came first
         if refused and verb == "acked":
             # Acked meanwhile through another server (our view had not seen it): done, as the client wants.
-            late = {m for m, state in zip(refused, self._states(refused)) if state in ("acked", "done")}
+            late = {m for m, state in zip(refused, self._log_states(refused)) if state in ("acked", "done")}
             refused = [m for m in refused if m not in late]
         if refused:
             self.counters.refused += len(refused)
@@ -429,7 +442,17 @@ class ServedTopic:
 
     def _states(self, ids: Sequence[MessageId]) -> list[str]:
         """Each message's state as the fold has it now; one we answered a read with and whose hand-out is queued
-        (or in flight) in our group commit counts as pending: an ack or cancel of it is written after it."""
+        (or in flight) in our group commit counts as pending: an ack or cancel of it is written after it.
+
+        Messages this server handed out under a lease it holds, whose pending time it still counts, are pending
+        without a look at the log (the usual ack: no wait for the log's lock).  The log still judges the record:
+        one acked or cancelled meanwhile through another server is refused there, and answered as such."""
+        if self._pending_here(ids, monotonic_ms()):
+            return ["pending"] * len(ids)
+        return self._log_states(ids)
+
+    def _log_states(self, ids: Sequence[MessageId]) -> list[str]:
+        """_states as the log has it (our hand-outs not written yet count as pending)."""
         wall = self.coordinator.now_ms()
         states = self.coordinator.read(lambda world: [_message_state(world, m, wall) for m in ids])
         if "undelivered" in states:
@@ -439,6 +462,17 @@ class ServedTopic:
                     if held is not None and found.offset in held.unwritten:
                         states[i] = "pending"
         return states
+
+    def _pending_here(self, ids: Sequence[MessageId], now: int) -> bool:
+        """Every message is out with a client from this server, under a lease it holds, until after ``now``: our
+        own pending time ends before the log's (it starts before the hand-out's record is written)."""
+        with self.lock:
+            for found in ids:
+                held = self._held_covering(found.partition, found.offset)
+                if (held is None or held.deadline_ms <= now or found.offset in held.acked
+                        or held.pending_until.get(found.offset, 0) <= now):  # fmt: skip
+                    return False
+        return True
 
     def _apply_locally(self, ids: Sequence[MessageId], verdicts: Sequence[bool], verb: str) -> None:
         with self.lock:
@@ -517,7 +551,12 @@ class ServedTopic:
                 self.on_shutdown_order()
 
     def _sync_from_log(self) -> None:
-        """What other servers did to our messages (acks, cancels), as the fold has it."""
+        """What other servers did to our messages (acks, cancels), as the fold has it: looked up only when the log
+        folded a record of another instance since the last look (or FULL_SYNC_S passed)."""
+        foreign, now_s = self.coordinator.foreign_records, time.monotonic()
+        if foreign == self._synced_foreign and now_s < self._next_full_sync:
+            return
+        self._synced_foreign, self._next_full_sync = foreign, now_s + FULL_SYNC_S  # read before: later ones count
         with self.lock:
             keys = [(held.partition, held.start) for held in self.ranges.values()]
         if not keys:
@@ -681,6 +720,8 @@ class ServedTopic:
         return 1 if active else min(2, self.options.max_leases)
 
     def _claim(self) -> None:
+        if not self.waiting_readers:
+            return  # nobody to claim for (_want): spare the count
         available = self.available()
         want = self._want(available)
         if not want or not self._ends.ends:
@@ -710,7 +751,15 @@ class ServedTopic:
             self.counters.ranges_refused += len(picked) - len(won)
             self.counters.ranges_claimed += len(won)
             for partition, start, end, tries in won:
-                self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
+                held = self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
+                taken = self._ahead.take(partition, start, end)  # read already: no fetch before its first read
+                if taken is not None:
+                    records, held.fetched_to = taken
+                    for offset, record in records.items():
+                        if record is None:
+                            self.counters.other_group += 1  # never handed out: done, as an offset with no message
+                        else:
+                            held.messages[offset] = record
 
     # ---------------------------------------------------------------- Kafka
 
@@ -731,6 +780,7 @@ class ServedTopic:
         if set(wanted) != set(self._positions) or any(wanted[p] < self._positions[p] for p in wanted):
             self._consumer.assign([TopicPartition(self.topic, p, offset) for p, offset in sorted(wanted.items())])
             self._positions = dict(wanted)
+        reading_from = dict(self._positions)
         records = self._consumer.consume(FETCH_MOST, 0.01)  # short: the loop has more to do than wait here
         seen: dict[int, int] = {}  # partition -> the offset after the last message (or the end) seen
         fetched: list[tuple[int, int, Any]] = []
@@ -764,6 +814,17 @@ class ServedTopic:
                 reached = seen.get(held.partition)
                 if reached is not None and reached > held.fetched_to:  # read in order from at most fetched_to
                     held.fetched_to = min(reached, held.end)
+            self._keep_ahead(reading_from, seen, fetched, not_ours)
+
+    def _keep_ahead(self, reading_from: dict[int, int], seen: dict[int, int], fetched: list[tuple[int, int, Any]],
+                    not_ours: frozenset[tuple[int, int]]) -> None:  # fmt: skip
+        """What this fetch read past every held range of a partition goes to the read-ahead. Under the lock."""
+        for partition, reached in seen.items():
+            ends = [held.end for held in self.ranges.values() if held.partition == partition]
+            begin = max(reading_from.get(partition, reached), *ends)
+            past = {offset: None if (partition, offset) in not_ours else record
+                    for p, offset, record in fetched if p == partition and offset >= begin}  # fmt: skip
+            self._ahead.note(partition, begin, reached, past)
 
     # --------------------------------------------------------------- status
 

@@ -43,6 +43,7 @@ T = TypeVar("T")
 GARBAGE_LOG_INTERVAL_S = 60.0
 PROGRESS_LOG_INTERVAL_S = 3.0  # how often a supervisor's long start-up read says how far it has got
 _BATCH = 2000
+_FOLD_SLICE = 64  # records folded per hold of the state's lock
 _MAX_UNCLAIMED_VERDICTS = 100_000
 
 
@@ -98,6 +99,9 @@ class CoordinationLog:
         self.releases, self._releases_w = wakeup_pair()
         # Readable when a record of own_instance was folded (for writers that do not block: Coordinator.collect).
         self.own_folds, self._own_folds_w = wakeup_pair()
+        # Woken only once someone asked for it (watch_own_folds): a writer that blocks on its verdicts (the HTTP
+        # service's group commit) would otherwise pay two socket sends per record for a wake-up nobody reads.
+        self._own_folds_watched = False
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._learning: threading.Thread | None = None  # learn_directories
@@ -108,6 +112,9 @@ class CoordinationLog:
         self._folded_early: dict[tuple[int, int], int | None] = {}
         self.fast_verdicts = True
         self.early_folds = 0  # records fold_delivered folded
+        # Valid records folded that another instance wrote: a reader that mirrors part of the state (the HTTP
+        # service's held ranges) need not look again while this stands still, since its own records it knows.
+        self.foreign_folds = 0
         self.started_at: list[int] = [0] * partition_count  # where reading began, per partition
         self.starts: list[checkpoints.Start] = [checkpoints.BEGINNING] * partition_count
         # A supervisor's start-up says how far it has read, every ``progress_every`` seconds (0: never) from its
@@ -210,9 +217,11 @@ class CoordinationLog:
         while not self._stopping.is_set():
             try:
                 messages = self._next_messages()
-                if messages:
+                # In slices, the lock let go between them: a reader (an HTTP request's query on the event loop)
+                # waits for at most a slice's fold, not for a whole batch of up to _BATCH records.
+                for start in range(0, len(messages), _FOLD_SLICE):
                     with self._lock:
-                        for message in messages:
+                        for message in messages[start : start + _FOLD_SLICE]:
                             self._fold_message(message)
                         self._lock.notify_all()
                 if self.report_progress:
@@ -288,9 +297,12 @@ class CoordinationLog:
             )
             accepted, record_instance = False, None
         self._next_offset[partition] = offset + 1
+        if record_instance is not None and record_instance != self.own_instance:
+            self.foreign_folds += 1
         if self.own_instance is not None and record_instance == self.own_instance:
             self._verdicts[(partition, offset)] = accepted
-            _wake(self._own_folds_w)
+            if self._own_folds_watched:
+                _wake(self._own_folds_w)
             if len(self._verdicts) > _MAX_UNCLAIMED_VERDICTS:  # writers that gave up waiting
                 del self._verdicts[next(iter(self._verdicts))]
 
@@ -325,7 +337,13 @@ class CoordinationLog:
 
     def notify_own_folds(self) -> None:
         """Wake whoever waits on own_folds: a delivery report came, a verdict may now be complete."""
-        _wake(self._own_folds_w)
+        if self._own_folds_watched:
+            _wake(self._own_folds_w)
+
+    def watch_own_folds(self) -> socket.socket:
+        """``own_folds``, woken from now on whenever a record of ours is folded or a delivery report came."""
+        self._own_folds_watched = True
+        return self.own_folds
 
     def _check_folded_early(self, partition: int, offset: int, at: int | None) -> None:
         """The tail reached a record fold_delivered folded: it must have folded it at the same time."""

@@ -406,7 +406,18 @@ class Coordinator:
         within the write timeout.
         """
         assert self._log is not None, "call start() first"
-        pending = self.submit(records, partitions)
+        return self.wait_written(self.submit(records, partitions))
+
+    def send(self, records: Sequence[codec.Record]) -> Callable[[], list[bool]]:
+        """Produce records now (so they follow everything produced before, in the log), and return the wait for
+        their verdicts: write() in two steps, for a writer that keeps several writes in flight in order."""
+        pending = self.submit(records)
+        return lambda: self.wait_written(pending)
+
+    def wait_written(self, pending: PendingWrite) -> list[bool]:
+        """Wait for a submitted write's delivery and fold: each record's verdict (CoordinationWriteError if not
+        confirmed within the write timeout)."""
+        assert self._log is not None, "call start() first"
         self._await_deliveries(pending.deliveries, pending.deadline)
         verdicts = []
         for delivery in pending.deliveries:
@@ -449,7 +460,7 @@ class Coordinator:
     def own_folds(self) -> socket.socket:
         """Readable when a record this coordinator wrote has been folded: time to collect()."""
         assert self._log is not None, "call start() first"
-        return self._log.own_folds
+        return self._log.watch_own_folds()
 
     def _not_confirmed(self) -> CoordinationWriteError:
         return CoordinationWriteError(
@@ -567,6 +578,13 @@ class Coordinator:
         """How many of our records were folded from their delivery report (CoordinationLog.fold_delivered)."""
         assert self._log is not None
         return self._log.early_folds
+
+    @property
+    def foreign_records(self) -> int:
+        """Records of other instances folded so far (CoordinationLog.foreign_folds): unchanged, nothing but our own
+        writes changed the state since it was last read."""
+        assert self._log is not None
+        return self._log.foreign_folds
 
     @property
     def fetch_stalls(self) -> int:
