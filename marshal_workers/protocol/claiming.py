@@ -135,10 +135,11 @@ class ClaimingPolicy:
             for p in range(count)
             if (topic, p) not in busy and cooldown.get((topic, p), 0) <= now
         ]
-        client, instance = self.me
-        free = [key for key in wanted if world.is_free(*key, now_ms, client, instance)]
+        free = world.free_partitions(wanted, now_ms, *self.me)
         self._free_since = {key: self._free_since.get(key, now) for key in free}
         self.rng.shuffle(free)
+        if not free:
+            return []  # (what follows would choose none of none)
         if not self._announced:
             # Our first claims tell the members that start with us that we are here: claim a few, then our part.
             free = free[:CLAIMS_PER_TICK]
@@ -189,7 +190,7 @@ class ClaimingPolicy:
     def group_view(self, world: WorldState, now_ms: int) -> tuple[dict[Owner, int], set[Owner]]:
         """The live members of the group (us included) with the partitions each holds, and who asks for more."""
         held = world.holdings(now_ms)
-        counts = {member: len(held.get(member, ())) for member in world.live_members(now_ms) | {self.me}}
+        counts = {member: len(held.get(member, ())) for member in world.live_members(now_ms, held) | {self.me}}
         return counts, world.askers(now_ms)
 
     def rebalance(

@@ -32,7 +32,7 @@ def test_a_member_claims_a_few_first_then_every_free_partition_when_alone() -> N
     for key in won:
         claim(world, ME, key[1], NOW_MS)
     rest = me.partitions_to_claim(world, COUNTS, won, 0.3, NOW_MS + 300)
-    assert sorted(rest) == sorted(set((("t", p) for p in range(10))) - set(won))
+    assert sorted(rest) == sorted({("t", p) for p in range(10)} - set(won))
 
 
 def test_live_partitions_of_others_cooling_ones_and_the_cap_are_left_alone() -> None:

@@ -29,7 +29,7 @@ def simulate_in_a_process(hash_seed: str) -> dict:
     command = [sys.executable, "-m", "marshal_workers", "simulate", "--partitions", "24", "--members", "4",
                "--duration", "60s", "--seed", "5", "--coordination-partitions", "3", "--topics", "3", "--json", *FAULTS]  # fmt: skip
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report.pop("wall")["seconds"] > 0  # the only figure that may differ
