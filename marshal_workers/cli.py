@@ -684,6 +684,8 @@ def _fault_kinds() -> str:
 @click.option("--duration", default="10m", show_default=True, help="Simulated time, e.g. 90s or 10m.")
 @click.option("--fault", "faults", multiple=True, metavar="KIND@T[:ARGS]", help="A fault to inject (repeatable; kinds below).")
 @click.option("--seed", type=int, default=0, show_default=True, help="One seed, one run, byte for byte.")
+@click.option("--seeds", type=click.IntRange(1), default=1, show_default=True,
+              help="A sweep: run the seeds from --seed on, print how many broke an invariant and the first.")
 @click.option("--balance", type=click.Choice(["fair", "greedy"]), default="fair", show_default=True)
 @click.option("--topics", type=click.IntRange(1), default=1, show_default=True, help="Topics the partitions are spread over.")
 @click.option("--coordination-partitions", type=click.IntRange(1), default=1, show_default=True,
@@ -693,7 +695,7 @@ def _fault_kinds() -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_reports_errors
 def simulate(partitions: int, members: int, heartbeat_interval: str, duration: str, faults: tuple[str, ...],
-             seed: int, balance: str, topics: int, coordination_partitions: int, shrink_failures: bool,
+             seed: int, seeds: int, balance: str, topics: int, coordination_partitions: int, shrink_failures: bool,
              as_json: bool) -> None:  # fmt: skip
     """Simulate a fleet on a virtual clock and log: the real claiming policy and fold, under faults.
 
@@ -703,7 +705,7 @@ def simulate(partitions: int, members: int, heartbeat_interval: str, duration: s
     from marshal_workers.core.durations import parse_duration, parse_heartbeat_interval
     from marshal_workers.simulation.faults import parse_fault
     from marshal_workers.simulation.report import run as run_simulation
-    from marshal_workers.simulation.report import text
+    from marshal_workers.simulation.report import sweep, sweep_text, text
     from marshal_workers.simulation.sim_config import SimConfig
 
     config = SimConfig(
@@ -711,6 +713,14 @@ def simulate(partitions: int, members: int, heartbeat_interval: str, duration: s
         duration_s=parse_duration(duration), seed=seed, faults=tuple(parse_fault(f) for f in faults), balance=balance,
         topics=min(topics, partitions), coordination_partitions=coordination_partitions,
     )  # fmt: skip
+    if seeds > 1:
+        started = time.perf_counter()
+        swept = sweep(config, seeds)
+        swept["wall"] = {"seconds": round(time.perf_counter() - started, 3)}
+        click.echo(orjson.dumps(swept).decode() if as_json else sweep_text(swept))
+        if swept["broken"]:
+            sys.exit(ExitCode.INVARIANT_BROKEN)
+        return
     report = run_simulation(config, time.perf_counter, shrink_failures)
     click.echo(orjson.dumps(report).decode() if as_json else text(report))
     if report["violations"]:

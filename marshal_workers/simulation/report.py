@@ -4,6 +4,7 @@ cost per record measured on this machine (the only wall-clock figure: it goes un
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from marshal_workers.errors import DecodeError
@@ -13,7 +14,9 @@ from marshal_workers.simulation.simulator import GROUP, Simulation, WorldFactory
 Timer = Callable[[], float]  # seconds on a monotonic clock: the caller's (the simulation reads none)
 
 
-def run(config: SimConfig, timer: Timer, shrink_failures: bool = True, world: WorldFactory = real_world) -> dict[str, Any]:
+def run(
+    config: SimConfig, timer: Timer, shrink_failures: bool = True, world: WorldFactory = real_world
+) -> dict[str, Any]:
     """One simulation's report, with ``wall`` (its wall time, and the fold's measured cost) and, if an invariant
     broke, ``replay`` (the command that runs it again) and ``shrunk`` (a smaller run that still breaks one)."""
     started = timer()
@@ -29,6 +32,18 @@ def run(config: SimConfig, timer: Timer, shrink_failures: bool = True, world: Wo
             report["shrunk"] = {"command": replay_command(smaller), "members": smaller.members,
                                 "duration_s": smaller.duration_s, "violations": smaller_report["violations"]}  # fmt: skip
     return report
+
+
+def sweep(config: SimConfig, seeds: int, world: WorldFactory = real_world) -> dict[str, Any]:
+    """``config`` under ``seeds`` seeds from its own on: how many runs broke an invariant, and the first that did
+    (with its replay command).  Wall time is the caller's to measure."""
+    broken = []
+    for seed in range(config.seed, config.seed + seeds):
+        run_config = replace(config, seed=seed)
+        report = Simulation(run_config, world).run()
+        if report["violations"]:
+            broken.append({"seed": seed, "replay": replay_command(run_config), "violations": report["violations"]})
+    return {"runs": seeds, "first_seed": config.seed, "broken": len(broken), "first_broken": broken[:1]}
 
 
 def replay_command(config: SimConfig) -> str:
@@ -97,3 +112,17 @@ def text(report: dict[str, Any]) -> str:
 
 def _seconds(value: float | None) -> str:
     return "never" if value is None else f"{value:g}s"
+
+
+def sweep_text(swept: dict[str, Any]) -> str:
+    first = swept["first_seed"]
+    lines = [
+        f"{swept['runs']} runs (seeds {first} to {first + swept['runs'] - 1}): {swept['broken']} broke an invariant"
+    ]
+    for broken in swept["first_broken"]:
+        lines.append(f"first: seed {broken['seed']}: {broken['violations'][0]['invariant']}: "
+                     f"{broken['violations'][0]['detail']}")  # fmt: skip
+        lines.append(f"replay: {broken['replay']}")
+    if "wall" in swept:
+        lines.append(f"wall: {swept['wall']['seconds']:.1f}s")
+    return "\n".join(lines)

@@ -70,7 +70,9 @@ def test_a_sick_partition_is_kept_when_no_other_member_could_take_it() -> None:
     me = policy(behind_cycles=1)
     health = PartitionHealth()
     health, _, call = me.judge_health(health, Sample(0.0, 0, 10), me.settings.health_policy(0.0), True, lambda: False)
-    health, verdict, call = me.judge_health(health, Sample(1.0, 0, 20), me.settings.health_policy(0.0), True, lambda: False)
+    health, verdict, call = me.judge_health(
+        health, Sample(1.0, 0, 20), me.settings.health_policy(0.0), True, lambda: False
+    )
     assert verdict.release and call is HealthCall.NO_ONE_ELSE and health == PartitionHealth()
     health, verdict, call = me.judge_health(PartitionHealth(), Sample(0.0, 0, 10), me.settings.health_policy(0.0), True,
                                             lambda: True)  # fmt: skip

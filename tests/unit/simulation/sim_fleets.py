@@ -38,7 +38,11 @@ class TakesLiveClaims(WorldState):
 
     def _claimable_by(self, state: PartitionState, client: str, instance: str, at: int) -> bool:
         owner = state.owner
-        return owner is None or at - state.last_ts > self.heartbeat_ms or (owner.client == client and owner.instance != instance)
+        return (
+            owner is None
+            or at - state.last_ts > self.heartbeat_ms
+            or (owner.client == client and owner.instance != instance)
+        )
 
 
 def planted(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
