@@ -92,6 +92,8 @@ def parse_fault(text: str) -> Fault:
             allowed = ", ".join(FAULT_KINDS[kind][1])
             raise ConfigError(f"--fault {text!r}: {kind} takes {allowed} (name=value, comma-separated), not {pair!r}")
         args[name] = value
+    if args.get("for") == "never" and kind not in ("crash", "slow"):
+        raise ConfigError(f"--fault {text!r}: for=never is for crash and slow only; give {kind} a duration (5s)")
     fault = Fault(kind, at, args)
     try:
         fault.count(), fault.member, fault.number("rate", 0.0), fault.seconds("by", 0.0), fault.duration(0.0)
