@@ -19,8 +19,10 @@ FAULT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
                ("member", "members", "for")),
     "lose-writes": ("members' coordination writes are lost for `for` (default 2*HB)", ("member", "members", "for")),
     "stall-reads": ("members read nothing of the log for `for` (default 2*HB)", ("member", "members", "for")),
-    "skew": (("members' wall clocks (the `ts` of their records) are off by `by` (default 3s; negative: behind); "
-             "the fold uses the broker's record time, so nothing else may change"), ("member", "members", "by")),
+    "skew": (("members' wall clocks are off by `by` (default 3s; negative: behind): the `ts` of their records, "
+              "which the fold ignores (it uses the broker's record time), so nothing else may change; with "
+              "`of=clock` also the clock their decisions compare with record times (what is stale, who is live)"),
+             ("member", "members", "by", "of")),
     "join": ("`members` new members (default 1) start at once", ("members",)),
     "leave": ("members stop gracefully: their workers stop and their partitions are released",
               ("member", "members")),
@@ -92,6 +94,8 @@ def parse_fault(text: str) -> Fault:
             allowed = ", ".join(FAULT_KINDS[kind][1])
             raise ConfigError(f"--fault {text!r}: {kind} takes {allowed} (name=value, comma-separated), not {pair!r}")
         args[name] = value
+    if args.get("of", "records") not in ("records", "clock"):
+        raise ConfigError(f"--fault {text!r}: of=records (the ts field only, the default) or of=clock (decisions too)")
     if args.get("for") == "never" and kind not in ("crash", "slow"):
         raise ConfigError(f"--fault {text!r}: for=never is for crash and slow only; give {kind} a duration (5s)")
     fault = Fault(kind, at, args)

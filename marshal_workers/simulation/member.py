@@ -84,7 +84,8 @@ class SimMember:
         self.claiming = True
         self.release_seen = False
         self.frozen = False
-        self.skew_ms = 0
+        self.skew_ms = 0  # our records' ts is off by this
+        self.clock_skew_ms = 0  # and the wall clock our decisions read (skew ...,of=clock)
         self.writes_lost_until = -1.0
         self.reads_stalled_until = -1.0
         self.slow_rate: float | None = None
@@ -157,7 +158,7 @@ class SimMember:
 
     def now_ms(self) -> int:
         """The time we compare with record times (our wall clock, as a supervisor's coordinator.now_ms)."""
-        return EPOCH_MS + self.env.clock.now_ms
+        return EPOCH_MS + self.env.clock.now_ms + self.clock_skew_ms
 
     # ------------------------------------------------------------- the step
 

@@ -47,6 +47,7 @@ class Host:
     client: str
     member: SimMember | None = None
     skew_ms: int = 0
+    clock_skew_ms: int = 0
 
 
 @dataclass
@@ -119,7 +120,7 @@ class Simulation:
         instance = f"{self.rng.getrandbits(64):016x}"
         world = self.world(self.config.heartbeat_ms, self.config.coordination_partitions)
         member = SimMember(self, host.number, host.client, instance, world, self.settings)
-        member.skew_ms = host.skew_ms
+        member.skew_ms, member.clock_skew_ms = host.skew_ms, host.clock_skew_ms
         host.member = member
         member.start()
 
@@ -262,6 +263,8 @@ class Simulation:
                 member.reads_stalled_until = now + (fault.duration(2 * hb) or 2 * hb)
             elif kind == "skew":
                 host.skew_ms = member.skew_ms = round(fault.seconds("by", 3.0) * 1000)
+                if fault.args.get("of") == "clock":
+                    host.clock_skew_ms = member.clock_skew_ms = host.skew_ms
             elif kind == "leave":
                 member.leave()
             elif kind == "slow":

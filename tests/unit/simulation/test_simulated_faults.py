@@ -51,3 +51,15 @@ def test_a_slow_handler_has_its_partitions_handed_over() -> None:
     report = simulate(small("slow@5s:member=0,for=never", duration_s=60.0))
     assert report["violations"] == []
     assert report["phases"][1]["handovers"] >= 12 // 3, "every partition of the slow member moved"
+
+
+@pytest.mark.parametrize("by", ["3s", "-3s", "10s", "-10s"])
+def test_a_members_decisions_on_a_skewed_clock_never_break_safety(by: str) -> None:
+    """A member whose wall clock is off decides on it (what is stale, who is live); the fold's record time keeps
+    every claim safe whatever the skew.  Balance needs clocks within 2*HB of each other (docs/simulation.md)."""
+    for seed in SEEDS:
+        report = simulate(small(f"skew@0s:member=1,by={by},of=clock", seed=seed, duration_s=150.0))
+        safety = [v for v in report["violations"] if v["invariant"] in ("one live owner", "nothing skipped")]
+        assert safety == [], (by, seed)
+        if by in ("3s", "-3s"):
+            assert report["violations"] == [], (by, seed)
