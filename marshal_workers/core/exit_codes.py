@@ -26,6 +26,7 @@ class ExitCode(enum.IntEnum):
     SPARK_UNAVAILABLE = 13  # pyspark is not installed (pip install 'marshal-workers[spark]') or Spark cannot start
     SPARK_JOB_FAILED = 14  # a Spark job failed: a split could not be read, or a handler failed after its retries
     NOT_YET_OBEYED = 15  # admin drain/shutdown/pause --topic/release: written, but still held after --wait
+    INVARIANT_BROKEN = 16  # simulate: a simulated fleet broke an invariant (the report says which, and the seed)
 
 
 class WorkerExit(enum.IntEnum):

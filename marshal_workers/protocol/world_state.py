@@ -590,6 +590,21 @@ class WorldState:
         state = self.partitions.get((topic, partition))
         return state is None or self._claimable_by(state, client, instance, now)
 
+    def free_partitions(self, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str) -> list[tuple[str, int]]:
+        """The ``keys`` that are free for (client, instance) at ``now``: ``[k for k in keys if is_free(*k, ...)]``,
+        with the group's pause and drain checked once (a member asks this of every partition, every claim round)."""
+        if self.is_paused(now) or self.is_drained(client):
+            return []
+        partitions, topic_pauses, claimable = self.partitions, self.topic_pauses, self._claimable_by
+        free = []
+        for key in keys:
+            if now < topic_pauses.get(key[0], 0):
+                continue
+            state = partitions.get(key)
+            if state is None or claimable(state, client, instance, now):
+                free.append(key)
+        return free
+
     def is_drained(self, client: str) -> bool:
         """Has an operator drained ``client`` (on any coordination partition) and not resumed it?"""
         return any(client in controls.drained for controls in self.controls.values())
@@ -630,15 +645,16 @@ class WorldState:
                 held.setdefault(owner, []).append(key)
         return held
 
-    def live_members(self, now: int) -> set[Owner]:
+    def live_members(self, now: int, holdings: dict[Owner, list[tuple[str, int]]] | None = None) -> set[Owner]:
         """The group's members at ``now``: owners of partitions that are not stale, and whoever claimed
-        (accepted or not) within 2*HB.
+        (accepted or not) within 2*HB.  ``holdings``: ``self.holdings(now)``, if the caller has it already.
 
         A member that owns nothing and claims nothing is not seen: the protocol
         has no presence record, so a member that wants to be counted asks for a
         partition (see balance.py).  A member that released everything is gone.
         """
-        return set(self.holdings(now)) | self._within_two_heartbeats(self.last_claim, now)
+        held = self.holdings(now) if holdings is None else holdings
+        return set(held) | self._within_two_heartbeats(self.last_claim, now)
 
     def askers(self, now: int) -> set[Owner]:
         """Members whose claim of a partition with a live owner was refused within 2*HB: they want more.

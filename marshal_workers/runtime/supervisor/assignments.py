@@ -20,6 +20,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from marshal_workers.observe.metrics import PartitionStats
+from marshal_workers.protocol.claiming import lease_until
 from marshal_workers.protocol.health import CallInFlight, PartitionHealth, watch_call
 from marshal_workers.runtime.channel import Field, Slot, monotonic_ms
 
@@ -155,7 +156,7 @@ class Assignment:
 
     def extend_lease(self, written_ms: int, heartbeat_ms: int) -> None:
         """Hold the partition until 2*HB after our accepted record, minus half an HB of safety."""
-        lease = written_ms + int(1.5 * heartbeat_ms)
+        lease = lease_until(written_ms, heartbeat_ms)
         if lease > self.slot.get(Field.LEASE_UNTIL_MS):  # a late verdict never shortens it
             self.slot.set(Field.LEASE_UNTIL_MS, lease)
 

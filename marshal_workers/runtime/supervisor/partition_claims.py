@@ -1,6 +1,8 @@
-"""The policy for whole partitions: claim, heartbeat, balance, release.
+"""Whole partitions: claim, heartbeat, balance, release; the I/O around protocol/claiming.py's decisions.
 
-Every write goes through InFlightWrites and its verdict comes back in a later
+The decisions (which partitions to claim, when to heartbeat, what to hand over for balance or health, what a
+verdict means) are ClaimingPolicy's, a pure object the simulator drives too (marshal_workers/simulation/); this
+component reads the clocks, writes, and keeps the workers' table.  Every write goes through InFlightWrites and its verdict comes back in a later
 pass of the supervisor's loop, which never waits on Kafka.  A partition won
 goes in the Table's ``to_start`` queue for the worker pool (worker_pool.py); a
 heartbeat refused means the partition is lost.  AMO workers' batch claims are
@@ -23,26 +25,13 @@ from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import done_set
-from marshal_workers.protocol.balance import (
-    BalanceState,
-    FairShare,
-    claim_cap,
-    fair_share,
-    greedy_claims,
-    is_hungry,
-    partition_to_ask_for,
-    partitions_to_hand_over,
-    settled,
-    yields_to_askers,
-)
-from marshal_workers.protocol.health import HealthPolicy, PartitionHealth, Sample, observe
+from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall
+from marshal_workers.protocol.health import HealthPolicy, Sample
 from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.runtime.channel import Field, Slot, above, monotonic_ms
 from marshal_workers.runtime.supervisor.assignments import Assignment, Key, Phase, Table
 
 _log = logging.getLogger(__name__)
-CLAIMS_PER_TICK = 4  # our first claims (others see us), and partitions free for an HB, per round
-CLAIM_INTERVAL_S = 0.25  # between two rounds of claims (jittered), unless a release comes first
 
 
 class PartitionClaims:
@@ -72,26 +61,16 @@ class PartitionClaims:
         self.writes = writes
         self.offsets = offsets
         self.settings = settings
-        self.hb_s = settings.heartbeat_interval
         self.counters = counters
         self.log = log
         self._new_slot = new_slot
         self._shared_low_water_marks = shared_low_water_marks
+        self.policy = ClaimingPolicy(self.me(), claiming_settings(settings), random.Random())
         # A handler call in flight is progress until it passes its time limit (hard, else soft; none: ever).
         self.health_policies = {
-            topic: HealthPolicy(behind_cycles=settings.behind_cycles, stall_after_s=settings.heartbeat_interval,
-                                call_time_limit=hard or soft)
+            topic: self.policy.settings.health_policy(call_time_limit=hard or soft)
             for topic, (soft, hard) in time_limits.items()
         }  # fmt: skip
-        self.cooldown_until: dict[Key, float] = {}  # monotonic; partitions released as sick or handed over
-        self._claiming: set[Key] = set()  # claims in flight
-        self._releasing: set[Key] = set()  # releases in flight
-        self._announced = False  # our first claims are written: later rounds claim our part at once
-        self._balance = BalanceState()
-        self._free_since: dict[Key, float] = {}  # monotonic: when a partition was first seen free
-        self._next_heartbeat = 0.0  # monotonic times at which each is next due
-        self._next_claim = 0.0
-        self._next_ask = 0.0  # the next time we may ask another member for a partition
 
     # --------------------------------------------------------- the component
 
@@ -104,13 +83,11 @@ class PartitionClaims:
         releases = self.coordinator.release_events()
         if releases in self.table.ready:
             drain(releases)
-            self._next_claim = 0.0  # a partition was released: try to take it now, not at the next tick
-        if now >= self._next_heartbeat:
-            self._next_heartbeat = now + self.hb_s / 2
+            self.policy.release_seen()  # a partition was released: try to take it now, not at the next tick
+        if self.policy.heartbeat_due(now):
             self._heartbeat()
             self._rebalance()
-        if now >= self._next_claim:
-            self._next_claim = now + CLAIM_INTERVAL_S * random.uniform(0.5, 1.5)
+        if self.policy.claim_due(now):
             self._claim_free_partitions()
 
     def begin_stop(self) -> None:
@@ -119,70 +96,36 @@ class PartitionClaims:
 
     def stopped(self) -> bool:
         """No claim or release in flight (a claim won meanwhile is released)."""
-        return not self._claiming and not self._releasing
+        return self.policy.stopped()
 
     def cooling_down(self, now: float) -> list[Key]:
         """The partitions released as sick (or handed over) that we do not claim again yet."""
-        return [key for key, until in list(self.cooldown_until.items()) if until > now]
+        return self.policy.cooling_down(now)
 
     # ------------------------------------------------------------- claims
 
     def _claim_free_partitions(self) -> None:
         if not self.table.running or not self.table.claiming:
             return
-        coordinator = self.coordinator
+        coordinator, table, policy = self.coordinator, self.table, self.policy
         now_ms, monotonic = coordinator.now_ms(), time.monotonic()
-        room = (self.settings.max_partitions or float("inf")) - self._held_or_claiming()
-        if room <= 0:
-            return
-        busy = self.table.assignments.keys() | self._claiming | self._releasing
-        wanted = [
-            (topic, p)
-            for topic, count in self.table.partition_counts.items()
-            for p in range(count)
-            if (topic, p) not in busy and self.cooldown_until.get((topic, p), 0) <= monotonic
-        ]
-        me = self.me()
-        free = coordinator.read(lambda world: [key for key in wanted if world.is_free(*key, now_ms, *me)])
-        self._free_since = {key: self._free_since.get(key, monotonic) for key in free}
-        random.shuffle(free)
-        if not self._announced:
-            # Our first claims tell the members that start with us that we are here: claim a few, then our part.
-            free = free[:CLAIMS_PER_TICK]
-        elif self.settings.balance == "fair":
-            free = self._fair_claims(free, now_ms, monotonic)
-        else:
-            members = len(self._group_view(now_ms)[0])
-            free = free[: greedy_claims(len(free), members, CLAIMS_PER_TICK)]
+        held = table.assignments.keys()
+        free = coordinator.read(lambda world: policy.partitions_to_claim(world, table.partition_counts, held,
+                                                                         monotonic, now_ms))  # fmt: skip
         if free:
-            self._announced = True
-            self._claim_all(free[: int(min(room, len(free)))])
-
-    def _fair_claims(self, free: list[Key], now_ms: int, monotonic: float) -> list[Key]:
-        """balance="fair": which free partitions to claim.  One freed just now only up to our share, and not
-        while a member that asks for partitions could take it; one free for an HB is anyone's (a few a round)."""
-        counts, askers = self._group_view(now_ms)
-        share = fair_share(sum(self.table.partition_counts.values()), len(counts))
-        long_free = [key for key in free if monotonic - self._free_since[key] >= self.hb_s][:CLAIMS_PER_TICK]
-        if yields_to_askers(self.me(), counts, share, askers):
-            return long_free
-        room = claim_cap(share, self.settings.max_partitions) - self._held_or_claiming()
-        just_freed = [key for key in free if monotonic - self._free_since[key] < self.hb_s]
-        return just_freed[: max(room, 0)] + long_free
-
-    def _held_or_claiming(self) -> int:
-        return len(self.table.assignments) + len(self._claiming)
+            self._claim_all(free)
 
     def _claim(self, topic: str, partition: int, asking: bool = False) -> None:
         self._claim_all([(topic, partition)], asking)
 
     def _claim_all(self, keys: list[Key], asking: bool = False) -> None:
         """Write claims, all in one round trip; their verdicts (a later pass of the loop) start the workers."""
-        keys = [key for key in keys if key not in self._claiming]
-        if not self.table.running or not keys:
+        if not self.table.running:
+            return
+        keys = self.policy.claims_sent(keys)
+        if not keys:
             return
         written_ms = monotonic_ms()  # before the write: the lease errs short
-        self._claiming.update(keys)
         coordinator = self.coordinator
         self.writes.submit(
             "claim",
@@ -192,14 +135,13 @@ class PartitionClaims:
         )
 
     def _claims_failed(self, keys: list[Key], exc: Exception) -> None:
-        self._claiming.difference_update(keys)
+        self.policy.claims_failed(keys)
         for key in keys:
             self.log.warning("claim of %s[%d] not confirmed: %s", *key, exc)
 
     def _after_claims(self, keys: list[Key], verdicts: list[bool], written_ms: int, asking: bool) -> None:
         """Start a worker for every claim accepted (positions looked up together), then heartbeat them all."""
-        self._claiming.difference_update(keys)
-        won = [key for key, accepted in zip(keys, verdicts) if accepted]
+        won = self.policy.claims_decided(keys, verdicts)
         refused = len(keys) - len(won)
         if asking:
             self.counters.asks += refused
@@ -313,16 +255,17 @@ class PartitionClaims:
         assignment.watch_call(now)
         sample = Sample(now, assignment.next_offset, high, assignment.slot.get(Field.PROCESSED), assignment.call)
         policy = self.health_policies[assignment.topic]
-        assignment.health, verdict = observe(assignment.health, sample, policy)
-        if not verdict.release or not self.settings.release_if_behind or not self.table.running:
+        coordinator, claiming = self.coordinator, self.policy
+        assignment.health, verdict, call = claiming.judge_health(
+            assignment.health, sample, policy, self.table.running,
+            others=lambda: coordinator.read(lambda world: claiming.others_live(world, coordinator.now_ms())),
+        )  # fmt: skip
+        if call is HealthCall.KEEP:
             return
         where = f"{assignment.topic}[{assignment.partition}]"
         why = f"{verdict.value} (lag {sample.lag}{_call_note(sample, policy)})"
-        coordinator = self.coordinator
-        others = coordinator.read(lambda world: world.live_members(coordinator.now_ms())) - {self.me()}
-        if not others:
+        if call is HealthCall.NO_ONE_ELSE:
             self.log.warning("%s is %s but no other member could take it: keeping it", where, why)
-            assignment.health = PartitionHealth()  # judge it afresh rather than warn every cycle
             return
         self.log.warning("%s is %s: handing it over to another member (release_if_behind)", where, why)
         assignment.unhealthy = True
@@ -355,53 +298,32 @@ class PartitionClaims:
         coordinator = self.coordinator
         return Owner(coordinator.client, coordinator.instance)
 
-    def _group_view(self, now_ms: int) -> tuple[dict[Owner, int], set[Owner]]:
-        """The live members of the group (us included) with the partitions each holds, and who asks for more."""
-        me = self.me()
-
-        def view(world: WorldState) -> tuple[dict[Owner, int], set[Owner]]:
-            held = world.holdings(now_ms)
-            counts = {member: len(held.get(member, ())) for member in world.live_members(now_ms) | {me}}
-            return counts, world.askers(now_ms)
-
-        return self.coordinator.read(view)
-
     def _rebalance(self) -> None:
-        """balance="fair": hand partitions over to members that ask, and ask when we hold too few.
-
-        Asking is a claim of the busiest member's partition: refused while its
-        owner lives, but the refusal is in the log, so every member sees who
-        asks.  With balance="greedy" only an idle member asks, so the health
-        monitor knows someone could take a partition.
-        """
-        if not self.table.running or not self.table.claiming or self.table.drained:
+        """Hand partitions over to members that ask, and ask when we hold too few (ClaimingPolicy.rebalance)."""
+        table = self.table
+        if not table.running or not table.claiming or table.drained:
             return  # a drained member neither hands over by balance nor asks (it would look like a live member)
-        coordinator = self.coordinator
-        now_ms, now, me = coordinator.now_ms(), time.monotonic(), self.me()
-        if self.settings.balance == "fair":
-            counts, askers = self._group_view(now_ms)
-            share = fair_share(sum(self.table.partition_counts.values()), len(counts))
-            held = [a for a in self.table.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)]
-            counts[me] = len(held)
-            hungry = is_hungry(len(self.table.assignments), share, self.settings.max_partitions)
-            if hungry:
-                askers.add(me)  # about to ask, if not already
-            wanted = partitions_to_hand_over(me, counts, share, askers)
-            self._balance, count = settled(self._balance, wanted, now, settle_s=self.hb_s)
-            for assignment in sorted(held, key=lambda a: a.claimed_at)[len(held) - count :] if count else []:
-                self._hand_over(assignment, share)
-        else:
-            hungry = not self.table.assignments
-        if hungry and now >= self._next_ask and not coordinator.read(lambda world: world.is_paused(now_ms)):
-            self._next_ask = now + self.hb_s  # once per HB keeps us visible (2*HB) at one record per HB
-            wanted_key = partition_to_ask_for(coordinator.read(lambda world: world.holdings(now_ms)), me)
-            if wanted_key is not None:
-                self._claim(*wanted_key, asking=True)  # accepted only if its owner went stale: a take-over
+        coordinator, policy = self.coordinator, self.policy
+        now_ms, now = coordinator.now_ms(), time.monotonic()
+        total = sum(table.partition_counts.values())
+        offered = sorted(
+            (a for a in table.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)),
+            key=lambda a: a.claimed_at,
+        )
+        decided = coordinator.read(
+            lambda world: policy.rebalance(world, total, len(table.assignments), [a.key for a in offered], now, now_ms)
+        )
+        if decided.hand_over:
+            low, high = coordinator.read(lambda world: policy.share(world, total, now_ms))
+            for key in decided.hand_over:
+                self._hand_over(table.assignments[key], low, high)
+        if decided.ask is not None:
+            self._claim(*decided.ask, asking=True)  # accepted only if its owner went stale: a take-over
 
-    def _hand_over(self, assignment: Assignment, share: FairShare) -> None:
+    def _hand_over(self, assignment: Assignment, low: int, high: int) -> None:
         self.log.info(
             "%s[%d]: handing it over (balance=fair: our share is %d to %d partitions)",
-            assignment.topic, assignment.partition, share.low, share.high,
+            assignment.topic, assignment.partition, low, high,
         )  # fmt: skip
         self.give_back(assignment)
 
@@ -416,7 +338,7 @@ class PartitionClaims:
     def release_handed_over(self, assignment: Assignment) -> None:
         self.release(assignment)
         # Not ours to take back when the release wakes our claim loop: it is meant for another member.
-        self.cooldown_until[assignment.key] = time.monotonic() + 2 * self.hb_s
+        self.policy.handed_over(assignment.key, time.monotonic())
 
     def release(self, assignment: Assignment, sick: bool = False) -> None:
         """Write the release with the worker's progress, so the next owner resumes exactly there."""
@@ -429,18 +351,16 @@ class PartitionClaims:
             return
         reason = _release_reason(self.table.phase, assignment, sick)
         self.counters.releases[reason] += 1
-        if sick:
-            self.cooldown_until[assignment.key] = time.monotonic() + self.settings.sick_cooldown
-        self._releasing.add(assignment.key)
+        self.policy.released(assignment.key, sick, time.monotonic())
         how = "as sick " if sick else ""
 
         def released(verdicts: list[bool]) -> None:
-            self._releasing.discard(assignment.key)
+            self.policy.release_decided(assignment.key)
             refused = "" if verdicts[0] else " (refused: no longer ours)"
             self.log.info("released %s[%d] %sat offset %d%s", topic, partition, how, offset, refused)
 
         def failed(exc: Exception) -> None:
-            self._releasing.discard(assignment.key)
+            self.policy.release_decided(assignment.key)
             self.log.error("release of %s[%d] at offset %d not confirmed: %s", topic, partition, offset, exc)
 
         self.writes.submit(
@@ -453,6 +373,15 @@ class PartitionClaims:
 
     def forget(self, assignment: Assignment) -> None:
         self.table.assignments.pop(assignment.key, None)
+
+
+def claiming_settings(settings: Settings) -> ClaimingSettings:
+    """What the claiming policy obeys, from a member's settings."""
+    return ClaimingSettings(
+        heartbeat_s=settings.heartbeat_interval, balance=settings.balance, max_partitions=settings.max_partitions,
+        sick_cooldown_s=settings.sick_cooldown, release_if_behind=settings.release_if_behind,
+        behind_cycles=settings.behind_cycles,
+    )  # fmt: skip
 
 
 def _progress(assignment: Assignment, now: float) -> Progress:

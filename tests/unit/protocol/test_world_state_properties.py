@@ -309,3 +309,13 @@ def test_a_multi_partition_record_folds_exactly_as_its_entries_one_by_one(
     for record in batched(runs):
         from_wire.apply_value(codec.encode(record))
     assert from_wire.partitions == one_by_one.partitions
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.sampled_from(STEPS), st.sampled_from(CLIENTS))
+def test_free_partitions_answers_as_is_free_asked_of_each(log: list[codec.Record], later: int, who: tuple[str, str]) -> None:
+    """A claim round asks free_partitions once (pause and drain checked once): the answer is is_free's, key by key."""
+    state = fold_all(log)
+    now = log[-1].ts + later
+    keys = [(topic, p) for topic in TOPICS for p in range(4)]
+    assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]

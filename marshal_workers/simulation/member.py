@@ -1,0 +1,404 @@
+"""A simulated member: the supervisor's component for whole partitions, on the virtual clock and log.
+
+It is the I/O shell that runtime/supervisor/partition_claims.py is for a real supervisor, around the same
+``ClaimingPolicy`` (protocol/claiming.py): it reads its fold of the log, collects the verdicts of its writes,
+and asks the policy what to claim, heartbeat, hand over and release, every pass of its loop (``tick_s``).  Its
+workers are numbers: each handles its partition at the handler's rate, only while its lease holds (the lease
+rule is ``claiming.lease_until``, as a real worker's), and stops a little after it is asked to.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall, Key, lease_until
+from marshal_workers.protocol.health import PartitionHealth, Sample
+from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
+from marshal_workers.simulation.clock import VirtualClock
+from marshal_workers.simulation.sim_config import SimConfig
+from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog, SimWrite
+
+_MAX_BEATS_PER_RECORD = 4096  # as a real member splits its heartbeats (kafka/coordinator.py)
+
+
+@dataclass(eq=False)
+class SimAssignment:
+    """A partition a member holds, and its worker's progress."""
+
+    key: Key
+    offset: float  # the worker's next offset (fractional: messages partly handled at the rate)
+    since: float  # virtual seconds: progress is counted up to here
+    worker_up_at: float  # the worker handles messages from here on (it was forked)
+    claimed_at: float
+    lease_until_ms: int = 0  # virtual ms: the worker handles nothing after this
+    stopping_at: float | None = None  # the worker was asked to stop and exits then
+    lost: bool = False
+    unhealthy: bool = False
+    handing_over: bool = False
+    health: PartitionHealth = field(default_factory=PartitionHealth)
+
+
+class Environment(Protocol):
+    """What a member needs of the simulation around it."""
+
+    clock: VirtualClock
+    log: SimulatedLog
+    config: SimConfig
+
+    def high_watermark(self, key: Key, now: float) -> int: ...
+
+    def holding(self, member: SimMember, assignment: SimAssignment) -> None: ...
+
+    def gone(self, member: SimMember, assignment: SimAssignment) -> None: ...
+
+    def resumed(self, member: SimMember, key: Key, offset: int) -> None: ...
+
+    def handled(self, key: Key, start: int, offset: int) -> None: ...
+
+
+class SimMember:
+    """One instance of a member (a crash and restart makes a new one with the same client)."""
+
+    def __init__(self, env: Environment, number: int, client: str, instance: str, world: WorldState,
+                 settings: ClaimingSettings) -> None:  # fmt: skip
+        self.env = env
+        self.number = number
+        self.me = Owner(client, instance)
+        self.world = world
+        config = env.config
+        self.rng = random.Random(f"{config.seed}/{client}/{instance}")  # str seeds hash the same in every process
+        self.policy = ClaimingPolicy(self.me, settings, self.rng)
+        self.health_policy = settings.health_policy(call_time_limit=0.0)
+        self.partition_counts = config.partition_counts()
+        self.total = sum(self.partition_counts.values())
+        self.assignments: dict[Key, SimAssignment] = {}
+        self.pending: list[tuple[SimWrite, Callable[[list[Any]], None], Callable[[], None]]] = []
+        self.read_at = [0] * len(env.log.partitions)  # the next offset to fold, per coordination partition
+        self.read_lag = self.rng.uniform(*config.read_lag_s)
+        self.alive = True
+        self.running = True  # False once it leaves (a graceful stop)
+        self.claiming = True
+        self.release_seen = False
+        self.frozen = False
+        self.skew_ms = 0  # our records' ts is off by this
+        self.clock_skew_ms = 0  # and the wall clock our decisions read (skew ...,of=clock)
+        self.writes_lost_until = -1.0
+        self.reads_stalled_until = -1.0
+        self.slow_rate: float | None = None
+        self.slow_since = 0.0
+        self.writer_id = id(self)  # only a key for write order in the log; never printed nor iterated
+
+    # ------------------------------------------------------------- the loop
+
+    def start(self) -> None:
+        self.env.clock.after(self.rng.uniform(0, self.env.config.tick_s), self.loop_pass)
+
+    def loop_pass(self) -> None:
+        if not self.alive:
+            return
+        env = self.env
+        now = env.clock.now
+        if not self.frozen:
+            if now >= self.reads_stalled_until:
+                self.read(now - self.read_lag)
+            self.collect(now)
+            self.reap_workers(now)
+            self.step(now)
+            if not self.running and not self.assignments and not self.pending and self.policy.stopped():
+                self.alive = False  # left the group: every partition released
+                return
+        env.clock.after(env.config.tick_s, self.loop_pass)
+
+    def read(self, until: float) -> None:
+        """Fold what the log holds up to ``until`` (virtual seconds); note our own records' verdicts."""
+        world = self.world
+        for partition, log in enumerate(self.env.log.partitions):
+            position = self.read_at[partition]
+            while position < len(log) and log[position].appended <= until:
+                entry = log[position]
+                self._fold(world, entry, partition)
+                position += 1
+            self.read_at[partition] = position
+
+    def _fold(self, world: WorldState, entry: Entry, partition: int) -> None:
+        verdict = world.apply(entry.record, entry.at, partition)
+        origin = entry.origin
+        if origin is not None and origin.writer is self:
+            origin.verdicts[entry.index] = verdict
+        if verdict and type(entry.record) is codec.Release:
+            self.release_seen = True
+
+    def collect(self, now: float) -> None:
+        """Run the callbacks of the writes decided (our fold gave every verdict) or overdue (failed)."""
+        for write in list(self.pending):
+            sent, on_verdicts, on_failure = write
+            if sent.decided:
+                self.pending.remove(write)
+                on_verdicts(sent.verdicts)
+            elif now > sent.deadline:
+                self.pending.remove(write)
+                on_failure()
+
+    def write(self, records: list[codec.Record], on_verdicts: Callable[[list[Any]], None],
+              on_failure: Callable[[], None]) -> None:  # fmt: skip
+        env = self.env
+        now = env.clock.now
+        sent = SimWrite(self, records, deadline=now + env.config.write_timeout_s)
+        self.pending.append((sent, on_verdicts, on_failure))
+        env.log.submit(self.writer_id, sent, lost=now < self.writes_lost_until)
+
+    def common(self) -> dict[str, Any]:
+        """A record's common fields; ``ts`` is our wall clock, skew and all (the fold uses the broker's time)."""
+        return {"v": codec.VERSION, "ts": EPOCH_MS + self.env.clock.now_ms + self.skew_ms,
+                "group": "sim", "client": self.me.client, "instance": self.me.instance}  # fmt: skip
+
+    def now_ms(self) -> int:
+        """The time we compare with record times (our wall clock, as a supervisor's coordinator.now_ms)."""
+        return EPOCH_MS + self.env.clock.now_ms + self.clock_skew_ms
+
+    # ------------------------------------------------------------- the step
+
+    def step(self, now: float) -> None:
+        policy = self.policy
+        if self.release_seen:
+            self.release_seen = False
+            policy.release_seen()
+        if policy.heartbeat_due(now):
+            self.heartbeat(now)
+            self.rebalance(now)
+        if policy.claim_due(now):
+            self.claim_free(now)
+
+    def claim_free(self, now: float) -> None:
+        if not self.running or not self.claiming:
+            return
+        free = self.policy.partitions_to_claim(self.world, self.partition_counts, self.assignments.keys(), now,
+                                               self.now_ms())  # fmt: skip
+        if free:
+            self.claim_all(free)
+
+    def claim_all(self, keys: list[Key]) -> None:
+        if not self.running:
+            return
+        keys = self.policy.claims_sent(keys)
+        if not keys:
+            return
+        written_ms = self.env.clock.now_ms  # before the write: the lease errs short
+        common = self.common()
+        records: list[codec.Record] = [codec.Claim(**common, topic=t, partition=p) for t, p in keys]
+        self.write(records, lambda verdicts: self.after_claims(keys, verdicts, written_ms),
+                   lambda: self.policy.claims_failed(keys))  # fmt: skip
+
+    def after_claims(self, keys: list[Key], verdicts: list[Any], written_ms: int) -> None:
+        won = self.policy.claims_decided(keys, [bool(v) for v in verdicts])
+        started = []
+        for key in won:
+            state = self.world.get(*key)
+            resume = None if state is None else state.resume_offset
+            assignment = self.take(key, 0 if resume is None else resume, written_ms)  # partitions start at 0
+            if assignment is not None:
+                started.append(assignment)
+        if started:
+            self.send_heartbeats(started)
+
+    def take(self, key: Key, start: int, written_ms: int) -> SimAssignment | None:
+        now = self.env.clock.now
+        assignment = SimAssignment(key, float(start), now, now + self.env.config.start_delay_s, claimed_at=now)
+        assignment.lease_until_ms = lease_until(written_ms, self.env.config.heartbeat_ms)
+        self.assignments[key] = assignment
+        self.env.resumed(self, key, start)
+        self.env.holding(self, assignment)
+        if not self.running:
+            self.release(assignment)  # the claim was in flight when the stop began
+            return None
+        return assignment
+
+    def heartbeat(self, now: float) -> None:
+        held = [a for a in self.assignments.values() if not a.lost]
+        if held:
+            self.send_heartbeats(held)
+
+    def send_heartbeats(self, held: list[SimAssignment]) -> None:
+        now = self.env.clock.now
+        offsets = [self.progress(a, now) for a in held]
+        written_ms = self.env.clock.now_ms
+        chunks: list[list[int]] = []
+        by_topic: dict[str, list[int]] = {}
+        for i, assignment in enumerate(held):
+            by_topic.setdefault(assignment.key[0], []).append(i)
+        for indices in by_topic.values():
+            chunks.extend(indices[i : i + _MAX_BEATS_PER_RECORD] for i in range(0, len(indices), _MAX_BEATS_PER_RECORD))
+        common = self.common()
+        records: list[codec.Record] = [
+            codec.Heartbeats(**common, topic=held[chunk[0]].key[0],
+                             beats=tuple(codec.Beat(partition=held[i].key[1], offset=offsets[i]) for i in chunk))
+            for chunk in chunks
+        ]  # fmt: skip
+
+        def decided(verdicts: list[Any]) -> None:
+            accepted = [False] * len(held)
+            for chunk, verdict in zip(chunks, verdicts):
+                for i, ok in zip(chunk, per_entry(verdict, len(chunk))):
+                    accepted[i] = ok
+            self.after_heartbeats(held, accepted, written_ms)
+
+        self.write(records, decided, lambda: None)  # a heartbeat not confirmed: the leases run out
+
+    def after_heartbeats(self, held: list[SimAssignment], accepted: list[bool], written_ms: int) -> None:
+        for assignment, ok in zip(held, accepted):
+            if self.assignments.get(assignment.key) is not assignment or assignment.lost:
+                continue  # released, or lost, since this heartbeat was written
+            if ok:
+                lease = lease_until(written_ms, self.env.config.heartbeat_ms)
+                assignment.lease_until_ms = max(assignment.lease_until_ms, lease)  # a late verdict never shortens it
+                self.check_health(assignment)
+            else:
+                self.lose(assignment)
+
+    def check_health(self, assignment: SimAssignment) -> None:
+        now = self.env.clock.now
+        if assignment.worker_up_at > now or assignment.unhealthy or assignment.stopping_at is not None:
+            return
+        sample = Sample(now, self.progress(assignment, now), self.env.high_watermark(assignment.key, now))
+        now_ms, policy, world = self.now_ms(), self.policy, self.world
+        assignment.health, _, call = policy.judge_health(
+            assignment.health,
+            sample,
+            self.health_policy,
+            self.running,
+            others=lambda: policy.others_live(world, now_ms),
+        )
+        if call is HealthCall.HAND_OVER:
+            assignment.unhealthy = True
+            self.stop_worker(assignment)
+
+    def lose(self, assignment: SimAssignment) -> None:
+        """Someone else owns the partition: the worker stops at once (its lease is void), nothing is released."""
+        assignment.lease_until_ms = 0
+        assignment.lost = True
+        owner = self.world.owner(*assignment.key)
+        if owner is not None and owner.client == self.me.client and owner.instance != self.me.instance:
+            self.claiming = False  # another instance of our client: claim nothing more (as a supervisor does)
+        if assignment.worker_up_at > self.env.clock.now:
+            self.forget(assignment)
+        else:
+            self.stop_worker(assignment)
+
+    def rebalance(self, now: float) -> None:
+        if not self.running or not self.claiming:
+            return
+        offered = sorted(
+            (a for a in self.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)),
+            key=lambda a: a.claimed_at,
+        )
+        decided = self.policy.rebalance(self.world, self.total, len(self.assignments), [a.key for a in offered], now,
+                                        self.now_ms())  # fmt: skip
+        for key in decided.hand_over:
+            self.give_back(self.assignments[key])
+        if decided.ask is not None:
+            self.claim_all([decided.ask])  # accepted only if its owner went stale: a take-over
+
+    def give_back(self, assignment: SimAssignment) -> None:
+        assignment.handing_over = True
+        if assignment.worker_up_at > self.env.clock.now:
+            self.release_handed_over(assignment)
+        else:
+            self.stop_worker(assignment)
+
+    def release_handed_over(self, assignment: SimAssignment) -> None:
+        self.release(assignment)
+        self.policy.handed_over(assignment.key, self.env.clock.now)
+
+    def release(self, assignment: SimAssignment, sick: bool = False) -> None:
+        offset = int(assignment.offset)
+        key = assignment.key
+        self.forget(assignment)
+        if self.world.owner(*key) != self.me:
+            return  # only an owner's release means anything
+        policy = self.policy
+        policy.released(key, sick, self.env.clock.now)
+        record = codec.Release(**self.common(), topic=key[0], partition=key[1], offset=offset)
+        self.write([record], lambda verdicts: policy.release_decided(key), lambda: policy.release_decided(key))
+
+    def forget(self, assignment: SimAssignment) -> None:
+        if self.assignments.get(assignment.key) is assignment:
+            del self.assignments[assignment.key]
+        self.env.gone(self, assignment)
+
+    # ------------------------------------------------------------ workers
+
+    def stop_worker(self, assignment: SimAssignment) -> None:
+        if assignment.stopping_at is None:
+            assignment.stopping_at = self.env.clock.now + self.env.config.stop_delay_s
+
+    def reap_workers(self, now: float) -> None:
+        """Workers that exited: release their partitions as the worker pool does (sick, handed over, lost)."""
+        for assignment in [a for a in self.assignments.values() if a.stopping_at is not None and a.stopping_at <= now]:
+            self.progress(assignment, assignment.stopping_at)  # type: ignore[arg-type]
+            if assignment.lost:
+                self.forget(assignment)
+            elif assignment.unhealthy:
+                self.release(assignment, sick=True)
+            elif assignment.handing_over:
+                self.release_handed_over(assignment)
+            else:
+                self.release(assignment)  # a graceful stop
+
+    def progress(self, assignment: SimAssignment, now: float) -> int:
+        """The worker's next offset at ``now``: it handles at its rate from when it is up, only within its lease,
+        never past the partition's end."""
+        start = max(assignment.since, assignment.worker_up_at)
+        end = min(now, assignment.lease_until_ms / 1000)
+        if assignment.stopping_at is not None:
+            end = min(end, assignment.stopping_at)
+        if self.frozen:
+            end = min(end, assignment.since)
+        if end > start:
+            rate = self.env.config.handler_rate if self.slow_rate is None else self.slow_rate
+            before = int(assignment.offset)
+            high = self.env.high_watermark(assignment.key, end)
+            assignment.offset = min(float(high), assignment.offset + rate * (end - start))
+            if int(assignment.offset) > before:
+                self.env.handled(assignment.key, before, int(assignment.offset))
+        assignment.since = max(assignment.since, now)
+        return int(assignment.offset)
+
+    # -------------------------------------------------------------- faults
+
+    def crash(self) -> None:
+        """The host dies: its workers with it; writes already sent may still land."""
+        self.alive = False
+        for assignment in list(self.assignments.values()):
+            self.forget(assignment)
+
+    def freeze(self) -> None:
+        now = self.env.clock.now
+        for assignment in self.assignments.values():
+            self.progress(assignment, now)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        now = self.env.clock.now
+        self.frozen = False
+        for assignment in self.assignments.values():
+            assignment.since = now  # nothing was handled while frozen
+
+    def leave(self) -> None:
+        """A graceful stop: nothing more is claimed; each worker stops and its partition is released."""
+        self.running = False
+        for assignment in list(self.assignments.values()):
+            if assignment.worker_up_at > self.env.clock.now:
+                self.release(assignment)
+            else:
+                self.stop_worker(assignment)
+
+    def slow(self, rate: float | None) -> None:
+        now = self.env.clock.now
+        for assignment in self.assignments.values():
+            self.progress(assignment, now)
+        self.slow_rate = rate
+        self.slow_since = now
