@@ -5,11 +5,14 @@ message: a slow handler; 0: parse the JSON value, the fast handler of bench_run.
 directory).  Each worker process writes ``<pid>``: "count first_time last_time" of what it handled, every
 0.1 s from a thread, so the benchmark sums them without the handler doing I/O per message.  With
 MW_BENCH_LATENCY=1 it also writes ``<pid>.lat``: a JSON list of each message's end-to-end latency (handled
-time minus its Kafka timestamp, ms; bench_serve.py).
+time minus its Kafka timestamp, ms; bench_serve.py).  With MW_BENCH_PROFILE=DIR each worker runs cProfile on
+its main thread (the loop and the handler) and writes ``DIR/<pid>.prof`` every 100,000 messages (read it with
+``python -m pstats``): where a worker's time goes, by function.
 """
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
 import threading
@@ -25,6 +28,8 @@ OUT = Path(os.environ.get("MW_BENCH_OUT", "/tmp"))
 _handled = [0, 0.0, 0.0]  # count, first, last (wall time)
 LATENCY = os.environ.get("MW_BENCH_LATENCY") == "1"
 _latencies: list[float] = []
+PROFILE = os.environ.get("MW_BENCH_PROFILE")
+_profiler = cProfile.Profile() if PROFILE else None
 
 
 def _report() -> None:
@@ -42,6 +47,14 @@ def _report() -> None:
 @app.on_worker_start
 def start_reporting() -> None:
     threading.Thread(target=_report, daemon=True).start()
+    if _profiler is not None:
+        _profiler.enable()  # the worker's main thread, from here on (its loop runs after the start hooks)
+
+
+def _dump_profile() -> None:
+    assert _profiler is not None and PROFILE
+    _profiler.dump_stats(str(Path(PROFILE) / f"{os.getpid()}.prof"))  # stops it: enabled again
+    _profiler.enable()
 
 
 def handle(msg: Message) -> None:
@@ -56,6 +69,8 @@ def handle(msg: Message) -> None:
         _handled[1] = now
     _handled[0] += 1
     _handled[2] = now
+    if _profiler is not None and _handled[0] % 100_000 == 0:
+        _dump_profile()
 
 
 app.handler(
