@@ -42,6 +42,7 @@ from typing import Any
 
 import setproctitle
 from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import Message as KafkaMessage
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
@@ -73,6 +74,7 @@ from marshal_workers.runtime.messages import (
     Stop,
     ToSharedWorker,
 )  # fmt: skip
+from marshal_workers.runtime.worker.alarm import Alarm
 from marshal_workers.runtime.worker.process import (
     exit_process,
     finish_worker,
@@ -85,6 +87,7 @@ from marshal_workers.runtime.worker.stack_dumps import worker_heading
 _log = logging.getLogger(__name__)
 
 _FETCH_MOST = 500
+_ERROR_OF = KafkaMessage.error  # a fetched record's error, None for a message (the method descriptor: no lookup)
 _IDLE_WAIT_S = 0.5
 
 
@@ -139,6 +142,8 @@ class SharedWorker:
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
         self.hooks = Hooks()  # the app's, once it is loaded
         self.in_hand: tuple[int, int] | None = None  # (partition, start) of the range being handled, for SIGUSR2
+        self._plain = False  # no rate or age limit: fetches of plain messages take the hot path (_handle_plain)
+        self._alarm: Alarm | None = None  # raised near the deadline of the range in hand (started in run)
 
     def run(self) -> WorkerExit:
         start_process(self.spec.settings, self._stack_dump_heading, self._request_stop)
@@ -149,6 +154,7 @@ class SharedWorker:
             app = load_app(self.spec.app_path)
             taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket, self.spec.settings)
             handler, self.throttle, self.max_age_ms = taken.handler, taken.throttle, taken.max_age_ms
+            self._plain = self.throttle is None and not self.max_age_ms
             self.hooks = app.hooks
             for hook in app.worker_start_hooks:
                 hook()
@@ -163,6 +169,7 @@ class SharedWorker:
                 settings.heartbeat_interval,
             )
             self._consumer.read_without_gaps_if_the_broker_skips(settings.connect_timeout)
+            self._alarm = Alarm()
             return self._loop(handler)
         except _SupervisorGone:
             return WorkerExit.SUPERVISOR_GONE
@@ -231,6 +238,8 @@ class SharedWorker:
             for leased in self.ranges:
                 if leased.partition == message.partition and leased.start == message.start:
                     leased.deadline_ms = max(leased.deadline_ms, message.deadline_ms)
+                    if self.in_hand == (leased.partition, leased.start) and self._alarm is not None:
+                        self._alarm.set(leased.deadline_ms / 1000)
         elif isinstance(message, Stop):
             self.stopping = True
 
@@ -251,9 +260,12 @@ class SharedWorker:
         if self._position != (leased.partition, leased.start):
             self._consumer.assign([TopicPartition(self.spec.topic, leased.partition, leased.start)])
         self._position = (leased.partition, leased.start)
-        next_offset = leased.start
+        next_offset: int | None = leased.start
         end_seen: int | None = None  # the partition's end when the last fetch reached it
-        while next_offset < leased.end:
+        assert self._alarm is not None
+        self._alarm.set(leased.deadline_ms / 1000)  # raised near the deadline: till then no clock per message
+        plain = self._plain and leased.tries < handler.max_deliveries
+        while next_offset is not None and next_offset < leased.end:
             if monotonic_ms() >= leased.deadline_ms:
                 return self._abandon(leased, next_offset)
             if (self.stopping or len(self.ranges) > 1) and self._at_end(leased.partition, next_offset, end_seen):
@@ -263,45 +275,91 @@ class SharedWorker:
             fetched_at = time.perf_counter()
             records = self._consumer.consume(min(leased.end - next_offset, _FETCH_MOST), 0.1)
             self._read_pipe(wait=0)  # renewals (and a stop, which waits for this range to end)
-            not_ours = self._other_groups.offsets(records)  # one partition: the range's
-            for record in records:
-                error = record.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        self.log.warning("%s[%d]: fetch error: %s", self.spec.topic, leased.partition, error)
-                    elif record.offset() >= leased.end:
-                        next_offset = leased.end  # the offsets left hold no message (transaction markers)
-                    else:
-                        end_seen = record.offset()
-                    continue
-                offset = record.offset()
-                if offset < next_offset:
-                    continue
-                if offset >= leased.end:
-                    next_offset = leased.end
-                    break
-                if not_ours and offset in not_ours:  # redriven for another group: done here without a call
-                    self.outcomes.other_group += 1
-                    leased.handled += 1
-                    next_offset = offset + 1
-                    continue
-                if self.max_age_ms and is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms):
-                    self._too_old(handler, leased, record)
-                    next_offset = offset + 1
-                    continue
-                if self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased)):
-                    # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
-                    if self.stopping:
-                        return self._leave_at_the_end(leased, offset)
-                if monotonic_ms() >= leased.deadline_ms:
-                    return self._abandon(leased, offset)
-                self._handle_message(handler, leased, record)
-                next_offset = offset + 1
-            if any(record.error() is None for record in records):
+            # The errors in C (map, any, all: a KafkaError is true; never list.count(None) or ``None in``, which
+            # compare an error with None, and that raises), not a Python loop: a fetch seldom has one.
+            errors = list(map(_ERROR_OF, records))
+            if plain and records and not any(errors) and not self._other_groups.offsets(records):
+                next_offset = self._handle_plain(handler, leased, records, next_offset)
+            else:
+                next_offset, end_seen = self._handle_records(handler, leased, records, next_offset, end_seen)
+            if not all(errors):  # a message among them
                 # Busy with messages, not waiting for them: the rate the pool sizes ranges by (a poll that timed out
                 # at the partition's end says nothing about the handler).
                 leased.busy_ms += (time.perf_counter() - fetched_at) * 1000
-        self._settle(leased, leased.end)
+        if next_offset is not None:
+            self._settle(leased, leased.end)
+        return None
+
+    def _handle_plain(self, handler: HandlerSpec, leased: _Range, records: list[Any], next_offset: int) -> int | None:
+        """The hot path, for a fetch of messages only (no error, none redriven for another group) of a handler with
+        no rate or age limit, in a range delivered fewer than max_deliveries times: per message a check of a flag
+        (the alarm: the lease's deadline is near), the call, a count.  A failure takes the general path for that
+        message (retries, dead letters).  The next offset to read, or None if the lease ran out (abandoned)."""
+        assert self._alarm is not None
+        function, wrap, due, end = handler.function, Message, self._alarm.due, leased.end
+        handled = 0
+        try:
+            for record in records:
+                offset = record.offset()
+                if offset < next_offset:
+                    continue
+                if offset >= end:
+                    return end
+                if due[0] and monotonic_ms() >= leased.deadline_ms:
+                    self._abandon(leased, offset)
+                    return None
+                try:
+                    function(wrap(record))
+                    handled += 1
+                except Exception as exc:
+                    self._handle_message(handler, leased, record, exc)
+                next_offset = offset + 1
+            return next_offset
+        finally:
+            leased.handled += handled
+
+    def _handle_records(self, handler: HandlerSpec, leased: _Range, records: list[Any], next_offset: int,
+                        end_seen: int | None) -> tuple[int | None, int | None]:  # fmt: skip
+        """A fetch with an error (the partition's end, markers), messages redriven for another group, a rate or age
+        limit, or a range delivered max_deliveries times.  The next offset to read (None if the range was reported
+        already: the lease ran out, or a stop came while waiting for the rate limit) and the partition's end seen."""
+        not_ours = self._other_groups.offsets(records)  # one partition: the range's
+        for record in records:
+            error = record.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    self.log.warning("%s[%d]: fetch error: %s", self.spec.topic, leased.partition, error)
+                elif record.offset() >= leased.end:
+                    next_offset = leased.end  # the offsets left hold no message (transaction markers)
+                else:
+                    end_seen = record.offset()
+                continue
+            offset = record.offset()
+            if offset < next_offset:
+                continue
+            if offset >= leased.end:
+                next_offset = leased.end
+                break
+            if not_ours and offset in not_ours:  # redriven for another group: done here without a call
+                self.outcomes.other_group += 1
+                leased.handled += 1
+                next_offset = offset + 1
+                continue
+            if self.max_age_ms and is_too_old(record.timestamp(), int(time.time() * 1000), self.max_age_ms):
+                self._too_old(handler, leased, record)
+                next_offset = offset + 1
+                continue
+            if self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased)):
+                # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
+                if self.stopping:
+                    self._leave_at_the_end(leased, offset)
+                    return None, end_seen
+            if monotonic_ms() >= leased.deadline_ms:
+                self._abandon(leased, offset)
+                return None, end_seen
+            self._handle_message(handler, leased, record)
+            next_offset = offset + 1
+        return next_offset, end_seen
 
     def _settle(self, leased: _Range, end: int) -> None:
         """Report ``[leased.start, end)`` handled (the lease's offsets from ``end`` on go back untried)."""
@@ -357,10 +415,13 @@ class SharedWorker:
         else:
             leased.handled += 1
 
-    def _handle_message(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
+    def _handle_message(
+        self, handler: HandlerSpec, leased: _Range, record: Any, error: Exception | None = None
+    ) -> None:
         """Call the handler, retrying by its policy; a message that keeps failing is failed (delivered again
         later, at least once) or dead-lettered (at most once, or delivered max_deliveries times).  Each failed
-        call is logged once, with its traceback (failure_logs.py)."""
+        call is logged once, with its traceback (failure_logs.py).  ``error``: the first call was made (the hot
+        path) and failed with it."""
         deliveries = leased.tries + 1
         if leased.tries >= handler.max_deliveries:
             error: Exception = MaxDeliveriesExceeded(
@@ -369,7 +430,7 @@ class SharedWorker:
             self._dead_letter(handler, record, error, leased.tries)
             leased.dead.append(record.offset())
             return
-        error_or_none, action = self._call_with_retries(handler, record, leased)
+        error_or_none, action = self._call_with_retries(handler, record, leased, error)
         if error_or_none is None:
             leased.handled += 1
         elif action is Action.IGNORE:
@@ -388,18 +449,21 @@ class SharedWorker:
             leased.failed.append(record.offset())
 
     def _call_with_retries(
-        self, handler: HandlerSpec, record: Any, leased: _Range
+        self, handler: HandlerSpec, record: Any, leased: _Range, first_error: Exception | None = None
     ) -> tuple[Exception | None, Action | None]:
         """(None, None) if the handler succeeded (at once or on a retry), else its last error and what the
         handler's retry policy says to do with it (IGNORE, REJECT or GIVE_UP).  A failure retried here is logged
-        here; the last one is the caller's to log, once it knows what becomes of the message."""
+        here; the last one is the caller's to log, once it knows what becomes of the message.  ``first_error``:
+        the first call was made already and failed with it."""
         failures = 0
+        error: Exception | None = first_error
         while True:
-            try:
-                handler.call([record], failures + 1)
-                return None, None
-            except Exception as exc:
-                error = exc
+            if error is None:
+                try:
+                    handler.call([record], failures + 1)
+                    return None, None
+                except Exception as exc:
+                    error = exc
             failures += 1
             self.outcomes.failed(error)
             step = next_step(handler.retry_policy, error, failures)
@@ -410,6 +474,7 @@ class SharedWorker:
             log_retry(self._log_of(record), handler.name, record.offset(), error, failures, step.delay)
             self.outcomes.retries += 1
             time.sleep(step.delay)
+            error = None
 
     def _dead_letter(self, handler: HandlerSpec, record: Any, error: Exception, deliveries: int) -> None:
         headers = error_headers(handler.name, record, error) + [("deliveries", str(deliveries).encode())]
