@@ -100,7 +100,8 @@ class RangeMember:
         clock).  ``ends``: the partitions' ends as asked; ``initial``: where partitions never leased start, as looked
         up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end; ``sizer``, if
         given, sizes each partition's ranges instead of ``size`` (adaptive range sizes); ``follow``: (partition,
-        offset) where the member's readers stand, ranges starting there first (see :func:`pick_ranges`)."""
+        offset) where the member's readers stand, once per range each wants, ranges starting there (and following
+        one another) first (see :func:`pick_ranges`)."""
         candidates, members, unknown = free_candidates(
             world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size, sizer
         )
@@ -263,17 +264,22 @@ def pick_ranges(
     follow: Collection[tuple[int, int]] = (),
 ) -> list[Wanted]:
     """Up to ``want`` ranges: first those that start where one of our readers stands (``follow``: (partition,
-    offset) where a reader's last range ends), so its consumer goes on reading where it is, its read-ahead
-    already fetched; then one partition after another (spread), each a random one of the lowest few free
-    ranges (the more members, the wider the pick), so members racing for the same range are rare."""
+    offset) where a reader's last range ends, once per range it wants: its second range follows its first), so
+    its consumer goes on reading where it is, its read-ahead already fetched (a reader that moves to another
+    partition waits for a fresh fetch there, tens of milliseconds); then one partition after another (spread),
+    each a random one of the lowest few free ranges (the more members, the wider the pick), so members racing
+    for the same range are rare."""
     pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
     picked: list[Wanted] = []
+    stands: dict[tuple[int, int], int] = {}  # a reader's position -> where it stands after the ranges picked for it
     for partition, offset in follow:
         pool = pools.get(partition, [])
-        found = next((r for r in pool if r[0] == offset), None)
+        at = stands.get((partition, offset), offset)
+        found = next((r for r in pool if r[0] == at), None)
         if found is not None and len(picked) < want:
             pool.remove(found)
             picked.append(Wanted(partition, *found))
+            stands[partition, offset] = found[1]
     order = [p for p, pool in pools.items() if pool]
     rng.shuffle(order)
     while len(picked) < want and order:

@@ -359,7 +359,11 @@ class SharedPool:
         sizer = shared.sizing.sizer([w.index for w in hungry], live, Holder(fields["client"], fields["instance"]))
         member = shared.member
         ends, initial, rng = shared.ends.ends, shared.initial, self._rng
-        follow = [at for at in (w.reads_next() for w in hungry) if at is not None]
+        follow: list[tuple[int, int]] = []  # where each hungry worker will stand, once per lease it wants (pick_ranges)
+        for worker in hungry:
+            at = worker.reads_next()
+            if at is not None:
+                follow += [at] * (LEASES_PER_WORKER - len(worker.leases))
         choice = coordinator.read(
             lambda world: member.choose(world, ends, initial, now_ms, sizer.size, want, idle, rng, sizer, follow)
         )
