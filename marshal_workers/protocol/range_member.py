@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import MAX_RANGE, Lease
+from marshal_workers.protocol.range_leases import MAX_RANGE, MAX_WINDOW, Lease, SharedPartition
 from marshal_workers.protocol.world_state import WorldState
 
 
@@ -95,15 +95,17 @@ class RangeMember:
     def choose(
         self, world: WorldState, ends: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
         idle: int, rng: random.Random, sizer: Sizer | None = None, follow: Collection[tuple[int, int]] = (),
+        split: bool = False,
     ) -> RangeChoice:
         """Up to ``want`` ranges of at most ``size`` offsets to claim, as the fold has it at ``now_ms`` (the log's
         clock).  ``ends``: the partitions' ends as asked; ``initial``: where partitions never leased start, as looked
         up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end; ``sizer``, if
         given, sizes each partition's ranges instead of ``size`` (adaptive range sizes); ``follow``: (partition,
         offset) where the member's readers stand, once per range each wants, ranges starting there (and following
-        one another) first (see :func:`pick_ranges`)."""
+        one another) first (see :func:`pick_ranges`); ``split``: a reader new to a partition another reads on starts
+        halfway through its backlog (see :func:`split_ahead`)."""
         candidates, members, unknown = free_candidates(
-            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size, sizer
+            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size, sizer, split
         )
         if unknown:
             return RangeChoice([], unknown)
@@ -197,7 +199,7 @@ def given_back_entry(
 
 def free_candidates(
     world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-    idle: int, probe_size: int = 1, sizer: Sizer | None = None,
+    idle: int, probe_size: int = 1, sizer: Sizer | None = None, split: bool = False,
 ) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
     """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
     partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
@@ -209,6 +211,7 @@ def free_candidates(
     service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
 
     ``sizer``: the range size from the topic's backlog and live leases (:func:`topic_backlog`), instead of ``size``.
+    ``split``: where someone reads on, the ranges halfway through the backlog come first (:func:`split_ahead`).
     """
     if sizer is not None:
         size = sizer(*topic_backlog(world, topic, high, initial, now_ms))
@@ -231,6 +234,8 @@ def free_candidates(
         for start, stop in state.free_ranges(now_ms, end, size, want + 8):
             tries = state.tries_in(start, stop)
             ranges.append((start, stop, tries[0].count if tries else 0))
+        if split and ranges:
+            ranges = split_ahead(state, live, ranges[0][0], end, size, want, now_ms) + ranges
         if not ranges and not live and idle > 0:
             idle -= 1
             start = state.low
@@ -238,6 +243,29 @@ def free_candidates(
             ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
         found[partition] = ranges
     return found, max(len(holders), 1), unknown
+
+
+def split_ahead(
+    state: SharedPartition, live: Sequence[Lease], first: int, end: int, size: int, want: int, now_ms: int
+) -> list[tuple[int, int, int]]:
+    """Ranges from halfway through the free offsets that start at ``first``, if a live lease ends there (a reader
+    reads on from it) and they are at least four ranges long: a reader that joins starts there and reads on, and
+    the two read at once with no seek between their ranges, where taking the next lowest ranges in turn would
+    have each reader skip the other's (a reader that moves waits tens of milliseconds for a fresh fetch, more
+    than a fast handler's whole range).  Each reader that joins halves the longest stretch again."""
+    if not any(lease.end == first for lease in live):
+        return []
+    view = state.as_of(now_ms)
+    if view.low is None:
+        return []
+    taken = [start for start, _ in view.done] + [lease.start for lease in view.leases.values()]
+    stop = min([start for start in taken if start > first] + [end, view.low + MAX_WINDOW])
+    if stop - first < 4 * size:
+        return []
+    middle = first + (stop - first) // 2
+    if state.tries_in(middle, stop, now_ms):
+        return []  # offsets given back after a failure: their ranges go out from the lowest, by their tries
+    return [(start, min(start + size, stop), 0) for start in range(middle, stop, size)][:want]
 
 
 def topic_backlog(
