@@ -65,6 +65,7 @@ class Result:
     startup_s: float = 0.0  # the supervisors' launch to the first handled message
     steady_messages: int = 0  # handled from the first time any handled message was seen (a 0.05 s poll)
     steady_cpu_seconds: float = 0.0  # the CPU the session spent from then on
+    supervisor_cpu_seconds: float = 0.0  # the supervisors' own processes (claims, acks, the coordination log), all run
 
     @property
     def rate(self) -> float:
@@ -150,7 +151,7 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
     total, cpu_total = sum(c for c, _, _ in counts), sum(cpu.values())
     seen_handled, seen_cpu = seen if seen is not None else (0, 0.0)
     return Result(name, total, last - first, cpu_total, records, first - launched, total - seen_handled,
-                  cpu_total - seen_cpu)  # fmt: skip
+                  cpu_total - seen_cpu, sum(cpu.get(supervisor.pid, 0.0) for supervisor in started))  # fmt: skip
 
 
 def _read(out: Path) -> list[tuple[int, float, float]]:
@@ -194,7 +195,8 @@ def fast(bootstrap: str, messages: int, sizes: list[int], rounds: int, package_f
             result = run(bootstrap, name, messages, topic=topic, **options)
             results[name].append(result)
             print(f"      round {n + 1}: {name:34} {result.rate:9.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s  "
-                  f"start-up {result.startup_s:4.2f}s  ({result.seconds:.2f}s handling)", flush=True)  # fmt: skip
+                  f"start-up {result.startup_s:4.2f}s  ({result.seconds:.2f}s handling; CPU {result.cpu_seconds:.2f}s, "
+                  f"{result.supervisor_cpu_seconds:.2f}s of it the supervisor's)", flush=True)  # fmt: skip
     classic = results[cases[0][0]]
     classic_rate = statistics.median(r.rate for r in classic)
     classic_cpu = statistics.median(r.per_cpu_second for r in classic)
