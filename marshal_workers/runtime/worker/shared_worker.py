@@ -310,9 +310,14 @@ class SharedWorker:
                     return None
                 try:
                     function(wrap(record))
-                    handled += 1
                 except Exception as exc:
-                    self._handle_message(handler, leased, record, exc)
+                    error = exc
+                else:
+                    handled += 1
+                    next_offset = offset + 1
+                    continue
+                # Outside the except clause: a retry's error must not chain to this one (each traceback its own).
+                self._handle_message(handler, leased, record, error)
                 next_offset = offset + 1
             return next_offset
         finally:
