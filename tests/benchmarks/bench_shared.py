@@ -113,7 +113,9 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
             "--processes", str(processes), "--heartbeat-interval", "2s", "--log-level", "warning",
         ]  # fmt: skip
         log = open(out / f"supervisor-{n}.log", "wb")
-        started.append(subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True))
+        # ``-m`` puts the working directory first on sys.path: run from the checkout whose package is meant.
+        started.append(subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True,
+                                        cwd=package_from))  # fmt: skip
     deadline = time.monotonic() + timeout
     cpu: dict[int, float] = {}
     seen: tuple[int, float] | None = None  # (handled, CPU seconds) when handled messages were first seen
