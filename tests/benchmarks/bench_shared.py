@@ -17,8 +17,8 @@ measures, with ``tests/benchmarks/shared_bench_app.py`` under ``python -m marsha
    supervisor's launch to the first handled message) is reported apart from the steady rate: the rate is
    messages over first-to-last handled, and messages per CPU-second counts every process of the supervisor's
    session from the first handled message seen on, over the messages handled from then on.
-   --package-from DIR adds the shared default case run with the package of another checkout (a before/after
-   in one run).
+   Also shared 1 x 4 (two workers per partition), with no target.  --package-from DIR adds the shared default
+   cases run with the package of another checkout (a before/after in one run).
 3. coordination records per handled message at the default settings: the group's records in the
    coordination log after a run, over the messages.
 
@@ -189,12 +189,17 @@ def fast(bootstrap: str, messages: int, sizes: list[int], rounds: int, package_f
     if package_from:
         cases.append((f"shared 1 x 2, default, {Path(package_from).name}",
                       {"shared": True, "processes": 2, "package_from": package_from}))  # fmt: skip
+    # Two workers per partition: they share each partition's backlog (no target: twice the processes on 2 cores).
+    cases.append(("shared 1 x 4, default", {"shared": True, "processes": 4, "no_target": True}))
+    if package_from:
+        cases.append((f"shared 1 x 4, default, {Path(package_from).name}",
+                      {"shared": True, "processes": 4, "package_from": package_from, "no_target": True}))  # fmt: skip
     cases += [(f"shared 1 x 2, fixed {size}", {"shared": True, "processes": 2, "range_size": size, "adaptive": False})
               for size in sizes]  # fmt: skip
     results: dict[str, list[Result]] = {name: [] for name, _ in cases}
     for n in range(rounds):
         for name, options in cases:
-            result = run(bootstrap, name, messages, topic=topic, **options)
+            result = run(bootstrap, name, messages, topic=topic, **{k: v for k, v in options.items() if k != "no_target"})
             results[name].append(result)
             print(f"      round {n + 1}: {name:34} {result.rate:9.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s  "
                   f"start-up {result.startup_s:4.2f}s  ({result.seconds:.2f}s handling; CPU {result.cpu_seconds:.2f}s, "
@@ -211,7 +216,7 @@ def fast(bootstrap: str, messages: int, sizes: list[int], rounds: int, package_f
             wall, cpu = rate / classic_rate, per_cpu / classic_cpu
             per_message = statistics.median(r.records / r.messages for r in results[name])
             line += f"   ratio to classic: wall {wall:.2f}, per CPU-s {cpu:.2f}; {per_message:.5f} records/msg"
-            if "range_size" not in options:
+            if "range_size" not in options and "no_target" not in options:
                 line += f" (target 0.7 / 0.8: {verdict(wall >= 0.7 and cpu >= 0.8)})"
         print(line, flush=True)
 
