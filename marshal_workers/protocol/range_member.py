@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import MAX_RANGE, MAX_WINDOW, Lease, SharedPartition
+from marshal_workers.protocol.range_leases import MAX_RANGE, Lease, SharedPartition
 from marshal_workers.protocol.world_state import WorldState
 
 
@@ -211,7 +211,7 @@ def free_candidates(
     service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
 
     ``sizer``: the range size from the topic's backlog and live leases (:func:`topic_backlog`), instead of ``size``.
-    ``split``: where someone reads on, the ranges halfway through the backlog come first (:func:`split_ahead`).
+    ``split``: ranges ordered so that readers read on where they stand (:func:`split_ahead`).
     """
     if sizer is not None:
         size = sizer(*topic_backlog(world, topic, high, initial, now_ms))
@@ -235,7 +235,7 @@ def free_candidates(
             tries = state.tries_in(start, stop)
             ranges.append((start, stop, tries[0].count if tries else 0))
         if split and ranges:
-            ranges = split_ahead(state, live, ranges[0][0], end, size, want, now_ms) + ranges
+            ranges = split_ahead(state, live, ranges, end, size, want, now_ms)
         if not ranges and not live and idle > 0:
             idle -= 1
             start = state.low
@@ -246,26 +246,41 @@ def free_candidates(
 
 
 def split_ahead(
-    state: SharedPartition, live: Sequence[Lease], first: int, end: int, size: int, want: int, now_ms: int
+    state: SharedPartition, live: Sequence[Lease], lowest: list[tuple[int, int, int]], end: int, size: int, want: int,
+    now_ms: int,
 ) -> list[tuple[int, int, int]]:
-    """Ranges from halfway through the free offsets that start at ``first``, if a live lease ends there (a reader
-    reads on from it) and they are at least four ranges long: a reader that joins starts there and reads on, and
-    the two read at once with no seek between their ranges, where taking the next lowest ranges in turn would
-    have each reader skip the other's (a reader that moves waits tens of milliseconds for a fresh fetch, more
-    than a fast handler's whole range).  Each reader that joins halves the longest stretch again."""
-    if not any(lease.end == first for lease in live):
-        return []
-    view = state.as_of(now_ms)
-    if view.low is None:
-        return []
-    taken = [start for start, _ in view.done] + [lease.start for lease in view.leases.values()]
-    stop = min([start for start in taken if start > first] + [end, view.low + MAX_WINDOW])
-    if stop - first < 4 * size:
-        return []
-    middle = first + (stop - first) // 2
-    if state.tries_in(middle, stop, now_ms):
-        return []  # offsets given back after a failure: their ranges go out from the lowest, by their tries
-    return [(start, min(start + size, stop), 0) for start in range(middle, stop, size)][:want]
+    """The free ranges of a partition (``lowest``: the lowest ones, as (start, end, tries)) in the order a fast
+    handler's workers should take them: a worker that moves to another place in the log waits for a fresh fetch
+    there (tens of milliseconds, more than such a handler's whole range), so every reader should read on where
+    it stands.  A stretch of free offsets that starts where a live lease ends is its reader's to read on into:
+
+    * first, for a reader that joins, ranges from halfway through the longest such stretch (at least two ranges
+      long): the two then read on side by side, where taking the next lowest range would have each skip the
+      other's ranges and wait at every one (each reader that joins halves the longest stretch again);
+    * then the free ranges nobody reads on into (offsets given back, a partition not begun), lowest first;
+    * last the ranges that start where a reader reads on (the first two of each stretch, for that reader to
+      follow: :func:`pick_ranges` finds them by their start), taken by anyone else only if nothing else is free.
+
+    Ranges with offsets given back after a failure (tries) are left where ``lowest`` has them."""
+    gaps = state.free_gaps(now_ms, end)
+    ends = {lease.end for lease in live}
+    read_on = [(start, stop) for start, stop in gaps if start in ends]
+    joiner: list[tuple[int, int, int]] = []
+    if read_on:
+        start, stop = max(read_on, key=lambda gap: gap[1] - gap[0])
+        middle = start + (stop - start) // 2
+        if stop - start >= 2 * size and not state.tries_in(middle, stop, now_ms):
+            joiner = [(at, min(at + size, stop), 0) for at in range(middle, stop, size)][:want]
+    followed = [(at, min(at + size, stop), 0) for start, stop in read_on for at in range(start, stop, size)[:2]
+                if not state.tries_in(at, min(at + size, stop), now_ms)]  # fmt: skip
+    reserved = [r for r in lowest if any(start <= r[0] < stop for start, stop in read_on)]
+    open_ = [r for r in lowest if r not in reserved]
+    found, starts = [], set()
+    for candidate in [*joiner, *open_, *reserved, *followed]:
+        if candidate[0] not in starts:
+            starts.add(candidate[0])
+            found.append(candidate)
+    return found
 
 
 def topic_backlog(

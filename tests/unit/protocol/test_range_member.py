@@ -319,5 +319,28 @@ def test_a_reader_that_joins_a_partition_another_reads_on_starts_halfway_through
     assert choose(2, []) == [Wanted(0, 550, 650, 0), Wanted(0, 650, 750, 0)], "the joiner: from halfway, contiguous"
     assert choose(2, [(0, 100)]) == [Wanted(0, 100, 200, 0), Wanted(0, 550, 650, 0)], "the reader reads on"
     assert choose(1, [], split=False) == [Wanted(0, 100, 200, 0)], "without split: the lowest, as before"
-    ends = {0: 400}
-    assert choose(1, []) == [Wanted(0, 100, 200, 0)], "a backlog shorter than four ranges is not split"
+    ends = {0: 250}
+    assert choose(1, []) == [Wanted(0, 100, 200, 0)], "a stretch shorter than two ranges is not split"
+
+
+def test_each_reader_of_a_partition_reads_on_where_it_stands_and_a_joiner_halves_the_longest_stretch() -> None:
+    """Two readers on one partition, at 0 and at 400,000: each finds its next two ranges where it stands (the
+    second's is far above the lowest free ranges), a third starts halfway through the longest stretch left, and
+    nobody is handed a range another reads on into while other offsets are free."""
+    world = WorldState(GROUP, 1000)
+    at = 1_000_000
+    entries = (codec.RangeEntry(partition=0, offset=0, end=10_000), codec.RangeEntry(partition=0, offset=400_000, end=410_000))
+    assert fold(world, codec.ClaimRanges(**fields(US, at), topic=TOPIC, lease_ms=30_000, ranges=entries), at) == [True, True]
+    member = RangeMember(TOPIC, 30_000)
+
+    def choose(want: int, follow: list[tuple[int, int]]) -> list[Wanted]:
+        return member.choose(world, {0: 1_000_000}, {0: 0}, at, 10_000, want, 0, random.Random(1), follow=follow,
+                             split=True).ranges  # fmt: skip
+
+    assert choose(4, [(0, 10_000), (0, 10_000), (0, 410_000), (0, 410_000)]) == [
+        Wanted(0, 10_000, 20_000, 0), Wanted(0, 20_000, 30_000, 0), Wanted(0, 410_000, 420_000, 0),
+        Wanted(0, 420_000, 430_000, 0),
+    ], "both read on"  # fmt: skip
+    assert choose(2, []) == [Wanted(0, 705_000, 715_000, 0), Wanted(0, 715_000, 725_000, 0)], (
+        "a joiner: halfway through the longest stretch (410,000 to the end), not into either reader's way"
+    )
