@@ -277,6 +277,16 @@ class SharedPartition:
                         return
                     cursor = stop
 
+    def free_gaps(self, now: int, end: int) -> list[tuple[int, int]]:
+        """The stretches of offsets nobody holds and nobody has done, below ``end`` and within the window, as the
+        fold would see them at ``now``, lowest first (:meth:`free_ranges` cuts them into ranges)."""
+        if self.low is None:
+            return []
+        view = self.as_of(now)
+        assert view.low is not None
+        taken = sorted([(lease.start, lease.end) for lease in view.leases.values()] + view.done)
+        return list(_gaps(taken, view.low, min(end, view.low + MAX_WINDOW)))
+
     # --------------------------------------------------------------- helpers
 
     def as_of(self, now: int) -> SharedPartition:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import MAX_RANGE, Lease
+from marshal_workers.protocol.range_leases import MAX_RANGE, Lease, SharedPartition
 from marshal_workers.protocol.world_state import WorldState
 
 
@@ -95,14 +95,17 @@ class RangeMember:
     def choose(
         self, world: WorldState, ends: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
         idle: int, rng: random.Random, sizer: Sizer | None = None, follow: Collection[tuple[int, int]] = (),
+        split: bool = False,
     ) -> RangeChoice:
         """Up to ``want`` ranges of at most ``size`` offsets to claim, as the fold has it at ``now_ms`` (the log's
         clock).  ``ends``: the partitions' ends as asked; ``initial``: where partitions never leased start, as looked
         up; ``idle``: workers (or readers) with nothing to do, who may wait at a partition's end; ``sizer``, if
         given, sizes each partition's ranges instead of ``size`` (adaptive range sizes); ``follow``: (partition,
-        offset) where the member's readers stand, ranges starting there first (see :func:`pick_ranges`)."""
+        offset) where the member's readers stand, once per range each wants, ranges starting there (and following
+        one another) first (see :func:`pick_ranges`); ``split``: a reader new to a partition another reads on starts
+        halfway through its backlog (see :func:`split_ahead`)."""
         candidates, members, unknown = free_candidates(
-            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size, sizer
+            world, self.topic, ends, initial, now_ms, size, want, idle, self.probe_size, sizer, split
         )
         if unknown:
             return RangeChoice([], unknown)
@@ -214,7 +217,7 @@ def given_back_entry(
 
 def free_candidates(
     world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-    idle: int, probe_size: int = 1, sizer: Sizer | None = None,
+    idle: int, probe_size: int = 1, sizer: Sizer | None = None, split: bool = False,
 ) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
     """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
     partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
@@ -226,6 +229,7 @@ def free_candidates(
     service asks for ``probe_size`` offsets there instead: its readers take the messages as they come.
 
     ``sizer``: the range size from the topic's backlog and live leases (:func:`topic_backlog`), instead of ``size``.
+    ``split``: ranges ordered so that readers read on where they stand (:func:`split_ahead`).
     """
     if sizer is not None:
         size = sizer(*topic_backlog(world, topic, high, initial, now_ms))
@@ -248,6 +252,8 @@ def free_candidates(
         for start, stop in state.free_ranges(now_ms, end, size, want + 8):
             tries = state.tries_in(start, stop)
             ranges.append((start, stop, tries[0].count if tries else 0))
+        if split and ranges:
+            ranges = split_ahead(state, live, ranges, end, size, want, now_ms)
         if not ranges and not live and idle > 0:
             idle -= 1
             start = state.low
@@ -255,6 +261,44 @@ def free_candidates(
             ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
         found[partition] = ranges
     return found, max(len(holders), 1), unknown
+
+
+def split_ahead(
+    state: SharedPartition, live: Sequence[Lease], lowest: list[tuple[int, int, int]], end: int, size: int, want: int,
+    now_ms: int,
+) -> list[tuple[int, int, int]]:
+    """The free ranges of a partition (``lowest``: the lowest ones, as (start, end, tries)) in the order a fast
+    handler's workers should take them: a worker that moves to another place in the log waits for a fresh fetch
+    there (tens of milliseconds, more than such a handler's whole range), so every reader should read on where
+    it stands.  A stretch of free offsets that starts where a live lease ends is its reader's to read on into:
+
+    * first, for a reader that joins, ranges from halfway through the longest such stretch (at least two ranges
+      long): the two then read on side by side, where taking the next lowest range would have each skip the
+      other's ranges and wait at every one (each reader that joins halves the longest stretch again);
+    * then the free ranges nobody reads on into (offsets given back, a partition not begun), lowest first;
+    * last the ranges that start where a reader reads on (the first two of each stretch, for that reader to
+      follow: :func:`pick_ranges` finds them by their start), taken by anyone else only if nothing else is free.
+
+    Ranges with offsets given back after a failure (tries) are left where ``lowest`` has them."""
+    gaps = state.free_gaps(now_ms, end)
+    ends = {lease.end for lease in live}
+    read_on = [(start, stop) for start, stop in gaps if start in ends]
+    joiner: list[tuple[int, int, int]] = []
+    if read_on:
+        start, stop = max(read_on, key=lambda gap: gap[1] - gap[0])
+        middle = start + (stop - start) // 2
+        if stop - start >= 2 * size and not state.tries_in(middle, stop, now_ms):
+            joiner = [(at, min(at + size, stop), 0) for at in range(middle, stop, size)][:want]
+    followed = [(at, min(at + size, stop), 0) for start, stop in read_on for at in range(start, stop, size)[:2]
+                if not state.tries_in(at, min(at + size, stop), now_ms)]  # fmt: skip
+    reserved = [r for r in lowest if any(start <= r[0] < stop for start, stop in read_on)]
+    open_ = [r for r in lowest if r not in reserved]
+    found, starts = [], set()
+    for candidate in [*joiner, *open_, *reserved, *followed]:
+        if candidate[0] not in starts:
+            starts.add(candidate[0])
+            found.append(candidate)
+    return found
 
 
 def topic_backlog(
@@ -281,17 +325,22 @@ def pick_ranges(
     follow: Collection[tuple[int, int]] = (),
 ) -> list[Wanted]:
     """Up to ``want`` ranges: first those that start where one of our readers stands (``follow``: (partition,
-    offset) where a reader's last range ends), so its consumer goes on reading where it is, its read-ahead
-    already fetched; then one partition after another (spread), each a random one of the lowest few free
-    ranges (the more members, the wider the pick), so members racing for the same range are rare."""
+    offset) where a reader's last range ends, once per range it wants: its second range follows its first), so
+    its consumer goes on reading where it is, its read-ahead already fetched (a reader that moves to another
+    partition waits for a fresh fetch there, tens of milliseconds); then one partition after another (spread),
+    each a random one of the lowest few free ranges (the more members, the wider the pick), so members racing
+    for the same range are rare."""
     pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
     picked: list[Wanted] = []
+    stands: dict[tuple[int, int], int] = {}  # a reader's position -> where it stands after the ranges picked for it
     for partition, offset in follow:
         pool = pools.get(partition, [])
-        found = next((r for r in pool if r[0] == offset), None)
+        at = stands.get((partition, offset), offset)
+        found = next((r for r in pool if r[0] == at), None)
         if found is not None and len(picked) < want:
             pool.remove(found)
             picked.append(Wanted(partition, *found))
+            stands[partition, offset] = found[1]
     order = [p for p, pool in pools.items() if pool]
     rng.shuffle(order)
     while len(picked) < want and order:

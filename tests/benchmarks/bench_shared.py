@@ -12,8 +12,13 @@ measures, with ``tests/benchmarks/shared_bench_app.py`` under ``python -m marsha
 2. fast handler (``msg.json()["amount"]``, as bench_run.py): the classic handler (2 workers) against the
    shared one with 2 processes (one per partition) at the default settings (adaptive range sizes; target:
    >= 0.7 of classic's msgs/s and >= 0.8 per CPU-second) and with fixed ranges of --fixed-sizes (1000 and
-   10000), on the same 200,000 messages: wall-clock rate and messages per CPU-second (every process of the
-   supervisor's session).
+   10000), all on the same --fast-messages (2,000,000) messages of one topic, each run with a group of its
+   own, the cases alternated --rounds times (medians reported: the machine is shared).  Start-up (from the
+   supervisor's launch to the first handled message) is reported apart from the steady rate: the rate is
+   messages over first-to-last handled, and messages per CPU-second counts every process of the supervisor's
+   session from the first handled message seen on, over the messages handled from then on.
+   Also shared 1 x 4 (two workers per partition), with no target.  --package-from DIR adds the shared default
+   cases run with the package of another checkout (a before/after in one run).
 3. coordination records per handled message at the default settings: the group's records in the
    coordination log after a run, over the messages.
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +44,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import checkout  # noqa: F401  (sys.path: the checkout's package, this folder)
 from bench_run import base_env, cpu_seconds, create_topic, leftovers, machine_info, produce, verdict
@@ -49,6 +56,7 @@ from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 from marshal_workers.observe.status import render_table, status_document
 
 PARTITIONS = 2
+PROFILE_DIR: str | None = None  # --profile: the workers write cProfile stats there (shared_bench_app.py)
 SLOW_DELAY = 0.02
 
 
@@ -56,9 +64,13 @@ SLOW_DELAY = 0.02
 class Result:
     name: str
     messages: int
-    seconds: float
-    cpu_seconds: float
+    seconds: float  # first handled to last handled, over every worker
+    cpu_seconds: float  # every process of the supervisors' sessions, start-up included
     records: int
+    startup_s: float = 0.0  # the supervisors' launch to the first handled message
+    steady_messages: int = 0  # handled from the first time any handled message was seen (a 0.05 s poll)
+    steady_cpu_seconds: float = 0.0  # the CPU the session spent from then on
+    supervisor_cpu_seconds: float = 0.0  # the supervisors' own processes (claims, acks, the coordination log), all run
 
     @property
     def rate(self) -> float:
@@ -66,15 +78,26 @@ class Result:
 
     @property
     def per_cpu_second(self) -> float:
+        """Messages per CPU-second once handling began (start-up is reported apart)."""
+        if self.steady_cpu_seconds > 0 and self.steady_messages > 0:
+            return self.steady_messages / self.steady_cpu_seconds
         return self.messages / self.cpu_seconds if self.cpu_seconds > 0 else 0.0
 
 
-def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: int = 1, supervisors: int = 1,
-        range_size: int = 100, adaptive: bool | None = None, delay: float = 0.0,
-        timeout: float = 300.0) -> Result:  # fmt: skip
-    topic, group = f"bench-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
+def new_topic(bootstrap: str, messages: int) -> str:
+    topic = f"bench-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, PARTITIONS)
     produce(bootstrap, topic, messages, PARTITIONS)
+    return topic
+
+
+def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: int = 1, supervisors: int = 1,
+        range_size: int = 100, adaptive: bool | None = None, delay: float = 0.0, topic: str | None = None,
+        package_from: str | None = None, timeout: float = 300.0) -> Result:  # fmt: skip
+    """One run on ``topic`` (``messages`` of it; a new topic if None) with a new group; ``package_from``: the
+    checkout whose package the supervisors run (default: this one's)."""
+    topic = topic or new_topic(bootstrap, messages)
+    group = f"group-{uuid.uuid4().hex[:8]}"
     coordination = f"__marshal-{group}"
     out = Path(tempfile.mkdtemp(prefix="bench-shared-"))
     env = base_env() | {
@@ -82,7 +105,12 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
         "MW_BENCH_DELAY": str(delay), "MW_BENCH_OUT": str(out),
         "MW_BENCH_ADAPTIVE": "1" if adaptive is None else str(int(adaptive)),
     }  # fmt: skip
+    if PROFILE_DIR:
+        env["MW_BENCH_PROFILE"] = PROFILE_DIR
+    if package_from is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), package_from])
     started = []
+    launched = time.time()
     for n in range(supervisors):
         command = [
             sys.executable, "-m", "marshal_workers", "run", "shared_bench_app:app", "--brokers", bootstrap,
@@ -90,16 +118,22 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
             "--processes", str(processes), "--heartbeat-interval", "2s", "--log-level", "warning",
         ]  # fmt: skip
         log = open(out / f"supervisor-{n}.log", "wb")
-        started.append(subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True))
+        # ``-m`` puts the working directory first on sys.path: run from the checkout whose package is meant.
+        started.append(subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True,
+                                        cwd=package_from))  # fmt: skip
     deadline = time.monotonic() + timeout
     cpu: dict[int, float] = {}
+    seen: tuple[int, float] | None = None  # (handled, CPU seconds) when handled messages were first seen
     try:
         while True:
             for supervisor in started:
                 for pid in [supervisor.pid, *process_group(supervisor.pid)]:
                     cpu[pid] = max(cpu.get(pid, 0.0), cpu_seconds(pid))
             counts = _read(out)
-            if sum(c for c, _, _ in counts) >= messages:
+            handled = sum(c for c, _, _ in counts)
+            if seen is None and handled:
+                seen = (handled, sum(cpu.values()))
+            if handled >= messages:
                 break
             if time.monotonic() > deadline:
                 settings = Settings(brokers=bootstrap, group=group, coordination_topic=coordination,
@@ -111,7 +145,7 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
                 time.sleep(0.5)
                 raise RuntimeError(f"{name}: {sum(c for c, _, _ in counts)} of {messages} handled in {timeout:.0f}s "
                                    f"(logs in {out})")  # fmt: skip
-            time.sleep(0.1)
+            time.sleep(0.05)
         time.sleep(0.3)  # the last reports
         counts = _read(out)
         first, last = min(f for _, f, _ in counts), max(t for _, _, t in counts)
@@ -121,7 +155,10 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
             supervisor.wait(30)
     settings = Settings(brokers=bootstrap, group=group, coordination_topic=coordination, heartbeat_interval=2.0)
     records = read_group_state(settings, group).stats.applied
-    return Result(name, sum(c for c, _, _ in counts), last - first, sum(cpu.values()), records)
+    total, cpu_total = sum(c for c, _, _ in counts), sum(cpu.values())
+    seen_handled, seen_cpu = seen if seen is not None else (0, 0.0)
+    return Result(name, total, last - first, cpu_total, records, first - launched, total - seen_handled,
+                  cpu_total - seen_cpu, sum(cpu.get(supervisor.pid, 0.0) for supervisor in started))  # fmt: skip
 
 
 def _read(out: Path) -> list[tuple[int, float, float]]:
@@ -148,20 +185,45 @@ def slow(bootstrap: str, seconds: float) -> None:
               f"{ideal:6.0f}: {ratio:.2f} {verdict(ratio >= 0.8)}; CPU {result.cpu_seconds:5.1f}s", flush=True)  # fmt: skip
 
 
-def fast(bootstrap: str, messages: int, sizes: list[int]) -> None:
-    print(f"\n2. fast handler (msg.json()) on a 2-partition topic, {messages:,} messages", flush=True)
-    classic = run(bootstrap, "classic", messages, shared=False)
-    print(f"    {'classic (2 workers)':30} {classic.rate:8.0f} msgs/s  {classic.per_cpu_second:8.0f} msgs/CPU-s",
-          flush=True)  # fmt: skip
-    cases = [("shared 1 x 2, default", {}), *((f"shared 1 x 2, fixed {size}", {"range_size": size, "adaptive": False})
-                                              for size in sizes)]  # fmt: skip
+def fast(bootstrap: str, messages: int, sizes: list[int], rounds: int, package_from: str | None) -> None:
+    print(f"\n2. fast handler (msg.json()) on a 2-partition topic, {messages:,} messages, {rounds} round(s), "
+          "medians", flush=True)  # fmt: skip
+    topic = new_topic(bootstrap, messages)
+    cases: list[tuple[str, dict[str, Any]]] = [("classic (2 workers)", {"shared": False}),
+                                               ("shared 1 x 2, default", {"shared": True, "processes": 2})]  # fmt: skip
+    if package_from:
+        cases.append((f"shared 1 x 2, default, {Path(package_from).name}",
+                      {"shared": True, "processes": 2, "package_from": package_from}))  # fmt: skip
+    # Two workers per partition: they share each partition's backlog (no target: twice the processes on 2 cores).
+    cases.append(("shared 1 x 4, default", {"shared": True, "processes": 4, "no_target": True}))
+    if package_from:
+        cases.append((f"shared 1 x 4, default, {Path(package_from).name}",
+                      {"shared": True, "processes": 4, "package_from": package_from, "no_target": True}))  # fmt: skip
+    cases += [(f"shared 1 x 2, fixed {size}", {"shared": True, "processes": 2, "range_size": size, "adaptive": False})
+              for size in sizes]  # fmt: skip
+    results: dict[str, list[Result]] = {name: [] for name, _ in cases}
+    for n in range(rounds):
+        for name, options in cases:
+            result = run(bootstrap, name, messages, topic=topic, **{k: v for k, v in options.items() if k != "no_target"})
+            results[name].append(result)
+            print(f"      round {n + 1}: {name:34} {result.rate:9.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s  "
+                  f"start-up {result.startup_s:4.2f}s  ({result.seconds:.2f}s handling; CPU {result.cpu_seconds:.2f}s, "
+                  f"{result.supervisor_cpu_seconds:.2f}s of it the supervisor's)", flush=True)  # fmt: skip
+    classic = results[cases[0][0]]
+    classic_rate = statistics.median(r.rate for r in classic)
+    classic_cpu = statistics.median(r.per_cpu_second for r in classic)
     for name, options in cases:
-        result = run(bootstrap, name, messages, shared=True, processes=2, **options)  # type: ignore[arg-type]
-        wall, cpu = result.rate / classic.rate, result.per_cpu_second / classic.per_cpu_second
-        target = f" (target 0.7 / 0.8: {verdict(wall >= 0.7 and cpu >= 0.8)})" if not options else ""
-        print(f"    {name:30} {result.rate:8.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s"
-              f"   ratio to classic: wall {wall:.2f}, per CPU-s {cpu:.2f}; {result.records / result.messages:.4f} "
-              f"records/msg{target}", flush=True)  # fmt: skip
+        rate = statistics.median(r.rate for r in results[name])
+        per_cpu = statistics.median(r.per_cpu_second for r in results[name])
+        startup = statistics.median(r.startup_s for r in results[name])
+        line = (f"    {name:36} {rate:9.0f} msgs/s  {per_cpu:8.0f} msgs/CPU-s  start-up {startup:4.2f}s")
+        if options["shared"]:
+            wall, cpu = rate / classic_rate, per_cpu / classic_cpu
+            per_message = statistics.median(r.records / r.messages for r in results[name])
+            line += f"   ratio to classic: wall {wall:.2f}, per CPU-s {cpu:.2f}; {per_message:.5f} records/msg"
+            if "range_size" not in options and "no_target" not in options:
+                line += f" (target 0.7 / 0.8: {verdict(wall >= 0.7 and cpu >= 0.8)})"
+        print(line, flush=True)
 
 
 def records(bootstrap: str) -> None:
@@ -229,16 +291,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=["slow", "fast", "records", "crash"])
     parser.add_argument("--slow-seconds", type=float, default=8.0)
-    parser.add_argument("--fast-messages", type=int, default=200_000)
+    parser.add_argument("--fast-messages", type=int, default=2_000_000)
+    parser.add_argument("--rounds", type=int, default=2, help="fast section: rounds of its cases, alternated")
+    parser.add_argument("--package-from", help="fast section: also run the shared default with this checkout's "
+                        "package (a before/after in one run)")  # fmt: skip
     parser.add_argument("--fixed-sizes", default="1000,10000",
                         help="fixed range sizes (adaptive_ranges=False) the fast section also runs, comma-separated")  # fmt: skip
+    parser.add_argument("--profile", metavar="DIR", help="workers write cProfile stats to DIR/<pid>.prof")
     args = parser.parse_args()
+    global PROFILE_DIR
+    PROFILE_DIR = args.profile
     print("\n".join(machine_info()), flush=True)
     with EmbeddedBroker() as broker:
         if args.only in (None, "slow"):
             slow(broker.bootstrap, args.slow_seconds)
         if args.only in (None, "fast"):
-            fast(broker.bootstrap, args.fast_messages, [int(n) for n in args.fixed_sizes.split(",") if n])
+            fast(broker.bootstrap, args.fast_messages, [int(n) for n in args.fixed_sizes.split(",") if n], args.rounds,
+                 args.package_from)  # fmt: skip
         if args.only in (None, "records"):
             records(broker.bootstrap)
         if args.only in (None, "crash"):

@@ -7,11 +7,14 @@ directory).  Each worker process writes ``<pid>``: "count first_time last_time" 
 MW_BENCH_LATENCY=1 it also writes ``<pid>.lat``: a JSON list of each message's end-to-end latency (handled
 time minus its Kafka timestamp, ms; bench_serve.py).  With MW_BENCH_OFFSETS=1 it appends each handled message's
 "partition offset" line to ``<pid>.offsets`` at once (one write per message, so a kill -9 loses none: the crash
-section of bench_shared.py counts repeats from them).
+section of bench_shared.py counts repeats from them).  With MW_BENCH_PROFILE=DIR each worker runs cProfile on
+its main thread (the loop and the handler) and writes ``DIR/<pid>.prof`` every 100,000 messages (read it with
+``python -m pstats``): where a worker's time goes, by function.
 """
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
 import threading
@@ -29,6 +32,8 @@ LATENCY = os.environ.get("MW_BENCH_LATENCY") == "1"
 _latencies: list[float] = []
 OFFSETS = os.environ.get("MW_BENCH_OFFSETS") == "1"
 _offsets_file: list[int] = []  # the file descriptor, once open
+PROFILE = os.environ.get("MW_BENCH_PROFILE")
+_profiler = cProfile.Profile() if PROFILE else None
 
 
 def _report() -> None:
@@ -46,6 +51,14 @@ def _report() -> None:
 @app.on_worker_start
 def start_reporting() -> None:
     threading.Thread(target=_report, daemon=True).start()
+    if _profiler is not None:
+        _profiler.enable()  # the worker's main thread, from here on (its loop runs after the start hooks)
+
+
+def _dump_profile() -> None:
+    assert _profiler is not None and PROFILE
+    _profiler.dump_stats(str(Path(PROFILE) / f"{os.getpid()}.prof"))  # stops it: enabled again
+    _profiler.enable()
 
 
 def handle(msg: Message) -> None:
@@ -64,6 +77,8 @@ def handle(msg: Message) -> None:
         _handled[1] = now
     _handled[0] += 1
     _handled[2] = now
+    if _profiler is not None and _handled[0] % 100_000 == 0:
+        _dump_profile()
 
 
 app.handler(

@@ -390,9 +390,17 @@ class SharedPool:
         sizer = shared.sizing.sizer([w.index for w in hungry], live, Holder(fields["client"], fields["instance"]))
         member = shared.member
         ends, initial, rng = shared.ends.ends, shared.initial, self._rng
-        follow = [at for at in (w.reads_next() for w in hungry) if at is not None]
+        follow: list[tuple[int, int]] = []  # where each hungry worker will stand, once per lease it wants (pick_ranges)
+        for worker in hungry:
+            at = worker.reads_next()
+            if at is not None:
+                follow += [at] * (LEASES_PER_WORKER - len(worker.leases))
+        # A handler whose ranges are at the cap handles one in less than its target span (a fast one: 10,000 messages
+        # in some 10 ms), less than the fetch a worker that moves within a partition waits for: a worker that joins
+        # another on a partition starts halfway through its backlog, and both read on (range_member.split_ahead).
+        split = shared.sizing.adaptive and sizer.size >= shared.sizing.cap
         choice = coordinator.read(
-            lambda world: member.choose(world, ends, initial, now_ms, sizer.size, want, idle, rng, sizer, follow)
+            lambda world: member.choose(world, ends, initial, now_ms, sizer.size, want, idle, rng, sizer, follow, split)
         )
         if choice.unknown:
             self._require_offsets().learn_start_offsets(topic, choice.unknown, shared.initial, self.log)

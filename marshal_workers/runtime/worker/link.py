@@ -128,9 +128,10 @@ class SupervisorLink:
             return []
         batch = [first, *consumer.consume(most - 1, 0)] if most > 1 else [first]
         self.publish_high_watermark()
-        # The errors in C (map, count), not a Python loop: this is per message, and a batch almost never has one.
+        # The errors in C (map, any), not a Python loop: this is per message, and a batch almost never has one.  Not
+        # errors.count(None): that compares each KafkaError with None, which raises (SystemError).  A KafkaError is true.
         errors = list(map(_ERROR_OF, batch))
-        good = batch if errors.count(None) == len(errors) else [m for m, e in zip(batch, errors) if e is None]
+        good = batch if not any(errors) else [m for m, e in zip(batch, errors) if e is None]
         if good and not self._first_fetched:
             self._first_fetched = True
             if good[0].offset() != self.spec.start_offset:

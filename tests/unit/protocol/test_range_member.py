@@ -139,15 +139,16 @@ claims = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(
     log=claims, want=st.integers(1, 6), idle=st.integers(0, 3), size=st.sampled_from([1, 7, 25, 100]),
-    probe=st.sampled_from([1, 25]), later=st.integers(0, 4_000), seed=st.integers(0, 2**16),
+    probe=st.sampled_from([1, 25]), later=st.integers(0, 4_000), seed=st.integers(0, 2**16), split=st.booleans(),
 )  # fmt: skip
 def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_all(
     log: list[tuple[Holder, int, int, int, int, str, int]], want: int, idle: int, size: int, probe: int, later: int,
-    seed: int,
+    seed: int, split: bool,
 ) -> None:
     """Others claim (and ack, cancel or fail) ranges, their leases lapsing as time passes; the member asks for
-    ranges as the fold has them now: none overlaps a live lease of anyone, none overlaps another, and the fold
-    accepts every one."""
+    ranges as the fold has them now (``split``: halfway through a backlog someone reads on, too): none overlaps a
+    live lease of anyone, none overlaps another, none mixes offsets of different tries, and the fold accepts
+    every one."""
     world = WorldState(GROUP, 1000)
     at = 1_000_000
     for holder, partition, start, length, lease_ms, then, step in log:
@@ -166,7 +167,7 @@ def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_al
     member = RangeMember(TOPIC, 30_000, probe_size=probe)
     ends = {0: END, 1: END, 2: END, 3: END}
     initial = {0: 0, 1: 0, 2: 0, 3: 5}  # where partitions never leased start (partition 3: nobody claimed it)
-    choice = member.choose(world, ends, initial, now, size, want, idle, random.Random(seed))
+    choice = member.choose(world, ends, initial, now, size, want, idle, random.Random(seed), split=split)
     assert choice.unknown == [] and len(choice.ranges) <= want
     for wanted in choice.ranges:
         state = world.shared_partition(TOPIC, wanted.partition)
@@ -174,6 +175,11 @@ def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_al
         assert not any(lease.overlaps(wanted.start, wanted.end) for lease in live), f"{wanted} overlaps a live lease"
         others = [w for w in choice.ranges if w is not wanted and w.partition == wanted.partition]
         assert not any(w.start < wanted.end and wanted.start < w.end for w in others), "two ranges overlap"
+        if state is not None:
+            tries = state.tries_in(wanted.start, wanted.end)  # as free_candidates counts them
+            assert all(t.count == wanted.tries for t in tries) and (
+                not wanted.tries or sum(t.end - t.start for t in tries) == wanted.end - wanted.start
+            ), f"{wanted} mixes offsets of different tries"
     if choice.ranges:
         record = member.claim(fields(US, now), choice.ranges)
         assert fold(world, record, now) == [True] * len(choice.ranges), "the fold refused a range asked for"
@@ -312,3 +318,47 @@ def test_the_backlog_that_sizes_ranges_is_the_topics_not_handed_out_offsets() ->
     choice = member.choose(world, {0: 500}, {}, 10, 7, 1, 0, random.Random(1),
                            sizer=lambda backlog, leases: seen.append(backlog) or 50)  # fmt: skip
     assert seen == [300] and [(w.start, w.end) for w in choice.ranges] == [(200, 250)], "the sizer's size, not 7"
+
+
+def test_a_reader_that_joins_a_partition_another_reads_on_starts_halfway_through_its_backlog() -> None:
+    """Taking the next lowest ranges in turn, two readers of one partition would each skip the other's ranges and
+    wait for a fresh fetch at every range; with ``split`` the one that joins starts halfway and both read on."""
+    world = WorldState(GROUP, 1000)
+    at = 1_000_000
+    claim = codec.ClaimRanges(**fields(US, at), topic=TOPIC, lease_ms=30_000,
+                              ranges=(codec.RangeEntry(partition=0, offset=0, end=100),))  # fmt: skip
+    assert fold(world, claim, at) == [True]
+    member = RangeMember(TOPIC, 30_000)
+    ends, initial = {0: 1000}, {0: 0}
+
+    def choose(want: int, follow: list[tuple[int, int]], split: bool = True) -> list[Wanted]:
+        return member.choose(world, ends, initial, at, 100, want, 0, random.Random(1), follow=follow, split=split).ranges
+
+    assert choose(2, []) == [Wanted(0, 550, 650, 0), Wanted(0, 650, 750, 0)], "the joiner: from halfway, contiguous"
+    assert choose(2, [(0, 100)]) == [Wanted(0, 100, 200, 0), Wanted(0, 550, 650, 0)], "the reader reads on"
+    assert choose(1, [], split=False) == [Wanted(0, 100, 200, 0)], "without split: the lowest, as before"
+    ends = {0: 250}
+    assert choose(1, []) == [Wanted(0, 100, 200, 0)], "a stretch shorter than two ranges is not split"
+
+
+def test_each_reader_of_a_partition_reads_on_where_it_stands_and_a_joiner_halves_the_longest_stretch() -> None:
+    """Two readers on one partition, at 0 and at 400,000: each finds its next two ranges where it stands (the
+    second's is far above the lowest free ranges), a third starts halfway through the longest stretch left, and
+    nobody is handed a range another reads on into while other offsets are free."""
+    world = WorldState(GROUP, 1000)
+    at = 1_000_000
+    entries = (codec.RangeEntry(partition=0, offset=0, end=10_000), codec.RangeEntry(partition=0, offset=400_000, end=410_000))
+    assert fold(world, codec.ClaimRanges(**fields(US, at), topic=TOPIC, lease_ms=30_000, ranges=entries), at) == [True, True]
+    member = RangeMember(TOPIC, 30_000)
+
+    def choose(want: int, follow: list[tuple[int, int]]) -> list[Wanted]:
+        return member.choose(world, {0: 1_000_000}, {0: 0}, at, 10_000, want, 0, random.Random(1), follow=follow,
+                             split=True).ranges  # fmt: skip
+
+    assert choose(4, [(0, 10_000), (0, 10_000), (0, 410_000), (0, 410_000)]) == [
+        Wanted(0, 10_000, 20_000, 0), Wanted(0, 20_000, 30_000, 0), Wanted(0, 410_000, 420_000, 0),
+        Wanted(0, 420_000, 430_000, 0),
+    ], "both read on"  # fmt: skip
+    assert choose(2, []) == [Wanted(0, 705_000, 715_000, 0), Wanted(0, 715_000, 725_000, 0)], (
+        "a joiner: halfway through the longest stretch (410,000 to the end), not into either reader's way"
+    )

@@ -72,6 +72,20 @@ def test_a_range_that_starts_where_a_worker_stands_is_picked_first_so_its_consum
     )
 
 
+def test_a_worker_that_wants_two_ranges_gets_two_that_follow_one_another_where_it_stands() -> None:
+    # One worker per partition, each wanting its two leases: each stays on its partition (a worker moved to the other
+    # partition waits tens of milliseconds for a fresh fetch there), whatever the random spread would pick.
+    candidates = {p: [(s, s + 10, 0) for s in range(0, 100, 10)] for p in range(2)}
+    for seed in range(50):
+        picked = pick_ranges(candidates, want=4, members=1, rng=random.Random(seed),
+                             follow=[(0, 30), (0, 30), (1, 60), (1, 60)])  # fmt: skip
+        assert picked == [(0, 30, 40, 0), (0, 40, 50, 0), (1, 60, 70, 0), (1, 70, 80, 0)]
+    # The chain stops where the free ranges do (the next one is someone else's): the rest is spread as before.
+    gap = {0: [(30, 40, 0), (50, 60, 0)]}
+    assert pick_ranges(gap, want=2, members=1, rng=random.Random(3), follow=[(0, 30), (0, 30)]) == [(0, 30, 40, 0),
+                                                                                                   (0, 50, 60, 0)]  # fmt: skip
+
+
 def test_a_worker_stands_where_its_last_lease_ends_or_where_it_last_settled() -> None:
     from marshal_workers.runtime.supervisor.shared_pool import LeasedRange, SharedWorkerHandle
 

@@ -9,6 +9,8 @@ import time
 from multiprocessing.connection import Connection
 
 import pytest
+from confluent_kafka import KafkaError
+from confluent_kafka import Message as KafkaMessage
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
@@ -80,3 +82,34 @@ def test_outcomes_go_to_the_supervisor_only_when_there_are_some() -> None:
     link.send_outcomes()
     message = supervisor.recv()
     assert isinstance(message, Outcomes) and message.counts["retries"] == 2
+
+
+class _Reader:
+    """A consumer whose fetches return ``batch`` once: poll the first record, consume the rest."""
+
+    def __init__(self, batch: list[KafkaMessage]) -> None:
+        self.batch = batch
+
+    def poll(self, _timeout: float) -> KafkaMessage | None:
+        return self.batch.pop(0) if self.batch else None
+
+    def consume(self, most: int, _timeout: float) -> list[KafkaMessage]:
+        taken, self.batch = self.batch[:most], self.batch[most:]
+        return taken
+
+    def get_watermark_offsets(self, _partition: object, cached: bool = False) -> tuple[int, int]:
+        return 0, 12
+
+
+def test_a_fetch_with_an_error_among_its_messages_returns_the_messages() -> None:
+    # A fetch error in a batch (here the partition's end) is left out; it must not stop the worker: comparing a
+    # KafkaError with None (list.count(None)) raises.
+    link, _supervisor = a_link()
+    end = KafkaError(KafkaError._PARTITION_EOF)
+    link.consumer = _Reader([KafkaMessage(topic="orders", partition=3, offset=10, value=b"a"),  # type: ignore[assignment]
+                             KafkaMessage(topic="orders", partition=3, offset=11, value=b"b"),
+                             KafkaMessage(topic="orders", partition=3, offset=12, error=end)])  # fmt: skip
+
+    fetched = link.fetch(10, 0)
+
+    assert [record.offset() for record in fetched] == [10, 11]
