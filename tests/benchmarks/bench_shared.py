@@ -25,7 +25,7 @@ measures, with ``tests/benchmarks/shared_bench_app.py`` under ``python -m marsha
 4. crash: a 100,000-message backlog on one partition, the fast handler; kill -9 of the worker midway (at
    half the backlog handled), then every message handled: the repeated messages of the classic handler (one
    worker for the partition) and of the shared one (1 process, default settings: ranges sized by the handler, up to 10,000),
-   every handled offset.  Target (issue 27): shared <= 1.5 x classic.
+   counted from every handled offset.  Target (issue 27): shared <= 1.5 x classic.
 
 Throughput = messages / (last handled - first handled, wall time, over every worker).  A benchmark, not a
 test: misses print FAIL; the exit status is non-zero only if the benchmark itself could not run.
