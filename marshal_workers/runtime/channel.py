@@ -179,7 +179,7 @@ class RangeSlot:
     a reader never takes one range's start with another's offset.
     """
 
-    _SEQUENCE, _PARTITION, _START, _UPTO = range(4)
+    _SEQUENCE, _PARTITION, _START, UPTO = range(4)  # UPTO: a hot loop stores ``fields[UPTO] = upto`` itself
 
     def __init__(self, array: Any) -> None:
         self.array = array  # the shared RawArray (what is passed to the worker)
@@ -195,12 +195,12 @@ class RangeSlot:
         fields[self._SEQUENCE] += 1
         fields[self._PARTITION] = partition
         fields[self._START] = start
-        fields[self._UPTO] = start
+        fields[self.UPTO] = start
         fields[self._SEQUENCE] += 1
 
     def advance(self, upto: int) -> None:
         """Everything of the range in hand below ``upto`` is done (but what the pipe said failed or dead)."""
-        self.fields[self._UPTO] = upto
+        self.fields[self.UPTO] = upto
 
     def read(self) -> tuple[int, int, int] | None:
         """(partition, start, upto) of the range in hand, or None if none was begun (or a write never finished)."""
@@ -209,7 +209,7 @@ class RangeSlot:
             sequence = fields[self._SEQUENCE]
             if sequence % 2:
                 continue
-            found = (fields[self._PARTITION], fields[self._START], fields[self._UPTO])
+            found = (fields[self._PARTITION], fields[self._START], fields[self.UPTO])
             if fields[self._SEQUENCE] == sequence:
                 return found if sequence else None
         return None

@@ -315,7 +315,8 @@ class SharedWorker:
         message (retries, dead letters).  The next offset to read, or None if the lease ran out (abandoned)."""
         assert self._alarm is not None
         function, wrap, due, end, outbox = handler.function, Message, self._alarm.due, leased.end, self.outbox
-        advance = self.slot.advance if self.slot is not None else None
+        # The slot's position, stored in place (RangeSlot.advance without its call: ~50 ns a message).
+        fields, upto = (self.slot.fields, RangeSlot.UPTO) if self.slot is not None else (None, 0)
         handled = 0
         try:
             for record in records:
@@ -339,8 +340,8 @@ class SharedWorker:
                 else:
                     handled += 1
                     next_offset = offset + 1
-                    if advance is not None and not outbox.pending:  # what it sent is in Kafka: it counts as done
-                        advance(next_offset)
+                    if fields is not None and not outbox.pending:  # what it sent is in Kafka: it counts as done
+                        fields[upto] = next_offset
                     continue
                 # Outside the except clause: a retry's error must not chain to this one (each traceback its own).
                 self._handle_message(handler, leased, record, error)
