@@ -404,18 +404,28 @@ class Model:
         lease.expires = max(lease.expires, at + lease_ms)
         return True
 
+    def reported_on(
+        self, start: int, end: int, holder: Holder, at: int, failed: tuple[int, ...], dead: tuple[int, ...]
+    ) -> ModelLease | None:
+        # The holder's live lease at ``start``, if its report on [start, end) is well formed (offsets inside, sorted,
+        # failed and dead apart); else None.
+        self.lapse(at)
+        lease = self.leases.get(start)
+        if lease is None or lease.holder != holder or not start < end <= lease.end:
+            return None
+        for offsets in (failed, dead):
+            if list(offsets) != sorted(set(offsets)) or any(not start <= o < end for o in offsets):
+                return None
+        if set(failed) & set(dead):
+            return None
+        return lease
+
     def ack(self, start: int, end: int, holder: Holder, at: int, failed: tuple[int, ...], dead: tuple[int, ...]) -> bool:
         # The holder settles its lease from its start up to ``end`` (a prefix, or all of it); the rest goes back
         # untried, except what clients acked (done whatever ``failed`` says, counted acked once) and what was handed
         # to a client and not acked (tried).
-        self.lapse(at)
-        lease = self.leases.get(start)
-        if lease is None or lease.holder != holder or not start < end <= lease.end:
-            return False
-        for offsets in (failed, dead):
-            if list(offsets) != sorted(set(offsets)) or any(not start <= o < end for o in offsets):
-                return False
-        if set(failed) & set(dead):
+        lease = self.reported_on(start, end, holder, at, failed, dead)
+        if lease is None:
             return False
         self.end_lease(start)
         self.dead += len(set(dead) - lease.marked_dead)
@@ -435,14 +445,8 @@ class Model:
         self, start: int, end: int, holder: Holder, at: int, failed: tuple[int, ...], dead: tuple[int, ...]
     ) -> bool:
         # The holder marks [start, end) but failed as done inside its live lease; nothing is settled until it ends.
-        self.lapse(at)
-        lease = self.leases.get(start)
-        if lease is None or lease.holder != holder or not start < end <= lease.end:
-            return False
-        for offsets in (failed, dead):
-            if list(offsets) != sorted(set(offsets)) or any(not start <= o < end for o in offsets):
-                return False
-        if set(failed) & set(dead):
+        lease = self.reported_on(start, end, holder, at, failed, dead)
+        if lease is None:
             return False
         marked = set(range(start, end)) - set(failed)
         lease.marked |= marked
