@@ -56,7 +56,8 @@ _MOST = web.RequestKey("most", int)
 _IDS = web.RequestKey("ids", list[MessageId])  # an ack's or cancel's messages
 _OPENAPI = web.AppKey("openapi", bytes)
 _HANDOFF = web.AppKey("handoff", LoopHandoff)  # write verdicts to the event loop, one wake-up per write
-_OPEN_ROUTES = ("/healthz", "/openapi.json")  # no token needed
+_OPEN_ROUTES = frozenset(("/healthz", "/openapi.json"))  # no token needed
+_COUNTED_ROUTES = frozenset(("/read", "/ack", "/cancel", "/metrics", *_OPEN_ROUTES))  # any other path: "other"
 T = TypeVar("T")
 
 
@@ -118,7 +119,7 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_TOKEN] = token or ""
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
-    app[_HANDOFF] = LoopHandoff(asyncio.get_running_loop())
+    app[_HANDOFF] = LoopHandoff(asyncio.get_running_loop(), topic.verdict_wait_s)
     app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
     topic.on_news = app[_NEWS].announce_threadsafe
     app[_OPENAPI] = orjson.dumps(openapi_document(token_required=bool(token)))
@@ -143,13 +144,14 @@ def service_routes() -> list[web.RouteDef]:
 
 @web.middleware
 async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    route = request.path if request.path in ("/read", "/ack", "/cancel", *_OPEN_ROUTES, "/metrics") else "other"
-    spans = request.app[_SPANS]
+    app, path = request.app, request.path  # each an attribute lookup through aiohttp's properties: once
+    route = path if path in _COUNTED_ROUTES else "other"
+    spans = app[_SPANS]
     start_ns = time.time_ns() if spans is not None else 0
     error, why = "", ""
     try:
-        token = request.app[_TOKEN]
-        if token and request.path not in _OPEN_ROUTES:
+        token = app[_TOKEN]
+        if token and path not in _OPEN_ROUTES:
             given = request.headers.get("Authorization", "")
             if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token.encode()):
                 raise BadRequest(401, "unauthorized", "send Authorization: Bearer <the server's token>")
@@ -166,11 +168,11 @@ async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request]
         response = web.Response(status=exc.status, content_type="application/json",
                                 body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}))  # fmt: skip
     except Exception:  # a bug, or Kafka failing under us: a JSON 500, logged and counted like the rest
-        _log.exception("group %s: %s %s failed", request.app[_TOPIC].settings.group, request.method, request.path)
+        _log.exception("group %s: %s %s failed", app[_TOPIC].settings.group, request.method, path)
         error, why = "internal", "the server failed on this request"
         response = web.Response(status=500, content_type="application/json", body=orjson.dumps(
             {"error": "internal", "message": "the server failed on this request (see its log): try again"}))  # fmt: skip
-    request.app[_REQUESTS][(route, response.status)] += 1
+    app[_REQUESTS][(route, response.status)] += 1
     if spans is not None and route in ROUTES:
         outcome = Outcome(route, response.status, error, why, request.get(_MOST, 0), request.get(_HANDED, ()),
                           [(m.partition, m.offset) for m in request.get(_IDS, ())])  # fmt: skip
@@ -210,11 +212,11 @@ async def _read(request: web.Request) -> web.StreamResponse:
 
 
 async def _verdict(request: web.Request, future: Future[T]) -> T:
-    """A group commit's outcome, awaited without a thread (at once when it is known already)."""
+    """A group commit's outcome, awaited without a thread (at once when it is known already); TimeoutError past
+    the topic's verdict_wait_s (the handoff keeps the deadline)."""
     if future.done():
         return future.result()
-    async with asyncio.timeout(request.app[_TOPIC].verdict_wait_s):  # no task of its own, unlike wait_for
-        return await request.app[_HANDOFF].watch(future)
+    return await request.app[_HANDOFF].watch(future)
 
 
 async def _ack(request: web.Request) -> web.Response:
