@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from marshal_workers.core import tracing
 from marshal_workers.errors import ConfigError, CoordinationWriteError
 from marshal_workers.http.group_commit import LATENCY_BUCKETS, Kind
-from marshal_workers.http.http_messages import BadRequest, MessageId, message_ids, read_request
+from marshal_workers.http.http_messages import BadRequest, MessageId, ReadRequest, message_ids, read_request
 from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
 from marshal_workers.http.loop_handoff import LoopHandoff
@@ -55,6 +55,10 @@ _HANDED = web.RequestKey("handed", list[dict[str, Any]])  # a read's answer, kep
 _MOST = web.RequestKey("most", int)
 _IDS = web.RequestKey("ids", list[MessageId])  # an ack's or cancel's messages
 _OPENAPI = web.AppKey("openapi", bytes)
+# A read's raw query string -> what it asks (a client sends the same one every time): parsed once. Bounded, since the
+# query strings are the clients' (untrusted): past the bound it starts over.
+_READ_QUERIES = web.AppKey("read_queries", dict[str, ReadRequest])
+MOST_READ_QUERIES = 256
 _HANDOFF = web.AppKey("handoff", LoopHandoff)  # write verdicts to the event loop, one wake-up per write
 _OPEN_ROUTES = frozenset(("/healthz", "/openapi.json"))  # no token needed
 _COUNTED_ROUTES = frozenset(("/read", "/ack", "/cancel", "/metrics", *_OPEN_ROUTES))  # any other path: "other"
@@ -123,6 +127,7 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
     topic.on_news = app[_NEWS].announce_threadsafe
     app[_OPENAPI] = orjson.dumps(openapi_document(token_required=bool(token)))
+    app[_READ_QUERIES] = {}
     app.add_routes(service_routes())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_ServeCollector(topic, app[_REQUESTS]))
@@ -185,7 +190,7 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 
 async def _read(request: web.Request) -> web.StreamResponse:
-    asked = read_request(dict(request.query))
+    asked = _read_request(request)
     topic, news = request.app[_TOPIC], request.app[_NEWS]
     deadline = time.monotonic() + asked.wait_s
     topic.waiting_readers += 1
@@ -209,6 +214,18 @@ async def _read(request: web.Request) -> web.StreamResponse:
             await news.wait(remaining)
     finally:
         topic.waiting_readers -= 1
+
+
+def _read_request(request: web.Request) -> ReadRequest:
+    """What a read asks (BadRequest if its query is wrong: never kept), parsed once per distinct query string."""
+    known, raw = request.app[_READ_QUERIES], request.rel_url.raw_query_string
+    asked = known.get(raw)
+    if asked is None:
+        asked = read_request(dict(request.query))
+        if len(known) >= MOST_READ_QUERIES:
+            known.clear()
+        known[raw] = asked
+    return asked
 
 
 async def _verdict(request: web.Request, future: Future[T]) -> T:
