@@ -136,10 +136,15 @@ class GroupCommit:
         with self._wake:
             if self._closing and not any(thread.is_alive() for thread in self._threads):
                 raise RuntimeError("the group commit is closed: nothing more is written")
+            # The writer is woken only when that changes what it does: an entry into an empty queue (it waits for
+            # one), the first one somebody waits on (it may be lingering). Not for every entry: each wake-up costs
+            # the event loop's thread a hand-over of the GIL.
+            wake = not self._queue or (not linger and not self._urgent)
             self._queue.append(_Queued(kind, list(entries), done, linger))
             if not linger:
                 self._urgent = True
-            self._wake.notify()
+            if wake:
+                self._wake.notify()
         return done
 
     def snapshot(self) -> WriteStats:

@@ -113,29 +113,26 @@ def message_json(
     headers: Sequence[tuple[str, bytes | None]], timestamp: int | None, deadline: int, deliveries: int,
 ) -> dict[str, Any]:  # fmt: skip
     """One Kafka message as the service hands it out (``deadline``: ms since epoch; ack before it)."""
-    raw = [key, value, *(v for _, v in headers)]
-    as_text = all(part is None or _is_utf8(part) for part in raw)
-    encode = _text if as_text else _base64
+    try:  # each part decoded once: as text when every part is UTF-8 (the usual case), else every part base64
+        as_text = True
+        key_out, value_out = _text(key), _text(value)
+        headers_out = [[name, _text(v)] for name, v in headers]
+    except UnicodeDecodeError:
+        as_text = False
+        key_out, value_out = _base64(key), _base64(value)
+        headers_out = [[name, _base64(v)] for name, v in headers]
     return {
         "topic": topic,
         "partition": partition,
         "offset": offset,
-        "key": encode(key),
-        "value": encode(value),
-        "headers": [[name, encode(v)] for name, v in headers],
+        "key": key_out,
+        "value": value_out,
+        "headers": headers_out,
         "encoding": "utf-8" if as_text else "base64",
         "timestamp": timestamp,
         "deadline": deadline,
         "deliveries": deliveries,
     }
-
-
-def _is_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _text(data: bytes | None) -> str | None:

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from marshal_workers.core import tracing
 from marshal_workers.errors import ConfigError, CoordinationWriteError
 from marshal_workers.http.group_commit import LATENCY_BUCKETS, Kind
-from marshal_workers.http.http_messages import BadRequest, MessageId, message_ids, read_request
+from marshal_workers.http.http_messages import BadRequest, MessageId, ReadRequest, message_ids, read_request
 from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
 from marshal_workers.http.loop_handoff import LoopHandoff
@@ -55,8 +55,13 @@ _HANDED = web.RequestKey("handed", list[dict[str, Any]])  # a read's answer, kep
 _MOST = web.RequestKey("most", int)
 _IDS = web.RequestKey("ids", list[MessageId])  # an ack's or cancel's messages
 _OPENAPI = web.AppKey("openapi", bytes)
+# A read's raw query string -> what it asks (a client sends the same one every time): parsed once. Bounded, since the
+# query strings are the clients' (untrusted): past the bound it starts over.
+_READ_QUERIES = web.AppKey("read_queries", dict[str, ReadRequest])
+MOST_READ_QUERIES = 256
 _HANDOFF = web.AppKey("handoff", LoopHandoff)  # write verdicts to the event loop, one wake-up per write
-_OPEN_ROUTES = ("/healthz", "/openapi.json")  # no token needed
+_OPEN_ROUTES = frozenset(("/healthz", "/openapi.json"))  # no token needed
+_COUNTED_ROUTES = frozenset(("/read", "/ack", "/cancel", "/metrics", *_OPEN_ROUTES))  # any other path: "other"
 T = TypeVar("T")
 
 
@@ -118,10 +123,11 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_TOKEN] = token or ""
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
-    app[_HANDOFF] = LoopHandoff(asyncio.get_running_loop())
+    app[_HANDOFF] = LoopHandoff(asyncio.get_running_loop(), topic.verdict_wait_s)
     app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
     topic.on_news = app[_NEWS].announce_threadsafe
     app[_OPENAPI] = orjson.dumps(openapi_document(token_required=bool(token)))
+    app[_READ_QUERIES] = {}
     app.add_routes(service_routes())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_ServeCollector(topic, app[_REQUESTS]))
@@ -143,13 +149,14 @@ def service_routes() -> list[web.RouteDef]:
 
 @web.middleware
 async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    route = request.path if request.path in ("/read", "/ack", "/cancel", *_OPEN_ROUTES, "/metrics") else "other"
-    spans = request.app[_SPANS]
+    app, path = request.app, request.path  # each an attribute lookup through aiohttp's properties: once
+    route = path if path in _COUNTED_ROUTES else "other"
+    spans = app[_SPANS]
     start_ns = time.time_ns() if spans is not None else 0
     error, why = "", ""
     try:
-        token = request.app[_TOKEN]
-        if token and request.path not in _OPEN_ROUTES:
+        token = app[_TOKEN]
+        if token and path not in _OPEN_ROUTES:
             given = request.headers.get("Authorization", "")
             if not given.startswith("Bearer ") or not hmac.compare_digest(given[7:].encode(), token.encode()):
                 raise BadRequest(401, "unauthorized", "send Authorization: Bearer <the server's token>")
@@ -166,11 +173,11 @@ async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request]
         response = web.Response(status=exc.status, content_type="application/json",
                                 body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}))  # fmt: skip
     except Exception:  # a bug, or Kafka failing under us: a JSON 500, logged and counted like the rest
-        _log.exception("group %s: %s %s failed", request.app[_TOPIC].settings.group, request.method, request.path)
+        _log.exception("group %s: %s %s failed", app[_TOPIC].settings.group, request.method, path)
         error, why = "internal", "the server failed on this request"
         response = web.Response(status=500, content_type="application/json", body=orjson.dumps(
             {"error": "internal", "message": "the server failed on this request (see its log): try again"}))  # fmt: skip
-    request.app[_REQUESTS][(route, response.status)] += 1
+    app[_REQUESTS][(route, response.status)] += 1
     if spans is not None and route in ROUTES:
         outcome = Outcome(route, response.status, error, why, request.get(_MOST, 0), request.get(_HANDED, ()),
                           [(m.partition, m.offset) for m in request.get(_IDS, ())])  # fmt: skip
@@ -183,7 +190,7 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 
 async def _read(request: web.Request) -> web.StreamResponse:
-    asked = read_request(dict(request.query))
+    asked = _read_request(request)
     topic, news = request.app[_TOPIC], request.app[_NEWS]
     deadline = time.monotonic() + asked.wait_s
     topic.waiting_readers += 1
@@ -209,12 +216,24 @@ async def _read(request: web.Request) -> web.StreamResponse:
         topic.waiting_readers -= 1
 
 
+def _read_request(request: web.Request) -> ReadRequest:
+    """What a read asks (BadRequest if its query is wrong: never kept), parsed once per distinct query string."""
+    known, raw = request.app[_READ_QUERIES], request.rel_url.raw_query_string
+    asked = known.get(raw)
+    if asked is None:
+        asked = read_request(dict(request.query))
+        if len(known) >= MOST_READ_QUERIES:
+            known.clear()
+        known[raw] = asked
+    return asked
+
+
 async def _verdict(request: web.Request, future: Future[T]) -> T:
-    """A group commit's outcome, awaited without a thread (at once when it is known already)."""
+    """A group commit's outcome, awaited without a thread (at once when it is known already); TimeoutError past
+    the topic's verdict_wait_s (the handoff keeps the deadline)."""
     if future.done():
         return future.result()
-    async with asyncio.timeout(request.app[_TOPIC].verdict_wait_s):  # no task of its own, unlike wait_for
-        return await request.app[_HANDOFF].watch(future)
+    return await request.app[_HANDOFF].watch(future)
 
 
 async def _ack(request: web.Request) -> web.Response:

@@ -169,7 +169,7 @@ class ServedTopic:
         self.stopping = False
         self.partition_count = 0
         self.waiting_readers = 0  # long polls waiting for a message: the loop leases more when they wait
-        self.available_now = 0  # messages that could be handed out, as of the loop's last pass
+        self.available_now = 0  # messages that could be handed out, as of the loop's last pass with readers waiting
         self.on_news: Callable[[], None] | None = None  # called (from the loop's thread) when messages wait for readers
         self.on_shutdown_order: Callable[[], None] | None = None  # called (from the loop's thread) at admin shutdown
         self.held_back = False  # an operator drained this client or paused the topic: no claims
@@ -528,9 +528,10 @@ class ServedTopic:
             if not self.held_back:
                 self._claim()
         self._fetch()
-        self.available_now = self.available()
-        if self.available_now and self.waiting_readers and self.on_news is not None:
-            self.on_news()  # wake the reads waiting for a message
+        if self.waiting_readers:  # the count is for reads that wait (a read tries the held messages first anyway):
+            self.available_now = self.available()  # nobody waiting, no scan of every held message each pass
+            if self.available_now and self.on_news is not None:
+                self.on_news()  # wake the reads waiting for a message
 
     def _obey_operators(self) -> None:
         """``admin drain``/``pause --topic``: claim nothing and give back what no client holds (acks are still

@@ -61,3 +61,26 @@ def test_an_outcome_known_already_needs_no_wakeup_and_a_request_that_gave_up_is_
         assert await asyncio.wait_for(waiting, 10) == 2
 
     asyncio.run(main())
+
+
+def test_a_verdict_that_does_not_come_in_time_fails_its_request_with_a_timeout_and_no_other() -> None:
+    async def main() -> None:
+        handoff = LoopHandoff(asyncio.get_running_loop(), within_s=0.2)
+        answered: Future[int] = Future()
+        never: Future[int] = Future()  # a writer stuck past the verdict wait
+        quick, stuck = handoff.watch(answered), handoff.watch(never)
+        threading.Thread(target=answered.set_result, args=(1,)).start()
+        assert await asyncio.wait_for(quick, 10) == 1
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(stuck, 10)
+        later: Future[int] = Future()  # a watch after the timer fired gets a deadline of its own
+        again = handoff.watch(later)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(again, 10)
+        never.set_result(2)  # a verdict after the request gave up changes nothing
+        late: Future[int] = Future()
+        waiting = handoff.watch(late)
+        threading.Thread(target=late.set_result, args=(3,)).start()
+        assert await asyncio.wait_for(waiting, 10) == 3
+
+    asyncio.run(main())
