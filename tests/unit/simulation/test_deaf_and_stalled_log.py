@@ -52,7 +52,7 @@ def test_a_stall_of_one_coordination_partition_leaves_the_other_alone() -> None:
         sim = Simulation(config)
         unheard: dict[str, set[bool]] = {}
 
-        def probe() -> None:
+        def probe(sim: Simulation = sim, unheard: dict[str, set[bool]] = unheard) -> None:
             now_ms = EPOCH_MS + sim.clock.now_ms
             for (topic, _), state in sim.oracle.partitions.items():
                 unheard.setdefault(topic, set()).add(now_ms - state.last_ts > 2000)
