@@ -225,6 +225,9 @@ class WorldState:
     # claim or heartbeat (None: not known, the next free_partitions scans and learns it).  While ``now`` is
     # within 2*HB of it no partition can be stale, so the members' claim rounds skip the staleness test.
     _oldest_owned_ts: int | None = field(default=None, compare=False, repr=False)
+    # And the owners, by partition, with how many each holds (None: not known, learned at the next query).
+    _owners: dict[tuple[str, int], Owner] | None = field(default=None, compare=False, repr=False)
+    _owner_counts: dict[Owner, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0:
@@ -335,7 +338,7 @@ class WorldState:
         elif not self._claimable_by(state, record.client, record.instance, at):
             self.last_refused_claim[record.instance] = at
             return False
-        state.owner = Owner(record.client, record.instance)
+        self._set_owner(key, state, Owner(record.client, record.instance))
         state.last_ts = at
         self._owned_at(at)
         state.release_requested = False
@@ -394,13 +397,41 @@ class WorldState:
     def partitions_restored(self) -> None:
         """Partitions were loaded from outside the fold (a checkpoint): the free_partitions index is relearned."""
         self._oldest_owned_ts = None
+        self._owners = None
+
+    def _set_owner(self, key: tuple[str, int], state: PartitionState, owner: Owner | None) -> None:
+        """The one place the fold changes a partition's owner: the free_partitions index follows."""
+        owners = self._owners
+        if owners is not None:
+            counts = self._owner_counts
+            previous = owners.pop(key, None)
+            if previous is not None:
+                left = counts[previous] - 1
+                if left:
+                    counts[previous] = left
+                else:
+                    del counts[previous]
+            if owner is not None:
+                owners[key] = owner
+                counts[owner] = counts.get(owner, 0) + 1
+        state.owner = owner
+
+    def _owner_index(self) -> dict[tuple[str, int], Owner]:
+        owners = self._owners
+        if owners is None:
+            owners = self._owners = {k: s.owner for k, s in self.partitions.items() if s.owner is not None}
+            counts: dict[Owner, int] = {}
+            for owner in owners.values():
+                counts[owner] = counts.get(owner, 0) + 1
+            self._owner_counts = counts
+        return owners
 
     def _release(self, record: Release, at: int, source: int) -> bool:
         key = (record.topic, record.partition)
         state = self.partitions.get(key)
         if self._is_owner(state, record):
             assert state is not None
-            state.owner = None
+            self._set_owner(key, state, None)
             state.release_requested = False
             state.offset = record.offset
             done = record.done
@@ -439,9 +470,9 @@ class WorldState:
 
     def _release_group(self, record: ReleaseGroup, at: int, source: int) -> bool:
         self.pauses[source] = Pause(until=record.expires, client=record.client)
-        for (topic, _), state in self.partitions.items():
-            if self.routed_here(topic, source):
-                state.owner = None
+        for key, state in self.partitions.items():
+            if self.routed_here(key[0], source):
+                self._set_owner(key, state, None)
                 state.release_requested = False
                 state.clear_report()
         return True
@@ -627,6 +658,10 @@ class WorldState:
         partitions, topic_pauses = self.partitions, self.topic_pauses
         oldest = self._oldest_owned_ts
         if oldest is not None and now - oldest <= 2 * self.heartbeat_ms:
+            owners = self._owner_index()
+            fast_reclaim = any(o[0] == client and o[1] != instance for o in self._owner_counts)
+            if not fast_reclaim and not topic_pauses and now >= 0:
+                return [key for key in keys if key not in owners]  # the common case: only what nobody owns
             get = partitions.get
             free = []
             for key in keys:
