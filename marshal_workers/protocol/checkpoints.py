@@ -140,6 +140,7 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
             found = _shared_partition(shared)
             if found is not None and state.routed_here(shared.topic, source):
                 state.shared[(shared.topic, shared.partition)] = found
+    state.partitions_restored()
     pause = parts[0].pause if parts else None
     if pause is not None:
         state.pauses[source] = Pause(until=pause.until, client=pause.client)

@@ -96,6 +96,14 @@ class ClaimingPolicy:
         self._next_heartbeat = 0.0  # the times at which each is next due
         self._next_claim = 0.0
         self._next_ask = 0.0  # the next time we may ask another member for a partition
+        self._all_keys: tuple[tuple[tuple[str, int], ...], list[Key]] = ((), [])  # partition counts -> every key
+
+    def _keys(self, partition_counts: Mapping[str, int]) -> list[Key]:
+        """Every (topic, partition), in the order of ``partition_counts`` (kept until the counts change)."""
+        counts = tuple(partition_counts.items())
+        if counts != self._all_keys[0]:
+            self._all_keys = (counts, [(topic, p) for topic, count in counts for p in range(count)])
+        return self._all_keys[1]
 
     # ----------------------------------------------------------- schedule
 
@@ -129,13 +137,12 @@ class ClaimingPolicy:
             return []
         busy = set(held) | self._claiming | self._releasing
         cooldown = self.cooldown_until
-        wanted = [
-            (topic, p)
-            for topic, count in partition_counts.items()
-            for p in range(count)
-            if (topic, p) not in busy and cooldown.get((topic, p), 0) <= now
+        # Free first, then ours to take: few are free, so the second filter is cheap (the order is the keys').
+        free = [
+            key
+            for key in world.free_partitions(self._keys(partition_counts), now_ms, *self.me)
+            if key not in busy and cooldown.get(key, 0) <= now
         ]
-        free = world.free_partitions(wanted, now_ms, *self.me)
         self._free_since = {key: self._free_since.get(key, now) for key in free}
         self.rng.shuffle(free)
         if not free:

@@ -36,6 +36,7 @@ from marshal_workers.protocol.codec import (
     MAX_DIRECTORY,
     AckMessages,
     AckRanges,
+    Beat,
     CancelMessages,
     CancelRanges,
     Checkpoint,
@@ -220,6 +221,13 @@ class WorldState:
     directory_known: set[int] = field(default_factory=set, compare=False, repr=False)
     _too_many_groups: set[int] = field(default_factory=set, compare=False, repr=False)  # past MAX_DIRECTORY
     _routes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # topic -> coordination partition
+    # An index for free_partitions, kept by the fold: at most the record time of every owned partition's latest
+    # claim or heartbeat (None: not known, the next free_partitions scans and learns it).  While ``now`` is
+    # within 2*HB of it no partition can be stale, so the members' claim rounds skip the staleness test.
+    _oldest_owned_ts: int | None = field(default=None, compare=False, repr=False)
+    # And the owners, by partition, with how many each holds (None: not known, learned at the next query).
+    _owners: dict[tuple[str, int], Owner] | None = field(default=None, compare=False, repr=False)
+    _owner_counts: dict[Owner, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0:
@@ -330,8 +338,9 @@ class WorldState:
         elif not self._claimable_by(state, record.client, record.instance, at):
             self.last_refused_claim[record.instance] = at
             return False
-        state.owner = Owner(record.client, record.instance)
+        self._set_owner(key, state, Owner(record.client, record.instance))
         state.last_ts = at
+        self._owned_at(at)
         state.release_requested = False
         state.clear_report()  # the previous owner's numbers
         return True
@@ -346,36 +355,83 @@ class WorldState:
         )
 
     def _heartbeat(self, record: Heartbeat, at: int, source: int) -> bool:
-        state = self.partitions.get((record.topic, record.partition))
+        return self._beat(record.client, record.instance, record.topic, record, at)
+
+    def _beat(self, client: str, instance: str, topic: str, beat: Heartbeat | Beat, at: int) -> bool:
+        """One partition's heartbeat by (client, instance): a Heartbeat record, or an entry of a Heartbeats."""
+        state = self.partitions.get((topic, beat.partition))
         owner = None if state is None else state.owner
-        if owner is None or owner[1] != record.instance or owner[0] != record.client:
+        if owner is None or owner[1] != instance or owner[0] != client:
             return False  # the Go library obeyed these, letting a zombie steal a partition back
         assert state is not None
         state.last_ts = at
-        state.offset = record.offset
-        done = record.done  # goes with the offset: a heartbeat without it clears the previous one
-        state.done = None if done is None else (done_set.parse(record.offset, done) or None)
+        oldest = self._oldest_owned_ts
+        if oldest is not None and at < oldest:
+            self._oldest_owned_ts = at
+        state.offset = beat.offset
+        done = beat.done  # goes with the offset: a heartbeat without it clears the previous one
+        state.done = None if done is None else (done_set.parse(beat.offset, done) or None)
         # Optional extras, kept only as numbers: whatever else a writer put there stays out of the state.
-        lag, rate = record.lag, record.rate
+        lag, rate = beat.lag, beat.rate
         state.lag = None if lag is None else reported_number(lag)
         state.rate = None if rate is None else reported_number(rate)
-        in_flight, window_used = record.in_flight, record.window_used
+        in_flight, window_used = beat.in_flight, beat.window_used
         state.in_flight = None if in_flight is None else reported_number(in_flight)
         state.window_used = None if window_used is None else reported_number(window_used)
-        call_age_s = record.call_age_s
+        call_age_s = beat.call_age_s
         state.call_age_s = None if call_age_s is None else reported_number(call_age_s)
         return True
 
     def _heartbeats(self, record: Heartbeats, at: int, source: int) -> Verdicts:
-        """One heartbeat per entry, in order, at the record's time; a verdict per entry."""
-        return Verdicts(self._heartbeat(beat, at, source) for beat in record.heartbeats())
+        """One heartbeat per entry, in order, at the record's time; a verdict per entry (as ``record.heartbeats()``
+        folded one by one, without building them: every member folds every heartbeat)."""
+        client, instance, topic, beat = record.client, record.instance, record.topic, self._beat
+        return Verdicts([beat(client, instance, topic, b, at) for b in record.beats])
+
+    def _owned_at(self, at: int) -> None:
+        """An owned partition's record time is now ``at``: keep the free_partitions index a lower bound."""
+        oldest = self._oldest_owned_ts
+        if oldest is not None and at < oldest:
+            self._oldest_owned_ts = at
+
+    def partitions_restored(self) -> None:
+        """Partitions were loaded from outside the fold (a checkpoint): the free_partitions index is relearned."""
+        self._oldest_owned_ts = None
+        self._owners = None
+
+    def _set_owner(self, key: tuple[str, int], state: PartitionState, owner: Owner | None) -> None:
+        """The one place the fold changes a partition's owner: the free_partitions index follows."""
+        owners = self._owners
+        if owners is not None:
+            counts = self._owner_counts
+            previous = owners.pop(key, None)
+            if previous is not None:
+                left = counts[previous] - 1
+                if left:
+                    counts[previous] = left
+                else:
+                    del counts[previous]
+            if owner is not None:
+                owners[key] = owner
+                counts[owner] = counts.get(owner, 0) + 1
+        state.owner = owner
+
+    def _owner_index(self) -> dict[tuple[str, int], Owner]:
+        owners = self._owners
+        if owners is None:
+            owners = self._owners = {k: s.owner for k, s in self.partitions.items() if s.owner is not None}
+            counts: dict[Owner, int] = {}
+            for owner in owners.values():
+                counts[owner] = counts.get(owner, 0) + 1
+            self._owner_counts = counts
+        return owners
 
     def _release(self, record: Release, at: int, source: int) -> bool:
         key = (record.topic, record.partition)
         state = self.partitions.get(key)
         if self._is_owner(state, record):
             assert state is not None
-            state.owner = None
+            self._set_owner(key, state, None)
             state.release_requested = False
             state.offset = record.offset
             done = record.done
@@ -405,6 +461,7 @@ class WorldState:
         if state.amo_offset is None or record.offset > state.amo_offset:
             state.amo_offset = record.offset
         state.last_ts = at
+        self._owned_at(at)
         return True
 
     def _message_claims(self, record: MessageClaims, at: int, source: int) -> Verdicts:
@@ -413,9 +470,9 @@ class WorldState:
 
     def _release_group(self, record: ReleaseGroup, at: int, source: int) -> bool:
         self.pauses[source] = Pause(until=record.expires, client=record.client)
-        for (topic, _), state in self.partitions.items():
-            if self.routed_here(topic, source):
-                state.owner = None
+        for key, state in self.partitions.items():
+            if self.routed_here(key[0], source):
+                self._set_owner(key, state, None)
                 state.release_requested = False
                 state.clear_report()
         return True
@@ -592,10 +649,30 @@ class WorldState:
 
     def free_partitions(self, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str) -> list[tuple[str, int]]:
         """The ``keys`` that are free for (client, instance) at ``now``: ``[k for k in keys if is_free(*k, ...)]``,
-        with the group's pause and drain checked once (a member asks this of every partition, every claim round)."""
+        with the group's pause and drain checked once (a member asks this of every partition, every claim round).
+
+        While no owned partition can be stale at ``now`` (the fold's lower bound of their record times is within
+        2*HB), only the owners are looked at; otherwise every partition is tested, and the bound relearned."""
         if self.is_paused(now) or self.is_drained(client):
             return []
-        partitions, topic_pauses, claimable = self.partitions, self.topic_pauses, self._claimable_by
+        partitions, topic_pauses = self.partitions, self.topic_pauses
+        oldest = self._oldest_owned_ts
+        if oldest is not None and now - oldest <= 2 * self.heartbeat_ms:
+            owners = self._owner_index()
+            fast_reclaim = any(o[0] == client and o[1] != instance for o in self._owner_counts)
+            if not fast_reclaim and not topic_pauses and now >= 0:
+                return [key for key in keys if key not in owners]  # the common case: only what nobody owns
+            get = partitions.get
+            free = []
+            for key in keys:
+                state = get(key)
+                owner = None if state is None else state.owner
+                # Free: no owner, or (fast reclaim) another instance of our client; none is stale.
+                claimable = owner is None or (owner[0] == client and owner[1] != instance)
+                if claimable and now >= topic_pauses.get(key[0], 0):
+                    free.append(key)
+            return free
+        claimable = self._claimable_by
         free = []
         for key in keys:
             if now < topic_pauses.get(key[0], 0):
@@ -603,6 +680,7 @@ class WorldState:
             state = partitions.get(key)
             if state is None or claimable(state, client, instance, now):
                 free.append(key)
+        self._oldest_owned_ts = min((s.last_ts for s in partitions.values() if s.owner is not None), default=now)
         return free
 
     def is_drained(self, client: str) -> bool:

@@ -23,6 +23,13 @@ FAULT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
               "which the fold ignores (it uses the broker's record time), so nothing else may change; with "
               "`of=clock` also the clock their decisions compare with record times (what is stale, who is live)"),
              ("member", "members", "by", "of")),
+    "deaf": (("members can write but not read, for `for` (default 3*HB: past the lease): their heartbeats land and "
+              "keep their partitions owned in everyone else's view, but they learn no verdict, so their workers "
+              "stop when the lease runs out and nothing is handled until they hear again"),
+             ("member", "members", "for")),
+    "stall-log": (("coordination partition `partition` (default 0) stalls for everyone for `for` (default 2*HB): "
+                   "nothing is appended to it until then (writes wait, and fail after the write timeout)"),
+                  ("partition", "for")),
     "join": ("`members` new members (default 1) start at once", ("members",)),
     "leave": ("members stop gracefully: their workers stop and their partitions are released",
               ("member", "members")),
@@ -100,6 +107,8 @@ def parse_fault(text: str) -> Fault:
         raise ConfigError(f"--fault {text!r}: for=never is for crash and slow only; give {kind} a duration (5s)")
     fault = Fault(kind, at, args)
     try:
+        if int(args.get("partition", 0)) < 0:
+            raise ValueError("partition must be 0 or more")
         fault.count(), fault.member, fault.number("rate", 0.0), fault.seconds("by", 0.0), fault.duration(0.0)
     except (ConfigError, ValueError) as exc:
         raise ConfigError(f"--fault {text!r}: {exc}") from None

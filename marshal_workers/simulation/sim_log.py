@@ -74,6 +74,11 @@ class SimulatedLog:
         self._last_append: dict[tuple[int, int], float] = {}  # (writer id, partition) -> its latest append time
         self.records = 0
         self.bytes = 0
+        self._stalled_until = [0.0] * partitions  # virtual seconds: nothing is appended to a stalled partition
+
+    def stall(self, partition: int, until: float) -> None:
+        """Nothing is appended to ``partition`` before ``until``: what arrives waits, in order (stall-log)."""
+        self._stalled_until[partition] = max(self._stalled_until[partition], until)
 
     def submit(self, writer_id: int, write: SimWrite, lost: bool) -> None:
         """Send a write's records; each is appended after its latency, unless the writer's writes are ``lost``."""
@@ -89,8 +94,12 @@ class SimulatedLog:
             self.clock.at(when, lambda p=partition, v=value, i=index: self._append(p, v, write, i))
 
     def _append(self, partition: int, value: bytes, write: SimWrite, index: int) -> None:
-        log = self.partitions[partition]
         clock = self.clock
+        stalled_until = self._stalled_until[partition]
+        if clock.now < stalled_until:  # appended when the stall ends, after what arrived before it (ties: in order)
+            clock.at(stalled_until, lambda: self._append(partition, value, write, index))
+            return
+        log = self.partitions[partition]
         entry = Entry(partition, len(log), value, codec.decode(value), EPOCH_MS + clock.now_ms, clock.now, write, index)
         log.append(entry)
         self.records += 1

@@ -224,7 +224,8 @@ class Simulation:
 
     def _fault_end(self, fault: Fault) -> float:
         hb = self.config.heartbeat_s
-        defaults = {"crash": 5.0, "freeze": 3 * hb, "lose-writes": 2 * hb, "stall-reads": 2 * hb, "slow": 30.0}
+        defaults = {"crash": 5.0, "freeze": 3 * hb, "lose-writes": 2 * hb, "stall-reads": 2 * hb, "deaf": 3 * hb,
+                    "stall-log": 2 * hb, "slow": 30.0}  # fmt: skip
         if fault.kind not in defaults:
             return fault.at
         lasts = fault.duration(defaults[fault.kind])
@@ -245,6 +246,11 @@ class Simulation:
             for _ in range(fault.count()):
                 self._join()
             return
+        if kind == "stall-log":
+            partition = int(fault.args.get("partition", 0))
+            if partition < len(self.log.partitions):
+                self.log.stall(partition, now + (fault.duration(2 * hb) or 2 * hb))
+            return
         for host in self._targets(fault):
             member = host.member
             assert member is not None
@@ -261,6 +267,8 @@ class Simulation:
                 member.writes_lost_until = now + (fault.duration(2 * hb) or 2 * hb)
             elif kind == "stall-reads":
                 member.reads_stalled_until = now + (fault.duration(2 * hb) or 2 * hb)
+            elif kind == "deaf":  # the same cut as stall-reads (a member learns verdicts only by reading), longer
+                member.reads_stalled_until = now + (fault.duration(3 * hb) or 3 * hb)
             elif kind == "skew":
                 host.skew_ms = member.skew_ms = round(fault.seconds("by", 3.0) * 1000)
                 if fault.args.get("of") == "clock":

@@ -319,3 +319,28 @@ def test_free_partitions_answers_as_is_free_asked_of_each(log: list[codec.Record
     now = log[-1].ts + later
     keys = [(topic, p) for topic in TOPICS for p in range(4)]
     assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
+       st.sampled_from(CLIENTS), st.booleans())  # fmt: skip
+def test_free_partitions_index_answers_as_the_scan_between_records(
+    log: list[codec.Record], lags: list[int], who: tuple[str, str], back_in_time: bool
+) -> None:
+    """A member asks free_partitions every claim round while it folds: the fold's index (no owned partition can
+    be stale yet) never changes the answer, whatever the times asked, also when record times go backwards
+    (a log folded by ``ts``) or a checkpoint loads partitions."""
+    state = WorldState(GROUP, HB)
+    keys = [(topic, p) for topic in TOPICS for p in range(4)]
+    for i, record in enumerate(log):
+        at = record.ts - (HB * 3 if back_in_time and i % 5 == 4 else 0)
+        state.apply(record, at)
+        for lag in lags:
+            now = at + lag
+            assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
+    restored = WorldState(GROUP, HB)
+    restored.free_partitions(keys, log[-1].ts, *who)  # learns the index of an empty world
+    restored.partitions.update(copy.deepcopy(state.partitions))
+    restored.partitions_restored()  # as checkpoints.seed does
+    now = log[-1].ts + HB
+    assert restored.free_partitions(keys, now, *who) == [key for key in keys if restored.is_free(*key, now, *who)]

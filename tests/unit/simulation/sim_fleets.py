@@ -17,6 +17,8 @@ EVERY_KIND = {
     "freeze": "freeze@10s:for=7s",
     "lose-writes": "lose-writes@10s:for=5s",
     "stall-reads": "stall-reads@10s:for=5s",
+    "deaf": "deaf@10s:for=7s",
+    "stall-log": "stall-log@10s:for=5s",
     "skew": "skew@0s:member=1,by=3s",
     "join": "join@10s:members=2",
     "leave": "leave@10s",
