@@ -378,7 +378,7 @@ class SharedPool:
     def _claim(self, topic: str, shared: SharedTopic) -> None:
         if self.stopping or shared.claiming or topic in self.held_back:
             return
-        hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
+        hungry = _hungry(shared)
         want = sum(LEASES_PER_WORKER - len(w.leases) for w in hungry)
         idle = sum(1 for w in hungry if not w.leases)
         if not want or not shared.ends.ends:
@@ -442,12 +442,10 @@ class SharedPool:
 
     def _follower(self, shared: SharedTopic, partition: int, start: int) -> SharedWorkerHandle | None:
         """A hungry worker whose consumer will stand at ``start`` of ``partition``, if any."""
-        return next((w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER
-                     and w.reads_next() == (partition, start)), None)  # fmt: skip
+        return next((w for w in _hungry(shared) if w.reads_next() == (partition, start)), None)
 
     def _hungriest(self, shared: SharedTopic) -> SharedWorkerHandle | None:
-        hungry = [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
-        return min(hungry, key=lambda w: len(w.leases), default=None)
+        return min(_hungry(shared), key=lambda w: len(w.leases), default=None)
 
     # ------------------------------------------------------ renew and settle
 
@@ -622,3 +620,7 @@ class SharedPool:
 
         return coordinator.read(marks)
 
+
+def _hungry(shared: SharedTopic) -> list[SharedWorkerHandle]:
+    """The topic's running workers that hold fewer leases than they want."""
+    return [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]
