@@ -43,7 +43,7 @@ MOST_SPAN_MS = 3_000
 # Measurements fade with this half-life (seconds): a handler that slows down (a dependency gets slow) is seen
 # within a few ranges, while one range's noise does not swing the size.
 HALF_LIFE_S = 10.0
-LEASES_PER_WORKER = 2  # a shared pool keeps a worker supplied with two leases: the range in hand and the next
+LEASES_PER_WORKER = 2  # a shared pool keeps each worker supplied with two leases: the range in hand and the next
 
 
 def target_span_ms(lease_ms: int) -> int:

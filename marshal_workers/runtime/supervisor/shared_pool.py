@@ -57,7 +57,7 @@ from marshal_workers.protocol.range_member import (
     handled_entry,
     progress_entry,
 )  # fmt: skip
-from marshal_workers.protocol.range_sizing import RangeSizing
+from marshal_workers.protocol.range_sizing import LEASES_PER_WORKER, RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
 from marshal_workers.protocol.world_state import WorldState, per_entry
 from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
@@ -76,8 +76,6 @@ from marshal_workers.runtime.messages import (
 )  # fmt: skip
 from marshal_workers.runtime.supervisor.assignments import signal_process
 from marshal_workers.runtime.worker.shared_worker import PROGRESS_EVERY_S, SharedWorkerSpec, shared_worker_main
-
-LEASES_PER_WORKER = 2  # the range in hand and the next one
 
 
 @dataclass
