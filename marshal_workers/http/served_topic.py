@@ -48,11 +48,11 @@ from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
+from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
 from marshal_workers.protocol.range_member import RangeMember, cancel_entry, given_back_entry, handled_entry
 from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
 from marshal_workers.runtime.channel import monotonic_ms
-from marshal_workers.runtime.supervisor.remote_control import orders_for
 from marshal_workers.runtime.worker.shared_worker import consumer_settings
 
 _log = logging.getLogger(__name__)

@@ -6,51 +6,22 @@ claims they forbid, so no member can take what an operator holds back, whatever 
 supervisor reads the orders about itself and obeys them: it hands over what it may no longer hold cleanly,
 at the exact offsets, as on SIGTERM, and stops claiming what it may not claim.
 
-:func:`orders_for` is pure (a world state and times in); :class:`RemoteControl` is the supervisor's component.
+:func:`orders_for` is pure (a world state and times in; protocol/orders.py, which the simulator drives too);
+:class:`RemoteControl` is the supervisor's component.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.protocol.world_state import Owner, WorldState
-from marshal_workers.runtime.supervisor.assignments import Assignment, Key, Table
+from marshal_workers.protocol.orders import Orders, orders_for
+from marshal_workers.protocol.world_state import Owner
+from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 
-
-@dataclass(frozen=True)
-class Orders:
-    """What the operators' records ask of one supervisor at a given time."""
-
-    drained: bool = False  # release everything, claim nothing (admin drain, until admin resume)
-    shutdown: bool = False  # stop as on SIGTERM (admin shutdown)
-    paused_topics: frozenset[str] = frozenset()  # neither hold nor claim these topics (admin pause --topic)
-    release: frozenset[Key] = frozenset()  # hand these partitions over (admin release)
-
-    def give_up(self, key: Key) -> str | None:
-        """Why the partition ``key`` must be handed over, or None if it may be kept."""
-        if self.drained:
-            return "drain"
-        if key[0] in self.paused_topics:
-            return "pause"
-        if key in self.release:
-            return "release"
-        return None
-
-
-def orders_for(world: WorldState, me: Owner, started_ms: int, now_ms: int) -> Orders:
-    """The orders for the supervisor ``me``, started at ``started_ms`` (a shutdown ordered before it is old news)."""
-    shutdown_at = world.shutdown_ordered(me.client)
-    release = frozenset(key for key, state in world.partitions.items() if state.release_requested and state.owner == me)
-    return Orders(
-        drained=world.is_drained(me.client),
-        shutdown=shutdown_at is not None and shutdown_at > started_ms,
-        paused_topics=frozenset(world.paused_topics(now_ms)),
-        release=release,
-    )
+__all__ = ["Orders", "RemoteControl", "orders_for"]  # Orders and orders_for: re-exported
 
 
 class RemoteControl:
