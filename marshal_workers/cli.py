@@ -690,13 +690,15 @@ def _fault_kinds() -> str:
 @click.option("--topics", type=click.IntRange(1), default=1, show_default=True, help="Topics the partitions are spread over.")
 @click.option("--coordination-partitions", type=click.IntRange(1), default=1, show_default=True,
               help="Partitions of the coordination topic.")
+@click.option("--checkpoint-interval", default="0", show_default=True,
+              help="Members write checkpoints this often, and a member that starts loads the latest (0: none).")
 @click.option("--shrink/--no-shrink", "shrink_failures", default=True, show_default=True,
               help="When an invariant breaks, look for a smaller run that breaks it too.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_reports_errors
 def simulate(partitions: int, members: int, heartbeat_interval: str, duration: str, faults: tuple[str, ...],
-             seed: int, seeds: int, balance: str, topics: int, coordination_partitions: int, shrink_failures: bool,
-             as_json: bool) -> None:  # fmt: skip
+             seed: int, seeds: int, balance: str, topics: int, coordination_partitions: int, checkpoint_interval: str,
+             shrink_failures: bool, as_json: bool) -> None:  # fmt: skip
     """Simulate a fleet on a virtual clock and log: the real claiming policy and fold, under faults.
 
     Prints the time until every partition is owned and balanced, hand-overs, coordination records and bytes
@@ -712,6 +714,7 @@ def simulate(partitions: int, members: int, heartbeat_interval: str, duration: s
         partitions=partitions, members=members, heartbeat_s=parse_heartbeat_interval(heartbeat_interval),
         duration_s=parse_duration(duration), seed=seed, faults=tuple(parse_fault(f) for f in faults), balance=balance,
         topics=min(topics, partitions), coordination_partitions=coordination_partitions,
+        checkpoint_interval_s=0.0 if checkpoint_interval.strip() in ("0", "0s") else parse_duration(checkpoint_interval),
     )  # fmt: skip
     if seeds > 1:
         started = time.perf_counter()

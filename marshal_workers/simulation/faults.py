@@ -36,7 +36,12 @@ FAULT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "slow": (("members' handlers slow to `rate` messages/s (default 0.1), below the partitions' produce rate, "
              "for `for` (default 30s; `for=never`: to the end): the health monitor must hand their partitions over"),
              ("member", "members", "rate", "for")),
+    "order": (("an operator's order (simulation/operator.py), ACTION first: `release` (`partition`, `topic`; or one "
+               "drawn from `member`'s), `drain`/`shutdown`/`resume` (`member`), `pause` (`topic`, `for`, default "
+               "5*HB), `resume` (`topic`): the members must obey it within 2 HB of reading it"),
+              ("member", "topic", "partition", "for")),
 }  # fmt: skip
+ORDER_ACTIONS = ("release", "drain", "resume", "shutdown", "pause")
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,13 @@ class Fault:
         given = self.args.get(name)
         return default if given is None else float(given)
 
+    @property
+    def action(self) -> str | None:
+        """An order's action (``order@30s:release,...``); None for the other kinds."""
+        return self.args.get("action")
+
     def __str__(self) -> str:
-        args = ",".join(f"{k}={v}" for k, v in self.args.items())
+        args = ",".join(v if k == "action" else f"{k}={v}" for k, v in self.args.items())
         return f"{self.kind}@{self.at:g}s" + (f":{args}" if args else "")
 
 
@@ -95,7 +105,14 @@ def parse_fault(text: str) -> Fault:
     except (ConfigError, ValueError) as exc:
         raise ConfigError(f"--fault {text!r}: {when!r} is not a time (30s, 2m, 1.5): {exc}") from None
     args: dict[str, str] = {}
-    for pair in filter(None, rest.split(",")):
+    pairs = list(filter(None, rest.split(",")))
+    if kind == "order":  # an order names its action first, bare: order@30s:release,partition=3
+        if not pairs or pairs[0] not in ORDER_ACTIONS:
+            raise ConfigError(
+                f"--fault {text!r}: write order@T:ACTION[,ARGS] with ACTION one of {', '.join(ORDER_ACTIONS)}"
+            )
+        args["action"] = pairs.pop(0)
+    for pair in pairs:
         name, eq, value = pair.partition("=")
         if not eq or name not in FAULT_KINDS[kind][1]:
             allowed = ", ".join(FAULT_KINDS[kind][1])

@@ -53,6 +53,8 @@ class Environment(Protocol):
 
     def holding(self, member: SimMember, assignment: SimAssignment) -> None: ...
 
+    def before_heartbeat(self, member: SimMember, now: float) -> None: ...
+
     def gone(self, member: SimMember, assignment: SimAssignment) -> None: ...
 
     def resumed(self, member: SimMember, key: Key, offset: int) -> None: ...
@@ -82,6 +84,8 @@ class SimMember:
         self.alive = True
         self.running = True  # False once it leaves (a graceful stop)
         self.claiming = True
+        self.drained = False  # by an operator (simulation/operator.py): claim nothing, hand everything over
+        self.started_ms = EPOCH_MS + env.clock.now_ms  # a shutdown ordered before this is not for us
         self.release_seen = False
         self.frozen = False
         self.skew_ms = 0  # our records' ts is off by this
@@ -144,12 +148,12 @@ class SimMember:
                 on_failure()
 
     def write(self, records: list[codec.Record], on_verdicts: Callable[[list[Any]], None],
-              on_failure: Callable[[], None]) -> None:  # fmt: skip
+              on_failure: Callable[[], None], partitions: list[int] | None = None) -> None:  # fmt: skip
         env = self.env
         now = env.clock.now
         sent = SimWrite(self, records, deadline=now + env.config.write_timeout_s)
         self.pending.append((sent, on_verdicts, on_failure))
-        env.log.submit(self.writer_id, sent, lost=now < self.writes_lost_until)
+        env.log.submit(self.writer_id, sent, lost=now < self.writes_lost_until, partitions=partitions)
 
     def common(self) -> dict[str, Any]:
         """A record's common fields; ``ts`` is our wall clock, skew and all (the fold uses the broker's time)."""
@@ -168,13 +172,14 @@ class SimMember:
             self.release_seen = False
             policy.release_seen()
         if policy.heartbeat_due(now):
+            self.env.before_heartbeat(self, now)  # operators' orders, checkpoints
             self.heartbeat(now)
             self.rebalance(now)
         if policy.claim_due(now):
             self.claim_free(now)
 
     def claim_free(self, now: float) -> None:
-        if not self.running or not self.claiming:
+        if not self.running or not self.claiming or self.drained:
             return
         free = self.policy.partitions_to_claim(self.world, self.partition_counts, self.assignments.keys(), now,
                                                self.now_ms())  # fmt: skip
@@ -289,7 +294,7 @@ class SimMember:
             self.stop_worker(assignment)
 
     def rebalance(self, now: float) -> None:
-        if not self.running or not self.claiming:
+        if not self.running or not self.claiming or self.drained:
             return
         offered = sorted(
             (a for a in self.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)),

@@ -49,6 +49,8 @@ def sweep(config: SimConfig, seeds: int, world: WorldFactory = real_world) -> di
 def replay_command(config: SimConfig) -> str:
     """The command line that runs ``config`` again, byte for byte."""
     faults = "".join(f" --fault {fault}" for fault in config.faults)
+    if config.checkpoint_interval_s:
+        faults = f" --checkpoint-interval {config.checkpoint_interval_s:g}s" + faults
     return (
         f"marshal-workers simulate --partitions {config.partitions} --members {config.members} "
         f"--heartbeat-interval {config.heartbeat_s:g}s --duration {config.duration_s:g}s --balance {config.balance} "
@@ -93,6 +95,7 @@ def text(report: dict[str, Any]) -> str:
             f"{_seconds(phase['time_to_own_s'])}, balanced for good after {_seconds(phase['time_to_balance_s'])}, "
             f"{phase['handovers']} hand-overs, {phase['records_per_s']:g} records/s"
         )
+    lines.extend(orders_and_checkpoints_text(report))
     if report["violations"]:
         lines.append(f"INVARIANTS BROKEN ({report['violation_count']}):")
         lines.extend(f"  {v['at_s']:g}s {v['invariant']}: {v['detail']}" for v in report["violations"])
@@ -108,6 +111,23 @@ def text(report: dict[str, Any]) -> str:
             f"{wall['fold_share_of_a_core_per_member'] * 100:.3f}% of a core per member at this rate"
         )
     return "\n".join(lines)
+
+
+def orders_and_checkpoints_text(report: dict[str, Any]) -> list[str]:
+    """The lines about operators' orders and checkpoints, if the run had them."""
+    lines = [
+        f"  {order['order']}: {order['partitions']} partition(s) given up, the last after "
+        f"{_seconds(order['obeyed_after_s'])}"
+        for order in report.get("orders", [])
+    ]
+    made = report.get("checkpoints")
+    if made:
+        lines.append(
+            f"checkpoints every {made['interval_s']:g}s: {made['starts']} members started on a log with records; "
+            f"they folded {made['records_folded_at_start']} records to catch up "
+            f"({made['records_folded_at_start_without_checkpoints']} without checkpoints)"
+        )
+    return lines
 
 
 def _seconds(value: float | None) -> str:

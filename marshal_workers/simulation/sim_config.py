@@ -32,6 +32,8 @@ class SimConfig:
     behind_cycles: int = 5
     own_bound_hb: float = 10.0  # after the last fault, every partition owned and fresh within this many HB
     balance_bound_hb: float = 30.0  # and balanced (largest minus smallest share at most 1) within this many
+    checkpoint_interval_s: float = 0.0  # members write checkpoints this often (0: none; a real fleet's default: 60)
+    order_bound_hb: float = 2.0  # an order is obeyed within this many HB of its member reading it
 
     @property
     def heartbeat_ms(self) -> int:

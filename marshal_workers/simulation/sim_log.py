@@ -80,12 +80,16 @@ class SimulatedLog:
         """Nothing is appended to ``partition`` before ``until``: what arrives waits, in order (stall-log)."""
         self._stalled_until[partition] = max(self._stalled_until[partition], until)
 
-    def submit(self, writer_id: int, write: SimWrite, lost: bool) -> None:
-        """Send a write's records; each is appended after its latency, unless the writer's writes are ``lost``."""
+    def submit(self, writer_id: int, write: SimWrite, lost: bool, partitions: list[int] | None = None) -> None:
+        """Send a write's records; each is appended after its latency, unless the writer's writes are ``lost``.
+        ``partitions``: where each record goes (a checkpoint, a record about no topic); default: by its topic."""
         now = self.clock.now
         for index, record in enumerate(write.records):
             value = codec.encode(record)
-            partition = codec.coordination_partition(record.topic, len(self.partitions))  # type: ignore[union-attr]
+            if partitions is not None:
+                partition = partitions[index]
+            else:
+                partition = codec.coordination_partition(record.topic, len(self.partitions))  # type: ignore[union-attr]
             if lost:
                 continue
             key = (writer_id, partition)

@@ -17,6 +17,7 @@ from typing import Any
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingSettings, Key
 from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.simulation.checkpointing import Checkpointing
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.faults import Fault
 from marshal_workers.simulation.invariants import (
@@ -28,6 +29,7 @@ from marshal_workers.simulation.invariants import (
     settled_since,
 )
 from marshal_workers.simulation.member import SimAssignment, SimMember
+from marshal_workers.simulation.operator import ORDER_RECORDS, Operator
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog
 
@@ -94,6 +96,8 @@ class Simulation:
         self._phase_starts = [p.start for p in self.phases]
         self._slow_reported: set[int] = set()  # id() of the assignments already reported (membership only)
         self.faults = faults
+        self.operator = Operator(self)  # orders (simulation/operator.py); a test may swap in one with a planted bug
+        self.checkpointing = Checkpointing(self)  # (simulation/checkpointing.py) likewise
         self.faults_end = max((self._fault_end(f) for f in faults), default=0.0)
 
     # ------------------------------------------------------------------ run
@@ -108,6 +112,7 @@ class Simulation:
         self.clock.run_until(config.duration_s)
         check_bounds(self.samples, self.faults_end, config.duration_s, config.heartbeat_s, config.own_bound_hb,
                      config.balance_bound_hb, self.sample_s, self.violations, config.balance == "fair")  # fmt: skip
+        self.checkpointing.finish()
         return self.report()
 
     def _join(self) -> Host:
@@ -122,12 +127,21 @@ class Simulation:
         member = SimMember(self, host.number, host.client, instance, world, self.settings)
         member.skew_ms, member.clock_skew_ms = host.skew_ms, host.clock_skew_ms
         host.member = member
+        self.checkpointing.start(member)
         member.start()
 
     # ------------------------------------------------------- the environment
 
     def high_watermark(self, key: Key, now: float) -> int:
         return int(self.config.produce_rate * now)
+
+    def members(self) -> list[SimMember]:
+        """Every host's current instance."""
+        return [h.member for h in self.hosts if h.member is not None]
+
+    def before_heartbeat(self, member: SimMember, now: float) -> None:
+        self.operator.obey(member, now)
+        self.checkpointing.step(member, now)
 
     def holding(self, member: SimMember, assignment: SimAssignment) -> None:
         self.holders.setdefault(assignment.key, []).append((member, assignment))
@@ -156,6 +170,8 @@ class Simulation:
         record = entry.record
         if type(record) is not codec.Claim:
             self.oracle.apply(record, entry.at, entry.partition)
+            if isinstance(record, ORDER_RECORDS):
+                self.operator.appended(entry)
             return
         key = (record.topic, record.partition)
         if not self.oracle.apply(record, entry.at, entry.partition):
@@ -202,8 +218,8 @@ class Simulation:
 
     def _fleet(self) -> list[SimMember]:
         """The members that should hold a share now: live, not leaving, not frozen."""
-        return [h.member for h in self.hosts
-                if h.member is not None and h.member.alive and h.member.running and not h.member.frozen]  # fmt: skip
+        return [h.member for h in self.hosts if h.member is not None and h.member.alive and h.member.running
+                and not h.member.frozen and not h.member.drained]  # fmt: skip
 
     def _check_slow(self, now: float, fleet: int) -> None:
         bound = (self.config.behind_cycles + 4) * self.config.heartbeat_s / 2
@@ -226,6 +242,8 @@ class Simulation:
         hb = self.config.heartbeat_s
         defaults = {"crash": 5.0, "freeze": 3 * hb, "lose-writes": 2 * hb, "stall-reads": 2 * hb, "deaf": 3 * hb,
                     "stall-log": 2 * hb, "slow": 30.0}  # fmt: skip
+        if fault.kind == "order":
+            return self.operator.end(fault)
         if fault.kind not in defaults:
             return fault.at
         lasts = fault.duration(defaults[fault.kind])
@@ -245,6 +263,9 @@ class Simulation:
         if kind == "join":
             for _ in range(fault.count()):
                 self._join()
+            return
+        if kind == "order":
+            self.operator.inject(fault)
             return
         if kind == "stall-log":
             partition = int(fault.args.get("partition", 0))
@@ -329,6 +350,8 @@ class Simulation:
             "violation_count": self.violations.count,
             "phases": phases,
             "ownership_digest": self.digest.hexdigest(),
+            **({"orders": self.operator.report()} if self.operator.orders else {}),
+            **({"checkpoints": self.checkpointing.report()} if self.checkpointing.enabled else {}),
         }
 
 

@@ -23,6 +23,7 @@ EVERY_KIND = {
     "join": "join@10s:members=2",
     "leave": "leave@10s",
     "slow": "slow@5s:for=15s",
+    "order": "order@10s:release",
 }
 assert set(EVERY_KIND) == set(FAULT_KINDS), "a new fault kind needs a case here"
 
