@@ -1,10 +1,11 @@
 """Checkpoints in a simulation: members write them as a real supervisor does, and a member that starts (a
 restart after a crash, a join) begins at the latest one plus the log after it instead of the whole log.
 
-Writing is the supervisor's checkpoint writer (runtime/supervisor/checkpoint_writer.py) on the virtual clock:
-every HB, for each coordination partition without a checkpoint in flight, ``checkpoints.due`` (the live member
-with the lowest instance id, every ``checkpoint_interval_s``; anyone once the last is 2 intervals old) decides,
-and ``checkpoints.state_records`` makes the records from the member's own fold as of its read position.
+Writing is the supervisor's checkpoint writer (runtime/supervisor/checkpoint_writer.py) on the virtual clock,
+with the same pure parts: its ``CheckpointSchedule`` (protocol/checkpoint_schedule.py) looks every HB at the
+coordination partitions without a checkpoint in flight, ``checkpoints.due`` (the live member with the lowest
+instance id, every ``checkpoint_interval_s``; anyone once the last is 2 intervals old) decides, and
+``checkpoints.state_records`` makes the records from the member's own fold as of its read position.
 
 Starting is the coordination log's (kafka/coordination_log.py: ``find_starts``, ``start``): per partition the
 latest complete checkpoint of the group (``checkpoints.Assembler``, ``checkpoints.choose_start``), loaded into
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from marshal_workers.protocol import checkpoints, codec
+from marshal_workers.protocol.checkpoint_schedule import CheckpointSchedule
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.invariants import Violations
@@ -53,21 +55,13 @@ class Started:
     compared: bool = False
 
 
-@dataclass
-class Writing:
-    """One member's checkpoint writer: when it next looks, the partitions with a checkpoint in flight."""
-
-    next_look: float = 0.0
-    in_flight: tuple[int, ...] = ()
-
-
 class Checkpointing:
     def __init__(self, fleet: Fleet, load: Load = checkpoints.begin) -> None:
         self.fleet = fleet
         self.load = load
         self.interval_ms = round(fleet.config.checkpoint_interval_s * 1000)
         self.enabled = self.interval_ms > 0
-        self.writers: dict[int, Writing] = {}  # member.writer_id -> its writer (looked up, never iterated)
+        self.writers: dict[int, CheckpointSchedule] = {}  # member.writer_id -> its schedule (never iterated)
         self.started: list[Started] = []
         self.starts = 0  # member instances started after the log had records
         self.folded_at_start = 0  # the records they had to fold to catch up, starting at checkpoints
@@ -111,23 +105,24 @@ class Checkpointing:
         if not self.enabled:
             return
         self._compare_started(member)
-        writing = self.writers.setdefault(member.writer_id, Writing())
-        if not member.running or now < writing.next_look:
-            return
-        writing.next_look = now + self.fleet.config.heartbeat_s
-        now_ms = member.now_ms()
-        for partition in range(len(self.fleet.log.partitions)):
-            if partition in writing.in_flight:
-                continue
-            if not checkpoints.due(member.world, partition, now_ms, self.interval_ms, member.me):
-                continue
-            records = checkpoints.state_records(member.world, partition, member.read_at[partition], member.common())
-            writing.in_flight += (partition,)
+        schedule = self.writers.get(member.writer_id)
+        if schedule is None:
+            schedule = self.writers[member.writer_id] = CheckpointSchedule(self.fleet.config.heartbeat_s,
+                                                                           self.interval_ms)  # fmt: skip
+        now_ms, world, me = member.now_ms(), member.world, member.me
 
-            def done(_verdicts: list[Any] | None = None, p: int = partition, w: Writing = writing) -> None:
-                w.in_flight = tuple(q for q in w.in_flight if q != p)
+        def due(partition: int) -> bool:
+            return checkpoints.due(world, partition, now_ms, self.interval_ms, me)
 
-            member.write(list(records), done, done, partitions=[partition] * len(records))
+        for partition in schedule.to_write(now, member.running, len(self.fleet.log.partitions), due):
+            records = checkpoints.state_records(world, partition, member.read_at[partition], member.common())
+
+            def settled(
+                _verdicts: list[Any] | None = None, p: int = partition, s: CheckpointSchedule = schedule
+            ) -> None:
+                s.settled(p)
+
+            member.write(list(records), settled, settled, partitions=[partition] * len(records))
 
     # ------------------------------------------------------------- agreeing
 

@@ -1,9 +1,10 @@
 """Checkpoints of the coordination log written by a member: each partition's, when it is due from us.
 
 Which member writes a coordination partition's checkpoint, and when, is
-decided by the fold (protocol/checkpoints.py: checkpoints.due); this
-component looks every HB and writes those due, one write in flight per
-partition, without waiting on Kafka.
+decided by the fold (protocol/checkpoints.py: checkpoints.due); when to look
+(every HB) and what is in flight (one write per partition) by
+protocol/checkpoint_schedule.py, which the simulator steps too; this
+component writes those due without waiting on Kafka.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.protocol import checkpoints
+from marshal_workers.protocol.checkpoint_schedule import CheckpointSchedule
 from marshal_workers.protocol.world_state import Owner
 from marshal_workers.runtime.supervisor.assignments import Table
 
@@ -28,16 +30,14 @@ class CheckpointWriter:
         self.writes = writes
         self.settings = settings
         self.log = log
-        self._next_look = 0.0  # monotonic
-        self._checkpointing: set[int] = set()  # coordination partitions whose checkpoint is being written
+        interval_ms = round(settings.checkpoint_interval * 1000)
+        self.schedule = CheckpointSchedule(settings.heartbeat_interval, interval_ms)  # on the monotonic clock
 
     def waitables(self) -> list[object]:
         return []
 
     def step(self, now: float) -> None:
-        if now >= self._next_look:
-            self._next_look = now + self.settings.heartbeat_interval
-            self._write_checkpoints()
+        self._write_checkpoints(now)
 
     def begin_stop(self) -> None:
         """Nothing: a stopping member writes no more checkpoints."""
@@ -45,29 +45,26 @@ class CheckpointWriter:
     def stopped(self) -> bool:
         return True  # a checkpoint in flight is an optimisation of others' start-up, not ours to wait for
 
-    def _write_checkpoints(self) -> None:
+    def _write_checkpoints(self, now: float) -> None:
         """Write the checkpoint of each coordination partition that is due from us (checkpoints.due)."""
-        interval_ms = round(self.settings.checkpoint_interval * 1000)
-        if not interval_ms or not self.table.running:
-            return
         coordinator = self.coordinator
         me = Owner(coordinator.client, coordinator.instance)
         now_ms = coordinator.now_ms()
-        for partition in range(coordinator.partition_count):
-            if partition in self._checkpointing:
-                continue
-            if not coordinator.read(lambda world: checkpoints.due(world, partition, now_ms, interval_ms, me)):
-                continue
+        interval_ms = self.schedule.interval_ms
+
+        def due(partition: int) -> bool:
+            return coordinator.read(lambda world: checkpoints.due(world, partition, now_ms, interval_ms, me))
+
+        for partition in self.schedule.to_write(now, self.table.running, coordinator.partition_count, due):
             records = coordinator.checkpoint_records(partition)
-            self._checkpointing.add(partition)
             self.writes.submit(
                 "checkpoint",
                 records,
-                lambda _verdicts, p=partition: self._checkpointing.discard(p),
+                lambda _verdicts, p=partition: self.schedule.settled(p),
                 lambda exc, p=partition: self._checkpoint_failed(p, exc),
                 partitions=[partition] * len(records),
             )
 
     def _checkpoint_failed(self, partition: int, exc: Exception) -> None:
-        self._checkpointing.discard(partition)
+        self.schedule.settled(partition)
         self.log.warning("checkpoint of coordination partition %d not confirmed: %s", partition, exc)
