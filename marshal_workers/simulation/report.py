@@ -118,6 +118,8 @@ def orders_and_checkpoints_text(report: dict[str, Any]) -> list[str]:
     lines = [
         f"  {order['order']}: {order['partitions']} partition(s) given up, the last after "
         f"{_seconds(order['obeyed_after_s'])}"
+        if order["partitions"]
+        else f"  {order['order']}: nothing to give up"
         for order in report.get("orders", [])
     ]
     made = report.get("checkpoints")
