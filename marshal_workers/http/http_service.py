@@ -25,7 +25,8 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
@@ -39,6 +40,7 @@ from marshal_workers.http.group_commit import LATENCY_BUCKETS, Kind
 from marshal_workers.http.http_messages import BadRequest, MessageId, ReadRequest, message_ids, read_request
 from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
+from marshal_workers.http.loop_handoff import LoopHandoff
 from marshal_workers.http.served_topic import LOG_LAG_GRACE_S, ServedTopic
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
 from marshal_workers.observe.web_sites import open_site, stop_signal
@@ -57,8 +59,10 @@ _OPENAPI = web.AppKey("openapi", bytes)
 # query strings are the clients' (untrusted): past the bound it starts over.
 _READ_QUERIES = web.AppKey("read_queries", dict[str, ReadRequest])
 MOST_READ_QUERIES = 256
+_HANDOFF = web.AppKey("handoff", LoopHandoff)  # write verdicts to the event loop, one wake-up per write
 _OPEN_ROUTES = frozenset(("/healthz", "/openapi.json"))  # no token needed
 _COUNTED_ROUTES = frozenset(("/read", "/ack", "/cancel", "/metrics", *_OPEN_ROUTES))  # any other path: "other"
+T = TypeVar("T")
 
 
 class News:
@@ -119,6 +123,7 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_TOKEN] = token or ""
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
+    app[_HANDOFF] = LoopHandoff(asyncio.get_running_loop(), topic.verdict_wait_s)
     app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
     topic.on_news = app[_NEWS].announce_threadsafe
     app[_OPENAPI] = orjson.dumps(openapi_document(token_required=bool(token)))
@@ -196,7 +201,7 @@ async def _read(request: web.Request) -> web.StreamResponse:
                 first = False
                 # On the event loop: a first hand-out is answered at once, another waits for its write's verdict.
                 handed = topic.hand_out(asked.most)
-                messages = handed if isinstance(handed, list) else await handed
+                messages = await _verdict(request, handed) if isinstance(handed, Future) else handed
                 if messages:
                     request[_HANDED], request[_MOST] = messages, asked.most
                     return _json({"messages": messages})
@@ -223,6 +228,14 @@ def _read_request(request: web.Request) -> ReadRequest:
     return asked
 
 
+async def _verdict(request: web.Request, future: Future[T]) -> T:
+    """A group commit's outcome, awaited without a thread (at once when it is known already); TimeoutError past
+    the topic's verdict_wait_s (the handoff keeps the deadline)."""
+    if future.done():
+        return future.result()
+    return await request.app[_HANDOFF].watch(future)
+
+
 async def _ack(request: web.Request) -> web.Response:
     return await _settle(request, Kind.ACK)
 
@@ -245,8 +258,8 @@ async def _settle(request: web.Request, kind: Kind) -> web.Response:
     verdicts: list[bool] = []
     if settlement.todo:
         try:
-            verdicts = await topic.write_settlement(settlement)
-        except CoordinationWriteError as exc:
+            verdicts = await _verdict(request, topic.write_settlement(settlement))
+        except (CoordinationWriteError, TimeoutError) as exc:
             raise BadRequest(503, "not_written", f"the coordination log did not confirm the {settlement.verb[:-2]}: "
                              f"try again ({exc or 'no verdict in time'})", retry_after=1) from None  # fmt: skip
     return _json(topic.settled(settlement, verdicts))
@@ -356,7 +369,6 @@ async def _serve(
     shutdown_timeout: float,
     ready: Callable[[str], None],
 ) -> None:
-    topic.start_commits(asyncio.get_running_loop())
     app = make_app(topic, token)
     runner, url = await open_site(app, host, port, ssl_context, "the service", "--port")
     ordered = asyncio.Event()  # admin shutdown: the serve loop's thread sets it through the event loop
@@ -376,5 +388,3 @@ async def _serve(
                      "acked are delivered again", topic.settings.group, topic.topic)  # fmt: skip
         topic.abandon()
     await runner.cleanup()
-    # Hand-outs answered already may still be queued: written before the server goes (else delivered again).
-    await topic.close_commits(2 * topic.settings.write_timeout + 1)

@@ -18,21 +18,19 @@ A server killed with -9 leaves its leases to lapse: what clients acked is
 done, the rest is delivered again by whoever leases it next.
 
 Threads: a background loop (:meth:`ServedTopic.run_loop`) claims, reads
-Kafka, renews and settles; HTTP requests call :meth:`hand_out`,
-:meth:`message_states` and :meth:`write_settlement` on the event loop's
-thread, where the group commit of their records runs too (group_commit.py).
-A lock guards the local mirror of the held ranges; the fold is the judge of
-every verdict.
+Kafka, renews and settles; HTTP requests call :meth:`read`, :meth:`ack` and
+:meth:`cancel` from the server's thread pool.  A lock guards the local
+mirror of the held ranges; the fold is the judge of every verdict.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,6 +234,8 @@ class ServedTopic:
         self._thread: threading.Thread | None = None
         self._holder: Holder | None = None
         self._group_commit: GroupCommit | None = None
+        # A request waits this long for its write's verdict: the write's own timeout, plus one write queued before.
+        self.verdict_wait_s = 2 * settings.write_timeout + 1
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -257,24 +257,14 @@ class ServedTopic:
         self.partition_count = len(found.partitions)
         self._coordinator = Coordinator(self.settings).start()
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
+        coordinator = self._coordinator
+        self._group_commit = GroupCommit(lambda records: coordinator.write(records), coordinator.record_fields, self.topic,
+                                         self.options.pending_ms, send=coordinator.send,
+                                         in_flight=WRITES_IN_FLIGHT).start()  # fmt: skip
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
         return self
-
-    def start_commits(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the group commit of hand-outs, acks and cancels on the event loop that serves the requests (its
-        futures and its writes belong to that loop's thread)."""
-        coordinator = self.coordinator
-        self._group_commit = GroupCommit(loop, coordinator, coordinator.record_fields, self.topic,
-                                         self.options.pending_ms, self.settings.write_timeout,
-                                         in_flight=WRITES_IN_FLIGHT).start()  # fmt: skip
-
-    async def close_commits(self, timeout: float) -> None:
-        """Write what the group commit has queued (hand-outs answered already among them) and wait for it."""
-        if self._group_commit is not None and not await self._group_commit.close(timeout):
-            self.log.warning("%s: the last hand-outs, acks or cancels were not confirmed within %gs", self.topic,
-                             timeout)  # fmt: skip
 
     def begin_stop(self) -> None:
         """SIGTERM: hand nothing more out; give back every range no client holds a message of (at once), the
@@ -289,6 +279,8 @@ class ServedTopic:
         self._stop_loop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._group_commit is not None:
+            self._group_commit.close()  # what is queued is written first
         self._dlq.close()
         if self._consumer is not None:
             self._consumer.close()
@@ -328,9 +320,9 @@ class ServedTopic:
                 for offset in held.messages if held.eligible(offset, now)
             )  # fmt: skip
 
-    def hand_out(self, most: int) -> list[dict[str, Any]] | Awaitable[list[dict[str, Any]]]:
+    def hand_out(self, most: int) -> list[dict[str, Any]] | Future[list[dict[str, Any]]]:
         """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read, now, or
-        an awaitable of it, done when a write's verdict comes (call on the event loop's thread; no wait either way).
+        a future of it done when a write's verdict comes (no wait either way).
 
         A message handed out for the first time under our lease is answered at once: the lease makes it ours
         alone, and its ``deliver_messages`` goes in the next group commit, long before the lease could pass to
@@ -349,15 +341,16 @@ class ServedTopic:
                     held.unwritten.add(offset)
             self._write_hand_outs([(held, offset) for held, offset, _ in picked], entries)
             return answer
-        return self._answer_written(picked, self._commit.submit(Kind.DELIVER, entries), now, wall)
+        answered: Future[list[dict[str, Any]]] = Future()
+        self._commit.submit(Kind.DELIVER, entries).add_done_callback(
+            lambda written: answered.set_result(self._answer_written(picked, written, now, wall))
+        )
+        return answered
 
-    async def _answer_written(self, picked: list[tuple[HeldRange, int, bool]], written: asyncio.Future[list[bool]],
-                              since_ms: int, since_wall: int) -> list[dict[str, Any]]:  # fmt: skip
+    def _answer_written(self, picked: list[tuple[HeldRange, int, bool]], written: Future[list[bool]], since_ms: int,
+                        since_wall: int) -> list[dict[str, Any]]:  # fmt: skip
         """The messages the log accepted as handed out (a write not confirmed: none; the read goes on waiting)."""
-        try:
-            verdicts = await written
-        except Exception:  # noqa: BLE001 - not confirmed: none handed out (the group commit's log says why)
-            verdicts = [False] * len(picked)
+        verdicts = written.result() if written.exception() is None else [False] * len(picked)
         answer = []
         with self.lock:
             for (held, offset, _), accepted in zip(picked, verdicts):
@@ -397,12 +390,12 @@ class ServedTopic:
         )  # fmt: skip
 
     def _write_hand_outs(self, picked: list[tuple[HeldRange, int]], entries: list[codec.MessageEntry]) -> None:
-        """Queue the hand-outs answered already; their verdicts come back in a callback on the event loop."""
+        """Queue the hand-outs answered already; their verdicts come back on the writer's thread."""
         self._commit.submit(Kind.DELIVER, entries, linger=True).add_done_callback(
             lambda done: self._hand_outs_written(picked, done)
         )
 
-    def _hand_outs_written(self, picked: list[tuple[HeldRange, int]], done: asyncio.Future[list[bool]]) -> None:
+    def _hand_outs_written(self, picked: list[tuple[HeldRange, int]], done: Future[list[bool]]) -> None:
         """Hand-outs answered before their record: confirmed, refused (our lease had lapsed in the log: another
         member may hand them out; at least once allows it), or not written (tried again while the lease lasts)."""
         error = done.exception()
@@ -460,7 +453,7 @@ class ServedTopic:
                              messages=[_problem(m, state) for m, state in bad])  # fmt: skip
         return Settlement(kind, verb, [m for m, state in zip(ids, states) if state == "pending"], len(already))
 
-    def write_settlement(self, settlement: Settlement) -> asyncio.Future[list[bool]]:
+    def write_settlement(self, settlement: Settlement) -> Future[list[bool]]:
         """The settlement's record, in the next group commit: its verdicts (CoordinationWriteError if not
         confirmed in time)."""
         entries = [codec.MessageEntry(m.partition, m.offset) for m in settlement.todo]

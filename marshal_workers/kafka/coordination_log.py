@@ -284,8 +284,7 @@ class CoordinationLog:
                       "may differ from the others'", self.topic, partition, self._next_offset[partition], offset - 1)  # fmt: skip
         self._fold_value(partition, offset, message.value(), at)
 
-    def _fold_value(self, partition: int, offset: int, value: bytes | None, log_append_time: int | None,
-                    wake: bool = True) -> None:  # fmt: skip
+    def _fold_value(self, partition: int, offset: int, value: bytes | None, log_append_time: int | None) -> None:
         """Fold the record at (partition, offset): the one place the tail and fold_delivered both fold through."""
         try:
             record, accepted = self._state.apply_value(value, partition, log_append_time)
@@ -302,7 +301,7 @@ class CoordinationLog:
             self.foreign_folds += 1
         if self.own_instance is not None and record_instance == self.own_instance:
             self._verdicts[(partition, offset)] = accepted
-            if wake and self._own_folds_watched:
+            if self._own_folds_watched:
                 _wake(self._own_folds_w)
             if len(self._verdicts) > _MAX_UNCLAIMED_VERDICTS:  # writers that gave up waiting
                 del self._verdicts[next(iter(self._verdicts))]
@@ -328,9 +327,7 @@ class CoordinationLog:
             ):
                 return False
             at = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
-            # No wake-up per record here: the delivery thread wakes own_folds once after the whole batch of
-            # reports (Coordinator._reported), which a watcher needs anyway.
-            self._fold_value(partition, offset, value, at, wake=False)
+            self._fold_value(partition, offset, value, at)
             self._folded_early[(partition, offset)] = at
             self.early_folds += 1
             if len(self._folded_early) > _MAX_UNCLAIMED_VERDICTS:  # cannot happen while the tail reads
