@@ -71,6 +71,7 @@ IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes bac
 # message, for no gain in messages per second at 8 or 64 clients (tests/benchmarks/profile_serve.py, same runs).
 # A broker with a longer write latency may gain from 2 (GroupCommit keeps them in order).
 WRITES_IN_FLIGHT = 1
+_NEVER = 2**62
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
 
@@ -111,6 +112,15 @@ class HeldRange:
     unwritten: set[int] = field(default_factory=set)  # answered to a client; their deliver_messages not confirmed yet
     settling: bool = False
     last_used: int = field(default_factory=monotonic_ms)  # claimed, or a message handed out: monotonic ms
+    # Where the next pick looks from: no message below it could be handed out at the last look (each was acked, dead,
+    # reserved, pending or out of deliveries), so a read does not step over every pending message again. Lowered
+    # when one of them may go out again (free_again); back to the start once a pending deadline below it passes.
+    scan_from: int = -1
+    rescan_at: int = _NEVER  # monotonic ms: the earliest pending deadline among the offsets below scan_from
+
+    def __post_init__(self) -> None:
+        if self.scan_from < 0:
+            self.scan_from = self.start
 
     def fetched(self) -> bool:
         return self.fetched_to >= self.end
@@ -122,6 +132,36 @@ class HeldRange:
             and offset not in self.reserved
             and self.pending_until.get(offset, 0) <= now
         )
+
+    def pick(self, most: int, now: int, max_deliveries: int) -> list[int]:
+        """Up to ``most`` offsets that may be handed out now, in offset order, reserved."""
+        if now >= self.rescan_at:  # a message handed out may be handed out again: look from the start
+            self.scan_from, self.rescan_at = self.start, _NEVER
+        picked: list[int] = []
+        messages, pending_until, handed = self.messages, self.pending_until, self.handed
+        offset = self.scan_from
+        while offset < self.fetched_to and len(picked) < most:
+            if offset in messages and offset not in self.acked and offset not in self.dead and offset not in self.reserved:
+                until = pending_until.get(offset, 0)
+                if until > now:
+                    self.rescan_at = min(self.rescan_at, until)
+                elif self.tries + handed.get(offset, 0) < max_deliveries:
+                    self.reserved.add(offset)
+                    picked.append(offset)
+            offset += 1
+        self.scan_from = offset
+        return picked
+
+    def handed_until(self, offset: int, until: int) -> None:
+        """A reserved message is out with a client until ``until`` (monotonic ms)."""
+        self.reserved.discard(offset)
+        self.pending_until[offset] = until
+        if offset < self.scan_from:
+            self.rescan_at = min(self.rescan_at, until)
+
+    def free_again(self, offset: int) -> None:
+        """``offset`` may be handed out again (cancelled, or its hand-out refused): the next pick looks from it."""
+        self.scan_from = min(self.scan_from, offset)
 
     def complete(self) -> bool:
         """Every message read, and each acked or dead-lettered (offsets without a message need nothing)."""
@@ -318,6 +358,7 @@ class ServedTopic:
                     answer.append(self._handed_out(held, offset, since_ms, since_wall))
                 else:
                     held.reserved.discard(offset)
+                    held.free_again(offset)
                     self.counters.refused += 1
         return answer
 
@@ -330,19 +371,14 @@ class ServedTopic:
                     break
                 if not self.member.usable(held, now, promise_ms=self.options.pending_ms // 3):
                     continue  # its lease may not outlive what we would promise
-                for offset in held.messages:  # in offset order: fetched in order, never inserted again
-                    if len(picked) >= most:
-                        break
-                    if held.eligible(offset, now) and held.tries + held.handed.get(offset, 0) < self.options.max_deliveries:
-                        held.reserved.add(offset)
-                        picked.append((held, offset, offset not in held.handed))
+                for offset in held.pick(most - len(picked), now, self.options.max_deliveries):
+                    picked.append((held, offset, offset not in held.handed))
         return picked
 
     def _handed_out(self, held: HeldRange, offset: int, since_ms: int, since_wall: int) -> dict[str, Any]:
         """A reserved message is out with a client from ``since_ms`` (monotonic; ``since_wall`` the wall clock's ms)
         until the pending timeout: its answer.  Under the lock."""
-        held.reserved.discard(offset)
-        held.pending_until[offset] = since_ms + self.options.pending_ms
+        held.handed_until(offset, since_ms + self.options.pending_ms)
         held.handed[offset] = held.handed.get(offset, 0) + 1
         held.last_used = since_ms
         self.counters.delivered += 1
@@ -491,6 +527,7 @@ class ServedTopic:
                     held.messages.pop(found.offset, None)
                 else:
                     held.pending_until[found.offset] = 0
+                    held.free_again(found.offset)
 
     def _held_covering(self, partition: int, offset: int) -> HeldRange | None:
         for held in self.ranges.values():
@@ -587,6 +624,7 @@ class ServedTopic:
                     held.handed[offset] = max(held.handed.get(offset, 0), count)
                     if deadline <= wall and held.pending_until.get(offset, 0) > now:
                         held.pending_until[offset] = 0  # cancelled through another server
+                        held.free_again(offset)
 
     def _drop_lapsed(self) -> None:
         now = monotonic_ms()
@@ -623,6 +661,7 @@ class ServedTopic:
                                  self.options.dead_letter_topic, exc)  # fmt: skip
                 with self.lock:
                     held.reserved.discard(offset)
+                    held.free_again(offset)
                 continue
             self.log.error("%s[%d]: offset %d sent to %s after %d deliveries", self.topic, held.partition, offset,
                            self.options.dead_letter_topic, deliveries)  # fmt: skip
