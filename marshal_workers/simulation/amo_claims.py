@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import Key, lease_until
+from marshal_workers.protocol.group_commit import GroupCommit
 from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.sim_config import SimConfig
@@ -63,8 +64,7 @@ class AmoBatchClaims:
         self.env = env
         self.member = member
         self.topics = topics
-        self.held: list[tuple[AmoAssignment, int]] = []  # asked while a write is in flight
-        self.in_flight = False
+        self.claims: GroupCommit[tuple[AmoAssignment, int]] = GroupCommit()  # as message_claims.py holds them
         self.writes = 0
         self.refused = 0
         self.unconfirmed = 0
@@ -86,20 +86,19 @@ class AmoBatchClaims:
             end = min(start + self.env.config.batch_size, self.env.high_watermark(assignment.key, now))
             if end > start:
                 assignment.claim_asked = True
-                self.held.append((assignment, end))
-        if not self.in_flight:
-            self._write_held()
+                self.claims.ask((assignment, end))
+        self._write_held()
 
     def release_offset(self, assignment: AmoAssignment) -> int:
         """Where the next owner resumes: never before a claimed end (partition_claims._position)."""
         return max(int(assignment.offset), assignment.claimed_end)
 
     def _write_held(self) -> None:
-        asked = [(a, end) for a, end in self.held if not a.lost]
-        for assignment, _ in self.held:
+        taken = self.claims.take()
+        asked = [(a, end) for a, end in taken if not a.lost]
+        for assignment, _ in taken:
             if assignment.lost:
                 assignment.claim_asked = False  # not ours: refused without asking the log
-        self.held = []
         if not asked:
             return
         written_ms = self.env.clock.now_ms  # before the write: the lease errs short
@@ -116,7 +115,7 @@ class AmoBatchClaims:
                                              for i in chunk))
             for chunk in chunks
         ]  # fmt: skip
-        self.in_flight = True
+        self.claims.writing()
         self.writes += 1
 
         def decided(verdicts: list[Any]) -> None:
@@ -151,5 +150,5 @@ class AmoBatchClaims:
         self._decided()
 
     def _decided(self) -> None:
-        self.in_flight = False
+        self.claims.decided()
         self._write_held()
