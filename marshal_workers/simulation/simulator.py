@@ -16,6 +16,7 @@ from typing import Any
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingSettings, Key
+from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.faults import Fault
@@ -27,7 +28,6 @@ from marshal_workers.simulation.invariants import (
     recovered_at,
     settled_since,
 )
-from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.simulation.member import SimAssignment, SimMember
 from marshal_workers.simulation.range_oracle import RangeOracle
 from marshal_workers.simulation.sim_config import SimConfig

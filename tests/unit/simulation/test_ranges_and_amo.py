@@ -32,7 +32,7 @@ def test_same_seed_same_output_across_processes() -> None:
                "--fault", "crash@5s:members=1", "--json"]  # fmt: skip
     outputs = []
     for hash_seed in ("1", "2"):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120,
+        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120,
                               env={**os.environ, "PYTHONHASHSEED": hash_seed})  # fmt: skip
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
@@ -49,12 +49,12 @@ def test_every_fault_kind_breaks_no_range_or_amo_invariant(kind: str) -> None:
         assert report["violations"] == [], (kind, seed)
 
 
-def test_a_freeze_past_the_lease_repeats_at_least_once_and_loses_at_most_once_but_never_hands_out_twice() -> None:
-    repeats = lost = 0
+def test_a_freeze_past_the_lease_loses_at_most_once_offsets_but_never_hands_one_out_twice() -> None:
+    lost = 0
     for seed in range(4):
         report = simulate(mixed("freeze@10s:members=2,for=9s", seed=seed, duration_s=40.0))
         assert report["violations"] == [], seed
-        repeats += report["repeats"]
+        assert report["amo_repeats"] == 0
         lost += report["amo_lost_offsets"]
     assert lost > 0, "a lease or claim that lapsed loses its offsets at most once"
 
