@@ -13,6 +13,7 @@ from range_fleets import forgets_claimed_end, mixed, overlapping
 from sim_fleets import EVERY_KIND
 
 from marshal_workers.simulation.handled_runs import HandledRuns
+from marshal_workers.simulation.report import run, text
 from marshal_workers.simulation.simulator import simulate
 
 ENOUGH_SEEDS = 5
@@ -93,3 +94,12 @@ def test_handled_runs_count_what_is_handled_again() -> None:
     assert runs.missing(key, 0, 40) == 30
     assert runs.count_below(key, 12) == 12
     assert runs.repeats == 10
+
+
+def test_a_broken_run_with_shared_topics_replays_with_them() -> None:
+    ticks = iter(range(1000))
+    report = run(mixed(duration_s=30.0, seed=0), lambda: float(next(ticks)), False, overlapping)
+    assert report["violations"]
+    assert "--topics 4 " in report["replay"]
+    assert "--shared-topics 2 --pending-timeout 6s --amo-topics 3 --seed 0" in report["replay"]
+    assert "shared and at-most-once topics:" in text(report)
