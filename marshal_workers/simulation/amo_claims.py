@@ -74,6 +74,8 @@ class AmoBatchClaims:
 
     def step(self, now: float, assignments: list[AmoAssignment]) -> None:
         """Workers at the end of their batch ask for the next one; the claims asked go out in one write."""
+        if not self.topics:
+            return  # no at-most-once topic: nothing to claim (the common case costs nothing)
         for assignment in assignments:
             if not self.is_amo(assignment.key) or assignment.claim_asked or assignment.lost:
                 continue

@@ -37,6 +37,7 @@ class RangeOracle:
         self.message_claim_records = 0
         self.repeats = 0  # at least once: offsets handled again (after a lapse, a crash)
         self.amo_repeats = 0
+        self.active = bool(self.shared or self.amo)
 
     def tracks(self, key: Key) -> bool:
         return key[0] in self.amo_whole
@@ -76,6 +77,8 @@ class RangeOracle:
 
     def appended(self, record: Any, verdict: Any, world: WorldState, now: float, now_ms: int) -> None:
         """A record the oracle's fold just folded, with its verdict."""
+        if not self.active:
+            return
         kind = type(record)
         if kind is codec.MessageClaims:
             self.message_claim_records += 1
