@@ -692,17 +692,26 @@ def _fault_kinds() -> str:
               help="Partitions of the coordination topic.")
 @click.option("--checkpoint-interval", default="0", show_default=True,
               help="Members write checkpoints this often, and a member that starts loads the latest (0: none).")
+@click.option("--shared-topics", type=click.IntRange(0), default=0, show_default=True,
+              help="The first N topics are shared (shared=True): range leases, never claimed whole.")
+@click.option("--amo-topics", type=click.IntRange(0), default=0, show_default=True,
+              help="The last N topics are at most once: batch claims (whole) or amo leases (shared).")
+@click.option("--pending-timeout", default="6s", show_default=True,
+              help="The shared handlers' pending timeout: how long a range lease lasts unless renewed.")
 @click.option("--shrink/--no-shrink", "shrink_failures", default=True, show_default=True,
               help="When an invariant breaks, look for a smaller run that breaks it too.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @_reports_errors
 def simulate(partitions: int, members: int, heartbeat_interval: str, duration: str, faults: tuple[str, ...],
              seed: int, seeds: int, balance: str, topics: int, coordination_partitions: int, checkpoint_interval: str,
-             shrink_failures: bool, as_json: bool) -> None:  # fmt: skip
+             shared_topics: int, amo_topics: int, pending_timeout: str, shrink_failures: bool,
+             as_json: bool) -> None:  # fmt: skip
     """Simulate a fleet on a virtual clock and log: the real claiming policy and fold, under faults.
 
     Prints the time until every partition is owned and balanced, hand-overs, coordination records and bytes
     per second, per phase, and whether every invariant held (docs/simulation.md).  Exits 16 if one broke.
+    With --shared-topics / --amo-topics, also range-lease and batch-claim records per second, offsets handled
+    again and offsets lost at most once.
     """
     from marshal_workers.core.durations import parse_duration, parse_heartbeat_interval
     from marshal_workers.simulation.faults import parse_fault
@@ -715,7 +724,10 @@ def simulate(partitions: int, members: int, heartbeat_interval: str, duration: s
         duration_s=parse_duration(duration), seed=seed, faults=tuple(parse_fault(f) for f in faults), balance=balance,
         topics=min(topics, partitions), coordination_partitions=coordination_partitions,
         checkpoint_interval_s=0.0 if checkpoint_interval.strip() in ("0", "0s") else parse_duration(checkpoint_interval),
+        shared_topics=shared_topics, amo_topics=amo_topics, pending_timeout_s=parse_duration(pending_timeout),
     )  # fmt: skip
+    if max(shared_topics, amo_topics) > config.topics:
+        raise click.UsageError(f"--shared-topics and --amo-topics name topics among --topics: at most {config.topics}")
     if seeds > 1:
         started = time.perf_counter()
         swept = sweep(config, seeds)

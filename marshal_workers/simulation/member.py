@@ -17,8 +17,12 @@ from typing import Any, Protocol
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall, Key, lease_until
 from marshal_workers.protocol.health import PartitionHealth, Sample
+from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
+from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock
+from marshal_workers.simulation.range_pool_sim import SimSharedTopic
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog, SimWrite
 
@@ -40,6 +44,8 @@ class SimAssignment:
     unhealthy: bool = False
     handing_over: bool = False
     health: PartitionHealth = field(default_factory=PartitionHealth)
+    claimed_end: int = -1  # at most once: the end of the last batch claim accepted (amo_claims.py)
+    claim_asked: bool = False  # at most once: a batch claim is asked for and not decided yet
 
 
 class Environment(Protocol):
@@ -61,6 +67,12 @@ class Environment(Protocol):
 
     def handled(self, key: Key, start: int, offset: int) -> None: ...
 
+    def lease_taken(self, owner: object, topic: str, leased: LeasedRange) -> None: ...
+
+    def lease_dropped(self, owner: object, topic: str, leased: LeasedRange) -> None: ...
+
+    def range_handled(self, topic: str, partition: int, start: int, end: int) -> None: ...
+
 
 class SimMember:
     """One instance of a member (a crash and restart makes a new one with the same client)."""
@@ -75,7 +87,7 @@ class SimMember:
         self.rng = random.Random(f"{config.seed}/{client}/{instance}")  # str seeds hash the same in every process
         self.policy = ClaimingPolicy(self.me, settings, self.rng)
         self.health_policy = settings.health_policy(call_time_limit=0.0)
-        self.partition_counts = config.partition_counts()
+        self.partition_counts = config.whole_counts()  # shared topics are leased by ranges, never claimed whole
         self.total = sum(self.partition_counts.values())
         self.assignments: dict[Key, SimAssignment] = {}
         self.pending: list[tuple[SimWrite, Callable[[list[Any]], None], Callable[[], None]]] = []
@@ -95,6 +107,10 @@ class SimMember:
         self.slow_rate: float | None = None
         self.slow_since = 0.0
         self.writer_id = id(self)  # only a key for write order in the log; never printed nor iterated
+        self.amo = AmoBatchClaims(env, self, config.amo_whole_topics())
+        self.shared = [SimSharedTopic(topic, count, topic in config.amo_topic_names(), env, self,
+                                      Holder(client, instance), self.rng)
+                       for topic, count in config.shared_counts().items()]  # fmt: skip
 
     # ------------------------------------------------------------- the loop
 
@@ -112,7 +128,12 @@ class SimMember:
             self.collect(now)
             self.reap_workers(now)
             self.step(now)
-            if not self.running and not self.assignments and not self.pending and self.policy.stopped():
+            self.amo.step(now, list(self.assignments.values()))  # type: ignore[arg-type]
+            for shared in self.shared:
+                shared.step(now)
+            if not self.running and not self.assignments and not self.pending and self.policy.stopped() and all(
+                shared.stopped() for shared in self.shared
+            ):
                 self.alive = False  # left the group: every partition released
                 return
         env.clock.after(env.config.tick_s, self.loop_pass)
@@ -148,10 +169,11 @@ class SimMember:
                 on_failure()
 
     def write(self, records: list[codec.Record], on_verdicts: Callable[[list[Any]], None],
-              on_failure: Callable[[], None], partitions: list[int] | None = None) -> None:  # fmt: skip
+              on_failure: Callable[[], None], within: float | None = None,
+              partitions: list[int] | None = None) -> None:  # fmt: skip
         env = self.env
         now = env.clock.now
-        sent = SimWrite(self, records, deadline=now + env.config.write_timeout_s)
+        sent = SimWrite(self, records, deadline=now + (env.config.write_timeout_s if within is None else within))
         self.pending.append((sent, on_verdicts, on_failure))
         env.log.submit(self.writer_id, sent, lost=now < self.writes_lost_until, partitions=partitions)
 
@@ -319,7 +341,7 @@ class SimMember:
         self.policy.handed_over(assignment.key, self.env.clock.now)
 
     def release(self, assignment: SimAssignment, sick: bool = False) -> None:
-        offset = int(assignment.offset)
+        offset = self.amo.release_offset(assignment)  # type: ignore[arg-type]
         key = assignment.key
         self.forget(assignment)
         if self.world.owner(*key) != self.me:
@@ -366,6 +388,8 @@ class SimMember:
             rate = self.env.config.handler_rate if self.slow_rate is None else self.slow_rate
             before = int(assignment.offset)
             high = self.env.high_watermark(assignment.key, end)
+            if self.amo.is_amo(assignment.key):  # at most once: nothing at or past the batch claimed
+                high = max(min(high, assignment.claimed_end), before)
             assignment.offset = min(float(high), assignment.offset + rate * (end - start))
             if int(assignment.offset) > before:
                 self.env.handled(assignment.key, before, int(assignment.offset))
@@ -377,13 +401,20 @@ class SimMember:
     def crash(self) -> None:
         """The host dies: its workers with it; writes already sent may still land."""
         self.alive = False
+        now = self.env.clock.now
         for assignment in list(self.assignments.values()):
+            if self.amo.is_amo(assignment.key):
+                self.progress(assignment, now)  # what its worker handled up to the crash (at most once: counted)
             self.forget(assignment)
+        for shared in self.shared:
+            shared.crash()
 
     def freeze(self) -> None:
         now = self.env.clock.now
         for assignment in self.assignments.values():
             self.progress(assignment, now)
+        for shared in self.shared:
+            shared.freeze(now)
         self.frozen = True
 
     def thaw(self) -> None:
@@ -391,10 +422,14 @@ class SimMember:
         self.frozen = False
         for assignment in self.assignments.values():
             assignment.since = now  # nothing was handled while frozen
+        for shared in self.shared:
+            shared.thaw(now)
 
     def leave(self) -> None:
         """A graceful stop: nothing more is claimed; each worker stops and its partition is released."""
         self.running = False
+        for shared in self.shared:
+            shared.begin_stop()
         for assignment in list(self.assignments.values()):
             if assignment.worker_up_at > self.env.clock.now:
                 self.release(assignment)
@@ -405,5 +440,7 @@ class SimMember:
         now = self.env.clock.now
         for assignment in self.assignments.values():
             self.progress(assignment, now)
+        for shared in self.shared:
+            shared.freeze(now)  # handled up to now at the old rate
         self.slow_rate = rate
         self.slow_since = now

@@ -55,8 +55,18 @@ def replay_command(config: SimConfig) -> str:
         f"marshal-workers simulate --partitions {config.partitions} --members {config.members} "
         f"--heartbeat-interval {config.heartbeat_s:g}s --duration {config.duration_s:g}s --balance {config.balance} "
         f"--topics {config.topics} --coordination-partitions {config.coordination_partitions} "
-        f"--seed {config.seed}{faults}"
+        f"{_topic_kinds(config)}--seed {config.seed}{faults}"
     )
+
+
+def _topic_kinds(config: SimConfig) -> str:
+    """The shared and at-most-once options, if any (left out when none: the replay of a run without them)."""
+    found = ""
+    if config.shared_topics:
+        found += f"--shared-topics {config.shared_topics} --pending-timeout {config.pending_timeout_s:g}s "
+    if config.amo_topics:
+        found += f"--amo-topics {config.amo_topics} "
+    return found
 
 
 def fold_cost(values: list[tuple[int, bytes, int]], config: SimConfig, timer: Timer) -> dict[str, float]:
@@ -89,6 +99,12 @@ def text(report: dict[str, Any]) -> str:
             f"{report['records_per_s']:g} records/s, {report['bytes_per_s']:g} bytes/s"
         ),
     ]
+    if "range_records" in report:
+        lines.append(
+            f"shared and at-most-once topics: {report['range_records_per_s']:g} range-lease records/s, "
+            f"{report['message_claim_records_per_s']:g} batch-claim records/s; {report['repeats']} offsets handled "
+            f"again (at least once), {report['amo_lost_offsets']} lost (at most once)"
+        )
     for phase in report["phases"]:
         lines.append(
             f"  {phase['phase']} ({phase['from_s']:g}s to {phase['to_s']:g}s): owned again after "

@@ -34,6 +34,14 @@ class SimConfig:
     balance_bound_hb: float = 30.0  # and balanced (largest minus smallest share at most 1) within this many
     checkpoint_interval_s: float = 0.0  # members write checkpoints this often (0: none; a real fleet's default: 60)
     order_bound_hb: float = 2.0  # an order is obeyed within this many HB of its member reading it
+    # Shared and at-most-once topics (docs/simulation.md): the first ``shared_topics`` topics are shared (range
+    # leases), the last ``amo_topics`` at most once (whole: batch claims; shared: leases with ``amo``).
+    shared_topics: int = 0
+    amo_topics: int = 0
+    shared_workers: int = 2  # per member and shared topic
+    pending_timeout_s: float = 6.0  # a shared handler's pending timeout: how long a range lease lasts
+    range_size: int = 100  # offsets of a range claim before any measurement (then adaptive: range_sizing.py)
+    batch_size: int = 500  # at most once: most messages per batch claim
 
     @property
     def heartbeat_ms(self) -> int:
@@ -43,3 +51,26 @@ class SimConfig:
         """Topics ``t0``, ``t1``... with the partitions spread over them as evenly as they go."""
         base, rest = divmod(self.partitions, self.topics)
         return {f"t{i}": base + (1 if i < rest else 0) for i in range(self.topics) if base + (1 if i < rest else 0)}
+
+    def _kinds(self) -> tuple[list[str], list[str]]:
+        names = list(self.partition_counts())
+        return names[: self.shared_topics], names[len(names) - self.amo_topics :] if self.amo_topics else []
+
+    def shared_counts(self) -> dict[str, int]:
+        """The shared topics (range leases) and their partitions."""
+        shared, _ = self._kinds()
+        return {t: c for t, c in self.partition_counts().items() if t in shared}
+
+    def whole_counts(self) -> dict[str, int]:
+        """The topics claimed whole, and their partitions."""
+        shared, _ = self._kinds()
+        return {t: c for t, c in self.partition_counts().items() if t not in shared}
+
+    def amo_topic_names(self) -> frozenset[str]:
+        """The at-most-once topics, whole or shared."""
+        return frozenset(self._kinds()[1])
+
+    def amo_whole_topics(self) -> frozenset[str]:
+        """The at-most-once topics claimed whole (batch claims)."""
+        shared, amo = self._kinds()
+        return frozenset(t for t in amo if t not in shared)

@@ -16,6 +16,7 @@ from typing import Any
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingSettings, Key
+from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.simulation.checkpointing import Checkpointing
 from marshal_workers.simulation.clock import VirtualClock
@@ -30,6 +31,7 @@ from marshal_workers.simulation.invariants import (
 )
 from marshal_workers.simulation.member import SimAssignment, SimMember
 from marshal_workers.simulation.operator import ORDER_RECORDS, Operator
+from marshal_workers.simulation.range_oracle import RangeOracle
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog
 
@@ -74,12 +76,13 @@ class Simulation:
             heartbeat_s=config.heartbeat_s, balance=config.balance, max_partitions=config.max_partitions,
             sick_cooldown_s=config.sick_cooldown_s, behind_cycles=config.behind_cycles,
         )  # fmt: skip
-        self.keys: list[Key] = [(t, p) for t, count in config.partition_counts().items() for p in range(count)]
+        self.keys: list[Key] = [(t, p) for t, count in config.whole_counts().items() for p in range(count)]
         self.hosts: list[Host] = []
         self.holders: dict[Key, list[tuple[SimMember, SimAssignment]]] = {}
         self.last_owner: dict[Key, Owner] = {}
         self.handled_prefix = HandledPrefix()
         self.violations = Violations()
+        self.ranges = RangeOracle(config, self.violations)  # shared and at-most-once topics
         self.samples: list[Sample] = []
         self.sample_s = config.heartbeat_s / 10
         self.handovers = 0
@@ -151,6 +154,8 @@ class Simulation:
         self.holders[assignment.key] = [(m, a) for m, a in held if a is not assignment]
 
     def resumed(self, member: SimMember, key: Key, offset: int) -> None:
+        if self.ranges.tracks(key):
+            return  # at most once: a new owner starts past the batches claimed, handled or not
         if not self.handled_prefix.resumed(key, offset):
             self.violations.add("nothing skipped", self.clock.now,
                                 f"{member.me.client}/{member.me.instance} resumed {key[0]}[{key[1]}] at {offset}, "
@@ -158,7 +163,18 @@ class Simulation:
                                 f"handled")  # fmt: skip
 
     def handled(self, key: Key, start: int, offset: int) -> None:
+        if self.ranges.tracks(key):
+            self.ranges.worker_handled(key, start, offset, self.clock.now)
         self.handled_prefix.handled(key, start, offset)
+
+    def range_handled(self, topic: str, partition: int, start: int, end: int) -> None:
+        self.ranges.worker_handled((topic, partition), start, end, self.clock.now)
+
+    def lease_taken(self, owner: object, topic: str, leased: LeasedRange) -> None:
+        self.ranges.lease_taken(owner, topic, leased, self.clock.now, self.clock.now_ms)
+
+    def lease_dropped(self, owner: object, topic: str, leased: LeasedRange) -> None:
+        self.ranges.lease_dropped(owner, topic, leased)
 
     # ---------------------------------------------------------- the oracle
 
@@ -169,9 +185,10 @@ class Simulation:
         phase.bytes += len(entry.value)
         record = entry.record
         if type(record) is not codec.Claim:
-            self.oracle.apply(record, entry.at, entry.partition)
+            verdict = self.oracle.apply(record, entry.at, entry.partition)
             if isinstance(record, ORDER_RECORDS):
                 self.operator.appended(entry)
+            self.ranges.appended(record, verdict, self.oracle, self.clock.now, self.clock.now_ms)
             return
         key = (record.topic, record.partition)
         if not self.oracle.apply(record, entry.at, entry.partition):
@@ -352,6 +369,7 @@ class Simulation:
             "ownership_digest": self.digest.hexdigest(),
             **({"orders": self.operator.report()} if self.operator.orders else {}),
             **({"checkpoints": self.checkpointing.report()} if self.checkpointing.enabled else {}),
+            **self.ranges.figures(self.oracle, duration),
         }
 
 

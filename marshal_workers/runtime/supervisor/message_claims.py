@@ -18,6 +18,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.observe.metrics import Counters
+from marshal_workers.protocol.group_commit import GroupCommit
 from marshal_workers.runtime.channel import ClaimAnswer, monotonic_ms
 from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, FromWorker, Outcomes
 from marshal_workers.runtime.supervisor.assignments import Assignment, MessageClaim, Table
@@ -34,8 +35,7 @@ class MessageClaims:
         self.settings = settings
         self.counters = counters
         self.log = log
-        self._held: list[MessageClaim] = []  # asked while one message-claim write is in flight (group commit)
-        self._in_flight = False
+        self._claims: GroupCommit[MessageClaim] = GroupCommit()  # asked while a claim write is in flight wait for it
 
     # --------------------------------------------------------- the component
 
@@ -53,8 +53,7 @@ class MessageClaims:
             if connection is None or connection not in ready:
                 continue
             self._receive(assignment, connection)
-        if not self._in_flight:
-            self._write_held_claims()
+        self._write_held_claims()
 
     def begin_stop(self) -> None:
         """Nothing: workers that still ask are answered as before, until they exit."""
@@ -73,7 +72,7 @@ class MessageClaims:
                     self.counters.add_outcomes(assignment.topic, message.counts)
                 return
             if isinstance(message, ClaimMessages):
-                self._held.append((assignment, connection, message.end))
+                self._claims.ask((assignment, connection, message.end))
         except (EOFError, OSError):
             assignment.connection = None  # the worker is gone; reaping deals with it
 
@@ -89,19 +88,18 @@ class MessageClaims:
     def _write_held_claims(self) -> None:
         """Write the held claims of the workers still there; refuse those of partitions no longer ours."""
         asked: list[MessageClaim] = []
-        for assignment, connection, end in self._held:
+        for assignment, connection, end in self._claims.take():
             if assignment.connection is not connection:
                 continue  # that worker is gone: its successor asks for itself
             if assignment.lost:
                 self._answer(assignment, ClaimAnswer.REFUSED)  # not ours: refused without asking the log
             else:
                 asked.append((assignment, connection, end))
-        self._held = []
         if not asked:
             return
         written_ms = monotonic_ms()  # before the write: the lease errs short
         claims = [(a.topic, a.partition, end) for a, _, end in asked]
-        self._in_flight = True
+        self._claims.writing()
         self.writes.submit(
             "message claim",
             self.coordinator.message_claims(claims),
@@ -137,5 +135,5 @@ class MessageClaims:
 
     def _message_claims_decided(self) -> None:
         """The message-claim write in flight is decided: the next one carries the claims held meanwhile."""
-        self._in_flight = False
+        self._claims.decided()
         self._write_held_claims()

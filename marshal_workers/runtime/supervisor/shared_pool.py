@@ -49,15 +49,16 @@ from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
-from marshal_workers.protocol.range_member import (
-    RangeMember,
-    Wanted,
-    cancel_entry,
-    crashed_entry,
-    handled_entry,
-    progress_entry,
+from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
+from marshal_workers.protocol.range_pool import (
+    PROGRESS_EVERY_S,
+    LeasedRange,
+    ProgressReport,
+    assign_won,
+    claim_ask,
+    renew_every_s,
 )  # fmt: skip
-from marshal_workers.protocol.range_sizing import LEASES_PER_WORKER, RangeSizing
+from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
 from marshal_workers.protocol.world_state import WorldState, per_entry
 from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
@@ -75,25 +76,7 @@ from marshal_workers.runtime.messages import (
     ToSharedWorker,
 )  # fmt: skip
 from marshal_workers.runtime.supervisor.assignments import signal_process
-from marshal_workers.runtime.worker.shared_worker import PROGRESS_EVERY_S, SharedWorkerSpec, shared_worker_main
-
-
-@dataclass
-class LeasedRange:
-    """A range whose lease we hold, and the worker it was handed to."""
-
-    partition: int
-    start: int
-    end: int
-    tries: int
-    deadline_ms: int  # monotonic: the worker must not handle a message past it
-    started: bool = False
-    # Its worker's progress inside it: every offset of [start, upto) done but ``failed`` (``dead`` dead-lettered),
-    # from its Progress messages and its range slot; and what of it the log was last told (None: nothing yet).
-    upto: int = -1
-    failed: tuple[int, ...] = ()
-    dead: tuple[int, ...] = ()
-    written: tuple[int, int, int] | None = None
+from marshal_workers.runtime.worker.shared_worker import SharedWorkerSpec, shared_worker_main
 
 
 @dataclass
@@ -107,6 +90,10 @@ class SharedWorkerHandle:
     handled: int = 0
     slot: RangeSlot | None = None  # its position in the range in hand (shared memory), for its progress
     settled_at: tuple[int, int] | None = None  # (partition, end) of the last range it settled: where it reads next
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None
 
     def reads_next(self) -> tuple[int, int] | None:
         """(partition, offset) where this worker's consumer will stand once its ranges are handled: a range that
@@ -227,7 +214,7 @@ class SharedPool:
                 shared.next_progress = now + PROGRESS_EVERY_S
                 self._write_progress(topic, shared)
             if now >= shared.next_renewal:
-                shared.next_renewal = now + shared.handler.pending_timeout / 3
+                shared.next_renewal = now + renew_every_s(shared.member.lease_ms)
                 self._renew(topic, shared)
             self._claim(topic, shared)
 
@@ -376,30 +363,16 @@ class SharedPool:
     def _claim(self, topic: str, shared: SharedTopic) -> None:
         if self.stopping or shared.claiming or topic in self.held_back:
             return
-        hungry = _hungry(shared)
-        want = sum(LEASES_PER_WORKER - len(w.leases) for w in hungry)
-        idle = sum(1 for w in hungry if not w.leases)
-        if not want or not shared.ends.ends:
+        if not shared.ends.ends:
             return
         coordinator = self._require_coordinator()
-        now_ms = coordinator.now_ms()
         fields = coordinator.record_fields()
-        live = sum(1 for w in shared.workers if w.process is not None)
-        sizer = shared.sizing.sizer([w.index for w in hungry], live, Holder(fields["client"], fields["instance"]))
-        member = shared.member
-        ends, initial, rng = shared.ends.ends, shared.initial, self._rng
-        follow: list[tuple[int, int]] = []  # where each hungry worker will stand, once per lease it wants (pick_ranges)
-        for worker in hungry:
-            at = worker.reads_next()
-            if at is not None:
-                follow += [at] * (LEASES_PER_WORKER - len(worker.leases))
-        # A handler whose ranges are at the cap handles one in less than its target span (a fast one: 10,000 messages
-        # in some 10 ms), less than the fetch a worker that moves within a partition waits for: a worker that joins
-        # another on a partition starts halfway through its backlog, and both read on (range_member.split_ahead).
-        split = shared.sizing.adaptive and sizer.size >= shared.sizing.cap
-        choice = coordinator.read(
-            lambda world: member.choose(world, ends, initial, now_ms, sizer.size, want, idle, rng, sizer, follow, split)
-        )
+        ask = claim_ask(shared.workers, shared.sizing, Holder(fields["client"], fields["instance"]))
+        if ask is None:
+            return
+        now_ms = coordinator.now_ms()
+        member, ends, initial, rng = shared.member, shared.ends.ends, shared.initial, self._rng
+        choice = coordinator.read(lambda world: ask.choose(member, world, ends, initial, now_ms, rng))
         if choice.unknown:
             self._require_offsets().learn_start_offsets(topic, choice.unknown, shared.initial, self.log)
             return
@@ -422,28 +395,21 @@ class SharedPool:
         shared.counters.ranges_claimed += len(won)
         shared.counters.ranges_refused += len(picked) - len(won)
         deadline = shared.member.deadline(written_ms)
-        # Ranges that start where a worker will stand go to that worker first (read on, no seek: its read-ahead).
-        won.sort(key=lambda w: self._follower(shared, w.partition, w.start) is None)
-        for partition, start, end, tries in won:
-            leased = LeasedRange(partition, start, end, tries, deadline)
-            # A range at a partition's end goes to an idle worker (see free_candidates).
-            worker = self._follower(shared, partition, start) or self._hungriest(shared)
-            if worker is None or self.stopping:
-                shared.cancels.append(cancel_entry(leased))
-                continue
-            worker.leases.append(leased)
-            self._tell(worker, Lease(partition, start, end, deadline, tries))
+
+        def place(worker: SharedWorkerHandle, wanted: Wanted) -> None:
+            worker.leases.append(LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries, deadline))
+            self._tell(worker, Lease(wanted.partition, wanted.start, wanted.end, deadline, wanted.tries))
+
+        # Ranges that start where a worker will stand go to that worker first (read on, no seek: its read-ahead);
+        # a range at a partition's end goes to an idle worker (see free_candidates).
+        left = list(won) if self.stopping else assign_won(won, shared.workers, place)
+        for wanted in left:
+            shared.cancels.append(cancel_entry(LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries,
+                                                           deadline)))  # fmt: skip
 
     def _claim_failed(self, topic: str, shared: SharedTopic, exc: Exception) -> None:
         shared.claiming = False
         self.log.warning("range claims on %s not confirmed: %s", topic, exc)
-
-    def _follower(self, shared: SharedTopic, partition: int, start: int) -> SharedWorkerHandle | None:
-        """A hungry worker whose consumer will stand at ``start`` of ``partition``, if any."""
-        return next((w for w in _hungry(shared) if w.reads_next() == (partition, start)), None)
-
-    def _hungriest(self, shared: SharedTopic) -> SharedWorkerHandle | None:
-        return min(_hungry(shared), key=lambda w: len(w.leases), default=None)
 
     # ------------------------------------------------------ renew and settle
 
@@ -502,30 +468,19 @@ class SharedPool:
 
     def _write_progress(self, topic: str, shared: SharedTopic) -> None:
         """One ``progress_ranges`` for every range in hand that moved on since the log last heard of it."""
-        moved: list[tuple[LeasedRange, tuple[int, int, int]]] = []
-        entries: list[codec.ProgressEntry] = []
+        report = ProgressReport()
         now_ms = monotonic_ms()
         for worker in shared.workers:
             for leased in worker.leases:
-                if not leased.started or not shared.member.usable(leased, now_ms):
-                    continue
-                upto = self._progress_of(worker, leased)
-                mark = (upto, len(leased.failed), len(leased.dead))
-                if upto > leased.start and mark != leased.written:
-                    failed = [o for o in leased.failed if o < upto]
-                    dead = [o for o in leased.dead if o < upto]
-                    entries.append(progress_entry(leased, upto, failed, dead))
-                    moved.append((leased, mark))
-        if not entries or self._coordinator is None:
+                report.add(shared.member, leased, self._progress_of(worker, leased), now_ms)
+        if not report.entries or self._coordinator is None:
             return
-        record = shared.member.progress(self._coordinator.record_fields(), entries)
+        record = shared.member.progress(self._coordinator.record_fields(), report.entries)
         shared.progressing = True
 
         def written(verdicts: Sequence[bool]) -> None:
             shared.progressing = False
-            for (leased, mark), accepted in zip(moved, verdicts):
-                leased.written = mark  # refused: the lease is gone (settled meanwhile, or lapsed): no use repeating
-                shared.counters.progress_written += accepted
+            shared.counters.progress_written += report.written(verdicts)
 
         def failed(exc: Exception) -> None:
             shared.progressing = False  # written again at the next cadence
@@ -618,7 +573,3 @@ class SharedPool:
 
         return coordinator.read(marks)
 
-
-def _hungry(shared: SharedTopic) -> list[SharedWorkerHandle]:
-    """The topic's running workers that hold fewer leases than they want."""
-    return [w for w in shared.workers if w.process is not None and len(w.leases) < LEASES_PER_WORKER]

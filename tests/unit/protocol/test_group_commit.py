@@ -1,0 +1,18 @@
+"""Group commit of batch claims: what is asked while a write is in flight waits for it, then goes in one write."""
+
+from __future__ import annotations
+
+from marshal_workers.protocol.group_commit import GroupCommit
+
+
+def test_claims_asked_while_a_write_is_in_flight_go_together_in_the_next() -> None:
+    claims: GroupCommit[int] = GroupCommit()
+    claims.ask(1)
+    assert claims.take() == [1]
+    claims.writing()
+    claims.ask(2)
+    claims.ask(3)
+    assert claims.take() == [], "in flight: they wait"
+    claims.decided()
+    assert claims.take() == [2, 3]
+    assert claims.take() == []

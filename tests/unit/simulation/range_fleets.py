@@ -1,0 +1,67 @@
+"""Small fleets with shared (range-lease) and at-most-once topics, and bugs planted in copies of their fold rules."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from marshal_workers.protocol import codec
+from marshal_workers.protocol.range_leases import MAX_RANGE, Holder, Lease, SharedPartition
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.simulation.faults import parse_fault
+from marshal_workers.simulation.sim_config import SimConfig
+
+
+def mixed(*faults: str, **fields: Any) -> SimConfig:
+    """24 partitions over 4 topics: t0 shared, t1 shared and at most once, t2 and t3 whole and at most once (12
+    whole partitions: 8 over 3 members can settle at 4/2/2, which the fair balance leaves as it is)."""
+    config = SimConfig(partitions=24, members=3, topics=4, shared_topics=2, amo_topics=3, heartbeat_s=2.0,
+                       duration_s=90.0, faults=tuple(parse_fault(f) for f in faults))  # fmt: skip
+    return replace(config, **fields)
+
+
+class OverlappingClaims(SharedPartition):
+    """A planted bug: a range claim is accepted even where a live lease holds some of its offsets."""
+
+    def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
+        if not (start < end and end - start <= MAX_RANGE):
+            return False
+        self.lapse(at)
+        if self.low is None:
+            self.low = start
+        elif start < self.low:
+            return False
+        self.leases[start] = Lease(start, end, holder, at + lease_ms, amo, at)  # no look at the live leases
+        return True
+
+
+class _OverlappingPartitions(dict):  # type: ignore[type-arg]
+    """The fold's shared partitions, each new one with the planted bug (the fold looks them up with ``get``)."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = OverlappingClaims()
+        return super().get(key)
+
+
+def overlapping(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
+    world = WorldState("sim", heartbeat_ms, coordination_partitions)
+    world.shared = _OverlappingPartitions()
+    return world
+
+
+class ForgetsClaimedEnd(WorldState):
+    """A planted bug: a batch claim is accepted, but the end claimed is not kept: a new owner resumes at the last
+    heartbeat's offset, below messages the old owner claimed and handled."""
+
+    def _claim_messages(self, record: codec.ClaimMessages, at: int, source: int) -> bool:
+        state = self.get(record.topic, record.partition)
+        kept = None if state is None else state.amo_offset
+        accepted = super()._claim_messages(record, at, source)
+        if state is not None:
+            state.amo_offset = kept
+        return accepted
+
+
+def forgets_claimed_end(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
+    return ForgetsClaimedEnd("sim", heartbeat_ms, coordination_partitions)
