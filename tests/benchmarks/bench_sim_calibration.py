@@ -67,6 +67,13 @@ def one_run(config: SimConfig, window: float) -> dict[str, float]:
 def real_run(path: Path, partitions: int, heartbeat_s: float, window: float) -> dict[str, float]:
     """A bench_scale.py dump, folded and sampled as ``one_run`` samples a simulation (times from its first record)."""
     lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+    # In log order: by offset within a coordination partition.  The record times need not grow with the offsets
+    # (a broker that keeps the producer's time, as the embedded one does: a batch made first may land second), so
+    # a record counts from the latest time at or before it in its partition.
+    lines.sort(key=lambda r: (r["partition"], r["offset"]))
+    latest: dict[int, int] = {}
+    for line in lines:
+        line["broker_ms"] = latest[line["partition"]] = max(line["broker_ms"], latest.get(line["partition"], 0))
     lines.sort(key=lambda r: (r["broker_ms"], r["partition"], r["offset"]))
     records = [(line, codec.decode(line["value"].encode())) for line in lines]
     claims = [record for _, record in records if type(record) is codec.Claim]
