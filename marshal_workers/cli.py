@@ -701,11 +701,16 @@ def _fault_kinds() -> str:
 @click.option("--shrink/--no-shrink", "shrink_failures", default=True, show_default=True,
               help="When an invariant breaks, look for a smaller run that breaks it too.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--start-spread", default="100ms", show_default=True,
+              help="The members' first passes are spread over this (calibrated on a real fleet: 300ms).")
+@click.option("--position-lookup", default="none", show_default=True,
+              help="What a claim of a partition with no position in the log costs its member before the worker "
+                   "starts, its loop waiting (calibrated on a real fleet: 100ms).")
 @_reports_errors
 def simulate(partitions: int, members: int, heartbeat_interval: str, duration: str, faults: tuple[str, ...],
              seed: int, seeds: int, balance: str, topics: int, coordination_partitions: int, checkpoint_interval: str,
              shared_topics: int, amo_topics: int, pending_timeout: str, shrink_failures: bool,
-             as_json: bool) -> None:  # fmt: skip
+             as_json: bool, start_spread: str, position_lookup: str) -> None:  # fmt: skip
     """Simulate a fleet on a virtual clock and log: the real claiming policy and fold, under faults.
 
     Prints the time until every partition is owned and balanced, hand-overs, coordination records and bytes
@@ -725,6 +730,8 @@ def simulate(partitions: int, members: int, heartbeat_interval: str, duration: s
         topics=min(topics, partitions), coordination_partitions=coordination_partitions,
         checkpoint_interval_s=0.0 if checkpoint_interval.strip() in ("0", "0s") else parse_duration(checkpoint_interval),
         shared_topics=shared_topics, amo_topics=amo_topics, pending_timeout_s=parse_duration(pending_timeout),
+        start_spread_s=parse_duration(start_spread),
+        position_lookup_s=0.0 if position_lookup == "none" else parse_duration(position_lookup),
     )  # fmt: skip
     if max(shared_topics, amo_topics) > config.topics:
         raise click.UsageError(f"--shared-topics and --amo-topics name topics among --topics: at most {config.topics}")

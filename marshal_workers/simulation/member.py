@@ -106,6 +106,7 @@ class SimMember:
         self.reads_stalled_until = -1.0
         self.slow_rate: float | None = None
         self.slow_since = 0.0
+        self.busy_until = 0.0  # virtual seconds: the loop is waiting for a position lookup until then
         self.writer_id = id(self)  # only a key for write order in the log; never printed nor iterated
         self.amo = AmoBatchClaims(env, self, config.amo_whole_topics())
         self.shared = [SimSharedTopic(topic, count, topic in config.amo_topic_names(), env, self,
@@ -115,13 +116,16 @@ class SimMember:
     # ------------------------------------------------------------- the loop
 
     def start(self) -> None:
-        self.env.clock.after(self.rng.uniform(0, self.env.config.tick_s), self.loop_pass)
+        self.env.clock.after(self.rng.uniform(0, self.env.config.start_spread_s), self.loop_pass)
 
     def loop_pass(self) -> None:
         if not self.alive:
             return
         env = self.env
         now = env.clock.now
+        if now < self.busy_until:  # looking positions up (position_lookup_s): the loop waits for Kafka
+            env.clock.at(self.busy_until, self.loop_pass)
+            return
         if not self.frozen:
             if now >= self.reads_stalled_until:
                 self.read(now - self.read_lag)
@@ -222,11 +226,29 @@ class SimMember:
 
     def after_claims(self, keys: list[Key], verdicts: list[Any], written_ms: int) -> None:
         won = self.policy.claims_decided(keys, [bool(v) for v in verdicts])
-        started = []
+        positions = {}
         for key in won:
             state = self.world.get(*key)
-            resume = None if state is None else state.resume_offset
-            assignment = self.take(key, 0 if resume is None else resume, written_ms)  # partitions start at 0
+            positions[key] = None if state is None else state.resume_offset
+        lookup = self.env.config.position_lookup_s
+        if lookup > 0 and any(resume is None for resume in positions.values()):
+            # Not in the log: a real supervisor asks Kafka (committed, then reset offsets), its loop waiting.
+            clock = self.env.clock
+            self.busy_until = max(self.busy_until, clock.now) + lookup * self.rng.uniform(0.5, 1.5)
+            clock.at(self.busy_until, lambda: self.start_won(positions, written_ms))
+        else:
+            self.start_won(positions, written_ms)
+
+    def start_won(self, positions: dict[Key, int | None], written_ms: int) -> None:
+        """Take the partitions won (a partition never seen starts at 0), then heartbeat them all."""
+        if not self.alive:
+            return
+        if self.frozen:  # the lookup resumes with the process
+            self.env.clock.after(self.env.config.tick_s, lambda: self.start_won(positions, written_ms))
+            return
+        started = []
+        for key, resume in positions.items():
+            assignment = self.take(key, 0 if resume is None else resume, written_ms)
             if assignment is not None:
                 started.append(assignment)
         if started:
@@ -260,9 +282,11 @@ class SimMember:
         for indices in by_topic.values():
             chunks.extend(indices[i : i + _MAX_BEATS_PER_RECORD] for i in range(0, len(indices), _MAX_BEATS_PER_RECORD))
         common = self.common()
+        reports = [self.lag_and_rate(a, offset, now) for a, offset in zip(held, offsets)]
         records: list[codec.Record] = [
             codec.Heartbeats(**common, topic=held[chunk[0]].key[0],
-                             beats=tuple(codec.Beat(partition=held[i].key[1], offset=offsets[i]) for i in chunk))
+                             beats=tuple(codec.Beat(partition=held[i].key[1], offset=offsets[i], lag=reports[i][0],
+                                                    rate=reports[i][1]) for i in chunk))
             for chunk in chunks
         ]  # fmt: skip
 
@@ -274,6 +298,14 @@ class SimMember:
             self.after_heartbeats(held, accepted, written_ms)
 
         self.write(records, decided, lambda: None)  # a heartbeat not confirmed: the leases run out
+
+    def lag_and_rate(self, assignment: SimAssignment, offset: int, now: float) -> tuple[int | None, float | None]:
+        """What a real supervisor reports with each beat (partition_claims._progress), so that the records have
+        its size: the lag once the worker is up (it reports the high watermark), the smoothed consume rate
+        once the health monitor has one (rounded to 0.1)."""
+        lag = None if assignment.worker_up_at > now else max(self.env.high_watermark(assignment.key, now) - offset, 0)
+        rate = assignment.health.consume_rate
+        return lag, None if rate is None else round(max(rate, 0.0), 1)
 
     def after_heartbeats(self, held: list[SimAssignment], accepted: list[bool], written_ms: int) -> None:
         for assignment, ok in zip(held, accepted):

@@ -51,6 +51,11 @@ def replay_command(config: SimConfig) -> str:
     faults = "".join(f" --fault {fault}" for fault in config.faults)
     if config.checkpoint_interval_s:
         faults = f" --checkpoint-interval {config.checkpoint_interval_s:g}s" + faults
+    defaults = SimConfig()  # the calibration options, only when set (the replay lines of other runs stay as they were)
+    if config.start_spread_s != defaults.start_spread_s:
+        faults += f" --start-spread {config.start_spread_s * 1000:g}ms"
+    if config.position_lookup_s != defaults.position_lookup_s:
+        faults += f" --position-lookup {config.position_lookup_s * 1000:g}ms"
     return (
         f"marshal-workers simulate --partitions {config.partitions} --members {config.members} "
         f"--heartbeat-interval {config.heartbeat_s:g}s --duration {config.duration_s:g}s --balance {config.balance} "

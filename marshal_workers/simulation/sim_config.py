@@ -25,6 +25,13 @@ class SimConfig:
     latency: Latency = field(default_factory=Latency)  # of a coordination write
     read_lag_s: tuple[float, float] = (0.001, 0.02)  # each member's read lag is drawn from this range
     tick_s: float = 0.1  # a pass of a member's loop (the supervisor's TICK_S)
+    # Calibration (docs/simulation.md): the members' first passes are spread over this many seconds (real
+    # supervisors launched together start claiming over 0.05 to 0.56 s: imports, connections, reading the log);
+    # and a claim won for a partition with no position in the log costs its member this long (drawn from 0.5x to
+    # 1.5x) before the worker starts and the first heartbeat: the supervisor looks the committed and reset
+    # offsets up in Kafka, its loop waiting.  The defaults leave both out.
+    start_spread_s: float = 0.1
+    position_lookup_s: float = 0.0
     start_delay_s: float = 0.02  # from a claim won to its worker handling messages (the fork)
     stop_delay_s: float = 0.05  # from a worker asked to stop to its exit (the message in hand)
     write_timeout_s: float = 10.0

@@ -323,11 +323,12 @@ class SupervisorProcess:
         log_path: Path,
         env: dict[str, str],
         app: str = "bench_app:app",
+        heartbeat_interval: str = HB,
     ) -> SupervisorProcess:
         command = [
             sys.executable, "-m", "marshal_workers", "run", app,
             "--brokers", bootstrap, "--group", group, "--coordination-topic", coordination_topic,
-            "--heartbeat-interval", HB, "--client-id", client_id,
+            "--heartbeat-interval", heartbeat_interval, "--client-id", client_id,
         ]  # fmt: skip
         with open(log_path, "ab") as log:
             process = subprocess.Popen(

@@ -12,7 +12,16 @@ group (``--balance fair``, HB 2 s) at once and measures:
    one partition of the others); then ``status --json`` is asked once;
 2. the coordination records written per second once the fleet is settled,
    over --window seconds (the coordination topic's end offsets before and
-   after), and how many of them each kind is.
+   after), and how many of them each kind is;
+3. when each member's first coordination record landed (its broker time), from its launch: the start-up a
+   simulated member (``marshal-workers simulate``) does not have; and the times of (1) counted from the
+   first record of all, as the simulator counts them.
+
+``--dump PATH`` writes every record of the coordination topic, read once the window is over, as JSON lines
+(``partition``, ``offset``, ``broker_ms`` (the record's LogAppendTime), ``ms`` (from the launch), ``type``,
+``client``, ``instance``, ``ts``, ``entries`` (beats or claims in a multi-partition record), ``bytes``,
+``value`` (the record itself)), for the calibration in docs/simulation.md: ``bench_sim_calibration.py --real PATH``
+folds it with the real fold and measures it as the simulator measures a run.
 
 A benchmark, not a test: the exit status is 0 unless the benchmark could not run.
 """
@@ -81,11 +90,53 @@ def kinds_between(bootstrap: str, topic: str, start: dict[int, int], end: dict[i
     return counts
 
 
+def read_all(bootstrap: str, topic: str, end: dict[int, int]) -> list[tuple[int, int, int, str]]:
+    """Every record of ``topic`` below ``end``: (partition, offset, broker time in ms, its value)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-scale-dump", "enable.auto.commit": False})
+    records: list[tuple[int, int, int, str]] = []
+    left = {p: n for p, n in end.items() if n > 0}
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in left])
+        deadline = time.monotonic() + 120
+        while any(n > 0 for n in left.values()) and time.monotonic() < deadline:
+            for message in consumer.consume(10_000, 0.5):
+                p = message.partition()
+                if message.error() is None and message.offset() < end[p]:
+                    records.append((p, message.offset(), message.timestamp()[1], message.value().decode()))
+                    left[p] -= 1
+    finally:
+        consumer.close()
+    return records
+
+
+def dump_and_first_records(
+    records: list[tuple[int, int, int, str]], launched_ms: int, path: Path | None
+) -> dict[str, float]:
+    """Write ``records`` as JSON lines to ``path`` (if given); the seconds from the launch to each client's
+    first record."""
+    first: dict[str, float] = {}
+    lines = []
+    for partition, offset, broker_ms, value in sorted(records, key=lambda r: (r[2], r[0], r[1])):
+        record = json.loads(value)
+        client = record.get("client", "?")
+        first.setdefault(client, (broker_ms - launched_ms) / 1000)
+        entries = len(record.get("beats", record.get("claims", ()))) or 1
+        lines.append(json.dumps({
+            "partition": partition, "offset": offset, "broker_ms": broker_ms, "ms": broker_ms - launched_ms,
+            "type": record.get("type"), "client": client, "instance": record.get("instance"),
+            "ts": record.get("ts"), "entries": entries, "bytes": len(value.encode()), "value": value,
+        }))  # fmt: skip
+    if path is not None:
+        path.write_text("\n".join(lines) + "\n")
+    return first
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--partitions", type=int, default=256)
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--window", type=float, default=20.0, help="seconds over which traffic is counted")
+    parser.add_argument("--dump", type=Path, help="write every coordination record here (JSON lines)")
     args = parser.parse_args()
 
     from marshal_workers.kafka.embedded_broker import EmbeddedBroker
@@ -100,14 +151,16 @@ def main() -> int:
     with EmbeddedBroker(log_path=str(workdir / "broker.log")) as broker:
         bootstrap = broker.bootstrap
         create_topic(bootstrap, topic, args.partitions)
-        env = {"MARSHAL_WORKERS_BALANCE": "fair", "MARSHAL_WORKERS_HEARTBEAT_INTERVAL": HB}
+        # The command line's --heartbeat-interval wins over the environment: HB is passed there (bench_run's
+        # default, 1 s, made this fleet heartbeat at twice the rate its tail and status assumed).
+        env = {"MARSHAL_WORKERS_BALANCE": "fair"}
         try:
-            started = time.monotonic()
+            started, launched_ms = time.monotonic(), int(time.time() * 1000)
             for n in range(args.members):
                 supervisors.append(
                     SupervisorProcess.start(
                         bootstrap, group, coordination, f"member-{n}", workdir / f"member-{n}.log",
-                        env | {"MW_BENCH_TOPIC": topic},
+                        env | {"MW_BENCH_TOPIC": topic}, heartbeat_interval=HB,
                     )  # fmt: skip
                 )
 
@@ -150,7 +203,13 @@ def main() -> int:
             rate = (sum(after.values()) - sum(before.values())) / (window_end - window_start)
             kinds = kinds_between(bootstrap, coordination, before, after)
             print(f"2. coordination records once settled: {rate:.1f} records/s over {args.window:g}s "
-                  f"({rate / args.members:.1f} per member); by type: {dict(kinds)}")  # fmt: skip
+                  f"({rate / args.members:.1f} per member; the policy's cadence, one heartbeats record per "
+                  f"member and HB/2, is {2 / settings.heartbeat_interval:g}); by type: {dict(kinds)}")  # fmt: skip
+            first = dump_and_first_records(read_all(bootstrap, coordination, after), launched_ms, args.dump)
+            earliest = min(first.values())
+            print("3. first record from the launch: " + ", ".join(f"{c} {s:.2f}s" for c, s in sorted(first.items()))
+                  + f"; from the first record of all: owned after {all_owned - earliest:.1f}s, "
+                  f"balanced after {all_balanced - earliest:.1f}s")  # fmt: skip
         finally:
             for supervisor in supervisors:
                 supervisor.stop()
