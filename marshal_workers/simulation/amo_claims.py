@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import Key, lease_until
-from marshal_workers.protocol.group_commit import GroupCommit
+from marshal_workers.protocol.claim_batching import ClaimBatching
 from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.sim_config import SimConfig
@@ -64,7 +64,7 @@ class AmoBatchClaims:
         self.env = env
         self.member = member
         self.topics = topics
-        self.claims: GroupCommit[tuple[AmoAssignment, int]] = GroupCommit()  # as message_claims.py holds them
+        self.claims: ClaimBatching[tuple[AmoAssignment, int]] = ClaimBatching()  # as message_claims.py holds them
         self.writes = 0
         self.refused = 0
         self.unconfirmed = 0

@@ -18,7 +18,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.observe.metrics import Counters
-from marshal_workers.protocol.group_commit import GroupCommit
+from marshal_workers.protocol.claim_batching import ClaimBatching
 from marshal_workers.runtime.channel import ClaimAnswer, monotonic_ms
 from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, FromWorker, Outcomes
 from marshal_workers.runtime.supervisor.assignments import Assignment, MessageClaim, Table
@@ -35,7 +35,7 @@ class MessageClaims:
         self.settings = settings
         self.counters = counters
         self.log = log
-        self._claims: GroupCommit[MessageClaim] = GroupCommit()  # asked while a claim write is in flight wait for it
+        self._claims: ClaimBatching[MessageClaim] = ClaimBatching()  # asked while a claim write is in flight wait for it
 
     # --------------------------------------------------------- the component
 

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 Claim = TypeVar("Claim")
 
 
-class GroupCommit(Generic[Claim]):
+class ClaimBatching(Generic[Claim]):
     """The claims asked and not written yet, and whether a claim write is in flight."""
 
     def __init__(self) -> None:

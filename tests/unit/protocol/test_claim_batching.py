@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from marshal_workers.protocol.group_commit import GroupCommit
+from marshal_workers.protocol.claim_batching import ClaimBatching
 
 
 def test_claims_asked_while_a_write_is_in_flight_go_together_in_the_next() -> None:
-    claims: GroupCommit[int] = GroupCommit()
+    claims: ClaimBatching[int] = ClaimBatching()
     claims.ask(1)
     assert claims.take() == [1]
     claims.writing()
