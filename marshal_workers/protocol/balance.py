@@ -12,10 +12,14 @@ up (``high``).
 * Asking: a supervisor below ``low`` (and below its own ``max_partitions``)
   with nothing free to claim asks for a partition once per HB: a claim of the
   busiest member's partition, refused while its owner lives.  The refused
-  claim is in the log, so every member sees who is asking.
+  claim is in the log, so every member sees who is asking.  So does one below
+  ``high`` while another member holds more than ``high``: 8 partitions over 3
+  members (a band of 2 to 3) held 4/2/2 would otherwise stay so, nobody being
+  below the floor (the simulator found it: docs/simulation.md).
 * Giving: partitions move only towards members that ask.  Their shortfall
   (up to ``low`` each) is covered one partition at a time by the busiest
-  member (ties broken by name, so every member agrees who gives).
+  member (ties broken by name, so every member agrees who gives); then, by
+  members above ``high`` only, one more each for askers still below ``high``.
 
 Hysteresis keeps it from flapping:
 
@@ -69,12 +73,21 @@ def partitions_to_hand_over(me: M, counts: Mapping[M, int], share: FairShare, as
     time by whoever holds the most at that point, ties broken by name; nobody
     gives below ``low``.
     """
-    shortfall = sum(max(share.low - counts.get(m, 0), 0) for m in asking)
     remaining = dict(counts)
+    to_the_floor = sum(max(share.low - counts.get(m, 0), 0) for m in asking)
+    given = _cover(me, remaining, to_the_floor, keep=share.low)
+    # Then towards the ceiling, from those above it only: within the band nothing moves.
+    to_the_ceiling = sum(1 for m in asking if max(counts.get(m, 0), share.low) < share.high)
+    return given + _cover(me, remaining, to_the_ceiling, keep=share.high)
+
+
+def _cover(me: M, remaining: dict[M, int], need: int, keep: int) -> int:
+    """Cover ``need`` partitions one at a time from whoever holds the most (ties by name), none giving below
+    ``keep``: how many of them ``me`` gives.  ``remaining`` is updated."""
     given = 0
-    for _ in range(shortfall):
+    for _ in range(need):
         busiest = max(remaining, key=lambda m: (remaining[m], str(m)))
-        if remaining[busiest] <= share.low:
+        if remaining[busiest] <= keep:
             break
         remaining[busiest] -= 1
         given += busiest == me
@@ -103,10 +116,12 @@ def claim_cap(share: FairShare, max_partitions: int) -> int:
     return share.high if not max_partitions else min(share.high, max_partitions)
 
 
-def is_hungry(held: int, share: FairShare, max_partitions: int) -> bool:
-    """Below the band (and below our own cap): worth asking others for a partition."""
-    wanted = share.low if not max_partitions else min(share.low, max_partitions)
-    return held < wanted
+def is_hungry(held: int, share: FairShare, max_partitions: int, others_most: int = 0) -> bool:
+    """Below the band (and below our own cap), or below its ceiling while another member holds more than the
+    ceiling (``others_most``: the most any other member holds): worth asking others for a partition."""
+    floor, ceiling = (share.low, share.high) if not max_partitions else (min(share.low, max_partitions),
+                                                                         min(share.high, max_partitions))  # fmt: skip
+    return held < floor or (held < ceiling and others_most > share.high)
 
 
 def yields_to_askers(me: M, counts: Mapping[M, int], share: FairShare, asking: Collection[M]) -> bool:

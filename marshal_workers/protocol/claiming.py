@@ -216,7 +216,8 @@ class ClaimingPolicy:
             counts, askers = self.group_view(world, now_ms)
             share = fair_share(total_partitions, len(counts))
             counts[self.me] = len(offered)
-            hungry = is_hungry(held, share, settings.max_partitions)
+            others_most = max((n for member, n in counts.items() if member != self.me), default=0)
+            hungry = is_hungry(held, share, settings.max_partitions, others_most)
             if hungry:
                 askers.add(self.me)  # about to ask, if not already
             wanted = partitions_to_hand_over(self.me, counts, share, askers)

@@ -82,6 +82,15 @@ def test_nothing_moves_inside_the_band(counts: dict[str, int]) -> None:
     assert set(gifts(counts, asking={m for m in counts if is_hungry(counts[m], share, 0)}).values()) == {0}
 
 
+def test_members_at_the_floor_ask_while_another_holds_more_than_the_ceiling() -> None:
+    share = fair_share(8, 3)  # 2 to 3
+    assert is_hungry(2, share, 0, others_most=4) and not is_hungry(2, share, 0, others_most=3)
+    assert not is_hungry(3, share, 0, others_most=4), "at the ceiling: nothing to ask for"
+    assert not is_hungry(2, share, max_partitions=2, others_most=4), "capped at 2"
+    assert gifts({"a": 4, "b": 2, "c": 2}, asking={"b", "c"}) == {"a": 1, "b": 0, "c": 0}, "4/2/2 becomes 3/3/2"
+    assert gifts({"a": 3, "b": 3, "c": 2}, asking={"c"}) == {"a": 0, "b": 0, "c": 0}, "within the band"
+
+
 def test_the_busiest_give_one_at_a_time_and_all_agree_who() -> None:
     assert gifts({"a": 4, "b": 4, "c": 2}, asking={"c"}) == {"a": 0, "b": 1, "c": 0}  # ties: by name
     assert gifts({"a": 6, "b": 4, "c": 0}, asking={"c"}) == {"a": 2, "b": 1, "c": 0}  # 6,4 -> 5,4 -> 4,4 -> 4,3
@@ -132,7 +141,8 @@ def run_rounds(
     for now in range(rounds):
         share = fair_share(len(free) + sum(len(h) for h in holdings.values()), members)
         counts = {m: len(h) for m, h in holdings.items()}
-        asking = {m for m in range(members) if is_hungry(counts[m], share, caps[m])}
+        asking = {m for m in range(members)
+                  if is_hungry(counts[m], share, caps[m], max((n for o, n in counts.items() if o != m), default=0))}  # fmt: skip
         handed_over: dict[int, set[int]] = {m: set() for m in range(members)}
         for m in range(members):
             wanted = partitions_to_hand_over(m, counts, share, asking)
@@ -177,8 +187,8 @@ def test_a_fleet_settles_and_then_never_moves(members: int, total: int, seed: in
     assert sum(settled_counts.values()) == total, "every partition is owned"
     for m, n in settled_counts.items():
         assert n >= min(share.low, caps[m] or share.low), f"member {m} below its share and not asking: {history}"
-        if not any(caps.values()):  # everyone at low or more leaves at most this for one member
-            assert n <= total - (members - 1) * share.low, history
+        if not any(caps.values()):  # nobody capped: every share within one of the others (8 over 3: 3/3/2)
+            assert share.low <= n <= share.high, history
     assert history[8:] == [settled_counts] * 4, "no flapping once settled"
 
 
