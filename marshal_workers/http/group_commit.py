@@ -4,22 +4,20 @@ Every read writes ``deliver_messages``, every ack ``ack_messages`` and every
 cancel ``cancel_messages``.  Written one request at a time, each would wait
 for a coordination write of its own (a produce, its delivery report and its
 fold: milliseconds), and the server would spend its CPU on round trips.
-Here writer threads keep a few writes in flight (the server: one): the
-requests that arrive while every writer waits for its write's verdict queue,
-and the next write carries all of them, one record per kind (as the
-supervisor's at-most-once message claims share a ``message_claims`` record).
-Each request learns the verdicts of its own entries when its write is
-confirmed.  With two in flight, a request waits for about one write (its
-own), not also for the rest of the one in flight when it came, but writes
-are smaller (served_topic.WRITES_IN_FLIGHT says why the server keeps one).
+Here a writer thread keeps one write in flight: the requests that arrive
+while it waits for its write's verdict queue, and the next write carries all
+of them, one record per kind (as the supervisor's at-most-once message claims
+share a ``message_claims`` record).  Each request learns the verdicts of its
+own entries when its write is confirmed.  (Two writes in flight were tried
+twice and measured: smaller writes, more CPU per message, no faster acks on
+the embedded broker; docs/http-service.md, "Group commit".)
 
 Order: within a write the records go deliver, ack, cancel, to the one
-coordination partition of the topic; writes are produced one after another
-in the order their entries were queued (taking the queue and producing it is
-one step under a lock), and the idempotent producer keeps that order in the
-log.  So an entry is folded after every entry submitted before it, and a
-hand-out submitted before an ack of it (the client acked what it was
-answered) is folded first, whichever write is confirmed first.
+coordination partition of the topic; writes go one after another in the
+order their entries were queued, and the idempotent producer keeps that
+order in the log.  So an entry is folded after every entry submitted before
+it, and a hand-out submitted before an ack of it (the client acked what it
+was answered) is folded first.
 """
 
 from __future__ import annotations
@@ -78,24 +76,15 @@ class WriteStats:
 
 
 Write = Callable[[list[codec.Record]], list[Any]]  # the coordinator's write: the records' verdicts, or raises
-# The coordinator's send: produce now (after everything sent before), and return the wait for the verdicts.
-Send = Callable[[list[codec.Record]], Callable[[], list[Any]]]
 Fields = Callable[[], dict[str, Any]]  # the common fields of a record written now
 
 
 class GroupCommit:
-    """Queues message entries and writes them in batches, ``in_flight`` writes in flight at a time (default one).
+    """Queues message entries and writes them in batches, one write in flight at a time, from its own thread."""
 
-    More than one needs ``send`` (the write in two steps): each write is produced, under a lock, in the order its
-    entries were queued, so the log folds them in that order whichever write is confirmed first; the next write
-    need not wait for the one before to be confirmed, so a request waits for about one write, not two."""
-
-    def __init__(self, write: Write, fields: Fields, topic: str, pending_ms: int, send: Send | None = None,
-                 in_flight: int = 1) -> None:  # fmt: skip
-        assert send is not None or in_flight == 1, "writes in flight together are produced in order by send"
-        self._send: Send = send or (lambda records: lambda: write(records))
-        self._in_flight = in_flight
-        self._sending = threading.Lock()  # taking a batch and producing it: one writer at a time, in queue order
+    def __init__(self, write: Write, fields: Fields, topic: str, pending_ms: int) -> None:
+        self._write = write
+        self._writing = threading.Lock()  # one write at a time: the thread's, or write_queued's
         self._fields = fields
         self._topic = topic
         self._pending_ms = pending_ms
@@ -103,15 +92,13 @@ class GroupCommit:
         self._urgent = False  # a queued entry has a request waiting for its verdict
         self._wake = threading.Condition()
         self._closing = False
-        self._threads: list[threading.Thread] = []
+        self._thread = threading.Thread(target=self._run, name="serve-group-commit", daemon=True)
+        self._started = False
         self.stats = WriteStats()
 
     def start(self) -> GroupCommit:
-        for n in range(self._in_flight):
-            name = "serve-group-commit" if n == 0 else f"serve-group-commit-{n + 1}"
-            self._threads.append(threading.Thread(target=self._run, name=name, daemon=True))
-        for thread in self._threads:
-            thread.start()
+        self._started = True
+        self._thread.start()
         return self
 
     def close(self, timeout: float = 10.0) -> None:
@@ -119,8 +106,8 @@ class GroupCommit:
         with self._wake:
             self._closing = True
             self._wake.notify_all()
-        for thread in self._threads:
-            thread.join(timeout)
+        if self._started:
+            self._thread.join(timeout)
 
     def submit(self, kind: Kind, entries: Sequence[codec.MessageEntry], linger: bool = False) -> Future[list[bool]]:
         """Queue ``entries`` for the next write: the future gives one verdict per entry once the write is confirmed,
@@ -134,7 +121,7 @@ class GroupCommit:
             done.set_result([])
             return done
         with self._wake:
-            if self._closing and not any(thread.is_alive() for thread in self._threads):
+            if self._closing and not self._thread.is_alive():
                 raise RuntimeError("the group commit is closed: nothing more is written")
             # The writer is woken only when that changes what it does: an entry into an empty queue (it waits for
             # one), the first one somebody waits on (it may be lingering). Not for every entry: each wake-up costs
@@ -155,52 +142,35 @@ class GroupCommit:
 
     def _run(self) -> None:
         while True:
-            with self._sending:  # the other writers wait here: one takes the queue and produces at a time
-                with self._wake:
-                    while not self._queue and not self._closing:
-                        self._wake.wait()
-                    if not self._queue:
-                        return  # closing, and nothing left to write
-                    flush_at = time.monotonic() + LINGER_S
-                    while not self._urgent and not self._closing and (left := flush_at - time.monotonic()) > 0:
-                        self._wake.wait(left)  # only lingering entries: wait a moment for one somebody waits on
-                    batch, self._queue, self._urgent = self._queue, [], False
-                sent = self._produce(batch)
-            if sent is not None:
-                self._confirm(batch, *sent)
+            with self._wake:
+                while not self._queue and not self._closing:
+                    self._wake.wait()
+                if not self._queue:
+                    return  # closing, and nothing left to write
+                flush_at = time.monotonic() + LINGER_S
+                while not self._urgent and not self._closing and (left := flush_at - time.monotonic()) > 0:
+                    self._wake.wait(left)  # only lingering entries: wait a moment for one somebody waits on
+            self.write_queued()
 
     def write_queued(self) -> None:
         """One write of everything queued now, on this thread: the writer thread's step (a GroupCommit not
         started is written by calling it)."""
-        with self._sending:
+        with self._writing:
             with self._wake:
                 batch, self._queue, self._urgent = self._queue, [], False
-            sent = self._produce(batch) if batch else None
-        if sent is not None:
-            self._confirm(batch, *sent)
+            if batch:
+                self._write_batch(batch)
 
-    def _produce(self, batch: list[_Queued]) -> tuple[list[codec.Record], list[tuple[int, int]], Callable[[], list[Any]],
-                                                     float] | None:  # fmt: skip
-        """The batch's records, sent: (records, each request's span of verdicts, the wait, when); None if the
-        send failed (every request of the batch has heard)."""
+    def _write_batch(self, batch: list[_Queued]) -> None:
+        """The batch's records, written: each request's verdicts once the write is confirmed (or the failure)."""
         records, spans = self._records(batch)
         started = time.monotonic()
         try:
-            return records, spans, self._send(records), started
-        except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
-            self._fail(batch, exc)
-            return None
-
-    def _confirm(self, batch: list[_Queued], records: list[codec.Record], spans: list[tuple[int, int]],
-                 wait: Callable[[], list[Any]], started: float) -> None:  # fmt: skip
-        """Each request's verdicts once the write is confirmed (or the failure)."""
-        try:
-            verdicts = wait()
+            verdicts = self._write(records)
         except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
             self._fail(batch, exc)
             return
-        took = time.monotonic() - started
-        self._account(took, sum(len(q.entries) for q in batch))
+        self._account(time.monotonic() - started, sum(len(q.entries) for q in batch))
         flat: list[bool] = []
         for record, verdict in zip(records, verdicts):
             flat += per_entry(verdict, len(record.messages))  # type: ignore[attr-defined]

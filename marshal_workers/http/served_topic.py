@@ -66,11 +66,6 @@ ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
 IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
-# The group commit's writes in flight at once. One: on the embedded broker (write p50 about 1 ms) a second one
-# in flight made writes smaller (2.5 messages each instead of 3.5 at 8 clients) and cost about 10% more CPU per
-# message, for no gain in messages per second at 8 or 64 clients (tests/benchmarks/profile_serve.py, same runs).
-# A broker with a longer write latency may gain from 2 (GroupCommit keeps them in order).
-WRITES_IN_FLIGHT = 1
 _NEVER = 2**62
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
@@ -259,8 +254,7 @@ class ServedTopic:
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
         coordinator = self._coordinator
         self._group_commit = GroupCommit(lambda records: coordinator.write(records), coordinator.record_fields, self.topic,
-                                         self.options.pending_ms, send=coordinator.send,
-                                         in_flight=WRITES_IN_FLIGHT).start()  # fmt: skip
+                                         self.options.pending_ms).start()  # fmt: skip
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()

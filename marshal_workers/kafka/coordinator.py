@@ -408,12 +408,6 @@ class Coordinator:
         assert self._log is not None, "call start() first"
         return self.wait_written(self.submit(records, partitions))
 
-    def send(self, records: Sequence[codec.Record]) -> Callable[[], list[bool]]:
-        """Produce records now (so they follow everything produced before, in the log), and return the wait for
-        their verdicts: write() in two steps, for a writer that keeps several writes in flight in order."""
-        pending = self.submit(records)
-        return lambda: self.wait_written(pending)
-
     def wait_written(self, pending: PendingWrite) -> list[bool]:
         """Wait for a submitted write's delivery and fold: each record's verdict (CoordinationWriteError if not
         confirmed within the write timeout)."""

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from polling import poll_until
 
 from marshal_workers.errors import CoordinationWriteError
 from marshal_workers.http.group_commit import MAX_ENTRIES_PER_RECORD, GroupCommit, Kind
@@ -130,50 +129,3 @@ def test_a_huge_batch_is_split_into_records_of_bounded_size() -> None:
     commit.write_queued()
     assert [len(r.messages) for r in log.writes[0]] == [MAX_ENTRIES_PER_RECORD, MAX_ENTRIES_PER_RECORD, 5]  # type: ignore[attr-defined]
     assert future.result(0) == [accepted(Kind.ACK, e) for e in entries(*range(MAX_ENTRIES_PER_RECORD * 2 + 5))]
-
-
-class FakeSendingLog(FakeLog):
-    """A coordinator whose send produces at once (recorded in order) and whose verdicts come when released."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.confirm: list[threading.Event] = []
-
-    def send(self, records: list[codec.Record]) -> Any:
-        self.writes.append(records)
-        confirmed = threading.Event()
-        self.confirm.append(confirmed)
-
-        def wait() -> list[Any]:
-            assert confirmed.wait(10)
-            return [Verdicts(tuple(accepted(kind_of(r), e) for e in r.messages)) for r in records]  # type: ignore[attr-defined]
-
-        return wait
-
-
-def test_with_two_writes_in_flight_a_request_does_not_wait_for_the_write_before_and_order_is_kept() -> None:
-    """The second write is produced while the first is unconfirmed (a request waits for one write, not two), in
-    the order the entries were queued (a hand-out before the ack of it); a third request waits for a free
-    writer and then shares a write with those queued meanwhile."""
-    log = FakeSendingLog()
-    commit = GroupCommit(log.write, lambda: FIELDS, "t", 30_000, send=log.send, in_flight=2).start()
-    try:
-        handed = commit.submit(Kind.DELIVER, entries(1))
-        poll_until(lambda: len(log.writes) == 1, 10, 0.001, "the first write")
-        acked = commit.submit(Kind.ACK, entries(1))
-        poll_until(lambda: len(log.writes) == 2, 10, 0.001, "the second write, the first unconfirmed")
-        later = [commit.submit(Kind.ACK, entries(n)) for n in (2, 3, 4)]
-        log.confirm[1].set()
-        assert acked.result(10) == [accepted(Kind.ACK, codec.MessageEntry(0, 1))]
-        assert not handed.done()  # each request hears of its own write only
-        poll_until(lambda: len(log.writes) == 3, 10, 0.001, "the third write")
-        for event in log.confirm:
-            event.set()
-        assert handed.result(10) == [accepted(Kind.DELIVER, codec.MessageEntry(0, 1))]
-        assert [f.result(10) for f in later] == [[accepted(Kind.ACK, codec.MessageEntry(0, n))] for n in (2, 3, 4)]
-    finally:
-        for event in log.confirm:
-            event.set()
-        commit.close()
-    assert [[kind_of(r) for r in w] for w in log.writes] == [[Kind.DELIVER], [Kind.ACK], [Kind.ACK]]
-    assert [e.offset for e in log.writes[2][0].messages] == [2, 3, 4]  # type: ignore[attr-defined]
