@@ -806,11 +806,13 @@ class WorldState:
             return self.snapshot()
         self._owner_index()  # carried along, so no copy relearns it
         new = copy.copy(self)
-        for name in _COPIED_CONTAINERS:
+        beats = kind is Heartbeats or kind is Heartbeat
+        for name in _BEAT_CONTAINERS if beats else _COPIED_CONTAINERS:
             setattr(new, name, getattr(self, name).copy())
         new.stats = copy.copy(self.stats)
         new.groups_seen = {source: set(names) for source, names in self.groups_seen.items()}
-        new.controls = {source: Controls(dict(c.drained), dict(c.shutdowns)) for source, c in self.controls.items()}
+        if not beats:
+            new.controls = {source: Controls(dict(c.drained), dict(c.shutdowns)) for source, c in self.controls.items()}
         if record.group == self.group:
             partitions, shared = new.partitions, new.shared
             topic = record.topic if kind not in _GROUP_KINDS else None  # type: ignore[union-attr]
@@ -854,6 +856,9 @@ _COPIED_CONTAINERS = (
     "partitions", "pauses", "last_claim", "last_refused_claim", "clients", "checkpoints", "shared", "topic_pauses",
     "directory_known", "_too_many_groups", "_routes", "_owners", "_owner_counts", "_client_counts",
 )  # fmt: skip
+# A heartbeat changes only the states of its partitions (and the counts, and the caches of routes and groups seen):
+# the copy for one shares the rest, the most of the fold's records and so the most of its copies.
+_BEAT_CONTAINERS = ("partitions", "_routes", "directory_known", "_too_many_groups")
 _GROUP_KINDS = (ReleaseGroup, Checkpoint, Control)  # records about no topic
 
 

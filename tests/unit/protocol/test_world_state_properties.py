@@ -378,13 +378,16 @@ def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_reco
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.lists(st.sampled_from(STEPS), min_size=1, max_size=3))
+@given(logs(), st.lists(st.sampled_from(STEPS), min_size=1, max_size=3), st.booleans())
 def test_a_copy_before_a_record_folds_it_as_the_state_would_and_leaves_the_state_as_it_was(
-    log: list[codec.Record], lags: list[int]
+    log: list[codec.Record], lags: list[int], as_members_write: bool
 ) -> None:
     """copy_before (the simulator's members share one fold through it): a chain of copies, one per record, is at
     every step equal to the state folding the log itself, gives the same verdicts and answers, and every state of
-    the chain stays the fold of its own prefix while the later ones fold on."""
+    the chain stays the fold of its own prefix while the later ones fold on.  Also with the heartbeats joined
+    into one record per writer, as members write them."""
+    if as_members_write:
+        log = batched(log)
     folded = WorldState(GROUP, HB)
     chain = [WorldState(GROUP, HB)]
     prefixes = [copy.deepcopy(folded)]
