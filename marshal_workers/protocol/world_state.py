@@ -712,6 +712,16 @@ class WorldState:
         self._oldest_owned_ts = min((s.last_ts for s in partitions.values() if s.owner is not None), default=now)
         return free
 
+    def relearn_free_index(self, now: int) -> None:
+        """Relearn free_partitions' bound of the owned partitions' record times (one pass over the partitions)
+        unless it is within an HB of ``now``.  A member's claim rounds relearn it when they need to; a fold that no
+        claim round asks (the simulator's shared fold, whose copies its members ask) calls this now and then, so
+        that the copies start from a recent bound.  Answers never change, only how fast they come."""
+        oldest = self._oldest_owned_ts
+        if oldest is None or now - oldest > self.heartbeat_ms:
+            owned = (s.last_ts for s in self.partitions.values() if s.owner is not None)
+            self._oldest_owned_ts = min(owned, default=now)
+
     def is_drained(self, client: str) -> bool:
         """Has an operator drained ``client`` (on any coordination partition) and not resumed it?"""
         return any(client in controls.drained for controls in self.controls.values())

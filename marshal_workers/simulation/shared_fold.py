@@ -33,6 +33,8 @@ class SharedFold:
         self._kept: deque[tuple[int, WorldState]] = deque([(0, empty)])  # (position, the state there)
         self.appended: list[float] = []  # each record's append time (virtual seconds), in log order
         self._releases = [0]  # accepted releases among the first n records
+        self._relearned_at = -1.0  # virtual seconds: the head's free_partitions index, last relearned
+        self._relearn_every_s = 0.5
 
     def fold(self, entry: Entry, now: float) -> object:
         """Fold the record just appended; its verdict."""
@@ -40,6 +42,9 @@ class SharedFold:
         state = self.head.copy_before(record)
         verdict = state.apply(record, entry.at, entry.partition)
         self.head = state
+        if now - self._relearned_at >= self._relearn_every_s:  # its copies, which members ask, inherit the bound
+            self._relearned_at = now
+            state.relearn_free_index(entry.at)
         position = entry.offset + 1
         self.appended.append(entry.appended)
         released = bool(verdict) and type(record) is codec.Release
