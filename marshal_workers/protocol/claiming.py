@@ -200,8 +200,8 @@ class ClaimingPolicy:
 
     def group_view(self, world: WorldState, now_ms: int) -> tuple[dict[Owner, int], set[Owner]]:
         """The live members of the group (us included) with the partitions each holds, and who asks for more."""
-        held = world.holdings(now_ms)
-        counts = {member: len(held.get(member, ())) for member in world.live_members(now_ms, held) | {self.me}}
+        held = world.holding_counts(now_ms)
+        counts = {member: held.get(member, 0) for member in world.live_members(now_ms, held) | {self.me}}
         return counts, world.askers(now_ms)
 
     def rebalance(

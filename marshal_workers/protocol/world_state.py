@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import enum
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -769,15 +769,25 @@ class WorldState:
             self._holdings_memo = {owner: list(keys) for owner, keys in held.items()}
         return held
 
-    def live_members(self, now: int, holdings: dict[Owner, list[tuple[str, int]]] | None = None) -> set[Owner]:
+    def holding_counts(self, now: int) -> dict[Owner, int]:
+        """How many partitions each owner holds whose claim is not stale: the lengths of ``holdings(now)``, in no
+        particular order.  While none can be stale (free_partitions' bound) it is the fold's count of owners."""
+        oldest = self._oldest_owned_ts
+        if oldest is not None and now - oldest <= 2 * self.heartbeat_ms:
+            self._owner_index()
+            return dict(self._owner_counts)
+        return {owner: len(keys) for owner, keys in self.holdings(now).items()}
+
+    def live_members(self, now: int, holdings: Mapping[Owner, object] | None = None) -> set[Owner]:
         """The group's members at ``now``: owners of partitions that are not stale, and whoever claimed
-        (accepted or not) within 2*HB.  ``holdings``: ``self.holdings(now)``, if the caller has it already.
+        (accepted or not) within 2*HB.  ``holdings``: ``self.holdings(now)`` or ``self.holding_counts(now)``, if
+        the caller has either already.
 
         A member that owns nothing and claims nothing is not seen: the protocol
         has no presence record, so a member that wants to be counted asks for a
         partition (see balance.py).  A member that released everything is gone.
         """
-        held = self.holdings(now) if holdings is None else holdings
+        held = self.holding_counts(now) if holdings is None else holdings
         return set(held) | self._within_two_heartbeats(self.last_claim, now)
 
     def askers(self, now: int) -> set[Owner]:

@@ -361,8 +361,8 @@ def holdings_by_scan(state: WorldState, now: int) -> list[tuple[Owner, list[tupl
 def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_records(
     log: list[codec.Record], lags: list[int], askers: list[tuple[str, str]]
 ) -> None:
-    """The fold keeps free_partitions' answer for a tuple of keys, and the holdings, until a partition changes
-    owner (members ask both every round, mostly of an unchanged world): asked again and again between records, by
+    """The fold keeps free_partitions' answer for a tuple of keys, and the holdings (and their counts), until a
+    partition changes owner (members ask both every round, mostly of an unchanged world): asked again and again between records, by
     several members at several times, they answer as the scans."""
     state = WorldState(GROUP, HB)
     keys = tuple((topic, p) for topic in TOPICS for p in range(4))
@@ -373,6 +373,7 @@ def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_reco
             for who in askers:
                 assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
                 assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
+                assert state.holding_counts(now) == {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
             state.holdings(now)[Owner("x", "x1")] = []  # a caller's change to an answer changes no later answer
             assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
 
