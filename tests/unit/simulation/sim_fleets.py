@@ -41,7 +41,9 @@ class TakesLiveClaims(WorldState):
     same rule: ``free_partitions`` asks ``is_free`` of each partition (the real one's index of the owners is for
     the real rule, and would hide the bug until a partition is stale by the real rule)."""
 
-    def free_partitions(self, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str) -> list[tuple[str, int]]:
+    def free_partitions(
+        self, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str
+    ) -> list[tuple[str, int]]:
         return [key for key in keys if self.is_free(*key, now, client, instance)]
 
     def _claimable_by(self, state: PartitionState, client: str, instance: str, at: int) -> bool:

@@ -16,8 +16,9 @@ from marshal_workers.simulation.faults import parse_fault
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.simulator import WorldFactory, real_world, simulate
 
-MIX = ("crash@10s:members=1 freeze@20s:for=7s lose-writes@30s:for=5s stall-reads@35s:for=5s skew@0s:by=3s "
-       "join@40s:members=2 leave@45s slow@5s:for=15s deaf@50s:for=7s stall-log@58s:for=5s").split()  # fmt: skip
+MIX = ["crash@10s:members=1", "freeze@20s:for=7s", "lose-writes@30s:for=5s", "stall-reads@35s:for=5s",
+       "skew@0s:by=3s", "join@40s:members=2", "leave@45s", "slow@5s:for=15s", "deaf@50s:for=7s",
+       "stall-log@58s:for=5s"]  # fmt: skip
 
 # name: (the first 32 hex digits of ownership_digest, records, violations)
 PINNED = {
