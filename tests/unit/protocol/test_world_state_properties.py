@@ -419,3 +419,18 @@ def test_a_copy_before_a_record_it_does_not_know_is_a_whole_copy() -> None:
     copied = state.copy_before(record)
     copied.apply(record, 2)
     assert state.owner("orders", 0) == Owner("a", "a1") and copied.owner("orders", 0) is None
+
+
+def test_a_copy_before_a_range_record_leaves_the_source_s_leases_alone() -> None:
+    """Range records change a shared partition's leases: the copy folds them, the state it was made from keeps its own."""
+    common = {"v": 1, "group": GROUP, "client": "a", "instance": "a1", "topic": "orders"}
+    first = codec.ClaimRanges(**common, ts=1, lease_ms=HB, ranges=(codec.RangeEntry(partition=0, offset=0, end=10),))
+    state = fold_all([first])
+    before = copy.deepcopy(state)
+    ack = codec.AckRanges(**common, ts=2, ranges=(codec.AckEntry(partition=0, offset=0, end=10),))
+    folded = fold_all([first])
+    verdict = folded.apply(ack, 2)
+    copied = state.copy_before(ack)
+    assert copied.apply(ack, 2) == verdict and all(verdict)
+    assert state == before and state.shared == before.shared
+    assert copied == folded and copied.shared != state.shared
