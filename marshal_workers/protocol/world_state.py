@@ -798,8 +798,10 @@ class WorldState:
         on: a member capped by max_partitions, which asked for its one partition and got it, would still
         be short of the fair share in their eyes, and be handed partitions it never takes.
         """
-        still_asking = {i: at for i, at in self.last_refused_claim.items() if self.last_claim.get(i) == at}
-        return self._within_two_heartbeats(still_asking, now)
+        limit, last_claim, clients = 2 * self.heartbeat_ms, self.last_claim, self.clients
+        # The time first: most refusals are old (a member asks once per HB, and only while it holds too few).
+        return {Owner(clients[i], i) for i, at in self.last_refused_claim.items()
+                if now - at <= limit and last_claim.get(i) == at}  # fmt: skip
 
     def _within_two_heartbeats(self, times: dict[str, int], now: int) -> set[Owner]:
         """The instances whose time in ``times`` (by instance) is at most 2*HB before ``now``."""
