@@ -14,6 +14,7 @@ Nothing here reads a clock or does I/O.
 from __future__ import annotations
 
 import enum
+import functools
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,12 @@ def lease_until(written_ms: int, heartbeat_ms: int) -> int:
     return written_ms + int(1.5 * heartbeat_ms)
 
 
+@functools.lru_cache(maxsize=16)
+def all_keys(partition_counts: tuple[tuple[str, int], ...]) -> tuple[Key, ...]:
+    """Every (topic, partition) of ``partition_counts`` ((topic, count) pairs), in their order."""
+    return tuple((topic, p) for topic, count in partition_counts for p in range(count))
+
+
 class Rebalance(NamedTuple):
     """One balance cycle's decisions."""
 
@@ -96,14 +103,11 @@ class ClaimingPolicy:
         self._next_heartbeat = 0.0  # the times at which each is next due
         self._next_claim = 0.0
         self._next_ask = 0.0  # the next time we may ask another member for a partition
-        self._all_keys: tuple[tuple[tuple[str, int], ...], list[Key]] = ((), [])  # partition counts -> every key
 
-    def _keys(self, partition_counts: Mapping[str, int]) -> list[Key]:
-        """Every (topic, partition), in the order of ``partition_counts`` (kept until the counts change)."""
-        counts = tuple(partition_counts.items())
-        if counts != self._all_keys[0]:
-            self._all_keys = (counts, [(topic, p) for topic, count in counts for p in range(count)])
-        return self._all_keys[1]
+    def _keys(self, partition_counts: Mapping[str, int]) -> tuple[Key, ...]:
+        """Every (topic, partition), in the order of ``partition_counts``: one tuple for equal counts, which the
+        fold's free_partitions keeps its answer for while no partition changes owner."""
+        return all_keys(tuple(partition_counts.items()))
 
     # ----------------------------------------------------------- schedule
 
@@ -196,8 +200,8 @@ class ClaimingPolicy:
 
     def group_view(self, world: WorldState, now_ms: int) -> tuple[dict[Owner, int], set[Owner]]:
         """The live members of the group (us included) with the partitions each holds, and who asks for more."""
-        held = world.holdings(now_ms)
-        counts = {member: len(held.get(member, ())) for member in world.live_members(now_ms, held) | {self.me}}
+        held = world.holding_counts(now_ms)
+        counts = {member: held.get(member, 0) for member in world.live_members(now_ms, held) | {self.me}}
         return counts, world.askers(now_ms)
 
     def rebalance(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import enum
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -111,6 +111,11 @@ class PartitionState:
     call_age_s: int | float | None = None  # seconds the oldest handler call in flight had been running
     # An operator asked the owner to hand the partition over (release_partition); cleared when the owner changes.
     release_requested: bool = False
+
+    def copy(self) -> PartitionState:
+        """An equal, independent copy (every field; WorldState.copy_before makes one per partition a record is about)."""
+        return PartitionState(self.owner, self.last_ts, self.offset, self.amo_offset, self.done, self.lag, self.rate,
+                              self.in_flight, self.window_used, self.call_age_s, self.release_requested)  # fmt: skip
 
     def clear_report(self) -> None:
         """Forget the owner's optional report (a new owner, none, or a pause): it was the previous owner's."""
@@ -228,6 +233,13 @@ class WorldState:
     # And the owners, by partition, with how many each holds (None: not known, learned at the next query).
     _owners: dict[tuple[str, int], Owner] | None = field(default=None, compare=False, repr=False)
     _owner_counts: dict[Owner, int] = field(default_factory=dict, compare=False, repr=False)
+    _client_counts: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # the same, by client
+    # Answers kept while no partition changes owner (cleared by _set_owner): free_partitions' common case for a
+    # tuple of keys (the same tuple object: a tuple cannot change), and the holdings while none is stale.
+    _free_memo: tuple[tuple[tuple[str, int], ...], list[tuple[str, int]]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    _holdings_memo: dict[Owner, list[tuple[str, int]]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0:
@@ -398,12 +410,14 @@ class WorldState:
         """Partitions were loaded from outside the fold (a checkpoint): the free_partitions index is relearned."""
         self._oldest_owned_ts = None
         self._owners = None
+        self._free_memo = self._holdings_memo = None
 
     def _set_owner(self, key: tuple[str, int], state: PartitionState, owner: Owner | None) -> None:
         """The one place the fold changes a partition's owner: the free_partitions index follows."""
+        self._free_memo = self._holdings_memo = None
         owners = self._owners
         if owners is not None:
-            counts = self._owner_counts
+            counts, by_client = self._owner_counts, self._client_counts
             previous = owners.pop(key, None)
             if previous is not None:
                 left = counts[previous] - 1
@@ -411,9 +425,15 @@ class WorldState:
                     counts[previous] = left
                 else:
                     del counts[previous]
+                left = by_client[previous[0]] - 1
+                if left:
+                    by_client[previous[0]] = left
+                else:
+                    del by_client[previous[0]]
             if owner is not None:
                 owners[key] = owner
                 counts[owner] = counts.get(owner, 0) + 1
+                by_client[owner[0]] = by_client.get(owner[0], 0) + 1
         state.owner = owner
 
     def _owner_index(self) -> dict[tuple[str, int], Owner]:
@@ -421,9 +441,11 @@ class WorldState:
         if owners is None:
             owners = self._owners = {k: s.owner for k, s in self.partitions.items() if s.owner is not None}
             counts: dict[Owner, int] = {}
+            by_client: dict[str, int] = {}
             for owner in owners.values():
                 counts[owner] = counts.get(owner, 0) + 1
-            self._owner_counts = counts
+                by_client[owner[0]] = by_client.get(owner[0], 0) + 1
+            self._owner_counts, self._client_counts = counts, by_client
         return owners
 
     def _release(self, record: Release, at: int, source: int) -> bool:
@@ -659,9 +681,16 @@ class WorldState:
         oldest = self._oldest_owned_ts
         if oldest is not None and now - oldest <= 2 * self.heartbeat_ms:
             owners = self._owner_index()
-            fast_reclaim = any(o[0] == client and o[1] != instance for o in self._owner_counts)
-            if not fast_reclaim and not topic_pauses and now >= 0:
-                return [key for key in keys if key not in owners]  # the common case: only what nobody owns
+            # Another instance of our client owns a partition (fast reclaim): it owns more than we do.
+            fast_reclaim = self._client_counts.get(client, 0) > self._owner_counts.get(Owner(client, instance), 0)
+            if not fast_reclaim and not topic_pauses and now >= 0:  # the common case: only what nobody owns
+                memo = self._free_memo
+                if memo is not None and memo[0] is keys:
+                    return list(memo[1])
+                unowned = [key for key in keys if key not in owners]
+                if type(keys) is tuple:  # the same tuple next time means the same keys
+                    self._free_memo = (keys, unowned)
+                return list(unowned)
             get = partitions.get
             free = []
             for key in keys:
@@ -682,6 +711,16 @@ class WorldState:
                 free.append(key)
         self._oldest_owned_ts = min((s.last_ts for s in partitions.values() if s.owner is not None), default=now)
         return free
+
+    def relearn_free_index(self, now: int) -> None:
+        """Relearn free_partitions' bound of the owned partitions' record times (one pass over the partitions)
+        unless it is within an HB of ``now``.  A member's claim rounds relearn it when they need to; a fold that no
+        claim round asks (the simulator's shared fold, whose copies its members ask) calls this now and then, so
+        that the copies start from a recent bound.  Answers never change, only how fast they come."""
+        oldest = self._oldest_owned_ts
+        if oldest is None or now - oldest > self.heartbeat_ms:
+            owned = (s.last_ts for s in self.partitions.values() if s.owner is not None)
+            self._oldest_owned_ts = min(owned, default=now)
 
     def is_drained(self, client: str) -> bool:
         """Has an operator drained ``client`` (on any coordination partition) and not resumed it?"""
@@ -715,23 +754,40 @@ class WorldState:
 
     def holdings(self, now: int) -> dict[Owner, list[tuple[str, int]]]:
         """The partitions of every owner whose claim is not stale (heard from within 2*HB)."""
-        held: dict[Owner, list[tuple[str, int]]] = {}
         limit = 2 * self.heartbeat_ms
+        oldest = self._oldest_owned_ts
+        none_stale = oldest is not None and now - oldest <= limit  # the free_partitions index's bound
+        memo = self._holdings_memo
+        if none_stale and memo is not None:
+            return {owner: list(keys) for owner, keys in memo.items()}
+        held: dict[Owner, list[tuple[str, int]]] = {}
         for key, state in self.partitions.items():
             owner = state.owner
             if owner is not None and now - state.last_ts <= limit:
                 held.setdefault(owner, []).append(key)
+        if none_stale:  # every owner counted: the answer holds until a partition changes owner
+            self._holdings_memo = {owner: list(keys) for owner, keys in held.items()}
         return held
 
-    def live_members(self, now: int, holdings: dict[Owner, list[tuple[str, int]]] | None = None) -> set[Owner]:
+    def holding_counts(self, now: int) -> dict[Owner, int]:
+        """How many partitions each owner holds whose claim is not stale: the lengths of ``holdings(now)``, in no
+        particular order.  While none can be stale (free_partitions' bound) it is the fold's count of owners."""
+        oldest = self._oldest_owned_ts
+        if oldest is not None and now - oldest <= 2 * self.heartbeat_ms:
+            self._owner_index()
+            return dict(self._owner_counts)
+        return {owner: len(keys) for owner, keys in self.holdings(now).items()}
+
+    def live_members(self, now: int, holdings: Mapping[Owner, object] | None = None) -> set[Owner]:
         """The group's members at ``now``: owners of partitions that are not stale, and whoever claimed
-        (accepted or not) within 2*HB.  ``holdings``: ``self.holdings(now)``, if the caller has it already.
+        (accepted or not) within 2*HB.  ``holdings``: ``self.holdings(now)`` or ``self.holding_counts(now)``, if
+        the caller has either already.
 
         A member that owns nothing and claims nothing is not seen: the protocol
         has no presence record, so a member that wants to be counted asks for a
         partition (see balance.py).  A member that released everything is gone.
         """
-        held = self.holdings(now) if holdings is None else holdings
+        held = self.holding_counts(now) if holdings is None else holdings
         return set(held) | self._within_two_heartbeats(self.last_claim, now)
 
     def askers(self, now: int) -> set[Owner]:
@@ -742,8 +798,10 @@ class WorldState:
         on: a member capped by max_partitions, which asked for its one partition and got it, would still
         be short of the fair share in their eyes, and be handed partitions it never takes.
         """
-        still_asking = {i: at for i, at in self.last_refused_claim.items() if self.last_claim.get(i) == at}
-        return self._within_two_heartbeats(still_asking, now)
+        limit, last_claim, clients = 2 * self.heartbeat_ms, self.last_claim, self.clients
+        # The time first: most refusals are old (a member asks once per HB, and only while it holds too few).
+        return {Owner(clients[i], i) for i, at in self.last_refused_claim.items()
+                if now - at <= limit and last_claim.get(i) == at}  # fmt: skip
 
     def _within_two_heartbeats(self, times: dict[str, int], now: int) -> set[Owner]:
         """The instances whose time in ``times`` (by instance) is at most 2*HB before ``now``."""
@@ -757,6 +815,38 @@ class WorldState:
     def snapshot(self) -> WorldState:
         """An independent copy, safe to read while the original keeps folding."""
         return copy.deepcopy(self)
+
+    def copy_before(self, record: Record) -> WorldState:
+        """A copy of this state to fold ``record`` into, while this state stays as it is: ``snapshot()``, made
+        cheaply.  The copy shares with this state the states of the partitions ``record`` is not about (the fold of
+        ``record`` cannot change them); everything else is copied.  Fold only ``record`` into it: the next record
+        needs a copy of its own.  Many readers at the same place in the log can so share one fold (the simulator's
+        members: docs/simulation.md); a record this method does not know is copied whole."""
+        kind = type(record)
+        touched = _touched_partitions(record)
+        if touched is None:
+            return self.snapshot()
+        self._owner_index()  # carried along, so no copy relearns it
+        new = copy.copy(self)
+        beats = kind is Heartbeats or kind is Heartbeat
+        for name in _BEAT_CONTAINERS if beats else _COPIED_CONTAINERS:
+            setattr(new, name, getattr(self, name).copy())
+        new.stats = copy.copy(self.stats)
+        new.groups_seen = {source: set(names) for source, names in self.groups_seen.items()}
+        if not beats:
+            new.controls = {source: Controls(dict(c.drained), dict(c.shutdowns)) for source, c in self.controls.items()}
+        if record.group == self.group:
+            partitions, shared = new.partitions, new.shared
+            topic = record.topic if kind not in _GROUP_KINDS else None  # type: ignore[union-attr]
+            for number in touched:
+                key = (topic, number)
+                state = partitions.get(key)  # type: ignore[arg-type]
+                if state is not None:
+                    partitions[key] = state.copy()  # type: ignore[index]
+                ranges = shared.get(key)  # type: ignore[arg-type]
+                if ranges is not None:
+                    shared[key] = copy.deepcopy(ranges)  # type: ignore[index]
+        return new
 
 
 _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
@@ -780,6 +870,37 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
     PauseTopic: WorldState._pause_topic,
     ReleasePartition: WorldState._release_partition,
 }
+
+
+# What copy_before copies (one level: their values are immutable, or copied apart: partitions, shared, controls,
+# groups_seen).  A new container field of WorldState belongs here, or in copy_before.
+_COPIED_CONTAINERS = (
+    "partitions", "pauses", "last_claim", "last_refused_claim", "clients", "checkpoints", "shared", "topic_pauses",
+    "directory_known", "_too_many_groups", "_routes", "_owners", "_owner_counts", "_client_counts",
+)  # fmt: skip
+# A heartbeat changes only the states of its partitions (and the counts, and the caches of routes and groups seen):
+# the copy for one shares the rest, the most of the fold's records and so the most of its copies.
+_BEAT_CONTAINERS = ("partitions", "_routes", "directory_known", "_too_many_groups")
+_GROUP_KINDS = (ReleaseGroup, Checkpoint, Control)  # records about no topic
+
+
+def _touched_partitions(record: Record) -> tuple[int, ...] | None:
+    """The partitions of ``record``'s topic whose state folding it may change (none for a record about no
+    partition), or None if it may change them all, or this function does not know the record."""
+    kind = type(record)
+    if kind is Heartbeats:
+        return tuple(beat.partition for beat in record.beats)  # type: ignore[union-attr]
+    if kind in (Claim, Heartbeat, Release, ClaimMessages, ReleasePartition):
+        return (record.partition,)  # type: ignore[union-attr]
+    if kind is MessageClaims:
+        return tuple(claim.partition for claim in record.claims)  # type: ignore[union-attr]
+    if kind in (ClaimRanges, RenewRanges, AckRanges, CancelRanges, ProgressRanges):
+        return tuple(entry.partition for entry in record.ranges)  # type: ignore[union-attr]
+    if kind in (DeliverMessages, AckMessages, CancelMessages):
+        return tuple(entry.partition for entry in record.messages)  # type: ignore[union-attr]
+    if kind in (Checkpoint, Control, PauseTopic):
+        return ()
+    return None  # ReleaseGroup (every partition), or a kind added since
 
 
 def refusals(state: WorldState, record: Record, at: int, source: int, verdict: bool) -> list[str]:

@@ -23,6 +23,7 @@ from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
 from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.range_pool_sim import SimSharedTopic
+from marshal_workers.simulation.shared_fold import SharedFold
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog, SimWrite
 
@@ -54,6 +55,7 @@ class Environment(Protocol):
     clock: VirtualClock
     log: SimulatedLog
     config: SimConfig
+    shared: SharedFold | None  # the fleet's one fold of the log, if the members share it
 
     def high_watermark(self, key: Key, now: float) -> int: ...
 
@@ -144,6 +146,10 @@ class SimMember:
 
     def read(self, until: float) -> None:
         """Fold what the log holds up to ``until`` (virtual seconds); note our own records' verdicts."""
+        shared = self.env.shared
+        if shared is not None:
+            self._read_shared(shared, until)
+            return
         world = self.world
         for partition, log in enumerate(self.env.log.partitions):
             position = self.read_at[partition]
@@ -152,6 +158,19 @@ class SimMember:
                 self._fold(world, entry, partition)
                 position += 1
             self.read_at[partition] = position
+
+    def _read_shared(self, shared: SharedFold, until: float) -> None:
+        """As ``read``, with the fleet's one fold of the log: our view is its state where we have read up to."""
+        start = self.read_at[0]
+        position = shared.position_at(start, until)
+        if position == start:
+            return
+        self.read_at[0] = position
+        self.world = shared.state_at(position)
+        if shared.releases_between(start, position):
+            self.release_seen = True
+        for sent, _, _ in self.pending:
+            sent.read_up_to(position)
 
     def _fold(self, world: WorldState, entry: Entry, partition: int) -> None:
         verdict = world.apply(entry.record, entry.at, partition)

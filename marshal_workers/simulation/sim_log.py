@@ -27,9 +27,21 @@ class SimWrite:
     records: list[codec.Record]
     deadline: float  # virtual seconds: not confirmed by then, it failed
     verdicts: list[object | None] = field(default_factory=list)
+    # With the fleet's shared fold (shared_fold.py): where each record landed and the verdict the fold gave it
+    # there, which its writer learns once it has read past it.
+    positions: list[int | None] = field(default_factory=list)
+    folded: list[object | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.verdicts = [None] * len(self.records)
+        self.positions = [None] * len(self.records)
+        self.folded = [None] * len(self.records)
+
+    def read_up_to(self, position: int) -> None:
+        """Its writer has read the log's first ``position`` records: the verdicts of those of ours are known."""
+        for index, landed in enumerate(self.positions):
+            if landed is not None and landed < position and self.verdicts[index] is None:
+                self.verdicts[index] = self.folded[index]
 
     @property
     def decided(self) -> bool:

@@ -32,6 +32,7 @@ from marshal_workers.simulation.invariants import (
 from marshal_workers.simulation.member import SimAssignment, SimMember
 from marshal_workers.simulation.operator import ORDER_RECORDS, Operator
 from marshal_workers.simulation.range_oracle import RangeOracle
+from marshal_workers.simulation.shared_fold import SharedFold
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog
 
@@ -69,7 +70,9 @@ class Simulation:
         self.clock = VirtualClock()
         self.rng = random.Random(f"{config.seed}/fleet")
         self.world = world
-        self.oracle = world(config.heartbeat_ms, config.coordination_partitions)
+        self._oracle = world(config.heartbeat_ms, config.coordination_partitions)
+        # One coordination partition: one fold of the log serves the oracle and every member (shared_fold.py).
+        self.shared = SharedFold(self._oracle, config.read_lag_s[1]) if config.coordination_partitions == 1 else None
         self.log = SimulatedLog(config.coordination_partitions, self.clock, random.Random(f"{config.seed}/log"),
                                 config.latency, self._appended)  # fmt: skip
         self.settings = ClaimingSettings(
@@ -178,6 +181,22 @@ class Simulation:
 
     # ---------------------------------------------------------- the oracle
 
+    @property
+    def oracle(self) -> WorldState:
+        """The fold of every record appended so far, in log order."""
+        return self._oracle if self.shared is None else self.shared.head
+
+    def _fold(self, entry: Entry) -> object:
+        shared = self.shared
+        if shared is None:
+            return self._oracle.apply(entry.record, entry.at, entry.partition)
+        verdict = shared.fold(entry, self.clock.now)
+        origin = entry.origin
+        if origin is not None:
+            origin.positions[entry.index] = entry.offset
+            origin.folded[entry.index] = verdict
+        return verdict
+
     def _appended(self, entry: Entry) -> None:
         """Every record, folded in log order by the oracle: the fold's own view at every prefix."""
         phase = self.phases[bisect.bisect_right(self._phase_starts, self.clock.now) - 1]
@@ -185,13 +204,13 @@ class Simulation:
         phase.bytes += len(entry.value)
         record = entry.record
         if type(record) is not codec.Claim:
-            verdict = self.oracle.apply(record, entry.at, entry.partition)
+            verdict = self._fold(entry)
             if isinstance(record, ORDER_RECORDS):
                 self.operator.appended(entry)
             self.ranges.appended(record, verdict, self.oracle, self.clock.now, self.clock.now_ms)
             return
         key = (record.topic, record.partition)
-        if not self.oracle.apply(record, entry.at, entry.partition):
+        if not self._fold(entry):
             return
         winner = Owner(record.client, record.instance)
         previous = self.last_owner.get(key)

@@ -344,3 +344,93 @@ def test_free_partitions_index_answers_as_the_scan_between_records(
     restored.partitions_restored()  # as checkpoints.seed does
     now = log[-1].ts + HB
     assert restored.free_partitions(keys, now, *who) == [key for key in keys if restored.is_free(*key, now, *who)]
+
+
+def holdings_by_scan(state: WorldState, now: int) -> list[tuple[Owner, list[tuple[str, int]]]]:
+    """``holdings`` as its definition reads: every owner heard from within 2*HB, its partitions in the fold's order."""
+    held: dict[Owner, list[tuple[str, int]]] = {}
+    for key, found in state.partitions.items():
+        if found.owner is not None and now - found.last_ts <= 2 * HB:
+            held.setdefault(found.owner, []).append(key)
+    return list(held.items())
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
+       st.lists(st.sampled_from(CLIENTS), min_size=1, max_size=3))  # fmt: skip
+def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_records(
+    log: list[codec.Record], lags: list[int], askers: list[tuple[str, str]]
+) -> None:
+    """The fold keeps free_partitions' answer for a tuple of keys, and the holdings (and their counts), until a
+    partition changes owner (members ask both every round, mostly of an unchanged world): asked again and again between records, by
+    several members at several times, they answer as the scans."""
+    state = WorldState(GROUP, HB)
+    keys = tuple((topic, p) for topic in TOPICS for p in range(4))
+    for record in log:
+        state.apply(record, record.ts)
+        for lag in lags:
+            now = record.ts + lag
+            for who in askers:
+                assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
+                assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
+                assert state.holding_counts(now) == {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
+            state.holdings(now)[Owner("x", "x1")] = []  # a caller's change to an answer changes no later answer
+            assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.lists(st.sampled_from(STEPS), min_size=1, max_size=3), st.booleans())
+def test_a_copy_before_a_record_folds_it_as_the_state_would_and_leaves_the_state_as_it_was(
+    log: list[codec.Record], lags: list[int], as_members_write: bool
+) -> None:
+    """copy_before (the simulator's members share one fold through it): a chain of copies, one per record, is at
+    every step equal to the state folding the log itself, gives the same verdicts and answers, and every state of
+    the chain stays the fold of its own prefix while the later ones fold on.  Also with the heartbeats joined
+    into one record per writer, as members write them."""
+    if as_members_write:
+        log = batched(log)
+    folded = WorldState(GROUP, HB)
+    chain = [WorldState(GROUP, HB)]
+    prefixes = [copy.deepcopy(folded)]
+    keys = tuple((topic, p) for topic in TOPICS for p in range(4))
+    for record in log:
+        before = copy.deepcopy(chain[-1])
+        state = chain[-1].copy_before(record)
+        assert state.apply(record, record.ts) == folded.apply(record, record.ts)
+        assert chain[-1] == before and chain[-1].groups_seen == before.groups_seen
+        assert state == folded and state.groups_seen == folded.groups_seen
+        assert state.directory_known == folded.directory_known
+        for lag in lags:
+            now = record.ts + lag
+            state.relearn_free_index(now - HB)  # as the simulator's shared fold does now and then: no answer changes
+            for who in CLIENTS[:3]:
+                assert state.free_partitions(keys, now, *who) == folded.free_partitions(list(keys), now, *who)
+            assert list(state.holdings(now).items()) == holdings_by_scan(folded, now)
+        chain.append(state)
+        prefixes.append(copy.deepcopy(folded))
+    for kept, prefix in zip(chain, prefixes, strict=True):
+        assert kept == prefix and kept.stats == prefix.stats
+
+
+def test_a_copy_before_a_record_it_does_not_know_is_a_whole_copy() -> None:
+    """A release_group changes every partition of its coordination partition: the copy shares none of them."""
+    state = fold_all([codec.Claim(v=1, ts=1, group=GROUP, client="a", instance="a1", topic="orders", partition=0)])
+    record = codec.ReleaseGroup(v=1, ts=2, group=GROUP, client="op", instance="op1", expires=3 * HB)
+    copied = state.copy_before(record)
+    copied.apply(record, 2)
+    assert state.owner("orders", 0) == Owner("a", "a1") and copied.owner("orders", 0) is None
+
+
+def test_a_copy_before_a_range_record_leaves_the_source_s_leases_alone() -> None:
+    """Range records change a shared partition's leases: the copy folds them, the state it was made from keeps its own."""
+    common = {"v": 1, "group": GROUP, "client": "a", "instance": "a1", "topic": "orders"}
+    first = codec.ClaimRanges(**common, ts=1, lease_ms=HB, ranges=(codec.RangeEntry(partition=0, offset=0, end=10),))
+    state = fold_all([first])
+    before = copy.deepcopy(state)
+    ack = codec.AckRanges(**common, ts=2, ranges=(codec.AckEntry(partition=0, offset=0, end=10),))
+    folded = fold_all([first])
+    verdict = folded.apply(ack, 2)
+    copied = state.copy_before(ack)
+    assert copied.apply(ack, 2) == verdict and all(verdict)
+    assert state == before and state.shared == before.shared
+    assert copied == folded and copied.shared != state.shared

@@ -43,6 +43,9 @@ class _OverlappingPartitions(dict):  # type: ignore[type-arg]
             self[key] = OverlappingClaims()
         return super().get(key)
 
+    def copy(self) -> _OverlappingPartitions:  # the shared fold's copies (WorldState.copy_before) keep the bug
+        return _OverlappingPartitions(self)
+
 
 def overlapping(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
     world = WorldState("sim", heartbeat_ms, coordination_partitions)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -37,7 +38,14 @@ def small(fault: str | None = None, **fields: Any) -> SimConfig:
 
 class TakesLiveClaims(WorldState):
     """A planted bug: a claim is accepted once the owner has been silent for one HB, not two (the owner is still
-    live: its worker's lease runs 1.5 HB from its last heartbeat's write)."""
+    live: its worker's lease runs 1.5 HB from its last heartbeat's write).  The members' claim rounds see the
+    same rule: ``free_partitions`` asks ``is_free`` of each partition (the real one's index of the owners is for
+    the real rule, and would hide the bug until a partition is stale by the real rule)."""
+
+    def free_partitions(
+        self, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str
+    ) -> list[tuple[str, int]]:
+        return [key for key in keys if self.is_free(*key, now, client, instance)]
 
     def _claimable_by(self, state: PartitionState, client: str, instance: str, at: int) -> bool:
         owner = state.owner
