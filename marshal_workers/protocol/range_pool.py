@@ -57,11 +57,18 @@ class PoolWorker(Protocol):
 
     index: int
     leases: list[LeasedRange]
+    settled_at: tuple[int, int] | None  # (partition, end) of the last range it settled
 
     @property
     def running(self) -> bool: ...
 
-    def reads_next(self) -> tuple[int, int] | None: ...
+
+def reads_next(worker: PoolWorker) -> tuple[int, int] | None:
+    """(partition, offset) where a worker's consumer will stand once its ranges are handled: a range that starts
+    there is read on without a seek, from what the consumer fetched ahead."""
+    if worker.leases:
+        return worker.leases[-1].partition, worker.leases[-1].end
+    return worker.settled_at
 
 
 Worker = TypeVar("Worker", bound=PoolWorker)
@@ -101,7 +108,7 @@ def claim_ask(workers: Sequence[PoolWorker], sizing: RangeSizing, me: Holder) ->
     sizer = sizing.sizer([w.index for w in wanting], live, me)
     follow: list[tuple[int, int]] = []  # where each hungry worker will stand, once per lease it wants (pick_ranges)
     for worker in wanting:
-        at = worker.reads_next()
+        at = reads_next(worker)
         if at is not None:
             follow += [at] * (LEASES_PER_WORKER - len(worker.leases))
     # A handler whose ranges are at the cap handles one in less than its target span (a fast one: 10,000 messages
@@ -113,7 +120,7 @@ def claim_ask(workers: Sequence[PoolWorker], sizing: RangeSizing, me: Holder) ->
 
 def follower(workers: Sequence[Worker], partition: int, start: int) -> Worker | None:
     """A hungry worker whose consumer will stand at ``start`` of ``partition``, if any."""
-    return next((w for w in hungry(workers) if w.reads_next() == (partition, start)), None)
+    return next((w for w in hungry(workers) if reads_next(w) == (partition, start)), None)
 
 
 def hungriest(workers: Sequence[Worker]) -> Worker | None:

@@ -83,11 +83,6 @@ class SimSharedWorker:
     def running(self) -> bool:
         return self.alive
 
-    def reads_next(self) -> tuple[int, int] | None:
-        if self.leases:
-            return self.leases[-1].partition, self.leases[-1].end
-        return self.settled_at
-
 
 @dataclass
 class RangeCounters:

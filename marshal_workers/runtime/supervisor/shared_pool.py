@@ -95,13 +95,6 @@ class SharedWorkerHandle:
     def running(self) -> bool:
         return self.process is not None
 
-    def reads_next(self) -> tuple[int, int] | None:
-        """(partition, offset) where this worker's consumer will stand once its ranges are handled: a range that
-        starts there is read on without a seek, from what the consumer fetched ahead."""
-        if self.leases:
-            return self.leases[-1].partition, self.leases[-1].end
-        return self.settled_at
-
 
 @dataclass
 class SharedCounters:
