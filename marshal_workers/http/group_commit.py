@@ -93,11 +93,9 @@ class GroupCommit:
         self._wake = threading.Condition()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="serve-group-commit", daemon=True)
-        self._started = False
         self.stats = WriteStats()
 
     def start(self) -> GroupCommit:
-        self._started = True
         self._thread.start()
         return self
 
@@ -106,7 +104,7 @@ class GroupCommit:
         with self._wake:
             self._closing = True
             self._wake.notify_all()
-        if self._started:
+        if self._thread.ident is not None:  # started (a GroupCommit never started is written by write_queued)
             self._thread.join(timeout)
 
     def submit(self, kind: Kind, entries: Sequence[codec.MessageEntry], linger: bool = False) -> Future[list[bool]]:

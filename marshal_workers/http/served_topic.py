@@ -136,13 +136,13 @@ class HeldRange:
         messages, pending_until, handed = self.messages, self.pending_until, self.handed
         offset = self.scan_from
         while offset < self.fetched_to and len(picked) < most:
-            if offset in messages and offset not in self.acked and offset not in self.dead and offset not in self.reserved:
-                until = pending_until.get(offset, 0)
-                if until > now:
-                    self.rescan_at = min(self.rescan_at, until)
-                elif self.tries + handed.get(offset, 0) < max_deliveries:
-                    self.reserved.add(offset)
-                    picked.append(offset)
+            if offset in messages:
+                if self.eligible(offset, now):
+                    if self.tries + handed.get(offset, 0) < max_deliveries:
+                        self.reserved.add(offset)
+                        picked.append(offset)
+                elif (until := pending_until.get(offset, 0)) > now:
+                    self.rescan_at = min(self.rescan_at, until)  # out with a client: may go out again then
             offset += 1
         self.scan_from = offset
         return picked
