@@ -377,7 +377,7 @@ class WorldState:
             return False  # the Go library obeyed these, letting a zombie steal a partition back
         assert state is not None
         state.last_ts = at
-        oldest = self._oldest_owned_ts
+        oldest = self._oldest_owned_ts  # _owned_at(at), inline: this runs for every beat every member folds
         if oldest is not None and at < oldest:
             self._oldest_owned_ts = at
         state.offset = beat.offset
@@ -420,16 +420,8 @@ class WorldState:
             counts, by_client = self._owner_counts, self._client_counts
             previous = owners.pop(key, None)
             if previous is not None:
-                left = counts[previous] - 1
-                if left:
-                    counts[previous] = left
-                else:
-                    del counts[previous]
-                left = by_client[previous[0]] - 1
-                if left:
-                    by_client[previous[0]] = left
-                else:
-                    del by_client[previous[0]]
+                _count_down(counts, previous)
+                _count_down(by_client, previous[0])
             if owner is not None:
                 owners[key] = owner
                 counts[owner] = counts.get(owner, 0) + 1
@@ -847,6 +839,15 @@ class WorldState:
                 if ranges is not None:
                     shared[key] = copy.deepcopy(ranges)  # type: ignore[index]
         return new
+
+
+def _count_down(counts: dict[Any, int], key: Any) -> None:
+    """One fewer for ``key``; a count that reaches 0 goes (the owner indexes hold only owners)."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {

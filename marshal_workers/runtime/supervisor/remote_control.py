@@ -17,11 +17,9 @@ from typing import Any
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.protocol.orders import Orders, orders_for
+from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.world_state import Owner
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
-
-__all__ = ["Orders", "RemoteControl", "orders_for"]  # Orders and orders_for: re-exported
 
 
 class RemoteControl:
