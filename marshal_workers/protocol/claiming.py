@@ -200,9 +200,10 @@ class ClaimingPolicy:
 
     def group_view(self, world: WorldState, now_ms: int) -> tuple[dict[Owner, int], set[Owner]]:
         """The live members of the group (us included) with the partitions each holds, and who asks for more."""
-        held = world.holding_counts(now_ms)
-        counts = {member: held.get(member, 0) for member in world.live_members(now_ms, held) | {self.me}}
-        return counts, world.askers(now_ms)
+        view = world.group_view(now_ms)
+        counts = dict(view.counts)
+        counts.setdefault(self.me, 0)
+        return counts, set(view.askers)
 
     def rebalance(
         self, world: WorldState, total_partitions: int, held: int, offered: Sequence[Key], now: float, now_ms: int
@@ -217,11 +218,11 @@ class ClaimingPolicy:
         settings = self.settings
         hand_over: list[Key] = []
         if settings.balance == "fair":
-            counts, askers = self.group_view(world, now_ms)
-            share = fair_share(total_partitions, len(counts))
+            view = world.group_view(now_ms)
+            counts, askers = dict(view.counts), set(view.askers)
             counts[self.me] = len(offered)
-            others_most = max((n for member, n in counts.items() if member != self.me), default=0)
-            hungry = is_hungry(held, share, settings.max_partitions, others_most)
+            share = fair_share(total_partitions, len(counts))
+            hungry = is_hungry(held, share, settings.max_partitions, view.most_held_by_others(self.me))
             if hungry:
                 askers.add(self.me)  # about to ask, if not already
             wanted = partitions_to_hand_over(self.me, counts, share, askers)

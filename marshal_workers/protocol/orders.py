@@ -38,10 +38,9 @@ class Orders:
 def orders_for(world: WorldState, me: Owner, started_ms: int, now_ms: int) -> Orders:
     """The orders for the supervisor ``me``, started at ``started_ms`` (a shutdown ordered before it is old news)."""
     shutdown_at = world.shutdown_ordered(me.client)
-    release = frozenset(key for key, state in world.partitions.items() if state.release_requested and state.owner == me)
     return Orders(
         drained=world.is_drained(me.client),
         shutdown=shutdown_at is not None and shutdown_at > started_ms,
         paused_topics=frozenset(world.paused_topics(now_ms)),
-        release=release,
+        release=world.release_requests(me),
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -163,6 +164,21 @@ class Controls:
     shutdowns: dict[str, int] = field(default_factory=dict)  # client -> time of its latest shutdown order
 
 
+@dataclass(frozen=True)
+class GroupView:
+    """Who is in the group at a time, as the fold knows it: every live member with how many partitions it holds
+    (0: it only claims), and the members that ask for more (``live_members``, ``holding_counts`` and ``askers``
+    at one ``now``).  Every member's balance cycle asks for it (claiming.py)."""
+
+    counts: Mapping[Owner, int]  # shared by every caller: read it, copy it to change it
+    askers: frozenset[Owner]
+    most: tuple[tuple[int, Owner], ...]  # the (at most) two members that hold the most, the most first
+
+    def most_held_by_others(self, me: Owner) -> int:
+        """The most partitions any member other than ``me`` holds (0: no other member)."""
+        return next((held for held, owner in self.most if owner != me), 0)
+
+
 class Entry(NamedTuple):
     """A decoded record as read from the log."""
 
@@ -240,6 +256,16 @@ class WorldState:
         default=None, compare=False, repr=False
     )
     _holdings_memo: dict[Owner, list[tuple[str, int]]] | None = field(default=None, compare=False, repr=False)
+    # The partitions whose owner an operator asked to hand them over (None: not known, learned at the next query):
+    # every member asks for its own every heartbeat (orders.py), and a scan of every partition for a flag that is
+    # almost never set was most of a large fleet's fold cost.
+    _release_requests: set[tuple[str, int]] | None = field(default=None, compare=False, repr=False)
+    # group_view's answer, with the span of ``now`` [lo, hi] it holds for while none is stale, in a box that the
+    # copies of copy_before share until their fold changes the members (a claim, a change of owner: those put a
+    # new box in place).  Members at different places in the log and times then share one answer.
+    _view_box: list[tuple[int, int, GroupView] | None] = field(
+        default_factory=lambda: [None], compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0:
@@ -339,6 +365,7 @@ class WorldState:
         return owner is not None and owner[1] == record.instance and owner[0] == record.client
 
     def _claim(self, record: Claim, at: int, source: int) -> bool:
+        self._view_box = [None]  # a claimer is a member (and may be an asker)
         self.last_claim[record.instance] = at
         self.clients[record.instance] = record.client
         if self._paused_at(source, at) is not None or self._held_back(record.client, record.topic, source, at):
@@ -353,7 +380,6 @@ class WorldState:
         self._set_owner(key, state, Owner(record.client, record.instance))
         state.last_ts = at
         self._owned_at(at)
-        state.release_requested = False
         state.clear_report()  # the previous owner's numbers
         return True
 
@@ -409,12 +435,19 @@ class WorldState:
     def partitions_restored(self) -> None:
         """Partitions were loaded from outside the fold (a checkpoint): the free_partitions index is relearned."""
         self._oldest_owned_ts = None
-        self._owners = None
+        self._owners = self._release_requests = None
         self._free_memo = self._holdings_memo = None
+        self._view_box = [None]
 
     def _set_owner(self, key: tuple[str, int], state: PartitionState, owner: Owner | None) -> None:
-        """The one place the fold changes a partition's owner: the free_partitions index follows."""
+        """The one place the fold changes a partition's owner: the free_partitions index follows, and an
+        operator's request to hand the partition over is done with (it asked the previous owner)."""
         self._free_memo = self._holdings_memo = None
+        self._view_box = [None]
+        if state.release_requested:
+            state.release_requested = False
+            if self._release_requests is not None:
+                self._release_requests.discard(key)
         owners = self._owners
         if owners is not None:
             counts, by_client = self._owner_counts, self._client_counts
@@ -446,7 +479,6 @@ class WorldState:
         if self._is_owner(state, record):
             assert state is not None
             self._set_owner(key, state, None)
-            state.release_requested = False
             state.offset = record.offset
             done = record.done
             state.done = None if done is None else (done_set.parse(record.offset, done) or None)
@@ -487,7 +519,6 @@ class WorldState:
         for key, state in self.partitions.items():
             if self.routed_here(key[0], source):
                 self._set_owner(key, state, None)
-                state.release_requested = False
                 state.clear_report()
         return True
 
@@ -595,6 +626,8 @@ class WorldState:
         if state is None or state.owner is None:
             return False  # nobody to ask
         state.release_requested = True
+        if self._release_requests is not None:
+            self._release_requests.add((record.topic, record.partition))
         return True
 
     def _held_back(self, client: str, topic: str, source: int, at: int) -> bool:
@@ -737,6 +770,14 @@ class WorldState:
         """The topics paused at ``now``, with the expiry of each pause."""
         return {topic: until for topic, until in self.topic_pauses.items() if now < until}
 
+    def release_requests(self, owner: Owner) -> frozenset[tuple[str, int]]:
+        """The partitions of ``owner`` that an operator asked it to hand over (admin release, orders.py)."""
+        requested = self._release_requests
+        if requested is None:
+            requested = self._release_requests = {k for k, s in self.partitions.items() if s.release_requested}
+        partitions = self.partitions
+        return frozenset(key for key in requested if partitions[key].owner == owner)
+
     def owned_by(self, client: str, instance: str | None = None) -> Iterator[tuple[str, int]]:
         """The (topic, partition) pairs owned by a client (any instance if none is given)."""
         for key, state in self.partitions.items():
@@ -782,6 +823,45 @@ class WorldState:
         held = self.holding_counts(now) if holdings is None else holdings
         return set(held) | self._within_two_heartbeats(self.last_claim, now)
 
+    def group_view(self, now: int) -> GroupView:
+        """The live members, what each holds, and the askers at ``now``: one answer to the three queries.
+
+        Kept while none can be stale, for the span of ``now`` over which no claim time crosses the 2*HB edge (a
+        large group's members ask it every balance cycle, and it rarely changes)."""
+        limit = 2 * self.heartbeat_ms
+        oldest = self._oldest_owned_ts
+        if oldest is None or now - oldest > limit:  # some may be stale: holdings depend on now
+            return self._group_view(now, self.holding_counts(now))[2]
+        kept = self._view_box[0]
+        if kept is not None and kept[0] <= now <= kept[1]:
+            return kept[2]
+        found = self._group_view(now, self.holding_counts(now))
+        self._view_box[0] = found
+        return found[2]
+
+    def _group_view(self, now: int, held: dict[Owner, int]) -> tuple[int, int, GroupView]:
+        """group_view's answer, and the span of ``now`` over which claims and refusals give the same answer."""
+        limit, clients, last_claim = 2 * self.heartbeat_ms, self.clients, self.last_claim
+        lo, hi = -(2**63), 2**63
+        askers = set()
+        for instance, at in self.last_refused_claim.items():
+            if last_claim.get(instance) != at:
+                continue  # it claimed since: not an ask (see askers)
+            if now - at <= limit:
+                askers.add(Owner(clients[instance], instance))
+                hi = min(hi, at + limit)
+            else:
+                lo = max(lo, at + limit + 1)
+        counts = held
+        for instance, at in last_claim.items():
+            if now - at <= limit:
+                counts.setdefault(Owner(clients[instance], instance), 0)
+                hi = min(hi, at + limit)
+            else:
+                lo = max(lo, at + limit + 1)
+        most = tuple(heapq.nlargest(2, ((n, owner) for owner, n in counts.items())))
+        return lo, hi, GroupView(counts, frozenset(askers), most)
+
     def askers(self, now: int) -> set[Owner]:
         """Members whose claim of a partition with a live owner was refused within 2*HB: they want more.
 
@@ -819,6 +899,7 @@ class WorldState:
         if touched is None:
             return self.snapshot()
         self._owner_index()  # carried along, so no copy relearns it
+        self.release_requests(Owner("", ""))  # the same (learns the index)
         new = copy.copy(self)
         beats = kind is Heartbeats or kind is Heartbeat
         for name in _BEAT_CONTAINERS if beats else _COPIED_CONTAINERS:
@@ -878,6 +959,7 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
 _COPIED_CONTAINERS = (
     "partitions", "pauses", "last_claim", "last_refused_claim", "clients", "checkpoints", "shared", "topic_pauses",
     "directory_known", "_too_many_groups", "_routes", "_owners", "_owner_counts", "_client_counts",
+    "_release_requests",
 )  # fmt: skip
 # A heartbeat changes only the states of its partitions (and the counts, and the caches of routes and groups seen):
 # the copy for one shares the rest, the most of the fold's records and so the most of its copies.

@@ -355,6 +355,23 @@ def holdings_by_scan(state: WorldState, now: int) -> list[tuple[Owner, list[tupl
     return list(held.items())
 
 
+def group_view_by_scan(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
+    """``group_view`` as its definition reads: live members with their holdings, askers, the most held by others."""
+    held = {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
+    counts = {member: held.get(member, 0) for member in state.live_members(now)}
+    return counts, state.askers(now), max((n for m, n in counts.items() if m != me), default=0)
+
+
+def group_view_of(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
+    view = state.group_view(now)
+    return dict(view.counts), set(view.askers), view.most_held_by_others(me)
+
+
+def release_requests_by_scan(state: WorldState, owner: Owner) -> frozenset[tuple[str, int]]:
+    """``release_requests`` as its definition reads."""
+    return frozenset(k for k, found in state.partitions.items() if found.release_requested and found.owner == owner)
+
+
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
        st.lists(st.sampled_from(CLIENTS), min_size=1, max_size=3))  # fmt: skip
@@ -374,6 +391,8 @@ def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_reco
                 assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
                 assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
                 assert state.holding_counts(now) == {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
+                assert state.release_requests(Owner(*who)) == release_requests_by_scan(state, Owner(*who))
+                assert group_view_of(state, now, Owner(*who)) == group_view_by_scan(state, now, Owner(*who))
             state.holdings(now)[Owner("x", "x1")] = []  # a caller's change to an answer changes no later answer
             assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
 
@@ -406,10 +425,21 @@ def test_a_copy_before_a_record_folds_it_as_the_state_would_and_leaves_the_state
             for who in CLIENTS[:3]:
                 assert state.free_partitions(keys, now, *who) == folded.free_partitions(list(keys), now, *who)
             assert list(state.holdings(now).items()) == holdings_by_scan(folded, now)
+        for who in CLIENTS:
+            assert state.release_requests(Owner(*who)) == release_requests_by_scan(folded, Owner(*who))
+        for lag in lags:  # the view kept in a box the copies share stays each state's own
+            for who in CLIENTS[:3]:
+                for earlier, prefix in [(state, folded), (chain[-1], prefixes[-1])]:
+                    now = record.ts + lag
+                    assert group_view_of(earlier, now, Owner(*who)) == group_view_by_scan(prefix, now, Owner(*who))
         chain.append(state)
         prefixes.append(copy.deepcopy(folded))
     for kept, prefix in zip(chain, prefixes, strict=True):
         assert kept == prefix and kept.stats == prefix.stats
+        for who in CLIENTS:  # the index a later copy changed is not this state's
+            assert kept.release_requests(Owner(*who)) == release_requests_by_scan(prefix, Owner(*who))
+            for now in (prefix.stats.applied * HB, 0, 10 * HB):
+                assert group_view_of(kept, now, Owner(*who)) == group_view_by_scan(prefix, now, Owner(*who))
 
 
 def test_a_copy_before_a_record_it_does_not_know_is_a_whole_copy() -> None:
