@@ -772,11 +772,14 @@ class WorldState:
 
     def release_requests(self, owner: Owner) -> frozenset[tuple[str, int]]:
         """The partitions of ``owner`` that an operator asked it to hand over (admin release, orders.py)."""
+        partitions = self.partitions
+        return frozenset(key for key in self._release_index() if partitions[key].owner == owner)
+
+    def _release_index(self) -> set[tuple[str, int]]:
         requested = self._release_requests
         if requested is None:
             requested = self._release_requests = {k for k, s in self.partitions.items() if s.release_requested}
-        partitions = self.partitions
-        return frozenset(key for key in requested if partitions[key].owner == owner)
+        return requested
 
     def owned_by(self, client: str, instance: str | None = None) -> Iterator[tuple[str, int]]:
         """The (topic, partition) pairs owned by a client (any instance if none is given)."""
@@ -811,17 +814,15 @@ class WorldState:
             return dict(self._owner_counts)
         return {owner: len(keys) for owner, keys in self.holdings(now).items()}
 
-    def live_members(self, now: int, holdings: Mapping[Owner, object] | None = None) -> set[Owner]:
+    def live_members(self, now: int) -> set[Owner]:
         """The group's members at ``now``: owners of partitions that are not stale, and whoever claimed
-        (accepted or not) within 2*HB.  ``holdings``: ``self.holdings(now)`` or ``self.holding_counts(now)``, if
-        the caller has either already.
+        (accepted or not) within 2*HB (``group_view``'s members).
 
         A member that owns nothing and claims nothing is not seen: the protocol
         has no presence record, so a member that wants to be counted asks for a
         partition (see balance.py).  A member that released everything is gone.
         """
-        held = self.holding_counts(now) if holdings is None else holdings
-        return set(held) | self._within_two_heartbeats(self.last_claim, now)
+        return set(self.group_view(now).counts)
 
     def group_view(self, now: int) -> GroupView:
         """The live members, what each holds, and the askers at ``now``: one answer to the three queries.
@@ -863,22 +864,15 @@ class WorldState:
         return lo, hi, GroupView(counts, frozenset(askers), most)
 
     def askers(self, now: int) -> set[Owner]:
-        """Members whose claim of a partition with a live owner was refused within 2*HB: they want more.
+        """Members whose claim of a partition with a live owner was refused within 2*HB: they want more
+        (``group_view``'s askers).
 
         Not a member that has claimed since (its latest claim is not the refused one): it got a partition,
         and asks again within a heartbeat if it still wants more.  Its old ask must not make others give
         on: a member capped by max_partitions, which asked for its one partition and got it, would still
         be short of the fair share in their eyes, and be handed partitions it never takes.
         """
-        limit, last_claim, clients = 2 * self.heartbeat_ms, self.last_claim, self.clients
-        # The time first: most refusals are old (a member asks once per HB, and only while it holds too few).
-        return {Owner(clients[i], i) for i, at in self.last_refused_claim.items()
-                if now - at <= limit and last_claim.get(i) == at}  # fmt: skip
-
-    def _within_two_heartbeats(self, times: dict[str, int], now: int) -> set[Owner]:
-        """The instances whose time in ``times`` (by instance) is at most 2*HB before ``now``."""
-        limit = 2 * self.heartbeat_ms
-        return {Owner(self.clients[i], i) for i, at in times.items() if now - at <= limit}
+        return set(self.group_view(now).askers)
 
     def shared_partition(self, topic: str, partition: int) -> SharedPartition | None:
         """The range bookkeeping of a shared partition, or None if no range of it was ever claimed."""
@@ -898,8 +892,8 @@ class WorldState:
         touched = _touched_partitions(record)
         if touched is None:
             return self.snapshot()
-        self._owner_index()  # carried along, so no copy relearns it
-        self.release_requests(Owner("", ""))  # the same (learns the index)
+        self._owner_index()  # carried along, so no copy relearns them
+        self._release_index()
         new = copy.copy(self)
         beats = kind is Heartbeats or kind is Heartbeat
         for name in _BEAT_CONTAINERS if beats else _COPIED_CONTAINERS:

@@ -358,8 +358,11 @@ def holdings_by_scan(state: WorldState, now: int) -> list[tuple[Owner, list[tupl
 def group_view_by_scan(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
     """``group_view`` as its definition reads: live members with their holdings, askers, the most held by others."""
     held = {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
-    counts = {member: held.get(member, 0) for member in state.live_members(now)}
-    return counts, state.askers(now), max((n for m, n in counts.items() if m != me), default=0)
+    claimed = {Owner(state.clients[i], i) for i, at in state.last_claim.items() if now - at <= 2 * HB}
+    counts = {member: held.get(member, 0) for member in set(held) | claimed}
+    askers = {Owner(state.clients[i], i) for i, at in state.last_refused_claim.items()
+              if now - at <= 2 * HB and state.last_claim.get(i) == at}  # fmt: skip
+    return counts, askers, max((n for m, n in counts.items() if m != me), default=0)
 
 
 def group_view_of(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
