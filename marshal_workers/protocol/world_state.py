@@ -703,8 +703,7 @@ class WorldState:
         if self.is_paused(now) or self.is_drained(client):
             return []
         partitions, topic_pauses = self.partitions, self.topic_pauses
-        oldest = self._oldest_owned_ts
-        if oldest is not None and now - oldest <= 2 * self.heartbeat_ms:
+        if self._none_stale(now):
             owners = self._owner_index()
             # Another instance of our client owns a partition (fast reclaim): it owns more than we do.
             fast_reclaim = self._client_counts.get(client, 0) > self._owner_counts.get(Owner(client, instance), 0)
@@ -736,6 +735,12 @@ class WorldState:
                 free.append(key)
         self._oldest_owned_ts = min((s.last_ts for s in partitions.values() if s.owner is not None), default=now)
         return free
+
+    def _none_stale(self, now: int) -> bool:
+        """Can no owned partition be stale at ``now``?  True while the fold's lower bound of the owned partitions'
+        record times is within 2*HB; then the owners alone answer free_partitions, holdings and group_view."""
+        oldest = self._oldest_owned_ts
+        return oldest is not None and now - oldest <= 2 * self.heartbeat_ms
 
     def relearn_free_index(self, now: int) -> None:
         """Relearn free_partitions' bound of the owned partitions' record times (one pass over the partitions)
@@ -791,8 +796,7 @@ class WorldState:
     def holdings(self, now: int) -> dict[Owner, list[tuple[str, int]]]:
         """The partitions of every owner whose claim is not stale (heard from within 2*HB)."""
         limit = 2 * self.heartbeat_ms
-        oldest = self._oldest_owned_ts
-        none_stale = oldest is not None and now - oldest <= limit  # the free_partitions index's bound
+        none_stale = self._none_stale(now)
         memo = self._holdings_memo
         if none_stale and memo is not None:
             return {owner: list(keys) for owner, keys in memo.items()}
@@ -808,8 +812,7 @@ class WorldState:
     def holding_counts(self, now: int) -> dict[Owner, int]:
         """How many partitions each owner holds whose claim is not stale: the lengths of ``holdings(now)``, in no
         particular order.  While none can be stale (free_partitions' bound) it is the fold's count of owners."""
-        oldest = self._oldest_owned_ts
-        if oldest is not None and now - oldest <= 2 * self.heartbeat_ms:
+        if self._none_stale(now):
             self._owner_index()
             return dict(self._owner_counts)
         return {owner: len(keys) for owner, keys in self.holdings(now).items()}
@@ -829,9 +832,7 @@ class WorldState:
 
         Kept while none can be stale, for the span of ``now`` over which no claim time crosses the 2*HB edge (a
         large group's members ask it every balance cycle, and it rarely changes)."""
-        limit = 2 * self.heartbeat_ms
-        oldest = self._oldest_owned_ts
-        if oldest is None or now - oldest > limit:  # some may be stale: holdings depend on now
+        if not self._none_stale(now):  # holdings depend on now: nothing to keep
             return self._group_view(now, self.holding_counts(now))[2]
         kept = self._view_box[0]
         if kept is not None and kept[0] <= now <= kept[1]:
@@ -840,8 +841,9 @@ class WorldState:
         self._view_box[0] = found
         return found[2]
 
-    def _group_view(self, now: int, held: dict[Owner, int]) -> tuple[int, int, GroupView]:
-        """group_view's answer, and the span of ``now`` over which claims and refusals give the same answer."""
+    def _group_view(self, now: int, counts: dict[Owner, int]) -> tuple[int, int, GroupView]:
+        """group_view's answer from ``counts`` (``holding_counts(now)``, completed here with the members that only
+        claim), and the span of ``now`` over which claims and refusals give the same answer."""
         limit, clients, last_claim = 2 * self.heartbeat_ms, self.clients, self.last_claim
         lo, hi = -(2**63), 2**63
         askers = set()
@@ -853,7 +855,6 @@ class WorldState:
                 hi = min(hi, at + limit)
             else:
                 lo = max(lo, at + limit + 1)
-        counts = held
         for instance, at in last_claim.items():
             if now - at <= limit:
                 counts.setdefault(Owner(clients[instance], instance), 0)

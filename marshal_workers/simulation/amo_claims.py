@@ -11,7 +11,7 @@ A worker handles nothing at or past its claimed end; a new owner resumes at ``ma
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from marshal_workers.protocol import codec
@@ -72,8 +72,9 @@ class AmoBatchClaims:
     def is_amo(self, key: Key) -> bool:
         return key[0] in self.topics
 
-    def step(self, now: float, assignments: list[AmoAssignment]) -> None:
-        """Workers at the end of their batch ask for the next one; the claims asked go out in one write."""
+    def step(self, now: float, assignments: Iterable[AmoAssignment]) -> None:
+        """Workers at the end of their batch ask for the next one; the claims asked go out in one write (after
+        ``assignments`` is read: it may be the member's own table)."""
         if not self.topics:
             return  # no at-most-once topic: nothing to claim (the common case costs nothing)
         for assignment in assignments:

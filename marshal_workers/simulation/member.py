@@ -9,7 +9,6 @@ rule is ``claiming.lease_until``, as a real worker's), and stops a little after 
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,7 +109,6 @@ class SimMember:
         self.slow_rate: float | None = None
         self.slow_since = 0.0
         self.busy_until = 0.0  # virtual seconds: the loop is waiting for a position lookup until then
-        self.next_worker_exit = math.inf  # the earliest stopping_at of a worker not reaped yet (most passes: none)
         self.writer_id = id(self)  # only a key for write order in the log; never printed nor iterated
         self.amo = AmoBatchClaims(env, self, config.amo_whole_topics())
         self.shared = [SimSharedTopic(topic, count, topic in config.amo_topic_names(), env, self,
@@ -136,8 +134,7 @@ class SimMember:
             self.collect(now)
             self.reap_workers(now)
             self.step(now)
-            if self.amo.topics:
-                self.amo.step(now, list(self.assignments.values()))  # type: ignore[arg-type]
+            self.amo.step(now, self.assignments.values())  # type: ignore[arg-type]
             for shared in self.shared:
                 shared.step(now)
             if not self.running and not self.assignments and not self.pending and self.policy.stopped() and all(
@@ -415,15 +412,10 @@ class SimMember:
     def stop_worker(self, assignment: SimAssignment) -> None:
         if assignment.stopping_at is None:
             assignment.stopping_at = self.env.clock.now + self.env.config.stop_delay_s
-            self.next_worker_exit = min(self.next_worker_exit, assignment.stopping_at)
 
     def reap_workers(self, now: float) -> None:
         """Workers that exited: release their partitions as the worker pool does (sick, handed over, lost)."""
-        if now < self.next_worker_exit:
-            return
-        stopping = [a for a in self.assignments.values() if a.stopping_at is not None]
-        self.next_worker_exit = min((a.stopping_at for a in stopping if a.stopping_at > now), default=math.inf)  # type: ignore[operator]
-        for assignment in [a for a in stopping if a.stopping_at <= now]:  # type: ignore[operator]
+        for assignment in [a for a in self.assignments.values() if a.stopping_at is not None and a.stopping_at <= now]:
             self.progress(assignment, assignment.stopping_at)  # type: ignore[arg-type]
             if assignment.lost:
                 self.forget(assignment)
