@@ -3,14 +3,22 @@
 Every read writes ``deliver_messages``, every ack ``ack_messages`` and every
 cancel ``cancel_messages``.  Written one request at a time, each would wait
 for a coordination write of its own (a produce, its delivery report and its
-fold: milliseconds), and the server would spend its CPU on round trips.
-Here a writer thread keeps one write in flight: the requests that arrive
-while it waits for its write's verdict queue, and the next write carries all
-of them, one record per kind (as the supervisor's at-most-once message claims
-share a ``message_claims`` record).  Each request learns the verdicts of its
-own entries when its write is confirmed.  (Two writes in flight were tried
-twice and measured: smaller writes, more CPU per message, no faster acks on
-the embedded broker; docs/http-service.md, "Group commit".)
+fold: a round trip to the broker), and the server would spend its CPU on
+round trips.  Here one write is in flight at a time: the requests that
+arrive while it waits for its verdict queue, and the next write carries all
+of them, one record per kind (as the supervisor's at-most-once message
+claims share a ``message_claims`` record).  Each request learns the verdicts
+of its own entries when its write is confirmed.  (Two writes in flight were
+tried twice and measured: smaller writes, more CPU per message, no faster
+acks on the embedded broker; docs/http-service.md, "Group commit".)
+
+It all runs on the event loop that serves the requests: a write is produced
+from the loop (a produce never blocks), and the loop learns of its verdict
+from the coordinator's ``own_folds`` socket, which the delivery report's
+thread wakes once it has folded the record.  No thread of its own: under
+load the loop's thread holds the GIL nearly all the time, and every other
+Python thread a verdict passed through had to wait for it (each such hand-
+over measured 0.1 to 0.5 ms; docs/http-service.md).
 
 Order: within a write the records go deliver, ack, cancel, to the one
 coordination partition of the topic; writes go one after another in the
@@ -22,15 +30,18 @@ was answered) is folded first.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
-import threading
+import socket
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
+from marshal_workers.errors import CoordinationWriteError
+from marshal_workers.kafka.coordination_log import drain
+from marshal_workers.kafka.coordinator import PendingWrite
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import per_entry
 
@@ -49,12 +60,37 @@ class Kind(Enum):
     CANCEL = 2
 
 
+class Writes(Protocol):
+    """What the group commit needs of the coordinator (Coordinator has it): produce records without waiting,
+    their verdicts once in (None: not yet; CoordinationWriteError: failed or past the write's deadline), and a
+    socket readable whenever a verdict may have come."""
+
+    def submit(self, records: Sequence[codec.Record]) -> PendingWrite: ...
+
+    def collect(self, pending: PendingWrite) -> list[Any] | None: ...
+
+    def own_folds(self) -> socket.socket: ...
+
+
+Fields = Callable[[], dict[str, Any]]  # the common fields of a record written now
+
+
 @dataclass
 class _Queued:
     kind: Kind
     entries: list[codec.MessageEntry]
-    done: Future[list[bool]]
+    done: asyncio.Future[list[bool]]
     linger: bool = False
+
+
+@dataclass
+class _InFlight:
+    pending: PendingWrite
+    batch: list[_Queued]
+    records: list[codec.Record]
+    spans: list[tuple[int, int]]  # per queued request, where its verdicts lie among the records' entries
+    started: float
+    deadline: asyncio.TimerHandle
 
 
 # Upper bounds (seconds) of the write latency histogram in /metrics: fine below 10 ms, where a healthy write lies.
@@ -75,112 +111,148 @@ class WriteStats:
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
 
 
-Write = Callable[[list[codec.Record]], list[Any]]  # the coordinator's write: the records' verdicts, or raises
-Fields = Callable[[], dict[str, Any]]  # the common fields of a record written now
-
-
 class GroupCommit:
-    """Queues message entries and writes them in batches, one write in flight at a time, from its own thread."""
+    """Queues message entries and writes them in batches, one write in flight at a time, on ``loop``.
 
-    def __init__(self, write: Write, fields: Fields, topic: str, pending_ms: int) -> None:
-        self._write = write
-        self._writing = threading.Lock()  # one write at a time: the thread's, or write_queued's
+    Every method is called on the loop's thread (the request handlers' and /metrics')."""
+
+    def __init__(self, writes: Writes, fields: Fields, topic: str, pending_ms: int,
+                 loop: asyncio.AbstractEventLoop) -> None:  # fmt: skip
+        self._writes = writes
         self._fields = fields
         self._topic = topic
         self._pending_ms = pending_ms
+        self._loop = loop
         self._queue: list[_Queued] = []
         self._urgent = False  # a queued entry has a request waiting for its verdict
-        self._wake = threading.Condition()
+        self._in_flight: _InFlight | None = None
+        self._next_write: asyncio.Handle | None = None  # a write of the queue is scheduled: soon, or after the linger
+        self._lingering = False  # that write waits for the linger
+        self._folds: socket.socket | None = None  # watched by the loop while a write is in flight
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="serve-group-commit", daemon=True)
+        self._idle = asyncio.Event()  # nothing queued or in flight (close() waits for it)
+        self._idle.set()
         self.stats = WriteStats()
 
-    def start(self) -> GroupCommit:
-        self._thread.start()
-        return self
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued, then stop."""
-        with self._wake:
-            self._closing = True
-            self._wake.notify_all()
-        if self._thread.ident is not None:  # started (a GroupCommit never started is written by write_queued)
-            self._thread.join(timeout)
-
-    def submit(self, kind: Kind, entries: Sequence[codec.MessageEntry], linger: bool = False) -> Future[list[bool]]:
+    def submit(self, kind: Kind, entries: Sequence[codec.MessageEntry],
+               linger: bool = False) -> asyncio.Future[list[bool]]:  # fmt: skip
         """Queue ``entries`` for the next write: the future gives one verdict per entry once the write is confirmed,
         or the write's exception (CoordinationWriteError: not confirmed in time).
 
         ``linger``: nobody waits for these verdicts (hand-outs answered already): they wait up to LINGER_S for a
         write someone waits for (an ack's, typically of the same messages) to go with, instead of a write of their
         own."""
-        done: Future[list[bool]] = Future()
+        done: asyncio.Future[list[bool]] = self._loop.create_future()
         if not entries:
             done.set_result([])
             return done
-        with self._wake:
-            if self._closing and not self._thread.is_alive():
-                raise RuntimeError("the group commit is closed: nothing more is written")
-            # The writer is woken only when that changes what it does: an entry into an empty queue (it waits for
-            # one), the first one somebody waits on (it may be lingering). Not for every entry: each wake-up costs
-            # the event loop's thread a hand-over of the GIL.
-            wake = not self._queue or (not linger and not self._urgent)
-            self._queue.append(_Queued(kind, list(entries), done, linger))
-            if not linger:
-                self._urgent = True
-            if wake:
-                self._wake.notify()
+        if self._closing and self._idle.is_set():
+            raise RuntimeError("the group commit is closed: nothing more is written")
+        self._queue.append(_Queued(kind, list(entries), done, linger))
+        self._idle.clear()
+        if not linger:
+            self._urgent = True
+        self._schedule()
         return done
+
+    async def close(self) -> None:
+        """Write what is queued (lingering entries at once), wait for the verdicts, then take no more."""
+        self._closing = True
+        self._schedule()
+        await self._idle.wait()
+        self._stop_watching()
 
     def snapshot(self) -> WriteStats:
         """A copy of the statistics (for /metrics)."""
-        with self._wake:
-            return WriteStats(self.stats.writes, self.stats.entries, self.stats.failed, self.stats.seconds,
-                              list(self.stats.buckets))  # fmt: skip
+        stats = self.stats
+        return WriteStats(stats.writes, stats.entries, stats.failed, stats.seconds, list(stats.buckets))
 
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._closing:
-                    self._wake.wait()
-                if not self._queue:
-                    return  # closing, and nothing left to write
-                flush_at = time.monotonic() + LINGER_S
-                while not self._urgent and not self._closing and (left := flush_at - time.monotonic()) > 0:
-                    self._wake.wait(left)  # only lingering entries: wait a moment for one somebody waits on
-            self.write_queued()
+    # ------------------------------------------------------------------ writing
 
-    def write_queued(self) -> None:
-        """One write of everything queued now, on this thread: the writer thread's step (a GroupCommit not
-        started is written by calling it)."""
-        with self._writing:
-            with self._wake:
-                batch, self._queue, self._urgent = self._queue, [], False
-            if batch:
-                self._write_batch(batch)
+    def _schedule(self) -> None:
+        """The next write, if one is due: at the end of this pass of the loop when somebody waits (every request
+        the pass handles goes with it), after LINGER_S when only hand-outs wait; never while one is in flight."""
+        if self._in_flight is not None or not self._queue:
+            return
+        if self._urgent or self._closing:
+            if self._next_write is not None and self._lingering:
+                self._next_write.cancel()  # somebody waits now: no more lingering
+                self._next_write = None
+            if self._next_write is None:
+                self._next_write, self._lingering = self._loop.call_soon(self._write_queued), False
+        elif self._next_write is None:
+            self._next_write, self._lingering = self._loop.call_later(LINGER_S, self._write_queued), True
 
-    def _write_batch(self, batch: list[_Queued]) -> None:
-        """The batch's records, written: each request's verdicts once the write is confirmed (or the failure)."""
+    def _write_queued(self) -> None:
+        """One write of everything queued now."""
+        self._next_write = None
+        if self._in_flight is not None or not self._queue:
+            return
+        batch, self._queue, self._urgent = self._queue, [], False
         records, spans = self._records(batch)
         started = time.monotonic()
         try:
-            verdicts = self._write(records)
-        except Exception as exc:  # noqa: BLE001 - every waiting request hears of it
-            self._fail(batch, exc)
+            pending = self._writes.submit(records)
+        except CoordinationWriteError as exc:  # refused at once (the producer failed): every request hears it
+            self._failed(batch, exc)
+            self._settled()
             return
-        self._account(time.monotonic() - started, sum(len(q.entries) for q in batch))
-        flat: list[bool] = []
-        for record, verdict in zip(records, verdicts):
-            flat += per_entry(verdict, len(record.messages))  # type: ignore[attr-defined]
-        for queued, (start, end) in zip(batch, spans):
-            queued.done.set_result(flat[start:end])
+        self._watch()
+        # collect() raises past the write's deadline: look once then, should no report ever come.
+        deadline = self._loop.call_later(max(0.0, pending.deadline - started) + 0.001, self._verdicts_in)
+        self._in_flight = _InFlight(pending, batch, records, spans, started, deadline)
 
-    def _fail(self, batch: list[_Queued], exc: Exception) -> None:
-        with self._wake:
-            self.stats.failed += 1
+    def _verdicts_in(self) -> None:
+        """The own_folds socket woke (or the deadline came): hand out the in-flight write's verdicts if they are
+        all in."""
+        if self._folds is not None:
+            drain(self._folds)
+        flight = self._in_flight
+        if flight is None:
+            return
+        try:
+            verdicts = self._writes.collect(flight.pending)
+        except CoordinationWriteError as exc:
+            self._in_flight = None
+            flight.deadline.cancel()
+            self._failed(flight.batch, exc)
+            self._settled()
+            return
+        if verdicts is None:
+            return
+        self._in_flight = None
+        flight.deadline.cancel()
+        self._account(time.monotonic() - flight.started, sum(len(q.entries) for q in flight.batch))
+        flat: list[bool] = []
+        for record, verdict in zip(flight.records, verdicts):
+            flat += per_entry(verdict, len(record.messages))  # type: ignore[attr-defined]
+        for queued, (start, end) in zip(flight.batch, flight.spans):
+            if not queued.done.done():
+                queued.done.set_result(flat[start:end])
+        self._settled()
+
+    def _settled(self) -> None:
+        """A write is decided: the next one if anything is queued, else idle."""
+        if self._queue:
+            self._schedule()
+        else:
+            self._idle.set()
+
+    def _failed(self, batch: list[_Queued], exc: Exception) -> None:
+        self.stats.failed += 1
         for queued in batch:
             if not queued.done.done():
                 queued.done.set_exception(exc)
+
+    def _watch(self) -> None:
+        if self._folds is None:
+            self._folds = self._writes.own_folds()
+            self._loop.add_reader(self._folds, self._verdicts_in)
+
+    def _stop_watching(self) -> None:
+        if self._folds is not None:
+            self._loop.remove_reader(self._folds)
+            self._folds = None
 
     def _records(self, batch: list[_Queued]) -> tuple[list[codec.Record], list[tuple[int, int]]]:
         """The records of one write (deliver, ack, cancel; at most MAX_ENTRIES_PER_RECORD entries each) and, per
@@ -209,8 +281,7 @@ class GroupCommit:
         return codec.CancelMessages(**fields, topic=self._topic, messages=entries)
 
     def _account(self, took: float, entries: int) -> None:
-        with self._wake:
-            self.stats.writes += 1
-            self.stats.entries += entries
-            self.stats.seconds += took
-            self.stats.buckets[bisect.bisect_left(LATENCY_BUCKETS, took)] += 1
+        self.stats.writes += 1
+        self.stats.entries += entries
+        self.stats.seconds += took
+        self.stats.buckets[bisect.bisect_left(LATENCY_BUCKETS, took)] += 1

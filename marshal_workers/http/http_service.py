@@ -5,7 +5,7 @@ Routes: ``POST /read?timeout=5s&max=N``, ``POST /ack``, ``POST /cancel``
 (Prometheus) and ``GET /openapi.json`` (the OpenAPI document, http_openapi.py).  aiohttp gives
 keep-alive, many concurrent long polls on one event loop, TLS through an ``ssl.SSLContext`` and a
 graceful shutdown.  Requests never block the event loop: their coordination records go to the group
-commit (group_commit.py), whose verdicts they await as futures.
+commit (group_commit.py, on the same loop), whose verdicts they await as futures.
 
 With a token every route but ``/healthz`` and ``/openapi.json`` requires ``Authorization: Bearer
 <token>`` (compared in constant time; the token is never logged).  SIGTERM
@@ -25,8 +25,7 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -40,7 +39,6 @@ from marshal_workers.http.group_commit import LATENCY_BUCKETS, Kind
 from marshal_workers.http.http_messages import BadRequest, MessageId, ReadRequest, message_ids, read_request
 from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
-from marshal_workers.http.loop_handoff import LoopHandoff
 from marshal_workers.http.served_topic import LOG_LAG_GRACE_S, ServedTopic
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
 from marshal_workers.observe.web_sites import open_site, stop_signal
@@ -59,10 +57,8 @@ _OPENAPI = web.AppKey("openapi", bytes)
 # query strings are the clients' (untrusted): past the bound it starts over.
 _READ_QUERIES = web.AppKey("read_queries", dict[str, ReadRequest])
 MOST_READ_QUERIES = 256
-_HANDOFF = web.AppKey("handoff", LoopHandoff)  # write verdicts to the event loop, one wake-up per write
 _OPEN_ROUTES = frozenset(("/healthz", "/openapi.json"))  # no token needed
 _COUNTED_ROUTES = frozenset(("/read", "/ack", "/cancel", "/metrics", *_OPEN_ROUTES))  # any other path: "other"
-T = TypeVar("T")
 
 
 class News:
@@ -123,7 +119,6 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_TOKEN] = token or ""
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
-    app[_HANDOFF] = LoopHandoff(asyncio.get_running_loop(), topic.verdict_wait_s)
     app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
     topic.on_news = app[_NEWS].announce_threadsafe
     app[_OPENAPI] = orjson.dumps(openapi_document(token_required=bool(token)))
@@ -201,7 +196,7 @@ async def _read(request: web.Request) -> web.StreamResponse:
                 first = False
                 # On the event loop: a first hand-out is answered at once, another waits for its write's verdict.
                 handed = topic.hand_out(asked.most)
-                messages = await _verdict(request, handed) if isinstance(handed, Future) else handed
+                messages = await handed if isinstance(handed, asyncio.Future) else handed
                 if messages:
                     request[_HANDED], request[_MOST] = messages, asked.most
                     return _json({"messages": messages})
@@ -228,14 +223,6 @@ def _read_request(request: web.Request) -> ReadRequest:
     return asked
 
 
-async def _verdict(request: web.Request, future: Future[T]) -> T:
-    """A group commit's outcome, awaited without a thread (at once when it is known already); TimeoutError past
-    the topic's verdict_wait_s (the handoff keeps the deadline)."""
-    if future.done():
-        return future.result()
-    return await request.app[_HANDOFF].watch(future)
-
-
 async def _ack(request: web.Request) -> web.Response:
     return await _settle(request, Kind.ACK)
 
@@ -258,10 +245,10 @@ async def _settle(request: web.Request, kind: Kind) -> web.Response:
     verdicts: list[bool] = []
     if settlement.todo:
         try:
-            verdicts = await _verdict(request, topic.write_settlement(settlement))
-        except (CoordinationWriteError, TimeoutError) as exc:
+            verdicts = await topic.write_settlement(settlement)
+        except CoordinationWriteError as exc:
             raise BadRequest(503, "not_written", f"the coordination log did not confirm the {settlement.verb[:-2]}: "
-                             f"try again ({exc or 'no verdict in time'})", retry_after=1) from None  # fmt: skip
+                             f"try again ({exc})", retry_after=1) from None  # fmt: skip
     return _json(topic.settled(settlement, verdicts))
 
 
@@ -369,6 +356,7 @@ async def _serve(
     shutdown_timeout: float,
     ready: Callable[[str], None],
 ) -> None:
+    topic.open_writes(asyncio.get_running_loop())
     app = make_app(topic, token)
     runner, url = await open_site(app, host, port, ssl_context, "the service", "--port")
     ordered = asyncio.Event()  # admin shutdown: the serve loop's thread sets it through the event loop
@@ -388,3 +376,4 @@ async def _serve(
                      "acked are delivered again", topic.settings.group, topic.topic)  # fmt: skip
         topic.abandon()
     await runner.cleanup()
+    await topic.close_writes()  # hand-outs answered and not yet written go in a last write

@@ -18,19 +18,20 @@ A server killed with -9 leaves its leases to lapse: what clients acked is
 done, the rest is delivered again by whoever leases it next.
 
 Threads: a background loop (:meth:`ServedTopic.run_loop`) claims, reads
-Kafka, renews and settles; HTTP requests call :meth:`read`, :meth:`ack` and
-:meth:`cancel` from the server's thread pool.  A lock guards the local
-mirror of the held ranges; the fold is the judge of every verdict.
+Kafka, renews and settles; HTTP requests call :meth:`hand_out`,
+:meth:`settlement` and the rest from the server's event loop, which also
+runs the group commit of their records (group_commit.py).  A lock guards the
+local mirror of the held ranges; the fold is the judge of every verdict.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,8 +230,6 @@ class ServedTopic:
         self._thread: threading.Thread | None = None
         self._holder: Holder | None = None
         self._group_commit: GroupCommit | None = None
-        # A request waits this long for its write's verdict: the write's own timeout, plus one write queued before.
-        self.verdict_wait_s = 2 * settings.write_timeout + 1
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -252,9 +251,6 @@ class ServedTopic:
         self.partition_count = len(found.partitions)
         self._coordinator = Coordinator(self.settings).start()
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
-        coordinator = self._coordinator
-        self._group_commit = GroupCommit(lambda records: coordinator.write(records), coordinator.record_fields, self.topic,
-                                         self.options.pending_ms).start()  # fmt: skip
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
@@ -273,8 +269,6 @@ class ServedTopic:
         self._stop_loop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self._group_commit is not None:
-            self._group_commit.close()  # what is queued is written first
         self._dlq.close()
         if self._consumer is not None:
             self._consumer.close()
@@ -287,14 +281,24 @@ class ServedTopic:
             self.counters.ranges_lost += len(self.ranges)
             self.ranges.clear()
 
+    def open_writes(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the group commit of the requests' records on the event loop that serves them (after start())."""
+        self._group_commit = GroupCommit(self.coordinator, self.coordinator.record_fields, self.topic,
+                                         self.options.pending_ms, loop)  # fmt: skip
+
+    async def close_writes(self) -> None:
+        """Write what the group commit has queued and wait for its verdicts (on the loop, before it ends)."""
+        if self._group_commit is not None:
+            await self._group_commit.close()
+
     @property
     def _commit(self) -> GroupCommit:
-        assert self._group_commit is not None, "call start() first"
+        assert self._group_commit is not None, "call open_writes() first"
         return self._group_commit
 
     def write_stats(self) -> WriteStats:
         """The group commit's writes (for /metrics)."""
-        return self._commit.snapshot()
+        return self._commit.snapshot() if self._group_commit is not None else WriteStats()
 
     @property
     def coordinator(self) -> Coordinator:
@@ -314,9 +318,9 @@ class ServedTopic:
                 for offset in held.messages if held.eligible(offset, now)
             )  # fmt: skip
 
-    def hand_out(self, most: int) -> list[dict[str, Any]] | Future[list[dict[str, Any]]]:
+    def hand_out(self, most: int) -> list[dict[str, Any]] | asyncio.Future[list[dict[str, Any]]]:
         """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read, now, or
-        a future of it done when a write's verdict comes (no wait either way).
+        a future of it done when a write's verdict comes (no wait either way; on the event loop).
 
         A message handed out for the first time under our lease is answered at once: the lease makes it ours
         alone, and its ``deliver_messages`` goes in the next group commit, long before the lease could pass to
@@ -335,13 +339,12 @@ class ServedTopic:
                     held.unwritten.add(offset)
             self._write_hand_outs([(held, offset) for held, offset, _ in picked], entries)
             return answer
-        answered: Future[list[dict[str, Any]]] = Future()
-        self._commit.submit(Kind.DELIVER, entries).add_done_callback(
-            lambda written: answered.set_result(self._answer_written(picked, written, now, wall))
-        )
+        written = self._commit.submit(Kind.DELIVER, entries)
+        answered: asyncio.Future[list[dict[str, Any]]] = written.get_loop().create_future()
+        written.add_done_callback(lambda done: answered.set_result(self._answer_written(picked, done, now, wall)))
         return answered
 
-    def _answer_written(self, picked: list[tuple[HeldRange, int, bool]], written: Future[list[bool]], since_ms: int,
+    def _answer_written(self, picked: list[tuple[HeldRange, int, bool]], written: asyncio.Future[list[bool]], since_ms: int,
                         since_wall: int) -> list[dict[str, Any]]:  # fmt: skip
         """The messages the log accepted as handed out (a write not confirmed: none; the read goes on waiting)."""
         verdicts = written.result() if written.exception() is None else [False] * len(picked)
@@ -384,12 +387,12 @@ class ServedTopic:
         )  # fmt: skip
 
     def _write_hand_outs(self, picked: list[tuple[HeldRange, int]], entries: list[codec.MessageEntry]) -> None:
-        """Queue the hand-outs answered already; their verdicts come back on the writer's thread."""
+        """Queue the hand-outs answered already; their verdicts come back on the event loop."""
         self._commit.submit(Kind.DELIVER, entries, linger=True).add_done_callback(
             lambda done: self._hand_outs_written(picked, done)
         )
 
-    def _hand_outs_written(self, picked: list[tuple[HeldRange, int]], done: Future[list[bool]]) -> None:
+    def _hand_outs_written(self, picked: list[tuple[HeldRange, int]], done: asyncio.Future[list[bool]]) -> None:
         """Hand-outs answered before their record: confirmed, refused (our lease had lapsed in the log: another
         member may hand them out; at least once allows it), or not written (tried again while the lease lasts)."""
         error = done.exception()
@@ -447,7 +450,7 @@ class ServedTopic:
                              messages=[_problem(m, state) for m, state in bad])  # fmt: skip
         return Settlement(kind, verb, [m for m, state in zip(ids, states) if state == "pending"], len(already))
 
-    def write_settlement(self, settlement: Settlement) -> Future[list[bool]]:
+    def write_settlement(self, settlement: Settlement) -> asyncio.Future[list[bool]]:
         """The settlement's record, in the next group commit: its verdicts (CoordinationWriteError if not
         confirmed in time)."""
         entries = [codec.MessageEntry(m.partition, m.offset) for m in settlement.todo]

@@ -1,7 +1,7 @@
 """Where the HTTP service's CPU goes under bench_serve.py's load: a profile, not a benchmark.
 
     python tests/benchmarks/profile_serve.py [--seconds 6] [--clients 8] [--max 1] [--no-cprofile]
-        [--threads serve-loop,serve-group-commit]
+        [--threads serve-loop,coordination-deliveries]
 
 Starts the embedded broker, a topic with plenty of messages and ``marshal-workers serve`` (through
 serve_profiled.py), runs bench_serve.py's clients against it, then prints the server's CPU per message by

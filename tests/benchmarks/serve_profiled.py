@@ -5,7 +5,7 @@ profile_serve.py.
 
 Writes OUT_DIR/threads.json every 0.5 s (CPU seconds per thread: Python threads by name, librdkafka's by their
 OS name) and, once the server stops (SIGTERM), OUT_DIR/loop.prof (cProfile of the main thread: the event loop).  MW_PROFILE_THREADS=name,name also profiles those
-threads (serve-loop, serve-group-commit, coordination-deliveries, coordination-log) into OUT_DIR/<name>.prof.
+threads (serve-loop, coordination-deliveries, coordination-log) into OUT_DIR/<name>.prof.
 """
 
 from __future__ import annotations

@@ -1,21 +1,27 @@
 """The HTTP service's group commit (http/group_commit.py): requests that arrive while a write is in flight share the
-next write, one record per kind, and each learns exactly its own entries' verdicts."""
+next write, one record per kind, and each learns exactly its own entries' verdicts; all on the event loop."""
 
 from __future__ import annotations
 
-import threading
-from typing import Any
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marshal_workers.errors import CoordinationWriteError
-from marshal_workers.http.group_commit import MAX_ENTRIES_PER_RECORD, GroupCommit, Kind
+from marshal_workers.http.group_commit import LINGER_S, MAX_ENTRIES_PER_RECORD, GroupCommit, Kind
+from marshal_workers.kafka.coordination_log import wakeup_pair
+from marshal_workers.kafka.coordinator import PendingWrite
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import Verdicts
 
 FIELDS = {"v": codec.VERSION, "ts": 1, "group": "g", "client": "c", "instance": "i"}
+T = TypeVar("T")
 
 
 def accepted(kind: Kind, entry: codec.MessageEntry) -> bool:
@@ -30,46 +36,81 @@ def kind_of(record: codec.Record) -> Kind:
 
 
 class FakeLog:
-    """A coordinator's write that records what it was given; the first write may be held in flight."""
+    """The coordinator's side of a write, without Kafka: writes are recorded and confirmed when the test says
+    (``confirm``), which wakes the own_folds socket as a folded delivery report does."""
 
-    def __init__(self, hold_first: bool = False, fail: bool = False) -> None:
+    def __init__(self, timeout_s: float = 10.0, refuse: bool = False) -> None:
         self.writes: list[list[codec.Record]] = []
-        self.in_flight = threading.Event()
-        self.release = threading.Event()
-        self.hold_first = hold_first
-        self.fail = fail
+        self.confirmed = 0  # writes whose verdicts are in
+        self.failing: set[int] = set()  # writes (by index) that fail when confirmed
+        self.timeout_s = timeout_s
+        self.refuse = refuse
+        self._read_end, self._write_end = wakeup_pair()
+        self._index: dict[int, int] = {}  # id(pending) -> the write's index
 
-    def write(self, records: list[codec.Record]) -> list[Any]:
-        self.writes.append(records)
-        if self.hold_first and len(self.writes) == 1:
-            self.in_flight.set()
-            assert self.release.wait(10)
-        if self.fail:
-            raise CoordinationWriteError("not confirmed (a test)")
-        return [
-            Verdicts(tuple(accepted(kind_of(r), e) for e in r.messages))  # type: ignore[attr-defined]
-            for r in records
-        ]
+    def submit(self, records: Sequence[codec.Record]) -> PendingWrite:
+        if self.refuse:
+            raise CoordinationWriteError("refused at once (a test)")
+        pending = PendingWrite(deadline=time.monotonic() + self.timeout_s)
+        self._index[id(pending)] = len(self.writes)
+        self.writes.append(list(records))
+        return pending
+
+    def collect(self, pending: PendingWrite) -> list[Any] | None:
+        index = self._index[id(pending)]
+        if index >= self.confirmed:
+            if time.monotonic() > pending.deadline:
+                raise CoordinationWriteError("not confirmed in time (a test)")
+            return None
+        if index in self.failing:
+            raise CoordinationWriteError("failed (a test)")
+        return [Verdicts(tuple(accepted(kind_of(r), e) for e in r.messages)) for r in self.writes[index]]  # type: ignore[attr-defined]
+
+    def own_folds(self) -> socket.socket:
+        return self._read_end
+
+    def confirm(self, up_to: int) -> None:
+        self.confirmed = up_to
+        self._write_end.send(b"!")
 
 
 def entries(*offsets: int) -> list[codec.MessageEntry]:
     return [codec.MessageEntry(0, offset) for offset in offsets]
 
 
+def run(test: Callable[[asyncio.AbstractEventLoop], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(test(asyncio.get_running_loop()), 20)
+
+    return asyncio.run(main())
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.001)
+
+
 def test_requests_that_arrive_while_a_write_is_in_flight_share_the_next_write_and_get_their_own_verdicts() -> None:
-    log = FakeLog(hold_first=True)
-    commit = GroupCommit(log.write, lambda: FIELDS, "t", 30_000).start()
-    try:
+    log = FakeLog()
+    kinds = [Kind.CANCEL, Kind.ACK, Kind.DELIVER, Kind.ACK] * 5
+
+    async def test(loop: asyncio.AbstractEventLoop) -> None:
+        commit = GroupCommit(log, lambda: FIELDS, "t", 30_000, loop)
         first = commit.submit(Kind.DELIVER, entries(0))
-        assert log.in_flight.wait(10)
-        waiting = [commit.submit(kind, entries(*range(10 * n, 10 * n + 3)))
-                   for n, kind in enumerate([Kind.CANCEL, Kind.ACK, Kind.DELIVER, Kind.ACK] * 5, start=1)]  # fmt: skip
-        log.release.set()
-        assert first.result(10) == [accepted(Kind.DELIVER, codec.MessageEntry(0, 0))]
-        for n, (kind, future) in enumerate(zip([Kind.CANCEL, Kind.ACK, Kind.DELIVER, Kind.ACK] * 5, waiting), start=1):
-            assert future.result(10) == [accepted(kind, e) for e in entries(*range(10 * n, 10 * n + 3))]
-    finally:
-        commit.close()
+        await until(lambda: len(log.writes) == 1)
+        waiting = [commit.submit(kind, entries(*range(10 * n, 10 * n + 3))) for n, kind in enumerate(kinds, start=1)]
+        await asyncio.sleep(0.02)
+        assert len(log.writes) == 1, "nothing more is written while a write is in flight"
+        log.confirm(1)
+        assert await first == [accepted(Kind.DELIVER, codec.MessageEntry(0, 0))]
+        await until(lambda: len(log.writes) == 2)
+        log.confirm(2)
+        for n, (kind, future) in enumerate(zip(kinds, waiting), start=1):
+            assert await future == [accepted(kind, e) for e in entries(*range(10 * n, 10 * n + 3))]
+        await commit.close()
+        assert commit.snapshot().writes == 2 and commit.snapshot().entries == 61
+
+    run(test)
     assert len(log.writes) == 2, "the twenty requests queued behind the first write went in one write"
     second = log.writes[1]
     assert [type(r) for r in second] == [codec.DeliverMessages, codec.AckMessages, codec.CancelMessages], \
@@ -78,54 +119,121 @@ def test_requests_that_arrive_while_a_write_is_in_flight_share_the_next_write_an
     assert all(isinstance(r, codec.DeliverMessages) and r.pending_ms == 30_000 for r in second[:1])
 
 
-def test_a_write_not_confirmed_fails_every_request_it_carried() -> None:
-    log = FakeLog(fail=True)
-    commit = GroupCommit(log.write, lambda: FIELDS, "t", 30_000).start()
-    try:
-        futures = [commit.submit(Kind.ACK, entries(n)) for n in range(5)]
-        for future in futures:
+def test_a_write_that_fails_or_is_refused_fails_every_request_it_carried_and_the_next_write_goes_on() -> None:
+    log = FakeLog()
+
+    async def test(loop: asyncio.AbstractEventLoop) -> None:
+        commit = GroupCommit(log, lambda: FIELDS, "t", 30_000, loop)
+        carried = [commit.submit(Kind.ACK, entries(n)) for n in range(5)]
+        await until(lambda: len(log.writes) == 1)
+        later = commit.submit(Kind.ACK, entries(7))
+        log.failing.add(0)
+        log.confirm(1)
+        for future in carried:
             with pytest.raises(CoordinationWriteError):
-                future.result(10)
-        assert commit.snapshot().failed >= 1
-    finally:
-        commit.close()
+                await future
+        await until(lambda: len(log.writes) == 2)
+        log.confirm(2)
+        assert await later == [accepted(Kind.ACK, codec.MessageEntry(0, 7))]
+        log.refuse = True
+        with pytest.raises(CoordinationWriteError, match="refused"):
+            await commit.submit(Kind.CANCEL, entries(9))
+        assert commit.snapshot().failed == 2 and commit.snapshot().writes == 1
+
+    run(test)
 
 
-def test_close_writes_what_is_queued_then_refuses_more() -> None:
-    log = FakeLog(hold_first=True)
-    commit = GroupCommit(log.write, lambda: FIELDS, "t", 30_000).start()
-    first = commit.submit(Kind.ACK, entries(1))
-    assert log.in_flight.wait(10)
-    queued = commit.submit(Kind.ACK, entries(2))
-    closer = threading.Thread(target=commit.close)
-    closer.start()
-    log.release.set()
-    closer.join(10)
-    assert first.result(0) == [True] and queued.result(0) == [accepted(Kind.ACK, codec.MessageEntry(0, 2))]
-    with pytest.raises(RuntimeError, match="closed"):
-        commit.submit(Kind.ACK, entries(3))
+def test_a_write_never_confirmed_fails_its_requests_at_its_deadline() -> None:
+    log = FakeLog(timeout_s=0.05)
+
+    async def test(loop: asyncio.AbstractEventLoop) -> None:
+        commit = GroupCommit(log, lambda: FIELDS, "t", 30_000, loop)
+        started = time.monotonic()
+        with pytest.raises(CoordinationWriteError, match="in time"):
+            await commit.submit(Kind.ACK, entries(1))
+        assert time.monotonic() - started < 5, "failed at its deadline, without a wake-up of the socket"
+
+    run(test)
+
+
+def test_hand_outs_linger_for_a_write_somebody_waits_on_and_go_alone_after_the_linger() -> None:
+    log = FakeLog()
+
+    async def test(loop: asyncio.AbstractEventLoop) -> None:
+        commit = GroupCommit(log, lambda: FIELDS, "t", 30_000, loop)
+        handed = commit.submit(Kind.DELIVER, entries(1), linger=True)
+        await asyncio.sleep(LINGER_S / 5)
+        assert log.writes == [], "a hand-out nobody waits on lingers"
+        acked = commit.submit(Kind.ACK, entries(1))
+        await until(lambda: len(log.writes) == 1)
+        assert [type(r) for r in log.writes[0]] == [codec.DeliverMessages, codec.AckMessages], "one write carried both"
+        log.confirm(1)
+        assert await handed == [True] and await acked == [True]
+        alone = commit.submit(Kind.DELIVER, entries(4), linger=True)
+        started = time.monotonic()
+        await until(lambda: len(log.writes) == 2)
+        assert time.monotonic() - started >= LINGER_S * 0.8, "written after the linger, not at once"
+        log.confirm(2)
+        assert await alone == [True]
+
+    run(test)
+
+
+def test_close_writes_what_is_queued_at_once_waits_for_it_then_refuses_more() -> None:
+    log = FakeLog()
+
+    async def test(loop: asyncio.AbstractEventLoop) -> None:
+        commit = GroupCommit(log, lambda: FIELDS, "t", 30_000, loop)
+        first = commit.submit(Kind.ACK, entries(1))
+        await until(lambda: len(log.writes) == 1)
+        queued = commit.submit(Kind.DELIVER, entries(2), linger=True)
+        closing = asyncio.ensure_future(commit.close())
+        log.confirm(1)
+        await until(lambda: len(log.writes) == 2)
+        assert not closing.done(), "close waits for the last write's verdicts"
+        log.confirm(2)
+        await closing
+        assert await first == [True] and await queued == [accepted(Kind.DELIVER, codec.MessageEntry(0, 2))]
+        with pytest.raises(RuntimeError, match="closed"):
+            commit.submit(Kind.ACK, entries(3))
+
+    run(test)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(list(Kind)), st.lists(st.integers(0, 10**6), min_size=1, max_size=50)),
-                min_size=1, max_size=30))  # fmt: skip
-def test_one_batch_maps_every_request_to_exactly_its_entries_verdicts(requests: list[tuple[Kind, list[int]]]) -> None:
+@given(st.lists(st.tuples(st.sampled_from(list(Kind)), st.lists(st.integers(0, 10**6), min_size=1, max_size=50),
+                          st.booleans()), min_size=1, max_size=30))  # fmt: skip
+def test_one_batch_maps_every_request_to_exactly_its_entries_verdicts(
+    requests: list[tuple[Kind, list[int], bool]],
+) -> None:
     log = FakeLog()
-    commit = GroupCommit(log.write, lambda: FIELDS, "t", 1000)  # not started: one batch written here
-    futures = [commit.submit(kind, entries(*offsets)) for kind, offsets in requests]
-    commit.write_queued()
-    for (kind, offsets), future in zip(requests, futures):
-        assert future.result(0) == [accepted(kind, e) for e in entries(*offsets)]
+
+    async def test(loop: asyncio.AbstractEventLoop) -> list[list[bool]]:
+        commit = GroupCommit(log, lambda: FIELDS, "t", 1000, loop)
+        futures = [commit.submit(kind, entries(*offsets), linger) for kind, offsets, linger in requests]
+        await until(lambda: len(log.writes) == 1)
+        log.confirm(1)
+        return [await future for future in futures]
+
+    answers = run(test)
+    for (kind, offsets, _), answer in zip(requests, answers):
+        assert answer == [accepted(kind, e) for e in entries(*offsets)]
     [records] = log.writes
     kinds = [kind_of(r) for r in records]
     assert kinds == sorted(kinds, key=lambda k: k.value), "deliver, ack, cancel"
-    assert sum(len(r.messages) for r in records) == sum(len(o) for _, o in requests)  # type: ignore[attr-defined]
+    assert sum(len(r.messages) for r in records) == sum(len(o) for _, o, _ in requests)  # type: ignore[attr-defined]
 
 
 def test_a_huge_batch_is_split_into_records_of_bounded_size() -> None:
     log = FakeLog()
-    commit = GroupCommit(log.write, lambda: FIELDS, "t", 1000)
-    future = commit.submit(Kind.ACK, entries(*range(MAX_ENTRIES_PER_RECORD * 2 + 5)))
-    commit.write_queued()
+    offsets = range(MAX_ENTRIES_PER_RECORD * 2 + 5)
+
+    async def test(loop: asyncio.AbstractEventLoop) -> list[bool]:
+        commit = GroupCommit(log, lambda: FIELDS, "t", 1000, loop)
+        future = commit.submit(Kind.ACK, entries(*offsets))
+        await until(lambda: len(log.writes) == 1)
+        log.confirm(1)
+        return await future
+
+    assert run(test) == [accepted(Kind.ACK, e) for e in entries(*offsets)]
     assert [len(r.messages) for r in log.writes[0]] == [MAX_ENTRIES_PER_RECORD, MAX_ENTRIES_PER_RECORD, 5]  # type: ignore[attr-defined]
-    assert future.result(0) == [accepted(Kind.ACK, e) for e in entries(*range(MAX_ENTRIES_PER_RECORD * 2 + 5))]

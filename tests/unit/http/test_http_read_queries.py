@@ -4,7 +4,6 @@ same answer every time, a bad one is refused every time (never kept), and the se
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -16,8 +15,6 @@ from marshal_workers.http.http_service import MOST_READ_QUERIES, make_app
 
 class OneAtATime:
     """What a read asks of a ServedTopic: hands out one message per read, as many as it has."""
-
-    verdict_wait_s = 1.0
 
     def __init__(self, count: int) -> None:
         self.settings = Settings(group="billing", client_id="server-1")
@@ -32,7 +29,7 @@ class OneAtATime:
     def available_now(self) -> int:
         return self.left
 
-    def hand_out(self, most: int) -> list[dict[str, Any]] | Future[list[dict[str, Any]]]:
+    def hand_out(self, most: int) -> list[dict[str, Any]]:
         self.asked.append(most)
         taken = min(most, self.left)
         self.left -= taken

@@ -11,7 +11,6 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -56,13 +55,11 @@ class TopicStandIn:
         self.stopping = False
         self.refuse: BadRequest | None = None
 
-    verdict_wait_s = 1.0
-
     @property
     def available_now(self) -> int:
         return len(self.messages)
 
-    def hand_out(self, most: int) -> Future[list[dict[str, Any]]]:
+    def hand_out(self, most: int) -> asyncio.Future[list[dict[str, Any]]]:
         out, self.messages = self.messages[:most], self.messages[most:]
         return done(out)
 
@@ -78,16 +75,16 @@ class TopicStandIn:
     def settlement(self, ids: Sequence[MessageId], states: Sequence[str], kind: Kind) -> Settlement:
         return Settlement(kind, "acked" if kind is Kind.ACK else "cancelled", list(ids), 0)
 
-    def write_settlement(self, settlement: Settlement) -> Future[list[bool]]:
+    def write_settlement(self, settlement: Settlement) -> asyncio.Future[list[bool]]:
         return done([True] * len(settlement.todo))
 
     def settled(self, settlement: Settlement, verdicts: Sequence[bool]) -> dict[str, Any]:
         return {settlement.verb: len(settlement.todo), "already": 0}
 
 
-def done(result: Any) -> Future[Any]:
-    """A group commit's verdict, known already."""
-    future: Future[Any] = Future()
+def done(result: Any) -> asyncio.Future[Any]:
+    """A group commit's verdict, known already (on the running loop, as the group commit's are)."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     future.set_result(result)
     return future
 
