@@ -185,7 +185,9 @@ class GroupCommit:
 
     def _write_queued(self) -> None:
         """One write of everything queued now."""
-        self._next_write = None
+        if self._next_write is not None:
+            self._next_write.cancel()  # called at once (a write was decided): not again later
+            self._next_write = None
         if self._in_flight is not None or not self._queue:
             return
         batch, self._queue, self._urgent = self._queue, [], False
@@ -194,8 +196,8 @@ class GroupCommit:
         try:
             pending = self._writes.submit(records)
         except CoordinationWriteError as exc:  # refused at once (the producer failed): every request hears it
+            self._next()
             self._failed(batch, exc)
-            self._settled()
             return
         self._watch()
         # collect() raises past the write's deadline: look once then, should no report ever come.
@@ -215,28 +217,34 @@ class GroupCommit:
         except CoordinationWriteError as exc:
             self._in_flight = None
             flight.deadline.cancel()
+            self._next()
             self._failed(flight.batch, exc)
-            self._settled()
             return
         if verdicts is None:
             return
         self._in_flight = None
         flight.deadline.cancel()
         self._account(time.monotonic() - flight.started, sum(len(q.entries) for q in flight.batch))
+        # The next write first, then the answers: what queued meanwhile waited a whole write already, and an answer
+        # set here wakes its request only in the loop's next pass, after a write scheduled for "soon" would have to
+        # wait behind every one of them (a pass of 20 answers is 2 ms at 64 clients).
+        self._next()
         flat: list[bool] = []
         for record, verdict in zip(flight.records, verdicts):
             flat += per_entry(verdict, len(record.messages))  # type: ignore[attr-defined]
         for queued, (start, end) in zip(flight.batch, flight.spans):
             if not queued.done.done():
                 queued.done.set_result(flat[start:end])
-        self._settled()
 
-    def _settled(self) -> None:
-        """A write is decided: the next one if anything is queued, else idle."""
-        if self._queue:
-            self._schedule()
-        else:
+    def _next(self) -> None:
+        """A write is decided: the next one now if somebody waits in the queue, lingering if only hand-outs do,
+        else idle."""
+        if not self._queue:
             self._idle.set()
+        elif self._urgent or self._closing:
+            self._write_queued()
+        else:
+            self._schedule()
 
     def _failed(self, batch: list[_Queued], exc: Exception) -> None:
         self.stats.failed += 1

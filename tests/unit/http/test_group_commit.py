@@ -119,6 +119,41 @@ def test_requests_that_arrive_while_a_write_is_in_flight_share_the_next_write_an
     assert all(isinstance(r, codec.DeliverMessages) and r.pending_ms == 30_000 for r in second[:1])
 
 
+def test_the_next_write_is_produced_before_the_answers_of_the_last_one_wake_their_requests() -> None:
+    """The requests queued behind a write waited a whole write already: the next write goes as soon as the verdicts
+    come, not after every request they answer has run (a pass of the loop that can take milliseconds)."""
+    log = FakeLog()
+    woken_before_the_next_write: list[bool] = []
+
+    async def test(loop: asyncio.AbstractEventLoop) -> None:
+        commit = GroupCommit(log, lambda: FIELDS, "t", 30_000, loop)
+        answered: list[int] = []
+
+        async def request(offset: int) -> None:
+            await commit.submit(Kind.ACK, entries(offset))
+            answered.append(offset)
+
+        first = [asyncio.ensure_future(request(n)) for n in range(5)]
+        await until(lambda: len(log.writes) == 1)
+        behind = asyncio.ensure_future(request(9))
+        await asyncio.sleep(0.01)
+        submit = log.submit
+
+        def submit_and_look(records: Sequence[codec.Record]) -> PendingWrite:
+            woken_before_the_next_write.append(bool(answered))
+            return submit(records)
+
+        log.submit = submit_and_look  # type: ignore[method-assign]
+        log.confirm(1)
+        await asyncio.gather(*first)
+        await until(lambda: len(log.writes) == 2)
+        log.confirm(2)
+        await behind
+
+    run(test)
+    assert woken_before_the_next_write == [False]
+
+
 def test_a_write_that_fails_or_is_refused_fails_every_request_it_carried_and_the_next_write_goes_on() -> None:
     log = FakeLog()
 
