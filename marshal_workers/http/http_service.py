@@ -187,7 +187,8 @@ def _json(body: Any, status: int = 200) -> web.Response:
 async def _read(request: web.Request) -> web.StreamResponse:
     asked = _read_request(request)
     topic, news = request.app[_TOPIC], request.app[_NEWS]
-    deadline = time.monotonic() + asked.wait_s
+    topic.last_read = now = time.monotonic()
+    deadline = now + asked.wait_s
     topic.waiting_readers += 1
     first = True  # a read tries the held messages at once: the loop's count may be stale (it may sit in a write)
     try:

@@ -67,6 +67,10 @@ ORDERS_INTERVAL_S = 0.25  # how often the operators' orders are looked at
 FETCH_MOST = 500
 LOG_LAG_GRACE_S = 1.0  # how long an ack of a message our log view has not seen handed out waits for the log
 IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes back to the group
+# Readers that read this recently count as readers still: the loop leases the next ranges before the held ones run
+# dry (a read answered at once waits for nothing, so counting only the reads that wait claimed every range after its
+# readers found nothing: each range's first reads waited a loop pass, a claim and a fetch, 10 to 30 ms).
+READERS_RECENT_S = 1.0
 _NEVER = 2**62
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
@@ -205,6 +209,7 @@ class ServedTopic:
         self.stopping = False
         self.partition_count = 0
         self.waiting_readers = 0  # long polls waiting for a message: the loop leases more when they wait
+        self.last_read = -READERS_RECENT_S  # monotonic: the latest read (the loop leases ahead for recent readers)
         self.available_now = 0  # messages that could be handed out, as of the loop's last pass with readers waiting
         self.on_news: Callable[[], None] | None = None  # called (from the loop's thread) when messages wait for readers
         self.on_shutdown_order: Callable[[], None] | None = None  # called (from the loop's thread) at admin shutdown
@@ -740,11 +745,16 @@ class ServedTopic:
         assert self._offsets is not None
         self._ends.refresh(self._offsets, self.topic, self.partition_count, now)
 
+    def _readers(self) -> bool:
+        """Readers wait, or read lately: worth holding messages for (a server with no readers holds nothing others
+        could serve)."""
+        return bool(self.waiting_readers) or time.monotonic() - self.last_read < READERS_RECENT_S
+
     def _want(self, available: int) -> int:
-        """Ranges to claim now: only while readers wait (a server with no readers holds nothing others could
-        serve), when fewer than half a range of messages wait to be handed out.  Ranges whose every message is
-        out with clients do not count against ``max_leases`` (they only wait for acks), up to MAX_HELD in all."""
-        if not self.waiting_readers:
+        """Ranges to claim now: only while there are readers (_readers), when fewer than half a range of messages
+        wait to be handed out.  Ranges whose every message is out with clients do not count against ``max_leases``
+        (they only wait for acks), up to MAX_HELD in all."""
+        if not self._readers():
             return 0
         now = monotonic_ms()
         with self.lock:
@@ -757,7 +767,7 @@ class ServedTopic:
         return 1 if active else min(2, self.options.max_leases)
 
     def _claim(self) -> None:
-        if not self.waiting_readers:
+        if not self._readers():
             return  # nobody to claim for (_want): spare the count
         available = self.available()
         want = self._want(available)
