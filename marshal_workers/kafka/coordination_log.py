@@ -425,6 +425,13 @@ def log_consumer(settings: Settings, purpose: str) -> GuardedConsumer:
                 # Every write waits for the tail to fold it. Kafka answers a waiting fetch as soon as
                 # data arrives; Tansu holds it for the whole wait, so the wait bounds write latency.
                 "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
+                # After a fetch that brought records, the next waits 5 ms (one record queued, not yet folded, is
+                # enough to hold it back): a log written hundreds of times a second is then fetched at most about
+                # 200 times a second, in fetches of several records, where it was fetched once per record. A foreign
+                # record is seen as soon as before (Tansu holds an empty fetch for its whole wait anyway), and our own
+                # are folded from their delivery reports. Each fetch costs the embedded broker about half a
+                # millisecond of CPU (docs/http-service.md, "Performance").
+                "queued.min.messages": 1,
                 "fetch.queue.backoff.ms": 5,
             },
         ),
