@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import threading
 import time
@@ -71,6 +72,9 @@ IDLE_GIVE_BACK_MS = 2000  # a held range no reader wanted for this long goes bac
 # dry (a read answered at once waits for nothing, so counting only the reads that wait claimed every range after its
 # readers found nothing: each range's first reads waited a loop pass, a claim and a fetch, 10 to 30 ms).
 READERS_RECENT_S = 1.0
+# Messages at hand for this long at the readers' recent rate: the next ranges are leased when fewer wait (a loop pass,
+# a claim's write and a fetch of the range take 10 to 30 ms; at 64 clients half a range lasted 10).
+LEASE_AHEAD_S = 0.05
 _NEVER = 2**62
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
@@ -91,6 +95,28 @@ class ServeOptions:
     @property
     def dead_letter_topic(self) -> str:
         return self.dlq_topic or f"{self.topic}.dlq"
+
+
+@dataclass
+class HandOutRate:
+    """Messages handed out per second in the last full window of HAND_OUT_WINDOW_S: ``count`` is raised as they go
+    (under the ServedTopic's lock), ``per_second`` asked by the serve loop."""
+
+    count: int = 0
+    _since: float | None = None  # monotonic: the start of the current window
+    _counted: int = 0  # ``count`` at that start
+    _rate: float = 0.0
+
+    def per_second(self, now: float) -> float:
+        if self._since is None:
+            self._since, self._counted = now, self.count
+        elif now - self._since >= HAND_OUT_WINDOW_S:
+            self._rate = (self.count - self._counted) / (now - self._since)
+            self._since, self._counted = now, self.count
+        return self._rate
+
+
+HAND_OUT_WINDOW_S = 0.25
 
 
 @dataclass
@@ -210,6 +236,7 @@ class ServedTopic:
         self.partition_count = 0
         self.waiting_readers = 0  # long polls waiting for a message: the loop leases more when they wait
         self.last_read = -READERS_RECENT_S  # monotonic: the latest read (the loop leases ahead for recent readers)
+        self._hand_outs = HandOutRate()  # messages handed out per second, lately (how far ahead to lease)
         self.available_now = 0  # messages that could be handed out, as of the loop's last pass with readers waiting
         self.on_news: Callable[[], None] | None = None  # called (from the loop's thread) when messages wait for readers
         self.on_shutdown_order: Callable[[], None] | None = None  # called (from the loop's thread) at admin shutdown
@@ -384,6 +411,7 @@ class ServedTopic:
         held.handed[offset] = held.handed.get(offset, 0) + 1
         held.last_used = since_ms
         self.counters.delivered += 1
+        self._hand_outs.count += 1
         message = held.messages[offset]
         kind, stamp = message.timestamp()
         return message_json(
@@ -751,20 +779,22 @@ class ServedTopic:
         return bool(self.waiting_readers) or time.monotonic() - self.last_read < READERS_RECENT_S
 
     def _want(self, available: int) -> int:
-        """Ranges to claim now: only while there are readers (_readers), when fewer than half a range of messages
-        wait to be handed out.  Ranges whose every message is out with clients do not count against ``max_leases``
-        (they only wait for acks), up to MAX_HELD in all."""
+        """Ranges to claim now: only while there are readers (_readers), when fewer messages wait to be handed out
+        than the readers take in LEASE_AHEAD_S at their recent rate (at least half a range): enough ranges to make
+        that up.  Ranges whose every message is out with clients do not count against ``max_leases`` (they only
+        wait for acks), up to MAX_HELD in all."""
         if not self._readers():
             return 0
         now = monotonic_ms()
         with self.lock:
             held = len(self.ranges)
             active = sum(1 for h in self.ranges.values() if not h.fetched() or any(h.eligible(o, now) for o in h.messages))
-        if held >= MAX_HELD or active >= self.options.max_leases:
+        size = self.options.range_size
+        reserve = max(1, size // 2, math.ceil(self._hand_outs.per_second(time.monotonic()) * LEASE_AHEAD_S))
+        if held >= MAX_HELD or active >= self.options.max_leases or available >= reserve:
             return 0
-        if available >= max(1, self.options.range_size // 2):
-            return 0
-        return 1 if active else min(2, self.options.max_leases)
+        wanted = max(1 if active else 2, math.ceil((reserve - available) / size))
+        return min(wanted, self.options.max_leases - active, MAX_HELD - held)
 
     def _claim(self) -> None:
         if not self._readers():

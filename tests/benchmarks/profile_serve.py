@@ -16,6 +16,7 @@ import json
 import os
 import pstats
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -75,6 +76,9 @@ def main() -> int:
           f"({handled / writes if writes else float('nan'):.1f} messages each), write p50/p99 "
           f"{histogram_percentile(writes_before, writes_after, 0.5) * 1000:.1f}/"
           f"{histogram_percentile(writes_before, writes_after, 0.99) * 1000:.1f} ms")  # fmt: skip
+    # A client's round trip is its read's and its ack's mean (a rare slow one weighs in the rate as much as many p50s).
+    print(f"read mean {statistics.fmean(reads) * 1000:.2f} ms, ack mean {statistics.fmean(acks) * 1000:.2f} ms, "
+          f"{args.clients} clients / rate: {args.clients / (handled / elapsed) * 1000:.2f} ms a round trip")
     total = 0.0
     for name, cpu in sorted(after["cpu"].items(), key=lambda kv: -(kv[1] - before["cpu"].get(kv[0], 0.0))):
         used = cpu - before["cpu"].get(name, 0.0)

@@ -7,7 +7,15 @@ import time
 import pytest
 
 from marshal_workers.core.config import Settings
-from marshal_workers.http.served_topic import READERS_RECENT_S, HeldRange, ServedTopic, ServeOptions
+from marshal_workers.http.served_topic import (
+    HAND_OUT_WINDOW_S,
+    LEASE_AHEAD_S,
+    READERS_RECENT_S,
+    HandOutRate,
+    HeldRange,
+    ServedTopic,
+    ServeOptions,
+)
 from marshal_workers.runtime.channel import monotonic_ms
 
 
@@ -43,3 +51,23 @@ def test_no_range_is_leased_with_plenty_at_hand_or_for_no_reader(left: int, last
 def test_a_reader_waiting_now_gets_a_range_whenever_it_read_last() -> None:
     topic = served_with_messages_left(0, last_read_s_ago=READERS_RECENT_S + 1, waiting=1)
     assert topic._want(topic.available()) == 2  # nothing left to hand out: two ranges (max_leases allows it)
+
+
+def test_fast_readers_get_enough_ranges_leased_at_once_to_last_the_lease_ahead_time() -> None:
+    topic = served_with_messages_left(60, last_read_s_ago=0.01)  # more than half a range at hand
+    assert topic._want(topic.available()) == 0, "at a slow rate half a range at hand is enough"
+    rate = HandOutRate()
+    rate.per_second(time.monotonic() - 1.0)  # a window began a second ago
+    rate.count += 6_000  # since then: 6,000 messages a second, 300 taken in LEASE_AHEAD_S with 60 at hand
+    topic._hand_outs = rate
+    assert 6_000 * LEASE_AHEAD_S == pytest.approx(300)
+    assert topic._want(topic.available()) == 3  # ceil((300 - 60) / 100), within max_leases (4) less the one held
+
+
+def test_the_hand_out_rate_is_the_last_full_windows() -> None:
+    rate = HandOutRate()
+    assert rate.per_second(10.0) == 0.0  # nothing measured yet
+    rate.count += 50
+    assert rate.per_second(10.0 + HAND_OUT_WINDOW_S / 2) == 0.0, "a window not yet full does not count"
+    assert rate.per_second(10.0 + HAND_OUT_WINDOW_S) == pytest.approx(50 / HAND_OUT_WINDOW_S)
+    assert rate.per_second(10.0 + HAND_OUT_WINDOW_S * 3) == 0.0, "none handed out in the next window"
