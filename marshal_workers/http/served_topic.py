@@ -75,6 +75,7 @@ READERS_RECENT_S = 1.0
 # Messages at hand for this long at the readers' recent rate: the next ranges are leased when fewer wait (a loop pass,
 # a claim's write and a fetch of the range take 10 to 30 ms; at 64 clients half a range lasted 10).
 LEASE_AHEAD_S = 0.05
+HAND_OUT_WINDOW_S = 0.25  # the readers' rate is measured over windows this long
 _NEVER = 2**62
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
 
@@ -114,9 +115,6 @@ class HandOutRate:
             self._rate = (self.count - self._counted) / (now - self._since)
             self._since, self._counted = now, self.count
         return self._rate
-
-
-HAND_OUT_WINDOW_S = 0.25
 
 
 @dataclass

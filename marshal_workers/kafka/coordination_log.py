@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -418,27 +418,28 @@ def log_consumer(settings: Settings, purpose: str) -> GuardedConsumer:
     """A reader of the coordination topic that gets each record as soon as the broker has it (and gets past the
     embedded broker's stalled fetches on a long log: guarded_consumer.py)."""
     return GuardedConsumer(
-        reader_config(
-            settings,
-            purpose,
-            **{
-                # Every write waits for the tail to fold it. Kafka answers a waiting fetch as soon as
-                # data arrives; Tansu holds it for the whole wait, so the wait bounds write latency.
-                "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
-                # After a fetch that brought records, the next waits 5 ms (one record queued, not yet folded, is
-                # enough to hold it back): a log written hundreds of times a second is then fetched at most about
-                # 200 times a second, in fetches of several records, where it was fetched once per record. A foreign
-                # record is seen as soon as before (Tansu holds an empty fetch for its whole wait anyway), and our own
-                # are folded from their delivery reports. Each fetch costs the embedded broker about half a
-                # millisecond of CPU (docs/http-service.md, "Performance").
-                "queued.min.messages": 1,
-                "fetch.queue.backoff.ms": 5,
-            },
-        ),
+        reader_config(settings, purpose, **tail_tuning(settings)),
         f"coordination log {settings.coordination_topic} ({purpose})",
         settings.heartbeat_interval,
         contiguous=True,  # no transactions, no compaction: a gap is a record not read yet (guarded_consumer.py)
     )
+
+
+def tail_tuning(settings: Settings) -> dict[str, Any]:
+    """How a coordination log reader fetches (librdkafka settings; measured by bench_coordination_tail.py)."""
+    return {
+        # A write whose record the tail must fold waits for it. Kafka answers a waiting fetch as soon as data
+        # arrives; Tansu holds it for the whole wait, so there the wait bounds how late a record is seen.
+        "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
+        # After a fetch that brought records the next waits 5 ms (one record queued, not yet folded, is enough to
+        # hold it back): a log written hundreds of times a second is fetched about 200 times a second, in fetches
+        # of several records, not once per record. Another member's record is seen as soon as before (Tansu holds
+        # an empty fetch for its whole wait anyway), and a member's own records are folded from their delivery
+        # reports. On the embedded broker each fetch cost about 0.4 ms of its CPU and slowed the writes beside it
+        # (docs/http-service.md, "Performance").
+        "queued.min.messages": 1,
+        "fetch.queue.backoff.ms": 5,
+    }
 
 
 # How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far.
