@@ -1,9 +1,11 @@
 """Benchmark: the HTTP service (``marshal-workers serve``) against its ceiling and against Python workers.
 
     /work/venv/bin/python tests/benchmarks/bench_serve.py [--seconds 10] [--clients 8 64] [--rate 200]
-        [--compare main=/path/to/a/checkout] [--round-trips-only]
+        [--compare main=/path/to/a/checkout] [--round-trips-only] [--brokers HOST:PORT]
 
-Starts its own embedded broker (Tansu, memory only) and, per case, a fresh 2-partition topic and group:
+Starts its own embedded broker (Tansu, memory only), or uses the Kafka cluster at --brokers (a broker on cores of
+its own: on this 2-core machine the embedded broker's CPU is taken from the server and the clients, and the
+ceiling has none; docs/http-service.md, "Performance"), and per case a fresh 2-partition topic and group:
 
 1. round trips: for each --clients count, that many keep-alive HTTP clients (tests/benchmarks/
    serve_bench_client.py, spread over --client-processes processes) read and ack for --seconds against one
@@ -37,6 +39,8 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +65,16 @@ HERE = Path(__file__).resolve().parent
 PARTITIONS = 2
 
 
+
+
+@contextmanager
+def kafka_at(brokers: str) -> Iterator[str]:
+    """The bootstrap servers: ``brokers`` if given, else an embedded broker's for the time of the block."""
+    if brokers:
+        yield brokers
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -304,11 +318,12 @@ def main() -> int:
                         help="Also measure the server of the checkout at PATH (max=1 cases).")  # fmt: skip
     parser.add_argument("--round-trips-only", action="store_true", help="Part 1 only, without the Python baseline.")
     parser.add_argument("--json", action="store_true", help="Also print the figures as JSON.")
+    parser.add_argument("--brokers", default="", help="A Kafka cluster to use instead of the embedded broker.")
     args = parser.parse_args()
     others = [tuple(item.split("=", 1)) for item in args.compare]
     print("\n".join(machine_info()), flush=True)
     figures: dict[str, dict[str, float]] = {}
-    with EmbeddedBroker() as broker:
+    with kafka_at(args.brokers) as bootstrap:
         plenty = 200_000  # more than the clients can take in --seconds
         for clients in args.clients:
             print(f"\n1. round trips: {clients} keep-alive HTTP clients in {min(clients, args.client_processes)} "
@@ -317,17 +332,17 @@ def main() -> int:
             print(line("ceiling (bare aiohttp)", bar), flush=True)
             for name, path in others:
                 figures[f"{name} c={clients} max=1"] = found = http_clients(
-                    broker.bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes, package=path)
+                    bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes, package=path)
                 print(line(f"{name} max=1", found, bar), flush=True)
             figures[f"http c={clients} max=1"] = found = http_clients(
-                broker.bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes)
+                bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes)
             print(line("this checkout max=1", found, bar), flush=True)
         clients = args.clients[0]
         figures[f"http c={clients} max=10"] = found = http_clients(
-            broker.bootstrap, clients, args.seconds, 10, plenty, processes=args.client_processes)
+            bootstrap, clients, args.seconds, 10, plenty, processes=args.client_processes)
         print(line(f"c={clients} max=10", found), flush=True)
         if not args.round_trips_only:
-            python_baselines(broker.bootstrap, args, figures)
+            python_baselines(bootstrap, args, figures)
     if args.json:
         print(json.dumps(figures, indent=1, default=lambda v: None if v != v else v))
     stray = leftovers()
