@@ -57,8 +57,12 @@ def test_fast_readers_get_enough_ranges_leased_at_once_to_last_the_lease_ahead_t
     topic = served_with_messages_left(60, last_read_s_ago=0.01)  # more than half a range at hand
     assert topic._want(topic.available()) == 0, "at a slow rate half a range at hand is enough"
     rate = HandOutRate()
-    rate.per_second(time.monotonic() - 1.0)  # a window began a second ago
-    rate.count += 6_000  # since then: 6,000 messages a second, 300 taken in LEASE_AHEAD_S with 60 at hand
+    # One full window at 6,000 messages a second (300 taken in LEASE_AHEAD_S, with 60 at hand), measured at times
+    # ahead of the clock so that no window closes while the test runs, however slowly the machine runs it.
+    window_start = time.monotonic() + 3600
+    rate.per_second(window_start)
+    rate.count += int(6_000 * HAND_OUT_WINDOW_S)
+    assert rate.per_second(window_start + HAND_OUT_WINDOW_S) == pytest.approx(6_000)
     topic._hand_outs = rate
     assert 6_000 * LEASE_AHEAD_S == pytest.approx(300)
     assert topic._want(topic.available()) == 3  # ceil((300 - 60) / 100), within max_leases (4) less the one held
