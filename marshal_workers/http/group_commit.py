@@ -80,7 +80,6 @@ class _Queued:
     kind: Kind
     entries: list[codec.MessageEntry]
     done: asyncio.Future[list[bool]]
-    linger: bool = False
 
 
 @dataclass
@@ -148,7 +147,7 @@ class GroupCommit:
             return done
         if self._closing and self._idle.is_set():
             raise RuntimeError("the group commit is closed: nothing more is written")
-        self._queue.append(_Queued(kind, list(entries), done, linger))
+        self._queue.append(_Queued(kind, list(entries), done))
         self._idle.clear()
         if not linger:
             self._urgent = True

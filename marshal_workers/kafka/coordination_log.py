@@ -99,8 +99,8 @@ class CoordinationLog:
         self.releases, self._releases_w = wakeup_pair()
         # Readable when a record of own_instance was folded (for writers that do not block: Coordinator.collect).
         self.own_folds, self._own_folds_w = wakeup_pair()
-        # Woken only once someone asked for it (watch_own_folds): a writer that blocks on its verdicts (the HTTP
-        # service's group commit) would otherwise pay two socket sends per record for a wake-up nobody reads.
+        # Woken only once someone asked for it (watch_own_folds): a process whose writers all block on their
+        # verdicts (Coordinator.write) would otherwise pay two socket sends per record for a wake-up nobody reads.
         self._own_folds_watched = False
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
