@@ -23,6 +23,7 @@ from marshal_workers.protocol import codec
 
 APPS = Path(__file__).parent / "apps"  # the applications the e2e and chaos tests run
 HB = "1s"
+STATUS_TIMEOUT_S = 60.0  # a `status` call that takes longer is given up (subprocess.TimeoutExpired)
 
 
 def free_port() -> int:
@@ -59,6 +60,19 @@ class SinkLine:
     at: float
 
 
+@dataclass(frozen=True)
+class StatusCall:
+    """One ``marshal-workers status`` subprocess: when it began (wall clock) and how long it took."""
+
+    started: float
+    seconds: float  # a timed-out call: its timeout
+    timed_out: bool = False
+
+    @property
+    def answered_at(self) -> float:
+        return self.started + self.seconds
+
+
 @dataclass
 class Fleet:
     """Supervisors of one group on one topic, started as processes; all killed by ``stop_all``."""
@@ -74,6 +88,8 @@ class Fleet:
     heartbeat: str = HB  # --heartbeat-interval of its supervisors, servers and status
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
+    # Every `status` call, in the order they ended: how long a user waits for an answer (the nemesis reports it).
+    status_calls: list[StatusCall] = field(default_factory=list)
 
     def start(self, client_id: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         """Start a supervisor; its stderr goes to a log file next to the sink."""
@@ -188,13 +204,19 @@ class Fleet:
         return {row["partition"]: row for row in self.status_document().get("shared", [])}
 
     def status_document(self) -> dict[str, Any]:
-        """``marshal-workers status --json`` of the fleet's topic."""
-        result = subprocess.run(
-            [sys.executable, "-m", "marshal_workers", "status", "--brokers", self.brokers, "--group", self.group,
-             "--coordination-topic", self.coordination_topic, "--heartbeat-interval", self.heartbeat,
-             "--topic", self.topic, "--json"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        """``marshal-workers status --json`` of the fleet's topic; its duration goes to ``status_calls``."""
+        started, clock = time.time(), time.monotonic()
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "marshal_workers", "status", "--brokers", self.brokers, "--group", self.group,
+                 "--coordination-topic", self.coordination_topic, "--heartbeat-interval", self.heartbeat,
+                 "--topic", self.topic, "--json"],
+                capture_output=True, text=True, timeout=STATUS_TIMEOUT_S,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            self.status_calls.append(StatusCall(started, STATUS_TIMEOUT_S, timed_out=True))
+            raise
+        self.status_calls.append(StatusCall(started, time.monotonic() - clock))
         # UNKNOWN_GROUP: no supervisor wrote yet; the document (every partition unclaimed) is printed all the same.
         assert result.returncode in (ExitCode.OK, ExitCode.UNKNOWN_GROUP), result.stderr
         document: dict[str, Any] = orjson.loads(result.stdout)

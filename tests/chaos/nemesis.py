@@ -30,7 +30,7 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from fleet import HB, Fleet
+from fleet import HB, Fleet, StatusCall
 from ledger import (
     FaultWindow,
     LossRun,
@@ -44,6 +44,7 @@ from ledger import (
     unexplained_repeats,
 )
 from processes import cmdline, process_group, titled
+from timings import StartUp, after_the_heal, settled_seen_s, slowest_call, slowest_start, start_ups, timings_line
 
 from marshal_workers.core.config import Settings
 from marshal_workers.handlers.app import MAX_RANGE_SIZE
@@ -197,6 +198,12 @@ class Report:
     workdir: Path | None = None
     coordination_records: int | None = None  # the coordination topic's size at the end (ListOffsets: about)
     late_canaries: list[tuple[float, float]] = field(default_factory=list)  # (sent, read) of each late one, freezes too
+    # What a user waits for (timings.py): every `status` call after the heal; from the heal until a status answer
+    # showed every partition at its end (the answer's arrival: unlike complete_after_s, `status`'s own time counts);
+    # every (re)start of a supervisor, to its start line.
+    status_calls: list[StatusCall] = field(default_factory=list)
+    settled_seen_s: float | None = None
+    start_ups: list[StartUp] = field(default_factory=list)
 
     @property
     def unclean_faults(self) -> int:
@@ -205,6 +212,15 @@ class Report:
     @property
     def lost(self) -> int:
         return sum(run.size for run in self.losses)
+
+    @property
+    def slowest_status(self) -> StatusCall | None:
+        return slowest_call(self.status_calls)
+
+    @property
+    def slowest_start_s(self) -> float | None:
+        slowest = slowest_start(self.start_ups)
+        return None if slowest is None else slowest.seconds
 
     def summary(self) -> str:
         c = self.config
@@ -224,6 +240,7 @@ class Report:
             f"({len(self.repeats) / per_fault:.1f} per unclean fault)",
             f"  {'complete' if c.mode == 'alo' else 'settled'} "
             + (f"{self.complete_after_s:.1f}s after the last fault" if self.complete_after_s is not None else "NEVER"),
+            "  " + timings_line(self.status_calls, self.settled_seen_s, self.start_ups),
             f"  coordination log: about {self.coordination_records} records; canaries later than "
             f"{CANARY_STALL_S:g}s (freezes included): {len(self.late_canaries)}, the longest "
             f"{max((end - start for start, end in self.late_canaries), default=0.0):.1f}s",
@@ -271,6 +288,8 @@ class Nemesis:
         self._delivered: dict[tuple[int, int], str] = {}
         self._produce_errors: list[KafkaError] = []
         self._started: list[subprocess.Popen[bytes]] = []  # every supervisor process, to check none is left
+        self._starts: list[tuple[str, float, int]] = []  # every start: (client, spawned at, its log's size then)
+        self._status_answers: list[tuple[StatusCall, bool]] = []  # while waiting to settle: did it show settled?
         self._ending = False  # set by the clean-up: a fault thread still running starts nothing more
 
     # ---------------------------------------------------------------- run
@@ -307,7 +326,22 @@ class Nemesis:
                 self.broker.resume()
             self._kill_everything()
             self._write_fault_log()
+            self._collect_timings()
         return self.report
+
+    def _collect_timings(self) -> None:
+        """The report's timings, once every supervisor is gone (its log complete): figures, never a verdict here."""
+        report = self.report
+        try:
+            if report.healed_at:
+                report.status_calls = after_the_heal(self.fleet.status_calls, report.healed_at)
+                report.settled_seen_s = settled_seen_s(self._status_answers, report.healed_at)
+            for client in self.clients:
+                starts = [(at, log_from) for name, at, log_from in self._starts if name == client]
+                if starts:
+                    report.start_ups += start_ups(client, self.fleet.logs[client].read_bytes(), starts)
+        except Exception:
+            report.problems.append(f"timing the run failed: {traceback.format_exc()}")
 
     def _write_coordination_log(self) -> None:
         """coordination.txt: the group's whole coordination log, decoded and folded (``marshal-workers log``), for
@@ -521,8 +555,10 @@ class Nemesis:
             if self._ending:
                 raise RuntimeError(f"not restarting {client}: the run is being cleaned up")
             extra = ["--processes", str(self.config.processes)] if self.config.holding is Holding.SHARED else []
+            spawned = time.time()
             process = self.fleet.start(client, "--balance", "fair", *extra)
             self._started.append(process)
+            self._starts.append((client, spawned, log_from))
         self._wait(
             lambda: process.poll() is not None or " running " in self._log_since(client, log_from),
             60,
@@ -657,7 +693,10 @@ class Nemesis:
                 positions = self._positions()
             except (subprocess.TimeoutExpired, AssertionError):
                 return False  # status could not read the log: judged (and probed) at the deadline
-            if any(positions.get(p, 0) < end for p, end in ends.items()):
+            settled = all(positions.get(p, 0) >= end for p, end in ends.items())
+            # The call _positions just made: only this thread asks `status` now (fault threads read /proc).
+            self._status_answers.append((self.fleet.status_calls[-1], settled))
+            if not settled:
                 return False
             if self.config.mode == "alo":
                 return delivered <= {(line.partition, line.offset) for line in self.fleet.lines()}
