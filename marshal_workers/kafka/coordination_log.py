@@ -5,9 +5,12 @@ of the coordination topic from the beginning, decodes each value, and folds
 it into the state under a lock.  It remembers, per partition, the offset it
 has folded up to, so that a writer can wait for its own record to be folded
 and learn whether the rules accepted it (the read-your-write fence: never
-ListOffsets, which Tansu under-reports).  "Caught up" for a pure reader means
-every partition has reported end-of-partition from a fetch response, whose
-high watermark is right on Tansu and on Kafka.
+ListOffsets, which Tansu under-reports).  "Caught up" means every partition was
+read up to the end it had when reading began (ListOffsets then), or reported
+end-of-partition: a reader catching up never waits for an empty fetch, which the
+embedded broker holds for the whole fetch wait.  It reads up to there with the
+long wait of a catch-up (guarded_consumer.CATCH_UP_WAIT_MS), and a tail then goes
+on with the short one (docs/brokers.md, "Stalled fetches on a long partition").
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from confluent_kafka import (
 from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, check_stop, never
 from marshal_workers.errors import DecodeError, KafkaUnavailable, StopRequested
+from marshal_workers.kafka.catch_up import KnownEnds, listed_ends, read_record
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client, reader_config, topic_partition_count
 from marshal_workers.protocol import checkpoints, codec
@@ -84,6 +88,7 @@ class CoordinationLog:
         own_instance: str | None = None,
         from_beginning: bool = False,
         progress_every: float = 0.0,
+        tail: bool = True,
     ) -> None:
         self.settings = settings
         self.topic = settings.coordination_topic
@@ -91,7 +96,11 @@ class CoordinationLog:
         self._state = WorldState(group, settings.heartbeat_ms, partition_count)
         self._lock = threading.Condition()
         self._next_offset = [0] * partition_count  # next offset to fold, per partition
-        self._at_end = [False] * partition_count  # reported end-of-partition at least once
+        # Per partition, the end as reading began, and whether it was read up to it (catch_up.py): caught up.
+        self._ends = KnownEnds([-1] * partition_count)
+        # ``tail``: the reader goes on after it caught up (a member, the dashboard, ``serve``), with the short fetch
+        # wait from then on; a one-shot reader (``status``) is closed once caught up.
+        self._tail = tail
         # Verdicts on the records this process wrote, by (partition, offset), until their writer takes them.
         self.own_instance = own_instance
         self._verdicts: dict[tuple[int, int], bool] = {}
@@ -122,7 +131,7 @@ class CoordinationLog:
         self.report_progress = progress_every > 0
         self._progress_every = progress_every
         self._next_report = time.monotonic() + progress_every
-        self._consumer = log_consumer(settings, "log")
+        self._consumer = log_consumer(settings, group, "tail" if tail else "one-shot read")
 
     # ------------------------------------------------------------ lifecycle
 
@@ -141,6 +150,7 @@ class CoordinationLog:
             checkpoints.begin(self._state, start, partition)
             if start.offset is not None:
                 self._next_offset[partition] = self.started_at[partition] = start.offset
+        self._ends = KnownEnds(listed_ends(self._consumer, self.topic, self.partition_count, self.settings.connect_timeout))
         self._consumer.assign(
             [TopicPartition(self.topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
              for p, s in enumerate(self.starts)]
@@ -168,7 +178,7 @@ class CoordinationLog:
 
     def _learn_directories(self, stops: dict[int, int]) -> None:
         group = self._state.group
-        consumer = log_consumer(self.settings, "directories")
+        consumer = log_consumer(self.settings, group, "directories")
         try:
             learned = learn_groups_before(consumer, self.topic, stops, self.settings, self._stopping.is_set)
         except KafkaException as exc:
@@ -226,6 +236,8 @@ class CoordinationLog:
                         self._lock.notify_all()
                 if self.report_progress:
                     self._report_progress(time.monotonic())
+                if self._consumer.catching_up and self._tail and self.caught_up():
+                    self._consumer.begin_tail()  # on this thread: the only one that polls the consumer
             except Exception:  # nothing may silently kill the tail: log it and go on
                 log.exception("coordination log %s: reading failed", self.topic)
                 time.sleep(0.5)
@@ -237,7 +249,7 @@ class CoordinationLog:
             return
         self._next_report = now + self._progress_every
         with self._lock:
-            behind = [p for p, done in enumerate(self._at_end) if not done]
+            behind = [p for p, done in enumerate(self._ends.at_end) if not done]
             read = [self._next_offset[p] - self.started_at[p] for p in range(self.partition_count)]
         if not behind:
             self.report_progress = False
@@ -268,7 +280,7 @@ class CoordinationLog:
         error = message.error()
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
-                self._at_end[partition] = True
+                self._ends.ended(partition)
             else:
                 log.warning("coordination log %s: %s", self.topic, error)
             return
@@ -283,6 +295,7 @@ class CoordinationLog:
             log.error("coordination log %s[%d]: records %d..%d were never read (a gap in the log): this member's state "
                       "may differ from the others'", self.topic, partition, self._next_offset[partition], offset - 1)  # fmt: skip
         self._fold_value(partition, offset, message.value(), at)
+        read_record(self._ends, self._consumer, self.topic, partition, offset)
 
     def _fold_value(self, partition: int, offset: int, value: bytes | None, log_append_time: int | None) -> None:
         """Fold the record at (partition, offset): the one place the tail and fold_delivered both fold through."""
@@ -371,12 +384,16 @@ class CoordinationLog:
         with self._lock:
             return checkpoints.state_records(self._state, partition, self._next_offset[partition], common)
 
+    def caught_up(self) -> bool:
+        """Has every partition been read up to its end as reading began (or reported its end)?"""
+        return self._ends.all_read()
+
     def wait_caught_up(self, stall_timeout: float, should_stop: ShouldStop = never) -> None:
-        """Block until every partition reached its end once; give up after ``stall_timeout`` without progress, or
-        (StopRequested) as soon as ``should_stop`` says so."""
+        """Block until every partition was read up to its end as reading began; give up after ``stall_timeout``
+        without progress, or (StopRequested) as soon as ``should_stop`` says so."""
         with self._lock:
             last_progress, folded = time.monotonic(), sum(self._next_offset)
-            while not all(self._at_end):
+            while not self._ends.all_read():
                 self._lock.wait(0.1)
                 check_stop(should_stop)
                 if sum(self._next_offset) != folded:
@@ -414,14 +431,17 @@ class CoordinationLog:
             return self._verdicts.pop(key)
 
 
-def log_consumer(settings: Settings, purpose: str) -> GuardedConsumer:
-    """A reader of the coordination topic that gets each record as soon as the broker has it (and gets past the
-    embedded broker's stalled fetches on a long log: guarded_consumer.py)."""
+def log_consumer(settings: Settings, group: str, purpose: str, catch_up: bool = True) -> GuardedConsumer:
+    """A reader of the coordination topic for ``group``: it first reads up to ends it knows with the catch-up's
+    long fetch wait (``catch_up``), then (``begin_tail()``) gets each new record as soon as the broker has it; and
+    it gets past the embedded broker's stalled fetches on a long log (guarded_consumer.py).  ``purpose`` names it
+    in the log."""
     return GuardedConsumer(
-        reader_config(settings, purpose, **tail_tuning(settings)),
-        f"coordination log {settings.coordination_topic} ({purpose})",
+        reader_config(settings, purpose.replace(" ", "-"), **tail_tuning(settings)),
+        f"group {group}: coordination log reader ({purpose}) of {settings.coordination_topic}",
         settings.heartbeat_interval,
         contiguous=True,  # no transactions, no compaction: a gap is a record not read yet (guarded_consumer.py)
+        catch_up=catch_up,
     )
 
 
@@ -472,7 +492,7 @@ def find_starts(
     ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.
     """
     starts = [checkpoints.BEGINNING] * partition_count
-    consumer = log_consumer(settings, "checkpoints")
+    consumer = log_consumer(settings, group, "checkpoint search")
     try:
         bounds = [
             consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
@@ -587,11 +607,13 @@ def _records_in_spans(
     doing: str,
     skip: set[int] | None = None,
 ) -> Iterator[Message]:
-    """The records of each partition p from ``starts[p]`` up to ``stops[p]`` (None: to its end), as they come.
+    """The records of each partition p from ``starts[p]`` up to ``stops[p]`` (None: to its end as the fetch that
+    brought its first record saw it, never waiting for an empty fetch: catch_up.py), as they come.
     KafkaException when nothing comes for the connect timeout; StopRequested when ``should_stop`` says so.
     A partition added to ``skip`` meanwhile is read no further."""
     if not starts:
         return
+    ends = KnownEnds([-1] * (max(starts) + 1))
     consumer.assign([TopicPartition(topic, p, start) for p, start in starts.items()])
     reading = set(starts)
     last_progress = time.monotonic()
@@ -618,7 +640,9 @@ def _records_in_spans(
                 reading.discard(partition)
                 continue
             yield message
-            if stop is not None and message.offset() + 1 >= stop:
+            if stop is None:
+                read_record(ends, consumer, topic, partition, message.offset())
+            if ends.at_end[partition] if stop is None else message.offset() + 1 >= stop:
                 reading.discard(partition)
 
 
@@ -631,7 +655,7 @@ def read_group_state(settings: Settings, group: str) -> WorldState:
     count = topic_partition_count(admin, settings, settings.coordination_topic)
     if count is None:
         return WorldState(group, settings.heartbeat_ms, None)
-    reader = CoordinationLog(settings, group, count).start()
+    reader = CoordinationLog(settings, group, count, tail=False).start()
     try:
         reader.wait_caught_up(stall_timeout=settings.connect_timeout)
         log.debug(

@@ -109,10 +109,13 @@ class Stamped(NamedTuple):
 
 def position_consumer(settings: Settings) -> GuardedConsumer:
     """A consumer for looking things up: assign() only, a throwaway group id, never a commit."""
-    # Tansu holds a waiting fetch for the whole wait: keep probes quick.
+    # Look-ups read records that are there (up to ends they know): with the catch-up's long wait, which gets through
+    # the embedded broker's listing of a long partition at once (docs/brokers.md).  Tansu holds a fetch that finds
+    # nothing for its whole wait, so a probe past a partition's end costs that wait.
     return GuardedConsumer(
-        reader_config(settings, "positions", **{"fetch.wait.max.ms": 10}), "a look-up of positions", settings.heartbeat_interval
-    )
+        reader_config(settings, "positions", **{"fetch.wait.max.ms": 10}), "a look-up of positions",
+        settings.heartbeat_interval, catch_up=True,
+    )  # fmt: skip
 
 
 def partition_bounds(

@@ -11,16 +11,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TopicPartition
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
-from marshal_workers.kafka.coordination_log import find_starts
+from marshal_workers.kafka.catch_up import KnownEnds, listed_ends, read_record
+from marshal_workers.kafka.coordination_log import find_starts, log_consumer
 from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.kafka_clients import admin_client, reader_config, require_topic, topic_partition_count
+from marshal_workers.kafka.kafka_clients import admin_client, require_topic, topic_partition_count
 from marshal_workers.kafka.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
 from marshal_workers.observe.status import utc_iso
 from marshal_workers.protocol import checkpoints, codec
@@ -279,40 +278,38 @@ def log_lines(
     count = topic_partition_count(admin, settings, settings.coordination_topic)
     if count is None:
         raise unknown_group(settings)
-    consumer = GuardedConsumer(
-        reader_config(settings, "log"), f"coordination log {settings.coordination_topic} (log)",
-        settings.heartbeat_interval, contiguous=True,
-    )  # fmt: skip
+    consumer = log_consumer(settings, group, "log command")
     state = WorldState(group, settings.heartbeat_ms, count)
     starts = [checkpoints.BEGINNING] * count
     if not from_beginning:
         starts = find_starts(settings, settings.coordination_topic, count, group)
     for partition, start in enumerate(starts):
         checkpoints.begin(state, start, partition)
+    # Read up to the ends listed now, never waiting for an empty fetch (a busy partition may never answer one, and
+    # the embedded broker holds one for the whole wait); with ``follow``, tail from there with the short wait.
+    topic = settings.coordination_topic
+    ends = KnownEnds(listed_ends(consumer, topic, count, settings.connect_timeout))
     consumer.assign(
         [TopicPartition(settings.coordination_topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
          for p, s in enumerate(starts)]
     )  # fmt: skip
-    at_end: set[int] = set()
     caught_up = False
     try:
         while not stop():
-            if not caught_up and len(at_end) == count:
+            if not caught_up and ends.all_read():
                 caught_up = True
                 if not state.has_records():
                     raise unknown_group(settings)
                 if not follow:
                     break
+                consumer.begin_tail()
             message = consumer.poll(0.2)
             if message is None:
                 continue
             if message.error() is not None:
-                at_end.add(message.partition())
+                ends.ended(message.partition())
                 continue
-            if not follow and _last_in_fetch(consumer, message):
-                # A busy partition may never answer an empty fetch, so no end-of-partition event comes:
-                # the end as its latest fetch response saw it (correct on Tansu too: docs/brokers.md) will do.
-                at_end.add(message.partition())
+            read_record(ends, consumer, topic, message.partition(), message.offset())
             kind, stamp = message.timestamp()
             log_append_time = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
             line = fold_record(state, message.value(), message.partition(), message.offset(), log_append_time)
@@ -320,12 +317,6 @@ def log_lines(
                 yield line
     finally:
         consumer.close()
-
-
-def _last_in_fetch(consumer: GuardedConsumer, message: Any) -> bool:
-    """Is ``message`` the last of its partition as the latest fetch response's high watermark says?"""
-    _, high = consumer.get_watermark_offsets(TopicPartition(message.topic(), message.partition()), cached=True)
-    return high >= 0 and message.offset() + 1 >= high
 
 
 def fold_record(

@@ -661,7 +661,7 @@ class Nemesis:
     def _canary_reader(self, partition: TopicPartition) -> Consumer:
         """A reader set up as a supervisor's log reader is (librdkafka's defaults would wait up to a second
         between fetches: a stall of the canary's own)."""
-        consumer = log_consumer(Settings(brokers=self.broker.bootstrap), "nemesis-canary")
+        consumer = log_consumer(Settings(brokers=self.broker.bootstrap), "nemesis", "canary", catch_up=False)
         consumer.assign([partition])
         return consumer
 

@@ -69,11 +69,21 @@ def test_the_coordination_reader_gets_past_the_stalled_fetches_of_a_long_partiti
     caplog.set_level(logging.WARNING, logger="marshal_workers.kafka.guarded_consumer")
     reader = CoordinationLog(settings, settings.group, 2, from_beginning=True).start()
     try:
+        # Catching up, it reads with the long wait of a reader that knows where the end is: no stall on the way.
         reader.wait_caught_up(stall_timeout=10.0)  # raises if it makes no progress for 10 s
         assert reader.records_read() == BATCHES
+        assert reader.fetch_stalls == 0
+        # Tailing, with the short wait again: a record written now is past what that wait can list, and the
+        # guard gets the tail past it.
+        write_single_record_batches(settings, 1)
+        deadline = time.monotonic() + 20
+        while reader.records_read() < BATCHES + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reader.records_read() == BATCHES + 1
         if EMBEDDED:
             assert reader.fetch_stalls >= 1
-            assert "answered every fetch" in caplog.text and f"{settings.coordination_topic}[0]" in caplog.text
+            assert "got no record for" in caplog.text and f"{settings.coordination_topic}[0]" in caplog.text
+            assert "coordination log reader (tail)" in caplog.text  # which reader it was
     finally:
         reader.close()
 
@@ -145,7 +155,7 @@ def test_a_reader_skips_no_record_while_several_producers_write_one_partition(
         tail.assign([TopicPartition(topic, 0, 0)])
         tail.read_without_gaps_if_the_broker_skips(10.0)
     else:
-        tail = log_consumer(settings, "test")
+        tail = log_consumer(settings, settings.require_group(), "test", catch_up=False)
         tail.assign([TopicPartition(topic, 0, 0)])
     read: list[int] = []
     producers = [threading.Thread(target=produce) for _ in range(6)]

@@ -6,10 +6,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from marshal_workers.kafka.guarded_consumer import (
+    CATCH_UP_WAIT_MS,
     MAX_WAIT_MS,
     REREADS,
     Contiguity,
     Gap,
+    GuardedConsumer,
     StallWatch,
     behind,
     raised_wait,
@@ -41,6 +43,48 @@ def test_a_read_between_empty_polls_restarts_the_clock() -> None:
     assert not watch.empty(now=0.6)  # something came back since: idle from 0.6 on
     assert not watch.empty(now=1.0)
     assert watch.empty(now=1.1)
+
+
+def test_the_watch_says_how_long_a_reader_got_nothing() -> None:
+    watch = StallWatch(stall_after_s=0.5)
+    watch.empty(now=3.0)
+    assert watch.idle_for(now=4.25) == 1.25  # what the stall's log line reports, not the threshold
+    watch.reads += 1
+    watch.empty(now=5.0)
+    assert watch.idle_for(now=5.5) == 0.5
+
+
+# A consumer is made without a broker (it connects on first use): nothing here fetches.
+OFFLINE = {"bootstrap.servers": "127.0.0.1:9", "group.id": "offline", "fetch.wait.max.ms": 5}
+
+
+def test_a_reader_that_catches_up_waits_long_until_it_tails_then_short() -> None:
+    reader = GuardedConsumer(OFFLINE, "catching up", heartbeat_s=1.0, catch_up=True)
+    try:
+        assert (reader.catching_up, reader.wait_ms) == (True, CATCH_UP_WAIT_MS)
+        reader.begin_tail()
+        assert (reader.catching_up, reader.wait_ms) == (False, 5)
+        reader.begin_tail()  # once only
+        assert reader.wait_ms == 5
+    finally:
+        reader.close()
+
+
+def test_a_reader_that_does_not_catch_up_keeps_its_wait() -> None:
+    reader = GuardedConsumer(OFFLINE, "tail", heartbeat_s=1.0)
+    try:
+        assert (reader.catching_up, reader.wait_ms) == (False, 5)
+        reader.begin_tail()
+        assert reader.wait_ms == 5
+    finally:
+        reader.close()
+    longer = GuardedConsumer(OFFLINE | {"fetch.wait.max.ms": 1000}, "patient", heartbeat_s=1.0, catch_up=True)
+    try:
+        assert longer.wait_ms == 1000  # a configured wait longer than the catch-up's is kept throughout
+        longer.begin_tail()
+        assert longer.wait_ms == 1000
+    finally:
+        longer.close()
 
 
 def test_behind_names_the_partitions_whose_end_is_past_the_reader() -> None:

@@ -1,0 +1,78 @@
+"""Reading up to the ends a reader knows: when a reader that catches up (a checkpoint search, ``status``, ``log``, a
+starting member) has read everything that was written when it began, without waiting for an empty fetch.
+
+An empty fetch is what tells a reader it is at a partition's end (end-of-partition), and the embedded broker holds
+one for the whole fetch wait; a reader catching up reads with the long wait of guarded_consumer.CATCH_UP_WAIT_MS,
+so it would pay that wait at the end of every partition.  Instead it stops at the end it knows:
+
+- ListOffsets when reading began (``listed_ends``).  On Kafka that is the partition's end.  The embedded broker
+  answers the base offset of the last batch plus one: the end, less the last batch's other records.
+- The high watermark of the fetch response that brought the partition's first record (librdkafka caches it before
+  it hands the records over): right on both, and at least the listed end.  Only that first one: on a busy log a
+  later one moves on, and a reader that chased it might never be done.
+
+A partition listed as empty (end 0) has nothing to read; any other is at its end once a record at or past its
+known end was read, or end-of-partition was reported (a partition whose records retention removed since).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+
+log = logging.getLogger(__name__)
+
+
+class KnownEnds:
+    """Per partition, the end a catching-up reader reads up to, and whether it got there.  Pure: the reader gives
+    it the listed ends, the records it read, and the high watermark ``wants_fetched_end`` asks for."""
+
+    def __init__(self, listed: Sequence[int]) -> None:
+        self.targets = list(listed)  # -1: not listed (the broker did not answer)
+        self._fetched = [False] * len(listed)  # the fetched high watermark is in targets
+        self.at_end = [end == 0 for end in listed]
+
+    def wants_fetched_end(self, partition: int) -> bool:
+        """Should the reader pass the high watermark of the fetch that brought this record (``fetched_end``)?"""
+        return not self._fetched[partition]
+
+    def fetched_end(self, partition: int, high: int) -> None:
+        if high >= 0:
+            self.targets[partition] = max(self.targets[partition], high)
+            self._fetched[partition] = True
+
+    def read(self, partition: int, offset: int) -> None:
+        """The record at ``offset`` was read."""
+        if self._fetched[partition] and offset + 1 >= self.targets[partition]:
+            self.at_end[partition] = True
+
+    def ended(self, partition: int) -> None:
+        """End-of-partition was reported."""
+        self.at_end[partition] = True
+
+    def all_read(self) -> bool:
+        return all(self.at_end)
+
+
+def listed_ends(consumer: GuardedConsumer, topic: str, partition_count: int, timeout: float) -> list[int]:
+    """Each partition's end as ListOffsets answers it now, -1 where the broker does not answer."""
+    ends = [-1] * partition_count
+    for partition in range(partition_count):
+        try:
+            ends[partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1]
+        except KafkaException as exc:
+            log.debug("%s[%d]: no end listed (%s): reading up to its end-of-partition event", topic, partition, exc)
+    return ends
+
+
+def read_record(ends: KnownEnds, consumer: GuardedConsumer, topic: str, partition: int, offset: int) -> None:
+    """Tell ``ends`` of a record read (on the thread that polls ``consumer``: the cached watermark is its)."""
+    if ends.at_end[partition]:
+        return
+    if ends.wants_fetched_end(partition):
+        ends.fetched_end(partition, consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)[1])
+    ends.read(partition, offset)
