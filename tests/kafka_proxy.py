@@ -7,6 +7,8 @@ which it closes the connection.  A slow cluster is played by delaying the
 requests whose API key is in ``delay`` (e.g. every Produce) before passing
 them on, a stalled one by holding them between ``stall()`` and ``resume()``, and a write lost on the way by
 dropping them between ``drop()`` and ``resume()`` (never passed on, never answered).
+``observe``, if given, sees every request frame passed on (its body, from the API key on): a benchmark
+counts what clients send with it.
 The broker behind it must advertise the proxy's address, so that clients
 never go around it.
 """
@@ -17,6 +19,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 PRODUCE = 0  # Kafka API keys
 CREATE_TOPICS = 19
@@ -31,9 +34,10 @@ class KafkaProxy:
         delay: frozenset[int] = frozenset(),
         delay_s: float = 0.0,
         host: str = "127.0.0.1",
+        observe: Callable[[bytes], None] | None = None,
     ) -> None:
         self.host, self.listen_port, self.upstream_port, self.refuse = host, listen_port, upstream_port, refuse
-        self.delay, self.delay_s = delay, delay_s
+        self.delay, self.delay_s, self.observe = delay, delay_s, observe
         self.refused = 0
         self._flowing = threading.Event()
         self._flowing.set()
@@ -93,6 +97,8 @@ class KafkaProxy:
                         continue
                     self._flowing.wait()
                     time.sleep(self.delay_s)
+                if self.observe is not None:
+                    self.observe(body)
                 upstream.sendall(header + body)
         except OSError:
             pass

@@ -5,6 +5,12 @@ CoordinationLog), and writes claims, heartbeats, releases, message claims and
 group pauses.  Every write is produced with acks=all and idempotence, then
 fenced: the call returns only once the tail has folded the record at the
 offset its delivery report gave, with the rules' verdict (accepted or not).
+
+Records written together (a write of several records; the writes of one pass
+of the supervisor's loop, in_flight.py) are produced with one ``produce_batch``
+per coordination partition, so they leave as one produce batch rather than one
+each: the embedded broker lists every batch of a partition on every fetch
+(docs/brokers.md, "Stalled fetches on a long partition").
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, NamedTuple, TypeVar
 
+import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
@@ -35,6 +42,9 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 _PRODUCER_ID_RETRY_S = 0.6
+# librdkafka's statistics of the coordination producer (batches and records sent): often enough for a scrape's
+# rate, rare enough that parsing them costs nothing.
+STATISTICS_INTERVAL_MS = 5000
 T = TypeVar("T")
 
 
@@ -169,13 +179,62 @@ class Progress(NamedTuple):
     call_age_s: float | None = None  # seconds the oldest handler call in flight has been running
 
 
+class _Outgoing(NamedTuple):
+    """One record of a prepared write, encoded and routed, not produced yet (Coordinator.send)."""
+
+    partition: int
+    key: bytes
+    delivery: _Delivery  # holds the value, and is the delivery callback
+
+
 @dataclass
 class PendingWrite:
-    """Records produced by submit(), whose verdicts collect() gathers."""
+    """Records produced by submit() (or prepared by prepare(), then sent by send()), whose verdicts collect()
+    gathers."""
 
     deadline: float
     deliveries: list[_Delivery] = field(default_factory=list)
     submitted_at: float = field(default_factory=time.monotonic)
+    outgoing: list[_Outgoing] = field(default_factory=list)  # prepared, until send() produces them
+
+
+@dataclass
+class Traffic:
+    """What the coordination producer sent, from librdkafka's statistics (every STATISTICS_INTERVAL_MS): records,
+    the produce batches that carried them, and the produce requests (of any partition) that carried those."""
+
+    records: int = 0
+    batches: int = 0
+    requests: int = 0
+
+
+class _TrafficStatistics:
+    """One producer's ``stats_cb``: adds what it sent since its last statistics to ``traffic``.
+
+    librdkafka counts batches per statistics window (``batchcnt``, reset at each emission) but records and
+    requests since the producer was made (``txmsgs``, ``req``): those are turned into increments here, per
+    producer, so a replaced producer's successor starts from its own zero.
+    """
+
+    def __init__(self, traffic: Traffic, topic: str) -> None:
+        self._traffic = traffic
+        self._topic = topic
+        self._records = 0
+        self._requests = 0
+
+    def __call__(self, document: str) -> None:
+        try:
+            stats = orjson.loads(document)
+            topic = stats.get("topics", {}).get(self._topic, {})
+            records = sum(p.get("txmsgs", 0) for p in topic.get("partitions", {}).values())
+            requests = sum(b.get("req", {}).get("Produce", 0) for b in stats.get("brokers", {}).values())
+            batches = topic.get("batchcnt", {}).get("cnt", 0)
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            return  # statistics are for metrics only: a document we cannot read changes nothing
+        self._traffic.records += max(records - self._records, 0)
+        self._traffic.requests += max(requests - self._requests, 0)
+        self._traffic.batches += batches
+        self._records, self._requests = max(records, self._records), max(requests, self._requests)
 
 
 class Coordinator:
@@ -201,6 +260,7 @@ class Coordinator:
         self._writers = threading.Lock()
         self._reports = threading.Condition()  # notified when delivery reports were taken
         self.partition_count = 0
+        self.traffic = Traffic()  # what our producers sent (librdkafka's statistics): metrics and benchmarks
         self._deliveries: threading.Thread | None = None
         self._closing = threading.Event()
 
@@ -260,6 +320,8 @@ class Coordinator:
                     "linger.ms": 0,
                     # A write that cannot be delivered fails within the write timeout instead of retrying forever.
                     "message.timeout.ms": int(self.settings.write_timeout * 1000),
+                    "statistics.interval.ms": STATISTICS_INTERVAL_MS,
+                    "stats_cb": _TrafficStatistics(self.traffic, self.settings.coordination_topic),
                 },
             )
         )
@@ -422,14 +484,53 @@ class Coordinator:
         return verdicts
 
     def submit(self, records: Sequence[codec.Record], partitions: Sequence[int] | None = None) -> PendingWrite:
-        """Produce records without waiting; ``collect()`` gives their verdicts when they are in."""
-        assert self._producer is not None, "call start() first"
+        """Produce records without waiting (one produce_batch per coordination partition); ``collect()`` gives
+        their verdicts when they are in.  CoordinationWriteError if the producer refused them."""
+        pending = self.prepare(records, partitions)
+        refused = self.send([pending])[0]
+        if refused is not None:
+            raise refused
+        return pending
+
+    def prepare(self, records: Sequence[codec.Record], partitions: Sequence[int] | None = None) -> PendingWrite:
+        """A write of ``records``, encoded and routed but not produced: ``send()`` produces it, with others.
+
+        Its deadline (the write timeout) runs from now.  ``partitions`` overrides the routing (one per record).
+        """
         pending = PendingWrite(deadline=time.monotonic() + self.settings.write_timeout)
         for i, record in enumerate(records):
-            delivery = _Delivery()
-            self._produce(record, partitions[i] if partitions is not None else self._route(record), delivery)
+            delivery = _Delivery(value=codec.encode(record), on_delivered=self._delivered)
+            partition = partitions[i] if partitions is not None else self._route(record)
+            pending.outgoing.append(_Outgoing(partition, codec.record_key(record), delivery))
             pending.deliveries.append(delivery)
         return pending
+
+    def send(self, writes: Sequence[PendingWrite]) -> list[CoordinationWriteError | None]:
+        """Produce prepared writes together: one ``produce_batch`` per coordination partition, its records in the
+        order of ``writes`` and of each write's records, so librdkafka sends them as one batch, not one each
+        (nearly always: its sender wakes at the first record queued and, rarely, takes it before the rest).
+
+        Returns, per write, None (produced: collect() it) or the error of a record the producer refused: that
+        write failed.  A refusal replaces the producer as a failed produce always did (its writes in flight fail
+        as purged); the partitions produced after it go to the new producer.
+        """
+        assert self._producer is not None, "call start() first"
+        batches: dict[int, list[_Outgoing]] = {}
+        write_of: dict[int, int] = {}  # id(delivery) -> the index of its write in ``writes``
+        for index, pending in enumerate(writes):
+            for item in pending.outgoing:
+                batches.setdefault(item.partition, []).append(item)
+                write_of[id(item.delivery)] = index
+            pending.outgoing = []
+        errors: list[CoordinationWriteError | None] = [None] * len(writes)
+        for partition, items in batches.items():
+            refusal = self._produce_batch(partition, items)
+            if refusal is None:
+                continue
+            refused, error = refusal
+            for item in refused:
+                errors[write_of[id(item.delivery)]] = error
+        return errors
 
     def collect(self, pending: PendingWrite) -> list[bool] | None:
         """The verdicts of a submitted write once every record is delivered and folded, else None (no wait).
@@ -473,26 +574,56 @@ class Coordinator:
         assert not isinstance(record, codec.GROUP_RECORD_TYPES), "write_everywhere() writes these"
         return codec.coordination_partition(record.topic, self.partition_count)
 
-    def _produce(self, record: codec.Record, partition: int, delivery: _Delivery) -> None:
+    def _produce_batch(
+        self, partition: int, items: list[_Outgoing]
+    ) -> tuple[list[_Outgoing], CoordinationWriteError] | None:
+        """Produce ``items`` to one coordination partition in one ``produce_batch`` call: None once all are queued,
+        else the records refused and why.
+
+        The partition is the call's, not each message's: confluent-kafka does not pass librdkafka the flag that
+        makes a message's own partition count, so a message's 'partition' would be ignored (routed by its key).
+        """
         assert self._producer is not None
-        value, key = codec.encode(record), codec.record_key(record)
-        delivery.producer, delivery.value, delivery.on_delivered = self._generation, value, self._delivered
+        self._track([item.delivery for item in items])
+        remaining = items
+        while remaining:
+            producer = self._producer
+            messages: list[dict[str, Any]] = [
+                {"key": item.key, "value": item.delivery.value, "callback": item.delivery} for item in remaining
+            ]
+            try:
+                producer.produce_batch(self.settings.coordination_topic, messages, partition=partition)
+            except BufferError:  # local queue full (as documented; librdkafka reports it per message, below)
+                messages = [{"_error": KafkaError(KafkaError._QUEUE_FULL)} for _ in remaining]
+            except KafkaException as exc:
+                self._replace_producer()
+                return remaining, self._refused(exc)
+            first = next((n for n, message in enumerate(messages) if "_error" in message), None)
+            if first is None:
+                return None
+            error: KafkaError = messages[first]["_error"]
+            if error.code() != KafkaError._QUEUE_FULL:
+                # e.g. the idempotent producer went into a fatal state: as a refused produce() always did
+                self._replace_producer()
+                return [item for item, message in zip(remaining, messages) if "_error" in message], self._refused(error)
+            # librdkafka refuses every message after the first that found the queue full, so what is left is the
+            # tail, still in order: let deliveries drain, then produce it.
+            remaining = remaining[first:]
+            if producer.poll(0.05):  # reports handled on this thread: wake whoever waits on them
+                self._reported()
+        return None
+
+    def _track(self, deliveries: list[_Delivery]) -> None:
+        """Deliveries about to be produced by the current producer: failed by _replace_producer if it is replaced."""
         with self._writers:
             if len(self._outstanding) > 1000:
                 self._outstanding = [d for d in self._outstanding if not d.done]
-            self._outstanding.append(delivery)
-        while True:
-            try:
-                self._producer.produce(
-                    self.settings.coordination_topic, value=value, key=key, partition=partition, on_delivery=delivery
-                )
-                return
-            except BufferError:  # local queue full: let deliveries drain
-                if self._producer.poll(0.05):  # reports handled on this thread: wake whoever waits on them
-                    self._reported()
-            except KafkaException as exc:  # e.g. the idempotent producer went into a fatal state
-                self._replace_producer()
-                raise CoordinationWriteError(f"group {self.group}: coordination write refused: {exc}") from None
+            for delivery in deliveries:
+                delivery.producer = self._generation
+                self._outstanding.append(delivery)
+
+    def _refused(self, error: object) -> CoordinationWriteError:
+        return CoordinationWriteError(f"group {self.group}: coordination write refused: {error}")
 
     def _await_deliveries(self, deliveries: list[_Delivery], deadline: float) -> None:
         assert self._producer is not None

@@ -9,6 +9,17 @@ not confirmed by its deadline, runs its failure callback instead.
 
 Records of one topic go to one coordination partition and the producer keeps
 their order, so writes about a partition are folded in the order submitted.
+
+One produce batch per pass: the writes submitted between ``begin_pass()`` and
+``end_pass()`` (the components' steps of one pass of the loop) are staged, and
+``end_pass()`` produces them together, one ``produce_batch`` per coordination
+partition (Coordinator.send).  Produced one by one, a member's heartbeats of
+several topics, its range claims and renewals and its releases each left as a
+batch of its own; the embedded broker lists every batch of a partition on
+every fetch, and every broker counts a request per batch (docs/brokers.md,
+"Stalled fetches on a long partition").  Staging keeps each write's deadline
+(it runs from its submit) and its order: a partition's records go in the
+order submitted.  A write submitted outside a pass is produced at once.
 """
 
 from __future__ import annotations
@@ -38,7 +49,9 @@ class _Write:
 class InFlightWrites:
     def __init__(self, coordinator: Coordinator) -> None:
         self._coordinator = coordinator
-        self._writes: list[_Write] = []
+        self._writes: list[_Write] = []  # produced, waiting for their verdicts, in the order produced
+        self._staged: list[_Write] = []  # submitted during the pass, produced by end_pass()
+        self._in_pass = False
         self.last_confirmed = 0.0  # monotonic: the latest write confirmed, and the latest that failed (/healthz)
         self.last_failed = 0.0
 
@@ -51,21 +64,42 @@ class InFlightWrites:
         within: float | None = None,
         partitions: Sequence[int] | None = None,
     ) -> None:
-        """Produce ``records`` now; their verdicts (one per record) reach ``on_verdicts`` from a later collect().
+        """Produce ``records`` (at the end of the pass, or now outside one); their verdicts (one per record) reach
+        ``on_verdicts`` from a later collect().
 
         ``within``: seconds after which the write counts as failed even if Kafka may still confirm it
-        (default: the write timeout).  A late verdict is then ignored.
+        (default: the write timeout).  A late verdict is then ignored.  Both count from now, staged or not.
         """
-        try:
-            pending = self._coordinator.submit(records, partitions)
-        except CoordinationWriteError as exc:
-            on_failure(exc)
-            return
+        pending = self._coordinator.prepare(records, partitions)
         give_up_at = pending.deadline if within is None else min(pending.deadline, time.monotonic() + within)
-        self._writes.append(_Write(what, pending, on_verdicts, on_failure, give_up_at))
+        write = _Write(what, pending, on_verdicts, on_failure, give_up_at)
+        if self._in_pass:
+            self._staged.append(write)
+        else:
+            self._send([write])
+
+    def begin_pass(self) -> None:
+        """From now until end_pass(), submitted writes are staged, to be produced together."""
+        self._in_pass = True
+
+    def end_pass(self) -> None:
+        """Produce the writes staged since begin_pass(), one produce_batch per coordination partition."""
+        self._in_pass = False
+        staged, self._staged = self._staged, []
+        if staged:
+            self._send(staged)
+
+    def _send(self, writes: list[_Write]) -> None:
+        """Produce ``writes``; those the producer refused run their failure callback, after the others are kept
+        (a callback that submits again is produced after them, and is collected after them too)."""
+        refusals = self._coordinator.send([write.pending for write in writes])
+        self._writes.extend(write for write, refused in zip(writes, refusals) if refused is None)
+        for write, refused in zip(writes, refusals):
+            if refused is not None:
+                write.on_failure(refused)
 
     def collect(self) -> None:
-        """Run the callbacks of every write that is decided (confirmed, failed or overdue)."""
+        """Run the callbacks of every write that is decided (confirmed, failed or overdue); staged writes wait."""
         now = time.monotonic()
         for write in list(self._writes):
             try:
@@ -85,8 +119,8 @@ class InFlightWrites:
                 write.on_failure(CoordinationWriteError(f"{write.what} not confirmed within {_age(write, now):.1f}s"))
 
     def counts(self) -> dict[str, int]:
-        """Writes in flight by kind (the state dump)."""
-        return dict(collections.Counter(write.what for write in list(self._writes)))
+        """Writes in flight by kind, staged ones included (the state dump)."""
+        return dict(collections.Counter(write.what for write in list(self._writes) + list(self._staged)))
 
 
 def _age(write: _Write, now: float) -> float:

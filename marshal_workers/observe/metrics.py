@@ -112,6 +112,11 @@ class Snapshot:
     garbage_records: int  # coordination records that did not decode
     shared: list[SharedStats] = field(default_factory=list)
     coordination_fetch_stalls: int = 0  # times the log's reader stalled and read again with a longer wait
+    # What the coordinator's producer sent (librdkafka's statistics, Coordinator.traffic): coordination records,
+    # the produce batches that carried them, and the produce requests that carried those.
+    coordination_records: int = 0
+    coordination_batches: int = 0
+    coordination_produce_requests: int = 0
 
 
 def metric_families(snapshot: Snapshot) -> list[Metric]:
@@ -221,6 +226,21 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
             "Times the broker answered the coordination log's fetches without records while it was behind, and it "
             "was read again with a longer fetch wait (docs/brokers.md).",
             snapshot.coordination_fetch_stalls,
+        ),
+        (
+            "coordination_records",
+            "Coordination records this supervisor's producer sent (librdkafka's statistics, every 5 s).",
+            snapshot.coordination_records,
+        ),
+        (
+            "coordination_batches",
+            "Produce batches that carried them: the writes of one pass of the loop leave together (docs/brokers.md).",
+            snapshot.coordination_batches,
+        ),
+        (
+            "coordination_produce_requests",
+            "Produce requests that carried those batches.",
+            snapshot.coordination_produce_requests,
         ),
     ]
     families: list[Metric] = [

@@ -16,7 +16,9 @@ handles the signals, then steps each of its components once, in this order
 
 They share one Table (assignments.py): the partitions held, the phase, the
 stop flag.  All coordination I/O happens on the main thread, without waiting
-on Kafka.  Workers come from a fork server started before any Kafka client
+on Kafka; the writes the components submit during a pass are produced
+together at its end, one produce batch per coordination partition
+(in_flight.py).  Workers come from a fork server started before any Kafka client
 exists (librdkafka is not fork-safe), with the application module preloaded.
 """
 
@@ -136,10 +138,7 @@ class Supervisor:
             while self.table.phase is not Phase.STOPPED:
                 try:
                     self._wait_for_events(parts)
-                    self._timed("signals", self._handle_signals)
-                    now = time.monotonic()
-                    for name, component in parts.components:
-                        self._timed(name, lambda: component.step(now))  # noqa: B023 (called at once)
+                    self._one_pass(parts)
                     self._check_stop_progress(time.monotonic())
                     self._unexpected_errors = 0
                     self._last_tick = time.monotonic()
@@ -149,6 +148,18 @@ class Supervisor:
         finally:
             self._close()
         return self.exit_code
+
+    def _one_pass(self, parts: Parts) -> None:
+        """The signals, then each component's step; the coordination writes they submit leave together at the end
+        of the pass, one produce batch per coordination partition instead of one each (in_flight.py)."""
+        parts.writes.begin_pass()
+        try:
+            self._timed("signals", self._handle_signals)
+            now = time.monotonic()
+            for name, component in parts.components:
+                self._timed(name, lambda: component.step(now))  # noqa: B023 (called at once)
+        finally:
+            self._timed("coordination writes", parts.writes.end_pass)
 
     def _start_up(self) -> None:
         """Everything before the loop.  A stop signal meanwhile interrupts the steps that wait on Kafka within a
@@ -415,9 +426,11 @@ class Supervisor:
             worker_restarts=collections.Counter(self.counters.worker_restarts),
         )  # fmt: skip
         coordinator = self._require_parts().coordinator
+        traffic = coordinator.traffic
         return Snapshot(
-            self.group, partitions, counters, coordinator.garbage_seen, self.shared.stats(), coordinator.fetch_stalls
-        )
+            self.group, partitions, counters, coordinator.garbage_seen, self.shared.stats(), coordinator.fetch_stalls,
+            traffic.records, traffic.batches, traffic.requests,
+        )  # fmt: skip
 
     def _dashboard_step(self) -> Callable[[Dashboard], Dashboard]:
         """The dashboard's update from our own WorldState, and the ends our workers' fetches saw."""

@@ -32,7 +32,8 @@ def snapshot() -> Snapshot:
         messages={"handled": 2990, "failed": 6, "dead_lettered": 4}, worker_restarts=1,
         low_water_marks={0: 1500, 1: 1480}, lost={0: 0, 1: 20},
     )  # fmt: skip
-    return Snapshot("billing", [busy, fresh], counters, garbage_records=7, shared=[thumbs], coordination_fetch_stalls=3)
+    return Snapshot("billing", [busy, fresh], counters, garbage_records=7, shared=[thumbs], coordination_fetch_stalls=3,
+                    coordination_records=900, coordination_batches=120, coordination_produce_requests=110)  # fmt: skip
 
 
 def scrape(server_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -106,6 +107,9 @@ def test_supervisor_counters(served: dict) -> None:
     assert served[("marshal_workers_releases_total", (("group", "billing"), ("reason", "balance")))] == 3
     assert served[("marshal_workers_heartbeat_failures_total", group)] == 4
     assert served[("marshal_workers_coordination_garbage_records_total", group)] == 7
+    assert served[("marshal_workers_coordination_records_total", group)] == 900
+    assert served[("marshal_workers_coordination_batches_total", group)] == 120
+    assert served[("marshal_workers_coordination_produce_requests_total", group)] == 110
 
 
 def test_a_port_in_use_is_a_clear_error() -> None:
