@@ -12,7 +12,8 @@ so it would pay that wait at the end of every partition.  Instead it stops at th
   later one moves on, and a reader that chased it might never be done.
 
 A partition listed as empty (end 0) has nothing to read; any other is at its end once a record at or past its
-known end was read, or end-of-partition was reported (a partition whose records retention removed since).
+known end was read, or end-of-partition was reported (a partition whose records retention removed since).  A
+partition at its end is no longer fetched until the reader tails (GuardedConsumer.read_up_to_end).
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ class KnownEnds:
             self.targets[partition] = max(self.targets[partition], high)
             self._fetched[partition] = True
 
-    def read(self, partition: int, offset: int) -> None:
-        """The record at ``offset`` was read."""
-        if self._fetched[partition] and offset + 1 >= self.targets[partition]:
+    def read(self, partition: int, offset: int) -> bool:
+        """The record at ``offset`` was read: True if that took the partition to its end."""
+        if self._fetched[partition] and offset + 1 >= self.targets[partition] and not self.at_end[partition]:
             self.at_end[partition] = True
+            return True
+        return False
 
     def ended(self, partition: int) -> None:
         """End-of-partition was reported."""
@@ -70,9 +73,25 @@ def listed_ends(consumer: GuardedConsumer, topic: str, partition_count: int, tim
 
 
 def read_record(ends: KnownEnds, consumer: GuardedConsumer, topic: str, partition: int, offset: int) -> None:
-    """Tell ``ends`` of a record read (on the thread that polls ``consumer``: the cached watermark is its)."""
+    """Tell ``ends`` of a record read, and stop fetching its partition if that was the last one it knew of (on the
+    thread that polls ``consumer``: the cached watermark is its)."""
     if ends.at_end[partition]:
         return
     if ends.wants_fetched_end(partition):
         ends.fetched_end(partition, consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)[1])
-    ends.read(partition, offset)
+    if ends.read(partition, offset):
+        consumer.read_up_to_end(topic, partition)
+
+
+def partition_ended(ends: KnownEnds, consumer: GuardedConsumer, topic: str, partition: int) -> None:
+    """End-of-partition was reported for it: it is read up to its end."""
+    if not ends.at_end[partition]:
+        ends.ended(partition)
+        consumer.read_up_to_end(topic, partition)
+
+
+def fetch_only_those_behind(ends: KnownEnds, consumer: GuardedConsumer, topic: str) -> None:
+    """Right after the reader is assigned: partitions with nothing to read are not fetched while it catches up."""
+    for partition, done in enumerate(ends.at_end):
+        if done:
+            consumer.read_up_to_end(topic, partition)

@@ -34,7 +34,13 @@ from confluent_kafka import (
 from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, check_stop, never
 from marshal_workers.errors import DecodeError, KafkaUnavailable, StopRequested
-from marshal_workers.kafka.catch_up import KnownEnds, listed_ends, read_record
+from marshal_workers.kafka.catch_up import (
+    KnownEnds,
+    fetch_only_those_behind,
+    listed_ends,
+    partition_ended,
+    read_record,
+)
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client, reader_config, topic_partition_count
 from marshal_workers.protocol import checkpoints, codec
@@ -155,6 +161,7 @@ class CoordinationLog:
             [TopicPartition(self.topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
              for p, s in enumerate(self.starts)]
         )  # fmt: skip
+        fetch_only_those_behind(self._ends, self._consumer, self.topic)
         self._thread = threading.Thread(target=self._run, name="coordination-log", daemon=True)
         self._thread.start()
         return self
@@ -280,7 +287,7 @@ class CoordinationLog:
         error = message.error()
         if error is not None:
             if error.code() == KafkaError._PARTITION_EOF:
-                self._ends.ended(partition)
+                partition_ended(self._ends, self._consumer, self.topic, partition)
             else:
                 log.warning("coordination log %s: %s", self.topic, error)
             return
@@ -462,8 +469,11 @@ def tail_tuning(settings: Settings) -> dict[str, Any]:
     }
 
 
-# How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far.
-_FIRST_LOOK = 20_000
+# How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far (and
+# reads only what the one before did not).  A checkpoint is written every checkpoint_interval (1 minute): 2,000
+# records is a minute of a partition written 33 times a second, and a further look costs a fetch round trip, while
+# reading 20,000 records first cost a status call about 0.3 s on the embedded broker (bench_long_log.py).
+_FIRST_LOOK = 2_000
 
 
 def find_checkpoints(
@@ -627,23 +637,30 @@ def _records_in_spans(
         for message in batch:
             partition = message.partition()
             if skip and partition in skip:
-                reading.discard(partition)
+                _done_with(partition, reading, consumer, topic)
             if partition not in reading:
                 continue
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    reading.discard(partition)  # read to its end
+                    _done_with(partition, reading, consumer, topic)  # read to its end
                 continue
             stop = stops[partition]
             if stop is not None and message.offset() >= stop:
-                reading.discard(partition)
+                _done_with(partition, reading, consumer, topic)
                 continue
             yield message
             if stop is None:
                 read_record(ends, consumer, topic, partition, message.offset())
             if ends.at_end[partition] if stop is None else message.offset() + 1 >= stop:
-                reading.discard(partition)
+                _done_with(partition, reading, consumer, topic)
+
+
+def _done_with(partition: int, reading: set[int], consumer: GuardedConsumer, topic: str) -> None:
+    """A span read: its partition is no longer fetched (GuardedConsumer.read_up_to_end says why)."""
+    if partition in reading:
+        reading.discard(partition)
+        consumer.read_up_to_end(topic, partition)
 
 
 def read_group_state(settings: Settings, group: str) -> WorldState:

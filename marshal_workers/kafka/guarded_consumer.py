@@ -179,6 +179,8 @@ class GuardedConsumer:
         self.tail_wait_ms = int(self._config.get("fetch.wait.max.ms", 500))
         self.wait_ms = max(self.tail_wait_ms, CATCH_UP_WAIT_MS) if catch_up else self.tail_wait_ms
         self.catching_up = catch_up
+        # Partitions read up to the end the reader knew, no longer fetched while it catches up (read_up_to_end).
+        self._caught_up: set[tuple[str, int]] = set()
         self._config["fetch.wait.max.ms"] = self.wait_ms
         self.what = what
         self._heartbeat_s = heartbeat_s
@@ -292,6 +294,7 @@ class GuardedConsumer:
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         self._consumer.assign(partitions)
+        self._caught_up = set()
         self._placed = {(tp.topic, tp.partition): _Position(tp.offset, self._watch.reads) for tp in partitions}
         if self._contiguity is not None:
             self._contiguity = Contiguity()
@@ -312,15 +315,27 @@ class GuardedConsumer:
         if self._contiguity is not None:
             self._contiguity.place(key, partition.offset)
 
+    def read_up_to_end(self, topic: str, partition: int) -> None:
+        """While catching up: this partition was read up to the end the reader knew; fetch it no more until
+        ``begin_tail()``.  A fetch of partitions that are all at their end is held by the embedded broker for the
+        whole (long) wait, and librdkafka sends the next fetch only after it: the partitions still behind (whose
+        fetched records are still queued, so not in that fetch) would wait for it."""
+        if self.catching_up:
+            self._caught_up.add((topic, partition))
+            self._consumer.pause([TopicPartition(topic, partition)])
+
     def begin_tail(self) -> None:
         """The reader has read up to the ends it knew and goes on tailing: from here on its fetches wait the
-        configured (short) time, so a new record is seen within it.  Its consumer is replaced at the same
-        positions; a no-op for a reader that was not catching up (or whose guard lengthened the wait meanwhile
-        past the catch-up one: then the short wait is known to stall)."""
+        configured (short) time, so a new record is seen within it, and every partition is fetched again.  Its
+        consumer is replaced at the same positions; a no-op for a reader that was not catching up (and only a
+        resume for one whose guard lengthened the wait past the catch-up one: the short wait is known to stall)."""
         if not self.catching_up:
             return
         self.catching_up = False
+        paused, self._caught_up = self._caught_up, set()
         if self.wait_ms != max(self.tail_wait_ms, CATCH_UP_WAIT_MS) or self.wait_ms == self.tail_wait_ms:
+            if paused:
+                self._consumer.resume([TopicPartition(topic, partition) for topic, partition in paused])
             return
         log.debug("%s: read up to the ends it knew; tailing with fetches that wait %d ms", self.what, self.tail_wait_ms)
         self._swap(self.positions(), self.tail_wait_ms)
@@ -409,6 +424,8 @@ class GuardedConsumer:
         starts = [TopicPartition(topic, p, positions[(topic, p)]) for topic, p in self._placed]
         old.close()
         self._consumer.assign(starts)
+        if self._caught_up:  # still catching up (a stall meanwhile): the new consumer leaves them alone too
+            self._consumer.pause([TopicPartition(topic, partition) for topic, partition in self._caught_up])
         self._placed = {(tp.topic, tp.partition): _Position(tp.offset, self._watch.reads) for tp in starts}
         self._watch = StallWatch(stall_after(self._heartbeat_s, wait_ms), reads=self._watch.reads)
         self._watch.restart(self._clock())

@@ -16,7 +16,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TopicPa
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
-from marshal_workers.kafka.catch_up import KnownEnds, listed_ends, read_record
+from marshal_workers.kafka.catch_up import KnownEnds, fetch_only_those_behind, listed_ends, partition_ended, read_record
 from marshal_workers.kafka.coordination_log import find_starts, log_consumer
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.kafka_clients import admin_client, require_topic, topic_partition_count
@@ -293,6 +293,7 @@ def log_lines(
         [TopicPartition(settings.coordination_topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
          for p, s in enumerate(starts)]
     )  # fmt: skip
+    fetch_only_those_behind(ends, consumer, topic)
     caught_up = False
     try:
         while not stop():
@@ -307,7 +308,7 @@ def log_lines(
             if message is None:
                 continue
             if message.error() is not None:
-                ends.ended(message.partition())
+                partition_ended(ends, consumer, topic, message.partition())
                 continue
             read_record(ends, consumer, topic, message.partition(), message.offset())
             kind, stamp = message.timestamp()

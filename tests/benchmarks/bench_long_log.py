@@ -45,6 +45,7 @@ from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.protocol import codec
 
 TOPIC = "orders"
+CHECKPOINT_EVERY_S = 60.0
 GIVE_UP_S = 60.0  # a status or start-up slower than this is reported as such, not waited for
 PARTITIONS = 12
 APPS = checkout.ROOT / "tests" / "apps"
@@ -90,14 +91,21 @@ def write_history(settings: Settings, count: int, writers: int = 4) -> None:
             thread.start()
         for thread in threads:
             thread.join()
-        with Coordinator(settings) as writer:
-            writer.write(writer.checkpoint_records(target), partitions=[target])
+        write_checkpoint(settings)
         print(f"  {end:,} records written, {time.monotonic() - quarter_began:.1f}s for the last {end - start:,}",
               flush=True)
 
 
+def write_checkpoint(settings: Settings) -> None:
+    """A checkpoint of the group on the topic's coordination partition, as a member writes one every minute."""
+    target = codec.coordination_partition(TOPIC, settings.coordination_partitions)
+    with Coordinator(settings) as writer:
+        writer.write(writer.checkpoint_records(target), partitions=[target])
+
+
 def keep_writing(settings: Settings, rate: float, stop: threading.Event, written: list[int]) -> None:
-    """Heartbeats of a member still running, one record per batch, ``rate`` a second."""
+    """Heartbeats of a member still running, one record per batch, ``rate`` a second, and a checkpoint every
+    CHECKPOINT_EVERY_S (the default checkpoint_interval) so readers start near the end, as in a running fleet."""
     if rate <= 0:
         return
     target = codec.coordination_partition(TOPIC, settings.coordination_partitions)
@@ -109,8 +117,11 @@ def keep_writing(settings: Settings, rate: float, stop: threading.Event, written
             written[0] += 1
 
     n = 0
-    began = time.monotonic()
+    began = checkpointed = time.monotonic()
     while not stop.is_set():
+        if time.monotonic() - checkpointed > CHECKPOINT_EVERY_S:
+            write_checkpoint(settings)
+            checkpointed = time.monotonic()
         ts = int(time.time() * 1000)
         record = codec.Heartbeat(**common, ts=ts, topic="busy", partition=n % PARTITIONS, offset=n)
         producer.produce(settings.coordination_topic, codec.encode(record), partition=target, on_delivery=delivered)

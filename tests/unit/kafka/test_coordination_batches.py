@@ -103,7 +103,8 @@ class OfflineCoordinator(Coordinator):
     """A Coordinator with fake producers (a new one for each replacement) and the log above; never started."""
 
     def __init__(self) -> None:
-        super().__init__(Settings(group="g", client_id="c", write_timeout=5.0), instance="i")
+        # A fixed clock: a record carries the time it was made, and the tests compare records made apart.
+        super().__init__(Settings(group="g", client_id="c", write_timeout=5.0), instance="i", clock=lambda: 1.7e9)
         self.partition_count = PARTITIONS
         self.producers = [FakeProducer()]
         self._producer = self.producers[0]  # type: ignore[assignment]
@@ -287,15 +288,16 @@ def test_a_write_submitted_by_a_failure_callback_at_the_end_of_a_pass_goes_out_a
 ) -> None:
     coordinator.producer.fatal_partitions = {1}
     again = Outcome()
+    retry = claims(coordinator, topic_on(2), 9)  # made once: a record carries the time it was made
 
     def write_again(exc: CoordinationWriteError) -> None:
-        writes.submit("claim", claims(coordinator, topic_on(2), 9), again.on_verdicts, again.on_failure)
+        writes.submit("claim", retry, again.on_verdicts, again.on_failure)
 
     writes.begin_pass()
     writes.submit("claim", claims(coordinator, topic_on(1), 0), lambda verdicts: None, write_again)
     writes.end_pass()
 
-    assert coordinator.producer.calls == [(2, values(claims(coordinator, topic_on(2), 9)))]
+    assert coordinator.producer.calls == [(2, values(retry))]
     coordinator.producer.deliver()
     writes.collect()
     assert again.verdicts == [(2, 0)]
