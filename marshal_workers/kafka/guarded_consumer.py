@@ -293,8 +293,13 @@ class GuardedConsumer:
     # ---------------------------------------------------- placing the reader
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        if self._caught_up:
+            # librdkafka keeps a partition paused across assignments; resumed and then assigned again, it was not
+            # fetched for over a second here: resumed, then dropped, it is fetched at once.
+            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in self._caught_up])
+            self._consumer.unassign()
+            self._caught_up = set()
         self._consumer.assign(partitions)
-        self._caught_up = set()
         self._placed = {(tp.topic, tp.partition): _Position(tp.offset, self._watch.reads) for tp in partitions}
         if self._contiguity is not None:
             self._contiguity = Contiguity()
@@ -303,6 +308,9 @@ class GuardedConsumer:
         self._watch.restart(self._clock())
 
     def unassign(self) -> None:
+        if self._caught_up:
+            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in self._caught_up])
+            self._caught_up = set()
         self._consumer.unassign()
         self._placed = {}
         if self._contiguity is not None:
