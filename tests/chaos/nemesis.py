@@ -329,6 +329,14 @@ class Nemesis:
             self._collect_timings()
         return self.report
 
+    def _with_broker_frozen(self, start: StartUp) -> StartUp:
+        """A start-up that waited on a frozen or stalled broker is no measure of the supervisor's own."""
+        if start.seconds is None:
+            return start
+        frozen = unavailable_s(self._frozen + self._stalls, start.started_at, start.started_at + start.seconds,
+                               recovery=BROKER_RECOVERY_S)  # fmt: skip
+        return replace(start, broker_frozen_s=frozen)
+
     def _collect_timings(self) -> None:
         """The report's timings, once every supervisor is gone (its log complete): figures, never a verdict here."""
         report = self.report
@@ -339,7 +347,8 @@ class Nemesis:
             for client in self.clients:
                 starts = [(at, log_from) for name, at, log_from in self._starts if name == client]
                 if starts:
-                    report.start_ups += start_ups(client, self.fleet.logs[client].read_bytes(), starts)
+                    report.start_ups += [self._with_broker_frozen(start) for start in
+                                         start_ups(client, self.fleet.logs[client].read_bytes(), starts)]  # fmt: skip
         except Exception:
             report.problems.append(f"timing the run failed: {traceback.format_exc()}")
 

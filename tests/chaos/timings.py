@@ -29,6 +29,7 @@ class StartUp:
     client: str
     started_at: float  # just before its process was spawned
     seconds: float | None  # until it logged its start line; None: it never did before it was killed or stopped
+    broker_frozen_s: float = 0.0  # of those seconds, the broker frozen or stalled (or recovering): none can start
 
 
 def after_the_heal(calls: Iterable[StatusCall], healed_at: float) -> list[StatusCall]:
@@ -92,8 +93,12 @@ def timings_line(calls: Sequence[StatusCall], settled_seen: float | None, found:
     start = slowest_start(found)
     never = sum(start.seconds is None for start in found)
     started = f"supervisor start-up: {len(found) - never} starts, slowest " + (
-        "-" if start is None else f"{start.seconds:.1f}s ({start.client})"
+        "-" if start is None else f"{start.seconds:.1f}s ({start.client}, broker frozen or stalled "
+        f"{start.broker_frozen_s:.1f}s meanwhile)"
     )
+    up = slowest_start([s for s in found if s.broker_frozen_s == 0.0])
+    if up is not None and up is not start:
+        started += f", slowest with the broker up throughout {up.seconds:.1f}s ({up.client})"
     if never:
         started += f"; {never} killed or stopped before their start line"
     return f"{status}; settled seen {settled}; {started}"
