@@ -274,10 +274,12 @@ class Coordinator:
         and, since it writes checkpoints, learns the directories it lacks (CoordinationLog.learn_directories).
         """
         try:
-            admin = admin_client(self.settings)
-            self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop)
+            # First: the idempotent producer's wait for its producer id (below) runs while the topic is checked and
+            # the log is read, instead of after.
             producer_created = time.monotonic()
             self._producer = self._new_producer()
+            admin = admin_client(self.settings)
+            self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop)
             self._log = CoordinationLog(
                 self.settings, self.group, self.partition_count, own_instance=self.instance,
                 progress_every=PROGRESS_LOG_INTERVAL_S if member else 0.0,
