@@ -61,15 +61,20 @@ class KnownEnds:
         return all(self.at_end)
 
 
-def listed_ends(consumer: GuardedConsumer, topic: str, partition_count: int, timeout: float) -> list[int]:
-    """Each partition's end as ListOffsets answers it now, -1 where the broker does not answer."""
-    ends = [-1] * partition_count
+def listed_bounds(consumer: GuardedConsumer, topic: str, partition_count: int, timeout: float) -> list[tuple[int, int]]:
+    """Each partition's (start, end) as ListOffsets answers them now, (-1, -1) where the broker does not answer."""
+    bounds = [(-1, -1)] * partition_count
     for partition in range(partition_count):
         try:
-            ends[partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)[1]
+            bounds[partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
         except KafkaException as exc:
             log.debug("%s[%d]: no end listed (%s): reading up to its end-of-partition event", topic, partition, exc)
-    return ends
+    return bounds
+
+
+def listed_ends(consumer: GuardedConsumer, topic: str, partition_count: int, timeout: float) -> list[int]:
+    """Each partition's end as ListOffsets answers it now, -1 where the broker does not answer."""
+    return [high for _, high in listed_bounds(consumer, topic, partition_count, timeout)]
 
 
 def read_record(ends: KnownEnds, consumer: GuardedConsumer, topic: str, partition: int, offset: int) -> None:

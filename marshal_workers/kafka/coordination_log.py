@@ -19,7 +19,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -37,7 +37,7 @@ from marshal_workers.errors import DecodeError, KafkaUnavailable, StopRequested
 from marshal_workers.kafka.catch_up import (
     KnownEnds,
     fetch_only_those_behind,
-    listed_ends,
+    listed_bounds,
     partition_ended,
     read_record,
 )
@@ -147,16 +147,20 @@ class CoordinationLog:
 
         StopRequested if ``should_stop`` says so while it looks for checkpoints.
         """
+        # Listed once (a ListOffsets per partition, which the embedded broker answers by listing its batches): the
+        # ends this reader catches up to, and the bounds the checkpoint search looks back from.
+        bounds = listed_bounds(self._consumer, self.topic, self.partition_count, self.settings.connect_timeout)
         if not self.from_beginning:
             self.starts = find_starts(
                 self.settings, self.topic, self.partition_count, self._state.group,
                 should_stop=should_stop, report=self.report_progress,
+                bounds=bounds if all(high >= 0 for _, high in bounds) else None,
             )  # fmt: skip
         for partition, start in enumerate(self.starts):
             checkpoints.begin(self._state, start, partition)
             if start.offset is not None:
                 self._next_offset[partition] = self.started_at[partition] = start.offset
-        self._ends = KnownEnds(listed_ends(self._consumer, self.topic, self.partition_count, self.settings.connect_timeout))
+        self._ends = KnownEnds([high for _, high in bounds])
         self._consumer.assign(
             [TopicPartition(self.topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
              for p, s in enumerate(self.starts)]
@@ -492,6 +496,7 @@ def find_starts(
     use_directories: bool = True,
     should_stop: ShouldStop = never,
     report: bool = False,
+    bounds: Sequence[tuple[int, int]] | None = None,
 ) -> list[checkpoints.Start]:
     """Where a reader of ``group`` starts on each coordination partition (checkpoints.Start).
 
@@ -500,14 +505,16 @@ def find_starts(
     another group whose directory does not list ``group``, so the cost is the records since the last checkpoint
     of any group.  (Offsets, not times: Tansu answers every "offset for a time" with the log start.)
     ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.
+    ``bounds``: each partition's (start, end), if the caller listed them already.
     """
     starts = [checkpoints.BEGINNING] * partition_count
     consumer = log_consumer(settings, group, "checkpoint search")
     try:
-        bounds = [
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
-            for p in range(partition_count)
-        ]
+        if bounds is None:
+            bounds = [
+                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
+                for p in range(partition_count)
+            ]
         assemblers = [checkpoints.Assembler() for _ in range(partition_count)]
         finders = [checkpoints.DirectoryFinder(group) if use_directories else None for _ in range(partition_count)]
         looking = {p for p, (low, high) in enumerate(bounds) if high > low}  # an empty partition has none
