@@ -5,7 +5,7 @@ An empty fetch is what tells a reader it is at a partition's end (end-of-partiti
 one for the whole fetch wait; a reader catching up reads with the long wait of guarded_consumer.CATCH_UP_WAIT_MS,
 so it would pay that wait at the end of every partition.  Instead it stops at the end it knows:
 
-- ListOffsets when reading began (``listed_ends``).  On Kafka that is the partition's end.  The embedded broker
+- ListOffsets when reading began (``listed_bounds``).  On Kafka that is the partition's end.  The embedded broker
   answers the base offset of the last batch plus one: the end, less the last batch's other records.
 - The high watermark of the fetch response that brought the partition's first record (librdkafka caches it before
   it hands the records over): right on both, and at least the listed end.  Only that first one: on a busy log a
@@ -70,11 +70,6 @@ def listed_bounds(consumer: GuardedConsumer, topic: str, partition_count: int, t
         except KafkaException as exc:
             log.debug("%s[%d]: no end listed (%s): reading up to its end-of-partition event", topic, partition, exc)
     return bounds
-
-
-def listed_ends(consumer: GuardedConsumer, topic: str, partition_count: int, timeout: float) -> list[int]:
-    """Each partition's end as ListOffsets answers it now, -1 where the broker does not answer."""
-    return [high for _, high in listed_bounds(consumer, topic, partition_count, timeout)]
 
 
 def read_record(ends: KnownEnds, consumer: GuardedConsumer, topic: str, partition: int, offset: int) -> None:

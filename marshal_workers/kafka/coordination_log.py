@@ -147,25 +147,14 @@ class CoordinationLog:
 
         StopRequested if ``should_stop`` says so while it looks for checkpoints.
         """
-        # Listed once (a ListOffsets per partition, which the embedded broker answers by listing its batches): the
-        # ends this reader catches up to, and the bounds the checkpoint search looks back from.
-        bounds = listed_bounds(self._consumer, self.topic, self.partition_count, self.settings.connect_timeout)
-        if not self.from_beginning:
-            self.starts = find_starts(
-                self.settings, self.topic, self.partition_count, self._state.group,
-                should_stop=should_stop, report=self.report_progress,
-                bounds=bounds if all(high >= 0 for _, high in bounds) else None,
-            )  # fmt: skip
+        self.starts, self._ends = begin_catching_up(
+            self._consumer, self.settings, self.partition_count, self._state.group, self.from_beginning,
+            should_stop=should_stop, report=self.report_progress,
+        )  # fmt: skip
         for partition, start in enumerate(self.starts):
             checkpoints.begin(self._state, start, partition)
             if start.offset is not None:
                 self._next_offset[partition] = self.started_at[partition] = start.offset
-        self._ends = KnownEnds([high for _, high in bounds])
-        self._consumer.assign(
-            [TopicPartition(self.topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
-             for p, s in enumerate(self.starts)]
-        )  # fmt: skip
-        fetch_only_those_behind(self._ends, self._consumer, self.topic)
         self._thread = threading.Thread(target=self._run, name="coordination-log", daemon=True)
         self._thread.start()
         return self
@@ -473,6 +462,35 @@ def tail_tuning(settings: Settings) -> dict[str, Any]:
     }
 
 
+def begin_catching_up(
+    consumer: GuardedConsumer,
+    settings: Settings,
+    partition_count: int,
+    group: str,
+    from_beginning: bool,
+    should_stop: ShouldStop = never,
+    report: bool = False,
+) -> tuple[list[checkpoints.Start], KnownEnds]:
+    """Place a catching-up reader of ``group``'s coordination log (the tail of CoordinationLog, the ``log``
+    command) where it starts on each partition (find_starts, or the beginning), and say up to where it reads
+    (catch_up.py).  Each partition's bounds are listed once: a ListOffsets per partition, which the embedded broker
+    answers by listing its batches, serves both the ends and the checkpoint search."""
+    topic = settings.coordination_topic
+    bounds = listed_bounds(consumer, topic, partition_count, settings.connect_timeout)
+    starts = [checkpoints.BEGINNING] * partition_count
+    if not from_beginning:
+        starts = find_starts(
+            settings, topic, partition_count, group, should_stop=should_stop, report=report,
+            bounds=bounds if all(high >= 0 for _, high in bounds) else None,
+        )  # fmt: skip
+    ends = KnownEnds([high for _, high in bounds])
+    consumer.assign(
+        [TopicPartition(topic, p, OFFSET_BEGINNING if s.offset is None else s.offset) for p, s in enumerate(starts)]
+    )
+    fetch_only_those_behind(ends, consumer, topic)
+    return starts, ends
+
+
 # How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far (and
 # reads only what the one before did not).  A checkpoint is written every checkpoint_interval (1 minute): 2,000
 # records is a minute of a partition written 33 times a second, and a further look costs a fetch round trip, while
@@ -658,8 +676,10 @@ def _records_in_spans(
                 continue
             yield message
             if stop is None:
-                read_record(ends, consumer, topic, partition, message.offset())
-            if ends.at_end[partition] if stop is None else message.offset() + 1 >= stop:
+                read_record(ends, consumer, topic, partition, message.offset())  # no longer fetched at its end
+                if ends.at_end[partition]:
+                    reading.discard(partition)
+            elif message.offset() + 1 >= stop:
                 _done_with(partition, reading, consumer, topic)
 
 

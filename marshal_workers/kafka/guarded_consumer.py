@@ -293,12 +293,10 @@ class GuardedConsumer:
     # ---------------------------------------------------- placing the reader
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
-        if self._caught_up:
+        if self._resume_caught_up():
             # librdkafka keeps a partition paused across assignments; resumed and then assigned again, it was not
             # fetched for over a second here: resumed, then dropped, it is fetched at once.
-            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in self._caught_up])
             self._consumer.unassign()
-            self._caught_up = set()
         self._consumer.assign(partitions)
         self._placed = {(tp.topic, tp.partition): _Position(tp.offset, self._watch.reads) for tp in partitions}
         if self._contiguity is not None:
@@ -308,9 +306,7 @@ class GuardedConsumer:
         self._watch.restart(self._clock())
 
     def unassign(self) -> None:
-        if self._caught_up:
-            self._consumer.resume([TopicPartition(topic, partition) for topic, partition in self._caught_up])
-            self._caught_up = set()
+        self._resume_caught_up()
         self._consumer.unassign()
         self._placed = {}
         if self._contiguity is not None:
@@ -340,13 +336,20 @@ class GuardedConsumer:
         if not self.catching_up:
             return
         self.catching_up = False
-        paused, self._caught_up = self._caught_up, set()
-        if self.wait_ms != max(self.tail_wait_ms, CATCH_UP_WAIT_MS) or self.wait_ms == self.tail_wait_ms:
-            if paused:
-                self._consumer.resume([TopicPartition(topic, partition) for topic, partition in paused])
+        if not self.tail_wait_ms < self.wait_ms == CATCH_UP_WAIT_MS:
+            self._resume_caught_up()
             return
+        self._caught_up = set()  # the new consumer fetches every partition
         log.debug("%s: read up to the ends it knew; tailing with fetches that wait %d ms", self.what, self.tail_wait_ms)
         self._swap(self.positions(), self.tail_wait_ms)
+
+    def _resume_caught_up(self) -> bool:
+        """Fetch again the partitions paused by read_up_to_end; True if there were any."""
+        if not self._caught_up:
+            return False
+        self._consumer.resume([TopicPartition(topic, partition) for topic, partition in self._caught_up])
+        self._caught_up = set()
+        return True
 
     # ------------------------------------------------------ passed through
 

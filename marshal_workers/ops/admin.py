@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, TopicPartition
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
-from marshal_workers.kafka.catch_up import KnownEnds, fetch_only_those_behind, listed_ends, partition_ended, read_record
-from marshal_workers.kafka.coordination_log import find_starts, log_consumer
+from marshal_workers.kafka.catch_up import partition_ended, read_record
+from marshal_workers.kafka.coordination_log import begin_catching_up, log_consumer
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.kafka_clients import admin_client, require_topic, topic_partition_count
 from marshal_workers.kafka.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
@@ -280,20 +280,12 @@ def log_lines(
         raise unknown_group(settings)
     consumer = log_consumer(settings, group, "log command")
     state = WorldState(group, settings.heartbeat_ms, count)
-    starts = [checkpoints.BEGINNING] * count
-    if not from_beginning:
-        starts = find_starts(settings, settings.coordination_topic, count, group)
-    for partition, start in enumerate(starts):
-        checkpoints.begin(state, start, partition)
     # Read up to the ends listed now, never waiting for an empty fetch (a busy partition may never answer one, and
     # the embedded broker holds one for the whole wait); with ``follow``, tail from there with the short wait.
+    starts, ends = begin_catching_up(consumer, settings, count, group, from_beginning)
+    for partition, start in enumerate(starts):
+        checkpoints.begin(state, start, partition)
     topic = settings.coordination_topic
-    ends = KnownEnds(listed_ends(consumer, topic, count, settings.connect_timeout))
-    consumer.assign(
-        [TopicPartition(settings.coordination_topic, p, OFFSET_BEGINNING if s.offset is None else s.offset)
-         for p, s in enumerate(starts)]
-    )  # fmt: skip
-    fetch_only_those_behind(ends, consumer, topic)
     caught_up = False
     try:
         while not stop():

@@ -349,7 +349,7 @@ class Nemesis:
                 if starts:
                     report.start_ups += [self._with_broker_frozen(start) for start in
                                          start_ups(client, self.fleet.logs[client].read_bytes(), starts)]  # fmt: skip
-        except Exception:
+        except Exception:  # noqa: BLE001 - reported as a problem of the run, with its traceback
             report.problems.append(f"timing the run failed: {traceback.format_exc()}")
 
     def _write_coordination_log(self) -> None:
