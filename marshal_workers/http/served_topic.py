@@ -47,6 +47,8 @@ from marshal_workers.http.read_ahead import ReadAhead
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import admin_client
+from marshal_workers.kafka.metadata_refresh import MetadataRefresh
 from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
@@ -260,6 +262,7 @@ class ServedTopic:
         self._thread: threading.Thread | None = None
         self._holder: Holder | None = None
         self._group_commit: GroupCommit | None = None
+        self._metadata: MetadataRefresh | None = None  # the topic's partition count, followed (_follow_partitions)
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -279,6 +282,7 @@ class ServedTopic:
             self._consumer.close()
             raise UnknownTopicError(f"topic {self.topic!r} does not exist on {self.settings.brokers}: create it first")
         self.partition_count = len(found.partitions)
+        self._metadata = MetadataRefresh(admin_client(self.settings), self.settings, self.log)
         self._coordinator = Coordinator(self.settings).start()
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
         self._offsets = OffsetStore(self.settings)
@@ -300,6 +304,8 @@ class ServedTopic:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._dlq.close()
+        if self._metadata is not None:
+            self._metadata.close()
         if self._consumer is not None:
             self._consumer.close()
         if self._coordinator is not None:
@@ -578,6 +584,7 @@ class ServedTopic:
 
     def _step(self) -> None:
         now = time.monotonic()
+        self._follow_partitions(now)
         self._sync_from_log()
         self._drop_lapsed()
         self._dead_letter()
@@ -597,6 +604,23 @@ class ServedTopic:
             self.available_now = self.available()  # nobody waiting, no scan of every held message each pass
             if self.available_now and self.on_news is not None:
                 self.on_news()  # wake the reads waiting for a message
+
+    def _follow_partitions(self, now: float) -> None:
+        """The topic's partition count as the cluster says now: a partition added is served, and one gone (the
+        topic deleted and created again, smaller) is answered 404 unknown_partition, not 409 as never handed out."""
+        metadata = None if self._metadata is None else self._metadata.poll(now)
+        if metadata is None:
+            return
+        found = metadata.topics.get(self.topic)
+        if found is None or found.error is not None or not found.partitions:
+            self.log.error("%s has disappeared from the cluster: nothing to serve until it is created again",
+                           self.topic)  # fmt: skip
+            return
+        count = len(found.partitions)
+        if count != self.partition_count:
+            self.log.warning("%s now has %d partitions (was %d)%s", self.topic, count, self.partition_count,
+                             "" if count > self.partition_count else ": it was deleted and created again")  # fmt: skip
+            self.partition_count = count
 
     def _obey_operators(self) -> None:
         """``admin drain``/``pause --topic``: claim nothing and give back what no client holds (acks are still
