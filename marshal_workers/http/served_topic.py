@@ -27,6 +27,7 @@ local mirror of the held ranges; the fold is the judge of every verdict.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import random
@@ -80,6 +81,9 @@ LEASE_AHEAD_S = 0.05
 HAND_OUT_WINDOW_S = 0.25  # the readers' rate is measured over windows this long
 _NEVER = 2**62
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
+# Messages cancelled through this server and not handed out since, remembered (the latest ones, at most this many)
+# only to tell a client that cancels one again that it was cancelled: the log has the cancel as a deadline passed.
+MAX_CANCELLED_KEPT = 100_000
 
 
 @dataclass(frozen=True)
@@ -263,6 +267,7 @@ class ServedTopic:
         self._holder: Holder | None = None
         self._group_commit: GroupCommit | None = None
         self._metadata: MetadataRefresh | None = None  # the topic's partition count, followed (_follow_partitions)
+        self._cancelled_here: collections.OrderedDict[MessageId, None] = collections.OrderedDict()  # under the lock
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -413,6 +418,8 @@ class ServedTopic:
         until the pending timeout: its answer.  Under the lock."""
         held.handed_until(offset, since_ms + self.options.pending_ms)
         held.handed[offset] = held.handed.get(offset, 0) + 1
+        if self._cancelled_here:
+            self._cancelled_here.pop(MessageId(self.topic, held.partition, offset), None)
         held.last_used = since_ms
         self.counters.delivered += 1
         self._hand_outs.count += 1
@@ -466,7 +473,10 @@ class ServedTopic:
             if found.partition >= self.partition_count:
                 raise BadRequest(404, "unknown_partition", f"{self.topic} has partitions 0 to "
                                  f"{self.partition_count - 1}, not {found.partition}")  # fmt: skip
-        return self._states(ids)
+        states = self._states(ids)
+        with self.lock:  # the log has a cancel as the pending deadline passed: say which it was where we know
+            return ["cancelled" if state == "expired" and found in self._cancelled_here else state
+                    for found, state in zip(ids, states)]  # fmt: skip
 
     @staticmethod
     def log_may_lag(states: Sequence[str]) -> bool:
@@ -553,6 +563,9 @@ class ServedTopic:
                     self.counters.acked += 1
                 else:
                     self.counters.cancelled += 1
+                    self._cancelled_here[found] = None
+                    if len(self._cancelled_here) > MAX_CANCELLED_KEPT:
+                        self._cancelled_here.popitem(last=False)
                 held = self._held_covering(found.partition, found.offset)
                 if held is None:
                     continue  # another server's: it learns from the log
@@ -968,6 +981,7 @@ _WHY = {
     "delivered again)",
     "undelivered": "it was never handed out",
     "expired": "its pending deadline passed: it may be handed to another client",
+    "cancelled": "it was cancelled (given back through this server) and not handed out since",
     "done": "it is done already (acked, or dead-lettered)",
     "acked": "it is acked already",
 }

@@ -143,6 +143,10 @@ def test_a_message_never_acked_comes_back_after_the_pending_timeout_a_cancel_at_
     keep, give_up = (m for m in sorted(first, key=lambda m: m["value"]))
     status, body = call(url, "/cancel", ids([give_up]))
     assert (status, body) == (200, {"cancelled": 1, "already": 0})
+    status, body = call(url, "/cancel", ids([give_up]))
+    assert (status, body["error"]) == (409, "not_pending"), "cancelled already: not pending"
+    [problem] = body["messages"]
+    assert problem["state"] == "cancelled" and "cancelled" in problem["why"], "it was cancelled, not expired"
     again = read_all(url, wait="2s")
     assert [(m["value"], m["deliveries"]) for m in again] == [("1", 2)], "a cancel makes it available at once"
 
