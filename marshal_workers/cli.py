@@ -213,8 +213,8 @@ def dashboard(config_file: str | None, **options: Any) -> None:
 )
 @click.option(
     "--balance",
-    type=click.Choice(["greedy", "fair"]),
-    help="greedy (default): claim every free partition; fair: hold an equal share of the group's partitions.",
+    type=click.Choice(["fair", "greedy"]),
+    help="fair (default): hold an equal share of the group's partitions; greedy: claim every free partition.",
 )
 @click.option("--shutdown-timeout", help="On SIGTERM, how long workers may finish, e.g. 30s.")
 @click.option(
