@@ -7,6 +7,7 @@
         CoordinationTopicError    the coordination topic is missing and cannot be created
         CoordinationWriteError    a coordination record was not written (retryable)
         UnknownTopicError         a topic named by the user does not exist
+        TopicCreationError        ``topics create``: the cluster refused to create a topic
         UnknownGroupError         a group named by the user has no record in the coordination log
         AppLoadError              MODULE:APP cannot be imported or is not an App
             NoHandlersError       the App has no handler to run
@@ -57,6 +58,10 @@ class CoordinationWriteError(MarshalWorkersError):
 
 class UnknownTopicError(MarshalWorkersError):
     """A topic given by the user does not exist on the cluster."""
+
+
+class TopicCreationError(MarshalWorkersError):
+    """The cluster refused to create a topic (``topics create``)."""
 
 
 class UnknownGroupError(MarshalWorkersError):
