@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -592,6 +593,27 @@ def admin_set_position(
     else:
         target = Bound("earliest" if earliest else "latest")
     set_position(settings, topic, list(partition) or None, target, report=click.echo)
+
+
+@main.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@click.option("--title", help="The document's title (default: the app's group).")
+@click.option("--version", "doc_version", default="1.0.0", show_default=True, help="The document's (the API's) version.")
+@click.option("--brokers", help="Name these bootstrap servers (host:port[,host:port]) as the document's servers.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+@_reports_errors
+def asyncapi(app_path: str, title: str | None, doc_version: str, brokers: str | None, output: str | None) -> None:
+    """Print the AsyncAPI 3.0 document of MODULE:APP: the topics it handles and sends to, and their payloads."""
+    from marshal_workers.handlers.asyncapi import asyncapi_document
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+
+    ensure_cwd_importable()
+    document = asyncapi_document(load_app(app_path), title, doc_version, brokers)
+    text = orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        Path(output).write_text(text)
 
 
 @main.group()

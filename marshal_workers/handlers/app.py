@@ -196,6 +196,17 @@ class HandlerSpec:
             self.function(Message(records[0], attempt))
 
 
+@dataclass(frozen=True)
+class OutputSpec:
+    """A topic the app sends to, declared with ``app.sends``: for its AsyncAPI document, and the serializer of
+    what ``app.send`` sends there."""
+
+    topic: str
+    model: type | None
+    description: str | None
+    serializer: Any
+
+
 class App:
     """Handlers by topic, hooks, and settings given in code (the lowest precedence but defaults)."""
 
@@ -205,6 +216,7 @@ class App:
             raise ConfigError(f"App() got unknown settings {unknown}; known settings: {', '.join(sorted(SETTINGS))}")
         self.settings: dict[str, Any] = {"group": group, **settings} if group else dict(settings)
         self.handlers: dict[str, HandlerSpec] = {}
+        self.outputs: dict[str, OutputSpec] = {}  # declared with sends()
         self.worker_start_hooks: list[Hook] = []
         self.worker_stop_hooks: list[Hook] = []
         self.hooks = Hooks()  # per message and per partition, in the workers (hooks.py)
@@ -364,6 +376,20 @@ class App:
         hooked = with_message_hooks(spec.function, self.hooks)
         return spec if hooked is spec.function else replace(spec, function=hooked)
 
+    def sends(self, topic: str, model: type | None = None, description: str | None = None,
+              serializer: Any = None) -> None:  # fmt: skip
+        """Declare that the app sends to ``topic`` (with ``app.send``), and what: a model (a msgspec Struct, a
+        dataclass or a pydantic model) or None.  The AsyncAPI document (``marshal-workers asyncapi``) describes it;
+        ``serializer`` (default: that of the app's handler of the topic, else JSON) encodes the models app.send
+        sends there.  app.send sends to any topic, declared or not."""
+        if not isinstance(topic, str) or not topic:
+            raise ConfigError(f"app.sends needs a topic name, got {topic!r}")
+        if model is not None and not isinstance(model, type):
+            raise ConfigError(f"app.sends({topic!r}): model must be a class (a msgspec Struct, a dataclass or a "
+                              f"pydantic model), got {model!r}")  # fmt: skip
+        checked = None if serializer is None else check_serializer(f"app.sends({topic!r})", serializer)
+        self.outputs[topic] = OutputSpec(topic, model, description, checked)
+
     def send(
         self, topic: str, value: Any, key: bytes | str | None = None, headers: Any = None, serializer: Any = None
     ) -> None:
@@ -394,8 +420,10 @@ class App:
         """What encodes a model sent to ``topic``: the one given, else that of our handler of the topic, else JSON."""
         if serializer is not None:
             return check_serializer(f"app.send to {topic!r}", serializer)
-        handler = self.handlers.get(topic)
-        return handler.serializer if handler is not None else BUILT_IN["json"]
+        handler, output = self.handlers.get(topic), self.outputs.get(topic)
+        if handler is not None:
+            return handler.serializer
+        return output.serializer if output is not None and output.serializer is not None else BUILT_IN["json"]
 
     def __repr__(self) -> str:
         return f"App(group={self.group!r}, topics={list(self.topics)})"
