@@ -10,10 +10,9 @@ no test waits for time to pass.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import pytest
 from worker_fakes import TOPIC, DeadLetters, FakeConsumer, RecordingHandler, edges_for
 
 from marshal_workers import App
@@ -107,23 +106,15 @@ def app_for(handler: RecordingHandler, **options: Any) -> App:
     return app
 
 
-@pytest.fixture
-def runs() -> Iterator[list[Run]]:
-    made: list[Run] = []
-    yield made
-    for run in made:
-        run.close()
-
-
-def start(runs: list[Run], app: App, offsets: Sequence[int], stop_when: Callable[[FakeConsumer], bool]) -> Run:
+def start(to_close: list[Any], app: App, offsets: Sequence[int], stop_when: Callable[[FakeConsumer], bool]) -> Run:
     run = Run(app, offsets, stop_when)
-    runs.append(run)
+    to_close.append(run)
     return run
 
 
-def test_every_message_of_each_range_is_handled_once_and_the_range_reported_settled(runs: list[Run]) -> None:
+def test_every_message_of_each_range_is_handled_once_and_the_range_reported_settled(to_close: list[Any]) -> None:
     handler = RecordingHandler()
-    run = start(runs, app_for(handler), range(20), at_end)
+    run = start(to_close, app_for(handler), range(20), at_end)
     run.tell(Lease(0, 0, 10, holds(), 0), Lease(0, 10, 20, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -137,9 +128,9 @@ def test_every_message_of_each_range_is_handled_once_and_the_range_reported_sett
     assert run.consumer.closed and run.dead.offsets == []
 
 
-def test_a_message_that_keeps_failing_is_told_at_once_and_left_to_be_delivered_again(runs: list[Run]) -> None:
+def test_a_message_that_keeps_failing_is_told_at_once_and_left_to_be_delivered_again(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[4])
-    run = start(runs, app_for(handler), range(20), at_end)
+    run = start(to_close, app_for(handler), range(20), at_end)
     run.tell(Lease(0, 0, 10, holds(), 0), Lease(0, 10, 20, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -152,9 +143,9 @@ def test_a_message_that_keeps_failing_is_told_at_once_and_left_to_be_delivered_a
     assert run.dead.offsets == []
 
 
-def test_a_stop_cuts_the_retries_short_the_next_delivery_tries_again(runs: list[Run]) -> None:
+def test_a_stop_cuts_the_retries_short_the_next_delivery_tries_again(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[4])
-    run = start(runs, app_for(handler, retries=5), range(10), at_end)  # the stop comes with the range's one fetch
+    run = start(to_close, app_for(handler, retries=5), range(10), at_end)  # the stop comes with the range's one fetch
     run.tell(Lease(0, 0, 10, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -163,9 +154,9 @@ def test_a_stop_cuts_the_retries_short_the_next_delivery_tries_again(runs: list[
     assert run.heard()[-1] == Settled(0, 0, 10, failed=(4,), dead=(), handled=9, high=10)
 
 
-def test_at_most_once_a_message_that_fails_is_dead_lettered_never_delivered_again(runs: list[Run]) -> None:
+def test_at_most_once_a_message_that_fails_is_dead_lettered_never_delivered_again(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[4])
-    run = start(runs, app_for(handler, mode="amo"), range(10), at_end)
+    run = start(to_close, app_for(handler, mode="amo"), range(10), at_end)
     run.tell(Lease(0, 0, 10, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -174,9 +165,9 @@ def test_at_most_once_a_message_that_fails_is_dead_lettered_never_delivered_agai
     assert run.heard()[-1] == Settled(0, 0, 10, failed=(), dead=(4,), handled=9, high=10)
 
 
-def test_a_rejected_message_is_dead_lettered_without_a_retry(runs: list[Run]) -> None:
+def test_a_rejected_message_is_dead_lettered_without_a_retry(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[2], error=lambda: Reject("malformed"))
-    run = start(runs, app_for(handler), range(5), at_end)
+    run = start(to_close, app_for(handler), range(5), at_end)
     run.tell(Lease(0, 0, 5, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -188,9 +179,9 @@ def test_a_rejected_message_is_dead_lettered_without_a_retry(runs: list[Run]) ->
     assert [c["rejected"] for c in outcomes] == [1], "for the metrics, before the range is reported settled"
 
 
-def test_a_range_delivered_max_deliveries_times_is_dead_lettered_without_a_call(runs: list[Run]) -> None:
+def test_a_range_delivered_max_deliveries_times_is_dead_lettered_without_a_call(to_close: list[Any]) -> None:
     handler = RecordingHandler()
-    run = start(runs, app_for(handler, max_deliveries=3), range(5), at_end)
+    run = start(to_close, app_for(handler, max_deliveries=3), range(5), at_end)
     run.tell(Lease(0, 0, 5, holds(), tries=3))
 
     assert run.run() is WorkerExit.STOPPED
@@ -199,9 +190,9 @@ def test_a_range_delivered_max_deliveries_times_is_dead_lettered_without_a_call(
     assert run.heard()[-1] == Settled(0, 0, 5, failed=(), dead=(0, 1, 2, 3, 4), handled=0, high=5)
 
 
-def test_a_range_whose_lease_ran_out_is_abandoned_untouched_and_the_next_is_handled(runs: list[Run]) -> None:
+def test_a_range_whose_lease_ran_out_is_abandoned_untouched_and_the_next_is_handled(to_close: list[Any]) -> None:
     handler = RecordingHandler()
-    run = start(runs, app_for(handler), range(10), at_end)
+    run = start(to_close, app_for(handler), range(10), at_end)
     run.tell(Lease(0, 0, 5, lapsed(), 0), Lease(0, 5, 10, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -211,9 +202,9 @@ def test_a_range_whose_lease_ran_out_is_abandoned_untouched_and_the_next_is_hand
                            Settled(0, 5, 10, (), (), handled=5, high=10)]  # fmt: skip
 
 
-def test_a_renewal_that_comes_before_the_range_begins_keeps_it(runs: list[Run]) -> None:
+def test_a_renewal_that_comes_before_the_range_begins_keeps_it(to_close: list[Any]) -> None:
     handler = RecordingHandler()
-    run = start(runs, app_for(handler), range(5), at_end)
+    run = start(to_close, app_for(handler), range(5), at_end)
     run.tell(Lease(0, 0, 5, lapsed(), 0), Renewed(0, 0, holds()))
 
     assert run.run() is WorkerExit.STOPPED
@@ -222,9 +213,9 @@ def test_a_renewal_that_comes_before_the_range_begins_keeps_it(runs: list[Run]) 
     assert run.heard()[-1] == Settled(0, 0, 5, (), (), handled=5, high=5)
 
 
-def test_a_stop_finishes_the_range_in_hand_and_gives_back_the_ranges_not_begun(runs: list[Run]) -> None:
+def test_a_stop_finishes_the_range_in_hand_and_gives_back_the_ranges_not_begun(to_close: list[Any]) -> None:
     handler = RecordingHandler()
-    run = start(runs, app_for(handler), range(30), first_fetch)
+    run = start(to_close, app_for(handler), range(30), first_fetch)
     run.tell(Lease(0, 0, 10, holds(), 0), Lease(0, 10, 20, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -234,11 +225,11 @@ def test_a_stop_finishes_the_range_in_hand_and_gives_back_the_ranges_not_begun(r
 
 
 def test_at_the_partitions_end_a_range_is_settled_as_far_as_the_messages_go_and_the_next_given_back(
-    runs: list[Run],
+    to_close: list[Any],
 ) -> None:
     """Rather than wait for messages that may not come while another range waits."""
     handler = RecordingHandler()
-    run = start(runs, app_for(handler), range(15), at_end)
+    run = start(to_close, app_for(handler), range(15), at_end)
     run.tell(Lease(0, 0, 100, holds(), 0), Lease(0, 100, 200, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -247,7 +238,7 @@ def test_at_the_partitions_end_a_range_is_settled_as_far_as_the_messages_go_and_
     assert run.heard() == [Started(0, 0), Settled(0, 0, 15, (), (), handled=15, high=15), Returned(0, 100, 200)]
 
 
-def test_a_range_after_offsets_without_a_message_is_read_from_its_start(runs: list[Run]) -> None:
+def test_a_range_after_offsets_without_a_message_is_read_from_its_start(to_close: list[Any]) -> None:
     """Transaction markers or compaction leave offsets without a message: a fetch of as many messages as the range
     has offsets left reads past its end.  The next range, which starts at that end, still gets its messages (it
     used to read on from where that fetch left the consumer, miss them, and wait until its lease ran out)."""
@@ -256,7 +247,7 @@ def test_a_range_after_offsets_without_a_message_is_read_from_its_start(runs: li
     def read_again_or_stuck(consumer: FakeConsumer) -> bool:
         return consumer.fetched.count(12) == 2 or consumer.fetches > 100
 
-    run = start(runs, app_for(handler), [0, 1, 2, 7, 12], read_again_or_stuck)
+    run = start(to_close, app_for(handler), [0, 1, 2, 7, 12], read_again_or_stuck)
     run.tell(Lease(0, 0, 10, holds(), 0), Lease(0, 10, 13, monotonic_ms() + 2000, 0))
 
     assert run.run() is WorkerExit.STOPPED
@@ -267,15 +258,15 @@ def test_a_range_after_offsets_without_a_message_is_read_from_its_start(runs: li
     assert heard[-1] == Settled(0, 10, 13, (), (), handled=1, high=13)
 
 
-def test_a_worker_whose_supervisor_is_gone_exits_and_closes_its_reader(runs: list[Run]) -> None:
-    run = start(runs, app_for(RecordingHandler()), range(5), at_end)
+def test_a_worker_whose_supervisor_is_gone_exits_and_closes_its_reader(to_close: list[Any]) -> None:
+    run = start(to_close, app_for(RecordingHandler()), range(5), at_end)
     run.supervisor.close()
 
     assert run.run() is WorkerExit.SUPERVISOR_GONE
     assert run.consumer.closed
 
 
-def test_a_worker_whose_app_cannot_start_exits_with_a_boot_error_before_reading(runs: list[Run]) -> None:
+def test_a_worker_whose_app_cannot_start_exits_with_a_boot_error_before_reading(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     app = app_for(handler)
 
@@ -283,7 +274,7 @@ def test_a_worker_whose_app_cannot_start_exits_with_a_boot_error_before_reading(
     def fail() -> None:
         raise RuntimeError("no database")
 
-    run = start(runs, app, range(5), at_end)
+    run = start(to_close, app, range(5), at_end)
     run.tell(Lease(0, 0, 5, holds(), 0))
 
     assert run.run() is WorkerExit.BOOT_ERROR

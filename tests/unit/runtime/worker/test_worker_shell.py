@@ -12,7 +12,7 @@ reads ahead of its calls, and a stop begins no new call.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -67,17 +67,9 @@ class Run:
         self.theirs.close()
 
 
-@pytest.fixture
-def runs() -> Iterator[list[Run]]:
-    made: list[Run] = []
-    yield made
-    for run in made:
-        run.close()
-
-
-def start(runs: list[Run], app: App, offsets: Sequence[int], **options: Any) -> Run:
+def start(to_close: list[Any], app: App, offsets: Sequence[int], **options: Any) -> Run:
     run = Run(app, offsets, **options)
-    runs.append(run)
+    to_close.append(run)
     return run
 
 
@@ -92,10 +84,10 @@ def app_for(handler: RecordingHandler, **options: Any) -> App:
     "options", [{}, {"batch": True, "batch_size": 4}, {"concurrency": 3}], ids=["one call", "batches", "lanes"]
 )
 def test_each_loop_handles_every_message_from_the_start_offset_and_reports_it_done(
-    runs: list[Run], options: dict[str, Any]
+    to_close: list[Any], options: dict[str, Any]
 ) -> None:
     handler = RecordingHandler()
-    run = start(runs, app_for(handler, **options), range(20), start=5, done=lambda: len(handler.calls) >= 15)
+    run = start(to_close, app_for(handler, **options), range(20), start=5, done=lambda: len(handler.calls) >= 15)
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -104,10 +96,10 @@ def test_each_loop_handles_every_message_from_the_start_offset_and_reports_it_do
     assert run.consumer.closed
 
 
-def test_offsets_a_previous_owner_did_out_of_order_are_not_handled_again(runs: list[Run]) -> None:
+def test_offsets_a_previous_owner_did_out_of_order_are_not_handled_again(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     skip = {"skip": ((8, 11), (15, 16))}
-    run = start(runs, app_for(handler), range(20), start=5, options=skip, done=lambda: len(handler.calls) >= 11)
+    run = start(to_close, app_for(handler), range(20), start=5, options=skip, done=lambda: len(handler.calls) >= 11)
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -115,16 +107,16 @@ def test_offsets_a_previous_owner_did_out_of_order_are_not_handled_again(runs: l
     assert run.progress == 20
 
 
-def test_a_message_that_fails_is_dead_lettered_and_progress_goes_past_it(runs: list[Run]) -> None:
+def test_a_message_that_fails_is_dead_lettered_and_progress_goes_past_it(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[3])
-    run = start(runs, app_for(handler), range(6))
+    run = start(to_close, app_for(handler), range(6))
 
     assert run.run() is WorkerExit.STOPPED
 
     assert handler.handled == [0, 1, 2, 4, 5] and run.dead.offsets == [3] and run.progress == 6
 
 
-def test_the_partition_hooks_run_once_each_around_the_messages_and_the_stop_hooks_last(runs: list[Run]) -> None:
+def test_the_partition_hooks_run_once_each_around_the_messages_and_the_stop_hooks_last(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     app = app_for(handler)
     events: list[Any] = []
@@ -132,16 +124,16 @@ def test_the_partition_hooks_run_once_each_around_the_messages_and_the_stop_hook
     app.on_partition_claimed(lambda topic, partition: events.append(("claimed", topic, partition, handler.calls[:])))
     app.on_partition_released(lambda topic, partition: events.append(("released", topic, partition, handler.calls[:])))
     app.on_worker_stop(lambda: events.append("worker stop"))
-    run = start(runs, app, range(3))
+    run = start(to_close, app, range(3))
 
     assert run.run() is WorkerExit.STOPPED
 
     assert events == ["worker start", ("claimed", TOPIC, 0, []), ("released", TOPIC, 0, [0, 1, 2]), "worker stop"]
 
 
-def test_a_stop_asked_before_the_worker_started_handles_nothing(runs: list[Run]) -> None:
+def test_a_stop_asked_before_the_worker_started_handles_nothing(to_close: list[Any]) -> None:
     handler = RecordingHandler()
-    run = start(runs, app_for(handler), range(5), start=2)
+    run = start(to_close, app_for(handler), range(5), start=2)
     run.slot.set(Field.STOP_REQUESTED, 1)  # asked while the fork server's child was still ignoring SIGTERM
 
     assert run.run() is WorkerExit.STOPPED
@@ -149,30 +141,30 @@ def test_a_stop_asked_before_the_worker_started_handles_nothing(runs: list[Run])
     assert handler.calls == [] and run.progress == 2
 
 
-def test_a_worker_that_reaches_its_message_limit_exits_for_a_fresh_one_where_it_stopped(runs: list[Run]) -> None:
+def test_a_worker_that_reaches_its_message_limit_exits_for_a_fresh_one_where_it_stopped(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     settings = replace(Settings(group="billing"), max_messages_per_worker=4)
-    run = start(runs, app_for(handler), range(10), settings=settings)
+    run = start(to_close, app_for(handler), range(10), settings=settings)
 
     assert run.run() is WorkerExit.RECYCLE
 
     assert handler.handled == [0, 1, 2, 3] and run.progress == 4
 
 
-def test_a_worker_whose_app_cannot_start_exits_with_a_boot_error_before_reading(runs: list[Run]) -> None:
+def test_a_worker_whose_app_cannot_start_exits_with_a_boot_error_before_reading(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     app = app_for(handler)
     app.on_worker_start(lambda: 1 / 0)
-    run = start(runs, app, range(5))
+    run = start(to_close, app, range(5))
 
     assert run.run() is WorkerExit.BOOT_ERROR
 
     assert run.consumer.fetches == 0 and handler.calls == [] and run.progress == 0
 
 
-def test_a_worker_whose_supervisor_is_gone_exits_and_closes_its_reader(runs: list[Run]) -> None:
+def test_a_worker_whose_supervisor_is_gone_exits_and_closes_its_reader(to_close: list[Any]) -> None:
     handler = RecordingHandler()
-    run = start(runs, app_for(handler), range(5))
+    run = start(to_close, app_for(handler), range(5))
     run.supervisor.close()
 
     assert run.run() is WorkerExit.SUPERVISOR_GONE
