@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
+from marshal_workers.protocol.field_copies import copier
+
 # One claim covers at most this many offsets, and no claim reaches further than MAX_WINDOW past the
 # low-water mark: what a reader keeps per partition (done ranges, retry counts) stays bounded whatever
 # a writer asks for.
@@ -65,6 +67,10 @@ class Lease:
     progress: list[tuple[int, int]] = field(default_factory=list)
     dead: set[int] = field(default_factory=set)
 
+    def copy(self) -> Lease:
+        """An equal, independent copy (field_copies.py)."""
+        return _copy_lease(self)
+
     def overlaps(self, start: int, end: int) -> bool:
         return self.start < end and start < self.end
 
@@ -78,6 +84,9 @@ class Lease:
     def settled_runs(self) -> list[tuple[int, int]]:
         """The offsets :meth:`is_settled` says are done, as sorted runs apart from each other."""
         return _union_runs(self.progress, list(_offset_runs(sorted(self.acked))))
+
+
+_copy_lease = copier(Lease)
 
 
 class Tries(NamedTuple):
@@ -101,6 +110,10 @@ class SharedPartition:
     lost: int = 0  # offsets of at-most-once leases that lapsed: never delivered again
     lapsed: int = 0  # leases that lapsed (both modes)
     high: int = 0  # the partition's end as holders' fetches saw it (from acks): how far ranges may be claimed
+
+    def copy(self) -> SharedPartition:
+        """An equal, independent copy: its leases copied too (field_copies.py)."""
+        return _copy_shared_partition(self)
 
     # ----------------------------------------------------------------- rules
 
@@ -296,10 +309,7 @@ class SharedPartition:
         last record is lapsed all the same, its offsets lost (AMO) or to try again (ALO)."""
         if all(lease.expires > now for lease in self.leases.values()):
             return self
-        view = SharedPartition(
-            self.low, list(self.done), dict(self.leases), list(self.tries), self.acked, self.dead_letters, self.lost,
-            self.lapsed, self.high,
-        )
+        view = self.copy()
         view.lapse(now)
         return view
 
@@ -425,6 +435,9 @@ class SharedPartition:
             cursor = min(t.end, end)
         if cursor < end:
             yield cursor, end
+
+
+_copy_shared_partition = copier(SharedPartition)
 
 
 def _valid_offsets(offsets: Sequence[int], start: int, end: int) -> bool:

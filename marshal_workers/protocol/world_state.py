@@ -61,6 +61,7 @@ from marshal_workers.protocol.codec import (
     group_named,
     reported_number,
 )
+from marshal_workers.protocol.field_copies import copier, mutable_fields
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
 
 
@@ -115,12 +116,12 @@ class PartitionState:
 
     def copy(self) -> PartitionState:
         """An equal, independent copy (every field; WorldState.copy_before makes one per partition a record is about)."""
-        return PartitionState(self.owner, self.last_ts, self.offset, self.amo_offset, self.done, self.lag, self.rate,
-                              self.in_flight, self.window_used, self.call_age_s, self.release_requested)  # fmt: skip
+        return _copy_partition_state(self)
 
     def clear_report(self) -> None:
         """Forget the owner's optional report (a new owner, none, or a pause): it was the previous owner's."""
-        self.lag = self.rate = self.in_flight = self.window_used = self.call_age_s = None
+        for name in REPORT_FIELDS:
+            setattr(self, name, None)
 
     @property
     def resume_offset(self) -> int | None:
@@ -145,6 +146,12 @@ class PartitionState:
         return [(max(start, floor), stop) for start, stop in done_set.decode(self.offset, self.done) if stop > floor]
 
 
+_copy_partition_state = copier(PartitionState)
+# The owner's optional report in its heartbeats, for people (status, metrics): numbers checked by
+# codec.reported_number wherever they come from, forgotten with the owner that sent them.
+REPORT_FIELDS = ("lag", "rate", "in_flight", "window_used", "call_age_s")
+
+
 @dataclass(slots=True, frozen=True)
 class Pause:
     """A ``release_group`` as seen on one coordination partition."""
@@ -162,6 +169,13 @@ class Controls:
 
     drained: dict[str, int] = field(default_factory=dict)  # client -> time of the drain order still in force
     shutdowns: dict[str, int] = field(default_factory=dict)  # client -> time of its latest shutdown order
+
+    def copy(self) -> Controls:
+        """An equal, independent copy (field_copies.py)."""
+        return _copy_controls(self)
+
+
+_copy_controls = copier(Controls)
 
 
 @dataclass(frozen=True)
@@ -201,6 +215,13 @@ class LogStats:
     other_groups: int = 0  # valid records of other groups, skipped
     misrouted: int = 0  # records on the wrong coordination partition, skipped
     garbage: int = 0  # values that did not decode (counted by the reader)
+
+    def copy(self) -> LogStats:
+        """An equal, independent copy (field_copies.py)."""
+        return _copy_log_stats(self)
+
+
+_copy_log_stats = copier(LogStats)
 
 
 @dataclass(slots=True)
@@ -899,10 +920,10 @@ class WorldState:
         beats = kind is Heartbeats or kind is Heartbeat
         for name in _BEAT_CONTAINERS if beats else _COPIED_CONTAINERS:
             setattr(new, name, getattr(self, name).copy())
-        new.stats = copy.copy(self.stats)
+        new.stats = self.stats.copy()
         new.groups_seen = {source: set(names) for source, names in self.groups_seen.items()}
         if not beats:
-            new.controls = {source: Controls(dict(c.drained), dict(c.shutdowns)) for source, c in self.controls.items()}
+            new.controls = {source: controls.copy() for source, controls in self.controls.items()}
         if record.group == self.group:
             partitions, shared = new.partitions, new.shared
             topic = record.topic if kind not in _GROUP_KINDS else None  # type: ignore[union-attr]
@@ -913,7 +934,7 @@ class WorldState:
                     partitions[key] = state.copy()  # type: ignore[index]
                 ranges = shared.get(key)  # type: ignore[arg-type]
                 if ranges is not None:
-                    shared[key] = copy.deepcopy(ranges)  # type: ignore[index]
+                    shared[key] = ranges.copy()  # type: ignore[index]
         return new
 
 
@@ -949,13 +970,14 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
 }
 
 
-# What copy_before copies (one level: their values are immutable, or copied apart: partitions, shared, controls,
-# groups_seen).  A new container field of WorldState belongs here, or in copy_before.
-_COPIED_CONTAINERS = (
-    "partitions", "pauses", "last_claim", "last_refused_claim", "clients", "checkpoints", "shared", "topic_pauses",
-    "directory_known", "_too_many_groups", "_routes", "_owners", "_owner_counts", "_client_counts",
-    "_release_requests",
-)  # fmt: skip
+# What copy_before copies one level: every field of WorldState whose value can change in place (from the fields'
+# types, field_copies.py) but those it copies apart (deeper: the orders, the groups seen, the counts) and the answers
+# kept for queries, which the copies share (the fold puts new ones in place when it changes what they answer).  A new
+# field is so copied unless named here.  The copied containers' values are immutable, or copied where a record touches them (the
+# states of partitions and shared partitions).
+_COPIED_APART = ("controls", "groups_seen", "stats")
+_KEPT_ANSWERS = ("_free_memo", "_holdings_memo", "_view_box")
+_COPIED_CONTAINERS = tuple(name for name in mutable_fields(WorldState) if name not in _COPIED_APART + _KEPT_ANSWERS)
 # A heartbeat changes only the states of its partitions (and the counts, and the caches of routes and groups seen):
 # the copy for one shares the rest, the most of the fold's records and so the most of its copies.
 _BEAT_CONTAINERS = ("partitions", "_routes", "directory_known", "_too_many_groups")
