@@ -35,7 +35,8 @@ Where each piece of state lives once the log before a checkpoint is gone:
 from __future__ import annotations
 
 import bisect
-
+import dataclasses
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,7 @@ import msgspec
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.codec import MAX_DIRECTORY, MAX_NAME_LENGTH, reported_number
 from marshal_workers.protocol.range_leases import Holder, Lease, SharedPartition, Tries
-from marshal_workers.protocol.world_state import Controls, Owner, PartitionState, Pause, WorldState
+from marshal_workers.protocol.world_state import REPORT_FIELDS, Controls, Owner, PartitionState, Pause, WorldState
 
 # Positions per record: well below Kafka's default 1 MB message, even with done sets.
 POSITIONS_PER_RECORD = 1000
@@ -81,7 +82,7 @@ def state_records(
     return [
         codec.Checkpoint(
             **common, source=source, as_of=as_of, part=index, parts=len(parts), positions=chunk, shared=shared_chunk,
-            pause=None if pause is None else codec.PausePosition(until=pause.until, client=pause.client),
+            pause=None if pause is None else _pause_position(pause),
             controls=controls, directory=share,
         )  # fmt: skip
         for index, ((chunk, shared_chunk), share) in enumerate(zip(parts, shares))
@@ -143,11 +144,12 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
     state.partitions_restored()
     pause = parts[0].pause if parts else None
     if pause is not None:
-        state.pauses[source] = Pause(until=pause.until, client=pause.client)
+        state.pauses[source] = _pause(pause)
     controls = parts[0].controls if parts else None
     if controls is not None:
-        if controls.drained or controls.shutdowns:
-            state.controls[source] = Controls(drained=dict(controls.drained), shutdowns=dict(controls.shutdowns))
+        orders = {name: dict(getattr(controls, name)) for name in _CONTROL_FIELDS}
+        if any(orders.values()):
+            state.controls[source] = Controls(**orders)
         for topic, until in controls.topic_pauses:
             if state.routed_here(topic, source):
                 state.topic_pauses[topic] = until
@@ -157,12 +159,12 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
 def _control_position(state: WorldState, source: int) -> codec.ControlPosition | None:
     """The operators' orders of coordination partition ``source`` (release 0.5.0), or None if it has none."""
     controls = state.controls.get(source)
-    drained = tuple(sorted(controls.drained.items())) if controls is not None else ()
-    shutdowns = tuple(sorted(controls.shutdowns.items())) if controls is not None else ()
+    orders = {name: tuple(sorted(getattr(controls, name).items())) if controls is not None else ()
+              for name in _CONTROL_FIELDS}  # fmt: skip
     topic_pauses = tuple(sorted((t, until) for t, until in state.topic_pauses.items() if state.routed_here(t, source)))
-    if not (drained or shutdowns or topic_pauses):
+    if not (any(orders.values()) or topic_pauses):
         return None
-    return codec.ControlPosition(drained=drained, shutdowns=shutdowns, topic_pauses=topic_pauses)
+    return codec.ControlPosition(**orders, topic_pauses=topic_pauses)
 
 
 class Assembler:
@@ -272,16 +274,83 @@ def due(state: WorldState, source: int, now: int, interval_ms: int, me: Owner) -
     return min(members, key=lambda owner: owner.instance) == me
 
 
+class NoCheckpointRule(TypeError):
+    """A field of the fold's state that no checkpoint carries, or a wire field of a checkpoint nothing fills."""
+
+
+def by_name(
+    kept: type, wire: type[msgspec.Struct], kept_rules: Sequence[str], wire_rules: Sequence[str]
+) -> tuple[str, ...]:
+    """The fields of dataclass ``kept`` that a checkpoint carries in the field of the same name of ``wire``: all
+    but ``kept_rules``, converted by rules of their own to and from ``wire_rules``.  Raises NoCheckpointRule for a
+    field of either that is neither, and for a rule about a field that is not there."""
+    kept_names = [found.name for found in dataclasses.fields(kept)]
+    wire_names = list(wire.__struct_fields__)
+    same = tuple(name for name in kept_names if name not in kept_rules)
+    for name in same:
+        if name not in wire_names:
+            raise NoCheckpointRule(f"{kept.__name__}.{name} has no checkpoint rule: no field {name} in codec."
+                                   f"{wire.__name__}, and no rule of its own in checkpoints.py")  # fmt: skip
+    for name in wire_names:
+        if name not in same and name not in wire_rules:
+            raise NoCheckpointRule(f"codec.{wire.__name__}.{name} has no checkpoint rule: no field {name} in "
+                                   f"{kept.__name__}, and no rule of its own in checkpoints.py")  # fmt: skip
+    for names, cls in ((kept_rules, kept), (wire_rules, wire)):
+        stale = [name for name in names if name not in (kept_names if cls is kept else wire_names)]
+        if stale:
+            raise NoCheckpointRule(f"checkpoints.py has a rule for {cls.__name__}.{stale[0]}, which is not a field")
+    return same
+
+
+def check_carried(state: type, carried: Sequence[str], not_carried: Sequence[str]) -> None:
+    """Raise NoCheckpointRule for a field of dataclass ``state`` that its equality covers and that is neither
+    ``carried`` by a checkpoint nor declared ``not_carried`` (caches and indexes, compare=False, are neither)."""
+    for found in dataclasses.fields(state):
+        if found.compare and found.name not in carried and found.name not in not_carried:
+            raise NoCheckpointRule(f"{state.__name__}.{found.name} has no checkpoint rule: carry it (state_records, "
+                                   f"seed) or say why a reader that starts at a checkpoint need not have it")  # fmt: skip
+
+
+# What of a WorldState a checkpoint carries (and the directory, which is not part of its equality: groups_seen,
+# directory_known).  The rest of what its equality covers is the reader's own, or rebuilt from the records after
+# ``as_of``: a claim counts for balance only within 2 HB (the module's docstring), and the time of the latest
+# checkpoint is that of the checkpoint itself, which lies after its ``as_of``.
+check_carried(
+    WorldState, carried=("partitions", "shared", "pauses", "controls", "topic_pauses"),
+    not_carried=("group", "heartbeat_ms", "coordination_partitions", "last_claim", "last_refused_claim", "clients",
+                 "checkpoints", "stats"),
+)  # fmt: skip
+
+
+# How a checkpoint carries the fold's dataclasses (codec.py: Position, SharedPosition, LeasePosition, PausePosition,
+# ControlPosition): every field by the wire field of the same name, except those named here, which the functions
+# below convert (the owner split in two, sets and dicts as sorted tuples, ...).  A field of either side that is
+# neither stops the import, naming the field: a new field is carried or refused, never silently dropped.
+_POSITION_FIELDS = by_name(
+    PartitionState, codec.Position, kept_rules=("owner", "done"),
+    wire_rules=("topic", "partition", "owner_client", "owner_instance", "done"),
+)  # fmt: skip
+_SHARED_FIELDS = by_name(
+    SharedPartition, codec.SharedPosition, kept_rules=("done", "leases", "tries"),
+    wire_rules=("topic", "partition", "done", "leases", "tries"),
+)  # fmt: skip
+_LEASE_FIELDS = by_name(
+    Lease, codec.LeasePosition, kept_rules=("start", "holder", "handed", "acked", "progress", "dead"),
+    wire_rules=("offset", "client", "instance", "handed", "acked", "progress", "dead"),
+)  # fmt: skip
+_PAUSE_FIELDS = by_name(Pause, codec.PausePosition, kept_rules=(), wire_rules=())
+# Every field of Controls is a dict (client -> time), carried as its sorted items; the topic pauses come from the
+# world state (_control_position).
+_CONTROL_FIELDS = by_name(Controls, codec.ControlPosition, kept_rules=(), wire_rules=("topic_pauses",))
+
+
 def _position(topic: str, partition: int, found: PartitionState) -> codec.Position:
     owner = found.owner
     return codec.Position(
         topic=topic, partition=partition,
         owner_client=None if owner is None else owner.client, owner_instance=None if owner is None else owner.instance,
-        last_ts=found.last_ts, offset=found.offset, amo_offset=found.amo_offset,
         done=None if found.done is None else list(found.done),
-        lag=found.lag, rate=found.rate, in_flight=found.in_flight, window_used=found.window_used,
-        call_age_s=found.call_age_s,
-        release_requested=found.release_requested,
+        **{name: getattr(found, name) for name in _POSITION_FIELDS},
     )  # fmt: skip
 
 
@@ -292,72 +361,92 @@ def _partition_state(position: codec.Position) -> PartitionState:
     done = None
     if position.done is not None and position.offset is not None:
         done = done_set.parse(position.offset, position.done) or None
-    return PartitionState(
-        owner=owner, last_ts=position.last_ts, offset=position.offset, amo_offset=position.amo_offset, done=done,
-        lag=reported_number(position.lag), rate=reported_number(position.rate),
-        in_flight=reported_number(position.in_flight), window_used=reported_number(position.window_used),
-        call_age_s=reported_number(position.call_age_s),
-        release_requested=position.release_requested and owner is not None,
-    )  # fmt: skip
+    found = PartitionState(owner=owner, done=done, **{name: getattr(position, name) for name in _POSITION_FIELDS})
+    # What the writer reported is checked as the fold checks a heartbeat's report, and a request to hand a
+    # partition over needs an owner to ask: a checkpoint is no more trusted than the records it stands for.
+    for name in REPORT_FIELDS:
+        setattr(found, name, reported_number(getattr(found, name)))
+    found.release_requested = found.release_requested and owner is not None
+    return found
 
 
 def _shared_position(topic: str, partition: int, found: SharedPartition) -> codec.SharedPosition:
     return codec.SharedPosition(
-        topic=topic, partition=partition, low=found.low, done=tuple(found.done),
-        leases=tuple(
-            codec.LeasePosition(offset=lease.start, end=lease.end, client=lease.holder.client,
-                                instance=lease.holder.instance, expires=lease.expires, claimed_at=lease.claimed_at,
-                                amo=lease.amo, handed=tuple((o, d, c) for o, (d, c) in sorted(lease.handed.items())),
-                                acked=tuple(sorted(lease.acked)), progress=tuple(lease.progress),
-                                dead=tuple(sorted(lease.dead)))
-            for lease in sorted(found.leases.values(), key=lambda lease: lease.start)
-        ),
+        topic=topic, partition=partition, done=tuple(found.done),
+        leases=tuple(_lease_position(lease) for lease in sorted(found.leases.values(), key=lambda lease: lease.start)),
         tries=tuple(tuple(t) for t in found.tries),  # type: ignore[misc]
-        acked=found.acked, dead_letters=found.dead_letters, lost=found.lost, lapsed=found.lapsed, high=found.high,
+        **{name: getattr(found, name) for name in _SHARED_FIELDS},
+    )  # fmt: skip
+
+
+def _lease_position(lease: Lease) -> codec.LeasePosition:
+    return codec.LeasePosition(
+        offset=lease.start, client=lease.holder.client, instance=lease.holder.instance,
+        handed=tuple((o, d, c) for o, (d, c) in sorted(lease.handed.items())), acked=tuple(sorted(lease.acked)),
+        progress=tuple(lease.progress), dead=tuple(sorted(lease.dead)),
+        **{name: getattr(lease, name) for name in _LEASE_FIELDS},
     )  # fmt: skip
 
 
 def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
     """The bookkeeping a checkpoint carries, or None if it breaks the invariants (not an honest writer's)."""
+    if not _honest_shared(position):
+        return None
+    return SharedPartition(
+        done=[(start, end) for start, end in position.done],
+        leases={lease.offset: _lease(lease) for lease in position.leases}, tries=[Tries(*t) for t in position.tries],
+        **{name: getattr(position, name) for name in _SHARED_FIELDS},
+    )  # fmt: skip
+
+
+def _lease(position: codec.LeasePosition) -> Lease:
+    return Lease(
+        start=position.offset, holder=Holder(position.client, position.instance),
+        handed={o: (d, c) for o, d, c in position.handed}, acked=set(position.acked),
+        progress=[(start, end) for start, end in position.progress], dead=set(position.dead),
+        **{name: getattr(position, name) for name in _LEASE_FIELDS},
+    )  # fmt: skip
+
+
+def _pause_position(pause: Pause) -> codec.PausePosition:
+    return codec.PausePosition(**{name: getattr(pause, name) for name in _PAUSE_FIELDS})
+
+
+def _pause(position: codec.PausePosition) -> Pause:
+    return Pause(**{name: getattr(position, name) for name in _PAUSE_FIELDS})
+
+
+def _honest_shared(position: codec.SharedPosition) -> bool:
+    """Does a shared partition's bookkeeping keep the invariants the fold keeps (an honest writer's does)?"""
     low = position.low
     runs = [(start, end) for start, end in position.done] + [(lease.offset, lease.end) for lease in position.leases]
     if low is None and runs:
-        return None
+        return False
     if any(start >= end or start < (low or 0) for start, end in runs):
-        return None
+        return False
     done = list(position.done)
-    if (done and done[0][0] <= (low or 0)) or any(a[1] >= b[0] for a, b in zip(done, done[1:])):
-        return None  # done ranges out of order (the fold's lookups bisect them), touching, or not above ``low``
+    if (done and done[0][0] <= (low or 0)) or any(a[1] >= b[0] for a, b in itertools.pairwise(done)):
+        return False  # done ranges out of order (the fold's lookups bisect them), touching, or not above ``low``
     ordered = sorted(runs)
-    if any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
-        return None  # a done range and a lease, or two leases, overlap
+    if any(a[1] > b[0] for a, b in itertools.pairwise(ordered)):
+        return False  # a done range and a lease, or two leases, overlap
     tries = [Tries(*t) for t in position.tries]
-    if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in zip(tries, tries[1:])):
-        return None
+    if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in itertools.pairwise(tries)):
+        return False
     if any(not lease.offset <= offset < lease.end for lease in position.leases
            for offset in [*(h[0] for h in lease.handed), *lease.acked]):  # fmt: skip
-        return None  # a client's message outside its lease
+        return False  # a client's message outside its lease
     for lease in position.leases:  # the holder's progress (release 0.8.0): runs inside the lease, sorted and apart
         progress = list(lease.progress)
         if any(not lease.offset <= start < end <= lease.end for start, end in progress):
-            return None
-        if any(a[1] >= b[0] for a, b in zip(progress, progress[1:])):
-            return None
+            return False
+        if any(a[1] >= b[0] for a, b in itertools.pairwise(progress)):
+            return False
         if any(not _in_runs(progress, offset) for offset in lease.dead):
-            return None  # a dead letter the progress does not mark done
+            return False  # a dead letter the progress does not mark done
         if list(lease.dead) != sorted(set(lease.dead)):
-            return None
-    leases = {
-        lease.offset: Lease(lease.offset, lease.end, Holder(lease.client, lease.instance), lease.expires, lease.amo,
-                            lease.claimed_at, {o: (d, c) for o, d, c in lease.handed}, set(lease.acked),
-                            [(start, end) for start, end in lease.progress], set(lease.dead))
-        for lease in position.leases
-    }  # fmt: skip
-    return SharedPartition(
-        low=low, done=[(start, end) for start, end in done], leases=leases, tries=tries,
-        acked=position.acked, dead_letters=position.dead_letters, lost=position.lost, lapsed=position.lapsed,
-        high=position.high,
-    )  # fmt: skip
+            return False
+    return True
 
 
 def _in_runs(runs: list[tuple[int, int]], offset: int) -> bool:
