@@ -258,7 +258,8 @@ def _run_unit(
             return _too_old(app, handler, old, now_ms, max_age_ms, origin) + (
                 _run_unit(app, handler, unit, soft, hard, sleep, rng, origin) if unit else []
             )
-    attempts, delays = 0, []
+    attempts = 0
+    delays: list[float] = []
     capture = app.outbox
     assert isinstance(capture, _CapturingOutbox)
     capture.sent = sent = []
@@ -268,7 +269,7 @@ def _run_unit(
         try:
             _call(handler, argument, soft, hard)
             return [HandlerResult(m, "done", attempts, None, delays, sent=sent) for m in unit]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
             error: Exception = exc
         step = next_step(handler.retry_policy, error, attempts, rng)
         if step.action is Action.RETRY:

@@ -206,7 +206,8 @@ def context_from_headers(headers: Sequence[tuple[str, Any]]) -> Any:
     """The trace context carried by ``headers`` (a bad or missing traceparent: an empty context)."""
     from opentelemetry import propagate
 
-    return propagate.extract(headers, getter=_GETTER)
+    # Ignored: OpenTelemetry's Getter is an abstract class, imported only once tracing is on; ours has its methods.
+    return propagate.extract(headers, getter=_GETTER)  # type: ignore[arg-type]
 
 
 def with_trace_context(headers: Headers | None) -> Headers | None:

@@ -20,9 +20,11 @@ message's offset (in the text, and as the ``offset`` field of a JSON line).  An 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from marshal_workers.core.logs import ContextLog
+
+E = TypeVar("E", bound=BaseException)
 
 
 def log_retry(log: ContextLog, handler: str, offset: int, error: BaseException, retry: int, delay: float) -> None:
@@ -57,12 +59,13 @@ def log_ignored(log: ContextLog, handler: str, offset: int, error: BaseException
     log.info("handler %s ignored offset %d (%r)", handler, offset, error, extra={"offset": offset})
 
 
-def apart_from(error: BaseException, first: BaseException) -> BaseException:
+def apart_from(error: E, first: BaseException) -> E:
     """``error``, raised by a retry made while ``first`` (the message's first failure) was still being handled,
     without the link Python made to it (``__context__``: "During handling of the above exception, another
     exception occurred"): each call's traceback is its own, and the first failure is not shown again with every
     retry's.  Links the handler made itself (``raise ... from``, an exception of its own being handled) stay."""
-    pending, seen = [error], set()
+    pending: list[BaseException] = [error]
+    seen: set[int] = set()
     while pending:
         link = pending.pop()
         if id(link) in seen:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -29,6 +29,7 @@ from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, page, sse_
 from marshal_workers.observe.latency import LATENCY_BOUNDS
 
 PREFIX = "marshal_workers"
+_M = TypeVar("_M", bound=Metric)  # a kind of metric family
 
 
 @dataclass
@@ -124,7 +125,7 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     group, counters = snapshot.group, snapshot.counters
     labels = ["group", "topic", "partition"]
 
-    def per_partition(kind: type[Metric], name: str, doc: str) -> Metric:
+    def per_partition(kind: type[_M], name: str, doc: str) -> _M:
         return kind(f"{PREFIX}_{name}", doc, labels=labels)  # type: ignore[call-arg]
 
     next_offset = per_partition(GaugeMetricFamily, "partition_next_offset", "Next offset the worker will handle.")
@@ -223,8 +224,8 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
         (
             "coordination_fetch_stalls",
-            "Times the broker answered the coordination log's fetches without records while it was behind, and it "
-            "was read again with a longer fetch wait (docs/brokers.md).",
+            ("Times the broker answered the coordination log's fetches without records while it was behind, and it "
+             "was read again with a longer fetch wait (docs/brokers.md)."),
             snapshot.coordination_fetch_stalls,
         ),
         (
@@ -353,7 +354,7 @@ class _Handler(BaseHTTPRequestHandler):
     probes: Probes | None
     dashboard: Publisher | None
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server name
+    def do_GET(self) -> None:  # the http.server name
         path = self.path.split("?", 1)[0]
         probes = self.probes
         try:
@@ -416,5 +417,5 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:  # http.server's signature
         pass  # a scrape or probe every few seconds is not worth a log line

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from marshal_workers.protocol.world_state import Liveness, WorldState
@@ -162,7 +163,7 @@ def _shared_cells(row: dict[str, Any]) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _aligned(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def _aligned(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(columns, *rows)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (columns, *rows)]
 
@@ -177,7 +178,7 @@ def _count_states(document: dict[str, Any]) -> dict[str, int]:
 def utc_text(ms: int) -> str:
     """A time (ms since epoch) for people: ``2026-11-22 10:00:00 UTC``."""
     try:
-        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     except (ValueError, OverflowError, OSError):  # any int is valid on the wire, not every int is a date
         return f"{ms} ms since epoch"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

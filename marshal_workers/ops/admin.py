@@ -242,7 +242,7 @@ def _wait(coordinator: Coordinator, wait_s: float, report: Report, held: Callabl
     deadline = time.monotonic() + wait_s
     while True:
         now_ms = coordinator.now_ms()
-        left = coordinator.read(lambda world: held(world, now_ms))
+        left = coordinator.read(lambda world: held(world, now_ms))  # noqa: B023 (called at once)
         if not left:
             report("done: nothing of it is held any more")
             return True
@@ -299,13 +299,16 @@ def log_lines(
             message = consumer.poll(0.2)
             if message is None:
                 continue
+            source, offset = message.partition(), message.offset()
             if message.error() is not None:
-                partition_ended(ends, consumer, topic, message.partition())
+                if source is not None:  # not an error of the whole client (the broker away)
+                    partition_ended(ends, consumer, topic, source)
                 continue
-            read_record(ends, consumer, topic, message.partition(), message.offset())
+            assert source is not None and offset is not None  # a record, not an error event: it has both
+            read_record(ends, consumer, topic, source, offset)
             kind, stamp = message.timestamp()
             log_append_time = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
-            line = fold_record(state, message.value(), message.partition(), message.offset(), log_append_time)
+            line = fold_record(state, message.value(), source, offset, log_append_time)
             if line is not None:
                 yield line
     finally:

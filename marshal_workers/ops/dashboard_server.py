@@ -57,7 +57,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
                 quiet = 0.0
             try:  # wake at once when the server stops
                 await asyncio.wait_for(stopping.wait(), _STREAM_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 quiet += _STREAM_POLL_S
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the browser went away

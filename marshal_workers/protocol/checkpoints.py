@@ -35,7 +35,7 @@ Where each piece of state lives once the log before a checkpoint is gone:
 from __future__ import annotations
 
 import bisect
-
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +75,7 @@ def state_records(
     names = state.groups_before(source)
     shares: list[tuple[str, ...] | None] = [None] * len(parts)
     if names is not None:
-        shares = directory_chunks(names)
+        shares = list(directory_chunks(names))
         parts += [((), ())] * (len(shares) - len(parts))
         shares += [()] * (len(parts) - len(shares))
     return [
@@ -83,7 +83,7 @@ def state_records(
             **common, source=source, as_of=as_of, part=index, parts=len(parts), positions=chunk, shared=shared_chunk,
             pause=None if pause is None else codec.PausePosition(until=pause.until, client=pause.client),
             controls=controls, directory=share,
-        )  # fmt: skip
+        )
         for index, ((chunk, shared_chunk), share) in enumerate(zip(parts, shares))
     ]
 
@@ -326,13 +326,13 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
     if any(start >= end or start < (low or 0) for start, end in runs):
         return None
     done = list(position.done)
-    if (done and done[0][0] <= (low or 0)) or any(a[1] >= b[0] for a, b in zip(done, done[1:])):
+    if (done and done[0][0] <= (low or 0)) or any(a[1] >= b[0] for a, b in itertools.pairwise(done)):
         return None  # done ranges out of order (the fold's lookups bisect them), touching, or not above ``low``
     ordered = sorted(runs)
-    if any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
+    if any(a[1] > b[0] for a, b in itertools.pairwise(ordered)):
         return None  # a done range and a lease, or two leases, overlap
     tries = [Tries(*t) for t in position.tries]
-    if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in zip(tries, tries[1:])):
+    if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in itertools.pairwise(tries)):
         return None
     if any(not lease.offset <= offset < lease.end for lease in position.leases
            for offset in [*(h[0] for h in lease.handed), *lease.acked]):  # fmt: skip
@@ -341,7 +341,7 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
         progress = list(lease.progress)
         if any(not lease.offset <= start < end <= lease.end for start, end in progress):
             return None
-        if any(a[1] >= b[0] for a, b in zip(progress, progress[1:])):
+        if any(a[1] >= b[0] for a, b in itertools.pairwise(progress)):
             return None
         if any(not _in_runs(progress, offset) for offset in lease.dead):
             return None  # a dead letter the progress does not mark done

@@ -13,8 +13,9 @@ nothing else.
 from __future__ import annotations
 
 import hashlib
+import math
 from functools import lru_cache
-from typing import Annotated, Any, Final, Literal, Union
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -123,7 +124,7 @@ class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats")
             Heartbeat(
                 **common, topic=self.topic, partition=b.partition, offset=b.offset, lag=b.lag, rate=b.rate,
                 done=b.done, in_flight=b.in_flight, window_used=b.window_used, call_age_s=b.call_age_s,
-            )  # fmt: skip
+            )
             for b in self.beats
         ]
 
@@ -421,12 +422,12 @@ class ReleasePartition(_PartitionRecord, frozen=True, gc=False, kw_only=True, ta
     """The partition's current owner is asked to release it (release 0.5.0): it hands it over cleanly."""
 
 
-Record = Union[
-    Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
-    ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
-    DeliverMessages, AckMessages, CancelMessages, ProgressRanges,
-]
-PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
+Record = (
+    Claim | Heartbeat | Heartbeats | Release | ClaimMessages | MessageClaims | ReleaseGroup | Checkpoint
+    | ClaimRanges | RenewRanges | AckRanges | CancelRanges | Control | PauseTopic | ReleasePartition
+    | DeliverMessages | AckMessages | CancelMessages | ProgressRanges
+)
+PartitionRecord = Claim | Heartbeat | Release | ClaimMessages
 RECORD_TYPES: Final = (
     Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
     ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
@@ -501,7 +502,7 @@ def reported_number(value: Any) -> int | float | None:
     """An optional extra (``lag``, ``rate``) if it is a finite number >= 0, else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    if value != value or value < 0 or value > 2**63 - 1:  # NaN cannot come from JSON, but a struct can hold it
+    if math.isnan(value) or value < 0 or value > 2**63 - 1:  # NaN cannot come from JSON, but a struct can hold it
         return None
     return value
 

@@ -85,7 +85,7 @@ class Tries(NamedTuple):
 
     start: int
     end: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field hides tuple.count, which nothing here calls
 
 
 @dataclass(slots=True)

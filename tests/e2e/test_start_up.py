@@ -76,7 +76,7 @@ def status(brokers: str, coordination_topic: str, group: str, *args: str) -> sub
     return subprocess.run(
         [sys.executable, "-m", "marshal_workers", "status", "--brokers", brokers, "--group", group,
          "--coordination-topic", coordination_topic, "--heartbeat-interval", HB, "--log-level", "debug", *args],
-        capture_output=True, text=True, timeout=120, env=env,
+        check=False, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
 
 

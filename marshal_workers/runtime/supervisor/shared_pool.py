@@ -430,7 +430,7 @@ class SharedPool:
             return
         if shared.acks:
             acks, shared.acks = shared.acks, []
-            record = shared.member.acks(coordinator.record_fields(), acks)
+            record: codec.Record = shared.member.acks(coordinator.record_fields(), acks)  # cancels below too
 
             def acked(verdicts: Sequence[bool]) -> None:
                 refused = [a for a, ok in zip(acks, verdicts) if not ok]

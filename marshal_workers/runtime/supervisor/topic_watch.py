@@ -96,7 +96,7 @@ class TopicWatch:
         future, self._metadata = self._metadata, None
         try:
             metadata = future.result()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a refresh on its thread failing in any way is tried again next tick
             self.log.warning("could not refresh topic metadata: %s", exc)
             return
         self.apply(metadata)

@@ -82,7 +82,7 @@ class Failures:
             try:
                 handler.call(records, failures)
                 return Outcome.DONE
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                 # Called while the first failure is being handled (the loops call recover in their except
                 # clause, which keeps the hot path lean): Python would chain each retry's error to it.
                 error = apart_from(exc, first)

@@ -165,8 +165,10 @@ class SupervisorLink:
             message = consumer.poll(0.1)
             if message is None or message.error() is not None:
                 continue
-            if message.offset() >= end:  # the rest is gone (retention): handle this one normally
-                consumer.seek(TopicPartition(self.spec.topic, self.spec.partition, message.offset()))
+            offset = message.offset()
+            assert offset is not None  # a record, not an error event
+            if offset >= end:  # the rest is gone (retention): handle this one normally
+                consumer.seek(TopicPartition(self.spec.topic, self.spec.partition, offset))
                 break
             records.append(message)
         # A batch's range may hold messages redriven for another group (passed by, never in the call): not ours.

@@ -336,7 +336,7 @@ class SharedWorker:
                         self._arm(leased)
                 try:
                     function(wrap(record))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     error = exc
                 else:
                     handled += 1
@@ -385,11 +385,11 @@ class SharedWorker:
                 next_offset = offset + 1
                 self._progressed(leased, next_offset)
                 continue
-            if self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased)):
+            if (self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased))
+                    and self.stopping):
                 # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
-                if self.stopping:
-                    self._leave_at_the_end(leased, offset)
-                    return None, end_seen
+                self._leave_at_the_end(leased, offset)
+                return None, end_seen
             if monotonic_ms() >= leased.deadline_ms:
                 self._abandon(leased, offset)
                 return None, end_seen
@@ -485,7 +485,7 @@ class SharedWorker:
         path) and failed with it."""
         deliveries = leased.tries + 1
         if leased.tries >= handler.max_deliveries:
-            error: Exception = MaxDeliveriesExceeded(
+            error = MaxDeliveriesExceeded(
                 f"delivered {leased.tries} times without success (max_deliveries={handler.max_deliveries})"
             )
             self._dead_letter(handler, record, error, leased.tries)
@@ -523,7 +523,7 @@ class SharedWorker:
                 try:
                     handler.call([record], failures + 1)
                     return None, None
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     error = exc
             failures += 1
             self.outcomes.failed(error)
