@@ -143,7 +143,7 @@ class CoordinationLog:
 
     def start(self, should_stop: ShouldStop = never) -> CoordinationLog:
         """Start tailing each partition at the group's latest checkpoint there, else at the latest checkpoint of
-        any group whose directory does not list it (release 0.7.0), else at the beginning (checkpoints.Start).
+        any group whose directory does not list it, else at the beginning (checkpoints.Start).
 
         StopRequested if ``should_stop`` says so while it looks for checkpoints.
         """
@@ -520,7 +520,7 @@ def find_starts(
     """Where a reader of ``group`` starts on each coordination partition (checkpoints.Start).
 
     Looks at the last records of every partition at once, then 4 times as far back each time where it found
-    neither a complete checkpoint of ``group`` nor (``use_directories``, release 0.7.0) a complete checkpoint of
+    neither a complete checkpoint of ``group`` nor (``use_directories``) a complete checkpoint of
     another group whose directory does not list ``group``, so the cost is the records since the last checkpoint
     of any group.  (Offsets, not times: Tansu answers every "offset for a time" with the log start.)
     ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.

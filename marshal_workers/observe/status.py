@@ -36,7 +36,7 @@ def status_document(
     }
     if shared_keys:  # an extension of the document, there only when the group shares partitions
         document["shared"] = [_shared_row(state, t, p, now_ms) for t, p in sorted(shared_keys)]
-    # Operators' orders (release 0.5.0), there only when some are in force.
+    # Operators' orders, there only when some are in force.
     drained = state.drained_clients()
     if drained:
         document["drained"] = [{"client": client, "since": at} for client, at in sorted(drained.items())]

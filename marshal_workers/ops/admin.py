@@ -101,7 +101,7 @@ def set_position(
     return positions
 
 
-# ------------------------------------------------------------------ remote control (release 0.5.0)
+# ------------------------------------------------------------------ remote control
 # Orders every member obeys (remote_control.py): written, then followed until the fleet has done what they ask,
 # so the operator sees the result, not just the request.
 
@@ -268,7 +268,7 @@ def log_lines(
     """The group's coordination records, decoded, one line each, in log order per coordination partition.
 
     From the latest checkpoint of each partition on (the checkpoint included; for a group with none there, the
-    latest checkpoint of another group whose directory does not list it: release 0.7.0), or the whole log.
+    latest checkpoint of another group whose directory does not list it), or the whole log.
     Each record is folded as every member folds it, from the checkpoint's state: one the rules refused says why at
     its end.  UnknownGroupError once the log's end is reached (with ``follow``, the first time) if it holds nothing of
     the group, as the admin commands refuse it.

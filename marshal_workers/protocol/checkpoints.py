@@ -15,7 +15,7 @@ fold keeps about members for balance (``last_claim``, ``last_refused_claim``)
 only matters within 2 HB of ``now`` and is rebuilt from the records read,
 so a reader that starts 2 HB before ``now`` agrees on it too.
 
-Directories (release 0.7.0): every checkpoint also lists the groups with a
+Directories: every checkpoint also lists the groups with a
 record on its partition before ``as_of``, when its writer knows them all
 (it read the partition from its start, or started at a checkpoint that
 listed them; a reader that started at a checkpoint without one cannot know:
@@ -155,7 +155,7 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
 
 
 def _control_position(state: WorldState, source: int) -> codec.ControlPosition | None:
-    """The operators' orders of coordination partition ``source`` (release 0.5.0), or None if it has none."""
+    """The operators' orders of coordination partition ``source``, or None if it has none."""
     controls = state.controls.get(source)
     drained = tuple(sorted(controls.drained.items())) if controls is not None else ()
     shutdowns = tuple(sorted(controls.shutdowns.items())) if controls is not None else ()
@@ -186,7 +186,7 @@ class Assembler:
 
 
 class DirectoryFinder:
-    """The directories of other groups' checkpoints met while scanning a partition (release 0.7.0).
+    """The directories of other groups' checkpoints met while scanning a partition.
 
     Keeps the latest complete one that does not list ``group``: ``group`` had no record on the partition
     before its ``as_of``, so a reader of ``group`` may start there with the empty state.  Only the directory of
@@ -221,7 +221,7 @@ class Start:
     """Where a reader of a group starts on one coordination partition.
 
     At its group's own checkpoint (``checkpoint``: seed from it), at another group's checkpoint whose directory
-    does not list the group (``directory``: the empty state, and the groups before ``offset``; release 0.7.0),
+    does not list the group (``directory``: the empty state, and the groups before ``offset``),
     or at the beginning (``offset`` None).
     """
 
@@ -337,7 +337,7 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
     if any(not lease.offset <= offset < lease.end for lease in position.leases
            for offset in [*(h[0] for h in lease.handed), *lease.acked]):  # fmt: skip
         return None  # a client's message outside its lease
-    for lease in position.leases:  # the holder's progress (release 0.8.0): runs inside the lease, sorted and apart
+    for lease in position.leases:  # the holder's progress: runs inside the lease, sorted and apart
         progress = list(lease.progress)
         if any(not lease.offset <= start < end <= lease.end for start, end in progress):
             return None

@@ -158,7 +158,7 @@ class RangeMember:
         return codec.CancelRanges(**fields, topic=self.topic, ranges=tuple(entries))
 
     def progress(self, fields: dict[str, Any], entries: Sequence[codec.ProgressEntry]) -> codec.ProgressRanges:
-        """The ``progress_ranges`` record for ``entries`` (release 0.8.0): one per pass, for every lease that moved on."""
+        """The ``progress_ranges`` record for ``entries``: one per pass, for every lease that moved on."""
         return codec.ProgressRanges(**fields, topic=self.topic, ranges=tuple(entries))
 
 
@@ -179,7 +179,7 @@ def handled_entry(
 
 def progress_entry(lease: HeldLease, upto: int, failed: Sequence[int], dead: Sequence[int]) -> codec.ProgressEntry:
     """Progress inside a live lease: every offset of ``[lease.start, upto)`` done but ``failed``; ``dead`` of them
-    dead-lettered (release 0.8.0)."""
+    dead-lettered."""
     return codec.ProgressEntry(partition=lease.partition, offset=lease.start, end=upto, failed=tuple(failed),
                                dead=tuple(dead))  # fmt: skip
 

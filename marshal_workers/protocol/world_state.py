@@ -228,14 +228,14 @@ class WorldState:
     checkpoints: dict[int, int] = field(default_factory=dict)
     # Shared partitions (docs/shared-partitions.md): range leases, done offsets and tries, by (topic, partition).
     shared: dict[tuple[str, int], SharedPartition] = field(default_factory=dict)
-    # Remote control (release 0.5.0): orders about clients by coordination partition, and topic pauses (expiry).
+    # Remote control: orders about clients by coordination partition, and topic pauses (expiry).
     controls: dict[int, Controls] = field(default_factory=dict)
     topic_pauses: dict[str, int] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
     # Per coordination partition, the names of every group with a record read there (this one's and others'),
     # since this reader started there; ``directory_known``: the partitions where that covers everything from the
     # partition's start (it started there, or at a checkpoint that listed the groups before it, or learned them
-    # since: learn_groups_before).  Checkpoints carry it (release 0.7.0), so that a reader of a group it does not
+    # since: learn_groups_before).  Checkpoints carry it, so that a reader of a group it does not
     # name starts there (checkpoints.py).  Knowledge about the log, not the group: readers that agree on the
     # group may know more or less of it.
     groups_seen: dict[int, set[str]] = field(default_factory=dict, compare=False, repr=False)
@@ -560,7 +560,7 @@ class WorldState:
         )
 
     def _progress_ranges(self, record: ProgressRanges, at: int, source: int) -> Verdicts:
-        """Progress inside live leases (release 0.8.0).  Like acks, not stopped by a pause: it settles what is in
+        """Progress inside live leases.  Like acks, not stopped by a pause: it settles what is in
         hand."""
         holder = Holder(record.client, record.instance)
         return Verdicts(
@@ -575,7 +575,7 @@ class WorldState:
             for entry, shared in self._shared_of(record.topic, record.ranges)
         )
 
-    # The Read / Ack / Cancel service's messages (release 0.6.0): one verdict per message.  A pause does not stop
+    # The Read / Ack / Cancel service's messages: one verdict per message.  A pause does not stop
     # them: like acks of ranges, they settle what is in hand.
 
     def _deliver_messages(self, record: DeliverMessages, at: int, source: int) -> Verdicts:
@@ -597,7 +597,7 @@ class WorldState:
             for entry, shared in self._shared_of(record.topic, record.messages)
         )
 
-    # Remote control (release 0.5.0): an operator's orders.  They change what may be claimed; owners obey them
+    # Remote control: an operator's orders.  They change what may be claimed; owners obey them
     # by releasing (a supervisor reads them as it reads everything else: remote_control.py).
 
     def _control(self, record: Control, at: int, source: int) -> bool:

@@ -70,7 +70,7 @@ RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("partition", "long"),
     ("offset", "long"),
     ("expires", "long"),  # release_group, pause_topic
-    ("command", "string"),  # control: an operator's order, "drain|resume|shutdown <client>" (release 0.5.0)
+    ("command", "string"),  # control: an operator's order, "drain|resume|shutdown <client>"
 )
 GARBAGE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("log_partition", "long"),

@@ -131,7 +131,7 @@ Event = Tenure | Handoff | Zombie | ClientCounts | LogSummary | RangeLease
 HANDOFF_KINDS_MEASURED = ("release", "stale", "reclaim")  # a pause's gap is the operator's, not the fleet's
 
 _NONE: tuple[Event, ...] = ()
-ORDER_TYPES = (Control, PauseTopic, ReleasePartition)  # remote control, release 0.5.0
+ORDER_TYPES = (Control, PauseTopic, ReleasePartition)  # remote control: the operators' orders
 _TYPES: dict[type, int] = {Claim: 0, Heartbeat: 1, Release: 2, ClaimMessages: 3, ReleaseGroup: 4}
 _ZOMBIE, _FIRST, _LAST, _COUNTERS = 10, 11, 12, 13  # per instance: [total, accepted] per type, then these
 

@@ -1,7 +1,7 @@
 """What happens to a message a partition worker could not handle: retries by the handler's policy, the dead-letter
 topic (and its dlq_limit), a release of the partition as sick, the messages past max_age, and the messages the hard
 time limit (or a worker's deaths) made the supervisor give up on.  Each failed call is logged once, with its
-traceback (handlers/failure_logs.py).  Every loop (alo_loop.py, batch_loop.py, lane_runner.py) is given one."""
+traceback (handlers/failure_logs.py).  Every loop (one_call_loop.py, batch_loop.py, lane_runner.py) is given one."""
 
 from __future__ import annotations
 

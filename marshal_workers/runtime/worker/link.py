@@ -8,7 +8,7 @@
 * housekeeping every half second, and the lifecycle limits (max_messages_per_worker, max_memory_per_worker) that
   end a worker with a recycle.
 
-Every loop (alo_loop.py, batch_loop.py, lane_runner.py) is given one, so a unit test can give it a fake one.
+Every loop (one_call_loop.py, batch_loop.py, lane_runner.py) is given one, so a unit test can give it a fake one.
 """
 
 from __future__ import annotations

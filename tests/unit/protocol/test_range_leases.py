@@ -1,7 +1,7 @@
 """Range leases of shared partitions (docs/shared-partitions.md): the rules a user relies on, by example.
 
 The bookkeeping itself (range_leases.SharedPartition), the fold of the four range records through
-WorldState.apply with real codec records, and the checkpoint of shared partitions.  Since release 0.6.0
+WorldState.apply with real codec records, and the checkpoint of shared partitions; and
 also the Read / Ack / Cancel service's per-message records (deliver_messages, ack_messages,
 cancel_messages) and how ending a lease settles what clients acked.
 """
@@ -425,7 +425,7 @@ def test_a_checkpoint_carries_shared_partitions_and_a_seeded_reader_holds_the_sa
 
 
 def lease(offset: int, end: int, client: str = "a", **messages: Any) -> codec.LeasePosition:
-    """A checkpoint's lease; ``messages``: its ``handed`` and ``acked`` (release 0.6.0)."""
+    """A checkpoint's lease; ``messages``: its ``handed`` and ``acked``."""
     return codec.LeasePosition(
         offset=offset, end=end, client=client, instance=client + "1", expires=LEASE, claimed_at=0, **messages
     )
@@ -498,7 +498,7 @@ def test_the_log_command_prints_range_records_with_their_entries() -> None:
     assert lines[2].endswith("cancel_ranges host-a/5f1c thumbs [1]9..9")
 
 
-# ------------------------------------------------- the Read / Ack / Cancel service's messages (release 0.6.0)
+# ------------------------------------------------- the Read / Ack / Cancel service's messages
 
 
 def messages(*entries: tuple[int, int]) -> tuple[codec.MessageEntry, ...]:

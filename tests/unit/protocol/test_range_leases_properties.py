@@ -5,12 +5,12 @@ at-most-once (a topic is one mode): claims (mostly of ranges the log shows free)
 failed and dead offsets (now and then of a prefix, or listing offsets a client acked as failed), cancels
 (mostly by a holder of its lease, sometimes of someone else's or of a range that is not a lease), and
 pauses, while time moves forward in random steps so leases lapse.
-Since release 0.6.0 they also hold the Read / Ack / Cancel service's per-message records: hand-outs
+They also hold the Read / Ack / Cancel service's per-message records: hand-outs
 (deliver_messages, mostly by a lease's holder of offsets it may hand out, sometimes by another writer
 or of offsets outside any lease) and clients' acks and cancels (by any writer, mostly of pending
 offsets, sometimes of offsets whose deadline passed, acked ones or random ones), with pending times
 of the order of the time steps so deadlines pass.
-Since release 0.8.0 they also hold the holders' progress inside their leases (progress_ranges, mostly by
+They also hold the holders' progress inside their leases (progress_ranges, mostly by
 the holder of a live lease up to somewhere in it, with failed and dead offsets, now and then by another
 writer or of a range that is not a lease).
 A per-offset reference model, kept apart from range_leases, checks every verdict and state.
