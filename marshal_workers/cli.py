@@ -185,21 +185,30 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 @_settings_options
 @click.option("--port", "dashboard_port", type=click.IntRange(0, 65535), help="Port of the web server (default 8000).")
 @click.option("--host", "dashboard_host", help="Address to listen on (default 127.0.0.1: this host only).")
+@click.option("--app", "app_path", metavar="MODULE:APP", help="Also serve this app's AsyncAPI document at /asyncapi.json.")
 @_reports_errors
-def dashboard(config_file: str | None, **options: Any) -> None:
+def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> None:
     """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters."""
     import asyncio
 
+    from marshal_workers.handlers.asyncapi import asyncapi_json
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
     from marshal_workers.observe.dashboard import GroupWatcher, Publisher
     from marshal_workers.ops.dashboard_server import serve
 
-    settings = _load(config_file, **options)
+    app = None
+    if app_path is not None:
+        ensure_cwd_importable()
+        app = load_app(app_path)
+    settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
     group = settings.require_group()
+    described = None if app is None else (lambda: asyncapi_json(app, brokers=settings.brokers))
     watcher = GroupWatcher(settings, group).start()
     publisher = Publisher(watcher.step).start()
     try:
         asyncio.run(serve(publisher, settings.dashboard_host, settings.dashboard_port,
-                          lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)")))  # fmt: skip
+                          lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)"),
+                          asyncapi=described))  # fmt: skip
     finally:
         publisher.close()
         watcher.close()
@@ -604,16 +613,15 @@ def admin_set_position(
 @_reports_errors
 def asyncapi(app_path: str, title: str | None, doc_version: str, brokers: str | None, output: str | None) -> None:
     """Print the AsyncAPI 3.0 document of MODULE:APP: the topics it handles and sends to, and their payloads."""
-    from marshal_workers.handlers.asyncapi import asyncapi_document
+    from marshal_workers.handlers.asyncapi import asyncapi_json
     from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
 
     ensure_cwd_importable()
-    document = asyncapi_document(load_app(app_path), title, doc_version, brokers)
-    text = orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
+    text = asyncapi_json(load_app(app_path), title, doc_version, brokers)
     if output is None:
-        click.echo(text, nl=False)
+        click.echo(text.decode(), nl=False)
     else:
-        Path(output).write_text(text)
+        Path(output).write_bytes(text)
 
 
 @main.group()
