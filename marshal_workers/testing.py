@@ -281,13 +281,13 @@ def _run_unit(
         if step.action is Action.GIVE_UP and handler.on_error is OnError.RELEASE:
             return [HandlerResult(m, "released", attempts, error, delays, sent=sent) for m in unit]
         # Of a typed batch, a Reject (PayloadError) dead-letters only the messages that did not decode.
-        rejected = rejected_of(error, [m.offset for m in unit]) if step.action is Action.REJECT else {}
+        rejected = rejected_of(error, len(unit)) if step.action is Action.REJECT else {}
         results = []
-        for msg in unit:
-            if rejected and msg.offset not in rejected:
+        for position, msg in enumerate(unit):
+            if rejected and position not in rejected:
                 results.append(HandlerResult(msg, "done", attempts, None, delays, sent=sent))
                 continue
-            own = rejected.get(msg.offset, error)
+            own = rejected.get(position, error)
             headers = error_headers(handler.name, msg._record, own) + origin
             run_hooks(app.hooks.on_dead_letter, msg, own)
             results.append(HandlerResult(msg, "dead_letter", attempts, own, delays, headers, sent))
