@@ -23,6 +23,7 @@ decision with failure_logs.log_decision and write dead letters with kafka/dead_l
 from __future__ import annotations
 
 import enum
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,11 +84,17 @@ class FailurePath:
         self._dead_letters_end = -1  # the offset after the last dead letter
 
     def after_call(
-        self, handler: HandlerSpec, offsets: Sequence[int], error: BaseException, failures: int, retry_here: bool = True
+        self,
+        handler: HandlerSpec,
+        offsets: Sequence[int],
+        error: BaseException,
+        failures: int,
+        retry_here: bool = True,
+        wait_at_most: float = math.inf,
     ) -> Decision:
         """The call on ``offsets`` (its messages' offsets, in the order it got them) failed with ``error``, its
         ``failures``-th failed try (1 for the first).  ``retry_here``: False when the runner cannot try again now
-        (it is stopping, or its lease ends before the backoff does)."""
+        (it is stopping); ``wait_at_most``: the seconds it can wait for a retry (its lease ends then)."""
         outcomes = self.outcomes
         outcomes.failed(error)
         step = next_step(handler.retry_policy, error, failures, self.rng)
@@ -97,7 +104,7 @@ class FailurePath:
         if step.action is Action.REJECT:
             return self._rejected(offsets, error)
         if step.action is Action.RETRY:
-            if retry_here:
+            if retry_here and step.delay < wait_at_most:
                 outcomes.retries += 1
                 return Decision(Fate.RETRY, error, step.delay)
             if handler.mode is Mode.ALO:
