@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import SparkJobError
 from marshal_workers.handlers.app import App, HandlerSpec, Message
+from marshal_workers.handlers.blocking_calls import blocking
 from marshal_workers.handlers.failure_path import FailurePath, Fate, Final
 from marshal_workers.handlers.loader import load_app
 from marshal_workers.spark.jobs import run_job
@@ -171,9 +172,10 @@ def failure_summary(report: ReplayReport) -> str:
 def replay_split(app_path: str, settings: Settings, split: Split) -> SplitResult:
     """In a task: the worker hooks, then the handler on every message of ``split``."""
     app = load_app(app_path)  # imported once per Python worker: then sys.modules has it
-    handler = app.handlers.get(split.topic)
-    if handler is None:
+    found = app.handlers.get(split.topic)
+    if found is None:
         raise SparkJobError(f"{app_path} has no handler for topic {split.topic!r} on this executor")
+    handler = blocking(found)  # an async def handler awaited, call by call
     for hook in app.worker_start_hooks:
         hook()
     started = time.monotonic()

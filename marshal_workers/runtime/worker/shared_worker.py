@@ -53,6 +53,7 @@ from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import ContextLog, group_log, partition_log
 from marshal_workers.errors import SendError
 from marshal_workers.handlers.app import App, HandlerSpec, Message
+from marshal_workers.handlers.blocking_calls import blocking
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.handlers.loader import load_app
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
@@ -166,7 +167,7 @@ class SharedWorker:
         try:
             app = load_app(self.spec.app_path)
             taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket, self.spec.settings)
-            handler, self.throttle, self.max_age_ms = taken.handler, taken.throttle, taken.max_age_ms
+            handler, self.throttle, self.max_age_ms = blocking(taken.handler), taken.throttle, taken.max_age_ms
             self._plain = self.throttle is None and not self.max_age_ms
             self._failures.take_up(handler, app.hooks)
             for hook in app.worker_start_hooks:
