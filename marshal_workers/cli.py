@@ -213,8 +213,8 @@ def dashboard(config_file: str | None, **options: Any) -> None:
 )
 @click.option(
     "--balance",
-    type=click.Choice(["greedy", "fair"]),
-    help="greedy (default): claim every free partition; fair: hold an equal share of the group's partitions.",
+    type=click.Choice(["fair", "greedy"]),
+    help="fair (default): hold an equal share of the group's partitions; greedy: claim every free partition.",
 )
 @click.option("--shutdown-timeout", help="On SIGTERM, how long workers may finish, e.g. 30s.")
 @click.option(
@@ -651,7 +651,7 @@ def dlq_redrive(
     """Send dead letters of TOPIC.dlq back (each once, without the error headers), each for the group that wrote
     it only; checks everything first."""
     from marshal_workers.kafka.dead_letter_topic import read_dead_letters
-    from marshal_workers.ops.dlq import choose, redrive
+    from marshal_workers.ops.dlq import choose, redrive, targets
 
     settings = _load(config_file, **options)
     letters = list(read_dead_letters(settings, f"{topic}.dlq"))
@@ -659,6 +659,7 @@ def dlq_redrive(
     chosen = choose(letters, error_type, None if since is None else _parse_timestamp(since, "--since"), group)
     of_group = "" if group is None else f" (group {group})"
     if dry_run:
+        targets(settings, f"{topic}.dlq", chosen, to_topic)  # what the real run checks first, the dry run checks
         click.echo(f"would send {len(chosen)} of {len(letters)} dead letters of {topic}.dlq{of_group}")
         return
     redrive(settings, f"{topic}.dlq", chosen, to_topic, click.echo)
