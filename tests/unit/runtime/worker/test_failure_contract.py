@@ -15,17 +15,13 @@ from typing import Any
 
 import msgspec
 import pytest
-from worker_fakes import PARTITION, TOPIC, DeadLetters, FakeAlarm, FakeClock, FakeLink, admission_on, failures_on
+from worker_fakes import PARTITION, TOPIC, DeadLetters, FakeClock, FakeLink, run_partition_loop
 
 from marshal_workers import App, Ignore, Message, Reject, SoftTimeLimitExceeded
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import partition_log
 from marshal_workers.handlers.blocking_calls import blocking
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
-from marshal_workers.runtime.worker.batch_loop import BatchLoop
-from marshal_workers.runtime.worker.instrumentation import LatencySampling
-from marshal_workers.runtime.worker.lane_runner import LaneRunner
-from marshal_workers.runtime.worker.one_call_loop import OneCallLoop
 from marshal_workers.runtime.worker.shared_failures import InRange, SharedFailures
 from marshal_workers.spark.replay import handle_records
 from marshal_workers.testing import FakeRecord, make_message, run_handler
@@ -108,14 +104,7 @@ def _on_link(loop: str) -> Runner:
         link = FakeLink(clock, [(clock(), r) for r in _records(values)], start_offset=1,
                         stop_when=lambda link: link.next_offset > len(values))  # fmt: skip
         dead = DeadLetters()
-        failures, handler = failures_on(link, dead), app.handler_in_worker(TOPIC)
-        if loop == "lanes":
-            code = LaneRunner(link, failures, handler, clock=clock).run()  # type: ignore[arg-type]
-        elif loop == "one call":
-            code = OneCallLoop(link, failures, admission_on(link, failures), LatencySampling(handler),  # type: ignore[arg-type]
-                               FakeAlarm(clock)).run()  # fmt: skip
-        else:
-            code = BatchLoop(link, failures, admission_on(link, failures), LatencySampling(handler)).run()  # type: ignore[arg-type]
+        code = run_partition_loop(loop, link, dead, app.handler_in_worker(TOPIC))
         outcomes = []
         for offset in range(1, len(values) + 1):
             if offset in dead.offsets:
