@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -30,6 +31,7 @@ from marshal_workers.errors import (
     ReplayFailedError,
     SparkJobError,
     SparkUnavailableError,
+    TopicCreationError,
     UnknownGroupError,
     UnknownTopicError,
 )
@@ -44,6 +46,7 @@ _EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
     CoordinationTopicError: ExitCode.COORDINATION_ERROR,
     CoordinationWriteError: ExitCode.COORDINATION_ERROR,
     UnknownTopicError: ExitCode.UNKNOWN_TOPIC,
+    TopicCreationError: ExitCode.TOPIC_NOT_CREATED,
     UnknownGroupError: ExitCode.UNKNOWN_GROUP,
     EmbeddedBrokerError: ExitCode.EMBEDDED_BROKER_ERROR,
     AppLoadError: ExitCode.APP_LOAD_ERROR,
@@ -590,6 +593,68 @@ def admin_set_position(
     else:
         target = Bound("earliest" if earliest else "latest")
     set_position(settings, topic, list(partition) or None, target, report=click.echo)
+
+
+@main.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@click.option("--title", help="The document's title (default: the app's group).")
+@click.option("--version", "doc_version", default="1.0.0", show_default=True, help="The document's (the API's) version.")
+@click.option("--brokers", help="Name these bootstrap servers (host:port[,host:port]) as the document's servers.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+@_reports_errors
+def asyncapi(app_path: str, title: str | None, doc_version: str, brokers: str | None, output: str | None) -> None:
+    """Print the AsyncAPI 3.0 document of MODULE:APP: the topics it handles and sends to, and their payloads."""
+    from marshal_workers.handlers.asyncapi import asyncapi_document
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+
+    ensure_cwd_importable()
+    document = asyncapi_document(load_app(app_path), title, doc_version, brokers)
+    text = orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        Path(output).write_text(text)
+
+
+@main.group()
+def topics() -> None:
+    """The topics an application reads and writes."""
+
+
+@topics.command("create")
+@click.argument("names", nargs=-1, metavar="[TOPIC]...")
+@_kafka_options
+@click.option("--app", "app_path", metavar="MODULE:APP", help="Also every topic of this application: each handler's "
+              "topic, and the dead-letter topic of each handler that dead-letters.")  # fmt: skip
+@click.option("--partitions", type=click.IntRange(1), required=True, help="Partitions of each topic created.")
+@click.option("--replication-factor", type=click.IntRange(1), default=None,
+              help="Copies of each partition, at most the number of brokers (default: the cluster's default).")  # fmt: skip
+@click.option("--topic-config", "topic_config", multiple=True, metavar="KEY=VALUE",
+              help="A topic setting for each topic created, e.g. retention.ms=604800000 (repeatable).")  # fmt: skip
+@_reports_errors
+def topics_create(names: tuple[str, ...], config_file: str | None, app_path: str | None, partitions: int,
+                  replication_factor: int | None, topic_config: tuple[str, ...], **options: Any) -> None:  # fmt: skip
+    """Create TOPIC... and, with --app, every topic of an application; topics that exist are left as they are."""
+    from marshal_workers.ops.topics import create_topics, wanted_topics
+
+    app = None
+    if app_path is not None:
+        from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+
+        ensure_cwd_importable()
+        app = load_app(app_path)
+    settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
+    wanted = wanted_topics(names, app, partitions)
+    config = dict(_key_value(item, "--topic-config") for item in topic_config)
+    created = create_topics(settings, wanted, replication_factor or -1, config, click.echo)  # -1: the cluster's
+    click.echo(f"{created} of {len(wanted)} topics created")
+
+
+def _key_value(item: str, option: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{option} takes KEY=VALUE, got {item!r}")
+    return key.strip(), value.strip()
 
 
 @main.group()

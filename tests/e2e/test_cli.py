@@ -203,3 +203,33 @@ def test_log_shows_a_refused_claim_as_refused(
     refused = next(line for line in claims if f" {topic}[0]" in line)
     assert refused.split(f" {topic}[0] ", 1)[1].startswith("refused: owned by client-a/"), refused
     assert claims[1 - claims.index(refused)].endswith(f" {topic}[2]"), "an accepted claim has no verdict shown"
+
+
+@pytest.mark.broker
+def test_topics_create_makes_every_topic_of_an_app_and_leaves_existing_ones_alone(
+    settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    (tmp_path / f"topics_app_{unique}.py").write_text(
+        "from marshal_workers import App\n"
+        "app = App(group='g')\n"
+        f"app.handler('orders-{unique}')(lambda msg: None)\n"
+        f"app.handler('audit-{unique}', on_error='release')(lambda msg: None)\n"
+    )
+    named, orders = f"invoices-{unique}", f"orders-{unique}"
+    created = run_cli("topics", "create", named, "--app", f"topics_app_{unique}:app", "--partitions", "3",
+                      "--brokers", settings.brokers, env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.splitlines()[-1] == "4 of 4 topics created", created.stdout
+    metadata = AdminClient({"bootstrap.servers": settings.brokers}).list_topics(timeout=10).topics
+    for topic in (named, orders, f"{orders}.dlq", f"audit-{unique}"):
+        assert len(metadata[topic].partitions) == 3, topic
+    assert f"audit-{unique}.dlq" not in metadata, "a handler that does not dead-letter gets no dead-letter topic"
+
+    again = run_cli("topics", "create", named, "--partitions", "6", "--brokers", settings.brokers)
+    assert again.returncode == 0, again.stderr
+    assert f"{named}: exists, 3 partitions (not 6: an existing topic is left as it is)" in again.stdout
+    assert again.stdout.splitlines()[-1] == "0 of 1 topics created"
+
+    for bad, why in ((["bad name"], "not a valid topic name"), ([], "no topic to create")):
+        refused = run_cli("topics", "create", *bad, "--partitions", "1", "--brokers", settings.brokers)
+        assert refused.returncode == ExitCode.CONFIG_ERROR and why in refused.stderr, refused.stderr
