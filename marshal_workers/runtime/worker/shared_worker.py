@@ -55,18 +55,8 @@ from marshal_workers.errors import SendError
 from marshal_workers.handlers.app import App, HandlerSpec, Message
 from marshal_workers.handlers.blocking_calls import blocking
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
-<<<<<<< HEAD
-from marshal_workers.handlers.loader import load_app
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.handlers.rate_limits import Throttle
-from marshal_workers.kafka.dead_letters import DeadLetterWriter
-=======
-from marshal_workers.handlers.hooks import Hooks, run_hooks
-from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
-from marshal_workers.handlers.rate_limits import Throttle
-from marshal_workers.handlers.retry_policy import Action, next_step
-from marshal_workers.kafka.dead_letters import error_headers
->>>>>>> main
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import client_config
 from marshal_workers.kafka.outbox import Outbox
