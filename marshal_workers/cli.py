@@ -735,8 +735,11 @@ def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any)
         click.echo(f"{topic}.dlq: {count} dead letters of group {group} (of {sum(g['count'] for g in groups)}: "
                    f"{by_group or 'none'})")  # fmt: skip
     for r in rows:
+        written = ("dead-lettered -" if r["written_oldest_ms"] is None else
+                   f"dead-lettered {utc_text(r['written_oldest_ms'])} .. {utc_text(r['written_newest_ms'])}")
         span = "-" if r["oldest_ms"] is None else f"{utc_text(r['oldest_ms'])} .. {utc_text(r['newest_ms'])}"
-        click.echo(f"  {r['error_type']}: {r['count']}   {span}   from {', '.join(r['from_topics'])}")
+        click.echo(f"  {r['error_type']}: {r['count']}   {written}   messages of {span}   "
+                   f"from {', '.join(r['from_topics'])}")  # fmt: skip
 
 
 @dlq.command("redrive")
@@ -744,7 +747,8 @@ def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any)
 @click.option("--topic", required=True, help="The handler's topic: its dead letters are in TOPIC.dlq.")
 @_DLQ_GROUP
 @click.option("--error-type", help="Only dead letters of this error_type (e.g. ConnectionError).")
-@click.option("--since", help="Only dead letters written at or after this time: ms since epoch or ISO 8601.")
+@click.option("--since", help="Only dead letters written (dead-lettered) at or after this time: ms since epoch or "
+              "ISO 8601; a letter from before letters said when goes by its message's time.")  # fmt: skip
 @click.option("--to", "to_topic", help="Send them here instead of each one's original topic.")
 @click.option("--dry-run", is_flag=True, help="Say what would be sent; send nothing.")
 @_reports_errors
