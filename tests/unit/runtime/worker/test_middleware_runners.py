@@ -32,6 +32,7 @@ RUNNERS = {
     "async lanes": {"concurrency": 3, "async": True},
     "shared": {"shared": True},
     "testing harness": {},
+    "testing harness, async": {"concurrency": 3, "async": True},
 }
 
 
@@ -98,7 +99,7 @@ class Recorder:
 def run(runner: str, recorder: Recorder, to_close: list[Any]) -> list[int]:
     """Run ``runner`` over OFFSETS; the offsets it dead-lettered."""
     app = recorder.app
-    if runner == "testing harness":
+    if runner.startswith("testing harness"):
         results = run_handler(app, TOPIC, [make_message(b"{}", offset=offset) for offset in OFFSETS])
         return [r.message.offset for r in results if r.outcome == "dead_letter"]
     if runner == "shared":
