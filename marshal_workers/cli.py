@@ -20,6 +20,7 @@ from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.core.logs import configure_logging
 from marshal_workers.errors import (
     AppLoadError,
+    AppStartupError,
     ConfigError,
     CoordinationTopicError,
     CoordinationWriteError,
@@ -50,6 +51,7 @@ _EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
     UnknownGroupError: ExitCode.UNKNOWN_GROUP,
     EmbeddedBrokerError: ExitCode.EMBEDDED_BROKER_ERROR,
     AppLoadError: ExitCode.APP_LOAD_ERROR,
+    AppStartupError: ExitCode.STARTUP_FAILED,
     NoHandlersError: ExitCode.NO_HANDLERS,
     OffsetRangeError: ExitCode.BAD_RANGE,
     SparkUnavailableError: ExitCode.SPARK_UNAVAILABLE,
