@@ -32,12 +32,13 @@ from urllib.parse import parse_qsl
 
 from marshal_workers.core.durations import parse_duration
 from marshal_workers.errors import ConfigError
+from marshal_workers.observe.dashboard_model import LIVE
+from marshal_workers.observe.status import aligned
 
 Key = tuple[str, int]
 RATE_WINDOW_MS = 120_000  # the rate is measured over about this long, once there are samples that old
 MIN_SAMPLE_GAP_MS = 1_000  # samples closer than this add nothing (each request samples: bound their number)
 MIN_RATE = 1e-6  # messages/s a process or member: below it (one in 11 days) nothing is measured to scale on
-LIVE = frozenset({"fresh", "unknown"})  # dashboard_model.LIVE: states in which the owner still works a partition
 
 
 class BadQuery(ValueError):
@@ -168,20 +169,21 @@ class RateWindow:
         return RateWindow(tuple(samples), self.window_ms, self.min_span_ms)
 
     def rates(self) -> dict[str, float]:
-        """Messages/s per topic between the oldest and the newest sample; no topic when the span is too short."""
-        if len(self.samples) < 2:
+        """Messages/s per topic: the sum of its partitions' progress from the oldest sample that holds each to
+        the newest, over that span.  A partition seen for less than ``min_span_ms`` counts nothing yet; a topic
+        none of whose partitions count has no rate."""
+        if not self.samples:
             return {}
-        first, last = self.samples[0], self.samples[-1]
-        span_ms = last.at_ms - first.at_ms
-        if span_ms <= 0 or span_ms < self.min_span_ms:
-            return {}
-        moved: dict[str, int] = {}
+        last = self.samples[-1]
+        found: dict[str, float] = {}
         for key, position in last.positions.items():
-            before = first.positions.get(key)
-            if before is not None:
+            first = next(s for s in self.samples if key in s.positions)  # the last sample holds it at least
+            span_ms = last.at_ms - first.at_ms
+            if span_ms > 0 and span_ms >= self.min_span_ms:
                 # A position that went back (set-position) says nothing about the rate.
-                moved[key[0]] = moved.get(key[0], 0) + max(0, position - before)
-        return {topic: n * 1000 / span_ms for topic, n in moved.items()}
+                moved = max(0, position - first.positions[key])
+                found[key[0]] = found.get(key[0], 0.0) + moved * 1000 / span_ms
+        return found
 
 
 def answer(
@@ -235,6 +237,4 @@ def render_autoscale(found: Mapping[str, Any]) -> str:
         )
         for topic, entry in found["topics"].items()
     ]  # fmt: skip
-    widths = [max(len(cell) for cell in column) for column in zip(_COLUMNS, *rows)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (_COLUMNS, *rows)]
-    return "\n".join([header, *lines])
+    return "\n".join([header, *aligned(_COLUMNS, rows)])

@@ -120,6 +120,13 @@ def test_a_position_that_went_back_counts_no_progress() -> None:
     assert window.rates() == {"t": 10.0}, "partition 0 was set back: only partition 1's 100 messages count"
 
 
+def test_a_partition_first_seen_later_is_measured_from_where_it_was_first_seen() -> None:
+    window = RateWindow(min_span_ms=HB).observe(T0, {})  # the supervisor had claimed nothing yet
+    window = window.observe(T0 + 2_000, {("t", 0): 100}).observe(T0 + 4_000, {("t", 0): 300, ("t", 1): 50})
+    assert window.rates() == {"t": 100.0}, "partition 0 over 2 s; partition 1 seen once, not yet measured"
+    assert window.observe(T0 + 6_000, {("t", 0): 500, ("t", 1): 250}).rates() == {"t": 200.0}
+
+
 def test_the_rate_needs_a_span_of_a_heartbeat_and_the_window_keeps_its_length() -> None:
     window = RateWindow(window_ms=10_000, min_span_ms=HB).observe(T0, {("t", 0): 0})
     assert window.observe(T0 + 500, {("t", 0): 50}).rates() == {}, "closer than a sample gap: not even kept"
@@ -131,9 +138,7 @@ def test_the_rate_needs_a_span_of_a_heartbeat_and_the_window_keeps_its_length() 
     assert window.rates() == {"t": 190.0}, "a burst in the last seconds counts over the window"
 
 
-@pytest.mark.parametrize(
-    ("query", "expected"), [("", 60.0), ("drain_target=30s", 30.0), ("drain_target=2m", 120.0)]
-)
+@pytest.mark.parametrize(("query", "expected"), [("", 60.0), ("drain_target=30s", 30.0), ("drain_target=2m", 120.0)])
 def test_the_drain_target_comes_from_the_query_or_the_setting(query: str, expected: float) -> None:
     assert drain_target_of(query, 60.0) == expected
 
