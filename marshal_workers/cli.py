@@ -205,25 +205,34 @@ def status(config_file: str | None, topic: str | None, as_json: bool, autoscale:
 @_settings_options
 @click.option("--port", "dashboard_port", type=click.IntRange(0, 65535), help="Port of the web server (default 8000).")
 @click.option("--host", "dashboard_host", help="Address to listen on (default 127.0.0.1: this host only).")
+@click.option("--app", "app_path", metavar="MODULE:APP", help="Also serve this app's AsyncAPI document at /asyncapi.json.")
 @_DRAIN_TARGET
 @_reports_errors
-def dashboard(config_file: str | None, **options: Any) -> None:
+def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> None:
     """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters; and
     GET /autoscale."""
     import asyncio
 
+    from marshal_workers.handlers.asyncapi import asyncapi_json
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
     from marshal_workers.observe.autoscale_meter import AutoscaleMeter
     from marshal_workers.observe.dashboard import GroupWatcher, Publisher
     from marshal_workers.ops.dashboard_server import serve
 
-    settings = _load(config_file, **options)
+    app = None
+    if app_path is not None:
+        ensure_cwd_importable()
+        app = load_app(app_path)
+    settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
     group = settings.require_group()
+    described = None if app is None else (lambda: asyncapi_json(app, brokers=settings.brokers))
     watcher = GroupWatcher(settings, group).start()
     publisher = Publisher(watcher.step).start()
     meter = AutoscaleMeter(watcher.step, settings).start()
     try:
-        asyncio.run(serve(publisher, meter, settings.dashboard_host, settings.dashboard_port,
-                          lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)")))  # fmt: skip
+        asyncio.run(serve(publisher, settings.dashboard_host, settings.dashboard_port,
+                          lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)"),
+                          asyncapi=described, autoscale=meter))  # fmt: skip
     finally:
         publisher.close()
         watcher.close()
@@ -629,16 +638,15 @@ def admin_set_position(
 @_reports_errors
 def asyncapi(app_path: str, title: str | None, doc_version: str, brokers: str | None, output: str | None) -> None:
     """Print the AsyncAPI 3.0 document of MODULE:APP: the topics it handles and sends to, and their payloads."""
-    from marshal_workers.handlers.asyncapi import asyncapi_document
+    from marshal_workers.handlers.asyncapi import asyncapi_json
     from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
 
     ensure_cwd_importable()
-    document = asyncapi_document(load_app(app_path), title, doc_version, brokers)
-    text = orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n"
+    text = asyncapi_json(load_app(app_path), title, doc_version, brokers)
     if output is None:
-        click.echo(text, nl=False)
+        click.echo(text.decode(), nl=False)
     else:
-        Path(output).write_text(text)
+        Path(output).write_bytes(text)
 
 
 @main.group()
@@ -647,32 +655,63 @@ def topics() -> None:
 
 
 @topics.command("create")
-@click.argument("names", nargs=-1, metavar="[TOPIC]...")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
 @_kafka_options
-@click.option("--app", "app_path", metavar="MODULE:APP", help="Also every topic of this application: each handler's "
-              "topic, and the dead-letter topic of each handler that dead-letters.")  # fmt: skip
+@click.option("--topic", "names", multiple=True, metavar="NAME", help="Also this topic (repeatable).")
 @click.option("--partitions", type=click.IntRange(1), required=True, help="Partitions of each topic created.")
 @click.option("--replication-factor", type=click.IntRange(1), default=None,
               help="Copies of each partition, at most the number of brokers (default: the cluster's default).")  # fmt: skip
 @click.option("--topic-config", "topic_config", multiple=True, metavar="KEY=VALUE",
               help="A topic setting for each topic created, e.g. retention.ms=604800000 (repeatable).")  # fmt: skip
 @_reports_errors
-def topics_create(names: tuple[str, ...], config_file: str | None, app_path: str | None, partitions: int,
+def topics_create(app_path: str | None, config_file: str | None, names: tuple[str, ...], partitions: int,
                   replication_factor: int | None, topic_config: tuple[str, ...], **options: Any) -> None:  # fmt: skip
-    """Create TOPIC... and, with --app, every topic of an application; topics that exist are left as they are."""
+    """Create every topic of MODULE:APP that is missing (each handler's topic, each topic it declares it sends to
+    with app.sends, each dead-letter topic) and each --topic; topics that exist are reported, not changed."""
     from marshal_workers.ops.topics import create_topics, wanted_topics
 
-    app = None
-    if app_path is not None:
-        from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
-
-        ensure_cwd_importable()
-        app = load_app(app_path)
+    app = _optional_app(app_path)
     settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
     wanted = wanted_topics(names, app, partitions)
     config = dict(_key_value(item, "--topic-config") for item in topic_config)
     created = create_topics(settings, wanted, replication_factor or -1, config, click.echo)  # -1: the cluster's
     click.echo(f"{created} of {len(wanted)} topics created")
+
+
+@topics.command("list")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@_kafka_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_reports_errors
+def topics_list(app_path: str | None, config_file: str | None, as_json: bool, **options: Any) -> None:
+    """The cluster's topics with their partitions; with MODULE:APP, the app's topics and what uses each (a topic
+    it needs that is missing is listed as such, and the exit code is 6)."""
+    from marshal_workers.ops.topics import listed_topics
+
+    app = _optional_app(app_path)
+    settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
+    rows = listed_topics(settings, app)
+    if as_json:
+        click.echo(orjson.dumps({"topics": rows}).decode())
+    else:
+        width = max((len(row["topic"]) for row in rows), default=5)
+        click.echo(f"{'TOPIC':<{width}}  PARTITIONS  USED BY")
+        for row in rows:
+            partitions = "missing" if row["partitions"] is None else str(row["partitions"])
+            click.echo(f"{row['topic']:<{width}}  {partitions:>10}  {', '.join(row['used_by']) or '-'}")
+    missing = [row["topic"] for row in rows if row["partitions"] is None]
+    if missing:
+        click.echo(f"missing: {', '.join(missing)}: marshal-workers topics create {app_path} --partitions N", err=True)
+        sys.exit(ExitCode.UNKNOWN_TOPIC)
+
+
+def _optional_app(app_path: str | None) -> Any:
+    if app_path is None:
+        return None
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+
+    ensure_cwd_importable()
+    return load_app(app_path)
 
 
 def _key_value(item: str, option: str) -> tuple[str, str]:

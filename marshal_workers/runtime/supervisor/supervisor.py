@@ -47,6 +47,7 @@ from marshal_workers.core.logs import group_log
 from marshal_workers.core.process_age import process_age
 from marshal_workers.errors import StopRequested
 from marshal_workers.handlers.app import App, effective_time_limits
+from marshal_workers.handlers.asyncapi import asyncapi_json
 from marshal_workers.handlers.rate_limits import create_buckets
 from marshal_workers.kafka.coordination_log import drain, wakeup_pair
 from marshal_workers.kafka.coordinator import Coordinator
@@ -190,7 +191,7 @@ class Supervisor:
             self._metrics = MetricsServer(
                 self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
                 Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
-                autoscale.answer,
+                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers), autoscale=autoscale.answer,
             )  # fmt: skip
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
         times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
