@@ -155,12 +155,21 @@ def broker(port: int) -> None:
     click.echo("embedded broker stopped")
 
 
+_DRAIN_TARGET = click.option(
+    "--drain-target", help="Autoscaling: how soon the wanted workers should drain the backlog (default 60s)."
+)
+
+
 @main.command()
 @_settings_options
 @click.option("--topic", help="Only this topic; its partitions that no record mentions show as unclaimed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of a table.")
+@click.option(
+    "--autoscale", is_flag=True, help="The backlog and the workers it wants, as GET /autoscale (measured over HB)."
+)
+@_DRAIN_TARGET
 @_reports_errors
-def status(config_file: str | None, topic: str | None, as_json: bool, **options: Any) -> None:
+def status(config_file: str | None, topic: str | None, as_json: bool, autoscale: bool, **options: Any) -> None:
     """Show the world state of a group: owner, offset and liveness of each partition."""
     from marshal_workers.kafka.coordination_log import read_group_state
     from marshal_workers.kafka.kafka_clients import admin_client, require_topic
@@ -169,6 +178,17 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 
     settings = _load(config_file, **options)
     group = settings.require_group()
+    if autoscale:
+        from marshal_workers.observe.autoscale import render_autoscale
+        from marshal_workers.observe.autoscale_meter import measure_once
+
+        if topic is not None:
+            raise ConfigError("--autoscale answers for every topic of the group: leave out --topic")
+        found = measure_once(settings, group)
+        click.echo(orjson.dumps(found).decode() if as_json else render_autoscale(found))
+        if not found["topics"]:
+            raise unknown_group(settings)
+        return
     topic_partitions = None if topic is None else require_topic(admin_client(settings), settings, topic)
     state = read_group_state(settings, group)
     now_ms = int(time.time() * 1000)
@@ -188,13 +208,16 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 @click.option("--port", "dashboard_port", type=click.IntRange(0, 65535), help="Port of the web server (default 8000).")
 @click.option("--host", "dashboard_host", help="Address to listen on (default 127.0.0.1: this host only).")
 @click.option("--app", "app_path", metavar="MODULE:APP", help="Also serve this app's AsyncAPI document at /asyncapi.json.")
+@_DRAIN_TARGET
 @_reports_errors
 def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> None:
-    """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters."""
+    """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters; and
+    GET /autoscale."""
     import asyncio
 
     from marshal_workers.handlers.asyncapi import asyncapi_json
     from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+    from marshal_workers.observe.autoscale_meter import AutoscaleMeter
     from marshal_workers.observe.dashboard import GroupWatcher, Publisher
     from marshal_workers.ops.dashboard_server import serve
 
@@ -207,10 +230,11 @@ def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> 
     described = None if app is None else (lambda: asyncapi_json(app, brokers=settings.brokers))
     watcher = GroupWatcher(settings, group).start()
     publisher = Publisher(watcher.step).start()
+    meter = AutoscaleMeter(watcher.step, settings).start()
     try:
         asyncio.run(serve(publisher, settings.dashboard_host, settings.dashboard_port,
                           lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)"),
-                          asyncapi=described))  # fmt: skip
+                          asyncapi=described, autoscale=meter))  # fmt: skip
     finally:
         publisher.close()
         watcher.close()
@@ -245,6 +269,7 @@ def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> 
 @click.option(
     "--dashboard/--no-dashboard", default=None, help="Also serve the live dashboard on the metrics port, at /dashboard."
 )
+@_DRAIN_TARGET
 @_reports_errors
 def run(app_path: str, config_file: str | None, **options: Any) -> None:
     """Run the handlers of MODULE:APP: one worker process per claimed partition, and --processes workers per

@@ -55,6 +55,7 @@ from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.kafka_clients import admin_client
 from marshal_workers.kafka.offsets import OffsetStore
+from marshal_workers.observe.autoscale_meter import AutoscaleMeter
 from marshal_workers.observe.dashboard import Publisher, supervisor_step
 from marshal_workers.observe.dashboard_model import Dashboard
 from marshal_workers.observe.metrics import Counters, MetricsServer, Probes, Snapshot
@@ -194,10 +195,11 @@ class Supervisor:
         if self.settings.metrics_port:
             if self.settings.dashboard:
                 self._dashboard = Publisher(self._dashboard_step()).start()
+            autoscale = AutoscaleMeter(self._dashboard_step(), self.settings).start()
             self._metrics = MetricsServer(
                 self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
                 Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
-                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers),
+                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers), autoscale=autoscale.answer,
             )  # fmt: skip
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
         times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
