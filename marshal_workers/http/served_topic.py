@@ -46,7 +46,7 @@ from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.http.read_ahead import ReadAhead
 from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
+from marshal_workers.kafka.dead_letters import DeadLetterWriter, letter_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client
 from marshal_workers.kafka.metadata_refresh import MetadataRefresh
@@ -719,7 +719,7 @@ class ServedTopic:
             error = MaxDeliveriesExceeded(f"delivered {deliveries} times and never acked "
                                           f"(max_deliveries={self.options.max_deliveries})")  # fmt: skip
             try:
-                headers = error_headers("serve", message, error) + [("deliveries", str(deliveries).encode())]
+                headers = letter_headers("serve", message, error, deliveries)
                 self._dlq.write(self.options.dead_letter_topic, [message], [headers])
             except Exception as exc:  # noqa: BLE001 - try again next pass
                 self.log.warning("%s[%d]: writing offset %d to %s failed: %s", self.topic, held.partition, offset,

@@ -72,8 +72,8 @@ class TopicWatch:
             if found is None or found.error is not None or not found.partitions:
                 if first:
                     raise UnknownTopicError(
-                        f"handler topic {topic!r} does not exist on {self.settings.brokers}; create it, "
-                        "or remove its handler"
+                        f"handler topic {topic!r} does not exist on {self.settings.brokers}; create it "
+                        "(marshal-workers topics create MODULE:APP --partitions N), or remove its handler"
                     )
                 self.log.error("topic %s has disappeared from the cluster", topic)
                 continue
