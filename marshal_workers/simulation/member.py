@@ -487,6 +487,24 @@ class SimMember:
             else:
                 self.stop_worker(assignment)
 
+    # ------------------------------------------------------ operators' orders
+
+    def shared_topics(self) -> list[str]:
+        return [shared.topic for shared in self.shared]
+
+    def shut_down(self) -> None:
+        self.leave()
+
+    def drain(self, drained: bool) -> None:
+        self.drained = drained
+
+    def hold_back(self, topics: set[str]) -> None:
+        for shared in self.shared:
+            shared.leasing.held_back = shared.topic in topics
+
+    def hand_over(self, assignment: SimAssignment, reason: str) -> None:
+        self.give_back(assignment)
+
     def slow(self, rate: float | None) -> None:
         now = self.env.clock.now
         for assignment in self.assignments.values():
