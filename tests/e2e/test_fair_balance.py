@@ -16,7 +16,8 @@ def held(fleet: Fleet) -> dict[str, int]:
 
 
 def test_a_second_fair_supervisor_gets_half_and_nothing_is_lost_or_repeated(fleet: Fleet) -> None:
-    fleet.start("first", "--balance", "fair")
+    # No --balance: fair is the default, so two supervisors of one app share the work, whichever started first.
+    fleet.start("first")
     fleet.produce(range(800))
     poll_until(lambda: len(fleet.counts()) == 800, what="the first supervisor handling everything")
     assert held(fleet) == {"first": 8}
@@ -33,7 +34,7 @@ def test_a_second_fair_supervisor_gets_half_and_nothing_is_lost_or_repeated(flee
     producer = threading.Thread(target=keep_producing)
     producer.start()
     try:
-        fleet.start("second", "--balance", "fair")
+        fleet.start("second")
         poll_until(lambda: held(fleet) == {"first": 4, "second": 4}, timeout=30, what="4 and 4")
     finally:
         stop.set()

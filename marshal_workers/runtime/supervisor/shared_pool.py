@@ -135,7 +135,10 @@ class SharedPool:
         settings: Settings,
         log: ContextLog,
         partition_counts: Callable[[str], int | None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: monotonic seconds, the clock of the workers' lease deadlines (channel.monotonic_ms); a unit
+        test's fake clock."""
         self.app_path = app_path
         self.settings = settings
         self.log = log
@@ -154,6 +157,7 @@ class SharedPool:
         self._coordinator: Coordinator | None = None
         self._writes: InFlightWrites | None = None
         self._offsets: OffsetStore | None = None
+        self._clock = clock
         rng = random.Random()
         for shared in self.topics.values():
             shared.lease_through(self, rng, log)
@@ -179,7 +183,7 @@ class SharedPool:
         """One pass of the supervisor's loop: workers' news, exits, starts, then claims, renewals, settlements."""
         if not self.topics or self._coordinator is None:
             return
-        now = time.monotonic()
+        now = self._clock()
         for topic, shared in self.topics.items():
             for worker in shared.workers:
                 self._read_worker(topic, shared, worker, now)
@@ -187,6 +191,7 @@ class SharedPool:
                 if worker.process is None and worker.restart_at is not None and worker.restart_at <= now:
                     self._start_worker(topic, worker)
             self._ask_high_watermarks(topic, shared, now)
+            # ms in monotonic_ms's unit (channel.py): the clock the workers check their leases' deadlines on
             shared.leasing.step(now, int(now * 1000), self._require_coordinator().now_ms())
 
     def begin_stop(self) -> None:

@@ -56,11 +56,10 @@ from marshal_workers.handlers.app import App, HandlerSpec, Message, Mode
 from marshal_workers.handlers.failure_logs import log_dead_letter, log_ignored, log_left_for_later, log_retry
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.handlers.hooks import Hooks, run_hooks
-from marshal_workers.handlers.loader import load_app
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.handlers.rate_limits import Throttle
 from marshal_workers.handlers.retry_policy import Action, next_step
-from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
+from marshal_workers.kafka.dead_letters import error_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import client_config
 from marshal_workers.kafka.outbox import Outbox
@@ -82,10 +81,11 @@ from marshal_workers.runtime.messages import (
 )  # fmt: skip
 from marshal_workers.runtime.worker.alarm import Alarm
 from marshal_workers.runtime.worker.process import (
+    REAL_EDGES,
+    ProcessEdges,
     exit_process,
     finish_worker,
     send_failed,
-    start_process,
     take_up_handler,
 )
 from marshal_workers.runtime.worker.stack_dumps import worker_heading
@@ -138,8 +138,9 @@ def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_buck
 
 class SharedWorker:
     def __init__(self, spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None,
-                 range_slot: Any = None) -> None:  # fmt: skip
+                 range_slot: Any = None, edges: ProcessEdges = REAL_EDGES) -> None:  # fmt: skip
         self.spec = spec
+        self._edges = edges
         self.slot = RangeSlot(range_slot) if range_slot is not None else None  # our position in the range in hand
         self._next_progress_ms = 0
         self.rate_bucket = rate_bucket
@@ -151,7 +152,7 @@ class SharedWorker:
         self.ranges: collections.deque[_Range] = collections.deque()
         self._consumer: GuardedConsumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
-        self._dlq = DeadLetterWriter(spec.settings)
+        self._dlq = edges.dead_letters(spec.settings)
         self._other_groups = OtherGroups(spec.settings.require_group())  # messages redriven for another group
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
@@ -161,12 +162,12 @@ class SharedWorker:
         self._alarm: Alarm | None = None  # raised near the deadline of the range in hand (started in run)
 
     def run(self) -> WorkerExit:
-        start_process(self.spec.settings, self._stack_dump_heading, self._request_stop)
+        self._edges.start(self.spec.settings, self._stack_dump_heading, self._request_stop)
         setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "
                                   f"#{self.spec.index}")  # fmt: skip
         app: App | None = None
         try:
-            app = load_app(self.spec.app_path)
+            app = self._edges.load(self.spec.app_path)
             taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket, self.spec.settings)
             handler, self.throttle, self.max_age_ms = taken.handler, taken.throttle, taken.max_age_ms
             self._plain = self.throttle is None and not self.max_age_ms
@@ -178,7 +179,7 @@ class SharedWorker:
             return WorkerExit.BOOT_ERROR
         try:
             settings = self.spec.settings
-            self._consumer = GuardedConsumer(
+            self._consumer = self._edges.consumer(
                 consumer_settings(settings),
                 f"shared worker of {settings.require_group()} {self.spec.topic}",
                 settings.heartbeat_interval,
@@ -283,6 +284,8 @@ class SharedWorker:
         assert self._alarm is not None
         self._arm(leased)  # raised near the deadline or the next progress report: till then no clock per message
         plain = self._plain and leased.tries < handler.max_deliveries
+        records: list[Any] = []
+        errors: list[Any] = []
         while next_offset is not None and next_offset < leased.end:
             if monotonic_ms() >= leased.deadline_ms:
                 return self._abandon(leased, next_offset)
@@ -306,6 +309,11 @@ class SharedWorker:
                 leased.busy_ms += (time.perf_counter() - fetched_at) * 1000
         if next_offset is not None:
             self._settle(leased, leased.end)
+            if records and records[-1].offset() + (errors[-1] is None) > leased.end:
+                # Offsets without a message (transaction markers, compaction) let the last fetch, counted in
+                # messages, read past the range: the consumer stands beyond its end, so the next range seeks even
+                # if it starts there (it used to read on, never saw those messages, and its lease ran out).
+                self._position = None
         return None
 
     def _handle_plain(self, handler: HandlerSpec, leased: _Range, records: list[Any], next_offset: int) -> int | None:
