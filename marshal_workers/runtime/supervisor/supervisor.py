@@ -239,7 +239,7 @@ class Supervisor:
 
     def _hold_back_shared(self, topics: set[str]) -> None:
         """The shared topics to lease no more ranges of (an operator paused them, or drained us)."""
-        self.shared.held_back = topics
+        self.shared.hold_back(topics)
 
     def _stop_asked(self) -> bool:
         """Has SIGTERM, SIGINT or SIGHUP come (start-up steps give up on it)?"""
