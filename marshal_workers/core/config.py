@@ -88,7 +88,7 @@ CONSUMER_ONLY = frozenset(
     heartbeat.interval.ms isolation.level max.partition.fetch.bytes max.poll.interval.ms max.poll.records
     offset.store.method offset.store.path offset.store.sync.interval.ms offset_commit_cb
     partition.assignment.strategy queued.max.messages.kbytes queued.min.messages rebalance_cb session.timeout.ms
-    """.split()
+    """.split()  # noqa: SIM905 - the names as librdkafka's table lists them, easier to compare than a list
 )
 PRODUCER_ONLY = frozenset(
     """
@@ -98,7 +98,7 @@ PRODUCER_ONLY = frozenset(
     produce.offset.report queue.buffering.backpressure.threshold queue.buffering.max.kbytes
     queue.buffering.max.messages queue.buffering.max.ms queuing.strategy request.required.acks request.timeout.ms
     retries sticky.partitioning.linger.ms transaction.timeout.ms transactional.id
-    """.split()
+    """.split()  # noqa: SIM905 - the names as librdkafka's table lists them, easier to compare than a list
 )
 _ONLY = {"consumer": CONSUMER_ONLY, "producer": PRODUCER_ONLY}
 
@@ -189,6 +189,11 @@ SETTINGS: dict[str, Setting] = {
         Setting("dashboard", _parse_bool, "run: also serve the live dashboard on the metrics port, at /dashboard."),
         Setting("dashboard_port", _parse_int(0), "The port of the `dashboard` command's web server."),
         Setting("dashboard_host", _parse_str, "The address the `dashboard` command listens on."),
+        Setting(
+            "drain_target",
+            parse_duration,
+            "/autoscale: how soon the wanted workers should drain the backlog (docs/operations.md, Autoscaling).",
+        ),
         Setting("serve_topic", _parse_str, "serve: the shared topic served over HTTP."),
         Setting("serve_port", _parse_int(0), "serve: the HTTP port of the Read / Ack / Cancel service."),
         Setting("serve_host", _parse_str, "serve: the address it listens on (not loopback: give a token)."),
@@ -243,6 +248,7 @@ class Settings:
     dashboard: bool = False
     dashboard_port: int = 8000
     dashboard_host: str = "127.0.0.1"  # read-only, but it shows the group to anyone who can reach it
+    drain_target: float = 60.0
     serve_topic: str | None = None
     serve_port: int = 8080
     serve_host: str = "127.0.0.1"  # without a token, this host only

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import orjson
 
 from marshal_workers.errors import ConfigError
 from marshal_workers.handlers.serializers import BUILT_IN, is_pydantic_model, serializer_name
@@ -170,6 +171,11 @@ def asyncapi_document(
         "components": {"messages": messages, "schemas": dict(sorted(schemas.found.items()))},
     }
     return document
+
+
+def asyncapi_json(app: Any, title: str | None = None, version: str = "1.0.0", brokers: str | None = None) -> bytes:
+    """The document as the command prints it and the dashboard serves it (``/asyncapi.json``): indented JSON."""
+    return orjson.dumps(asyncapi_document(app, title, version, brokers), option=orjson.OPT_INDENT_2) + b"\n"
 
 
 def _channel(topic: str, message: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -25,10 +25,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from marshal_workers.errors import ConfigError
-from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, page, sse_event
+from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, asyncapi_answer, page, sse_event
 from marshal_workers.observe.latency import LATENCY_BOUNDS
 
 PREFIX = "marshal_workers"
+_M = TypeVar("_M", bound=Metric)  # a kind of metric family
 
 
 @dataclass
@@ -124,7 +125,7 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     group, counters = snapshot.group, snapshot.counters
     labels = ["group", "topic", "partition"]
 
-    def per_partition(kind: type[Metric], name: str, doc: str) -> Metric:
+    def per_partition(kind: type[_M], name: str, doc: str) -> _M:
         return kind(f"{PREFIX}_{name}", doc, labels=labels)  # type: ignore[call-arg]
 
     next_offset = per_partition(GaugeMetricFamily, "partition_next_offset", "Next offset the worker will handle.")
@@ -223,8 +224,8 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
         (
             "coordination_fetch_stalls",
-            "Times the broker answered the coordination log's fetches without records while it was behind, and it "
-            "was read again with a longer fetch wait (docs/brokers.md).",
+            ("Times the broker answered the coordination log's fetches without records while it was behind, and it "
+             "was read again with a longer fetch wait (docs/brokers.md)."),
             snapshot.coordination_fetch_stalls,
         ),
         (
@@ -318,7 +319,9 @@ class MetricsServer:
     systemd's watchdog scripts) and ``/state`` (the SIGUSR1 document as JSON).  With a dashboard publisher
     (``run --dashboard``): the live dashboard's page at ``/dashboard/``, its JSON at ``/dashboard/api/state``
     and its server-sent events at ``/dashboard/events`` (the same page and documents as the ``dashboard``
-    command; each event stream holds one of the server's threads).
+    command; each event stream holds one of the server's threads).  With an app's document: its AsyncAPI
+    document at ``/asyncapi.json``.  With ``autoscale`` (an AutoscaleMeter's ``answer``): ``/autoscale``, the
+    group's backlog and the workers it wants (docs/operations.md, Autoscaling).
     """
 
     def __init__(
@@ -328,10 +331,14 @@ class MetricsServer:
         take_snapshot: Callable[[], Snapshot],
         probes: Probes | None = None,
         dashboard: Publisher | None = None,
+        asyncapi: Callable[[], bytes] | None = None,
+        autoscale: Callable[[str], tuple[int, bytes]] | None = None,
     ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(take_snapshot))
-        handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes, "dashboard": dashboard})
+        handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes, "dashboard": dashboard,
+                                                "asyncapi": staticmethod(asyncapi_answer(asyncapi)),
+                                                "autoscale": None if autoscale is None else staticmethod(autoscale)})  # fmt: skip
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -352,13 +359,17 @@ class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
     probes: Probes | None
     dashboard: Publisher | None
+    asyncapi: Callable[[], tuple[int, bytes]]
+    autoscale: Callable[[str], tuple[int, bytes]] | None
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server name
-        path = self.path.split("?", 1)[0]
+    def do_GET(self) -> None:  # the http.server name
+        path, _, query = self.path.partition("?")
         probes = self.probes
         try:
             if self.dashboard is not None and path.startswith("/dashboard"):
                 self._dashboard(path[len("/dashboard"):], self.dashboard)
+            elif self.autoscale is not None and path == "/autoscale":
+                self._send(*self.autoscale(query), "application/json")
             elif path in ("/metrics", "/"):
                 self._send(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
             elif probes is not None and path in ("/healthz", "/readyz"):
@@ -366,9 +377,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200 if ok else 503, orjson.dumps({"ok": ok, **details}), "application/json")
             elif probes is not None and path == "/state":
                 self._send(200, orjson.dumps(probes.state()), "application/json")
+            elif path == "/asyncapi.json":
+                self._send(*self.asyncapi(), "application/json")
             else:
-                self._send(404, orjson.dumps({"error": f"no {path} here: /metrics, /healthz, /readyz, /state"}),
-                           "application/json")  # fmt: skip
+                self._send(404, orjson.dumps({"error": f"no {path} here: /metrics, /healthz, /readyz, /state, "
+                                                       "/asyncapi.json, /autoscale"}), "application/json")  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a probe that fails answers 500, the server goes on
             self._send(500, orjson.dumps({"error": f"{type(exc).__name__}: {exc}"}), "application/json")
 
@@ -416,5 +429,5 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:  # http.server's signature
         pass  # a scrape or probe every few seconds is not worth a log line

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from marshal_workers.protocol.world_state import Liveness, WorldState
@@ -35,7 +36,7 @@ def status_document(
     }
     if shared_keys:  # an extension of the document, there only when the group shares partitions
         document["shared"] = [_shared_row(state, t, p, now_ms) for t, p in sorted(shared_keys)]
-    # Operators' orders (release 0.5.0), there only when some are in force.
+    # Operators' orders, there only when some are in force.
     drained = state.drained_clients()
     if drained:
         document["drained"] = [{"client": client, "since": at} for client, at in sorted(drained.items())]
@@ -134,11 +135,11 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
         return f"{header}\n(no partitions: the coordination log holds no record of this group)"
     lines = [header]
     if rows:
-        lines += _aligned(_COLUMNS, rows)
+        lines += aligned(_COLUMNS, rows)
         counts = _count_states(document)
         lines.append(", ".join(f"{n} {name}" for name, n in counts.items() if n))
     if shared:
-        lines += ["", "shared partitions (range leases)"] + _aligned(_SHARED_COLUMNS, [_shared_cells(r) for r in shared])
+        lines += ["", "shared partitions (range leases)"] + aligned(_SHARED_COLUMNS, [_shared_cells(r) for r in shared])
         leases = [
             (row["topic"], str(row["partition"]), f"{lease['client']}/{lease['instance']}",
              f"{lease['offset']}..{lease['end'] - 1}", f"{lease['age_s']:.1f}s", f"{lease['expires_in_s']:.1f}s",
@@ -146,7 +147,7 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
             for row in shared for lease in row["leases"]
         ]  # fmt: skip
         if leases:
-            lines += ["", "leases in flight"] + _aligned(_LEASE_COLUMNS, leases)
+            lines += ["", "leases in flight"] + aligned(_LEASE_COLUMNS, leases)
     return "\n".join(lines)
 
 
@@ -162,7 +163,8 @@ def _shared_cells(row: dict[str, Any]) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _aligned(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def aligned(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """A table's lines: the header ``columns`` and the ``rows``, each column as wide as its widest cell."""
     widths = [max(len(cell) for cell in column) for column in zip(columns, *rows)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (columns, *rows)]
 
@@ -177,7 +179,7 @@ def _count_states(document: dict[str, Any]) -> dict[str, int]:
 def utc_text(ms: int) -> str:
     """A time (ms since epoch) for people: ``2026-11-22 10:00:00 UTC``."""
     try:
-        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     except (ValueError, OverflowError, OSError):  # any int is valid on the wire, not every int is a date
         return f"{ms} ms since epoch"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

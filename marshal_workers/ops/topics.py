@@ -2,9 +2,10 @@
 
 ``run`` refuses a handler topic that does not exist (UnknownTopicError: on clusters that create topics on first
 use, a typo would otherwise start an empty topic) and creates only the dead-letter topics and the coordination
-topic itself.  This command creates the handler topics: given by name, or every topic of an application
-(``--app MODULE:APP``: each handler's topic, and the dead-letter topic of each handler whose on_error is "dlq").
-A topic that exists is left as it is and reported, so the command can run before every deploy.
+topic itself.  ``topics create MODULE:APP`` creates every topic of an application (app_topics: each handler's
+topic, each topic it declares it sends to, each dead-letter topic), and ``--topic NAME`` more.  A topic that exists
+is left as it is and reported, so the command can run before every deploy.  ``topics list [MODULE:APP]`` shows
+them with their partitions and what uses each.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
@@ -29,24 +31,46 @@ class WantedTopic:
     why: str  # "named", "handler", "dead letters of <topic>": what the report says
 
 
+def app_topics(app: App) -> dict[str, list[str]]:
+    """Every topic the app uses, with what uses it: its handlers' topics, the topics it declares it sends to
+    (``app.sends``) and the dead-letter topics of its handlers that dead-letter."""
+    used: dict[str, list[str]] = {}
+    for topic, handler in sorted(app.handlers.items()):
+        used.setdefault(topic, []).append(f"handler {handler.name}")
+        if handler.on_error is OnError.DLQ:
+            used.setdefault(handler.dlq_topic, []).append(f"dead letters of {topic}")
+    for topic in sorted(app.outputs):
+        used.setdefault(topic, []).append("app.send (declared with app.sends)")
+    return used
+
+
 def wanted_topics(names: Iterable[str], app: App | None, partitions: int) -> list[WantedTopic]:
-    """The topics to create, each once, in the order given: ``names``, then the app's handler and dead-letter
-    topics.  ConfigError if there is nothing to create or a name is not a valid topic name."""
+    """The topics to create, each once: the app's (app_topics), then ``names``.  ConfigError if there is nothing to
+    create or a name is not a valid topic name."""
     found: dict[str, WantedTopic] = {}
+    if app is not None:
+        for topic, used_by in app_topics(app).items():
+            found[topic] = WantedTopic(topic, partitions, "; ".join(used_by))
     for name in names:
         found.setdefault(name, WantedTopic(name, partitions, "named"))
-    if app is not None:
-        for topic, handler in app.handlers.items():
-            found.setdefault(topic, WantedTopic(topic, partitions, "handler"))
-            if handler.on_error is OnError.DLQ:
-                found.setdefault(
-                    handler.dlq_topic, WantedTopic(handler.dlq_topic, partitions, f"dead letters of {topic}")
-                )
     if not found:
-        raise ConfigError("no topic to create: name topics, or give --app MODULE:APP for every topic of an application")
+        raise ConfigError("no topic to create: give MODULE:APP for every topic of an application, or --topic NAME")
     for wanted in found.values():
         _check_name(wanted.name)
     return list(found.values())
+
+
+def listed_topics(settings: Settings, app: App | None) -> list[dict[str, Any]]:
+    """``topics list``: with an app, its topics (app_topics) and their partitions (None: missing); without, every
+    topic of the cluster but its internal ones (``__``), none used by anything known."""
+    existing = cluster_metadata(admin_client(settings), settings).topics
+    counts = {name: len(found.partitions) for name, found in existing.items()
+              if found.error is None and found.partitions}  # fmt: skip
+    if app is None:
+        return [{"topic": name, "partitions": count, "used_by": []}
+                for name, count in sorted(counts.items()) if not name.startswith("__")]  # fmt: skip
+    return [{"topic": name, "partitions": counts.get(name), "used_by": used_by}
+            for name, used_by in app_topics(app).items()]  # fmt: skip
 
 
 def _check_name(name: str) -> None:

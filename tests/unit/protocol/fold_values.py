@@ -122,8 +122,9 @@ def shared_partitions(draw: st.DrawFn) -> SharedPartition:
 pauses = st.builds(lambda until, client: built(Pause, {"until": until, "client": client}), times, names)
 # A Controls with no order is no order: the fold and a checkpoint keep none (checkpoints.seed).
 orders = st.dictionaries(names, times, max_size=3)
-controls = st.builds(lambda drained, shutdowns: built(Controls, {"drained": drained, "shutdowns": shutdowns}),
-                     orders, orders).filter(lambda found: bool(found.drained or found.shutdowns))  # fmt: skip
+controls = st.builds(
+    lambda drained, shutdowns: built(Controls, {"drained": drained, "shutdowns": shutdowns}), orders, orders
+).filter(lambda found: bool(found.drained or found.shutdowns))
 keys = st.tuples(st.sampled_from(["orders", "payments", "audit"]), st.integers(0, 5))
 
 

@@ -50,20 +50,29 @@ def test_every_field_a_checkpoint_carries_survives_writing_and_reading_it(state:
     assert carried(seeded(read)) == carried(state)  # type: ignore[arg-type]
 
 
-def test_a_checkpoint_written_by_release_0_7_0_reads_as_the_state_it_was_written_from() -> None:
+def test_a_checkpoint_written_before_reads_as_the_state_it_was_written_from() -> None:
     parts = [codec.decode(line) for line in ENCODED.read_bytes().splitlines()]
     assert carried(seeded(parts)) == carried(full_state())  # type: ignore[arg-type]
 
 
-def test_the_state_is_written_as_release_0_7_0_wrote_it() -> None:
+def test_the_state_is_written_byte_for_byte_as_before() -> None:
     written = checkpoints.state_records(full_state(), 0, AS_OF, WRITER, PER_RECORD)
     assert [codec.encode(part) for part in written] == ENCODED.read_bytes().splitlines()
 
 
 def test_a_checkpoint_is_trusted_no_more_than_the_records_it_stands_for() -> None:
     # Reported numbers are checked as a heartbeat's are, and a request to hand over needs an owner to ask.
-    position = codec.Position(topic="orders", partition=0, offset=5, lag=-1, rate="fast", in_flight=True,
-                              window_used=2**64, call_age_s=1.5, release_requested=True)  # fmt: skip
+    position = codec.Position(
+        topic="orders",
+        partition=0,
+        offset=5,
+        lag=-1,
+        rate="fast",
+        in_flight=True,
+        window_used=2**64,
+        call_age_s=1.5,
+        release_requested=True,
+    )
     state = seeded([codec.Checkpoint(**WRITER, source=0, as_of=1, positions=(position,))])
     found = state.get("orders", 0)
     assert found is not None

@@ -28,13 +28,17 @@ from fake_record import FakeRecord
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import partition_log
-from marshal_workers.handlers.app import App, Message
+from marshal_workers.handlers.app import App, HandlerSpec, Message
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.handlers.hooks import Hooks
 from marshal_workers.protocol import done_set
 from marshal_workers.runtime.channel import SLOT_SIZE, ClaimAnswer, Field, WorkerSpec
 from marshal_workers.runtime.worker.admission import Admission
+from marshal_workers.runtime.worker.batch_loop import BatchLoop
 from marshal_workers.runtime.worker.failures import Failures
+from marshal_workers.runtime.worker.instrumentation import LatencySampling
+from marshal_workers.runtime.worker.lane_runner import LaneRunner
+from marshal_workers.runtime.worker.one_call_loop import OneCallLoop
 from marshal_workers.runtime.worker.process import ProcessEdges
 
 TOPIC, PARTITION = "orders", 3
@@ -276,6 +280,18 @@ def failures_on(link: FakeLink, dead_letters: DeadLetters, max_age_ms: int = 0) 
 
 def admission_on(link: FakeLink, failures: Failures) -> Admission:
     return Admission(link, failures, None, 0)  # type: ignore[arg-type]
+
+
+def run_partition_loop(loop: str, link: FakeLink, dead_letters: DeadLetters, handler: HandlerSpec) -> WorkerExit:
+    """Run the partition worker's ``loop`` ("one call", "batch", or one whose name starts with "lanes") on the fake
+    link, as worker.py builds it."""
+    clock, failures = link.clock, failures_on(link, dead_letters)
+    if loop.startswith("lanes"):
+        return LaneRunner(link, failures, handler, clock=clock).run()  # type: ignore[arg-type]
+    sampling = LatencySampling(handler)
+    if loop == "one call":
+        return OneCallLoop(link, failures, admission_on(link, failures), sampling, FakeAlarm(clock)).run()  # type: ignore[arg-type]
+    return BatchLoop(link, failures, admission_on(link, failures), sampling).run()  # type: ignore[arg-type]
 
 
 class RecordingHandler:
