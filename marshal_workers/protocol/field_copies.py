@@ -40,15 +40,21 @@ def copier(cls: type[T]) -> Callable[[T], T]:
     if not dataclasses.is_dataclass(cls):
         raise NoCopyRule(f"{cls.__name__} is not a dataclass")
     hints = typing.get_type_hints(cls)
-    names: dict[str, Any] = {"cls": cls}
+    names: dict[str, Any] = {"cls": cls, "copier": copier}
     arguments = []
     for found in dataclasses.fields(cls):
         if not found.init:
             raise NoCopyRule(f"{cls.__name__}.{found.name}: a field the constructor does not take")
         value = _copied(hints[found.name], f"self.{found.name}", names, f"{cls.__name__}.{found.name}")
         arguments.append(f"{found.name}={value}" if found.kw_only else value)
-    # Generated once, as dataclasses generates __init__: a plain constructor call, the fastest copy Python has.
-    source = f"def copy(self):\n    return cls({', '.join(arguments)})\n"
+    # Generated once, as dataclasses generates __init__: a plain constructor call, the fastest copy Python has.  An
+    # instance of a subclass (a test's planted bug) is copied by its own class's copier, so it keeps its class.
+    source = (
+        "def copy(self):\n"
+        "    if type(self) is not cls:\n"
+        "        return copier(type(self))(self)\n"
+        f"    return cls({', '.join(arguments)})\n"
+    )
     exec(source, names)  # noqa: S102  (the source is made of field names only)
     made: Callable[[T], T] = names["copy"]
     made.__qualname__ = f"copier({cls.__name__})"

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from marshal_workers.protocol.field_copies import NoCopyRule, copier
+from marshal_workers.protocol.range_leases import Holder, SharedPartition
 
 states = st.one_of(partition_states(), shared_partitions(), st.integers(0, 100).flatmap(lambda s: leases(s, s + 10)))
 
@@ -69,3 +70,18 @@ def test_items_that_are_dataclasses_are_copied_by_their_own_copier() -> None:
     copied = copier(Box)(box)
     copied.items["a"].seen.add(2)
     assert copied.label == "x" and box.items["a"].seen == {1}
+
+
+class PlantedLeases(SharedPartition):
+    """A subclass, as a test plants a bug in the fold: its copies must keep the bug."""
+
+    def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
+        return True
+
+
+def test_a_copy_of_a_subclass_keeps_its_class() -> None:
+    planted = PlantedLeases(low=0, done=[(1, 2)])
+    copied = planted.copy()
+    assert type(copied) is PlantedLeases and copied == planted
+    copied.done.append((3, 4))
+    assert planted.done == [(1, 2)]
