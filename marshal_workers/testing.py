@@ -13,6 +13,9 @@ headers it would carry.
 
     [result] = run_handler(app, "orders", [make_message({"id": 1, "amount": 5})])
     assert result.outcome == "done"
+
+:func:`run_app` runs a whole application the same way: the input messages through their topics' handlers, and
+what those send (``app.send``) on to the app's handler of the destination, until nothing is left to handle.
 """
 
 from __future__ import annotations
@@ -31,17 +34,16 @@ import orjson
 
 from marshal_workers.core.config import load_settings
 from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimitExceeded
-from marshal_workers.handlers.app import App, HandlerSpec, Message, OnError, effective_time_limits
+from marshal_workers.handlers.app import App, HandlerSpec, Message, effective_time_limits
+from marshal_workers.handlers.failure_path import Decision, FailurePath, Fate
 from marshal_workers.handlers.hooks import run_hooks
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.handlers.models import check_serializer
-from marshal_workers.handlers.retry_policy import Action, next_step
 from marshal_workers.handlers.serializers import is_model_value
-from marshal_workers.handlers.signals import rejected_of
-from marshal_workers.kafka.dead_letters import error_headers, traceback_text
+from marshal_workers.kafka.dead_letters import letter_headers, traceback_text
 from marshal_workers.protocol.dead_letter_groups import for_another_group, origin_headers
 
-__all__ = ["FakeRecord", "HandlerResult", "make_message", "run_handler"]
+__all__ = ["AppRun", "FakeRecord", "HandlerResult", "SentMessage", "make_message", "run_app", "run_handler"]
 
 
 class FakeRecord:
@@ -213,6 +215,7 @@ def run_handler(
     others = [m for m in given if group and for_another_group(m.headers, group)]
     results: dict[int, HandlerResult] = {id(m): HandlerResult(m, "other_group") for m in others}
     released: set[int] = set()
+    paths: dict[int, FailurePath] = {}
     outbox, app.outbox = app.outbox, _CapturingOutbox()  # type: ignore[assignment]
     try:
         for unit in _units(handler, [m for m in given if id(m) not in results]):
@@ -220,7 +223,9 @@ def run_handler(
                 for msg in unit:
                     results[id(msg)] = HandlerResult(msg, "not_handled")
                 continue
-            for result in _run_unit(app, handler, unit, soft, hard, sleep, rng, origin):
+            # One failure path per partition, as each partition has its worker (dlq_limit counts in a row there).
+            path = paths.setdefault(unit[0].partition, FailurePath(rng=rng))
+            for result in _run_unit(app, handler, unit, soft, hard, sleep, path, origin):
                 results[id(result.message)] = result
                 if result.outcome == "released":
                     released.add(result.message.partition)
@@ -247,7 +252,7 @@ def _units(handler: HandlerSpec, messages: list[Message]) -> Iterator[list[Messa
 
 
 def _run_unit(
-    app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, rng: random.Random,
+    app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, path: FailurePath,
     origin: list[tuple[str, bytes]],
 ) -> list[HandlerResult]:  # fmt: skip
     if handler.max_age:  # as a worker does when it gets to them: too old, skipped or dead-lettered, never called
@@ -256,42 +261,48 @@ def _run_unit(
         if old:
             unit = [m for m in unit if m not in old]
             return _too_old(app, handler, old, now_ms, max_age_ms, origin) + (
-                _run_unit(app, handler, unit, soft, hard, sleep, rng, origin) if unit else []
+                _run_unit(app, handler, unit, soft, hard, sleep, path, origin) if unit else []
             )
     attempts, delays = 0, []
     capture = app.outbox
     assert isinstance(capture, _CapturingOutbox)
     capture.sent = sent = []
+    offsets = [m.offset for m in unit]
     while True:
         attempts += 1
         argument: Any = [Message(m._record, attempts) for m in unit] if handler.batch else Message(unit[0]._record, attempts)
         try:
             _call(handler, argument, soft, hard)
             return [HandlerResult(m, "done", attempts, None, delays, sent=sent) for m in unit]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
             error: Exception = exc
-        step = next_step(handler.retry_policy, error, attempts, rng)
-        if step.action is Action.RETRY:
-            delays.append(step.delay)
-            if sleep:
-                time.sleep(step.delay)
+        decision = path.after_call(handler, offsets, error, attempts)  # the worker's failure path
+        if decision.fate is not Fate.RETRY:
+            return _results(app, handler, unit, decision, attempts, delays, sent, origin)
+        delays.append(decision.delay)
+        if sleep:
+            time.sleep(decision.delay)
+
+
+def _results(
+    app: App, handler: HandlerSpec, unit: list[Message], decision: Decision, attempts: int, delays: list[float],
+    sent: list[Any], origin: list[tuple[str, bytes]],
+) -> list[HandlerResult]:  # fmt: skip
+    """What became of the messages of a call that failed for good: as ``decision`` says; of a typed batch whose
+    payloads did not all decode, the others were handled."""
+    if decision.fate is not Fate.DEAD_LETTER:
+        outcome = {Fate.IGNORED: "ignored", Fate.RELEASE: "released"}[decision.fate]
+        return [HandlerResult(m, outcome, attempts, decision.error, delays, sent=sent) for m in unit]
+    results = []
+    for position, msg in enumerate(unit):
+        own = decision.letters.get(position)
+        if own is None:
+            results.append(HandlerResult(msg, "done", attempts, None, delays, sent=sent))
             continue
-        if step.action is Action.IGNORE:
-            return [HandlerResult(m, "ignored", attempts, error, delays, sent=sent) for m in unit]
-        if step.action is Action.GIVE_UP and handler.on_error is OnError.RELEASE:
-            return [HandlerResult(m, "released", attempts, error, delays, sent=sent) for m in unit]
-        # Of a typed batch, a Reject (PayloadError) dead-letters only the messages that did not decode.
-        rejected = rejected_of(error, [m.offset for m in unit]) if step.action is Action.REJECT else {}
-        results = []
-        for msg in unit:
-            if rejected and msg.offset not in rejected:
-                results.append(HandlerResult(msg, "done", attempts, None, delays, sent=sent))
-                continue
-            own = rejected.get(msg.offset, error)
-            headers = error_headers(handler.name, msg._record, own) + origin
-            run_hooks(app.hooks.on_dead_letter, msg, own)
-            results.append(HandlerResult(msg, "dead_letter", attempts, own, delays, headers, sent))
-        return results
+        headers = letter_headers(handler.name, msg._record, own) + origin
+        run_hooks(app.hooks.on_dead_letter, msg, own)
+        results.append(HandlerResult(msg, "dead_letter", attempts, own, delays, headers, sent))
+    return results
 
 
 def _too_old(
@@ -303,7 +314,7 @@ def _too_old(
     for msg in old:
         error = too_old_error(msg._record.timestamp(), now_ms, max_age_ms)
         run_hooks(app.hooks.on_dead_letter, msg, error)
-        headers = error_headers(handler.name, msg._record, error) + origin
+        headers = letter_headers(handler.name, msg._record, error) + origin
         results.append(HandlerResult(msg, "dead_letter", 0, error, dead_letter_headers=headers))
     return results
 
@@ -340,3 +351,113 @@ def _invoke(function: Any, argument: Any) -> None:
         asyncio.run(function(argument))
     else:
         function(argument)
+
+
+# ------------------------------------------------------------------ a whole app
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    """A message a handler sent (``app.send``), encoded as it goes to Kafka."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    headers: list[tuple[str, bytes]] | None
+    sent_by: Message  # the message whose handler call sent it (a batch: its first)
+    handled: bool  # the app has a handler of ``topic``: run_app handed it on to it
+
+
+@dataclass
+class AppRun:
+    """What :func:`run_app` did: every message handled (the inputs, then what was sent to topics the app handles,
+    in the order handled) and every message sent."""
+
+    results: list[HandlerResult]
+    sent: list[SentMessage]
+
+    def results_of(self, topic: str) -> list[HandlerResult]:
+        return [r for r in self.results if r.message.topic == topic]
+
+    def sent_to(self, topic: str) -> list[SentMessage]:
+        return [s for s in self.sent if s.topic == topic]
+
+    def outcomes(self, topic: str) -> list[str]:
+        return [r.outcome for r in self.results_of(topic)]
+
+
+def run_app(
+    app: App,
+    messages: Mapping[str, Sequence[Message | bytes | str | Mapping[str, Any]]],
+    *,
+    sleep: bool = False,
+    seed: int | None = None,
+    max_rounds: int = 100,
+) -> AppRun:
+    """Run ``messages`` (topic -> its messages, as :func:`run_handler` takes them) through the app's handlers in
+    this process, as its workers would, and deliver what each call sends (``app.send``) to the app's handler of
+    the destination, round after round, until nothing is left; everything sent is recorded either way.
+
+    Each topic's messages get offsets from 0 on (the sent ones after the given ones) on partition 0, so a batch's
+    messages are told apart.  The ``on_worker_start`` hooks run once first and ``on_worker_stop`` once last.
+    A message sent by a call that was retried is sent again, as under at least once.  ConfigError for a topic the
+    app has no handler for, or when the handlers still send to each other after ``max_rounds`` rounds (a loop).
+    """
+    missing = sorted(set(messages) - set(app.handlers))
+    if missing:
+        raise ConfigError(f"the app has no handler for {', '.join(map(repr, missing))}; it has: "
+                          f"{', '.join(app.topics) or 'none'}")  # fmt: skip
+    next_offset: dict[str, int] = {}
+    pending: dict[str, list[Message]] = {}
+    for topic, given in messages.items():
+        pending[topic] = [_placed(m, topic, next_offset) for m in given]
+    run = AppRun([], [])
+    for hook in app.worker_start_hooks:
+        hook()
+    try:
+        for _ in range(max_rounds):
+            if not pending:
+                return run
+            arriving: dict[str, list[Message]] = {}
+            for topic, batch in pending.items():
+                results = run_handler(app, topic, batch, sleep=sleep, lifecycle=False, seed=seed)
+                run.results += results
+                for sent in _sent_once(results):
+                    handled = sent[0] in app.handlers
+                    run.sent.append(SentMessage(*sent, sent_by=_sent_by(results, sent), handled=handled))
+                    if handled:
+                        value, key, headers = sent[1], sent[2], sent[3]
+                        message = make_message(value, topic=sent[0], key=key, headers=headers,
+                                               offset=next_offset.get(sent[0], 0))  # fmt: skip
+                        next_offset[sent[0]] = message.offset + 1
+                        arriving.setdefault(sent[0], []).append(message)
+            pending = arriving
+        raise ConfigError(f"the handlers still send to each other after {max_rounds} rounds: a loop? "
+                          f"(still to handle: {', '.join(sorted(pending))})")  # fmt: skip
+    finally:
+        run_hooks(app.worker_stop_hooks)
+
+
+def _placed(given: Message | bytes | str | Mapping[str, Any], topic: str, next_offset: dict[str, int]) -> Message:
+    """A given message on ``topic`` at the topic's next offset (a Message keeps its own offset if it is past)."""
+    offset = next_offset.get(topic, 0)
+    if isinstance(given, Message):
+        message = _on_handler_topic(given, topic)
+        next_offset[topic] = max(offset, message.offset) + 1
+        return message
+    next_offset[topic] = offset + 1
+    return make_message(given, topic=topic, offset=offset)
+
+
+def _sent_once(results: list[HandlerResult]) -> Iterator[tuple[str, bytes | None, bytes | None, Any]]:
+    """What the calls of ``results`` sent, each once: a batch's messages share one list."""
+    seen: set[int] = set()
+    for result in results:
+        if id(result.sent) in seen:
+            continue
+        seen.add(id(result.sent))
+        yield from result.sent
+
+
+def _sent_by(results: list[HandlerResult], sent: tuple[str, bytes | None, bytes | None, Any]) -> Message:
+    return next(r.message for r in results if any(s is sent for s in r.sent))

@@ -1,7 +1,8 @@
 """Writing messages to a handler's dead-letter topic, ``<topic>.dlq``, and making sure they are there.
 
-Shared by the partition worker (after a handler's retries) and the shared worker
-(after ``max_deliveries``).  Each dead letter keeps the original value, key,
+The one writer of dead letters: the partition worker's (runtime/worker/failures.py), the shared worker's (after
+``max_deliveries``) and the HTTP service's, each letter's headers made by :func:`letter_headers` (which the testing
+harness shows as those a letter would carry).  Each dead letter keeps the original value, key,
 headers (a trace id survives) and timestamp; headers added after the original
 ones say what failed (with the traceback, when the handler raised it, and with
 tracing on the failed call's traceparent: core/tracing.py), where the
@@ -13,6 +14,7 @@ then has not moved past the message, so it is handled again rather than lost.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +28,9 @@ from marshal_workers.protocol.dead_letter_groups import origin_headers
 
 FLUSH_TIMEOUT_S = 30
 TRACEBACK_HEADER = "traceback"
+# When the letter was written (ms since the epoch, the writer's clock): a letter keeps the original message's
+# timestamp, so this is what `dlq redrive --since` and `dlq list` go by.
+WRITTEN_AT_HEADER = "dead_lettered_at"
 # The traceback header's bound, the cut marker included: a deep stack or a long chain of causes keeps its end
 # (the innermost frames and the error itself), and a dead letter stays far below Kafka's message size limit.
 TRACEBACK_MAX_BYTES = 8192
@@ -42,6 +47,7 @@ def error_headers(handler_name: str, record: Any, error: BaseException) -> list[
         ("original_topic", record.topic().encode()),
         ("original_partition", str(record.partition()).encode()),
         ("original_offset", str(record.offset()).encode()),
+        (WRITTEN_AT_HEADER, str(int(time.time() * 1000)).encode()),
     ]
     text = traceback_text(error)
     if text is not None:
@@ -49,6 +55,15 @@ def error_headers(handler_name: str, record: Any, error: BaseException) -> list[
     if tracing.active():  # the failed call's span as the dead letter's parent: after the record's own, so it wins
         headers += tracing.failed_call_trace_headers(error)
     return headers
+
+
+def letter_headers(
+    handler_name: str, record: Any, error: BaseException, deliveries: int | None = None
+) -> list[tuple[str, bytes]]:
+    """What a dead letter says of its failure: :func:`error_headers`, and for a message delivered again and again
+    (a shared range, a served topic) after how many deliveries."""
+    headers = error_headers(handler_name, record, error)
+    return headers if deliveries is None else headers + [("deliveries", str(deliveries).encode())]
 
 
 def traceback_text(error: BaseException) -> str | None:

@@ -41,6 +41,22 @@ def page() -> bytes:
     return importlib.resources.files(__package__).joinpath("dashboard.html").read_bytes()
 
 
+def asyncapi_answer(document: Callable[[], bytes] | None) -> Callable[[], tuple[int, bytes]]:
+    """What ``/asyncapi.json`` answers, as (status, JSON body), on the dashboard and on a supervisor's metrics port:
+    the app's AsyncAPI document (handlers/asyncapi.py), made when asked; 404 where no app is known."""
+
+    def answer() -> tuple[int, bytes]:
+        if document is None:
+            return 404, orjson.dumps({"error": "no application here: start the dashboard with --app MODULE:APP to "
+                                               "serve its AsyncAPI document"})  # fmt: skip
+        try:
+            return 200, document()
+        except MarshalWorkersError as exc:  # e.g. two models of one name: the page says so, the server goes on
+            return 500, orjson.dumps({"error": str(exc)})
+
+    return answer
+
+
 def sse_event(body: bytes) -> bytes:
     """One server-sent event carrying a JSON document (orjson writes no newline, so one ``data:`` line)."""
     return b"data: " + body + b"\n\n"
@@ -112,10 +128,14 @@ class GroupWatcher:
     Read-only: it writes nothing to the coordination topic (not even a claim) and commits no offset.
     """
 
-    def __init__(self, settings: Settings, group: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, settings: Settings, group: str, clock: Callable[[], float] = time.time, dead_letters: bool = True
+    ) -> None:
         self.settings = settings
         self.group = group
         self._clock = clock
+        self._read_dead_letters = dead_letters  # status --autoscale needs only positions and ends
+        self.polled = threading.Event()  # set once the ends were polled (status --autoscale waits for them)
         self._admin = admin_client(settings)
         self._log: CoordinationLog | None = None
         self._lock = threading.Lock()  # guards what the poll thread hands to step()
@@ -177,7 +197,7 @@ class GroupWatcher:
                         self._open_log()
                     topics = sorted(self._topics())
                     self._poll_highs(consumer, topics)
-                    if time.monotonic() >= next_letters:
+                    if self._read_dead_letters and time.monotonic() >= next_letters:
                         self._poll_dead_letters(topics)
                         next_letters = time.monotonic() + DEAD_LETTER_INTERVAL_S
                 except Exception:  # noqa: BLE001 - the broker away or a surprise: show the last data, try again
@@ -202,6 +222,7 @@ class GroupWatcher:
             highs.update({(topic, p): b.high for p, b in bounds.items()})
         with self._lock:
             self._highs, self._counts = highs, counts
+        self.polled.set()
 
     def _poll_dead_letters(self, topics: Sequence[str]) -> None:
         found: dict[str, list[dict[str, Any]]] = {}

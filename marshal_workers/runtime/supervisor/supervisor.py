@@ -44,14 +44,18 @@ from confluent_kafka.admin import AdminClient
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.core.logs import group_log
+from marshal_workers.core.process_age import process_age
 from marshal_workers.errors import StopRequested
 from marshal_workers.handlers.app import App, effective_time_limits
+from marshal_workers.handlers.asyncapi import asyncapi_json
+from marshal_workers.handlers.lifespan import run_shutdown_hooks, run_startup_hooks
 from marshal_workers.handlers.rate_limits import create_buckets
 from marshal_workers.kafka.coordination_log import drain, wakeup_pair
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.kafka_clients import admin_client
 from marshal_workers.kafka.offsets import OffsetStore
+from marshal_workers.observe.autoscale_meter import AutoscaleMeter
 from marshal_workers.observe.dashboard import Publisher, supervisor_step
 from marshal_workers.observe.dashboard_model import Dashboard
 from marshal_workers.observe.metrics import Counters, MetricsServer, Probes, Snapshot
@@ -63,7 +67,7 @@ from marshal_workers.runtime.supervisor.message_claims import MessageClaims
 from marshal_workers.runtime.supervisor.partition_claims import PartitionClaims
 from marshal_workers.runtime.supervisor.remote_control import RemoteControl
 from marshal_workers.runtime.supervisor.shared_pool import SharedPool
-from marshal_workers.runtime.supervisor.supervisor_lines import loop_health, start_line, stop_line
+from marshal_workers.runtime.supervisor.supervisor_lines import StartUpTimes, loop_health, start_line, stop_line
 from marshal_workers.runtime.supervisor.topic_watch import TopicWatch
 from marshal_workers.runtime.supervisor.waiter import Waiter
 from marshal_workers.runtime.supervisor.worker_pool import WorkerPool, fork_server_starter, start_fork_server
@@ -118,6 +122,7 @@ class Supervisor:
         self._stop_deadline: float | None = None
         self._releases_before_stop = 0
         self._workers_killed = False
+        self._app_started = False  # its on_startup hooks ran: its on_shutdown hooks run as we exit
 
     @property
     def phase(self) -> Phase:
@@ -146,7 +151,11 @@ class Supervisor:
                     self._after_unexpected_error()
             self._log_stop()
         finally:
-            self._close()
+            try:
+                self._close()
+            finally:
+                if self._app_started:  # every worker stopped, every partition released (or never claimed)
+                    run_shutdown_hooks(self.app.shutdown_hooks)
         return self.exit_code
 
     def _one_pass(self, parts: Parts) -> None:
@@ -165,12 +174,17 @@ class Supervisor:
         """Everything before the loop.  A stop signal meanwhile interrupts the steps that wait on Kafka within a
         fraction of a second (StopRequested; stopping.py): nothing is claimed before the loop, so nothing is held."""
         should_stop = self._stop_asked
+        imports_s, began = process_age(), time.monotonic()
+        run_startup_hooks(self.app.startup_hooks)  # AppStartupError: stop before anything is claimed
+        self._app_started = True  # from here, a start-up that fails still runs the app's on_shutdown hooks
         context = start_fork_server(self.app_path)  # before any Kafka client exists
         # One bucket per rate-limited handler, shared by all its workers (rate_limits.py).
         rate_buckets = create_buckets(context, {t: h.rate_limit for t, h in self.app.handlers.items()})
         self.shared.rate_buckets = rate_buckets
         coordinator = Coordinator(self.settings)
+        reading_began = time.monotonic()
         self._coordinator = coordinator.start(should_stop, member=True)
+        reading_s = time.monotonic() - reading_began
         started_ms = coordinator.now_ms()
         writes = InFlightWrites(coordinator)
         self._offsets = offsets = OffsetStore(self.settings)
@@ -181,12 +195,15 @@ class Supervisor:
         if self.settings.metrics_port:
             if self.settings.dashboard:
                 self._dashboard = Publisher(self._dashboard_step()).start()
+            autoscale = AutoscaleMeter(self._dashboard_step(), self.settings).start()
             self._metrics = MetricsServer(
                 self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
                 Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
+                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers), autoscale=autoscale.answer,
             )  # fmt: skip
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
-        line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance)
+        times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
+        line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance, times)
         self.log.info("%s", line)
 
     def _build_parts(self, context: BaseContext, coordinator: Coordinator, writes: InFlightWrites, offsets: OffsetStore,
