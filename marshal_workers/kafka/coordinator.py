@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -35,8 +35,9 @@ from marshal_workers.core.stopping import ShouldStop, never, wait_future
 from marshal_workers.errors import CoordinationWriteError, StopRequested
 from marshal_workers.kafka.coordination_log import PROGRESS_LOG_INTERVAL_S, CoordinationLog
 from marshal_workers.kafka.kafka_clients import admin_client, client_config, ensure_topic
+from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, heartbeat_records, topic_chunks
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import WorldState, per_entry
+from marshal_workers.protocol.world_state import WorldState
 
 log = logging.getLogger(__name__)
 
@@ -101,16 +102,13 @@ class _Delivery:
         if self.done:
             return  # failed already (its producer was replaced): the first outcome stands
         if error is None:
-            self.partition, self.offset = message.partition(), message.offset()
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None  # delivered: it has both
+            self.partition, self.offset = partition, offset
             if self.on_delivered is not None:
                 self.on_delivered(self.partition, self.offset, self.value, message.timestamp())
         self.error = error
         self.done = True  # last: a reader that sees done sees the rest
-
-
-# A Heartbeats or MessageClaims record stays well below Kafka's default 1 MB message limit, whatever the done sets.
-_MAX_ENTRIES_PER_RECORD = 4096
-_MAX_RECORD_BYTES = 256 * 1024
 
 
 def _beat(p: Progress) -> codec.Beat:
@@ -120,39 +118,8 @@ def _beat(p: Progress) -> codec.Beat:
     )  # fmt: skip
 
 
-def topic_chunks(topics: Sequence[str], sizes: Sequence[int] | None = None) -> list[list[int]]:
-    """Indices of entries grouped by topic (topics in order of first appearance), split where a record would
-    be large (``sizes``: each entry's estimated bytes): one multi-partition record per list."""
-    by_topic: dict[str, list[int]] = {}
-    for i, topic in enumerate(topics):
-        by_topic.setdefault(topic, []).append(i)
-    chunks: list[list[int]] = []
-    for indices in by_topic.values():
-        chunk: list[int] = []
-        size = 0
-        for i in indices:
-            estimate = 100 if sizes is None else sizes[i]
-            if chunk and (len(chunk) >= _MAX_ENTRIES_PER_RECORD or size + estimate > _MAX_RECORD_BYTES):
-                chunks.append(chunk)
-                chunk, size = [], 0
-            chunk.append(i)
-            size += estimate
-        chunks.append(chunk)
-    return chunks
-
-
 def _heartbeat_chunks(progress: Sequence[Progress]) -> list[list[int]]:
-    # Generous: the digits and commas of the done runs.
-    return topic_chunks([p.topic for p in progress], [100 + 21 * len(p.done or ()) for p in progress])
-
-
-def entry_verdicts(chunks: list[list[int]], verdicts: Sequence[Any], count: int) -> list[bool]:
-    """The verdicts of the records written for ``chunks`` (of :func:`topic_chunks`), as one per entry."""
-    result = [False] * count
-    for chunk, verdict in zip(chunks, verdicts):
-        for i, accepted in zip(chunk, per_entry(verdict, len(chunk))):
-            result[i] = bool(accepted)
-    return result
+    return beat_chunks([p.topic for p in progress], [len(p.done or ()) for p in progress])
 
 
 def heartbeat_verdicts(progress: Sequence[Progress], verdicts: Sequence[Any]) -> list[bool]:
@@ -266,7 +233,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, should_stop: ShouldStop = never, member: bool = False) -> Coordinator:
+    def start(self, should_stop: ShouldStop = never, member: bool = False) -> Self:
         """Create the coordination topic if it is missing and read it to its end.
 
         ``should_stop``: a supervisor's start-up, which a stop signal interrupts (StopRequested, after closing
@@ -371,7 +338,7 @@ class Coordinator:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> Coordinator:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -399,11 +366,8 @@ class Coordinator:
 
         :func:`heartbeat_verdicts` maps the records' verdicts back to ``progress``.
         """
-        common = self._common()
-        return [
-            codec.Heartbeats(**common, topic=progress[chunk[0]].topic, beats=tuple(_beat(progress[i]) for i in chunk))
-            for chunk in _heartbeat_chunks(progress)
-        ]
+        topics = [p.topic for p in progress]
+        return heartbeat_records(self._common(), topics, [_beat(p) for p in progress], _heartbeat_chunks(progress))
 
     def release(self, topic: str, partition: int, offset: int) -> bool:
         """Give a partition up; the next owner resumes at ``offset``."""
@@ -574,6 +538,7 @@ class Coordinator:
 
     def _route(self, record: codec.Record) -> int:
         assert not isinstance(record, codec.GROUP_RECORD_TYPES), "write_everywhere() writes these"
+        assert not isinstance(record, codec.Checkpoint), "a checkpoint is written to the partition it describes"
         return codec.coordination_partition(record.topic, self.partition_count)
 
     def _produce_batch(

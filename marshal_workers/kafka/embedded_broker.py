@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Self
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -119,7 +120,7 @@ class EmbeddedBroker:
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
-    def start(self, timeout: float = 30.0) -> EmbeddedBroker:
+    def start(self, timeout: float = 30.0) -> Self:
         binary = find_binary()
         explicit_port = self.port is not None
         for _ in range(1 if explicit_port else 3):  # a picked free port can be taken before the broker binds it
@@ -148,14 +149,19 @@ class EmbeddedBroker:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - one prctl call, no lock: safe between fork and exec
                 # Its own session: Ctrl-C in a terminal reaches us, and we stop it in order.
                 start_new_session=True,
             )
 
     def _wait_ready(self, timeout: float) -> bool:
         """Poll until the broker answers a metadata request, or exits, or time runs out."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": logging.getLogger("marshal_workers.librdkafka")})
+        # Typed Any: the stub's config values are str, int or float, where librdkafka's binding takes a logger too.
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "logger": logging.getLogger("marshal_workers.librdkafka"),
+        }
+        admin = AdminClient(config)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None
@@ -193,7 +199,7 @@ class EmbeddedBroker:
     def read_log(self) -> str:
         return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
 
-    def __enter__(self) -> EmbeddedBroker:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
