@@ -44,6 +44,7 @@ from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded
 from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.http.read_ahead import ReadAhead
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
@@ -55,7 +56,6 @@ from marshal_workers.protocol.range_leases import Holder, SharedPartition
 from marshal_workers.protocol.range_member import RangeMember, cancel_entry, given_back_entry, handled_entry
 from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
 from marshal_workers.runtime.channel import monotonic_ms
-from marshal_workers.runtime.worker.shared_worker import consumer_settings
 
 _log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ class ServedTopic:
 
     def start(self) -> ServedTopic:
         self._consumer = GuardedConsumer(
-            consumer_settings(self.settings),
+            client_profiles.served_topic_consumer(self.settings),
             f"serve {self.settings.require_group()} {self.topic}",
             self.settings.heartbeat_interval,
         )

@@ -24,6 +24,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from marshal_workers.errors import EmbeddedBrokerError
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import EMBEDDED_CLUSTER_ID
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class EmbeddedBroker:
 
     def _wait_ready(self, timeout: float) -> bool:
         """Poll until the broker answers a metadata request, or exits, or time runs out."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": logging.getLogger("marshal_workers.librdkafka")})
+        admin = AdminClient(client_profiles.broker_probe(self.bootstrap))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None

@@ -26,8 +26,8 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import KafkaUnavailable
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.kafka_clients import reader_config
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +110,10 @@ class Stamped(NamedTuple):
 def position_consumer(settings: Settings) -> GuardedConsumer:
     """A consumer for looking things up: assign() only, a throwaway group id, never a commit."""
     # Look-ups read records that are there (up to ends they know): with the catch-up's long wait, which gets through
-    # the embedded broker's listing of a long partition at once (docs/brokers.md).  Tansu holds a fetch that finds
-    # nothing for its whole wait, so a probe past a partition's end costs that wait.
+    # the embedded broker's listing of a long partition at once (docs/brokers.md).
     return GuardedConsumer(
-        reader_config(settings, "positions", **{"fetch.wait.max.ms": 10}), "a look-up of positions",
-        settings.heartbeat_interval, catch_up=True,
-    )  # fmt: skip
+        client_profiles.position_reader(settings), "a look-up of positions", settings.heartbeat_interval, catch_up=True
+    )
 
 
 def partition_bounds(

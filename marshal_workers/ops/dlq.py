@@ -25,8 +25,9 @@ from confluent_kafka import KafkaError, Producer
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, UnknownTopicError
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.dead_letter_topic import DeadLetter
-from marshal_workers.kafka.kafka_clients import admin_client, client_config, topic_partition_count
+from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
 
 
 def choose(
@@ -60,7 +61,7 @@ def redrive(
     missing = sorted({t for _, t in targets if t and topic_partition_count(admin, settings, t) is None})
     if missing:
         raise UnknownTopicError(f"nothing sent: {', '.join(missing)} does not exist on {settings.brokers}")
-    producer = Producer(client_config(settings, "producer", **{"acks": "all", "enable.idempotence": True}))
+    producer = Producer(client_profiles.redrive_producer(settings))
     failures: list[KafkaError] = []
 
     def delivered(err: KafkaError | None, _msg: Any) -> None:
