@@ -52,6 +52,7 @@ from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.protocol.orders import orders_for
+from marshal_workers.protocol.partition_end import partition_end
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
 from marshal_workers.protocol.range_member import RangeMember, cancel_entry, given_back_entry, handled_entry
 from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
@@ -803,7 +804,7 @@ class ServedTopic:
             return
         now_ms = self.coordinator.now_ms()
         size = self.options.range_size
-        high = {p: max(end, self._fetched_high.get(p, 0)) for p, end in self._ends.ends.items()}
+        high = {p: partition_end(end, self._fetched_high.get(p, -1)) for p, end in self._ends.ends.items()}
         # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
         # hand the messages out as they come (and tell the true end).
         idle = self.partition_count if available == 0 else 0
@@ -873,9 +874,9 @@ class ServedTopic:
         for partition in seen:
             if partition in self._positions:
                 self._positions[partition] = max(self._positions[partition], seen[partition])
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
-            if high is not None and high > self._fetched_high.get(partition, -1):
-                self._fetched_high[partition] = high  # the true end (ListOffsets may under-report it on Tansu)
+            high = self._consumer.fetched_end(self.topic, partition)  # the true end, where ListOffsets lists less
+            if high > self._fetched_high.get(partition, -1):
+                self._fetched_high[partition] = high
         not_ours = self._other_groups.keys([record for _, _, record in fetched])
         with self.lock:
             for partition, offset, record in fetched:

@@ -257,8 +257,7 @@ class CoordinationLog:
             return
         about: dict[int, int] = {}
         for p in behind:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
-            about[p] = max(high - self.started_at[p], read[p])
+            about[p] = max(self._consumer.fetched_end(self.topic, p) - self.started_at[p], read[p])
         shown = "; ".join(f"{self.topic}[{p}]: {read[p]} of about {about[p]}" for p in behind[:4])
         more = f"; {len(behind) - 4} more partitions" if len(behind) > 4 else ""
         log.info(

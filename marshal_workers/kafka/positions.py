@@ -28,6 +28,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.errors import KafkaUnavailable
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.protocol.partition_end import partition_end
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def partition_bounds(
             ) from None
         listed[partition] = Bounds(low, high)
     fetched = _fetched_highs(consumer, settings, topic, partitions)
-    return {p: Bounds(listed[p].low, max(listed[p].high, fetched.get(p, -1))) for p in partitions}
+    return {p: Bounds(listed[p].low, partition_end(listed[p].high, fetched.get(p, -1))) for p in partitions}
 
 
 def _fetched_highs(consumer: GuardedConsumer, settings: Settings, topic: str, partitions: Sequence[int]) -> dict[int, int]:
@@ -145,7 +146,7 @@ def _fetched_highs(consumer: GuardedConsumer, settings: Settings, topic: str, pa
             consumer.consume(1000, 0.05)  # the records are not wanted; the fetches bring the watermarks
             for partition in partitions:
                 if partition not in highs:
-                    high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)[1]
+                    high = consumer.fetched_end(topic, partition)
                     if high >= 0:
                         highs[partition] = high
     finally:

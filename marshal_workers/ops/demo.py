@@ -184,13 +184,14 @@ class _HighWatermarks:
 
     def __init__(self, settings: Settings, partitions: int) -> None:
         self.partitions = partitions
-        self._consumer = GuardedConsumer(client_profiles.demo_view(settings), "the demo's view", settings.heartbeat_interval)
+        self._consumer = GuardedConsumer(
+            client_profiles.demo_view(settings), "the demo's view", settings.heartbeat_interval
+        )
         self._consumer.assign([TopicPartition(DEMO_TOPIC, p, OFFSET_END) for p in range(partitions)])
 
     def read(self) -> list[int]:
         self._consumer.consume(1000, 0.05)  # keeps the fetches, and so the watermarks, coming
-        marks = [self._consumer.get_watermark_offsets(TopicPartition(DEMO_TOPIC, p), cached=True)[1] for p in range(self.partitions)]
-        return [max(mark, 0) for mark in marks]
+        return [max(self._consumer.fetched_end(DEMO_TOPIC, p), 0) for p in range(self.partitions)]
 
     def close(self) -> None:
         self._consumer.close()
