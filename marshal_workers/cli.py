@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -30,6 +31,7 @@ from marshal_workers.errors import (
     ReplayFailedError,
     SparkJobError,
     SparkUnavailableError,
+    TopicCreationError,
     UnknownGroupError,
     UnknownTopicError,
 )
@@ -44,6 +46,7 @@ _EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
     CoordinationTopicError: ExitCode.COORDINATION_ERROR,
     CoordinationWriteError: ExitCode.COORDINATION_ERROR,
     UnknownTopicError: ExitCode.UNKNOWN_TOPIC,
+    TopicCreationError: ExitCode.TOPIC_NOT_CREATED,
     UnknownGroupError: ExitCode.UNKNOWN_GROUP,
     EmbeddedBrokerError: ExitCode.EMBEDDED_BROKER_ERROR,
     AppLoadError: ExitCode.APP_LOAD_ERROR,
@@ -182,21 +185,30 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 @_settings_options
 @click.option("--port", "dashboard_port", type=click.IntRange(0, 65535), help="Port of the web server (default 8000).")
 @click.option("--host", "dashboard_host", help="Address to listen on (default 127.0.0.1: this host only).")
+@click.option("--app", "app_path", metavar="MODULE:APP", help="Also serve this app's AsyncAPI document at /asyncapi.json.")
 @_reports_errors
-def dashboard(config_file: str | None, **options: Any) -> None:
+def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> None:
     """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters."""
     import asyncio
 
+    from marshal_workers.handlers.asyncapi import asyncapi_json
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
     from marshal_workers.observe.dashboard import GroupWatcher, Publisher
     from marshal_workers.ops.dashboard_server import serve
 
-    settings = _load(config_file, **options)
+    app = None
+    if app_path is not None:
+        ensure_cwd_importable()
+        app = load_app(app_path)
+    settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
     group = settings.require_group()
+    described = None if app is None else (lambda: asyncapi_json(app, brokers=settings.brokers))
     watcher = GroupWatcher(settings, group).start()
     publisher = Publisher(watcher.step).start()
     try:
         asyncio.run(serve(publisher, settings.dashboard_host, settings.dashboard_port,
-                          lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)")))  # fmt: skip
+                          lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)"),
+                          asyncapi=described))  # fmt: skip
     finally:
         publisher.close()
         watcher.close()
@@ -213,8 +225,8 @@ def dashboard(config_file: str | None, **options: Any) -> None:
 )
 @click.option(
     "--balance",
-    type=click.Choice(["greedy", "fair"]),
-    help="greedy (default): claim every free partition; fair: hold an equal share of the group's partitions.",
+    type=click.Choice(["fair", "greedy"]),
+    help="fair (default): hold an equal share of the group's partitions; greedy: claim every free partition.",
 )
 @click.option("--shutdown-timeout", help="On SIGTERM, how long workers may finish, e.g. 30s.")
 @click.option(
@@ -592,6 +604,98 @@ def admin_set_position(
     set_position(settings, topic, list(partition) or None, target, report=click.echo)
 
 
+@main.command()
+@click.argument("app_path", metavar="MODULE:APP")
+@click.option("--title", help="The document's title (default: the app's group).")
+@click.option("--version", "doc_version", default="1.0.0", show_default=True, help="The document's (the API's) version.")
+@click.option("--brokers", help="Name these bootstrap servers (host:port[,host:port]) as the document's servers.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+@_reports_errors
+def asyncapi(app_path: str, title: str | None, doc_version: str, brokers: str | None, output: str | None) -> None:
+    """Print the AsyncAPI 3.0 document of MODULE:APP: the topics it handles and sends to, and their payloads."""
+    from marshal_workers.handlers.asyncapi import asyncapi_json
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+
+    ensure_cwd_importable()
+    text = asyncapi_json(load_app(app_path), title, doc_version, brokers)
+    if output is None:
+        click.echo(text.decode(), nl=False)
+    else:
+        Path(output).write_bytes(text)
+
+
+@main.group()
+def topics() -> None:
+    """The topics an application reads and writes."""
+
+
+@topics.command("create")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@_kafka_options
+@click.option("--topic", "names", multiple=True, metavar="NAME", help="Also this topic (repeatable).")
+@click.option("--partitions", type=click.IntRange(1), required=True, help="Partitions of each topic created.")
+@click.option("--replication-factor", type=click.IntRange(1), default=None,
+              help="Copies of each partition, at most the number of brokers (default: the cluster's default).")  # fmt: skip
+@click.option("--topic-config", "topic_config", multiple=True, metavar="KEY=VALUE",
+              help="A topic setting for each topic created, e.g. retention.ms=604800000 (repeatable).")  # fmt: skip
+@_reports_errors
+def topics_create(app_path: str | None, config_file: str | None, names: tuple[str, ...], partitions: int,
+                  replication_factor: int | None, topic_config: tuple[str, ...], **options: Any) -> None:  # fmt: skip
+    """Create every topic of MODULE:APP that is missing (each handler's topic, each topic it declares it sends to
+    with app.sends, each dead-letter topic) and each --topic; topics that exist are reported, not changed."""
+    from marshal_workers.ops.topics import create_topics, wanted_topics
+
+    app = _optional_app(app_path)
+    settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
+    wanted = wanted_topics(names, app, partitions)
+    config = dict(_key_value(item, "--topic-config") for item in topic_config)
+    created = create_topics(settings, wanted, replication_factor or -1, config, click.echo)  # -1: the cluster's
+    click.echo(f"{created} of {len(wanted)} topics created")
+
+
+@topics.command("list")
+@click.argument("app_path", metavar="[MODULE:APP]", required=False)
+@_kafka_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_reports_errors
+def topics_list(app_path: str | None, config_file: str | None, as_json: bool, **options: Any) -> None:
+    """The cluster's topics with their partitions; with MODULE:APP, the app's topics and what uses each (a topic
+    it needs that is missing is listed as such, and the exit code is 6)."""
+    from marshal_workers.ops.topics import listed_topics
+
+    app = _optional_app(app_path)
+    settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
+    rows = listed_topics(settings, app)
+    if as_json:
+        click.echo(orjson.dumps({"topics": rows}).decode())
+    else:
+        width = max((len(row["topic"]) for row in rows), default=5)
+        click.echo(f"{'TOPIC':<{width}}  PARTITIONS  USED BY")
+        for row in rows:
+            partitions = "missing" if row["partitions"] is None else str(row["partitions"])
+            click.echo(f"{row['topic']:<{width}}  {partitions:>10}  {', '.join(row['used_by']) or '-'}")
+    missing = [row["topic"] for row in rows if row["partitions"] is None]
+    if missing:
+        click.echo(f"missing: {', '.join(missing)}: marshal-workers topics create {app_path} --partitions N", err=True)
+        sys.exit(ExitCode.UNKNOWN_TOPIC)
+
+
+def _optional_app(app_path: str | None) -> Any:
+    if app_path is None:
+        return None
+    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+
+    ensure_cwd_importable()
+    return load_app(app_path)
+
+
+def _key_value(item: str, option: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{option} takes KEY=VALUE, got {item!r}")
+    return key.strip(), value.strip()
+
+
 @main.group()
 def dlq() -> None:
     """Dead-letter topics: what is in one, and sending its messages back."""
@@ -651,7 +755,7 @@ def dlq_redrive(
     """Send dead letters of TOPIC.dlq back (each once, without the error headers), each for the group that wrote
     it only; checks everything first."""
     from marshal_workers.kafka.dead_letter_topic import read_dead_letters
-    from marshal_workers.ops.dlq import choose, redrive
+    from marshal_workers.ops.dlq import choose, redrive, targets
 
     settings = _load(config_file, **options)
     letters = list(read_dead_letters(settings, f"{topic}.dlq"))
@@ -659,6 +763,7 @@ def dlq_redrive(
     chosen = choose(letters, error_type, None if since is None else _parse_timestamp(since, "--since"), group)
     of_group = "" if group is None else f" (group {group})"
     if dry_run:
+        targets(settings, f"{topic}.dlq", chosen, to_topic)  # what the real run checks first, the dry run checks
         click.echo(f"would send {len(chosen)} of {len(letters)} dead letters of {topic}.dlq{of_group}")
         return
     redrive(settings, f"{topic}.dlq", chosen, to_topic, click.echo)

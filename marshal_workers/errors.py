@@ -7,6 +7,7 @@
         CoordinationTopicError    the coordination topic is missing and cannot be created
         CoordinationWriteError    a coordination record was not written (retryable)
         UnknownTopicError         a topic named by the user does not exist
+        TopicCreationError        ``topics create``: the cluster refused to create a topic
         UnknownGroupError         a group named by the user has no record in the coordination log
         AppLoadError              MODULE:APP cannot be imported or is not an App
             NoHandlersError       the App has no handler to run
@@ -21,11 +22,12 @@ Raised inside handlers:
 
     TimeLimitExceeded
         SoftTimeLimitExceeded     a handler call ran past its soft time limit (catch it to clean up)
-    NotInWorkerError              app.send() called outside a worker process (at import, in the supervisor)
 
 Raised in a worker, which then crashes (its input is handled again, at least once):
 
     SendError                     a message given to app.send() was not confirmed by Kafka
+
+Raised by app.flush() outside a worker: SendError, a message sent from the process was not confirmed.
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ class CoordinationWriteError(MarshalWorkersError):
 
 class UnknownTopicError(MarshalWorkersError):
     """A topic given by the user does not exist on the cluster."""
+
+
+class TopicCreationError(MarshalWorkersError):
+    """The cluster refused to create a topic (``topics create``)."""
 
 
 class UnknownGroupError(MarshalWorkersError):
@@ -111,10 +117,6 @@ class SoftTimeLimitExceeded(TimeLimitExceeded):
 class WorkerLost(Exception):
     """The worker died (a segfault, running out of memory, os._exit) while handling a message, ``crash_limit``
     times in a row with no progress: the message is dead-lettered with this as its ``error_type``."""
-
-
-class NotInWorkerError(RuntimeError):
-    """``app.send()`` was called where no worker runs: it works in handlers and worker hooks only."""
 
 
 class SendError(Exception):

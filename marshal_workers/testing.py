@@ -31,14 +31,13 @@ import orjson
 
 from marshal_workers.core.config import load_settings
 from marshal_workers.errors import ConfigError, SoftTimeLimitExceeded, TimeLimitExceeded
-from marshal_workers.handlers.app import App, HandlerSpec, Message, OnError, effective_time_limits
+from marshal_workers.handlers.app import App, HandlerSpec, Message, effective_time_limits
+from marshal_workers.handlers.failure_path import Decision, FailurePath, Fate
 from marshal_workers.handlers.hooks import run_hooks
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.handlers.models import check_serializer
-from marshal_workers.handlers.retry_policy import Action, next_step
 from marshal_workers.handlers.serializers import is_model_value
-from marshal_workers.handlers.signals import rejected_of
-from marshal_workers.kafka.dead_letters import error_headers, traceback_text
+from marshal_workers.kafka.dead_letters import letter_headers, traceback_text
 from marshal_workers.protocol.dead_letter_groups import for_another_group, origin_headers
 
 __all__ = ["FakeRecord", "HandlerResult", "make_message", "run_handler"]
@@ -213,6 +212,7 @@ def run_handler(
     others = [m for m in given if group and for_another_group(m.headers, group)]
     results: dict[int, HandlerResult] = {id(m): HandlerResult(m, "other_group") for m in others}
     released: set[int] = set()
+    paths: dict[int, FailurePath] = {}
     outbox, app.outbox = app.outbox, _CapturingOutbox()  # type: ignore[assignment]
     try:
         for unit in _units(handler, [m for m in given if id(m) not in results]):
@@ -220,7 +220,9 @@ def run_handler(
                 for msg in unit:
                     results[id(msg)] = HandlerResult(msg, "not_handled")
                 continue
-            for result in _run_unit(app, handler, unit, soft, hard, sleep, rng, origin):
+            # One failure path per partition, as each partition has its worker (dlq_limit counts in a row there).
+            path = paths.setdefault(unit[0].partition, FailurePath(rng=rng))
+            for result in _run_unit(app, handler, unit, soft, hard, sleep, path, origin):
                 results[id(result.message)] = result
                 if result.outcome == "released":
                     released.add(result.message.partition)
@@ -247,7 +249,7 @@ def _units(handler: HandlerSpec, messages: list[Message]) -> Iterator[list[Messa
 
 
 def _run_unit(
-    app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, rng: random.Random,
+    app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, path: FailurePath,
     origin: list[tuple[str, bytes]],
 ) -> list[HandlerResult]:  # fmt: skip
     if handler.max_age:  # as a worker does when it gets to them: too old, skipped or dead-lettered, never called
@@ -256,42 +258,48 @@ def _run_unit(
         if old:
             unit = [m for m in unit if m not in old]
             return _too_old(app, handler, old, now_ms, max_age_ms, origin) + (
-                _run_unit(app, handler, unit, soft, hard, sleep, rng, origin) if unit else []
+                _run_unit(app, handler, unit, soft, hard, sleep, path, origin) if unit else []
             )
     attempts, delays = 0, []
     capture = app.outbox
     assert isinstance(capture, _CapturingOutbox)
     capture.sent = sent = []
+    offsets = [m.offset for m in unit]
     while True:
         attempts += 1
         argument: Any = [Message(m._record, attempts) for m in unit] if handler.batch else Message(unit[0]._record, attempts)
         try:
             _call(handler, argument, soft, hard)
             return [HandlerResult(m, "done", attempts, None, delays, sent=sent) for m in unit]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
             error: Exception = exc
-        step = next_step(handler.retry_policy, error, attempts, rng)
-        if step.action is Action.RETRY:
-            delays.append(step.delay)
-            if sleep:
-                time.sleep(step.delay)
+        decision = path.after_call(handler, offsets, error, attempts)  # the worker's failure path
+        if decision.fate is not Fate.RETRY:
+            return _results(app, handler, unit, decision, attempts, delays, sent, origin)
+        delays.append(decision.delay)
+        if sleep:
+            time.sleep(decision.delay)
+
+
+def _results(
+    app: App, handler: HandlerSpec, unit: list[Message], decision: Decision, attempts: int, delays: list[float],
+    sent: list[Any], origin: list[tuple[str, bytes]],
+) -> list[HandlerResult]:  # fmt: skip
+    """What became of the messages of a call that failed for good: as ``decision`` says; of a typed batch whose
+    payloads did not all decode, the others were handled."""
+    if decision.fate is not Fate.DEAD_LETTER:
+        outcome = {Fate.IGNORED: "ignored", Fate.RELEASE: "released"}[decision.fate]
+        return [HandlerResult(m, outcome, attempts, decision.error, delays, sent=sent) for m in unit]
+    results = []
+    for position, msg in enumerate(unit):
+        own = decision.letters.get(position)
+        if own is None:
+            results.append(HandlerResult(msg, "done", attempts, None, delays, sent=sent))
             continue
-        if step.action is Action.IGNORE:
-            return [HandlerResult(m, "ignored", attempts, error, delays, sent=sent) for m in unit]
-        if step.action is Action.GIVE_UP and handler.on_error is OnError.RELEASE:
-            return [HandlerResult(m, "released", attempts, error, delays, sent=sent) for m in unit]
-        # Of a typed batch, a Reject (PayloadError) dead-letters only the messages that did not decode.
-        rejected = rejected_of(error, [m.offset for m in unit]) if step.action is Action.REJECT else {}
-        results = []
-        for msg in unit:
-            if rejected and msg.offset not in rejected:
-                results.append(HandlerResult(msg, "done", attempts, None, delays, sent=sent))
-                continue
-            own = rejected.get(msg.offset, error)
-            headers = error_headers(handler.name, msg._record, own) + origin
-            run_hooks(app.hooks.on_dead_letter, msg, own)
-            results.append(HandlerResult(msg, "dead_letter", attempts, own, delays, headers, sent))
-        return results
+        headers = letter_headers(handler.name, msg._record, own) + origin
+        run_hooks(app.hooks.on_dead_letter, msg, own)
+        results.append(HandlerResult(msg, "dead_letter", attempts, own, delays, headers, sent))
+    return results
 
 
 def _too_old(
@@ -303,7 +311,7 @@ def _too_old(
     for msg in old:
         error = too_old_error(msg._record.timestamp(), now_ms, max_age_ms)
         run_hooks(app.hooks.on_dead_letter, msg, error)
-        headers = error_headers(handler.name, msg._record, error) + origin
+        headers = letter_headers(handler.name, msg._record, error) + origin
         results.append(HandlerResult(msg, "dead_letter", 0, error, dead_letter_headers=headers))
     return results
 

@@ -235,7 +235,7 @@ class Settings:
     max_messages_per_worker: int = 0
     max_memory_per_worker: int = 0
     behind_cycles: int = 5
-    balance: str = "greedy"
+    balance: str = "fair"  # members of a group share its partitions; greedy: the first up takes all
     soft_time_limit: float = 0.0
     time_limit: float = 0.0
     metrics_port: int = 0

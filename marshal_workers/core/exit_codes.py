@@ -27,6 +27,7 @@ class ExitCode(enum.IntEnum):
     SPARK_JOB_FAILED = 14  # a Spark job failed: a split could not be read, or a handler failed after its retries
     NOT_YET_OBEYED = 15  # admin drain/shutdown/pause --topic/release: written, but still held after --wait
     INVARIANT_BROKEN = 16  # simulate: a simulated fleet broke an invariant (the report says which, and the seed)
+    TOPIC_NOT_CREATED = 17  # topics create: the cluster refused to create a topic (the others were created)
 
 
 class WorkerExit(enum.IntEnum):

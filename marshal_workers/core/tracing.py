@@ -23,12 +23,13 @@ does not parse is ignored (the span starts a trace of its own).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from marshal_workers.errors import ConfigError
@@ -223,6 +224,34 @@ def with_trace_context(headers: Headers | None) -> Headers | None:
     if not carrier:
         return headers
     return list(headers or []) + [(name, value.encode()) for name, value in carrier.items()]
+
+
+# ------------------------------------------------------------------ a span around app.send
+
+
+@contextlib.contextmanager
+def sending(topic: str, key: bytes | None) -> Iterator[None]:
+    """A PRODUCER span ``send <topic>`` for one app.send, current while it lasts (so ``with_trace_context`` puts
+    it in the message's headers): a child of the span current before (a handler call's), the parent of the
+    consumers' spans of what is sent.  It ends when the producer has the message, not when Kafka confirms it (the
+    worker waits for that before its progress, once for many sends).  Nothing when tracing is off."""
+    tracer = _State.tracer
+    if tracer is None:
+        yield
+        return
+    from opentelemetry.trace import SpanKind
+
+    attributes: dict[str, Any] = {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": topic,
+    }
+    text = _key_text(key)
+    if text is not None:
+        attributes["kafka.message.key"] = text
+    with tracer.start_as_current_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes=attributes):
+        yield
 
 
 # ------------------------------------------------------------------ spans around handler calls

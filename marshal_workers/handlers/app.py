@@ -14,8 +14,11 @@ an unknown mode or error policy), so a bad application never reaches a fork.
 
 from __future__ import annotations
 
+import atexit
 import enum
 import inspect
+import os
+import threading
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -25,9 +28,9 @@ import msgspec
 import orjson
 
 from marshal_workers.core import tracing
-from marshal_workers.core.config import SETTINGS, Settings
+from marshal_workers.core.config import SETTINGS, Settings, load_settings
 from marshal_workers.core.durations import parse_duration, parse_limit
-from marshal_workers.errors import ConfigError, NotInWorkerError
+from marshal_workers.errors import ConfigError
 from marshal_workers.handlers.hooks import (
     AfterHook,
     BeforeHook,
@@ -48,6 +51,8 @@ from marshal_workers.protocol.range_leases import MAX_LEASE_MS
 
 MAX_RANGE_SIZE = 10_000  # offsets per lease: a crash acks them all as failed in one record, which must stay small
 
+
+_OWN_OUTBOX_LOCK = threading.Lock()  # app.send from threads of a web server: one producer per process
 
 class Mode(str, enum.Enum):
     ALO = "alo"  # at least once: process, then report progress
@@ -196,6 +201,17 @@ class HandlerSpec:
             self.function(Message(records[0], attempt))
 
 
+@dataclass(frozen=True)
+class OutputSpec:
+    """A topic the app sends to, declared with ``app.sends``: for its AsyncAPI document, and the serializer of
+    what ``app.send`` sends there."""
+
+    topic: str
+    model: type | None
+    description: str | None
+    serializer: Any
+
+
 class App:
     """Handlers by topic, hooks, and settings given in code (the lowest precedence but defaults)."""
 
@@ -205,10 +221,13 @@ class App:
             raise ConfigError(f"App() got unknown settings {unknown}; known settings: {', '.join(sorted(SETTINGS))}")
         self.settings: dict[str, Any] = {"group": group, **settings} if group else dict(settings)
         self.handlers: dict[str, HandlerSpec] = {}
+        self.outputs: dict[str, OutputSpec] = {}  # declared with sends()
         self.worker_start_hooks: list[Hook] = []
         self.worker_stop_hooks: list[Hook] = []
         self.hooks = Hooks()  # per message and per partition, in the workers (hooks.py)
         self.outbox: Outbox | None = None  # set in each worker process (app.send); None everywhere else
+        self._own_outbox: Outbox | None = None  # app.send outside a worker: this process's own (_process_outbox)
+        self._own_outbox_pid = 0
 
     @property
     def group(self) -> str | None:
@@ -364,38 +383,82 @@ class App:
         hooked = with_message_hooks(spec.function, self.hooks)
         return spec if hooked is spec.function else replace(spec, function=hooked)
 
+    def sends(self, topic: str, model: type | None = None, description: str | None = None,
+              serializer: Any = None) -> None:  # fmt: skip
+        """Declare that the app sends to ``topic`` (with ``app.send``), and what: a model (a msgspec Struct, a
+        dataclass or a pydantic model) or None.  The AsyncAPI document (``marshal-workers asyncapi``) describes it;
+        ``serializer`` (default: that of the app's handler of the topic, else JSON) encodes the models app.send
+        sends there.  app.send sends to any topic, declared or not."""
+        if not isinstance(topic, str) or not topic:
+            raise ConfigError(f"app.sends needs a topic name, got {topic!r}")
+        if model is not None and not isinstance(model, type):
+            raise ConfigError(f"app.sends({topic!r}): model must be a class (a msgspec Struct, a dataclass or a "
+                              f"pydantic model), got {model!r}")  # fmt: skip
+        checked = None if serializer is None else check_serializer(f"app.sends({topic!r})", serializer)
+        self.outputs[topic] = OutputSpec(topic, model, description, checked)
+
     def send(
         self, topic: str, value: Any, key: bytes | str | None = None, headers: Any = None, serializer: Any = None
     ) -> None:
-        """Send a message to ``topic`` from a handler (or a worker hook), on the worker's idempotent producer.
+        """Send a message to ``topic``: from a handler (or a worker hook), on the worker's idempotent producer;
+        anywhere else (a web endpoint, a script), on this process's own (see ``flush``).
 
         ``value``: bytes, str (UTF-8), a dict or list (JSON), None, or a model (a msgspec Struct, a dataclass or a
         pydantic model), encoded by ``serializer`` if given, else by the serializer of this app's handler of
         ``topic`` (so that handler decodes it), else as JSON; ``key``: bytes, str or None; ``headers``: a
         dict or a list of (name, value) pairs.  The message is buffered, not waited for: the worker makes sure Kafka
         has it before it reports progress past the message being handled, so under at least once no output is
-        lost (an input handled twice sends its output twice).  See docs/handlers.md, "Producing from handlers".
+        lost (an input handled twice sends its output twice).  Outside a worker nothing waits for Kafka until
+        ``app.flush()`` (or the process's exit).  See docs/handlers.md, "Producing from handlers".
         """
-        outbox = self.outbox
-        if outbox is None:
-            raise NotInWorkerError(
-                "app.send() works only inside a worker process (in a handler, or an on_worker_start/on_worker_stop "
-                "hook) of `marshal-workers run`; it cannot send at import time, in the supervisor or elsewhere. "
-                "Use a confluent_kafka.Producer of your own there."
-            )
+        outbox = self.outbox or self._process_outbox()
         if is_model_value(value):
             value = self._serializer_for(topic, serializer).encode(value)
         topic, value, key, headers = encode_send(topic, value, key, headers)
-        if tracing.active():  # the handler's span continues in what it sends (docs/operations.md, "Tracing")
-            headers = tracing.with_trace_context(headers)
-        outbox.send(topic, value, key, headers)
+        if not tracing.active():
+            outbox.send(topic, value, key, headers)
+            return
+        # A PRODUCER span, the current one's child (a handler call's), in the message's headers: the trace runs on
+        # to the consumers of what is sent (docs/operations.md, "Tracing").
+        with tracing.sending(topic, key):
+            outbox.send(topic, value, key, tracing.with_trace_context(headers))
+
+    def flush(self) -> None:
+        """Outside a worker (a web endpoint, a script): wait until Kafka has confirmed every message ``app.send``
+        sent from this process; SendError if one was refused or not confirmed within 30 s.  In a worker nothing
+        needs it: the worker flushes before it reports progress past a message."""
+        outbox = self.outbox or self._own_outbox
+        if outbox is not None:
+            outbox.flush()
+
+    def close(self) -> None:
+        """Outside a worker: deliver what ``app.send`` still holds and close this process's producer (a web server
+        shutting down; the process's exit does it too).  A later send opens a new one."""
+        with _OWN_OUTBOX_LOCK:
+            outbox, self._own_outbox = self._own_outbox, None
+        if outbox is not None:
+            atexit.unregister(outbox.close)
+            outbox.close()
+
+    def _process_outbox(self) -> Outbox:
+        """Outside a worker: this process's own producer, created at the first send from the app's settings and the
+        environment (MARSHAL_WORKERS_BROKERS, a config file named by MARSHAL_WORKERS_CONFIG); a forked child makes
+        its own (a Kafka client does not survive a fork).  What is left at exit is delivered then."""
+        with _OWN_OUTBOX_LOCK:
+            if self._own_outbox is None or self._own_outbox_pid != os.getpid():
+                self._own_outbox = Outbox(load_settings(app_defaults=self.settings))
+                self._own_outbox_pid = os.getpid()
+                atexit.register(self._own_outbox.close)
+            return self._own_outbox
 
     def _serializer_for(self, topic: str, serializer: Any) -> Any:
         """What encodes a model sent to ``topic``: the one given, else that of our handler of the topic, else JSON."""
         if serializer is not None:
             return check_serializer(f"app.send to {topic!r}", serializer)
-        handler = self.handlers.get(topic)
-        return handler.serializer if handler is not None else BUILT_IN["json"]
+        handler, output = self.handlers.get(topic), self.outputs.get(topic)
+        if handler is not None:
+            return handler.serializer
+        return output.serializer if output is not None and output.serializer is not None else BUILT_IN["json"]
 
     def __repr__(self) -> str:
         return f"App(group={self.group!r}, topics={list(self.topics)})"

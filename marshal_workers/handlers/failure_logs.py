@@ -1,8 +1,8 @@
 """The log lines of failed handler calls: each failure once, with its traceback, at the level its outcome deserves.
 
 Every runner (one call at a time and batches through runtime/worker/failures.py, lanes in lane_runner.py, shared
-partitions in shared_worker.py) logs a failed call through exactly one of these functions, when it knows what
-becomes of the message:
+partitions in shared_worker.py) logs a failed call once, when it knows what becomes of the message: the decision of
+the failure path (failure_path.py), through :func:`log_decision`:
 
 * tried again here (a retry), or later (a shared partition's next delivery, or the next owner after a stop):
   a warning;
@@ -23,6 +23,30 @@ import logging
 from typing import Any
 
 from marshal_workers.core.logs import ContextLog
+from marshal_workers.handlers.failure_path import Decision, Fate
+
+
+def log_decision(
+    log: ContextLog, handler: str, offsets: list[int], decision: Decision, failures: int, destination: str,
+    later: str = "the worker is stopping: the next owner retries it",
+) -> None:
+    """The one line of a failed call on ``offsets`` (its ``failures``-th failed try) once the failure path has
+    decided: ``destination`` names the dead-letter topic, ``later`` who tries the message again (LATER)."""
+    fate, error, offset = decision.fate, decision.error, offsets[0]
+    if fate is Fate.RETRY:
+        log_retry(log, handler, offset, error, failures, decision.delay)
+    elif fate is Fate.IGNORED:
+        log_ignored(log, handler, offset, error)
+    elif fate is Fate.DEAD_LETTER:
+        first = offsets[min(decision.letters)]
+        log_dead_letter(log, handler, first, error, len(decision.letters), destination)
+    elif fate is Fate.RELEASE:
+        if decision.in_a_row:
+            log.error("%d messages in a row went to %s (dlq_limit): releasing the partition as sick at offset %d "
+                      "instead", decision.in_a_row, destination, offset)  # fmt: skip
+        log_release(log, handler, offset, error)
+    elif fate is Fate.LATER:
+        log_left_for_later(log, handler, offset, error, later)
 
 
 def log_retry(log: ContextLog, handler: str, offset: int, error: BaseException, retry: int, delay: float) -> None:

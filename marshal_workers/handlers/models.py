@@ -13,7 +13,7 @@ always did, and nothing is decoded (no cost).  One that names a model in a form 
 wraps the handler in a function of Messages, so every runner calls it as it calls any handler.  The value is
 decoded once per call of the wrapper, before the handler; one that does not decode raises :class:`PayloadError`
 (a ``Reject``: dead-lettered at once, never retried).  A batch's good messages are handled, its bad ones carried
-by the error (``PayloadError.by_offset``) to the dead-letter topic.
+by the error (``PayloadError.by_position``) to the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -122,11 +122,11 @@ def typed(function: Callable[..., Any], plan: ModelPlan, batch: bool) -> Callabl
         @functools.wraps(function)
         def on_batch(msgs: list[Any]) -> Any:
             good, bad = [], {}
-            for msg in msgs:
+            for position, msg in enumerate(msgs):
                 try:
                     good.append(body(msg))
                 except PayloadError as exc:
-                    bad[msg.offset] = exc
+                    bad[position] = exc
             if not bad:
                 return function(good)
             if good:

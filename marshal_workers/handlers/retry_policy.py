@@ -1,9 +1,8 @@
 """What to do after a handler call fails: retry (and when), give up (on_error), dead-letter at once, or skip.
 
-Pure: an error, the attempt number and a random source in, a :class:`Step` out.  Every runner (one call at a
-time and batches in runtime/worker/failures.py, concurrent lanes in lane_runner.py, shared partitions in
-shared_worker.py) asks the same
-:func:`next_step`, so a policy means the same thing wherever its handler runs.
+Pure: an error, the attempt number and a random source in, a :class:`Step` out.  The one failure path
+(failure_path.py), which every runner drives, asks :func:`next_step`, so a policy means the same thing wherever
+its handler runs.
 
 The anchors are Celery's task options (``autoretry_for``, ``dont_autoretry_for``, ``retry_backoff``,
 ``retry_backoff_max``, ``retry_jitter`` on by default) and Dramatiq's ``Retry``/``Reject`` semantics:

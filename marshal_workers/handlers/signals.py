@@ -34,16 +34,18 @@ class PayloadError(Reject):
     wrong type): a permanent failure, so a ``Reject``: no retry, dead-lettered at once with this as its
     ``error_type`` and the validator's message (the field's path and what is wrong) as its ``error``.
 
-    ``by_offset``: for a batch, each undecodable message's own error by its offset (the others were handled)."""
+    ``by_position``: for a batch, each undecodable message's own error by its position in the batch (the others
+    were handled).  Positions, not offsets: messages made for a test may all carry offset 0."""
 
-    def __init__(self, message: str, by_offset: dict[int, PayloadError] | None = None) -> None:
+    def __init__(self, message: str, by_position: dict[int, PayloadError] | None = None) -> None:
         super().__init__(message)
-        self.by_offset = by_offset or {}
+        self.by_position = by_position or {}
 
 
-def rejected_of(error: BaseException, offsets: list[int]) -> dict[int, BaseException]:
-    """The messages (by offset) a Reject sends to the dead-letter topic, each with its error: all of them, but of
-    a typed batch only those that did not decode (the handler had the others)."""
-    if isinstance(error, PayloadError) and error.by_offset:
-        return {o: error.by_offset[o] for o in offsets if o in error.by_offset}
-    return dict.fromkeys(offsets, error)
+def rejected_of(error: BaseException, count: int) -> dict[int, BaseException]:
+    """The messages of a call of ``count`` messages (by their position in it) that a Reject sends to the
+    dead-letter topic, each with its error: all of them, but of a typed batch only those that did not decode (the
+    handler had the others)."""
+    if isinstance(error, PayloadError) and error.by_position:
+        return {i: error.by_position[i] for i in range(count) if i in error.by_position}
+    return dict.fromkeys(range(count), error)

@@ -87,7 +87,7 @@ class Problem(msgspec.Struct):
     partition: int
     offset: int
     state: Annotated[
-        str, msgspec.Meta(description="unknown, undelivered, expired, done or acked (see docs/http-service.md).")
+        str, msgspec.Meta(description="unknown, undelivered, expired, cancelled, done or acked (see docs/http-service.md).")
     ]
     why: str
 

@@ -27,6 +27,7 @@ local mirror of the held ranges; the fold is the judge of every verdict.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import random
@@ -46,8 +47,10 @@ from marshal_workers.http.http_messages import BadRequest, MessageId, message_js
 from marshal_workers.http.read_ahead import ReadAhead
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
+from marshal_workers.kafka.dead_letters import DeadLetterWriter, letter_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import admin_client
+from marshal_workers.kafka.metadata_refresh import MetadataRefresh
 from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
@@ -79,6 +82,9 @@ LEASE_AHEAD_S = 0.05
 HAND_OUT_WINDOW_S = 0.25  # the readers' rate is measured over windows this long
 _NEVER = 2**62
 MAX_HELD = 64  # ranges held at once, whatever is pending in them (bounds what a server keeps)
+# Messages cancelled through this server and not handed out since, remembered (the latest ones, at most this many)
+# only to tell a client that cancels one again that it was cancelled: the log has the cancel as a deadline passed.
+MAX_CANCELLED_KEPT = 100_000
 
 
 @dataclass(frozen=True)
@@ -261,6 +267,8 @@ class ServedTopic:
         self._thread: threading.Thread | None = None
         self._holder: Holder | None = None
         self._group_commit: GroupCommit | None = None
+        self._metadata: MetadataRefresh | None = None  # the topic's partition count, followed (_follow_partitions)
+        self._cancelled_here: collections.OrderedDict[MessageId, None] = collections.OrderedDict()  # under the lock
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -280,6 +288,7 @@ class ServedTopic:
             self._consumer.close()
             raise UnknownTopicError(f"topic {self.topic!r} does not exist on {self.settings.brokers}: create it first")
         self.partition_count = len(found.partitions)
+        self._metadata = MetadataRefresh(admin_client(self.settings), self.settings, self.log)
         self._coordinator = Coordinator(self.settings).start()
         self._holder = Holder(self._coordinator.client, self._coordinator.instance)
         self._offsets = OffsetStore(self.settings)
@@ -301,6 +310,8 @@ class ServedTopic:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._dlq.close()
+        if self._metadata is not None:
+            self._metadata.close()
         if self._consumer is not None:
             self._consumer.close()
         if self._coordinator is not None:
@@ -408,6 +419,8 @@ class ServedTopic:
         until the pending timeout: its answer.  Under the lock."""
         held.handed_until(offset, since_ms + self.options.pending_ms)
         held.handed[offset] = held.handed.get(offset, 0) + 1
+        if self._cancelled_here:
+            self._cancelled_here.pop(MessageId(self.topic, held.partition, offset), None)
         held.last_used = since_ms
         self.counters.delivered += 1
         self._hand_outs.count += 1
@@ -461,7 +474,10 @@ class ServedTopic:
             if found.partition >= self.partition_count:
                 raise BadRequest(404, "unknown_partition", f"{self.topic} has partitions 0 to "
                                  f"{self.partition_count - 1}, not {found.partition}")  # fmt: skip
-        return self._states(ids)
+        states = self._states(ids)
+        with self.lock:  # the log has a cancel as the pending deadline passed: say which it was where we know
+            return ["cancelled" if state == "expired" and found in self._cancelled_here else state
+                    for found, state in zip(ids, states)]  # fmt: skip
 
     @staticmethod
     def log_may_lag(states: Sequence[str]) -> bool:
@@ -548,6 +564,9 @@ class ServedTopic:
                     self.counters.acked += 1
                 else:
                     self.counters.cancelled += 1
+                    self._cancelled_here[found] = None
+                    if len(self._cancelled_here) > MAX_CANCELLED_KEPT:
+                        self._cancelled_here.popitem(last=False)
                 held = self._held_covering(found.partition, found.offset)
                 if held is None:
                     continue  # another server's: it learns from the log
@@ -579,6 +598,7 @@ class ServedTopic:
 
     def _step(self) -> None:
         now = time.monotonic()
+        self._follow_partitions(now)
         self._sync_from_log()
         self._drop_lapsed()
         self._dead_letter()
@@ -598,6 +618,23 @@ class ServedTopic:
             self.available_now = self.available()  # nobody waiting, no scan of every held message each pass
             if self.available_now and self.on_news is not None:
                 self.on_news()  # wake the reads waiting for a message
+
+    def _follow_partitions(self, now: float) -> None:
+        """The topic's partition count as the cluster says now: a partition added is served, and one gone (the
+        topic deleted and created again, smaller) is answered 404 unknown_partition, not 409 as never handed out."""
+        metadata = None if self._metadata is None else self._metadata.poll(now)
+        if metadata is None:
+            return
+        found = metadata.topics.get(self.topic)
+        if found is None or found.error is not None or not found.partitions:
+            self.log.error("%s has disappeared from the cluster: nothing to serve until it is created again",
+                           self.topic)  # fmt: skip
+            return
+        count = len(found.partitions)
+        if count != self.partition_count:
+            self.log.warning("%s now has %d partitions (was %d)%s", self.topic, count, self.partition_count,
+                             "" if count > self.partition_count else ": it was deleted and created again")  # fmt: skip
+            self.partition_count = count
 
     def _obey_operators(self) -> None:
         """``admin drain``/``pause --topic``: claim nothing and give back what no client holds (acks are still
@@ -683,7 +720,7 @@ class ServedTopic:
             error = MaxDeliveriesExceeded(f"delivered {deliveries} times and never acked "
                                           f"(max_deliveries={self.options.max_deliveries})")  # fmt: skip
             try:
-                headers = error_headers("serve", message, error) + [("deliveries", str(deliveries).encode())]
+                headers = letter_headers("serve", message, error, deliveries)
                 self._dlq.write(self.options.dead_letter_topic, [message], [headers])
             except Exception as exc:  # noqa: BLE001 - try again next pass
                 self.log.warning("%s[%d]: writing offset %d to %s failed: %s", self.topic, held.partition, offset,
@@ -945,6 +982,7 @@ _WHY = {
     "delivered again)",
     "undelivered": "it was never handed out",
     "expired": "its pending deadline passed: it may be handed to another client",
+    "cancelled": "it was cancelled (given back through this server) and not handed out since",
     "done": "it is done already (acked, or dead-lettered)",
     "acked": "it is acked already",
 }

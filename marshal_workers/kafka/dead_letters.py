@@ -1,7 +1,8 @@
 """Writing messages to a handler's dead-letter topic, ``<topic>.dlq``, and making sure they are there.
 
-Shared by the partition worker (after a handler's retries) and the shared worker
-(after ``max_deliveries``).  Each dead letter keeps the original value, key,
+The one writer of dead letters: the partition worker's (runtime/worker/failures.py), the shared worker's (after
+``max_deliveries``) and the HTTP service's, each letter's headers made by :func:`letter_headers` (which the testing
+harness shows as those a letter would carry).  Each dead letter keeps the original value, key,
 headers (a trace id survives) and timestamp; headers added after the original
 ones say what failed (with the traceback, when the handler raised it, and with
 tracing on the failed call's traceparent: core/tracing.py), where the
@@ -49,6 +50,15 @@ def error_headers(handler_name: str, record: Any, error: BaseException) -> list[
     if tracing.active():  # the failed call's span as the dead letter's parent: after the record's own, so it wins
         headers += tracing.failed_call_trace_headers(error)
     return headers
+
+
+def letter_headers(
+    handler_name: str, record: Any, error: BaseException, deliveries: int | None = None
+) -> list[tuple[str, bytes]]:
+    """What a dead letter says of its failure: :func:`error_headers`, and for a message delivered again and again
+    (a shared range, a served topic) after how many deliveries."""
+    headers = error_headers(handler_name, record, error)
+    return headers if deliveries is None else headers + [("deliveries", str(deliveries).encode())]
 
 
 def traceback_text(error: BaseException) -> str | None:

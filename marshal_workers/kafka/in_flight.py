@@ -47,8 +47,10 @@ class _Write:
 
 
 class InFlightWrites:
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: monotonic seconds, for ``within`` and the health times (a unit test's fake clock)."""
         self._coordinator = coordinator
+        self._clock = clock
         self._writes: list[_Write] = []  # produced, waiting for their verdicts, in the order produced
         self._staged: list[_Write] = []  # submitted during the pass, produced by end_pass()
         self._in_pass = False
@@ -71,7 +73,7 @@ class InFlightWrites:
         (default: the write timeout).  A late verdict is then ignored.  Both count from now, staged or not.
         """
         pending = self._coordinator.prepare(records, partitions)
-        give_up_at = pending.deadline if within is None else min(pending.deadline, time.monotonic() + within)
+        give_up_at = pending.deadline if within is None else min(pending.deadline, self._clock() + within)
         write = _Write(what, pending, on_verdicts, on_failure, give_up_at)
         if self._in_pass:
             self._staged.append(write)
@@ -100,7 +102,7 @@ class InFlightWrites:
 
     def collect(self) -> None:
         """Run the callbacks of every write that is decided (confirmed, failed or overdue); staged writes wait."""
-        now = time.monotonic()
+        now = self._clock()
         for write in list(self._writes):
             try:
                 verdicts = self._coordinator.collect(write.pending)

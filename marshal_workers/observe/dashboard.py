@@ -41,6 +41,22 @@ def page() -> bytes:
     return importlib.resources.files(__package__).joinpath("dashboard.html").read_bytes()
 
 
+def asyncapi_answer(document: Callable[[], bytes] | None) -> Callable[[], tuple[int, bytes]]:
+    """What ``/asyncapi.json`` answers, as (status, JSON body), on the dashboard and on a supervisor's metrics port:
+    the app's AsyncAPI document (handlers/asyncapi.py), made when asked; 404 where no app is known."""
+
+    def answer() -> tuple[int, bytes]:
+        if document is None:
+            return 404, orjson.dumps({"error": "no application here: start the dashboard with --app MODULE:APP to "
+                                               "serve its AsyncAPI document"})  # fmt: skip
+        try:
+            return 200, document()
+        except MarshalWorkersError as exc:  # e.g. two models of one name: the page says so, the server goes on
+            return 500, orjson.dumps({"error": str(exc)})
+
+    return answer
+
+
 def sse_event(body: bytes) -> bytes:
     """One server-sent event carrying a JSON document (orjson writes no newline, so one ``data:`` line)."""
     return b"data: " + body + b"\n\n"

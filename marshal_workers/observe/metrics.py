@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from marshal_workers.errors import ConfigError
-from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, page, sse_event
+from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, asyncapi_answer, page, sse_event
 from marshal_workers.observe.latency import LATENCY_BOUNDS
 
 PREFIX = "marshal_workers"
@@ -318,7 +318,8 @@ class MetricsServer:
     systemd's watchdog scripts) and ``/state`` (the SIGUSR1 document as JSON).  With a dashboard publisher
     (``run --dashboard``): the live dashboard's page at ``/dashboard/``, its JSON at ``/dashboard/api/state``
     and its server-sent events at ``/dashboard/events`` (the same page and documents as the ``dashboard``
-    command; each event stream holds one of the server's threads).
+    command; each event stream holds one of the server's threads).  With an app's document: its AsyncAPI
+    document at ``/asyncapi.json``.
     """
 
     def __init__(
@@ -328,10 +329,12 @@ class MetricsServer:
         take_snapshot: Callable[[], Snapshot],
         probes: Probes | None = None,
         dashboard: Publisher | None = None,
+        asyncapi: Callable[[], bytes] | None = None,
     ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(take_snapshot))
-        handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes, "dashboard": dashboard})
+        handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes, "dashboard": dashboard,
+                                                "asyncapi": staticmethod(asyncapi_answer(asyncapi))})  # fmt: skip
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -352,6 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
     probes: Probes | None
     dashboard: Publisher | None
+    asyncapi: Callable[[], tuple[int, bytes]]
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server name
         path = self.path.split("?", 1)[0]
@@ -366,9 +370,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200 if ok else 503, orjson.dumps({"ok": ok, **details}), "application/json")
             elif probes is not None and path == "/state":
                 self._send(200, orjson.dumps(probes.state()), "application/json")
+            elif path == "/asyncapi.json":
+                self._send(*self.asyncapi(), "application/json")
             else:
-                self._send(404, orjson.dumps({"error": f"no {path} here: /metrics, /healthz, /readyz, /state"}),
-                           "application/json")  # fmt: skip
+                self._send(404, orjson.dumps({"error": f"no {path} here: /metrics, /healthz, /readyz, /state, "
+                                                       "/asyncapi.json"}), "application/json")  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a probe that fails answers 500, the server goes on
             self._send(500, orjson.dumps({"error": f"{type(exc).__name__}: {exc}"}), "application/json")
 

@@ -13,23 +13,32 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, page, sse_event
+from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, asyncapi_answer, page, sse_event
 from marshal_workers.observe.web_sites import open_site, stop_signal
 
 _PUBLISHER = web.AppKey("publisher", Publisher)
 _STOPPING = web.AppKey("stopping", asyncio.Event)
+_ASYNCAPI = web.AppKey("asyncapi", Callable[[], tuple[int, bytes]])
 _STREAM_POLL_S = 0.2  # how often an event stream looks for a newer document (a dict lookup under a lock)
 
 
-def make_app(publisher: Publisher) -> web.Application:
+def make_app(publisher: Publisher, asyncapi: Callable[[], bytes] | None = None) -> web.Application:
+    """``asyncapi``: the app's AsyncAPI document (``dashboard --app``), served at ``/asyncapi.json``."""
     app = web.Application()
     app[_PUBLISHER] = publisher
     app[_STOPPING] = asyncio.Event()
+    app[_ASYNCAPI] = asyncapi_answer(asyncapi)
     app.router.add_get("/", _page)
     app.router.add_get("/api/state", _state)
     app.router.add_get("/events", _events)
+    app.router.add_get("/asyncapi.json", _asyncapi)
     app.on_shutdown.append(_end_streams)
     return app
+
+
+async def _asyncapi(request: web.Request) -> web.Response:
+    status, body = request.app[_ASYNCAPI]()
+    return web.Response(status=status, body=body, content_type="application/json")
 
 
 async def _page(request: web.Request) -> web.Response:
@@ -74,9 +83,10 @@ async def serve(
     port: int,
     ready: Callable[[str], None],
     ssl_context: ssl.SSLContext | None = None,
+    asyncapi: Callable[[], bytes] | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; ``ready`` gets the URL once the port is open."""
-    runner, url = await open_site(make_app(publisher), host, port, ssl_context, "the dashboard", "--port")
+    runner, url = await open_site(make_app(publisher, asyncapi), host, port, ssl_context, "the dashboard", "--port")
     ready(url)
     await stop_signal()
     await runner.cleanup()

@@ -44,23 +44,34 @@ def choose(
     ]
 
 
-def redrive(
-    settings: Settings, dlq_topic: str, chosen: list[DeadLetter], to_topic: str | None, report: Callable[[str], None]
-) -> int:
-    """Send ``chosen`` back to ``to_topic``, or each to its original topic; return how many were sent.
-
-    Refused before anything is written: a letter with no original topic when no ``to_topic`` is given, or a
-    target topic that does not exist.
-    """
-    targets = [(letter, to_topic or letter.header("original_topic")) for letter in chosen]
-    nowhere = [letter for letter, target in targets if not target]
+def targets(
+    settings: Settings, dlq_topic: str, chosen: list[DeadLetter], to_topic: str | None
+) -> list[tuple[DeadLetter, str]]:
+    """Where each of ``chosen`` goes: ``to_topic``, or its original topic.  What a redrive checks before it writes
+    anything, and a dry run checks too: ConfigError for a letter with no original topic when no ``to_topic`` is
+    given, UnknownTopicError for a target topic that does not exist."""
+    found = [(letter, to_topic or letter.header("original_topic")) for letter in chosen]
+    nowhere = [letter for letter, target in found if not target]
     if nowhere:
         raise ConfigError(f"{len(nowhere)} dead letters of {dlq_topic} name no original topic (first at "
                           f"{nowhere[0].partition}@{nowhere[0].offset}): give --to TOPIC")  # fmt: skip
-    admin = admin_client(settings)
-    missing = sorted({t for _, t in targets if t and topic_partition_count(admin, settings, t) is None})
-    if missing:
-        raise UnknownTopicError(f"nothing sent: {', '.join(missing)} does not exist on {settings.brokers}")
+    checked = [(letter, target) for letter, target in found if target]
+    if checked:
+        admin = admin_client(settings)
+        missing = sorted({t for t in {t for _, t in checked} if topic_partition_count(admin, settings, t) is None})
+        if missing:
+            raise UnknownTopicError(f"nothing sent: {', '.join(missing)} does not exist on {settings.brokers}")
+    return checked
+
+
+def redrive(
+    settings: Settings, dlq_topic: str, chosen: list[DeadLetter], to_topic: str | None, report: Callable[[str], None]
+) -> int:
+    """Send ``chosen`` back to ``to_topic``, or each to its original topic; return how many were sent.  Refused
+    before anything is written (``targets``): a letter with nowhere to go, a target topic that does not exist."""
+    sending = targets(settings, dlq_topic, chosen, to_topic)
+    if not sending:
+        return 0
     producer = Producer(client_profiles.redrive_producer(settings))
     failures: list[KafkaError] = []
 
@@ -68,7 +79,7 @@ def redrive(
         if err is not None:
             failures.append(err)
 
-    for letter, target in targets:
+    for letter, target in sending:
         headers = letter.redrive_headers(dlq_topic)
         while True:
             try:
@@ -78,11 +89,11 @@ def redrive(
                 producer.poll(0.1)
     left = producer.flush(settings.write_timeout * 3)
     if left or failures:
-        raise ConfigError(f"{left + len(failures)} of {len(targets)} dead letters were not confirmed by Kafka "
+        raise ConfigError(f"{left + len(failures)} of {len(sending)} dead letters were not confirmed by Kafka "
                           f"({failures[0] if failures else 'timed out'}); the others were sent")  # fmt: skip
-    sent = collections.Counter((t, letter.group) for letter, t in targets)
+    sent = collections.Counter((t, letter.group) for letter, t in sending)
     for (target, group), count in sorted(sent.items(), key=lambda item: (item[0][0], item[0][1] or "")):
         report(f"sent {count} dead letters of {dlq_topic} to {target} " + (
             f"for group {group} (only its workers handle them)" if group is not None
             else "that name no group (every group reading it handles them)"))  # fmt: skip
-    return len(targets)
+    return len(sending)

@@ -11,12 +11,14 @@ What a task does (on an executor, no pyspark needed):
   on purpose, and a task that Spark runs again re-handles its whole split.
 * it never writes to the coordination topic and never commits an offset: a
   replay leaves the group's positions alone, so it is safe beside a live fleet.
-* a failing handler is retried as the worker does (``retries``, backoff from
-  ``retry_backoff``, doubling); if it still fails, the split stops at that
-  message and reports it: the replay fails (exit code 14) and says which
-  ranges to run again.  Nothing is dead-lettered: the dead-letter topic holds
-  what the live fleet could not handle, and a replay that can be re-run has
-  no need to park messages there.
+* a failing handler goes through the worker's failure path
+  (handlers/failure_path.py): retried as the worker retries it (``retries``,
+  the backoff, ``Retry``, ``Ignore``); a failure that is final (the retries
+  spent, a ``Reject``, of a typed batch its first message that did not
+  decode) stops the split at that message and reports it: the replay fails
+  (exit code 14) and says which ranges to run again.  Nothing is
+  dead-lettered: the dead-letter topic holds what the live fleet could not
+  handle, and a replay that can be re-run has no need to park messages there.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import SparkJobError
 from marshal_workers.handlers.app import App, HandlerSpec, Message
+from marshal_workers.handlers.blocking_calls import blocking
+from marshal_workers.handlers.failure_path import FailurePath, Fate, Final
 from marshal_workers.handlers.loader import load_app
-from marshal_workers.handlers.retry_policy import Action, next_step
 from marshal_workers.spark.jobs import run_job
 from marshal_workers.spark.planner import Split, total_size
 from marshal_workers.spark.split_reader import SplitReader
@@ -169,9 +172,10 @@ def failure_summary(report: ReplayReport) -> str:
 def replay_split(app_path: str, settings: Settings, split: Split) -> SplitResult:
     """In a task: the worker hooks, then the handler on every message of ``split``."""
     app = load_app(app_path)  # imported once per Python worker: then sys.modules has it
-    handler = app.handlers.get(split.topic)
-    if handler is None:
+    found = app.handlers.get(split.topic)
+    if found is None:
         raise SparkJobError(f"{app_path} has no handler for topic {split.topic!r} on this executor")
+    handler = blocking(found)  # an async def handler awaited, call by call
     for hook in app.worker_start_hooks:
         hook()
     started = time.monotonic()
@@ -179,7 +183,7 @@ def replay_split(app_path: str, settings: Settings, split: Split) -> SplitResult
     try:
         with SplitReader(settings, split) as reader:
             for records in reader.batches(handler.batch_size if handler.batch else FETCH_MOST):
-                done, failure = _handle(handler, records)
+                done, failure = handle_records(handler, records)
                 handled += done
                 if failure is not None:
                     offset, error = failure
@@ -189,50 +193,51 @@ def replay_split(app_path: str, settings: Settings, split: Split) -> SplitResult
     return SplitResult(split, handled, time.monotonic() - started)
 
 
-def _handle(handler: HandlerSpec, records: list[Any]) -> tuple[int, tuple[int, Exception] | None]:
-    """(messages handled, the first failure as (offset, error) or None)."""
+def handle_records(handler: HandlerSpec, records: list[Any]) -> tuple[int, tuple[int, BaseException] | None]:
+    """A fetch of a split in offset order, one message per call or (batch) all in one: (messages handled, the
+    first failure as (offset, error) or None)."""
     if handler.batch:
-        error = _call_with_retries(handler, records)
-        return (0, (records[0].offset(), error)) if error is not None else (len(records), None)
+        try:
+            handler.call(records)
+            return len(records), None
+        except Exception as exc:  # noqa: BLE001 - a handler may raise anything
+            return _recover(handler, records, exc)
     function = handler.function
     for index, record in enumerate(records):
         try:  # the fast path: one call; retries only after a failure
             function(Message(record))
         except Exception as exc:  # noqa: BLE001 - a handler may raise anything
-            error = _retry(handler, [record], exc)
-            if error is not None:
-                return index, (record.offset(), error)
+            handled, failure = _recover(handler, [record], exc)
+            if failure is not None:
+                return index + handled, failure
     return len(records), None
 
 
-def _call_with_retries(handler: HandlerSpec, records: list[Any]) -> Exception | None:
-    try:
-        handler.call(records)
-        return None
-    except Exception as exc:  # noqa: BLE001 - a handler may raise anything
-        return _retry(handler, records, exc)
-
-
-def _retry(handler: HandlerSpec, records: list[Any], error: Exception) -> Exception | None:
-    """After a first failure: the handler's retry policy (retry_policy.py); None once a try succeeds or the
-    handler ignored the message, else the last error (the retries spent, not retried, or rejected)."""
-    failures = 1
+def _recover(
+    handler: HandlerSpec, records: list[Any], error: BaseException
+) -> tuple[int, tuple[int, BaseException] | None]:
+    """After a first failure, the one failure path (handlers/failure_path.py), whose final failures stop the
+    split: retried as a worker retries; (messages handled, the first that failed for good as (offset, error), or
+    None once a try succeeded or the handler ignored it).  Of a typed batch, the messages that decoded count as
+    handled, and the first that did not is where the split stops."""
+    path, failures = FailurePath(final=Final.STOP), 1
     while True:
-        step = next_step(handler.retry_policy, error, failures)
-        if step.action is Action.IGNORE:
-            return None
-        if step.action is not Action.RETRY:
-            return error
-        time.sleep(step.delay)
+        decision = path.after_call(handler, [r.offset() for r in records], error, failures)
+        if decision.fate is Fate.STOP:
+            first = min(decision.letters)
+            return len(records) - len(decision.letters), (records[first].offset(), decision.letters[first])
+        if decision.fate is not Fate.RETRY:
+            return len(records), None  # ignored: done
+        time.sleep(decision.delay)
         failures += 1
         try:
             handler.call(records, failures)
-            return None
+            return len(records), None
         except Exception as exc:  # noqa: BLE001 - a handler may raise anything
             error = exc
 
 
-def _describe(error: Exception) -> str:
+def _describe(error: BaseException) -> str:
     text = "".join(traceback.format_exception(error, chain=False)).strip()  # the retry's error, not the first
     return text if len(text) <= _ERROR_CHARS else "...\n" + text[-_ERROR_CHARS:]
 

@@ -29,7 +29,7 @@ from timings import (
 from marshal_workers import App
 from marshal_workers.core.config import load_settings
 from marshal_workers.core.logs import TextFormatter, group_log
-from marshal_workers.runtime.supervisor.supervisor_lines import start_line
+from marshal_workers.runtime.supervisor.supervisor_lines import StartUpTimes, start_line
 
 HEAL = 1_000.0
 
@@ -103,6 +103,19 @@ def test_each_start_is_timed_by_its_own_start_line_and_one_killed_before_it_is_l
     assert "supervisor start-up: 2 starts, slowest 2.0s (s1, broker frozen or stalled 0.0s meanwhile); 1 killed or " \
         "stopped before their start line" in line
     assert "settled seen NEVER" in line
+
+
+def test_the_slowest_start_up_says_how_much_of_it_was_the_interpreter_and_imports() -> None:
+    app = App()
+    app.handler("orders")(lambda msg: None)
+    settings = load_settings(cli={"group": "g", "brokers": "localhost:9092"}, app_defaults=app.settings)
+    times = StartUpTimes(imports=2.71, coordination_log=0.9, rest=0.1)
+    log = logged(HEAL + 3.8, message=start_line(app, "sink_app:app", settings, "s1", "5f1c", times)).encode()
+    [found] = start_ups("s1", log, [(HEAL, 0)])
+    assert found.imports_s == 2.71
+    assert "slowest 3.8s (s1, broker frozen or stalled 0.0s meanwhile, interpreter and imports 2.7s)" in timings_line(
+        [], None, [found]
+    )
 
 
 def test_a_start_up_that_waited_on_a_frozen_broker_is_told_apart_from_the_slowest_with_the_broker_up() -> None:

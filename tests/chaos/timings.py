@@ -20,6 +20,8 @@ from fleet import StatusCall
 
 # The text log format's asctime (marshal_workers/core/logs.py: TEXT_FORMAT), at the start of every line.
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+# The start line's account of its start-up (supervisor_lines.StartUpTimes.text).
+_IMPORTS = re.compile(r"interpreter and imports (\d+\.\d+)s")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class StartUp:
     started_at: float  # just before its process was spawned
     seconds: float | None  # until it logged its start line; None: it never did before it was killed or stopped
     broker_frozen_s: float = 0.0  # of those seconds, the broker frozen or stalled (or recovering): none can start
+    imports_s: float | None = None  # of those seconds, the interpreter and imports, as its start line says
 
 
 def after_the_heal(calls: Iterable[StatusCall], healed_at: float) -> list[StatusCall]:
@@ -49,11 +52,16 @@ def settled_seen_s(answers: Iterable[tuple[StatusCall, bool]], healed_at: float)
 def start_line_at(log: str, client: str) -> float | None:
     """When supervisor ``client`` logged its first start line in ``log`` (supervisor_lines.start_line: "supervisor
     <client>/<instance> running ..."), as a wall-clock time; None if it logged none (or not in the text format)."""
+    found = _start_line(log, client)
+    return None if found is None else found[0]
+
+
+def _start_line(log: str, client: str) -> tuple[float, str] | None:
     marker = re.compile(rf"\bsupervisor {re.escape(client)}/\S+ running ")
     for line in log.splitlines():
         stamp = _LOG_TIME.match(line)
         if stamp and marker.search(line):
-            return datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local time, as logged
+            return datetime.strptime(stamp[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(), line  # local time, as logged
     return None
 
 
@@ -65,8 +73,13 @@ def start_ups(client: str, log: bytes, starts: Sequence[tuple[float, int]]) -> l
     found = []
     for i, (started_at, begin) in enumerate(ordered):
         end = ordered[i + 1][1] if i + 1 < len(ordered) else len(log)
-        logged = start_line_at(log[begin:end].decode(errors="replace"), client)
-        found.append(StartUp(client, started_at, None if logged is None else logged - started_at))
+        logged = _start_line(log[begin:end].decode(errors="replace"), client)
+        if logged is None:
+            found.append(StartUp(client, started_at, None))
+            continue
+        imports = _IMPORTS.search(logged[1])
+        imports_s = float(imports[1]) if imports else None
+        found.append(StartUp(client, started_at, logged[0] - started_at, imports_s=imports_s))
     return found
 
 
@@ -94,14 +107,18 @@ def timings_line(calls: Sequence[StatusCall], settled_seen: float | None, found:
     never = sum(start.seconds is None for start in found)
     started = f"supervisor start-up: {len(found) - never} starts, slowest " + (
         "-" if start is None else f"{start.seconds:.1f}s ({start.client}, broker frozen or stalled "
-        f"{start.broker_frozen_s:.1f}s meanwhile)"
+        f"{start.broker_frozen_s:.1f}s meanwhile{_imports_text(start)})"
     )
     up = slowest_start([s for s in found if s.broker_frozen_s == 0.0])
     if up is not None and up is not start:
-        started += f", slowest with the broker up throughout {up.seconds:.1f}s ({up.client})"
+        started += f", slowest with the broker up throughout {up.seconds:.1f}s ({up.client}{_imports_text(up)})"
     if never:
         started += f"; {never} killed or stopped before their start line"
     return f"{status}; settled seen {settled}; {started}"
+
+
+def _imports_text(start: StartUp) -> str:
+    return "" if start.imports_s is None else f", interpreter and imports {start.imports_s:.1f}s"
 
 
 def over_bounds(calls: Sequence[StatusCall], settled_seen: float | None, status_bound: float | None,

@@ -203,3 +203,49 @@ def test_log_shows_a_refused_claim_as_refused(
     refused = next(line for line in claims if f" {topic}[0]" in line)
     assert refused.split(f" {topic}[0] ", 1)[1].startswith("refused: owned by client-a/"), refused
     assert claims[1 - claims.index(refused)].endswith(f" {topic}[2]"), "an accepted claim has no verdict shown"
+
+
+@pytest.mark.broker
+def test_topics_create_makes_every_topic_of_an_app_and_list_shows_what_uses_each(
+    settings: Settings, unique: str, tmp_path: Path
+) -> None:
+    (tmp_path / f"topics_app_{unique}.py").write_text(
+        "from marshal_workers import App\n"
+        "app = App(group='g')\n"
+        f"@app.handler('orders-{unique}')\n"
+        "def on_order(msg): ...\n"
+        f"app.handler('audit-{unique}', on_error='release')(lambda msg: None)\n"
+        f"app.sends('invoices-{unique}')\n"
+    )
+    app, env = f"topics_app_{unique}:app", {"PYTHONPATH": str(tmp_path)}
+    named, orders, invoices = f"extra-{unique}", f"orders-{unique}", f"invoices-{unique}"
+    listed = run_cli("topics", "list", app, "--brokers", settings.brokers, env=env)
+    assert listed.returncode == ExitCode.UNKNOWN_TOPIC, "the app's topics are missing"
+    assert f"topics create {app} --partitions N" in listed.stderr
+
+    created = run_cli("topics", "create", app, "--topic", named, "--partitions", "3", "--brokers", settings.brokers,
+                      env=env)  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.splitlines()[-1] == "5 of 5 topics created", created.stdout
+    metadata = AdminClient({"bootstrap.servers": settings.brokers}).list_topics(timeout=10).topics
+    for topic in (named, orders, f"{orders}.dlq", f"audit-{unique}", invoices):
+        assert len(metadata[topic].partitions) == 3, topic
+    assert f"audit-{unique}.dlq" not in metadata, "a handler that does not dead-letter gets no dead-letter topic"
+
+    listed = run_cli("topics", "list", app, "--json", "--brokers", settings.brokers, env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["topic"]: row for row in orjson.loads(listed.stdout)["topics"]}
+    assert rows[orders]["partitions"] == 3 and rows[orders]["used_by"] == [f"handler topics_app_{unique}.on_order"]
+    assert rows[f"{orders}.dlq"]["used_by"] == [f"dead letters of {orders}"]
+    assert rows[invoices]["used_by"] == ["app.send (declared with app.sends)"]
+    everything = run_cli("topics", "list", "--brokers", settings.brokers)
+    assert everything.returncode == 0 and named in everything.stdout, "without an app: the cluster's topics"
+
+    again = run_cli("topics", "create", "--topic", named, "--partitions", "6", "--brokers", settings.brokers)
+    assert again.returncode == 0, again.stderr
+    assert f"{named}: exists, 3 partitions (not 6: an existing topic is left as it is)" in again.stdout
+    assert again.stdout.splitlines()[-1] == "0 of 1 topics created"
+
+    for bad, why in ((["--topic", "bad name"], "not a valid topic name"), ([], "no topic to create")):
+        refused = run_cli("topics", "create", *bad, "--partitions", "1", "--brokers", settings.brokers)
+        assert refused.returncode == ExitCode.CONFIG_ERROR and why in refused.stderr, refused.stderr

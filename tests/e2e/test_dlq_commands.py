@@ -45,6 +45,9 @@ def test_dead_letters_are_listed_by_error_type_and_redriven_once_to_their_topic(
 
     refused = dlq(fleet, "redrive", "--to", "no-such-topic-anywhere")
     assert refused.returncode == ExitCode.UNKNOWN_TOPIC and "nothing sent" in refused.stderr
+    dry = dlq(fleet, "redrive", "--to", "no-such-topic-anywhere", "--dry-run")
+    assert dry.returncode == ExitCode.UNKNOWN_TOPIC, "a dry run checks what the real run checks"
+    assert "no-such-topic-anywhere does not exist" in dry.stderr and "would send" not in dry.stdout
     assert dlq(fleet, "redrive", "--error-type", "KeyError").stdout.startswith("nothing to send")
     sent = dlq(fleet, "redrive", "--error-type", "ValueError")
     assert sent.returncode == 0 and f"sent 1 dead letters of {fleet.topic}.dlq to {fleet.topic}" in sent.stdout

@@ -16,7 +16,8 @@ def held(fleet: Fleet) -> dict[str, int]:
 
 
 def test_a_second_fair_supervisor_gets_half_and_nothing_is_lost_or_repeated(fleet: Fleet) -> None:
-    fleet.start("first", "--balance", "fair")
+    # No --balance: fair is the default, so two supervisors of one app share the work, whichever started first.
+    fleet.start("first")
     fleet.produce(range(800))
     poll_until(lambda: len(fleet.counts()) == 800, what="the first supervisor handling everything")
     assert held(fleet) == {"first": 8}
@@ -33,7 +34,7 @@ def test_a_second_fair_supervisor_gets_half_and_nothing_is_lost_or_repeated(flee
     producer = threading.Thread(target=keep_producing)
     producer.start()
     try:
-        fleet.start("second", "--balance", "fair")
+        fleet.start("second")
         poll_until(lambda: held(fleet) == {"first": 4, "second": 4}, timeout=30, what="4 and 4")
     finally:
         stop.set()
@@ -52,6 +53,24 @@ def test_a_second_fair_supervisor_gets_half_and_nothing_is_lost_or_repeated(flee
     assert fleet.log_of("first").count("handing it over") == 4
     assert fleet.log_of("second").count("handing it over") == 0
     assert held(fleet) == {"first": 4, "second": 4}
+
+
+def test_by_default_two_supervisors_started_together_or_restarted_in_turn_hold_half_each(fleet: Fleet) -> None:
+    """No --balance given (fair is the default): started at once, then each restarted in turn (a rolling deploy),
+    they end up holding 4 and 4, where greedy left one holding all 8 after a restart."""
+    fleet.start("first")
+    fleet.start("second")
+    poll_until(lambda: held(fleet) == {"first": 4, "second": 4}, timeout=30, what="4 and 4 after starting together")
+    for client in ("first", "second"):
+        fleet.processes[client].terminate()
+        assert fleet.processes[client].wait(timeout=30) == 0
+        fleet.start(client)
+        poll_until(lambda: held(fleet) == {"first": 4, "second": 4}, timeout=40,
+                   what=f"4 and 4 after restarting {client}")  # fmt: skip
+    fleet.produce(range(400))
+    poll_until(lambda: len(fleet.counts()) == 400, what="every message")
+    assert max(fleet.counts().values()) == 1
+    assert {line.client for line in fleet.lines()} == {"first", "second"}
 
 
 def test_when_a_fair_member_leaves_the_other_takes_everything_back(fleet: Fleet) -> None:

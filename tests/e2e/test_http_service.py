@@ -143,6 +143,10 @@ def test_a_message_never_acked_comes_back_after_the_pending_timeout_a_cancel_at_
     keep, give_up = (m for m in sorted(first, key=lambda m: m["value"]))
     status, body = call(url, "/cancel", ids([give_up]))
     assert (status, body) == (200, {"cancelled": 1, "already": 0})
+    status, body = call(url, "/cancel", ids([give_up]))
+    assert (status, body["error"]) == (409, "not_pending"), "cancelled already: not pending"
+    [problem] = body["messages"]
+    assert problem["state"] == "cancelled" and "cancelled" in problem["why"], "it was cancelled, not expired"
     again = read_all(url, wait="2s")
     assert [(m["value"], m["deliveries"]) for m in again] == [("1", 2)], "a cancel makes it available at once"
 
@@ -395,3 +399,27 @@ def test_a_server_obeys_admin_drain_and_shutdown_like_a_supervisor(fleet: Fleet)
     assert "an operator ordered a shutdown" in fleet.log_of("srv1")
     second.send_signal(signal.SIGTERM)
     assert second.wait(timeout=60) == ExitCode.OK
+
+
+def test_a_partition_gone_with_its_topic_deleted_and_created_again_is_unknown_not_pending(fleet: Fleet) -> None:
+    """The served topic's partitions are followed as the cluster has them: an ack of a partition the topic no
+    longer has answers 404 unknown_partition (the server took its partition count at start-up only, and answered
+    409 not_pending, state unknown, as for a message never handed out)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    server, url = start_server(fleet, "srv")
+    gone = [{"topic": fleet.topic, "partition": 1, "offset": 0}]
+    assert call(url, "/ack", gone)[1]["error"] == "not_pending", "partition 1 exists: its offset 0 is not pending"
+    admin = AdminClient({"bootstrap.servers": fleet.brokers})
+    admin.delete_topics([fleet.topic])[fleet.topic].result(timeout=30)
+    poll_until(lambda: fleet.topic not in admin.list_topics(timeout=10).topics, what="the topic deleted")
+    admin.create_topics([NewTopic(fleet.topic, 1, 1)])[fleet.topic].result(timeout=30)
+
+    def partition_unknown() -> bool:
+        status, answer = call(url, "/ack", gone)
+        return status == 404 and answer["error"] == "unknown_partition"
+
+    poll_until(partition_unknown, timeout=60, what="an ack of partition 1 answered 404 unknown_partition")
+    assert f"{fleet.topic} now has 1 partitions (was 2): it was deleted and created again" in fleet.log_of("srv")
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=60) == ExitCode.OK

@@ -90,13 +90,20 @@ def test_a_producers_trace_runs_through_the_handler_span_into_what_it_sent(
         by_offset[(found["messaging.destination.partition.id"], found["kafka.offset"])] = span
     assert {partition for partition, _ in by_offset} == {"0", "1"}  # from both workers, flushed as each stopped
 
-    # What each handler call sent carries its span as the parent: the trace runs on to the output's consumers.
+    # What each handler call sent has a PRODUCER span, the call's child, in its headers: the trace runs on to the
+    # output's consumers.
+    poll_until(lambda: len(receiver.received(f"send {output}")) >= MESSAGES, timeout=30, what="every send span")
+    sends = {span.span_id: span for _, span in receiver.received(f"send {output}")}
+    assert len(sends) == MESSAGES and {span.kind for span in sends.values()} == {4}  # SPAN_KIND_PRODUCER
     outputs = read_output(fleet.brokers, output, 2)
     assert len(outputs) == MESSAGES
     for headers in outputs:
         partition, offset = headers["from"].decode().split(":")
-        span = by_offset[(partition, int(offset))]
-        assert headers["traceparent"] == f"00-{TRACE_ID}-{span.span_id.hex()}-01".encode()
+        call = by_offset[(partition, int(offset))]
+        version, trace_id, span_id, flags = headers["traceparent"].decode().split("-")
+        send = sends[bytes.fromhex(span_id)]
+        assert (trace_id, send.parent_span_id) == (TRACE_ID, call.span_id), "sent within the call, in its trace"
+        assert attributes(send)["messaging.destination.name"] == output
 
 
 @pytest.mark.fleet(name="traced", partitions=8)

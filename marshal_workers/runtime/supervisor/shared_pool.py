@@ -61,7 +61,7 @@ from marshal_workers.protocol.range_pool import (
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
 from marshal_workers.protocol.world_state import WorldState, per_entry
-from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
+from marshal_workers.runtime.channel import RangeSlot
 from marshal_workers.runtime.messages import (
     Abandoned,
     FromSharedWorker,
@@ -149,7 +149,10 @@ class SharedPool:
         settings: Settings,
         log: ContextLog,
         partition_counts: Callable[[str], int | None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: monotonic seconds, the clock of the workers' lease deadlines (channel.monotonic_ms); a unit
+        test's fake clock."""
         self.app_path = app_path
         self.settings = settings
         self.log = log
@@ -172,6 +175,7 @@ class SharedPool:
         self._writes: InFlightWrites | None = None
         self._offsets: OffsetStore | None = None
         self._rng = random.Random()
+        self._clock = clock
 
     def attach(self, context: BaseContext, coordinator: Coordinator, writes: InFlightWrites, offsets: OffsetStore) -> None:
         """The supervisor's fork server and Kafka clients, once they exist."""
@@ -194,7 +198,7 @@ class SharedPool:
         """One pass of the supervisor's loop: workers' news, exits, starts, then claims, renewals, settlements."""
         if not self.topics or self._coordinator is None:
             return
-        now = time.monotonic()
+        now = self._clock()
         for topic, shared in self.topics.items():
             for worker in shared.workers:
                 self._read_worker(topic, shared, worker)
@@ -306,7 +310,7 @@ class SharedPool:
         worker.leases.remove(leased)
         if isinstance(message, Settled):
             messages = message.handled + len(message.failed) + len(message.dead)
-            shared.sizing.observe(worker.index, messages, message.busy_ms, time.monotonic())
+            shared.sizing.observe(worker.index, messages, message.busy_ms, self._clock())
             worker.settled_at = (message.partition, message.end)
             worker.handled += message.handled
             worker.crashes_in_a_row = 0
@@ -373,7 +377,7 @@ class SharedPool:
         if not picked:
             return
         record = member.claim(coordinator.record_fields(), picked)
-        written_ms = monotonic_ms()  # before the write: the deadline errs short
+        written_ms = self._now_ms()  # before the write: the deadline errs short
         shared.claiming = True
         self._submit(
             "range claim", record,
@@ -408,12 +412,12 @@ class SharedPool:
 
     def _renew(self, topic: str, shared: SharedTopic) -> None:
         member = shared.member
-        now_ms = monotonic_ms()
+        now_ms = self._now_ms()
         held = [(w, r) for w in shared.workers for r in member.renewals_due(w.leases, now_ms)]
         if not held or self._coordinator is None:
             return
         record = member.renewal(self._require_coordinator().record_fields(), [r for _, r in held])
-        written_ms = monotonic_ms()
+        written_ms = self._now_ms()
 
         def renewed(verdicts: Sequence[bool]) -> None:
             for (worker, leased), accepted in zip(held, verdicts):
@@ -462,7 +466,7 @@ class SharedPool:
     def _write_progress(self, topic: str, shared: SharedTopic) -> None:
         """One ``progress_ranges`` for every range in hand that moved on since the log last heard of it."""
         report = ProgressReport()
-        now_ms = monotonic_ms()
+        now_ms = self._now_ms()
         for worker in shared.workers:
             for leased in worker.leases:
                 report.add(shared.member, leased, self._progress_of(worker, leased), now_ms)
@@ -544,6 +548,10 @@ class SharedPool:
                 lost={p: lost for (t, p), (_, lost) in marks.items() if t == topic},
             ))  # fmt: skip
         return found
+
+    def _now_ms(self) -> int:
+        """The clock in monotonic_ms's unit (channel.py): the one the workers check their leases' deadlines on."""
+        return int(self._clock() * 1000)
 
     def _require_coordinator(self) -> Coordinator:
         assert self._coordinator is not None

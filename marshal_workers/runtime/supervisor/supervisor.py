@@ -44,8 +44,10 @@ from confluent_kafka.admin import AdminClient
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.core.logs import group_log
+from marshal_workers.core.process_age import process_age
 from marshal_workers.errors import StopRequested
 from marshal_workers.handlers.app import App, effective_time_limits
+from marshal_workers.handlers.asyncapi import asyncapi_json
 from marshal_workers.handlers.rate_limits import create_buckets
 from marshal_workers.kafka.coordination_log import drain, wakeup_pair
 from marshal_workers.kafka.coordinator import Coordinator
@@ -63,7 +65,7 @@ from marshal_workers.runtime.supervisor.message_claims import MessageClaims
 from marshal_workers.runtime.supervisor.partition_claims import PartitionClaims
 from marshal_workers.runtime.supervisor.remote_control import RemoteControl
 from marshal_workers.runtime.supervisor.shared_pool import SharedPool
-from marshal_workers.runtime.supervisor.supervisor_lines import loop_health, start_line, stop_line
+from marshal_workers.runtime.supervisor.supervisor_lines import StartUpTimes, loop_health, start_line, stop_line
 from marshal_workers.runtime.supervisor.topic_watch import TopicWatch
 from marshal_workers.runtime.supervisor.waiter import Waiter
 from marshal_workers.runtime.supervisor.worker_pool import WorkerPool, fork_server_starter, start_fork_server
@@ -165,12 +167,15 @@ class Supervisor:
         """Everything before the loop.  A stop signal meanwhile interrupts the steps that wait on Kafka within a
         fraction of a second (StopRequested; stopping.py): nothing is claimed before the loop, so nothing is held."""
         should_stop = self._stop_asked
+        imports_s, began = process_age(), time.monotonic()
         context = start_fork_server(self.app_path)  # before any Kafka client exists
         # One bucket per rate-limited handler, shared by all its workers (rate_limits.py).
         rate_buckets = create_buckets(context, {t: h.rate_limit for t, h in self.app.handlers.items()})
         self.shared.rate_buckets = rate_buckets
         coordinator = Coordinator(self.settings)
+        reading_began = time.monotonic()
         self._coordinator = coordinator.start(should_stop, member=True)
+        reading_s = time.monotonic() - reading_began
         started_ms = coordinator.now_ms()
         writes = InFlightWrites(coordinator)
         self._offsets = offsets = OffsetStore(self.settings)
@@ -184,9 +189,11 @@ class Supervisor:
             self._metrics = MetricsServer(
                 self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
                 Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
+                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers),
             )  # fmt: skip
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
-        line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance)
+        times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
+        line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance, times)
         self.log.info("%s", line)
 
     def _build_parts(self, context: BaseContext, coordinator: Coordinator, writes: InFlightWrites, offsets: OffsetStore,

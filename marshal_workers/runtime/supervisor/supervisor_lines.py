@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from marshal_workers.core.config import SETTINGS, Settings
 from marshal_workers.handlers.app import App
 
@@ -10,8 +12,29 @@ _ALWAYS_SHOWN = ("coordination_topic", "heartbeat_interval", "balance", "max_par
 _NEVER_SHOWN = ("group", "brokers", "client_id", "processes")  # processes: shown as the count in effect
 
 
-def start_line(app: App, app_path: str, settings: Settings, client: str, instance: str) -> str:
-    """The start-up line: the effective settings (option, environment, file or App(...)), not App's own arguments."""
+@dataclass(frozen=True)
+class StartUpTimes:
+    """Where a supervisor's start-up went, in seconds: what a slow restart is asked about first."""
+
+    imports: float | None  # the interpreter, the imports and the application's module; None: not known (no /proc)
+    coordination_log: float  # the coordinator: its topic checked, the log read to its end, its producer ready
+    rest: float  # the fork server started, the components built, the first look at the topics
+
+    def text(self) -> str:
+        total = (self.imports or 0.0) + self.coordination_log + self.rest
+        imports = "" if self.imports is None else f"interpreter and imports {self.imports:.2f}s, "
+        since = "" if self.imports is None else " of the process"
+        return (
+            f"up in {total:.2f}s{since} ({imports}reading the coordination log {self.coordination_log:.2f}s, "
+            f"the rest {self.rest:.2f}s)"
+        )
+
+
+def start_line(
+    app: App, app_path: str, settings: Settings, client: str, instance: str, times: StartUpTimes | None = None
+) -> str:
+    """The start-up line: the effective settings (option, environment, file or App(...)), not App's own arguments,
+    and where the start-up's time went."""
     topics = [t for t in app.topics if not app.handlers[t].shared]
     shared = [t for t in app.topics if app.handlers[t].shared]
     handled = f"topics {', '.join(topics) or '-'}" + (f"; shared {', '.join(shared)}" if shared else "")
@@ -26,7 +49,7 @@ def start_line(app: App, app_path: str, settings: Settings, client: str, instanc
         shown.append(f"processes={settings.shared_processes}")
     return (
         f"supervisor {client}/{instance} running {app_path} ({handled}) in group {settings.group} "
-        f"on {settings.brokers}: {', '.join(shown)}"
+        f"on {settings.brokers}: {', '.join(shown)}" + ("" if times is None else f"; {times.text()}")
     )
 
 

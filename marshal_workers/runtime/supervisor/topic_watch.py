@@ -2,14 +2,14 @@
 
 At start-up the metadata is read in the loop's thread (a topic missing stops
 the start-up with UnknownTopicError); later, every max(2*HB, 5s), on a thread
-of its own, since a metadata request waits for a broker that does not answer.
+of its own, since a metadata request waits for a broker that does not answer
+(kafka/metadata_refresh.py).
 New partitions of a topic go in the Table's partition counts, where the
 claims find them.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +21,7 @@ from marshal_workers.core.stopping import ShouldStop, never
 from marshal_workers.errors import UnknownTopicError
 from marshal_workers.handlers.app import App, OnError
 from marshal_workers.kafka.kafka_clients import cluster_metadata, ensure_topic
+from marshal_workers.kafka.metadata_refresh import MetadataRefresh
 from marshal_workers.runtime.supervisor.assignments import Table
 
 
@@ -39,19 +40,15 @@ class TopicWatch:
         self.log = log
         self._fail = fail
         self._should_stop = should_stop
-        self._next_refresh = 0.0  # monotonic
-        self._thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="metadata")
-        self._metadata: concurrent.futures.Future[Any] | None = None  # a refresh under way
+        self._refresh = MetadataRefresh(admin, settings, log)
 
     def waitables(self) -> list[object]:
         return []
 
     def step(self, now: float) -> None:
-        if now >= self._next_refresh:
-            self._next_refresh = now + max(2 * self.settings.heartbeat_interval, 5.0)
-            if self._metadata is None:
-                self._metadata = self._thread.submit(cluster_metadata, self.admin, self.settings)
-        self._take_metadata()
+        metadata = self._refresh.poll(now)
+        if metadata is not None:
+            self.apply(metadata)
 
     def begin_stop(self) -> None:
         """Nothing: counts still change as the cluster says, but nothing more is claimed."""
@@ -65,7 +62,7 @@ class TopicWatch:
         self.apply(cluster_metadata(self.admin, self.settings, self._should_stop), first=True)
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._refresh.close()
 
     def apply(self, metadata: Any, first: bool = False) -> None:
         """Take the partition counts from ``metadata`` (ClusterMetadata); stop if the coordination topic's changed."""
@@ -75,8 +72,8 @@ class TopicWatch:
             if found is None or found.error is not None or not found.partitions:
                 if first:
                     raise UnknownTopicError(
-                        f"handler topic {topic!r} does not exist on {self.settings.brokers}; create it, "
-                        "or remove its handler"
+                        f"handler topic {topic!r} does not exist on {self.settings.brokers}; create it "
+                        "(marshal-workers topics create MODULE:APP --partitions N), or remove its handler"
                     )
                 self.log.error("topic %s has disappeared from the cluster", topic)
                 continue
@@ -89,17 +86,6 @@ class TopicWatch:
             if first and self.app.handlers[topic].on_error is OnError.DLQ:
                 dlq_topic = self.app.handlers[topic].dlq_topic
                 ensure_topic(self.admin, self.settings, dlq_topic, count, should_stop=self._should_stop)
-
-    def _take_metadata(self) -> None:
-        if self._metadata is None or not self._metadata.done():
-            return
-        future, self._metadata = self._metadata, None
-        try:
-            metadata = future.result()
-        except Exception as exc:
-            self.log.warning("could not refresh topic metadata: %s", exc)
-            return
-        self.apply(metadata)
 
     def _check_coordination_partitions(self, metadata: Any) -> None:
         """Routing is md5(topic) mod the coordination topic's partition count: if the count changed, members

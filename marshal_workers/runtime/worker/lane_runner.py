@@ -40,17 +40,16 @@ from collections.abc import Callable
 from typing import Any
 
 from marshal_workers.core.exit_codes import WorkerExit
-from marshal_workers.handlers.app import HandlerSpec, Message, Mode, OnError, effective_time_limits
-from marshal_workers.handlers.failure_logs import log_ignored, log_left_for_later, log_release, log_retry
+from marshal_workers.handlers.app import HandlerSpec, Message, Mode, effective_time_limits
+from marshal_workers.handlers.failure_path import Decision
 from marshal_workers.handlers.message_age import is_too_old
 from marshal_workers.handlers.rate_limits import Throttle
-from marshal_workers.handlers.retry_policy import Action, next_step
 from marshal_workers.observe.latency import LATENCY_BOUNDS
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.lanes import Lanes
 from marshal_workers.runtime.channel import LATENCY_FIRST_BUCKET, Field
 from marshal_workers.runtime.worker.executors import AsyncExecutor, Completion, Executor, ThreadExecutor
-from marshal_workers.runtime.worker.failures import Failures, time_limit_error, wall_ms
+from marshal_workers.runtime.worker.failures import Failures, Outcome, outcome_of, time_limit_error, wall_ms
 from marshal_workers.runtime.worker.link import SupervisorLink
 
 _PUBLISH_INTERVAL_S = 0.05  # the done set and the gauges in the slot: at most this stale
@@ -330,7 +329,8 @@ class LaneRunner:
         """Messages the hard time limit killed more often than the retries allow: on_error without a call."""
         if self.give_up is None or not any(self.give_up[0] <= o < self.give_up[1] for o in offsets):
             return False
-        self._on_error(offsets, time_limit_error(self.handler))
+        self._carry_out(offsets, self.failures.without_call(self.handler, [self.records[o] for o in offsets],
+                                                            time_limit_error(self.handler)))  # fmt: skip
         return True
 
     # ------------------------------------------------------------ completions
@@ -359,43 +359,24 @@ class LaneRunner:
         self.link.count_handled(handled)
 
     def _failed(self, offsets: list[int], error: BaseException) -> int:
-        """Retry later (the key's later messages wait; other keys go on), or apply on_error; how many got done.
-        The failure is logged once, with its traceback (failure_logs.py), by whichever branch decides its fate."""
-        attempts, outcomes = self.lanes.attempts(offsets[0]), self.link.outcomes
-        log, name = self.link.log, self.handler.name
-        outcomes.failed(error)
-        step = next_step(self.handler.retry_policy, error, attempts)
-        if step.action is Action.IGNORE:
-            outcomes.ignored += len(offsets)
-            log_ignored(log, name, offsets[0], error)
-            return self._done(offsets)
-        if step.action is Action.REJECT:
-            self.failures.reject(self.handler, [self.records[o] for o in offsets], error)
-            return self._done(offsets)
-        if step.action is Action.GIVE_UP:
-            return self._on_error(offsets, error)
-        if self.link.stopping and not self.at_most_once:
-            until = float("inf")  # stopping: not done, the next owner handles it again
-            log_left_for_later(log, name, offsets[0], error, "the worker is stopping: the next owner retries it")
-        else:
-            log_retry(log, name, offsets[0], error, attempts, step.delay)
-            outcomes.retries += 1
-            until = self.clock() + step.delay
-        for offset in offsets:
-            self.lanes.defer(offset, until)
-        return 0
-
-    def _on_error(self, offsets: list[int], error: BaseException) -> int:
-        """The retries are spent: dead-letter the messages (done), or stop and release the partition at them."""
+        """Retry later (the key's later messages wait; other keys go on), or what else the failure path decides
+        (failures.py); how many got done.  Stopping, at least once, a retry is the next owner's."""
         failing = [self.records[o] for o in offsets]
-        if self.handler.on_error is OnError.RELEASE or self.failures.over_dlq_limit(self.handler, failing):
-            log_release(self.link.log, self.handler.name, offsets[0], error)
-            for offset in offsets:
-                self.lanes.defer(offset, float("inf"))  # never done here: the next owner starts at it
+        retry_here = self.at_most_once or not self.link.stopping  # AMO: a claimed batch is finished, retries too
+        decision = self.failures.settle(self.handler, failing, error, self.lanes.attempts(offsets[0]), retry_here)
+        return self._carry_out(offsets, decision)
+
+    def _carry_out(self, offsets: list[int], decision: Decision) -> int:
+        """The lanes' part of a decision (logged, its dead letters written): how many of ``offsets`` got done."""
+        outcome = outcome_of(decision)
+        if outcome is Outcome.DONE:
+            return self._done(offsets)
+        if outcome is Outcome.RELEASE:
             self.exit = WorkerExit.RELEASE
-            return 0
-        self.failures.dead_letter(self.handler, failing, error)
-        return self._done(offsets)
+        until = self.clock() + decision.delay if outcome is Outcome.RETRY else float("inf")
+        for offset in offsets:
+            self.lanes.defer(offset, until)  # never done here (inf): the next owner starts at it
+        return 0
 
     def _done(self, offsets: list[int]) -> int:
         """Messages finished without a successful call (dead-lettered, ignored): done all the same."""

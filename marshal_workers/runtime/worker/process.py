@@ -20,6 +20,7 @@ from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import configure_logging
 from marshal_workers.errors import SendError
 from marshal_workers.handlers.app import App, HandlerSpec
+from marshal_workers.handlers.loader import load_app
 from marshal_workers.handlers.rate_limits import Throttle
 from marshal_workers.kafka.dead_letters import DeadLetterWriter
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
@@ -51,6 +52,21 @@ def start_process(settings: Settings, stack_dump_heading: Callable[[], str], on_
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@dataclass(frozen=True)
+class ProcessEdges:
+    """What a worker process (of either kind) takes from outside itself: its process-wide start (start_process),
+    its app, its reader of Kafka and its dead-letter writer.  The defaults are the real ones; unit tests pass
+    fakes to run a worker's shell in the test's own process, without a broker (tests/unit/runtime/worker)."""
+
+    start: Callable[[Settings, Callable[[], str], Callable[[], None]], None] = start_process
+    load: Callable[[str], App] = load_app
+    consumer: Callable[..., GuardedConsumer] = GuardedConsumer  # called as GuardedConsumer(config, what, hb, ...)
+    dead_letters: Callable[[Settings], DeadLetterWriter] = DeadLetterWriter
+
+
+REAL_EDGES = ProcessEdges()
 
 
 def exit_process(code: WorkerExit) -> None:

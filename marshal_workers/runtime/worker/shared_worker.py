@@ -51,17 +51,13 @@ from confluent_kafka import Message as KafkaMessage
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import ContextLog, group_log, partition_log
-from marshal_workers.errors import MaxDeliveriesExceeded, SendError
-from marshal_workers.handlers.app import App, HandlerSpec, Message, Mode
-from marshal_workers.handlers.failure_logs import log_dead_letter, log_ignored, log_left_for_later, log_retry
+from marshal_workers.errors import SendError
+from marshal_workers.handlers.app import App, HandlerSpec, Message
+from marshal_workers.handlers.blocking_calls import blocking
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
-from marshal_workers.handlers.hooks import Hooks, run_hooks
-from marshal_workers.handlers.loader import load_app
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.handlers.rate_limits import Throttle
-from marshal_workers.handlers.retry_policy import Action, next_step
 from marshal_workers.kafka import client_profiles
-from marshal_workers.kafka.dead_letters import DeadLetterWriter, error_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
@@ -82,12 +78,14 @@ from marshal_workers.runtime.messages import (
 )  # fmt: skip
 from marshal_workers.runtime.worker.alarm import Alarm
 from marshal_workers.runtime.worker.process import (
+    REAL_EDGES,
+    ProcessEdges,
     exit_process,
     finish_worker,
     send_failed,
-    start_process,
     take_up_handler,
 )
+from marshal_workers.runtime.worker.shared_failures import InRange, SharedFailures
 from marshal_workers.runtime.worker.stack_dumps import worker_heading
 
 _log = logging.getLogger(__name__)
@@ -138,8 +136,9 @@ def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_buck
 
 class SharedWorker:
     def __init__(self, spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None,
-                 range_slot: Any = None) -> None:  # fmt: skip
+                 range_slot: Any = None, edges: ProcessEdges = REAL_EDGES) -> None:  # fmt: skip
         self.spec = spec
+        self._edges = edges
         self.slot = RangeSlot(range_slot) if range_slot is not None else None  # our position in the range in hand
         self._next_progress_ms = 0
         self.rate_bucket = rate_bucket
@@ -151,26 +150,26 @@ class SharedWorker:
         self.ranges: collections.deque[_Range] = collections.deque()
         self._consumer: GuardedConsumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
-        self._dlq = DeadLetterWriter(spec.settings)
+        self._dlq = edges.dead_letters(spec.settings)
         self._other_groups = OtherGroups(spec.settings.require_group())  # messages redriven for another group
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
-        self.hooks = Hooks()  # the app's, once it is loaded
+        self._failures = SharedFailures(self._dlq, self.outcomes, self._log_of, lambda: self.stopping)
         self.in_hand: tuple[int, int] | None = None  # (partition, start) of the range being handled, for SIGUSR2
         self._plain = False  # no rate or age limit: fetches of plain messages take the hot path (_handle_plain)
         self._alarm: Alarm | None = None  # raised near the deadline of the range in hand (started in run)
 
     def run(self) -> WorkerExit:
-        start_process(self.spec.settings, self._stack_dump_heading, self._request_stop)
+        self._edges.start(self.spec.settings, self._stack_dump_heading, self._request_stop)
         setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "
                                   f"#{self.spec.index}")  # fmt: skip
         app: App | None = None
         try:
-            app = load_app(self.spec.app_path)
+            app = self._edges.load(self.spec.app_path)
             taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket, self.spec.settings)
-            handler, self.throttle, self.max_age_ms = taken.handler, taken.throttle, taken.max_age_ms
+            handler, self.throttle, self.max_age_ms = blocking(taken.handler), taken.throttle, taken.max_age_ms
             self._plain = self.throttle is None and not self.max_age_ms
-            self.hooks = app.hooks
+            self._failures.take_up(handler, app.hooks)
             for hook in app.worker_start_hooks:
                 hook()
         except Exception:
@@ -178,7 +177,7 @@ class SharedWorker:
             return WorkerExit.BOOT_ERROR
         try:
             settings = self.spec.settings
-            self._consumer = GuardedConsumer(
+            self._consumer = self._edges.consumer(
                 client_profiles.shared_consumer(settings),
                 f"shared worker of {settings.require_group()} {self.spec.topic}",
                 settings.heartbeat_interval,
@@ -283,6 +282,8 @@ class SharedWorker:
         assert self._alarm is not None
         self._arm(leased)  # raised near the deadline or the next progress report: till then no clock per message
         plain = self._plain and leased.tries < handler.max_deliveries
+        records: list[Any] = []
+        errors: list[Any] = []
         while next_offset is not None and next_offset < leased.end:
             if monotonic_ms() >= leased.deadline_ms:
                 return self._abandon(leased, next_offset)
@@ -306,6 +307,11 @@ class SharedWorker:
                 leased.busy_ms += (time.perf_counter() - fetched_at) * 1000
         if next_offset is not None:
             self._settle(leased, leased.end)
+            if records and records[-1].offset() + (errors[-1] is None) > leased.end:
+                # Offsets without a message (transaction markers, compaction) let the last fetch, counted in
+                # messages, read past the range: the consumer stands beyond its end, so the next range seeks even
+                # if it starts there (it used to read on, never saw those messages, and its lease ran out).
+                self._position = None
         return None
 
     def _handle_plain(self, handler: HandlerSpec, leased: _Range, records: list[Any], next_offset: int) -> int | None:
@@ -471,78 +477,24 @@ class SharedWorker:
         self.outcomes.too_old += 1
         if handler.on_too_old is OnTooOld.DLQ:
             error = too_old_error(record.timestamp(), int(time.time() * 1000), self.max_age_ms)
-            self._dead_letter(handler, record, error, leased.tries + 1)
-            leased.dead.append(record.offset())
+            self._note(leased, record, self._failures.dead_letter(handler, record, error, leased.tries + 1))
         else:
             leased.handled += 1
 
     def _handle_message(
         self, handler: HandlerSpec, leased: _Range, record: Any, error: Exception | None = None
     ) -> None:
-        """Call the handler, retrying by its policy; a message that keeps failing is failed (delivered again
-        later, at least once) or dead-lettered (at most once, or delivered max_deliveries times).  Each failed
-        call is logged once, with its traceback (failure_logs.py).  ``error``: the first call was made (the hot
-        path) and failed with it."""
-        deliveries = leased.tries + 1
-        if leased.tries >= handler.max_deliveries:
-            error: Exception = MaxDeliveriesExceeded(
-                f"delivered {leased.tries} times without success (max_deliveries={handler.max_deliveries})"
-            )
-            self._dead_letter(handler, record, error, leased.tries)
-            leased.dead.append(record.offset())
-            return
-        error_or_none, action = self._call_with_retries(handler, record, leased, error)
-        if error_or_none is None:
+        """Call the handler, retrying by its policy (shared_failures.py), and note what became of the message."""
+        self._note(leased, record, self._failures.handle(handler, record, leased.tries, leased.deadline_ms, error))
+
+    @staticmethod
+    def _note(leased: _Range, record: Any, fate: InRange) -> None:
+        if fate is InRange.HANDLED:
             leased.handled += 1
-        elif action is Action.IGNORE:
-            self.outcomes.ignored += 1
-            log_ignored(self._log_of(record), handler.name, record.offset(), error_or_none)
-            leased.handled += 1
-        elif action is Action.REJECT or handler.mode is Mode.AMO:
-            self.outcomes.rejected += action is Action.REJECT
-            self._dead_letter(handler, record, error_or_none, deliveries)
-            leased.dead.append(record.offset())
-        else:
-            log_left_for_later(
-                self._log_of(record), handler.name, record.offset(), error_or_none,
-                f"delivery {deliveries} of {handler.max_deliveries}, it will be delivered again",
-            )  # fmt: skip
+        elif fate is InRange.FAILED:
             leased.failed.append(record.offset())
-
-    def _call_with_retries(
-        self, handler: HandlerSpec, record: Any, leased: _Range, first_error: Exception | None = None
-    ) -> tuple[Exception | None, Action | None]:
-        """(None, None) if the handler succeeded (at once or on a retry), else its last error and what the
-        handler's retry policy says to do with it (IGNORE, REJECT or GIVE_UP).  A failure retried here is logged
-        here; the last one is the caller's to log, once it knows what becomes of the message.  ``first_error``:
-        the first call was made already and failed with it."""
-        failures = 0
-        error: Exception | None = first_error
-        while True:
-            if error is None:
-                try:
-                    handler.call([record], failures + 1)
-                    return None, None
-                except Exception as exc:
-                    error = exc
-            failures += 1
-            self.outcomes.failed(error)
-            step = next_step(handler.retry_policy, error, failures)
-            if step.action is not Action.RETRY:
-                return error, step.action
-            if self.stopping or monotonic_ms() + step.delay * 1000 >= leased.deadline_ms:
-                return error, Action.GIVE_UP  # no time left in the lease: the next delivery retries it
-            log_retry(self._log_of(record), handler.name, record.offset(), error, failures, step.delay)
-            self.outcomes.retries += 1
-            time.sleep(step.delay)
-            error = None
-
-    def _dead_letter(self, handler: HandlerSpec, record: Any, error: Exception, deliveries: int) -> None:
-        headers = error_headers(handler.name, record, error) + [("deliveries", str(deliveries).encode())]
-        self._dlq.write(handler.dlq_topic, [record], [headers])
-        run_hooks(self.hooks.on_dead_letter, Message(record), error)
-        log_dead_letter(self._log_of(record), handler.name, record.offset(), error, 1,
-                        f"{handler.dlq_topic} after {deliveries} deliveries")  # fmt: skip
+        else:
+            leased.dead.append(record.offset())
 
     def _log_of(self, record: Any) -> ContextLog:
         """The log for lines about ``record``: they carry its topic and partition besides the group."""

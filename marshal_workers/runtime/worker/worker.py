@@ -26,25 +26,24 @@ from marshal_workers.core.logs import ContextLog, partition_log
 from marshal_workers.errors import SendError
 from marshal_workers.handlers.app import App, Mode, effective_time_limits
 from marshal_workers.handlers.hooks import Hooks, run_hooks
-from marshal_workers.handlers.loader import load_app
 from marshal_workers.kafka import client_profiles
-from marshal_workers.kafka.dead_letters import DeadLetterWriter
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.runtime.channel import Field, Slot, WorkerSpec
 from marshal_workers.runtime.worker.admission import Admission
 from marshal_workers.runtime.worker.batch_loop import BatchLoop
-from marshal_workers.runtime.worker.failures import Failures, give_up_error
+from marshal_workers.runtime.worker.failures import Failures, Outcome, exit_for, give_up_error
 from marshal_workers.runtime.worker.instrumentation import LatencySampling, instrumented_handlers
 from marshal_workers.runtime.worker.lane_runner import LaneRunner
 from marshal_workers.runtime.worker.link import SupervisorGone, SupervisorLink
 from marshal_workers.runtime.worker.one_call_loop import OneCallLoop
 from marshal_workers.runtime.worker.process import (
+    REAL_EDGES,
+    ProcessEdges,
     TakenUp,
     exit_process,
     finish_worker,
     send_failed,
-    start_process,
     take_up_handler,
 )
 from marshal_workers.runtime.worker.stack_dumps import worker_heading
@@ -59,14 +58,16 @@ def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection, rate_
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection, rate_bucket: Any = None) -> None:
+    def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection, rate_bucket: Any = None,
+                 edges: ProcessEdges = REAL_EDGES) -> None:  # fmt: skip
         self.spec = spec
+        self._edges = edges
         self.rate_bucket = rate_bucket
         self.slot = slot
         self.hooks = Hooks()  # the app's, once it is loaded
         self._partition_hooks_due = False
         self.log: ContextLog = partition_log(_log, spec.group, spec.topic, spec.partition)
-        self._dlq = DeadLetterWriter(spec.settings)
+        self._dlq = edges.dead_letters(spec.settings)
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before progress is reported
         self.link = SupervisorLink(spec, slot, connection, self.log, self.outbox)
 
@@ -75,7 +76,7 @@ class Worker:
     def run(self) -> WorkerExit:
         self._init_process()
         try:
-            app = load_app(self.spec.app_path)
+            app = self._edges.load(self.spec.app_path)
             taken = take_up_handler(app, self.spec.topic, self.outbox, self.rate_bucket, self.spec.settings)
             self.hooks = app.hooks
             handler = taken.handler
@@ -118,15 +119,18 @@ class Worker:
         give_up_on = self.spec.give_up_on
         if give_up_on is not None:
             error = give_up_error(self.spec.give_up_reason, self.spec.settings.crash_limit, handler)
-            if not failures.give_up_on(handler, give_up_on[1], error):
+            outcome = failures.give_up_on(handler, give_up_on[1], error)
+            if outcome is None:
                 return WorkerExit.STOPPED
+            if outcome is not Outcome.DONE:
+                return exit_for(outcome)  # on_error="release" (or dlq_limit): released at them, as the lanes do
         admission = Admission(link, failures, taken.throttle, taken.max_age_ms)
         if handler.mode is Mode.ALO and not handler.batch:
             return OneCallLoop(link, failures, admission, sampling).run()
         return BatchLoop(link, failures, admission, sampling).run()
 
     def _init_process(self) -> None:
-        start_process(self.spec.settings, self._stack_dump_heading, self.link.request_stop)
+        self._edges.start(self.spec.settings, self._stack_dump_heading, self.link.request_stop)
         # Until start_process we ignored SIGTERM (as the fork server does): a stop asked for meanwhile is in the slot.
         self.link.check_stop_flag()
         self.link.set_title(self.spec.start_offset)
@@ -145,7 +149,7 @@ class Worker:
     def _open_consumer(self) -> GuardedConsumer:
         """The worker's reader of its partition, placed at its start offset."""
         spec = self.spec
-        consumer = GuardedConsumer(
+        consumer = self._edges.consumer(
             client_profiles.worker_consumer(spec.settings),
             f"worker of {spec.group} {spec.topic}[{spec.partition}]",
             spec.settings.heartbeat_interval,

@@ -162,10 +162,15 @@ def test_app_send_in_a_handler_carries_the_handlers_trace(spans: InMemorySpanExp
         app.send("audit", b"y", headers={"traceparent": "00-" + "7" * 32 + "-" + "1" * 16 + "-01"})
 
     traced_call(handler, make_message(b"", topic="orders", headers={"traceparent": TRACEPARENT}))
-    span = only_span(spans)
+    finished = {span.name: span for span in spans.get_finished_spans()}
+    call, invoices = finished["process orders"], finished["send invoices"]
+    assert invoices.kind is SpanKind.PRODUCER and invoices.parent.span_id == call.context.span_id
+    assert invoices.attributes["messaging.destination.name"] == "invoices"
     sent = dict(outbox.headers[0])
     assert sent["kind"] == b"invoice"
-    assert sent["traceparent"] == f"00-{TRACE_ID}-{format(span.context.span_id, '016x')}-01".encode()
+    assert sent["traceparent"] == f"00-{TRACE_ID}-{format(invoices.context.span_id, '016x')}-01".encode(), (
+        "the message carries its send span, the call's child"
+    )
     assert (
         dict(outbox.headers[1])["traceparent"] == ("00-" + "7" * 32 + "-" + "1" * 16 + "-01").encode()
     )  # the sender's own

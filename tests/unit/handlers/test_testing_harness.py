@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from marshal_workers import App, Message, Retry, SoftTimeLimitExceeded
@@ -166,3 +167,34 @@ def test_messages_older_than_max_age_are_skipped_or_dead_lettered_without_a_call
     assert called == [1, 1], "an old message is never handed to the handler"
     [dead] = run_handler(app, "dlq", [make_message(b"x", topic="dlq", timestamp=1)])
     assert dict(dead.dead_letter_headers or [])["error_type"] == b"MessageTooOld"
+
+
+class Invoice(msgspec.Struct):
+    order_id: int
+    amount: float
+
+
+def test_a_typed_batch_with_one_bad_payload_dead_letters_only_that_one_as_a_worker_does() -> None:
+    """Messages made without offsets all carry offset 0: they are still told apart (issue 40, item 1)."""
+    app = App(group="g")
+    handled: list[int] = []
+
+    @app.handler("invoices", batch=True)
+    def handle(invoices: list[Invoice]) -> None:
+        handled.extend(i.order_id for i in invoices)
+
+    results = run_handler(app, "invoices", [make_message(Invoice(1, 9.5)), make_message(b'{"order_id":"x"}'),
+                                            make_message(Invoice(3, 2.0))])  # fmt: skip
+    assert [r.outcome for r in results] == ["done", "dead_letter", "done"] and handled == [1, 3]
+    assert dict(results[1].dead_letter_headers or [])["error_type"] == b"PayloadError"
+
+
+def test_dlq_limit_releases_the_partition_after_that_many_dead_letters_in_a_row_as_a_worker_does() -> None:
+    app = App(group="g")
+
+    @app.handler("t", retries=0, dlq_limit=2)
+    def handle(msg: Message) -> None:
+        raise ValueError("the ledger is down")
+
+    outcomes = [r.outcome for r in run_handler(app, "t", [b"a", b"b", b"c", b"d"])]
+    assert outcomes == ["dead_letter", "dead_letter", "released", "not_handled"]

@@ -160,15 +160,25 @@ NOT_FROM_A_PROFILE = {
 }
 
 
+def makes_a_client(call: ast.Call) -> bool:
+    """A call of a client class, or of a worker's ``edges.consumer`` (runtime/worker/process.py: GuardedConsumer, or a
+    test's fake)."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id in CLIENTS
+    if not isinstance(func, ast.Attribute):
+        return False
+    owner = func.value.attr if isinstance(func.value, ast.Attribute) else getattr(func.value, "id", "")
+    return func.attr in CLIENTS or (func.attr == "consumer" and owner.endswith("edges"))
+
+
 def client_constructions() -> list[tuple[str, int, ast.Call]]:
     """Every call that makes a Kafka client in the package: (module path, line, call)."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call):
-                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
-                if name in CLIENTS:
-                    found.append((str(path.relative_to(PACKAGE)), node.lineno, node))
+            if isinstance(node, ast.Call) and makes_a_client(node):
+                found.append((str(path.relative_to(PACKAGE)), node.lineno, node))
     return found
 
 

@@ -304,11 +304,11 @@ def test_a_write_submitted_by_a_failure_callback_at_the_end_of_a_pass_goes_out_a
 
 
 def test_a_staged_write_keeps_its_deadline_from_its_submit(
-    coordinator: OfflineCoordinator, writes: InFlightWrites, monkeypatch: pytest.MonkeyPatch
+    coordinator: OfflineCoordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr("marshal_workers.kafka.in_flight.time.monotonic", lambda: clock[0])
     monkeypatch.setattr("marshal_workers.kafka.coordinator.time.monotonic", lambda: clock[0])
+    writes = InFlightWrites(coordinator, clock=lambda: clock[0])
     writes.begin_pass()
     outcome = submit(writes, claims(coordinator, topic_on(0), 0), within=1.0)
     clock[0] += 0.8  # a slow pass

@@ -11,7 +11,7 @@ import pytest
 
 from marshal_workers import App
 from marshal_workers.core.config import Settings
-from marshal_workers.errors import NotInWorkerError, SendError
+from marshal_workers.errors import SendError
 from marshal_workers.kafka.outbox import Outbox, encode_send
 
 # ------------------------------------------------------------ arguments
@@ -60,16 +60,6 @@ def test_headers_as_a_dict_or_pairs_with_str_or_bytes_values() -> None:
 def test_bad_arguments_are_refused_with_what_is_expected(args: tuple[Any, ...], match: str) -> None:
     with pytest.raises(TypeError, match=match):
         encode_send(*args)
-
-
-# --------------------------------------------------------------- where
-
-
-def test_send_outside_a_worker_says_where_it_can_be_used() -> None:
-    app = App(group="g")
-    where = r"only inside a worker process \(in a handler.*at import time, in the supervisor"
-    with pytest.raises(NotInWorkerError, match=where):
-        app.send("out", b"v")
 
 
 # -------------------------------------------------------------- outbox

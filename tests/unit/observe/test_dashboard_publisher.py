@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import orjson
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from test_metrics import snapshot
 
+from marshal_workers import App, Message
+from marshal_workers.handlers.asyncapi import asyncapi_json
 from marshal_workers.kafka.embedded_broker import free_port
 from marshal_workers.observe.dashboard import Publisher, sse_event, supervisor_step
 from marshal_workers.observe.dashboard_model import Dashboard
 from marshal_workers.observe.metrics import MetricsServer
+from marshal_workers.ops.dashboard_server import make_app
 from marshal_workers.protocol.codec import Claim, Heartbeat
 from marshal_workers.protocol.world_state import WorldState
 
@@ -108,3 +115,36 @@ def test_without_the_dashboard_the_metrics_port_has_no_such_page() -> None:
         assert error.value.code == 404
     finally:
         server.close()
+
+
+def described_app() -> App:
+    app = App(group="billing")
+
+    @app.handler("orders")
+    def on_order(msg: Message) -> None: ...
+
+    return app
+
+
+def test_the_metrics_port_and_the_dashboard_serve_the_apps_asyncapi_document() -> None:
+    """At /asyncapi.json, the document `marshal-workers asyncapi` prints; the dashboard without --app says how."""
+    expected = asyncapi_json(described_app(), brokers="k1:9092")
+    port = free_port()
+    server = MetricsServer("127.0.0.1", port, snapshot, asyncapi=lambda: asyncapi_json(described_app(),
+                                                                                        brokers="k1:9092"))  # fmt: skip
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/asyncapi.json", timeout=5) as response:
+            assert response.headers["Content-Type"] == "application/json" and response.read() == expected
+    finally:
+        server.close()
+
+    async def dashboard_answers(described: bool) -> tuple[int, Any]:
+        publisher = Publisher(step(), interval=0.05)  # type: ignore[arg-type]
+        document = (lambda: expected) if described else None
+        async with TestClient(TestServer(make_app(publisher, document))) as client:
+            response = await client.get("/asyncapi.json")
+            return response.status, orjson.loads(await response.read())
+
+    assert asyncio.run(dashboard_answers(True)) == (200, orjson.loads(expected))
+    status, body = asyncio.run(dashboard_answers(False))
+    assert status == 404 and "--app MODULE:APP" in body["error"]

@@ -2,17 +2,21 @@
 
 A coordinator whose world the test folds (records are built as a real member's), coordination writes recorded for
 the test to decide (by folding them, as the log would, or by hand), offsets looked up from a dict, worker processes
-that are plain objects the test makes exit.
+that are plain objects the test makes exit, and a multiprocessing context that starts such objects, each with the
+worker's end of a real pipe for the test to speak for it.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
+
+from confluent_kafka import TopicPartition
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
@@ -104,12 +108,13 @@ class RecordedWrites:
 
 @dataclass
 class FakeOffsets:
-    """The group's committed offsets (None: never committed), and auto_offset_reset's answer."""
+    """The group's committed offsets (None: never committed), auto_offset_reset's answer, and partitions' ends."""
 
     committed: dict[tuple[str, int], int | None] = field(default_factory=dict)
     reset_to: int = 0
     unknown: bool = False  # Kafka does not answer: every lookup fails
     commits: list[list[tuple[str, int, int]]] = field(default_factory=list)
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)  # ListOffsets' latest; a partition not here: 0
 
     def committed_many(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
         if self.unknown:
@@ -122,20 +127,49 @@ class FakeOffsets:
     def commit(self, offsets: list[tuple[str, int, int]]) -> None:
         self.commits.append(list(offsets))
 
+    def request_ends(self, topic: str, partitions: Sequence[int]) -> dict[Any, Future[Any]]:
+        """ListOffsets answered at once: a future per partition, its result carrying ``offset``."""
+        answers: dict[Any, Future[Any]] = {}
+        for partition in partitions:
+            answers[TopicPartition(topic, partition)] = future = Future()
+            future.set_result(_Offset(self.ends.get((topic, partition), 0)))
+        return answers
+
+    def learn_start_offsets(self, topic: str, partitions: Sequence[int], starts: dict[int, int], log: Any) -> None:
+        """Where shared partitions never leased start: the committed offset, else auto_offset_reset's."""
+        for partition in partitions:
+            committed = self.committed.get((topic, partition))
+            starts[partition] = self.reset_to if committed is None else committed
+
     def poll(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class _Offset:
+    offset: int
 
 
 class FakeProcess:
     """A worker process that is not one: the test says when it exits, and with what code."""
 
-    def __init__(self, spec: WorkerSpec, name: str) -> None:
+    def __init__(self, spec: Any, name: str, connection: Connection | None = None) -> None:
         self.spec = spec
         self.name = name
+        self.connection = connection  # the worker's end of its pipe, for the test to speak for it
         self.sentinel = object()  # what the loop's wait would find readable when it exits
         self.exitcode: int | None = None
         self.pid = None  # never signalled: signal_process skips a process without a pid
         self.closed = False
+
+    def start(self) -> None:
+        pass
+
+    def exit(self, code: int) -> None:
+        """The worker exits with ``code``; its end of the pipe closes with it."""
+        self.exitcode = code
+        if self.connection is not None:
+            self.connection.close()
 
     def is_alive(self) -> bool:
         return self.exitcode is None
@@ -160,3 +194,41 @@ class FakeStarter:
         self.started.append(process)
         self.pipes.append(theirs)
         return process, ours
+
+
+class _WorkersEnd:
+    """The worker's end of a pipe as the parent holds it: the parent closes it once the child has its copy; here
+    the test is the child, so that close leaves it open."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakeContext:
+    """A multiprocessing context whose processes are FakeProcess (SharedPool's fork server): real pipes and real
+    shared memory, no fork.  ``started``: every process, in order; the test closes their pipes (close_all)."""
+
+    started: list[FakeProcess] = field(default_factory=list)
+    _pipes: list[Connection] = field(default_factory=list)
+
+    def Pipe(self, duplex: bool = True) -> tuple[Connection, _WorkersEnd]:
+        ours, theirs = multiprocessing.Pipe(duplex=duplex)
+        self._pipes += [ours, theirs]
+        return ours, _WorkersEnd(theirs)
+
+    def RawArray(self, typecode: str, size: int) -> Any:
+        return multiprocessing.get_context("fork").RawArray(typecode, size)
+
+    def Process(self, target: Any, args: tuple[Any, ...], name: str, daemon: bool) -> FakeProcess:
+        spec, theirs = args[0], args[1]
+        process = FakeProcess(spec, name, theirs.connection)
+        self.started.append(process)
+        return process
+
+    def close_all(self) -> None:
+        for connection in self._pipes:
+            connection.close()

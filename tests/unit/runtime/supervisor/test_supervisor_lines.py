@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from marshal_workers import App
 from marshal_workers.core.config import load_settings
-from marshal_workers.runtime.supervisor.supervisor_lines import start_line, stop_line
+from marshal_workers.runtime.supervisor.supervisor_lines import StartUpTimes, start_line, stop_line
 
 
 def test_the_start_line_shows_the_effective_group_and_settings_not_the_apps_arguments() -> None:
@@ -33,3 +33,19 @@ def test_the_stop_line_says_whether_the_stop_was_clean() -> None:
         "stopped: released 3 partitions in 31.0s; workers were killed and released at their last progress"
     )
     assert stop_line(2, 0.3, 10, False) == "stopped with exit code 10: released 2 partitions in 0.3s"
+
+
+def test_the_start_line_says_where_the_start_up_went() -> None:
+    app = App(group="billing")
+    app.handler("orders")(lambda msg: None)
+    settings = load_settings(cli={}, env={}, app_defaults=app.settings)
+    times = StartUpTimes(imports=0.481, coordination_log=0.574, rest=0.066)
+    line = start_line(app, "tasks:app", settings, "host-a", "5f1c", times)
+    assert line.endswith(
+        "; up in 1.12s of the process (interpreter and imports 0.48s, reading the coordination log 0.57s, "
+        "the rest 0.07s)"
+    )
+    unknown = StartUpTimes(imports=None, coordination_log=0.574, rest=0.066)
+    assert start_line(app, "tasks:app", settings, "host-a", "5f1c", unknown).endswith(
+        "; up in 0.64s (reading the coordination log 0.57s, the rest 0.07s)"
+    ), "where the system cannot tell when the process started, only what the supervisor timed itself"

@@ -10,14 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 from fake_record import FakeRecord
-from worker_fakes import PARTITION, TOPIC, DeadLetters, FakeAlarm, FakeClock, FakeLink, admission_on, failures_on
+from worker_fakes import PARTITION, TOPIC, DeadLetters, FakeClock, FakeLink, run_partition_loop
 
 from marshal_workers import App, Message
 from marshal_workers.core.exit_codes import WorkerExit
-from marshal_workers.runtime.worker.batch_loop import BatchLoop
-from marshal_workers.runtime.worker.instrumentation import LatencySampling
-from marshal_workers.runtime.worker.lane_runner import LaneRunner
-from marshal_workers.runtime.worker.one_call_loop import OneCallLoop
 
 
 class Order(msgspec.Struct):
@@ -76,15 +72,7 @@ def _run(kind: str) -> tuple[WorkerExit, FakeLink, KeptDeadLetters, list[tuple[i
 
         app.handler(TOPIC, **options)(handle)
     link, dead = _link(clock), KeptDeadLetters()
-    failures = failures_on(link, dead)
-    handler = app.handler_in_worker(TOPIC)
-    if kind.startswith("lanes"):
-        code = LaneRunner(link, failures, handler, clock=clock).run()  # type: ignore[arg-type]
-    elif kind == "one call":
-        code = OneCallLoop(link, failures, admission_on(link, failures), LatencySampling(handler),  # type: ignore[arg-type]
-                           FakeAlarm(clock)).run()  # fmt: skip
-    else:
-        code = BatchLoop(link, failures, admission_on(link, failures), LatencySampling(handler)).run()  # type: ignore[arg-type]
+    code = run_partition_loop(kind, link, dead, app.handler_in_worker(TOPIC))
     return code, link, dead, sorted(calls)
 
 

@@ -5,7 +5,10 @@
   a little early, alarm.py);
 * FakeLink: SupervisorLink's interface over a recorded list of records that arrive at given times, a slot of plain
   ints that records every progress store, and a lease that ends at a given time;
-* DeadLetters: a DeadLetterWriter that keeps what it was given.
+* DeadLetters: a DeadLetterWriter that keeps what it was given;
+* RecordingHandler: a handler that keeps the offsets it was called with and fails on some;
+* FakeConsumer: a GuardedConsumer over a few partitions of messages held in memory (real confluent_kafka Messages),
+  for a worker's shell (Worker, SharedWorker) run in the test's process through fake ProcessEdges (edges_for).
 
 A loop under test is built exactly as worker.py builds it, with the real Failures and Admission on the fake link.
 """
@@ -18,17 +21,25 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import Message as KafkaMessage
 from fake_record import FakeRecord
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import partition_log
+from marshal_workers.handlers.app import App, HandlerSpec, Message
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.handlers.hooks import Hooks
 from marshal_workers.protocol import done_set
 from marshal_workers.runtime.channel import SLOT_SIZE, ClaimAnswer, Field, WorkerSpec
 from marshal_workers.runtime.worker.admission import Admission
+from marshal_workers.runtime.worker.batch_loop import BatchLoop
 from marshal_workers.runtime.worker.failures import Failures
+from marshal_workers.runtime.worker.instrumentation import LatencySampling
+from marshal_workers.runtime.worker.lane_runner import LaneRunner
+from marshal_workers.runtime.worker.one_call_loop import OneCallLoop
+from marshal_workers.runtime.worker.process import ProcessEdges
 
 TOPIC, PARTITION = "orders", 3
 
@@ -269,3 +280,116 @@ def failures_on(link: FakeLink, dead_letters: DeadLetters, max_age_ms: int = 0) 
 
 def admission_on(link: FakeLink, failures: Failures) -> Admission:
     return Admission(link, failures, None, 0)  # type: ignore[arg-type]
+
+
+def run_partition_loop(loop: str, link: FakeLink, dead_letters: DeadLetters, handler: HandlerSpec) -> WorkerExit:
+    """Run the partition worker's ``loop`` ("one call", "batch", or one whose name starts with "lanes") on the fake
+    link, as worker.py builds it."""
+    clock, failures = link.clock, failures_on(link, dead_letters)
+    if loop.startswith("lanes"):
+        return LaneRunner(link, failures, handler, clock=clock).run()  # type: ignore[arg-type]
+    sampling = LatencySampling(handler)
+    if loop == "one call":
+        return OneCallLoop(link, failures, admission_on(link, failures), sampling, FakeAlarm(clock)).run()  # type: ignore[arg-type]
+    return BatchLoop(link, failures, admission_on(link, failures), sampling).run()  # type: ignore[arg-type]
+
+
+class RecordingHandler:
+    """A handler of TOPIC that records the offsets it handled and fails on ``failing`` with ``error``."""
+
+    def __init__(self, failing: Sequence[int] = (), error: Callable[[], Exception] = lambda: ValueError("bad")) -> None:
+        self.failing, self.error = set(failing), error
+        self.handled: list[int] = []
+        self.calls: list[int] = []
+
+    def handle(self, msg: Message) -> None:
+        self.calls.append(msg.offset)
+        if msg.offset in self.failing:
+            raise self.error()
+        self.handled.append(msg.offset)
+
+    def handle_batch(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            self.handle(msg)
+
+
+class FakeConsumer:
+    """GuardedConsumer's interface over messages in memory: ``offsets`` per partition of ``topic`` (gaps allowed:
+    compaction, markers), each partition ending one past its last offset.  At a partition's end a fetch gives a
+    PARTITION_EOF event once, as a consumer with enable.partition.eof does; then nothing (without waiting).
+    ``on_fetch(consumer)`` runs as each fetch answers (``at``: where the next one reads): a test does there what
+    the world does meanwhile (a stop, a renewal)."""
+
+    def __init__(self, topic: str, offsets: dict[int, Sequence[int]],
+                 on_fetch: Callable[[FakeConsumer], None] = lambda _consumer: None) -> None:  # fmt: skip
+        self.topic = topic
+        self.offsets = {p: sorted(found) for p, found in offsets.items()}
+        self.on_fetch = on_fetch
+        self.at: tuple[int, int] | None = None  # (partition, next offset) read from; None: unassigned
+        self.fetched: list[int] = []  # the offsets of every message a fetch returned
+        self.fetches = 0
+        self.last_got = 0  # the messages the last fetch returned
+        self.closed = False
+        self._eof_told: tuple[int, int] | None = None
+
+    def end(self, partition: int) -> int:
+        found = self.offsets.get(partition, [])
+        return found[-1] + 1 if found else 0
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        (tp,) = partitions
+        self.at = (tp.partition, tp.offset)
+
+    def unassign(self) -> None:
+        self.at = None
+
+    def seek(self, tp: TopicPartition) -> None:
+        self.at = (tp.partition, tp.offset)
+
+    def read_without_gaps_if_the_broker_skips(self, timeout: float) -> None:
+        pass
+
+    def consume(self, most: int = 1, timeout: float = -1) -> list[KafkaMessage]:
+        got = self._fetch(most)
+        self.fetches += 1
+        self.last_got = sum(1 for m in got if m.error() is None)
+        self.on_fetch(self)
+        return got
+
+    def _fetch(self, most: int) -> list[KafkaMessage]:
+        if self.at is None:
+            return []
+        partition, position = self.at
+        found = [o for o in self.offsets.get(partition, []) if o >= position][:most]
+        got = [KafkaMessage(topic=self.topic, partition=partition, offset=o, key=None, value=b"{}",
+                            timestamp=(1, 1_700_000_000_000)) for o in found]  # fmt: skip
+        self.fetched += found
+        position = found[-1] + 1 if found else max(position, self.end(partition))
+        self.at = (partition, position)
+        if position >= self.end(partition) and len(got) < most and self._eof_told != self.at:
+            self._eof_told = self.at
+            got.append(KafkaMessage(topic=self.topic, partition=partition, offset=position,
+                                    error=KafkaError(KafkaError._PARTITION_EOF)))  # fmt: skip
+        return got
+
+    def poll(self, timeout: float = -1) -> KafkaMessage | None:
+        """One message, or None (a worker's consumer reports no end-of-partition events)."""
+        got = [m for m in self.consume(1, timeout) if m.error() is None]
+        return got[0] if got else None
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
+        return 0, self.end(tp.partition)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def edges_for(app: App, consumer: FakeConsumer, dead_letters: DeadLetters) -> ProcessEdges:
+    """A worker process's edges in a unit test: no process-wide set-up (signals, logging, death with the parent),
+    ``app`` as the loaded app, ``consumer`` as its reader and ``dead_letters`` as its dead-letter writer."""
+    return ProcessEdges(
+        start=lambda *_args: None,
+        load=lambda _path: app,
+        consumer=lambda *_args, **_options: consumer,
+        dead_letters=lambda _settings: dead_letters,  # type: ignore[arg-type,return-value]
+    )
