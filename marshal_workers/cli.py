@@ -20,6 +20,7 @@ from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.core.logs import configure_logging
 from marshal_workers.errors import (
     AppLoadError,
+    AppStartupError,
     ConfigError,
     CoordinationTopicError,
     CoordinationWriteError,
@@ -50,6 +51,7 @@ _EXIT_CODES: dict[type[MarshalWorkersError], ExitCode] = {
     UnknownGroupError: ExitCode.UNKNOWN_GROUP,
     EmbeddedBrokerError: ExitCode.EMBEDDED_BROKER_ERROR,
     AppLoadError: ExitCode.APP_LOAD_ERROR,
+    AppStartupError: ExitCode.STARTUP_FAILED,
     NoHandlersError: ExitCode.NO_HANDLERS,
     OffsetRangeError: ExitCode.BAD_RANGE,
     SparkUnavailableError: ExitCode.SPARK_UNAVAILABLE,
@@ -153,12 +155,21 @@ def broker(port: int) -> None:
     click.echo("embedded broker stopped")
 
 
+_DRAIN_TARGET = click.option(
+    "--drain-target", help="Autoscaling: how soon the wanted workers should drain the backlog (default 60s)."
+)
+
+
 @main.command()
 @_settings_options
 @click.option("--topic", help="Only this topic; its partitions that no record mentions show as unclaimed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON document instead of a table.")
+@click.option(
+    "--autoscale", is_flag=True, help="The backlog and the workers it wants, as GET /autoscale (measured over HB)."
+)
+@_DRAIN_TARGET
 @_reports_errors
-def status(config_file: str | None, topic: str | None, as_json: bool, **options: Any) -> None:
+def status(config_file: str | None, topic: str | None, as_json: bool, autoscale: bool, **options: Any) -> None:
     """Show the world state of a group: owner, offset and liveness of each partition."""
     from marshal_workers.kafka.coordination_log import read_group_state
     from marshal_workers.kafka.kafka_clients import admin_client, require_topic
@@ -167,6 +178,17 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 
     settings = _load(config_file, **options)
     group = settings.require_group()
+    if autoscale:
+        from marshal_workers.observe.autoscale import render_autoscale
+        from marshal_workers.observe.autoscale_meter import measure_once
+
+        if topic is not None:
+            raise ConfigError("--autoscale answers for every topic of the group: leave out --topic")
+        found = measure_once(settings, group)
+        click.echo(orjson.dumps(found).decode() if as_json else render_autoscale(found))
+        if not found["topics"]:
+            raise unknown_group(settings)
+        return
     topic_partitions = None if topic is None else require_topic(admin_client(settings), settings, topic)
     state = read_group_state(settings, group)
     now_ms = int(time.time() * 1000)
@@ -186,13 +208,16 @@ def status(config_file: str | None, topic: str | None, as_json: bool, **options:
 @click.option("--port", "dashboard_port", type=click.IntRange(0, 65535), help="Port of the web server (default 8000).")
 @click.option("--host", "dashboard_host", help="Address to listen on (default 127.0.0.1: this host only).")
 @click.option("--app", "app_path", metavar="MODULE:APP", help="Also serve this app's AsyncAPI document at /asyncapi.json.")
+@_DRAIN_TARGET
 @_reports_errors
 def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> None:
-    """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters."""
+    """Serve a live, read-only web dashboard of a group: partitions, members, hand-overs, dead letters; and
+    GET /autoscale."""
     import asyncio
 
     from marshal_workers.handlers.asyncapi import asyncapi_json
     from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
+    from marshal_workers.observe.autoscale_meter import AutoscaleMeter
     from marshal_workers.observe.dashboard import GroupWatcher, Publisher
     from marshal_workers.ops.dashboard_server import serve
 
@@ -205,10 +230,11 @@ def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> 
     described = None if app is None else (lambda: asyncapi_json(app, brokers=settings.brokers))
     watcher = GroupWatcher(settings, group).start()
     publisher = Publisher(watcher.step).start()
+    meter = AutoscaleMeter(watcher.step, settings).start()
     try:
         asyncio.run(serve(publisher, settings.dashboard_host, settings.dashboard_port,
                           lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)"),
-                          asyncapi=described))  # fmt: skip
+                          asyncapi=described, autoscale=meter))  # fmt: skip
     finally:
         publisher.close()
         watcher.close()
@@ -243,6 +269,7 @@ def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> 
 @click.option(
     "--dashboard/--no-dashboard", default=None, help="Also serve the live dashboard on the metrics port, at /dashboard."
 )
+@_DRAIN_TARGET
 @_reports_errors
 def run(app_path: str, config_file: str | None, **options: Any) -> None:
     """Run the handlers of MODULE:APP: one worker process per claimed partition, and --processes workers per
@@ -735,8 +762,11 @@ def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any)
         click.echo(f"{topic}.dlq: {count} dead letters of group {group} (of {sum(g['count'] for g in groups)}: "
                    f"{by_group or 'none'})")  # fmt: skip
     for r in rows:
+        written = ("dead-lettered -" if r["written_oldest_ms"] is None else
+                   f"dead-lettered {utc_text(r['written_oldest_ms'])} .. {utc_text(r['written_newest_ms'])}")
         span = "-" if r["oldest_ms"] is None else f"{utc_text(r['oldest_ms'])} .. {utc_text(r['newest_ms'])}"
-        click.echo(f"  {r['error_type']}: {r['count']}   {span}   from {', '.join(r['from_topics'])}")
+        click.echo(f"  {r['error_type']}: {r['count']}   {written}   messages of {span}   "
+                   f"from {', '.join(r['from_topics'])}")  # fmt: skip
 
 
 @dlq.command("redrive")
@@ -744,7 +774,8 @@ def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any)
 @click.option("--topic", required=True, help="The handler's topic: its dead letters are in TOPIC.dlq.")
 @_DLQ_GROUP
 @click.option("--error-type", help="Only dead letters of this error_type (e.g. ConnectionError).")
-@click.option("--since", help="Only dead letters written at or after this time: ms since epoch or ISO 8601.")
+@click.option("--since", help="Only dead letters written (dead-lettered) at or after this time: ms since epoch or "
+              "ISO 8601; a letter from before letters said when goes by its message's time.")  # fmt: skip
 @click.option("--to", "to_topic", help="Send them here instead of each one's original topic.")
 @click.option("--dry-run", is_flag=True, help="Say what would be sent; send nothing.")
 @_reports_errors

@@ -11,6 +11,7 @@
         UnknownGroupError         a group named by the user has no record in the coordination log
         AppLoadError              MODULE:APP cannot be imported or is not an App
             NoHandlersError       the App has no handler to run
+        AppStartupError           an ``on_startup`` hook of the App failed: the supervisor stops before claiming
         OffsetRangeError          a range of offsets (replay --from/--to) is not inside the topic's log
         SparkUnavailableError     pyspark is not installed, or Spark (Java) cannot start
         SparkJobError             a Spark job failed (a split could not be read)
@@ -75,6 +76,10 @@ class AppLoadError(MarshalWorkersError):
 
 class NoHandlersError(AppLoadError):
     """The application registered no handler."""
+
+
+class AppStartupError(MarshalWorkersError):
+    """An ``@app.on_startup`` hook raised: ``run`` stops before it claims anything."""
 
 
 class OffsetRangeError(MarshalWorkersError):

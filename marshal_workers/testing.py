@@ -13,6 +13,9 @@ headers it would carry.
 
     [result] = run_handler(app, "orders", [make_message({"id": 1, "amount": 5})])
     assert result.outcome == "done"
+
+:func:`run_app` runs a whole application the same way: the input messages through their topics' handlers, and
+what those send (``app.send``) on to the app's handler of the destination, until nothing is left to handle.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from marshal_workers.handlers.serializers import is_model_value
 from marshal_workers.kafka.dead_letters import letter_headers, traceback_text
 from marshal_workers.protocol.dead_letter_groups import for_another_group, origin_headers
 
-__all__ = ["FakeRecord", "HandlerResult", "make_message", "run_handler"]
+__all__ = ["AppRun", "FakeRecord", "HandlerResult", "SentMessage", "make_message", "run_app", "run_handler"]
 
 
 class FakeRecord:
@@ -348,3 +351,113 @@ def _invoke(function: Any, argument: Any) -> None:
         asyncio.run(function(argument))
     else:
         function(argument)
+
+
+# ------------------------------------------------------------------ a whole app
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    """A message a handler sent (``app.send``), encoded as it goes to Kafka."""
+
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    headers: list[tuple[str, bytes]] | None
+    sent_by: Message  # the message whose handler call sent it (a batch: its first)
+    handled: bool  # the app has a handler of ``topic``: run_app handed it on to it
+
+
+@dataclass
+class AppRun:
+    """What :func:`run_app` did: every message handled (the inputs, then what was sent to topics the app handles,
+    in the order handled) and every message sent."""
+
+    results: list[HandlerResult]
+    sent: list[SentMessage]
+
+    def results_of(self, topic: str) -> list[HandlerResult]:
+        return [r for r in self.results if r.message.topic == topic]
+
+    def sent_to(self, topic: str) -> list[SentMessage]:
+        return [s for s in self.sent if s.topic == topic]
+
+    def outcomes(self, topic: str) -> list[str]:
+        return [r.outcome for r in self.results_of(topic)]
+
+
+def run_app(
+    app: App,
+    messages: Mapping[str, Sequence[Message | bytes | str | Mapping[str, Any]]],
+    *,
+    sleep: bool = False,
+    seed: int | None = None,
+    max_rounds: int = 100,
+) -> AppRun:
+    """Run ``messages`` (topic -> its messages, as :func:`run_handler` takes them) through the app's handlers in
+    this process, as its workers would, and deliver what each call sends (``app.send``) to the app's handler of
+    the destination, round after round, until nothing is left; everything sent is recorded either way.
+
+    Each topic's messages get offsets from 0 on (the sent ones after the given ones) on partition 0, so a batch's
+    messages are told apart.  The ``on_worker_start`` hooks run once first and ``on_worker_stop`` once last.
+    A message sent by a call that was retried is sent again, as under at least once.  ConfigError for a topic the
+    app has no handler for, or when the handlers still send to each other after ``max_rounds`` rounds (a loop).
+    """
+    missing = sorted(set(messages) - set(app.handlers))
+    if missing:
+        raise ConfigError(f"the app has no handler for {', '.join(map(repr, missing))}; it has: "
+                          f"{', '.join(app.topics) or 'none'}")  # fmt: skip
+    next_offset: dict[str, int] = {}
+    pending: dict[str, list[Message]] = {}
+    for topic, given in messages.items():
+        pending[topic] = [_placed(m, topic, next_offset) for m in given]
+    run = AppRun([], [])
+    for hook in app.worker_start_hooks:
+        hook()
+    try:
+        for _ in range(max_rounds):
+            if not pending:
+                return run
+            arriving: dict[str, list[Message]] = {}
+            for topic, batch in pending.items():
+                results = run_handler(app, topic, batch, sleep=sleep, lifecycle=False, seed=seed)
+                run.results += results
+                for sent in _sent_once(results):
+                    handled = sent[0] in app.handlers
+                    run.sent.append(SentMessage(*sent, sent_by=_sent_by(results, sent), handled=handled))
+                    if handled:
+                        value, key, headers = sent[1], sent[2], sent[3]
+                        message = make_message(value, topic=sent[0], key=key, headers=headers,
+                                               offset=next_offset.get(sent[0], 0))  # fmt: skip
+                        next_offset[sent[0]] = message.offset + 1
+                        arriving.setdefault(sent[0], []).append(message)
+            pending = arriving
+        raise ConfigError(f"the handlers still send to each other after {max_rounds} rounds: a loop? "
+                          f"(still to handle: {', '.join(sorted(pending))})")  # fmt: skip
+    finally:
+        run_hooks(app.worker_stop_hooks)
+
+
+def _placed(given: Message | bytes | str | Mapping[str, Any], topic: str, next_offset: dict[str, int]) -> Message:
+    """A given message on ``topic`` at the topic's next offset (a Message keeps its own offset if it is past)."""
+    offset = next_offset.get(topic, 0)
+    if isinstance(given, Message):
+        message = _on_handler_topic(given, topic)
+        next_offset[topic] = max(offset, message.offset) + 1
+        return message
+    next_offset[topic] = offset + 1
+    return make_message(given, topic=topic, offset=offset)
+
+
+def _sent_once(results: list[HandlerResult]) -> Iterator[tuple[str, bytes | None, bytes | None, Any]]:
+    """What the calls of ``results`` sent, each once: a batch's messages share one list."""
+    seen: set[int] = set()
+    for result in results:
+        if id(result.sent) in seen:
+            continue
+        seen.add(id(result.sent))
+        yield from result.sent
+
+
+def _sent_by(results: list[HandlerResult], sent: tuple[str, bytes | None, bytes | None, Any]) -> Message:
+    return next(r.message for r in results if any(s is sent for s in r.sent))

@@ -189,6 +189,11 @@ SETTINGS: dict[str, Setting] = {
         Setting("dashboard", _parse_bool, "run: also serve the live dashboard on the metrics port, at /dashboard."),
         Setting("dashboard_port", _parse_int(0), "The port of the `dashboard` command's web server."),
         Setting("dashboard_host", _parse_str, "The address the `dashboard` command listens on."),
+        Setting(
+            "drain_target",
+            parse_duration,
+            "/autoscale: how soon the wanted workers should drain the backlog (docs/operations.md, Autoscaling).",
+        ),
         Setting("serve_topic", _parse_str, "serve: the shared topic served over HTTP."),
         Setting("serve_port", _parse_int(0), "serve: the HTTP port of the Read / Ack / Cancel service."),
         Setting("serve_host", _parse_str, "serve: the address it listens on (not loopback: give a token)."),
@@ -243,6 +248,7 @@ class Settings:
     dashboard: bool = False
     dashboard_port: int = 8000
     dashboard_host: str = "127.0.0.1"  # read-only, but it shows the group to anyone who can reach it
+    drain_target: float = 60.0
     serve_topic: str | None = None
     serve_port: int = 8080
     serve_host: str = "127.0.0.1"  # without a token, this host only

@@ -28,6 +28,7 @@ class ExitCode(enum.IntEnum):
     NOT_YET_OBEYED = 15  # admin drain/shutdown/pause --topic/release: written, but still held after --wait
     INVARIANT_BROKEN = 16  # simulate: a simulated fleet broke an invariant (the report says which, and the seed)
     TOPIC_NOT_CREATED = 17  # topics create: the cluster refused to create a topic (the others were created)
+    STARTUP_FAILED = 18  # run: an on_startup hook of the app failed; nothing was claimed
 
 
 class WorkerExit(enum.IntEnum):

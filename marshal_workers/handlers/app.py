@@ -39,7 +39,9 @@ from marshal_workers.handlers.hooks import (
     PartitionHook,
     with_message_hooks,
 )
+from marshal_workers.handlers.lifespan import LifespanFunction, WorkerLifespan
 from marshal_workers.handlers.message_age import OnTooOld
+from marshal_workers.handlers.middleware import Middleware, check_kind, check_middleware, with_middleware
 from marshal_workers.handlers.models import ModelPlan, check_serializer, plan_for, typed
 from marshal_workers.handlers.rate_limits import parse_rate
 from marshal_workers.handlers.retry_policy import RetryPolicy
@@ -168,6 +170,7 @@ class HandlerSpec:
     model: ModelPlan | None = None
     declared: Handler | None = None
     serializer: Any = BUILT_IN["json"]  # what decodes its models, and encodes the models app.send sends to its topic
+    middleware: tuple[Middleware, ...] = ()  # its own, inside the app's (middleware.py)
 
     @property
     def is_async(self) -> bool:
@@ -224,7 +227,10 @@ class App:
         self.outputs: dict[str, OutputSpec] = {}  # declared with sends()
         self.worker_start_hooks: list[Hook] = []
         self.worker_stop_hooks: list[Hook] = []
+        self.startup_hooks: list[Hook] = []  # once in the supervisor, before it claims (lifespan.py)
+        self.shutdown_hooks: list[Hook] = []  # once in the supervisor, after it released everything
         self.hooks = Hooks()  # per message and per partition, in the workers (hooks.py)
+        self.middlewares: list[Middleware] = []  # around every handler's calls, the first the outermost
         self.outbox: Outbox | None = None  # set in each worker process (app.send); None everywhere else
         self._own_outbox: Outbox | None = None  # app.send outside a worker: this process's own (_process_outbox)
         self._own_outbox_pid = 0
@@ -265,6 +271,7 @@ class App:
         max_age: float | str | None = None,
         on_too_old: str = "skip",
         serializer: Any = "json",
+        middleware: Sequence[Middleware] = (),
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function for every message (or batch, with ``batch=True``) of ``topic``.
 
@@ -299,6 +306,9 @@ class App:
         ``orders: list[Order]``; a msgspec Struct, a dataclass or a pydantic model) gets the values decoded by
         ``serializer`` ("json", "msgpack", or an object with ``decode(data, type)`` and ``encode(value)``); one that
         does not decode is dead-lettered at once as a ``PayloadError`` (docs/handlers.md, "Typed handlers").
+
+        ``middleware``: functions ``mw(msg, call_next)`` around this handler's calls only, inside the app's
+        (``@app.middleware``), the first the outermost (docs/handlers.md, "Middleware").
         """
         spec_options = _handler_options(
             topic, mode, batch_size, retries, retry_backoff, on_error, soft_time_limit, time_limit
@@ -314,6 +324,7 @@ class App:
             raise ConfigError(f"handler for {topic!r}: dlq_limit must be a whole number >= 0, got {dlq_limit!r}")
         limit_options = _limit_options(topic, rate_limit, max_age, on_too_old)
         checked_serializer = check_serializer(f"handler for {topic!r}", serializer)
+        own_middleware = _middleware_option(topic, middleware)
         if dlq_limit and shared:
             raise ConfigError(
                 f"handler for {topic!r}: dlq_limit releases a partition, which a shared handler never holds; "
@@ -332,11 +343,14 @@ class App:
                     "is not supported; use an async def handler of one message, or a def batch handler"
                 )
             plan = plan_for(function, topic, batch, serializer, Message)
-            self.handlers[topic] = HandlerSpec(
+            spec = HandlerSpec(
                 topic=topic, function=function if plan is None else typed(function, plan, batch), batch=batch,
                 dlq_limit=dlq_limit, **spec_options, **lane_options, **shared_options, **limit_options, model=plan,
-                declared=None if plan is None else function, serializer=checked_serializer,
+                declared=None if plan is None else function, serializer=checked_serializer, middleware=own_middleware,
             )
+            for wrapper in (*self.middlewares, *own_middleware):
+                check_kind(spec.function, wrapper, f"handler for {topic!r} ({spec.name})")
+            self.handlers[topic] = spec
             return function
 
         return register
@@ -350,6 +364,37 @@ class App:
         """Run ``hook()`` in each worker process as it stops (close connections here)."""
         self.worker_stop_hooks.append(hook)
         return hook
+
+    def lifespan(self, function: LifespanFunction) -> LifespanFunction:
+        """Run the generator function ``function`` in each worker process: up to its ``yield`` as the worker starts
+        (with the on_worker_start hooks, in registration order), the rest as it stops (before the on_worker_stop
+        hooks, the last lifespan entered first); a crashed worker's too, while it can still run Python."""
+        life = WorkerLifespan(function, "app.lifespan")
+        self.worker_start_hooks.append(life.enter)
+        self.worker_stop_hooks.insert(0, life.exit)
+        return function
+
+    def on_startup(self, hook: Hook) -> Hook:
+        """Run ``hook()`` (a def or an async def function) once in the supervisor (``marshal-workers run``), after the
+        app is loaded and before anything is claimed; if it raises, the supervisor stops (exit 18)."""
+        self.startup_hooks.append(hook)
+        return hook
+
+    def on_shutdown(self, hook: Hook) -> Hook:
+        """Run ``hook()`` (a def or an async def function) once in the supervisor as it exits, after its workers
+        stopped and it released every partition; if it raises, the error is logged."""
+        self.shutdown_hooks.append(hook)
+        return hook
+
+    def middleware(self, function: Middleware) -> Middleware:
+        """Run ``function(msg, call_next)`` around each call of every handler (``msg``: what before_message hooks
+        get; ``call_next(msg)`` calls the handler, or the next middleware): the first registered is the outermost.
+        ``async def`` handlers need ``async def`` middleware (docs/handlers.md, "Middleware")."""
+        check_middleware(function, "app.middleware")
+        for spec in self.handlers.values():
+            check_kind(spec.function, function, f"handler for {spec.topic!r} ({spec.name})")
+        self.middlewares.append(function)
+        return function
 
     def before_message(self, hook: BeforeHook) -> BeforeHook:
         """Run ``hook(msg)`` before each handler call (``msg``: what the handler gets; a list for a batch)."""
@@ -378,9 +423,10 @@ class App:
         return hook
 
     def handler_in_worker(self, topic: str) -> HandlerSpec:
-        """The handler of ``topic`` as a worker runs it: with the message hooks around each call, if any."""
+        """The handler of ``topic`` as a worker runs it: inside the middleware, if any, and the message hooks around
+        that (they see the call as the worker does: a middleware's skip is done, its translated error the error)."""
         spec = self.handlers[topic]
-        hooked = with_message_hooks(spec.function, self.hooks)
+        hooked = with_message_hooks(with_middleware(spec.function, (*self.middlewares, *spec.middleware)), self.hooks)
         return spec if hooked is spec.function else replace(spec, function=hooked)
 
     def sends(self, topic: str, model: type | None = None, description: str | None = None,
@@ -639,6 +685,15 @@ def _limit_options(
     if parsed is not OnTooOld.SKIP and age is None:
         raise ConfigError(f"{where}: on_too_old={on_too_old!r} needs max_age (e.g. max_age='1h'): no message is too old")
     return {"rate_limit": rate, "max_age": age, "on_too_old": parsed}
+
+
+def _middleware_option(topic: str, middleware: Any) -> tuple[Middleware, ...]:
+    """A handler's own middleware: one function or a list of them, each checked."""
+    given = (middleware,) if callable(middleware) else middleware
+    if not isinstance(given, (list, tuple)):
+        raise ConfigError(f"handler for {topic!r}: middleware must be a function mw(msg, call_next) or a list of them, "
+                          f"got {middleware!r}")  # fmt: skip
+    return tuple(check_middleware(m, f"handler for {topic!r}") for m in given)
 
 
 def _time_limit(topic: str, name: str, value: float | str | None) -> float | None:

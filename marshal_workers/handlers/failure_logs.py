@@ -24,6 +24,7 @@ from typing import Any
 
 from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.failure_path import Decision, Fate
+from marshal_workers.handlers.signals import PayloadError
 
 
 def log_decision(
@@ -37,6 +38,8 @@ def log_decision(
         log_retry(log, handler, offset, error, failures, decision.delay)
     elif fate is Fate.IGNORED:
         log_ignored(log, handler, offset, error)
+    elif fate is Fate.DEAD_LETTER and isinstance(error, PayloadError) and _partly_decoded(error, decision, offsets):
+        log_undecoded(log, handler, offsets, sorted(decision.letters), error, destination)
     elif fate is Fate.DEAD_LETTER:
         first = offsets[min(decision.letters)]
         log_dead_letter(log, handler, first, error, len(decision.letters), destination)
@@ -59,6 +62,23 @@ def log_left_for_later(log: ContextLog, handler: str, offset: int, error: BaseEx
     """The call on ``offset`` failed and is tried again, but not by this worker now: ``reason`` says by whom."""
     _failed(log, logging.WARNING, offset, error, "handler %s failed at offset %d (%r): %s",
             handler, offset, error, reason)  # fmt: skip
+
+
+def _partly_decoded(error: PayloadError, decision: Decision, offsets: list[int]) -> bool:
+    """A typed batch some of whose messages did not decode: the handler had the others, so the call did not fail."""
+    return bool(error.by_position) and len(decision.letters) < len(offsets)
+
+
+def log_undecoded(
+    log: ContextLog, handler: str, offsets: list[int], undecoded: list[int], error: PayloadError, destination: str
+) -> None:
+    """Of a typed batch at ``offsets``, the messages at positions ``undecoded`` did not decode and went to the
+    dead-letter topic; the handler had the others.  A WARNING with each message's own reason, and no traceback:
+    nothing failed in the handler."""
+    reasons = "; ".join(f"offset {offsets[p]}: {error.by_position.get(p, error)}" for p in undecoded)
+    log.warning("handler %s: %d of %d messages did not decode and went to %s, the other %d were handled (%s)",
+                handler, len(undecoded), len(offsets), destination, len(offsets) - len(undecoded), reasons,
+                extra={"offset": offsets[undecoded[0]]})  # fmt: skip
 
 
 def log_dead_letter(

@@ -143,5 +143,10 @@ def with_message_hooks(function: Callable[[Any], Any], hooks: Hooks) -> Callable
     return call
 
 
+def hook_name(function: Any) -> str:
+    """``module.qualname`` of a hook or middleware, for the log and errors."""
+    return f"{getattr(function, '__module__', '?')}.{getattr(function, '__qualname__', function)}"
+
+
 def _failed(hook: Callable[..., None]) -> None:
     _log.exception("hook %s failed", getattr(hook, "__qualname__", hook))

@@ -36,8 +36,9 @@ from marshal_workers.errors import CoordinationWriteError, StopRequested
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.coordination_log import PROGRESS_LOG_INTERVAL_S, CoordinationLog
 from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
+from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, heartbeat_records, topic_chunks
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import WorldState, per_entry
+from marshal_workers.protocol.world_state import WorldState
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,6 @@ class _Delivery:
         self.done = True  # last: a reader that sees done sees the rest
 
 
-# A Heartbeats or MessageClaims record stays well below Kafka's default 1 MB message limit, whatever the done sets.
-_MAX_ENTRIES_PER_RECORD = 4096
-_MAX_RECORD_BYTES = 256 * 1024
-
-
 def _beat(p: Progress) -> codec.Beat:
     return codec.Beat(
         partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate, done=p.done, in_flight=p.in_flight,
@@ -118,39 +114,8 @@ def _beat(p: Progress) -> codec.Beat:
     )  # fmt: skip
 
 
-def topic_chunks(topics: Sequence[str], sizes: Sequence[int] | None = None) -> list[list[int]]:
-    """Indices of entries grouped by topic (topics in order of first appearance), split where a record would
-    be large (``sizes``: each entry's estimated bytes): one multi-partition record per list."""
-    by_topic: dict[str, list[int]] = {}
-    for i, topic in enumerate(topics):
-        by_topic.setdefault(topic, []).append(i)
-    chunks: list[list[int]] = []
-    for indices in by_topic.values():
-        chunk: list[int] = []
-        size = 0
-        for i in indices:
-            estimate = 100 if sizes is None else sizes[i]
-            if chunk and (len(chunk) >= _MAX_ENTRIES_PER_RECORD or size + estimate > _MAX_RECORD_BYTES):
-                chunks.append(chunk)
-                chunk, size = [], 0
-            chunk.append(i)
-            size += estimate
-        chunks.append(chunk)
-    return chunks
-
-
 def _heartbeat_chunks(progress: Sequence[Progress]) -> list[list[int]]:
-    # Generous: the digits and commas of the done runs.
-    return topic_chunks([p.topic for p in progress], [100 + 21 * len(p.done or ()) for p in progress])
-
-
-def entry_verdicts(chunks: list[list[int]], verdicts: Sequence[Any], count: int) -> list[bool]:
-    """The verdicts of the records written for ``chunks`` (of :func:`topic_chunks`), as one per entry."""
-    result = [False] * count
-    for chunk, verdict in zip(chunks, verdicts):
-        for i, accepted in zip(chunk, per_entry(verdict, len(chunk))):
-            result[i] = bool(accepted)
-    return result
+    return beat_chunks([p.topic for p in progress], [len(p.done or ()) for p in progress])
 
 
 def heartbeat_verdicts(progress: Sequence[Progress], verdicts: Sequence[Any]) -> list[bool]:
@@ -385,11 +350,8 @@ class Coordinator:
 
         :func:`heartbeat_verdicts` maps the records' verdicts back to ``progress``.
         """
-        common = self._common()
-        return [
-            codec.Heartbeats(**common, topic=progress[chunk[0]].topic, beats=tuple(_beat(progress[i]) for i in chunk))
-            for chunk in _heartbeat_chunks(progress)
-        ]
+        topics = [p.topic for p in progress]
+        return heartbeat_records(self._common(), topics, [_beat(p) for p in progress], _heartbeat_chunks(progress))
 
     def release(self, topic: str, partition: int, offset: int) -> bool:
         """Give a partition up; the next owner resumes at ``offset``."""

@@ -14,7 +14,7 @@ from confluent_kafka import TopicPartition
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import UnknownTopicError
-from marshal_workers.kafka.dead_letters import TRACEBACK_HEADER
+from marshal_workers.kafka.dead_letters import TRACEBACK_HEADER, WRITTEN_AT_HEADER
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
 from marshal_workers.kafka.positions import partition_bounds, position_consumer
 from marshal_workers.protocol.dead_letter_groups import CLIENT_ID_HEADER, GROUP_HEADER, REDRIVEN_FOR_HEADER, last_header
@@ -23,7 +23,7 @@ from marshal_workers.protocol.dead_letter_groups import CLIENT_ID_HEADER, GROUP_
 # sent back.
 ADDED_HEADERS = frozenset(
     {"error", "error_type", "handler", "original_topic", "original_partition", "original_offset", "deliveries",
-     GROUP_HEADER, CLIENT_ID_HEADER, REDRIVEN_FOR_HEADER, TRACEBACK_HEADER}
+     GROUP_HEADER, CLIENT_ID_HEADER, REDRIVEN_FOR_HEADER, TRACEBACK_HEADER, WRITTEN_AT_HEADER}
 )  # fmt: skip
 
 
@@ -60,6 +60,12 @@ class DeadLetter:
         headers = self.original_headers + [("redriven_from", f"{dlq_topic}/{self.partition}/{self.offset}".encode())]
         group = last_header(self.headers, GROUP_HEADER)
         return headers + ([(REDRIVEN_FOR_HEADER, group)] if group is not None else [])
+
+    @property
+    def written_ms(self) -> int | None:
+        """When it was dead-lettered (ms since the epoch); None for a letter written before letters said so."""
+        text = self.header(WRITTEN_AT_HEADER)
+        return int(text) if text is not None and text.isdigit() else None
 
     @property
     def original_headers(self) -> list[tuple[str, bytes]]:
@@ -99,18 +105,23 @@ def read_dead_letters(
 @dataclass
 class _TypeTally:
     count: int = 0
-    oldest_ms: int | None = None
+    oldest_ms: int | None = None  # the original messages' times
     newest_ms: int | None = None
     from_topics: set[str] = field(default_factory=set)
+    written_oldest_ms: int | None = None  # when they were dead-lettered (letters that say so)
+    written_newest_ms: int | None = None
 
-    def add(self, timestamp: int | None, from_topic: str) -> None:
-        self.merge(_TypeTally(1, timestamp, timestamp, {from_topic}))
+    def add(self, letter: DeadLetter) -> None:
+        stamp, written = letter.timestamp, letter.written_ms
+        self.merge(_TypeTally(1, stamp, stamp, {letter.header("original_topic") or "?"}, written, written))
 
     def merge(self, other: _TypeTally) -> None:
         self.count += other.count
         self.oldest_ms = _either(min, self.oldest_ms, other.oldest_ms)
         self.newest_ms = _either(max, self.newest_ms, other.newest_ms)
         self.from_topics |= other.from_topics
+        self.written_oldest_ms = _either(min, self.written_oldest_ms, other.written_oldest_ms)
+        self.written_newest_ms = _either(max, self.written_newest_ms, other.written_newest_ms)
 
 
 def _either(pick: Callable[[int, int], int], one: int | None, other: int | None) -> int | None:
@@ -128,11 +139,12 @@ class Tally:
         self.positions: dict[int, int] = {}
 
     def add(self, letter: DeadLetter) -> None:
-        self._by_type[(letter.group, letter.error_type)].add(letter.timestamp, letter.header("original_topic") or "?")
+        self._by_type[(letter.group, letter.error_type)].add(letter)
         self.positions[letter.partition] = max(self.positions.get(letter.partition, 0), letter.offset + 1)
 
     def rows(self, groups: Collection[str | None] | None = None) -> list[dict[str, Any]]:
-        """``dlq list``: per error type, how many, the oldest and newest time, and the topics they came from; of
+        """``dlq list``: per error type, how many, the oldest and newest time of the original messages and of their
+        dead-lettering, and the topics they came from; of
         the letters of ``groups`` only, if given (None in it: the letters that name no group)."""
         merged: dict[str, _TypeTally] = collections.defaultdict(_TypeTally)
         for (group, error_type), row in self._by_type.items():
@@ -140,6 +152,7 @@ class Tally:
                 merged[error_type].merge(row)
         return [
             {"error_type": error_type, "count": row.count, "oldest_ms": row.oldest_ms, "newest_ms": row.newest_ms,
+             "written_oldest_ms": row.written_oldest_ms, "written_newest_ms": row.written_newest_ms,
              "from_topics": sorted(row.from_topics)}
             for error_type, row in sorted(merged.items(), key=lambda item: (-item[1].count, item[0]))
         ]  # fmt: skip

@@ -14,6 +14,7 @@ then has not moved past the message, so it is handled again rather than lost.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,9 @@ from marshal_workers.protocol.dead_letter_groups import origin_headers
 
 FLUSH_TIMEOUT_S = 30
 TRACEBACK_HEADER = "traceback"
+# When the letter was written (ms since the epoch, the writer's clock): a letter keeps the original message's
+# timestamp, so this is what `dlq redrive --since` and `dlq list` go by.
+WRITTEN_AT_HEADER = "dead_lettered_at"
 # The traceback header's bound, the cut marker included: a deep stack or a long chain of causes keeps its end
 # (the innermost frames and the error itself), and a dead letter stays far below Kafka's message size limit.
 TRACEBACK_MAX_BYTES = 8192
@@ -43,6 +47,7 @@ def error_headers(handler_name: str, record: Any, error: BaseException) -> list[
         ("original_topic", record.topic().encode()),
         ("original_partition", str(record.partition()).encode()),
         ("original_offset", str(record.offset()).encode()),
+        (WRITTEN_AT_HEADER, str(int(time.time() * 1000)).encode()),
     ]
     text = traceback_text(error)
     if text is not None:

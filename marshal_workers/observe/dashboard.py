@@ -128,10 +128,14 @@ class GroupWatcher:
     Read-only: it writes nothing to the coordination topic (not even a claim) and commits no offset.
     """
 
-    def __init__(self, settings: Settings, group: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, settings: Settings, group: str, clock: Callable[[], float] = time.time, dead_letters: bool = True
+    ) -> None:
         self.settings = settings
         self.group = group
         self._clock = clock
+        self._read_dead_letters = dead_letters  # status --autoscale needs only positions and ends
+        self.polled = threading.Event()  # set once the ends were polled (status --autoscale waits for them)
         self._admin = admin_client(settings)
         self._log: CoordinationLog | None = None
         self._lock = threading.Lock()  # guards what the poll thread hands to step()
@@ -193,7 +197,7 @@ class GroupWatcher:
                         self._open_log()
                     topics = sorted(self._topics())
                     self._poll_highs(consumer, topics)
-                    if time.monotonic() >= next_letters:
+                    if self._read_dead_letters and time.monotonic() >= next_letters:
                         self._poll_dead_letters(topics)
                         next_letters = time.monotonic() + DEAD_LETTER_INTERVAL_S
                 except Exception:  # noqa: BLE001 - the broker away or a surprise: show the last data, try again
@@ -218,6 +222,7 @@ class GroupWatcher:
             highs.update({(topic, p): b.high for p, b in bounds.items()})
         with self._lock:
             self._highs, self._counts = highs, counts
+        self.polled.set()
 
     def _poll_dead_letters(self, topics: Sequence[str]) -> None:
         found: dict[str, list[dict[str, Any]]] = {}

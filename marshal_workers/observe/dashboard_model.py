@@ -115,7 +115,7 @@ def advance(
         "members": members(state, now_ms),
         "hand_overs": [dataclasses.asdict(h) for h in tracker.recent],
         "pauses": pauses(state, status),
-        "shared": status.get("shared", []),
+        "shared": [_shared_row(row, high_watermarks or {}) for row in status.get("shared", [])],
         "dead_letters": {
             "as_of_ms": dead_letters_at_ms,
             "topics": {topic: list(found) for topic, found in sorted((dead_letters or {}).items())},
@@ -161,6 +161,11 @@ def _partition_row(
         "rate": rate(offset, offset_at, row["state"], previous),
         "heartbeat_age_s": row["heartbeat_age_s"],
     }
+
+
+def _shared_row(row: Mapping[str, Any], highs: Mapping[Key, int]) -> dict[str, Any]:
+    """A shared partition as ``status`` shows it, with its end as last polled (``end`` is as its holders saw it)."""
+    return {**row, "high_watermark": highs.get((row["topic"], row["partition"]))}
 
 
 def rate(offset: int | None, offset_at: int | None, liveness: str, previous: Mapping[str, Any] | None) -> float | None:

@@ -319,7 +319,8 @@ class MetricsServer:
     (``run --dashboard``): the live dashboard's page at ``/dashboard/``, its JSON at ``/dashboard/api/state``
     and its server-sent events at ``/dashboard/events`` (the same page and documents as the ``dashboard``
     command; each event stream holds one of the server's threads).  With an app's document: its AsyncAPI
-    document at ``/asyncapi.json``.
+    document at ``/asyncapi.json``.  With ``autoscale`` (an AutoscaleMeter's ``answer``): ``/autoscale``, the
+    group's backlog and the workers it wants (docs/operations.md, Autoscaling).
     """
 
     def __init__(
@@ -330,11 +331,13 @@ class MetricsServer:
         probes: Probes | None = None,
         dashboard: Publisher | None = None,
         asyncapi: Callable[[], bytes] | None = None,
+        autoscale: Callable[[str], tuple[int, bytes]] | None = None,
     ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(take_snapshot))
         handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes, "dashboard": dashboard,
-                                                "asyncapi": staticmethod(asyncapi_answer(asyncapi))})  # fmt: skip
+                                                "asyncapi": staticmethod(asyncapi_answer(asyncapi)),
+                                                "autoscale": staticmethod(autoscale)})  # fmt: skip
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -356,13 +359,16 @@ class _Handler(BaseHTTPRequestHandler):
     probes: Probes | None
     dashboard: Publisher | None
     asyncapi: Callable[[], tuple[int, bytes]]
+    autoscale: Callable[[str], tuple[int, bytes]] | None
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server name
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         probes = self.probes
         try:
             if self.dashboard is not None and path.startswith("/dashboard"):
                 self._dashboard(path[len("/dashboard"):], self.dashboard)
+            elif self.autoscale is not None and path == "/autoscale":
+                self._send(*self.autoscale(query), "application/json")
             elif path in ("/metrics", "/"):
                 self._send(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
             elif probes is not None and path in ("/healthz", "/readyz"):
@@ -374,7 +380,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(*self.asyncapi(), "application/json")
             else:
                 self._send(404, orjson.dumps({"error": f"no {path} here: /metrics, /healthz, /readyz, /state, "
-                                                       "/asyncapi.json"}), "application/json")  # fmt: skip
+                                                       "/asyncapi.json, /autoscale"}), "application/json")  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a probe that fails answers 500, the server goes on
             self._send(500, orjson.dumps({"error": f"{type(exc).__name__}: {exc}"}), "application/json")
 

@@ -134,11 +134,11 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
         return f"{header}\n(no partitions: the coordination log holds no record of this group)"
     lines = [header]
     if rows:
-        lines += _aligned(_COLUMNS, rows)
+        lines += aligned(_COLUMNS, rows)
         counts = _count_states(document)
         lines.append(", ".join(f"{n} {name}" for name, n in counts.items() if n))
     if shared:
-        lines += ["", "shared partitions (range leases)"] + _aligned(_SHARED_COLUMNS, [_shared_cells(r) for r in shared])
+        lines += ["", "shared partitions (range leases)"] + aligned(_SHARED_COLUMNS, [_shared_cells(r) for r in shared])
         leases = [
             (row["topic"], str(row["partition"]), f"{lease['client']}/{lease['instance']}",
              f"{lease['offset']}..{lease['end'] - 1}", f"{lease['age_s']:.1f}s", f"{lease['expires_in_s']:.1f}s",
@@ -146,7 +146,7 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
             for row in shared for lease in row["leases"]
         ]  # fmt: skip
         if leases:
-            lines += ["", "leases in flight"] + _aligned(_LEASE_COLUMNS, leases)
+            lines += ["", "leases in flight"] + aligned(_LEASE_COLUMNS, leases)
     return "\n".join(lines)
 
 
@@ -162,7 +162,8 @@ def _shared_cells(row: dict[str, Any]) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _aligned(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def aligned(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A table's lines: the header ``columns`` and the ``rows``, each column as wide as its widest cell."""
     widths = [max(len(cell) for cell in column) for column in zip(columns, *rows)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (columns, *rows)]
 

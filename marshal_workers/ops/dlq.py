@@ -33,15 +33,21 @@ from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_co
 def choose(
     letters: list[DeadLetter], error_type: str | None, since_ms: int | None, group: str | None = None
 ) -> list[DeadLetter]:
-    """The letters a redrive sends: of this error type, written at or after ``since_ms``, and by ``group``, if
-    given (a letter that names no group is no group's)."""
+    """The letters a redrive sends: of this error type, dead-lettered at or after ``since_ms``, and by ``group``,
+    if given (a letter that names no group is no group's).  A letter written before letters said when
+    (``written_ms`` None) goes by its original message's time, the best known."""
     return [
         letter
         for letter in letters
         if (error_type is None or letter.error_type == error_type)
-        and (since_ms is None or (letter.timestamp is not None and letter.timestamp >= since_ms))
+        and (since_ms is None or _written_or_original(letter, since_ms))
         and (group is None or letter.group == group)
     ]
+
+
+def _written_or_original(letter: DeadLetter, since_ms: int) -> bool:
+    when = letter.written_ms if letter.written_ms is not None else letter.timestamp
+    return when is not None and when >= since_ms
 
 
 def targets(

@@ -14,20 +14,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, heartbeat_records
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall, Key, lease_until
 from marshal_workers.protocol.health import PartitionHealth, Sample
 from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_pool import LeasedRange
-from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
+from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.range_pool_sim import SimSharedTopic
 from marshal_workers.simulation.shared_fold import SharedFold
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog, SimWrite
-
-_MAX_BEATS_PER_RECORD = 4096  # as a real member splits its heartbeats (kafka/coordinator.py)
 
 
 @dataclass(eq=False)
@@ -294,26 +293,15 @@ class SimMember:
         now = self.env.clock.now
         offsets = [self.progress(a, now) for a in held]
         written_ms = self.env.clock.now_ms
-        chunks: list[list[int]] = []
-        by_topic: dict[str, list[int]] = {}
-        for i, assignment in enumerate(held):
-            by_topic.setdefault(assignment.key[0], []).append(i)
-        for indices in by_topic.values():
-            chunks.extend(indices[i : i + _MAX_BEATS_PER_RECORD] for i in range(0, len(indices), _MAX_BEATS_PER_RECORD))
-        common = self.common()
+        topics = [a.key[0] for a in held]
         reports = [self.lag_and_rate(a, offset, now) for a, offset in zip(held, offsets)]
-        records: list[codec.Record] = [
-            codec.Heartbeats(**common, topic=held[chunk[0]].key[0],
-                             beats=tuple(codec.Beat(partition=held[i].key[1], offset=offsets[i], lag=reports[i][0],
-                                                    rate=reports[i][1]) for i in chunk))
-            for chunk in chunks
-        ]  # fmt: skip
+        beats = [codec.Beat(partition=a.key[1], offset=offset, lag=lag, rate=rate)
+                 for a, offset, (lag, rate) in zip(held, offsets, reports)]  # fmt: skip
+        chunks = beat_chunks(topics, [0] * len(held))  # split as a real member splits them (no done sets here)
+        records = heartbeat_records(self.common(), topics, beats, chunks)
 
         def decided(verdicts: list[Any]) -> None:
-            accepted = [False] * len(held)
-            for chunk, verdict in zip(chunks, verdicts):
-                for i, ok in zip(chunk, per_entry(verdict, len(chunk))):
-                    accepted[i] = ok
+            accepted = entry_verdicts(chunks, verdicts, len(held))
             self.after_heartbeats(held, accepted, written_ms)
 
         self.write(records, decided, lambda: None)  # a heartbeat not confirmed: the leases run out
@@ -486,6 +474,24 @@ class SimMember:
                 self.release(assignment)
             else:
                 self.stop_worker(assignment)
+
+    # ------------------------------------------------------ operators' orders
+
+    def shared_topics(self) -> list[str]:
+        return [shared.topic for shared in self.shared]
+
+    def shut_down(self) -> None:
+        self.leave()
+
+    def drain(self, drained: bool) -> None:
+        self.drained = drained
+
+    def hold_back(self, topics: set[str]) -> None:
+        for shared in self.shared:
+            shared.leasing.held_back = shared.topic in topics
+
+    def hand_over(self, assignment: SimAssignment, reason: str) -> None:
+        self.give_back(assignment)
 
     def slow(self, rate: float | None) -> None:
         now = self.env.clock.now

@@ -4,10 +4,11 @@ invariant that they do.
 ``--fault order@T:ACTION[,ARGS]`` writes, at ``T``, the record ``admin`` writes for that order (codec.Control to
 every coordination partition for ``drain``/``resume``/``shutdown``, codec.PauseTopic for ``pause``/``resume
 --topic``, codec.ReleasePartition for ``release``), with the real codec, into the simulated log.  Every member
-folds it like any record, and obeys it as a real supervisor's component for orders
-(runtime/supervisor/remote_control.py) does, from the same pure reading of its fold
-(protocol/orders.py: ``orders_for``), every HB/2 before its heartbeat: a shutdown is a graceful stop, a drain
-stops claiming and balancing, and every partition an order gives up is handed over as balance does.
+folds it like any record, and obeys it with the code a real supervisor's component for orders
+(runtime/supervisor/remote_control.py) runs: the same pure reading of its fold (protocol/orders.py:
+``orders_for``) and the same steps (member/obeying.py: ``obey``), every HB/2 before its heartbeat: a shutdown is
+a graceful stop, a drain stops claiming and balancing, the shared topics held back lease no more ranges, and
+every partition an order gives up is handed over as balance does.
 
 **Orders obeyed**: from the moment a member whose partition an order gives up has folded the order, the
 partition is no longer its own and fresh in the oracle's fold within ``order_bound_hb`` HB (default 2: HB/2 to
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from marshal_workers.member.obeying import obey
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import Key
 from marshal_workers.protocol.orders import Orders, orders_for
@@ -214,14 +216,7 @@ class Operator:
         if not member.running:
             return
         orders = self.orders_for(member.world, member.me, member.started_ms, member.now_ms())
-        if orders.shutdown:
-            member.leave()
-            return
-        member.drained = orders.drained
-        for assignment in list(member.assignments.values()):
-            if orders.give_up(assignment.key) is None or assignment.handing_over or assignment.lost:
-                continue
-            member.give_back(assignment)
+        obey(orders, member.shared_topics(), member.assignments.values(), member)
 
     # ------------------------------------------------------------- figures
 

@@ -1,41 +1,35 @@
-"""A simulated member's shared topics: range leases, as runtime/supervisor/shared_pool.py takes them.
+"""A simulated member's shared topics: its simulated workers, driving the member core's range leasing.
 
 For every shared topic a member runs ``shared_workers`` simulated workers and keeps each supplied with leased
-ranges, deciding with the real code: what to claim (protocol/range_pool.py's ``claim_ask`` and ``assign_won``
-around range_member's ``free_candidates``/``pick_ranges``/``split_ahead``, sized by range_sizing's adaptive
-sizes), when to renew (``renew_every_s``, ``RangeMember.renewals_due``/``renewed_deadline``), what progress to
-report (``ProgressReport``, every ``PROGRESS_EVERY_S``), how a range is settled (``handled_entry``,
-``cancel_entry``).  The fold's range rules run in every member's ``WorldState`` and the oracle's.
+ranges through member/range_leasing.py's ``RangeLeasing``, the object a supervisor's shared pool
+(runtime/supervisor/shared_pool.py) drives too: what to claim, when to renew, what progress to report, how a range
+is settled.  This module is the world around it: the workers, their rate, the partitions' ends, the oracle's
+view of the leases.  The fold's range rules run in every member's ``WorldState`` and the oracle's.
 
 A worker handles its first range at the handler's rate, never past the partition's end nor past the lease's
 deadline (as a real shared worker: it abandons the range there); a range done is acked, one read to the
-partition's end while another waits (or a stop) is settled where it stands (``_leave_at_the_end``); a stop
-gives back the ranges not begun.
+partition's end while another waits (or a stop) is settled where it stands; a stop gives back the ranges not
+begun.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLeasing
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
-from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, handled_entry
-from marshal_workers.protocol.range_pool import (
-    PROGRESS_EVERY_S,
-    LeasedRange,
-    ProgressReport,
-    assign_won,
-    claim_ask,
-    renew_every_s,
-)  # fmt: skip
+from marshal_workers.protocol.range_member import RangeMember
+from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.range_sizing import RangeSizing
-from marshal_workers.protocol.world_state import WorldState, per_entry
+from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.sim_config import SimConfig
 
 Key = tuple[str, int]
+T = TypeVar("T")
 
 
 class RangeEnvironment(Protocol):
@@ -84,20 +78,12 @@ class SimSharedWorker:
         return self.alive
 
 
-@dataclass
-class RangeCounters:
-    claimed: int = 0
-    refused: int = 0
-    acked: int = 0
-    acks_refused: int = 0
-    cancelled: int = 0
-    abandoned: int = 0
-    renewed: int = 0
-    progress_written: int = 0
+class NotConfirmed(Exception):
+    """A simulated write whose verdicts did not come in time."""
 
 
 class SimSharedTopic:
-    """One shared topic of one member: its workers and their leases."""
+    """One shared topic of one member: its simulated workers, and the shell its ``RangeLeasing`` drives."""
 
     def __init__(self, topic: str, partitions: int, amo: bool, env: RangeEnvironment, member: RangeWriter,
                  holder: Holder, rng: Any) -> None:  # fmt: skip
@@ -106,39 +92,24 @@ class SimSharedTopic:
         self.partitions = partitions
         self.env = env
         self.member = member
-        self.holder = holder
-        self.rng = rng
+        self._holder = holder
+        self._initial = dict.fromkeys(range(partitions), 0)  # every partition starts at 0
         lease_ms = round(config.pending_timeout_s * 1000)
-        self.policy = RangeMember(topic, lease_ms, amo)
-        self.sizing = RangeSizing(config.range_size, lease_ms)
         self.workers = [SimSharedWorker(i, since=env.clock.now) for i in range(config.shared_workers)]
-        self.claiming = False
-        self.progressing = False
-        self.stopping = False
-        self.next_renewal = 0.0
-        self.next_progress = 0.0
-        self.acks: list[codec.AckEntry] = []
-        self.cancels: list[codec.RangeEntry] = []
-        self.in_flight = 0
-        self.counters = RangeCounters()
+        self.leasing = RangeLeasing(RangeMember(topic, lease_ms, amo), RangeSizing(config.range_size, lease_ms),
+                                    self.workers, self, rng)  # fmt: skip
 
     # ------------------------------------------------------------- the loop
 
     def step(self, now: float) -> None:
-        """One pass of the member's loop, as SharedPool.step: workers, settlements, progress, renewals, claims."""
+        """One pass of the member's loop, as SharedPool.step: the workers' handling, then the leases' writes."""
         for worker in self.workers:
             self.advance(worker, now)
-        self._settle()
-        if now >= self.next_progress and not self.progressing:
-            self.next_progress = now + PROGRESS_EVERY_S
-            self._write_progress()
-        if now >= self.next_renewal:
-            self.next_renewal = now + renew_every_s(self.policy.lease_ms)
-            self._renew()
-        self._claim()
+        clock = self.env.clock
+        self.leasing.step(now, clock.now_ms, self.member.now_ms())
 
     def stopped(self) -> bool:
-        return not any(w.leases for w in self.workers) and not self.in_flight and not (self.acks or self.cancels)
+        return self.leasing.stopped()
 
     # ------------------------------------------------------------ workers
 
@@ -148,6 +119,7 @@ class SimSharedTopic:
             return
         config = self.env.config
         rate = config.handler_rate if self.member.slow_rate is None else self.member.slow_rate
+        leasing = self.leasing
         while worker.leases:
             leased = worker.leases[0]
             key = (self.topic, leased.partition)
@@ -165,52 +137,42 @@ class SimSharedTopic:
             if handled >= leased.end:  # done: when the last message was, at the rate and as it arrived
                 done_at = max(worker.since + (leased.end - worker.at) / rate, leased.end / config.produce_rate)
                 worker.since = min(max(worker.since, done_at), now)
-                self._settled(worker, leased, leased.end)
+                self._settled(worker, leased, leased.end, rate)
                 continue
             worker.since = max(worker.since, min(now, until))
             if now * 1000 >= leased.deadline_ms:  # the lease ran out first: left alone (it lapses in the log)
-                self.counters.abandoned += 1
-                self._drop(worker, leased)
+                leasing.abandoned(worker, leased)
                 worker.settled_at = None
                 continue
             at_end = self.env.high_watermark(key, now) <= handled
-            if at_end and (self.stopping or len(worker.leases) > 1):  # don't wait at the end: settle where it stands
+            if at_end and (leasing.stopping or len(worker.leases) > 1):  # don't wait at the end: settle where it stands
                 if handled > leased.start:
-                    self._settled(worker, leased, handled)
+                    self._settled(worker, leased, handled, rate)
                 else:
-                    self.cancels.append(cancel_entry(leased))
-                    self._drop(worker, leased)
+                    leasing.returned(worker, leased)
                     worker.settled_at = None
                 continue
             return
 
-    def _settled(self, worker: SimSharedWorker, leased: LeasedRange, end: int) -> None:
+    def _settled(self, worker: SimSharedWorker, leased: LeasedRange, end: int, rate: float) -> None:
         messages = end - leased.start
-        rate = self.env.config.handler_rate if self.member.slow_rate is None else self.member.slow_rate
-        self.sizing.observe(worker.index, messages, messages / rate * 1000, self.env.clock.now)
-        high = self.env.high_watermark((self.topic, leased.partition), self.env.clock.now)
-        self.acks.append(handled_entry(leased, end, (), (), high))
-        self._drop(worker, leased)
-        worker.settled_at = (leased.partition, end)
-
-    def _drop(self, worker: SimSharedWorker, leased: LeasedRange) -> None:
-        worker.leases.remove(leased)
-        self.env.lease_dropped(self, self.topic, leased)
+        now = self.env.clock.now
+        high = self.env.high_watermark((self.topic, leased.partition), now)
+        self.leasing.settled(worker, leased, end, (), (), high, messages, messages / rate * 1000, now)
 
     def begin_stop(self) -> None:
         """A graceful stop: each worker finishes the range in hand; the others go back untried."""
-        self.stopping = True
+        leasing = self.leasing
+        leasing.stopping = True
         for worker in self.workers:
             for leased in worker.leases[1:]:
-                self.cancels.append(cancel_entry(leased))
-                self._drop(worker, leased)
+                leasing.returned(worker, leased)
 
     def crash(self) -> None:
         """The member died: its workers with it; their leases lapse in the log."""
         for worker in self.workers:
             worker.alive = False
-            for leased in list(worker.leases):
-                self._drop(worker, leased)
+            self.leasing.lapse(worker)
 
     def freeze(self, now: float) -> None:
         for worker in self.workers:
@@ -220,114 +182,40 @@ class SimSharedTopic:
         for worker in self.workers:
             worker.since = now  # nothing was handled while frozen
 
-    # ------------------------------------------------------------- writes
+    # ------------------------------------------- the shell RangeLeasing drives
 
-    def _submit(self, record: codec.Record, on_verdicts: Callable[[list[bool]], None],
-                on_failure: Callable[[], None]) -> None:  # fmt: skip
-        entries = len(record.ranges)  # type: ignore[union-attr]
-        self.in_flight += 1
+    def holder(self) -> Holder:
+        return self._holder
 
-        def done(verdicts: list[Any]) -> None:
-            self.in_flight -= 1
-            on_verdicts(per_entry(verdicts[0], entries))
+    def fields(self) -> dict[str, Any]:
+        return self.member.common()
 
-        def failed() -> None:
-            self.in_flight -= 1
-            on_failure()
+    def read(self, query: Callable[[WorldState], T]) -> T:
+        return query(self.member.world)
 
-        self.member.write([record], done, failed)
-
-    def _claim(self) -> None:
-        if self.stopping or self.claiming:
-            return
-        ask = claim_ask(self.workers, self.sizing, self.holder)
-        if ask is None:
-            return
+    def ends(self, topic: str) -> dict[int, int]:
         now = self.env.clock.now
-        ends = {p: self.env.high_watermark((self.topic, p), now) for p in range(self.partitions)}
-        initial = dict.fromkeys(range(self.partitions), 0)  # every partition starts at 0
-        choice = ask.choose(self.policy, self.member.world, ends, initial, self.member.now_ms(), self.rng)
-        picked = choice.ranges
-        if not picked:
-            return
-        record = self.policy.claim(self.member.common(), picked)
-        written_ms = self.env.clock.now_ms  # before the write: the deadline errs short
-        self.claiming = True
-        self._submit(record, lambda verdicts: self._after_claim(picked, verdicts, written_ms), self._claim_failed)
+        return {p: self.env.high_watermark((topic, p), now) for p in range(self.partitions)}
 
-    def _claim_failed(self) -> None:
-        self.claiming = False
+    def initial(self, topic: str) -> dict[int, int]:
+        return self._initial
 
-    def _after_claim(self, picked: list[Wanted], verdicts: list[bool], written_ms: int) -> None:
-        self.claiming = False
-        won = self.policy.won(picked, verdicts)
-        self.counters.claimed += len(won)
-        self.counters.refused += len(picked) - len(won)
-        deadline = self.policy.deadline(written_ms)
+    def learn_starts(self, topic: str, partitions: list[int]) -> None:
+        pass  # never asked: every partition's start is known (0)
 
-        def place(worker: SimSharedWorker, wanted: Wanted) -> None:
-            leased = LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries, deadline)
-            if not worker.leases:
-                worker.since = max(worker.since, self.env.clock.now)
-            worker.leases.append(leased)
-            self.env.lease_taken(self, self.topic, leased)
+    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure) -> None:
+        self.member.write(records, on_verdicts, lambda: on_failure(NotConfirmed(what)))
 
-        left = list(won) if self.stopping else assign_won(won, self.workers, place)
-        for wanted in left:
-            self.cancels.append(cancel_entry(LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries,
-                                                         deadline)))  # fmt: skip
+    def leased(self, worker: SimSharedWorker, leased: LeasedRange) -> None:
+        if len(worker.leases) == 1:  # its first: it handles from now on
+            worker.since = max(worker.since, self.env.clock.now)
+        self.env.lease_taken(self, self.topic, leased)
 
-    def _renew(self) -> None:
-        now_ms = self.env.clock.now_ms
-        held = [(w, r) for w in self.workers for r in self.policy.renewals_due(w.leases, now_ms)]
-        if not held:
-            return
-        record = self.policy.renewal(self.member.common(), [r for _, r in held])
-        written_ms = self.env.clock.now_ms
+    def renewed(self, worker: SimSharedWorker, leased: LeasedRange) -> None:
+        pass  # a simulated worker reads its lease's deadline itself
 
-        def renewed(verdicts: list[bool]) -> None:
-            for (worker, leased), accepted in zip(held, verdicts):
-                deadline = self.policy.renewed_deadline(leased, written_ms, accepted)
-                if deadline is not None and leased in worker.leases:
-                    leased.deadline_ms = deadline
-                    self.counters.renewed += 1
+    def dropped(self, worker: SimSharedWorker, leased: LeasedRange) -> None:
+        self.env.lease_dropped(self, self.topic, leased)
 
-        self._submit(record, renewed, lambda: None)
-
-    def _settle(self) -> None:
-        if self.acks:
-            acks, self.acks = self.acks, []
-
-            def acked(verdicts: list[bool]) -> None:
-                refused = sum(1 for ok in verdicts if not ok)
-                self.counters.acked += len(acks) - refused
-                self.counters.acks_refused += refused
-
-            self._submit(self.policy.acks(self.member.common(), acks), acked, lambda: self.acks.extend(acks))
-        if self.cancels:
-            cancels, self.cancels = self.cancels, []
-
-            def cancelled(verdicts: list[bool]) -> None:
-                self.counters.cancelled += sum(1 for ok in verdicts if ok)
-
-            self._submit(self.policy.cancels(self.member.common(), cancels), cancelled,
-                         lambda: self.cancels.extend(cancels))  # fmt: skip
-
-    def _write_progress(self) -> None:
-        report = ProgressReport()
-        now_ms = self.env.clock.now_ms
-        for worker in self.workers:
-            for leased in worker.leases:
-                report.add(self.policy, leased, max(leased.upto, leased.start), now_ms)
-        if not report.entries:
-            return
-        self.progressing = True
-
-        def written(verdicts: list[bool]) -> None:
-            self.progressing = False
-            self.counters.progress_written += report.written(verdicts)
-
-        def failed() -> None:
-            self.progressing = False
-
-        self._submit(self.policy.progress(self.member.common(), report.entries), written, failed)
+    def progress_of(self, worker: SimSharedWorker, leased: LeasedRange) -> int:
+        return max(leased.upto, leased.start)

@@ -6,8 +6,9 @@ claims they forbid, so no member can take what an operator holds back, whatever 
 supervisor reads the orders about itself and obeys them: it hands over what it may no longer hold cleanly,
 at the exact offsets, as on SIGTERM, and stops claiming what it may not claim.
 
-:func:`orders_for` is pure (a world state and times in; protocol/orders.py, which the simulator drives too);
-:class:`RemoteControl` is the supervisor's component.
+:func:`orders_for` is pure (a world state and times in; protocol/orders.py), and so is what a member does about
+them (member/obeying.py's :func:`obey`); the simulator drives both too.  :class:`RemoteControl` is the supervisor's
+component around them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.member.obeying import obey
 from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.world_state import Owner
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
@@ -72,23 +74,27 @@ class RemoteControl:
         coordinator = self.coordinator
         me, now_ms = Owner(coordinator.client, coordinator.instance), coordinator.now_ms()
         orders = coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
-        if orders.shutdown:
-            self.log.info("shutdown ordered by an operator: releasing every partition after its worker finishes")
-            self._shut_down()
+        obey(orders, self._shared_topics, self.table.assignments.values(), self)
+
+    # ------------------------------------------------- what obey() asks of us
+
+    def shut_down(self) -> None:
+        self.log.info("shutdown ordered by an operator: releasing every partition after its worker finishes")
+        self._shut_down()
+
+    def drain(self, drained: bool) -> None:
+        if drained == self.table.drained:
             return
-        if orders.drained != self.table.drained:
-            self.table.drained = orders.drained
-            if orders.drained:
-                self.log.info("drained by an operator: releasing everything, claiming nothing until resumed")
-            else:
-                self.log.info("resumed by an operator: claiming again")
-        self._hold_back_shared(set(self._shared_topics) if orders.drained else set(orders.paused_topics))
-        for assignment in list(self.table.assignments.values()):
-            reason = orders.give_up(assignment.key)
-            if reason is None or assignment.handing_over or assignment.lost:
-                continue
-            self.log.info(
-                "%s[%d]: handing it over (ordered by an operator: %s)", assignment.topic, assignment.partition, reason
-            )
-            assignment.ordered = reason
-            self._give_back(assignment)
+        self.table.drained = drained
+        if drained:
+            self.log.info("drained by an operator: releasing everything, claiming nothing until resumed")
+        else:
+            self.log.info("resumed by an operator: claiming again")
+
+    def hold_back(self, topics: set[str]) -> None:
+        self._hold_back_shared(topics)
+
+    def hand_over(self, assignment: Assignment, reason: str) -> None:
+        self.log.info("%s[%d]: handing it over (ordered by an operator: %s)", assignment.topic, assignment.partition, reason)
+        assignment.ordered = reason
+        self._give_back(assignment)

@@ -22,9 +22,10 @@ waits for a claim), all through the coordination log (docs/shared-partitions.md)
   others cancelled.
 
 Each of those decisions (and the deadline's safety margin) is the range-lease member's, which the HTTP
-service shares (protocol/range_member.py); this pool does the writes and keeps the workers supplied.
-The pool never blocks the supervisor's loop: writes go through
-:class:`InFlightWrites` and their verdicts come back in a later pass.
+service shares (protocol/range_member.py); their order (claim, renew, settle, progress) is the member core's
+``RangeLeasing`` (member/range_leasing.py), which the simulator drives too.  This pool is its shell: it does the
+writes, reads the clocks and keeps the workers supplied.  The pool never blocks the supervisor's loop: writes go
+through :class:`InFlightWrites` and their verdicts come back in a later pass.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ from __future__ import annotations
 import random
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
@@ -46,21 +47,15 @@ from marshal_workers.handlers.app import App, HandlerSpec, Mode
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
+from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLeasing
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
-from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
-from marshal_workers.protocol.range_pool import (
-    PROGRESS_EVERY_S,
-    LeasedRange,
-    ProgressReport,
-    assign_won,
-    claim_ask,
-    renew_every_s,
-)  # fmt: skip
+from marshal_workers.protocol.range_member import RangeMember
+from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
-from marshal_workers.protocol.world_state import WorldState, per_entry
+from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.runtime.channel import RangeSlot
 from marshal_workers.runtime.messages import (
     Abandoned,
@@ -77,6 +72,8 @@ from marshal_workers.runtime.messages import (
 )  # fmt: skip
 from marshal_workers.runtime.supervisor.assignments import signal_process
 from marshal_workers.runtime.worker.shared_worker import SharedWorkerSpec, shared_worker_main
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -98,13 +95,8 @@ class SharedWorkerHandle:
 
 @dataclass
 class SharedCounters:
-    ranges_claimed: int = 0
-    ranges_refused: int = 0
-    ranges_acked: int = 0
-    acks_refused: int = 0  # the lease had lapsed (or we never held it): another worker handles it again
-    ranges_cancelled: int = 0
-    ranges_abandoned: int = 0  # a worker's lease ran out while it handled the range
-    progress_written: int = 0  # progress entries the log accepted
+    """What became of the messages (the leases' counts are the core's: RangeLeasing.counters)."""
+
     handled: int = 0
     failed: int = 0
     dead_lettered: int = 0
@@ -113,7 +105,7 @@ class SharedCounters:
 
 @dataclass
 class SharedTopic:
-    """One shared handler's topic: its workers and what is in flight for it."""
+    """One shared handler's topic: its workers and what the pool knows of its partitions."""
 
     handler: HandlerSpec
     workers: list[SharedWorkerHandle]
@@ -121,22 +113,16 @@ class SharedTopic:
     # docs/brokers.md): the end that workers' fetches saw, as acks carry it into the log, counts too.
     ends: PartitionEnds = field(default_factory=PartitionEnds)
     initial: dict[int, int] = field(default_factory=dict)  # where a partition never leased starts
-    claiming: bool = False  # a claim_ranges write is in flight
-    next_renewal: float = 0.0  # monotonic
-    acks: list[codec.AckEntry] = field(default_factory=list)  # to write this pass
-    progressing: bool = False  # a progress_ranges write is in flight
-    next_progress: float = 0.0  # monotonic
-    cancels: list[codec.RangeEntry] = field(default_factory=list)
     counters: SharedCounters = field(default_factory=lambda: SharedCounters())
+    leasing: RangeLeasing[SharedWorkerHandle] = field(init=False)  # its leases: claims, renewals, settlements
 
-    member: RangeMember = field(init=False)  # our lease decisions: leases as long as the handler's pending timeout
-    sizing: RangeSizing = field(init=False)  # how many offsets each claim covers, from the workers' measured rates
-
-    def __post_init__(self) -> None:
+    def lease_through(self, shell: SharedPool, rng: random.Random, log: ContextLog) -> None:
+        """Its leases, as long as the handler's pending timeout, sized by the workers' measured rates."""
         handler = self.handler
         lease_ms = round(handler.pending_timeout * 1000)
-        self.member = RangeMember(handler.topic, lease_ms, handler.mode is Mode.AMO)
-        self.sizing = RangeSizing(handler.range_size, lease_ms, adaptive=handler.adaptive_ranges)
+        member = RangeMember(handler.topic, lease_ms, handler.mode is Mode.AMO)
+        sizing = RangeSizing(handler.range_size, lease_ms, adaptive=handler.adaptive_ranges)
+        self.leasing = RangeLeasing(member, sizing, self.workers, shell, rng, log)
 
 
 class SharedPool:
@@ -164,18 +150,17 @@ class SharedPool:
             if handler.shared
         }
         self.stopping = False
-        self.held_back: set[str] = set()  # topics an operator paused (or all, drained): no new leases
         self.record_outcomes: Callable[[str, dict[str, Any]], None] | None = None  # workers' reports (metrics)
         self.boot_failed = False  # a worker could not start (an on_worker_start hook failed)
-        self._last_tries = False  # past the shutdown timeout: a settlement that fails is not written again
-        self._writes_in_flight = 0
         self._context: BaseContext | None = None
         self.rate_buckets: dict[str, Any] = {}  # rate-limited topic -> its token bucket (set by the supervisor)
         self._coordinator: Coordinator | None = None
         self._writes: InFlightWrites | None = None
         self._offsets: OffsetStore | None = None
-        self._rng = random.Random()
         self._clock = clock
+        rng = random.Random()
+        for shared in self.topics.values():
+            shared.lease_through(self, rng, log)
 
     def attach(self, context: BaseContext, coordinator: Coordinator, writes: InFlightWrites, offsets: OffsetStore) -> None:
         """The supervisor's fork server and Kafka clients, once they exist."""
@@ -201,24 +186,19 @@ class SharedPool:
         now = self._clock()
         for topic, shared in self.topics.items():
             for worker in shared.workers:
-                self._read_worker(topic, shared, worker)
+                self._read_worker(topic, shared, worker, now)
                 self._reap(topic, shared, worker, now)
                 if worker.process is None and worker.restart_at is not None and worker.restart_at <= now:
                     self._start_worker(topic, worker)
             self._ask_high_watermarks(topic, shared, now)
-            self._settle(topic, shared)
-            if now >= shared.next_progress and not shared.progressing:
-                shared.next_progress = now + PROGRESS_EVERY_S
-                self._write_progress(topic, shared)
-            if now >= shared.next_renewal:
-                shared.next_renewal = now + renew_every_s(shared.member.lease_ms)
-                self._renew(topic, shared)
-            self._claim(topic, shared)
+            # ms in monotonic_ms's unit (channel.py): the clock the workers check their leases' deadlines on
+            shared.leasing.step(now, int(now * 1000), self._require_coordinator().now_ms())
 
     def begin_stop(self) -> None:
         """Stop claiming; every worker finishes the range in hand and gives the others back."""
         self.stopping = True
         for shared in self.topics.values():
+            shared.leasing.stopping = True
             for worker in shared.workers:
                 worker.restart_at = None
                 if worker.connection is not None:
@@ -230,8 +210,13 @@ class SharedPool:
     def stopped(self) -> bool:
         """Every worker gone and every lease settled in the log (or given up on)."""
         return all(
-            worker.process is None and not worker.leases for shared in self.topics.values() for worker in shared.workers
-        ) and self._writes_in_flight == 0 and not any(s.acks or s.cancels for s in self.topics.values())
+            worker.process is None for shared in self.topics.values() for worker in shared.workers
+        ) and all(shared.leasing.stopped() for shared in self.topics.values())
+
+    def hold_back(self, topics: set[str]) -> None:
+        """Lease no more ranges of ``topics`` (an operator paused them, or drained us); the others again."""
+        for topic, shared in self.topics.items():
+            shared.leasing.held_back = topic in topics
 
     def signal_workers(self, signum: int) -> None:
         for shared in self.topics.values():
@@ -240,7 +225,8 @@ class SharedPool:
 
     def kill_workers(self) -> None:
         """Past the shutdown timeout: kill every worker; what they held is settled once more, then left to lapse."""
-        self._last_tries = True
+        for shared in self.topics.values():
+            shared.leasing.last_tries = True
         self.signal_workers(signal.SIGKILL)
 
     def state(self) -> list[dict[str, Any]]:
@@ -253,7 +239,7 @@ class SharedPool:
                         "pid": None if w.process is None else w.process.pid,
                         "leases": [[r.partition, r.start, r.end, r.tries, r.started] for r in w.leases],
                         "handled": w.handled,
-                        "range_size": shared.sizing.size_for(w.index),
+                        "range_size": shared.leasing.sizing.size_for(w.index),
                     }
                     for w in shared.workers
                 ],
@@ -278,18 +264,18 @@ class SharedPool:
         theirs.close()
         worker.process, worker.connection, worker.restart_at = process, ours, None
 
-    def _read_worker(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle) -> None:
+    def _read_worker(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, now: float) -> None:
         connection = worker.connection
         if connection is None:
             return
         try:
             while connection.poll(0):
-                self._on_worker_message(topic, shared, worker, connection.recv())
+                self._on_worker_message(topic, shared, worker, connection.recv(), now)
         except (EOFError, OSError):
             pass  # it exited: _reap settles what it held
 
     def _on_worker_message(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle,
-                           message: FromSharedWorker) -> None:  # fmt: skip
+                           message: FromSharedWorker, now: float) -> None:  # fmt: skip
         if isinstance(message, Outcomes):
             if isinstance(message.counts, dict) and self.record_outcomes is not None:
                 self.record_outcomes(topic, message.counts)
@@ -307,27 +293,26 @@ class SharedPool:
             if leased.start <= message.upto <= leased.end and message.upto >= leased.upto:
                 leased.upto, leased.failed, leased.dead = message.upto, message.failed, message.dead
             return
-        worker.leases.remove(leased)
+        leasing = shared.leasing
         if isinstance(message, Settled):
             messages = message.handled + len(message.failed) + len(message.dead)
-            shared.sizing.observe(worker.index, messages, message.busy_ms, self._clock())
-            worker.settled_at = (message.partition, message.end)
+            leasing.settled(worker, leased, message.end, message.failed, message.dead, message.high, messages,
+                            message.busy_ms, now)  # fmt: skip
             worker.handled += message.handled
             worker.crashes_in_a_row = 0
             shared.counters.handled += message.handled
             shared.counters.failed += len(message.failed)
             shared.counters.dead_lettered += len(message.dead)
-            shared.acks.append(handled_entry(leased, message.end, message.failed, message.dead, message.high))
         elif isinstance(message, Returned):
-            shared.cancels.append(cancel_entry(leased))
+            leasing.returned(worker, leased)
         else:
-            shared.counters.ranges_abandoned += 1  # its lease lapses in the log: handled again (ALO) or lost (AMO)
+            leasing.abandoned(worker, leased)  # its lease lapses in the log: handled again (ALO) or lost (AMO)
 
     def _reap(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, now: float) -> None:
         process = worker.process
         if process is None or process.is_alive():
             return
-        self._read_worker(topic, shared, worker)  # what it said before it went
+        self._read_worker(topic, shared, worker, now)  # what it said before it went
         process.join()
         code = process.exitcode if process.exitcode is not None else -1
         process.close()
@@ -335,13 +320,7 @@ class SharedPool:
             worker.connection.close()
         worker.process = worker.connection = None
         worker.settled_at = None  # its successor's consumer starts nowhere
-        for leased in worker.leases:  # begun: what it did not report done may have been handled: one try more each
-            entry = crashed_entry(leased, leased.started, self._progress_of(worker, leased), leased.failed, leased.dead)
-            if isinstance(entry, codec.AckEntry):
-                shared.acks.append(entry)
-            else:
-                shared.cancels.append(entry)
-        worker.leases.clear()
+        shared.leasing.worker_died(worker)  # what it began and did not report done: one try more each
         if code == WorkerExit.BOOT_ERROR:
             self.log.error("a shared worker for %s could not start (see its error above): stopping", topic)
             self.boot_failed = True  # every worker would fail the same way: the supervisor stops
@@ -355,106 +334,41 @@ class SharedPool:
         shared.counters.worker_restarts += 1
         worker.restart_at = now + (0.0 if code == WorkerExit.STOPPED else delay)
 
-    # --------------------------------------------------------------- claims
+    # ------------------------------------------- the shell RangeLeasing drives
 
-    def _claim(self, topic: str, shared: SharedTopic) -> None:
-        if self.stopping or shared.claiming or topic in self.held_back:
-            return
-        if not shared.ends.ends:
-            return
+    def holder(self) -> Holder:
         coordinator = self._require_coordinator()
-        fields = coordinator.record_fields()
-        ask = claim_ask(shared.workers, shared.sizing, Holder(fields["client"], fields["instance"]))
-        if ask is None:
-            return
-        now_ms = coordinator.now_ms()
-        member, ends, initial, rng = shared.member, shared.ends.ends, shared.initial, self._rng
-        choice = coordinator.read(lambda world: ask.choose(member, world, ends, initial, now_ms, rng))
-        if choice.unknown:
-            self._require_offsets().learn_start_offsets(topic, choice.unknown, shared.initial, self.log)
-            return
-        picked = choice.ranges
-        if not picked:
-            return
-        record = member.claim(coordinator.record_fields(), picked)
-        written_ms = self._now_ms()  # before the write: the deadline errs short
-        shared.claiming = True
-        self._submit(
-            "range claim", record,
-            lambda verdicts: self._after_claim(topic, shared, picked, verdicts, written_ms),
-            lambda exc: self._claim_failed(topic, shared, exc),
-        )  # fmt: skip
+        return Holder(coordinator.client, coordinator.instance)
 
-    def _after_claim(self, topic: str, shared: SharedTopic, picked: list[Wanted], verdicts: Sequence[bool],
-                     written_ms: int) -> None:  # fmt: skip
-        shared.claiming = False
-        won = shared.member.won(picked, verdicts)
-        shared.counters.ranges_claimed += len(won)
-        shared.counters.ranges_refused += len(picked) - len(won)
-        deadline = shared.member.deadline(written_ms)
+    def fields(self) -> dict[str, Any]:
+        return self._require_coordinator().record_fields()
 
-        def place(worker: SharedWorkerHandle, wanted: Wanted) -> None:
-            worker.leases.append(LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries, deadline))
-            self._tell(worker, Lease(wanted.partition, wanted.start, wanted.end, deadline, wanted.tries))
+    def read(self, query: Callable[[WorldState], T]) -> T:
+        return self._require_coordinator().read(query)
 
-        # Ranges that start where a worker will stand go to that worker first (read on, no seek: its read-ahead);
-        # a range at a partition's end goes to an idle worker (see free_candidates).
-        left = list(won) if self.stopping else assign_won(won, shared.workers, place)
-        for wanted in left:
-            shared.cancels.append(cancel_entry(LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries,
-                                                           deadline)))  # fmt: skip
+    def ends(self, topic: str) -> dict[int, int]:
+        return self.topics[topic].ends.ends
 
-    def _claim_failed(self, topic: str, shared: SharedTopic, exc: Exception) -> None:
-        shared.claiming = False
-        self.log.warning("range claims on %s not confirmed: %s", topic, exc)
+    def initial(self, topic: str) -> dict[int, int]:
+        return self.topics[topic].initial
 
-    # ------------------------------------------------------ renew and settle
+    def learn_starts(self, topic: str, partitions: list[int]) -> None:
+        self._require_offsets().learn_start_offsets(topic, partitions, self.topics[topic].initial, self.log)
 
-    def _renew(self, topic: str, shared: SharedTopic) -> None:
-        member = shared.member
-        now_ms = self._now_ms()
-        held = [(w, r) for w in shared.workers for r in member.renewals_due(w.leases, now_ms)]
-        if not held or self._coordinator is None:
-            return
-        record = member.renewal(self._require_coordinator().record_fields(), [r for _, r in held])
-        written_ms = self._now_ms()
+    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure) -> None:
+        assert self._writes is not None
+        self._writes.submit(what, records, on_verdicts, on_failure)
 
-        def renewed(verdicts: Sequence[bool]) -> None:
-            for (worker, leased), accepted in zip(held, verdicts):
-                deadline = member.renewed_deadline(leased, written_ms, accepted)
-                if deadline is not None and leased in worker.leases:
-                    leased.deadline_ms = deadline
-                    self._tell(worker, Renewed(leased.partition, leased.start, deadline))
+    def leased(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
+        self._tell(worker, Lease(leased.partition, leased.start, leased.end, leased.deadline_ms, leased.tries))
 
-        self._submit("range renewal", record, renewed, lambda exc: self.log.warning("lease renewal on %s: %s", topic, exc))
+    def renewed(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
+        self._tell(worker, Renewed(leased.partition, leased.start, leased.deadline_ms))
 
-    def _settle(self, topic: str, shared: SharedTopic) -> None:
-        coordinator = self._coordinator
-        if coordinator is None:
-            return
-        if shared.acks:
-            acks, shared.acks = shared.acks, []
-            record = shared.member.acks(coordinator.record_fields(), acks)
+    def dropped(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
+        pass  # the worker said so itself, or is gone
 
-            def acked(verdicts: Sequence[bool]) -> None:
-                refused = [a for a, ok in zip(acks, verdicts) if not ok]
-                shared.counters.ranges_acked += len(acks) - len(refused)
-                shared.counters.acks_refused += len(refused)
-                for ack in refused:
-                    self.log.warning("%s[%d]: ack of %d..%d refused: its lease had lapsed, so it is delivered again "
-                                     "(at most once: counted lost)", topic, ack.partition, ack.offset, ack.end - 1)  # fmt: skip
-
-            self._submit("range ack", record, acked, lambda exc: self._settle_failed(topic, shared, acks, [], exc))
-        if shared.cancels:
-            cancels, shared.cancels = shared.cancels, []
-            record = shared.member.cancels(coordinator.record_fields(), cancels)
-
-            def cancelled(verdicts: Sequence[bool]) -> None:
-                shared.counters.ranges_cancelled += sum(1 for ok in verdicts if ok)
-
-            self._submit("range cancel", record, cancelled, lambda exc: self._settle_failed(topic, shared, [], cancels, exc))
-
-    def _progress_of(self, worker: SharedWorkerHandle, leased: LeasedRange) -> int:
+    def progress_of(self, worker: SharedWorkerHandle, leased: LeasedRange) -> int:
         """How far ``leased`` is done (every offset below, but its failed ones): its worker's last Progress, or
         further if its range slot says so (the failures below the slot's position came on the pipe before it)."""
         upto = max(leased.upto, leased.start)
@@ -462,55 +376,6 @@ class SharedPool:
         if found is not None and found[:2] == (leased.partition, leased.start):
             upto = max(upto, min(found[2], leased.end))
         return upto
-
-    def _write_progress(self, topic: str, shared: SharedTopic) -> None:
-        """One ``progress_ranges`` for every range in hand that moved on since the log last heard of it."""
-        report = ProgressReport()
-        now_ms = self._now_ms()
-        for worker in shared.workers:
-            for leased in worker.leases:
-                report.add(shared.member, leased, self._progress_of(worker, leased), now_ms)
-        if not report.entries or self._coordinator is None:
-            return
-        record = shared.member.progress(self._coordinator.record_fields(), report.entries)
-        shared.progressing = True
-
-        def written(verdicts: Sequence[bool]) -> None:
-            shared.progressing = False
-            shared.counters.progress_written += report.written(verdicts)
-
-        def failed(exc: Exception) -> None:
-            shared.progressing = False  # written again at the next cadence
-            self.log.warning("progress of ranges of %s not confirmed: %s", topic, exc)
-
-        self._submit("range progress", record, written, failed)
-
-    def _settle_failed(self, topic: str, shared: SharedTopic, acks: list[codec.AckEntry],
-                       cancels: list[codec.RangeEntry], exc: Exception) -> None:  # fmt: skip
-        """Not confirmed: try again (the fold refuses a second ack of the same lease, so a repeat is harmless),
-        unless the shutdown timeout has passed: then the leases lapse (ALO: delivered again; AMO: lost)."""
-        if self._last_tries:
-            self.log.error("settling ranges of %s not confirmed (%s): leaving them to lapse", topic, exc)
-            return
-        self.log.warning("settling ranges of %s not confirmed (%s): writing again", topic, exc)
-        shared.acks.extend(acks)
-        shared.cancels.extend(cancels)
-
-    def _submit(self, what: str, record: codec.Record, on_verdicts: Callable[[Sequence[bool]], None],
-                on_failure: Callable[[Exception], None]) -> None:  # fmt: skip
-        entries = len(record.ranges)  # type: ignore[union-attr]
-        self._writes_in_flight += 1
-
-        def done(verdicts: list[Any]) -> None:
-            self._writes_in_flight -= 1
-            on_verdicts(per_entry(verdicts[0], entries))
-
-        def failed(exc: Exception) -> None:
-            self._writes_in_flight -= 1
-            on_failure(exc)
-
-        assert self._writes is not None
-        self._writes.submit(what, [record], done, failed)
 
     def _tell(self, worker: SharedWorkerHandle, message: ToSharedWorker) -> None:
         if worker.connection is None:
@@ -534,24 +399,20 @@ class SharedPool:
         marks = self._coordinator.read(lambda world: world.shared_marks(now_ms))
         found = []
         for topic, shared in list(self.topics.items()):
-            c = shared.counters
+            c, leases = shared.counters, shared.leasing.counters
             found.append(SharedStats(
                 topic=topic,
-                leases_held=sum(len(w.leases) for w in shared.workers),
+                leases_held=shared.leasing.leases_held(),
                 workers=sum(1 for w in shared.workers if w.process is not None),
-                ranges={"claimed": c.ranges_claimed, "refused": c.ranges_refused, "acked": c.ranges_acked,
-                        "ack_refused": c.acks_refused, "cancelled": c.ranges_cancelled,
-                        "abandoned": c.ranges_abandoned},
+                ranges={"claimed": leases.claimed, "refused": leases.refused, "acked": leases.acked,
+                        "ack_refused": leases.acks_refused, "cancelled": leases.cancelled,
+                        "abandoned": leases.abandoned},
                 messages={"handled": c.handled, "failed": c.failed, "dead_lettered": c.dead_lettered},
                 worker_restarts=c.worker_restarts,
                 low_water_marks={p: low for (t, p), (low, _) in marks.items() if t == topic},
                 lost={p: lost for (t, p), (_, lost) in marks.items() if t == topic},
             ))  # fmt: skip
         return found
-
-    def _now_ms(self) -> int:
-        """The clock in monotonic_ms's unit (channel.py): the one the workers check their leases' deadlines on."""
-        return int(self._clock() * 1000)
 
     def _require_coordinator(self) -> Coordinator:
         assert self._coordinator is not None

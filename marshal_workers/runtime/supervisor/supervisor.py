@@ -48,12 +48,14 @@ from marshal_workers.core.process_age import process_age
 from marshal_workers.errors import StopRequested
 from marshal_workers.handlers.app import App, effective_time_limits
 from marshal_workers.handlers.asyncapi import asyncapi_json
+from marshal_workers.handlers.lifespan import run_shutdown_hooks, run_startup_hooks
 from marshal_workers.handlers.rate_limits import create_buckets
 from marshal_workers.kafka.coordination_log import drain, wakeup_pair
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.kafka_clients import admin_client
 from marshal_workers.kafka.offsets import OffsetStore
+from marshal_workers.observe.autoscale_meter import AutoscaleMeter
 from marshal_workers.observe.dashboard import Publisher, supervisor_step
 from marshal_workers.observe.dashboard_model import Dashboard
 from marshal_workers.observe.metrics import Counters, MetricsServer, Probes, Snapshot
@@ -120,6 +122,7 @@ class Supervisor:
         self._stop_deadline: float | None = None
         self._releases_before_stop = 0
         self._workers_killed = False
+        self._app_started = False  # its on_startup hooks ran: its on_shutdown hooks run as we exit
 
     @property
     def phase(self) -> Phase:
@@ -148,7 +151,11 @@ class Supervisor:
                     self._after_unexpected_error()
             self._log_stop()
         finally:
-            self._close()
+            try:
+                self._close()
+            finally:
+                if self._app_started:  # every worker stopped, every partition released (or never claimed)
+                    run_shutdown_hooks(self.app.shutdown_hooks)
         return self.exit_code
 
     def _one_pass(self, parts: Parts) -> None:
@@ -168,6 +175,8 @@ class Supervisor:
         fraction of a second (StopRequested; stopping.py): nothing is claimed before the loop, so nothing is held."""
         should_stop = self._stop_asked
         imports_s, began = process_age(), time.monotonic()
+        run_startup_hooks(self.app.startup_hooks)  # AppStartupError: stop before anything is claimed
+        self._app_started = True  # from here, a start-up that fails still runs the app's on_shutdown hooks
         context = start_fork_server(self.app_path)  # before any Kafka client exists
         # One bucket per rate-limited handler, shared by all its workers (rate_limits.py).
         rate_buckets = create_buckets(context, {t: h.rate_limit for t, h in self.app.handlers.items()})
@@ -186,10 +195,11 @@ class Supervisor:
         if self.settings.metrics_port:
             if self.settings.dashboard:
                 self._dashboard = Publisher(self._dashboard_step()).start()
+            autoscale = AutoscaleMeter(self._dashboard_step(), self.settings).start()
             self._metrics = MetricsServer(
                 self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
                 Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
-                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers),
+                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers), autoscale=autoscale.answer,
             )  # fmt: skip
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
         times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
@@ -229,7 +239,7 @@ class Supervisor:
 
     def _hold_back_shared(self, topics: set[str]) -> None:
         """The shared topics to lease no more ranges of (an operator paused them, or drained us)."""
-        self.shared.held_back = topics
+        self.shared.hold_back(topics)
 
     def _stop_asked(self) -> bool:
         """Has SIGTERM, SIGINT or SIGHUP come (start-up steps give up on it)?"""

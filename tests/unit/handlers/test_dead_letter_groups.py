@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from fake_record import FakeRecord
 from hypothesis import given
 from hypothesis import strategies as st
@@ -30,9 +32,12 @@ header_lists = st.lists(st.tuples(names, values), max_size=6)
 
 
 def written_by(group: str, client_id: str, original: list, offset: int = 0, at: int | None = 100) -> DeadLetter:
-    """A dead letter as a worker of ``group`` writes one: the original headers, the error's, then who wrote it."""
+    """A dead letter as a worker of ``group`` writes one: the original headers, the error's, then who wrote it;
+    dead-lettered a second after its message's time ``at``."""
     record = FakeRecord(topic="orders", partition=2, offset=offset, headers=original)
-    headers = original + error_headers("app.handle", record, ValueError("boom")) + origin_headers(group, client_id)
+    written = [(k, str((at or 0) + 1000).encode()) if k == "dead_lettered_at" else (k, v)
+               for k, v in error_headers("app.handle", record, ValueError("boom"))]  # fmt: skip
+    headers = original + written + origin_headers(group, client_id)
     return DeadLetter(0, offset, at, b"k", b"v", headers)
 
 
@@ -114,11 +119,14 @@ def test_the_list_counts_by_group_and_the_group_option_keeps_its_own() -> None:
     assert tally.groups() == [{"group": "billing", "count": 2}, {"group": "audit", "count": 1},
                               {"group": None, "count": 1}]  # fmt: skip
     assert tally.rows({"billing"}) == [
-        {"error_type": "ValueError", "count": 2, "oldest_ms": 100, "newest_ms": 300, "from_topics": ["orders"]},
+        {"error_type": "ValueError", "count": 2, "oldest_ms": 100, "newest_ms": 300, "written_oldest_ms": 1100,
+         "written_newest_ms": 1300, "from_topics": ["orders"]},
     ]
     assert tally.rows({"audit", None}) == [
-        {"error_type": "KeyError", "count": 1, "oldest_ms": 50, "newest_ms": 50, "from_topics": ["orders"]},
-        {"error_type": "ValueError", "count": 1, "oldest_ms": 200, "newest_ms": 200, "from_topics": ["orders"]},
+        {"error_type": "KeyError", "count": 1, "oldest_ms": 50, "newest_ms": 50, "written_oldest_ms": None,
+         "written_newest_ms": None, "from_topics": ["orders"]},  # written before letters said when
+        {"error_type": "ValueError", "count": 1, "oldest_ms": 200, "newest_ms": 200, "written_oldest_ms": 1200,
+         "written_newest_ms": 1200, "from_topics": ["orders"]},
     ]
     assert tally.rows() == summary(letters) and tally.rows()[0]["count"] == 3, "without a group: every letter"
     assert tally.rows({"search"}) == []
@@ -175,3 +183,24 @@ def test_the_testing_harness_passes_by_a_message_redriven_for_another_group_as_a
                 make_message(b"anyone's", topic="orders", offset=2)]  # fmt: skip
     assert [r.outcome for r in run_handler(app, "orders", messages)] == ["done", "other_group", "done"]
     assert [m.value for m in called] == [b"mine", b"anyone's"]  # type: ignore[attr-defined]
+
+
+def test_since_goes_by_when_a_letter_was_dead_lettered_not_by_its_messages_time() -> None:
+    """A message produced an hour before an incident and dead-lettered during it is chosen by --since the incident
+    (a letter keeps its message's timestamp; --since read that and missed it); a letter from before letters said
+    when they were written goes by its message's time, the best known."""
+    hour_ms, incident_ms = 3_600_000, 1_800_000_000_000
+    headers = error_headers("tasks.h", FakeRecord(topic="orders"), ValueError("boom"))
+    [written_ms] = [int(v) for k, v in headers if k == "dead_lettered_at"]
+    old_message = DeadLetter(0, 0, incident_ms - hour_ms, b"k", b"v",
+                             [(k, str(incident_ms + 5).encode()) if k == "dead_lettered_at" else (k, v)
+                              for k, v in headers])  # fmt: skip
+    assert old_message.written_ms == incident_ms + 5 and abs(written_ms - time.time() * 1000) < 60_000
+    legacy = DeadLetter(0, 1, incident_ms + 9, b"k", b"v", [("error_type", b"ValueError")])
+    before = DeadLetter(0, 2, incident_ms - hour_ms, b"k", b"v", [("error_type", b"ValueError"),
+                                                                   ("dead_lettered_at", str(incident_ms - 1).encode())])  # fmt: skip
+    assert choose([old_message, legacy, before], None, incident_ms) == [old_message, legacy]
+    assert "dead_lettered_at" not in dict(old_message.original_headers), "not sent back on a redrive"
+    [row] = summary([old_message, before])
+    assert (row["written_oldest_ms"], row["written_newest_ms"]) == (incident_ms - 1, incident_ms + 5)
+    assert (row["oldest_ms"], row["newest_ms"]) == (incident_ms - hour_ms, incident_ms - hour_ms)

@@ -10,7 +10,7 @@ import pytest
 
 from marshal_workers import App, Message, Retry, SoftTimeLimitExceeded
 from marshal_workers.errors import ConfigError, TimeLimitExceeded
-from marshal_workers.testing import make_message, run_handler
+from marshal_workers.testing import make_message, run_app, run_handler
 
 
 def test_make_message_gives_what_a_handler_reads() -> None:
@@ -198,3 +198,45 @@ def test_dlq_limit_releases_the_partition_after_that_many_dead_letters_in_a_row_
 
     outcomes = [r.outcome for r in run_handler(app, "t", [b"a", b"b", b"c", b"d"])]
     assert outcomes == ["dead_letter", "dead_letter", "released", "not_handled"]
+
+
+# ------------------------------------------------------------------ run_app: a whole app in process
+
+
+def test_run_app_hands_what_a_retried_call_sent_on_twice_as_a_worker_would() -> None:
+
+    app = App(group="g")
+    calls: list[int] = []
+
+    @app.handler("orders", retries=1, retry_backoff="1ms")
+    def on_order(msg: Message) -> None:
+        calls.append(msg.offset)
+        app.send("invoices", msg.value)
+        if len(calls) == 1:
+            raise ConnectionError("db blip: retried")
+
+    @app.handler("invoices")
+    def on_invoice(msg: Message) -> None: ...
+
+    run = run_app(app, {"orders": [b"o-1"]})
+    assert run.outcomes("orders") == ["done"] and calls == [0, 0]
+    assert [r.message.offset for r in run.results_of("invoices")] == [0, 1], "sent twice, told apart by offset"
+    assert all(s.sent_by.topic == "orders" and s.handled for s in run.sent)
+
+
+def test_run_app_refuses_an_unknown_topic_and_stops_a_loop() -> None:
+
+    app = App(group="g")
+
+    @app.handler("ping")
+    def on_ping(msg: Message) -> None:
+        app.send("pong", msg.value)
+
+    @app.handler("pong")
+    def on_pong(msg: Message) -> None:
+        app.send("ping", msg.value)
+
+    with pytest.raises(ConfigError, match="no handler for 'nosuch'"):
+        run_app(app, {"nosuch": [b"x"]})
+    with pytest.raises(ConfigError, match="still send to each other after 5 rounds"):
+        run_app(app, {"ping": [b"x"]}, max_rounds=5)

@@ -29,8 +29,10 @@ def test_letters_are_chosen_by_error_type_and_time() -> None:
 def test_the_summary_counts_by_error_type_most_first() -> None:
     letters = [letter(1, "ValueError", 100), letter(2, "WorkerLost", 200, "refunds"), letter(3, "ValueError", 300)]
     assert summary(letters) == [
-        {"error_type": "ValueError", "count": 2, "oldest_ms": 100, "newest_ms": 300, "from_topics": ["orders"]},
-        {"error_type": "WorkerLost", "count": 1, "oldest_ms": 200, "newest_ms": 200, "from_topics": ["refunds"]},
+        {"error_type": "ValueError", "count": 2, "oldest_ms": 100, "newest_ms": 300, "written_oldest_ms": None,
+         "written_newest_ms": None, "from_topics": ["orders"]},  # letters that do not say when they were written
+        {"error_type": "WorkerLost", "count": 1, "oldest_ms": 200, "newest_ms": 200, "written_oldest_ms": None,
+         "written_newest_ms": None, "from_topics": ["refunds"]},
     ]
 
 

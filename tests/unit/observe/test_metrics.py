@@ -182,3 +182,33 @@ def test_worker_restarts_are_counted_by_reason(served: dict) -> None:
     reason = lambda r: (("group", "billing"), ("reason", r))  # noqa: E731
     assert served[("marshal_workers_worker_restarts_total", reason("crash"))] == 3
     assert served[("marshal_workers_worker_restarts_total", reason("poison"))] == 1
+
+
+def test_autoscale_answers_the_groups_backlog_and_refuses_a_bad_query_with_a_json_400() -> None:
+    from marshal_workers.core.config import Settings
+    from marshal_workers.observe.autoscale_meter import AutoscaleMeter
+    from marshal_workers.observe.dashboard_model import advance
+    from marshal_workers.protocol.codec import Claim, Heartbeat
+    from marshal_workers.protocol.world_state import WorldState
+
+    state = WorldState("billing", 1000)
+    t0 = 1_700_000_000_000
+    state.apply(Claim(v=1, ts=t0, group="billing", client="a", instance="i", topic="orders", partition=0), t0)
+    state.apply(Heartbeat(v=1, ts=t0, group="billing", client="a", instance="i", topic="orders", partition=0,
+                          offset=250), t0)  # fmt: skip
+    meter = AutoscaleMeter(lambda d: advance(d, state, t0 + 500, {("orders", 0): 1000}, {"orders": 3}), Settings())
+    port = free_port()
+    server = MetricsServer("127.0.0.1", port, snapshot, autoscale=meter.start().answer)
+    try:
+        status, found = get(port, "/autoscale?drain_target=30s")
+        assert status == 200
+        assert (found["group"], found["backlog"], found["drain_target_s"]) == ("billing", 750, 30.0)
+        assert found["topics"]["orders"]["partitions"] == 3
+        # One look, no rate yet: the member there is keeps working.
+        assert found["workers_wanted"] == found["topics"]["orders"]["workers_wanted"] == 1
+        assert get(port, "/autoscale")[1]["drain_target_s"] == 60.0, "the drain_target setting's default"
+        status, refused = get(port, "/autoscale?drain_target=soon")
+        assert status == 400 and refused["error"].startswith("drain_target: expected a duration")
+        assert get(port, "/autoscale?group=other")[0] == 400
+    finally:
+        server.close()

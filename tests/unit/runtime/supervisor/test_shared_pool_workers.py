@@ -270,9 +270,9 @@ def test_a_worker_that_cannot_start_stops_the_supervisor_instead_of_restarting(p
 
 
 def test_a_topic_an_operator_paused_gets_no_new_leases(pool: Pool) -> None:
-    pool.pool.held_back.add(TOPIC)
+    pool.pool.hold_back({TOPIC})
     for at in (0.0, 0.1, 0.2):
         pool.pass_at(at)
     assert len(pool.context.started) == 2 and pool.leases_in_log() == set()
-    pool.pool.held_back.clear()
+    pool.pool.hold_back(set())
     pool.supplied(0.3)
