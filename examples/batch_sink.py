@@ -25,7 +25,7 @@ _file: IO[str] | None = None
 def open_sink() -> None:
     global _file
     SINK_DIR.mkdir(parents=True, exist_ok=True)
-    _file = open(SINK_DIR / f"events-{os.getpid()}.jsonl", "a")
+    _file = open(SINK_DIR / f"events-{os.getpid()}.jsonl", "a")  # noqa: SIM115 - open for the worker's life
 
 
 @app.on_worker_stop

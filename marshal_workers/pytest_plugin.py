@@ -148,7 +148,7 @@ def create_handler_topics(app_path: str, brokers: str, partitions: int, env: dic
     from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
 
     found = subprocess.run([sys.executable, "-c", _PRINT_TOPICS, app_path], env=env, capture_output=True, text=True,
-                           timeout=READY_TIMEOUT_S)  # fmt: skip
+                           timeout=READY_TIMEOUT_S, check=False)  # fmt: skip
     if found.returncode != 0:
         return
     settings = load_settings(cli={"brokers": brokers}, env=env)  # [kafka] settings (SASL...) as `run` takes them

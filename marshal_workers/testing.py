@@ -263,7 +263,8 @@ def _run_unit(
             return _too_old(app, handler, old, now_ms, max_age_ms, origin) + (
                 _run_unit(app, handler, unit, soft, hard, sleep, path, origin) if unit else []
             )
-    attempts, delays = 0, []
+    attempts = 0
+    delays: list[float] = []
     capture = app.outbox
     assert isinstance(capture, _CapturingOutbox)
     capture.sent = sent = []

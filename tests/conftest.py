@@ -52,11 +52,11 @@ def as_client(settings: Settings) -> Callable[[str], Settings]:
 @pytest.fixture
 def spans() -> Iterator[Any]:
     """Built-in tracing on, into an OpenTelemetry SDK in-memory exporter (``get_finished_spans()``), for this test."""
-    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - only the tracing tests need the SDK
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: PLC0415
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: PLC0415
+    from opentelemetry.sdk.trace import TracerProvider  # only the tracing tests need the SDK
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from marshal_workers.core import tracing  # noqa: PLC0415
+    from marshal_workers.core import tracing
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from marshal_workers.testing import FakeRecord as _FakeRecord
 
 
-def FakeRecord(  # noqa: N802 - it stands for a class
+def FakeRecord(  # it stands for a class
     topic: str = "orders",
     partition: int = 3,
     offset: int = 1234,

@@ -37,7 +37,7 @@ def new_fleet(brokers: str, unique: str, tmp_path: Path, name: str = "seq", part
     """The one way tests make a fleet: a fresh topic ``<name>-<unique>`` of ``partitions`` partitions, its group,
     a coordination topic of the test's own, and a sink file of the fleet's own; ``fields``: Fleet's others
     (env, app, heartbeat).  Whoever makes one stops it (the ``fleet`` and ``fleets`` fixtures do)."""
-    from confluent_kafka.admin import AdminClient, NewTopic  # noqa: PLC0415 - only the fixtures need it
+    from confluent_kafka.admin import AdminClient, NewTopic  # only the fixtures need it
 
     topic = f"{name}-{unique}"
     admin = AdminClient({"bootstrap.servers": brokers})  # held until the topic exists: its end cancels the request
@@ -211,7 +211,7 @@ class Fleet:
                 [sys.executable, "-m", "marshal_workers", "status", "--brokers", self.brokers, "--group", self.group,
                  "--coordination-topic", self.coordination_topic, "--heartbeat-interval", self.heartbeat,
                  "--topic", self.topic, "--json"],
-                capture_output=True, text=True, timeout=STATUS_TIMEOUT_S,
+                check=False, capture_output=True, text=True, timeout=STATUS_TIMEOUT_S,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             self.status_calls.append(StatusCall(started, STATUS_TIMEOUT_S, timed_out=True))

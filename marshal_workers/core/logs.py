@@ -33,7 +33,7 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+    def formatMessage(self, record: logging.LogRecord) -> str:  # logging's name
         where = _where(record)
         if where is not None:
             record.message = f"{where}: {record.message}"
@@ -66,7 +66,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     root.setLevel(level.upper())
 
 
-class ContextLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+class ContextLog(logging.LoggerAdapter):
     """Says which group (and topic and partition) a line is about: a prefix in text, fields in JSON."""
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:

@@ -43,6 +43,7 @@ MAX_KEY_CHARS = 256  # a key longer than this is left off the span (keys are unt
 
 Handler = Callable[[Any], Any]
 Headers = list[tuple[str, bytes]]
+SendHeaders = list[tuple[str, str | bytes | None]]  # as the producer takes them (kafka/outbox.py)
 
 
 class _State:
@@ -207,10 +208,11 @@ def context_from_headers(headers: Sequence[tuple[str, Any]]) -> Any:
     """The trace context carried by ``headers`` (a bad or missing traceparent: an empty context)."""
     from opentelemetry import propagate
 
-    return propagate.extract(headers, getter=_GETTER)
+    # Ignored: OpenTelemetry's Getter is an abstract class, imported only once tracing is on; ours has its methods.
+    return propagate.extract(headers, getter=_GETTER)  # type: ignore[arg-type]
 
 
-def with_trace_context(headers: Headers | None) -> Headers | None:
+def with_trace_context(headers: SendHeaders | None) -> SendHeaders | None:
     """``headers`` plus the current trace context (``traceparent``/``tracestate``), unless tracing is off or
     the sender gave a traceparent of its own."""
     if _State.tracer is None:

@@ -80,23 +80,23 @@ class Message(msgspec.Struct, gc=False, eq=False):
 
     @property
     def topic(self) -> str:
-        return self._record.topic()  # type: ignore[no-any-return]
+        return self._record.topic()
 
     @property
     def partition(self) -> int:
-        return self._record.partition()  # type: ignore[no-any-return]
+        return self._record.partition()
 
     @property
     def offset(self) -> int:
-        return self._record.offset()  # type: ignore[no-any-return]
+        return self._record.offset()
 
     @property
     def key(self) -> bytes | None:
-        return self._record.key()  # type: ignore[no-any-return]
+        return self._record.key()
 
     @property
     def value(self) -> bytes | None:
-        return self._record.value()  # type: ignore[no-any-return]
+        return self._record.value()
 
     @property
     def headers(self) -> list[tuple[str, bytes]]:
@@ -146,7 +146,7 @@ class HandlerSpec:
     retries: int = 3  # retries after the first failure, before on_error applies
     retry_backoff: float = 0.1  # seconds before the first retry; doubles each time
     # Which errors are retried, how long between tries (retries and retry_backoff included): retry_policy.py.
-    retry_policy: RetryPolicy = RetryPolicy()
+    retry_policy: RetryPolicy = RetryPolicy()  # noqa: RUF009 - frozen: every spec may share the one default
     on_error: OnError = OnError.DLQ
     dlq_limit: int = 0  # dead letters in a row, after which the next failure releases the partition as sick (0: none)
     soft_time_limit: float | None = None  # seconds; None: the soft_time_limit setting

@@ -20,7 +20,7 @@ message's offset (in the text, and as the ``offset`` field of a JSON line).  An 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.failure_path import Decision, Fate
@@ -50,6 +50,8 @@ def log_decision(
         log_release(log, handler, offset, error)
     elif fate is Fate.LATER:
         log_left_for_later(log, handler, offset, error, later)
+
+E = TypeVar("E", bound=BaseException)
 
 
 def log_retry(log: ContextLog, handler: str, offset: int, error: BaseException, retry: int, delay: float) -> None:
@@ -101,12 +103,13 @@ def log_ignored(log: ContextLog, handler: str, offset: int, error: BaseException
     log.info("handler %s ignored offset %d (%r)", handler, offset, error, extra={"offset": offset})
 
 
-def apart_from(error: BaseException, first: BaseException) -> BaseException:
+def apart_from(error: E, first: BaseException) -> E:
     """``error``, raised by a retry made while ``first`` (the message's first failure) was still being handled,
     without the link Python made to it (``__context__``: "During handling of the above exception, another
     exception occurred"): each call's traceback is its own, and the first failure is not shown again with every
     retry's.  Links the handler made itself (``raise ... from``, an exception of its own being handled) stay."""
-    pending, seen = [error], set()
+    pending: list[BaseException] = [error]
+    seen: set[int] = set()
     while pending:
         link = pending.pop()
         if id(link) in seen:

@@ -69,7 +69,7 @@ def run_hooks(hooks: Iterable[Callable[..., None]], *args: Any) -> None:
     for hook in hooks:
         try:
             hook(*args)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a user's hook may raise anything: logged, and the others still run
             _failed(hook)
 
 
@@ -111,7 +111,7 @@ def with_message_hooks(function: Callable[[Any], Any], hooks: Hooks) -> Callable
         def call_after_one_hook(argument: Any) -> Any:
             try:
                 only(argument)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a user's hook may raise anything: logged, and the handler still runs
                 _failed(only)
             return function(argument)
 
@@ -122,7 +122,7 @@ def with_message_hooks(function: Callable[[Any], Any], hooks: Hooks) -> Callable
         for hook in before:
             try:
                 hook(argument)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a user's hook may raise anything: logged, and the handler still runs
                 _failed(hook)
         if not after:
             return function(argument)
@@ -133,11 +133,11 @@ def with_message_hooks(function: Callable[[Any], Any], hooks: Hooks) -> Callable
             run_hooks(after, argument, outcome_of(exc), exc, clock() - started)
             raise
         seconds = clock() - started
-        for hook in after:
+        for after_hook in after:
             try:
-                hook(argument, "done", None, seconds)
-            except Exception:
-                _failed(hook)
+                after_hook(argument, "done", None, seconds)
+            except Exception:  # noqa: BLE001 - a user's hook may raise anything: logged, the result kept
+                _failed(after_hook)
         return result
 
     return call

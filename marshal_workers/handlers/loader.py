@@ -38,7 +38,7 @@ def load_app(app_path: str) -> App:
                 "or add that directory to PYTHONPATH"
             ) from None
         raise AppLoadError(f"importing {module_name!r} failed:\n{traceback.format_exc()}") from None
-    except Exception:
+    except Exception:  # noqa: BLE001 - importing the user's module runs their code: any error is a load error
         raise AppLoadError(f"importing {module_name!r} failed:\n{traceback.format_exc()}") from None
     app = getattr(module, attr, None)
     if app is None:

@@ -32,7 +32,8 @@ def is_too_old(timestamp: tuple[int, int], now_ms: int, max_age_ms: int) -> bool
 
 def split_by_age(records: list[Any], now_ms: int, max_age_ms: int) -> tuple[list[Any], list[Any]]:
     """(the records to handle, the ones too old), each in offset order."""
-    fresh, old = [], []
+    fresh: list[Any] = []
+    old: list[Any] = []
     for record in records:
         (old if is_too_old(record.timestamp(), now_ms, max_age_ms) else fresh).append(record)
     return fresh, old

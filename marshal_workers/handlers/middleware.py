@@ -39,7 +39,7 @@ def check_middleware(middleware: Any, where: str) -> Middleware:
         ) from None
     except ValueError:
         pass  # a builtin without a signature: it gets its chance at the first call
-    return middleware  # type: ignore[no-any-return]
+    return middleware
 
 
 def check_kind(function: Callable[..., Any], middleware: Middleware, where: str) -> None:

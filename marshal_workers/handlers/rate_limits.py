@@ -98,7 +98,7 @@ class SharedBucket:
 
     @classmethod
     def create(cls, context: BaseContext, rate: float) -> SharedBucket:
-        array = context.Array("d", 2)  # type: ignore[attr-defined]  # with a lock: every worker takes from it
+        array = context.Array("d", 2)  # with a lock: every worker takes from it
         bucket = full(time.monotonic(), burst_for(rate))
         array[0], array[1] = bucket.tokens, bucket.last
         return cls(array, rate)

@@ -45,6 +45,7 @@ from marshal_workers.kafka.coordinator import PendingWrite
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import per_entry
 
+MessageRecord = codec.DeliverMessages | codec.AckMessages | codec.CancelMessages
 MAX_ENTRIES_PER_RECORD = 4096  # a record stays far below Kafka's message size limit
 # Entries nobody waits on (hand-outs answered already) wait this long for a write somebody waits on. Short against
 # any lease (a third of the pending timeout is left when a message is handed out) and against the 1 s another
@@ -86,7 +87,7 @@ class _Queued:
 class _InFlight:
     pending: PendingWrite
     batch: list[_Queued]
-    records: list[codec.Record]
+    records: list[MessageRecord]
     spans: list[tuple[int, int]]  # per queued request, where its verdicts lie among the records' entries
     started: float
     deadline: asyncio.TimerHandle
@@ -230,7 +231,7 @@ class GroupCommit:
         self._next()
         flat: list[bool] = []
         for record, verdict in zip(flight.records, verdicts):
-            flat += per_entry(verdict, len(record.messages))  # type: ignore[attr-defined]
+            flat += per_entry(verdict, len(record.messages))
         for queued, (start, end) in zip(flight.batch, flight.spans):
             if not queued.done.done():
                 queued.done.set_result(flat[start:end])
@@ -261,11 +262,11 @@ class GroupCommit:
             self._loop.remove_reader(self._folds)
             self._folds = None
 
-    def _records(self, batch: list[_Queued]) -> tuple[list[codec.Record], list[tuple[int, int]]]:
+    def _records(self, batch: list[_Queued]) -> tuple[list[MessageRecord], list[tuple[int, int]]]:
         """The records of one write (deliver, ack, cancel; at most MAX_ENTRIES_PER_RECORD entries each) and, per
         queued request, where its verdicts lie among the records' entries, in order."""
         fields = self._fields()
-        records: list[codec.Record] = []
+        records: list[MessageRecord] = []
         spans: dict[int, tuple[int, int]] = {}
         position = 0
         for kind in Kind:
@@ -280,7 +281,7 @@ class GroupCommit:
             position += len(entries)
         return records, [spans[index] for index in range(len(batch))]
 
-    def _record(self, kind: Kind, fields: dict[str, Any], entries: tuple[codec.MessageEntry, ...]) -> codec.Record:
+    def _record(self, kind: Kind, fields: dict[str, Any], entries: tuple[codec.MessageEntry, ...]) -> MessageRecord:
         if kind is Kind.DELIVER:
             return codec.DeliverMessages(**fields, topic=self._topic, pending_ms=self._pending_ms, messages=entries)
         if kind is Kind.ACK:

@@ -48,7 +48,7 @@ _log = logging.getLogger(__name__)
 _TOPIC = web.AppKey("topic", ServedTopic)
 _TOKEN = web.AppKey("token", str)
 _REQUESTS = web.AppKey("requests", Counter)
-_SPANS = web.AppKey("spans", ServeSpans)  # None: tracing is off
+_SPANS = web.AppKey[ServeSpans | None]("spans")  # None: tracing is off
 _HANDED = web.RequestKey("handed", list[dict[str, Any]])  # a read's answer, kept on the request for its span
 _MOST = web.RequestKey("most", int)
 _IDS = web.RequestKey("ids", list[MessageId])  # an ack's or cancel's messages
@@ -79,7 +79,7 @@ class News:
     async def wait(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self._event.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
@@ -119,7 +119,7 @@ def make_app(topic: ServedTopic, token: str | None) -> web.Application:
     app[_TOKEN] = token or ""
     app[_REQUESTS] = Counter()
     app[_NEWS] = News()
-    app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)  # type: ignore[assignment]
+    app[_SPANS] = ServeSpans.if_tracing(topic.topic, topic.settings.require_group(), topic.settings.client_id)
     topic.on_news = app[_NEWS].announce_threadsafe
     app[_OPENAPI] = orjson.dumps(openapi_document(token_required=bool(token)))
     app[_READ_QUERIES] = {}
@@ -167,7 +167,7 @@ async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request]
         error, why = exc.reason.lower().replace(" ", "_"), exc.reason
         response = web.Response(status=exc.status, content_type="application/json",
                                 body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}))  # fmt: skip
-    except Exception:  # a bug, or Kafka failing under us: a JSON 500, logged and counted like the rest
+    except Exception:  # noqa: BLE001 - a bug, or Kafka failing under us: a JSON 500, logged and counted like the rest
         _log.exception("group %s: %s %s failed", app[_TOPIC].settings.group, request.method, path)
         error, why = "internal", "the server failed on this request"
         response = web.Response(status=500, content_type="application/json", body=orjson.dumps(

@@ -244,7 +244,7 @@ class ServedTopic:
         self._hand_outs = HandOutRate()  # messages handed out per second, lately (how far ahead to lease)
         self.available_now = 0  # messages that could be handed out, as of the loop's last pass with readers waiting
         self.on_news: Callable[[], None] | None = None  # called (from the loop's thread) when messages wait for readers
-        self.on_shutdown_order: Callable[[], None] | None = None  # called (from the loop's thread) at admin shutdown
+        self.on_shutdown_order: Callable[[], object] | None = None  # called (from the loop's thread) at admin shutdown
         self.held_back = False  # an operator drained this client or paused the topic: no claims
         self.started_ms = int(time.time() * 1000)  # an admin shutdown ordered before is old news
         self._next_orders = 0.0
@@ -756,7 +756,7 @@ class ServedTopic:
                 held.settling = True
         member = self.member
         if acks:
-            record = member.acks(self.coordinator.record_fields(), [
+            record: codec.Record = member.acks(self.coordinator.record_fields(), [
                 handled_entry(h, h.end, (), tuple(sorted(h.dead)), self._fetched_high.get(h.partition)) for h in acks
             ])  # fmt: skip
             self._write_settlement(record, acks, "ranges_acked")
@@ -899,30 +899,31 @@ class ServedTopic:
         fetched: list[tuple[int, int, Any]] = []
         for record in records:
             error = record.error()
-            partition = record.partition()
+            partition, offset = record.partition(), record.offset()
             if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    seen[partition] = max(seen.get(partition, 0), record.offset())  # nothing more there for now
+                if error.code() == KafkaError._PARTITION_EOF and partition is not None and offset is not None:
+                    seen[partition] = max(seen.get(partition, 0), offset)  # nothing more there for now
                 else:
                     self.log.warning("%s[%s]: fetch error: %s", self.topic, partition, error)
                 continue
-            fetched.append((partition, record.offset(), record))
-            seen[partition] = max(seen.get(partition, 0), record.offset() + 1)
-        for partition in seen:
+            assert partition is not None and offset is not None  # a record, not an error event: it has both
+            fetched.append((partition, offset, record))
+            seen[partition] = max(seen.get(partition, 0), offset + 1)
+        for partition, seen_end in seen.items():
             if partition in self._positions:
-                self._positions[partition] = max(self._positions[partition], seen[partition])
+                self._positions[partition] = max(self._positions[partition], seen_end)
             high = self._consumer.fetched_end(self.topic, partition)  # the true end, where ListOffsets lists less
             if high > self._fetched_high.get(partition, -1):
                 self._fetched_high[partition] = high
         not_ours = self._other_groups.keys([record for _, _, record in fetched])
         with self.lock:
             for partition, offset, record in fetched:
-                held = self._held_covering(partition, offset)
-                if held is not None and offset >= held.fetched_to and offset not in held.acked:
+                covering = self._held_covering(partition, offset)
+                if covering is not None and offset >= covering.fetched_to and offset not in covering.acked:
                     if not_ours and (partition, offset) in not_ours:
                         self.counters.other_group += 1  # never handed out: done, as an offset with no message
                     else:
-                        held.messages[offset] = record
+                        covering.messages[offset] = record
             for held in self.ranges.values():
                 reached = seen.get(held.partition)
                 if reached is not None and reached > held.fetched_to:  # read in order from at most fetched_to

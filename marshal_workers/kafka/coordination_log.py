@@ -144,7 +144,7 @@ class CoordinationLog:
 
     def start(self, should_stop: ShouldStop = never) -> CoordinationLog:
         """Start tailing each partition at the group's latest checkpoint there, else at the latest checkpoint of
-        any group whose directory does not list it (release 0.7.0), else at the beginning (checkpoints.Start).
+        any group whose directory does not list it, else at the beginning (checkpoints.Start).
 
         StopRequested if ``should_stop`` says so while it looks for checkpoints.
         """
@@ -279,12 +279,13 @@ class CoordinationLog:
         partition = message.partition()
         error = message.error()
         if error is not None:
-            if error.code() == KafkaError._PARTITION_EOF:
+            if error.code() == KafkaError._PARTITION_EOF and partition is not None:
                 partition_ended(self._ends, self._consumer, self.topic, partition)
             else:
                 log.warning("coordination log %s: %s", self.topic, error)
             return
         offset = message.offset()
+        assert partition is not None and offset is not None  # a record, not an error event: it has both
         kind, stamp = message.timestamp()
         self._timestamp_kinds[partition] = kind
         at = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
@@ -502,7 +503,7 @@ def find_starts(
     """Where a reader of ``group`` starts on each coordination partition (checkpoints.Start).
 
     Looks at the last records of every partition at once, then 4 times as far back each time where it found
-    neither a complete checkpoint of ``group`` nor (``use_directories``, release 0.7.0) a complete checkpoint of
+    neither a complete checkpoint of ``group`` nor (``use_directories``) a complete checkpoint of
     another group whose directory does not list ``group``, so the cost is the records since the last checkpoint
     of any group.  (Offsets, not times: Tansu answers every "offset for a time" with the log start.)
     ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.
@@ -571,7 +572,8 @@ def _scan(
     starts = {p: begin for p, (begin, _) in spans.items()}
     stops = {p: stop for p, (_, stop) in spans.items()}
     for message in _records_in_spans(consumer, topic, starts, stops, settings, should_stop, "looking for checkpoints"):
-        partition = message.partition()
+        partition, offset = message.partition(), message.offset()
+        assert partition is not None and offset is not None  # records only, no error events
         value = message.value()
         if value is None or b'"checkpoint"' not in value:
             continue
@@ -580,7 +582,7 @@ def _scan(
         except DecodeError:
             continue
         # A checkpoint of this partition, describing the log before itself.
-        if not isinstance(record, codec.Checkpoint) or record.source != partition or record.as_of > message.offset():
+        if not isinstance(record, codec.Checkpoint) or record.source != partition or record.as_of > offset:
             continue
         if record.group == group:
             assemblers[partition].add(record)
@@ -605,6 +607,7 @@ def learn_groups_before(
             consumer, topic, starts, dict(stops), settings, should_stop, "reading group names", skip=full
         ):
             partition = message.partition()
+            assert partition is not None  # records only, no error events
             group = codec.group_named(message.value())
             if group is not None and group not in names[partition]:
                 names[partition].add(group)
@@ -644,6 +647,8 @@ def _records_in_spans(
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no progress while {doing}"))
         for message in batch:
             partition = message.partition()
+            if partition is None:
+                continue  # an error about no partition (the broker away): the timeout above judges the progress
             if skip and partition in skip:
                 _done_with(partition, reading, consumer, topic)
             if partition not in reading:
@@ -654,15 +659,17 @@ def _records_in_spans(
                     _done_with(partition, reading, consumer, topic)  # read to its end
                 continue
             stop = stops[partition]
-            if stop is not None and message.offset() >= stop:
+            offset = message.offset()
+            assert offset is not None  # a record, not an error event
+            if stop is not None and offset >= stop:
                 _done_with(partition, reading, consumer, topic)
                 continue
             yield message
             if stop is None:
-                read_record(ends, consumer, topic, partition, message.offset())  # no longer fetched at its end
+                read_record(ends, consumer, topic, partition, offset)  # no longer fetched at its end
                 if ends.at_end[partition]:
                     reading.discard(partition)
-            elif message.offset() + 1 >= stop:
+            elif offset + 1 >= stop:
                 _done_with(partition, reading, consumer, topic)
 
 

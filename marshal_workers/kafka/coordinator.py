@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -100,7 +100,9 @@ class _Delivery:
         if self.done:
             return  # failed already (its producer was replaced): the first outcome stands
         if error is None:
-            self.partition, self.offset = message.partition(), message.offset()
+            partition, offset = message.partition(), message.offset()
+            assert partition is not None and offset is not None  # delivered: it has both
+            self.partition, self.offset = partition, offset
             if self.on_delivered is not None:
                 self.on_delivered(self.partition, self.offset, self.value, message.timestamp())
         self.error = error
@@ -230,7 +232,7 @@ class Coordinator:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, should_stop: ShouldStop = never, member: bool = False) -> Coordinator:
+    def start(self, should_stop: ShouldStop = never, member: bool = False) -> Self:
         """Create the coordination topic if it is missing and read it to its end.
 
         ``should_stop``: a supervisor's start-up, which a stop signal interrupts (StopRequested, after closing
@@ -322,7 +324,7 @@ class Coordinator:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> Coordinator:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -522,6 +524,7 @@ class Coordinator:
 
     def _route(self, record: codec.Record) -> int:
         assert not isinstance(record, codec.GROUP_RECORD_TYPES), "write_everywhere() writes these"
+        assert not isinstance(record, codec.Checkpoint), "a checkpoint is written to the partition it describes"
         return codec.coordination_partition(record.topic, self.partition_count)
 
     def _produce_batch(

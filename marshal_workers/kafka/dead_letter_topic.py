@@ -91,12 +91,15 @@ def read_dead_letters(
             next_offset = low
             while next_offset < high:
                 for message in consumer.consume(500, 1.0):
-                    if message.error() is not None or message.offset() >= high:
+                    offset = message.offset()
+                    if message.error() is not None or offset is None or offset >= high:
                         continue
-                    next_offset = message.offset() + 1
+                    next_offset = offset + 1
                     kind, stamp = message.timestamp()
-                    yield DeadLetter(partition, message.offset(), None if kind == 0 else stamp, message.key(),
-                                     message.value(), list(message.headers() or []))  # fmt: skip
+                    # Ignored: the stub's headers() may be a dict (which goes only to the producer); a consumed
+                    # record's are a list of (name, bytes).
+                    yield DeadLetter(partition, offset, None if kind == 0 else stamp, message.key(), message.value(),
+                                     list(message.headers() or []))  # type: ignore[arg-type]  # fmt: skip
             consumer.unassign()
     finally:
         consumer.close()

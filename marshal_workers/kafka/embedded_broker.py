@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -120,7 +121,7 @@ class EmbeddedBroker:
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
-    def start(self, timeout: float = 30.0) -> EmbeddedBroker:
+    def start(self, timeout: float = 30.0) -> Self:
         binary = find_binary()
         explicit_port = self.port is not None
         for _ in range(1 if explicit_port else 3):  # a picked free port can be taken before the broker binds it
@@ -149,7 +150,7 @@ class EmbeddedBroker:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - one prctl call, no lock: safe between fork and exec
                 # Its own session: Ctrl-C in a terminal reaches us, and we stop it in order.
                 start_new_session=True,
             )
@@ -194,7 +195,7 @@ class EmbeddedBroker:
     def read_log(self) -> str:
         return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
 
-    def __enter__(self) -> EmbeddedBroker:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:

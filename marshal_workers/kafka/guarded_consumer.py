@@ -243,13 +243,15 @@ class GuardedConsumer:
         kept: list[Message] = []
         again: set[tuple[str, int]] = set()
         for message in messages:
-            key = (message.topic(), message.partition())
-            if key in again:
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if (topic, partition) in again:
                 continue
             if message.error() is not None:
                 kept.append(message)
                 continue
-            verdict = self._contiguity.check(key, message.offset())
+            assert topic is not None and partition is not None and offset is not None  # a record: it has all three
+            key = (topic, partition)
+            verdict = self._contiguity.check(key, offset)
             if verdict is Gap.NEXT:
                 kept.append(message)
             elif verdict is Gap.REREAD and self._read_again(key):
@@ -257,7 +259,7 @@ class GuardedConsumer:
             elif verdict is not Gap.OLD:  # ACCEPTED, or a re-read the consumer refused
                 log.warning(
                     "%s: %s[%d] has no record before offset %d from %d on, after %d re-reads: going on past the gap",
-                    self.what, key[0], key[1], message.offset(), self._contiguity.expected[key] - 1, REREADS,
+                    self.what, topic, partition, offset, self._contiguity.expected[key] - 1, REREADS,
                 )  # fmt: skip
                 kept.append(message)
         return kept
@@ -269,8 +271,9 @@ class GuardedConsumer:
         first, last = messages[0], messages[-1]
         if first.error() is not None or last.error() is not None:
             return False
-        key = (first.topic(), first.partition())
-        start, end = first.offset(), last.offset()
+        topic, partition, start, end = first.topic(), first.partition(), first.offset(), last.offset()
+        assert topic is not None and partition is not None and start is not None and end is not None  # records
+        key = (topic, partition)
         expected = self._contiguity.expected.get(key)
         if (expected is not None and start != expected) or end - start + 1 != len(messages):
             return False
@@ -297,7 +300,7 @@ class GuardedConsumer:
             # librdkafka keeps a partition paused across assignments; resumed and then assigned again, it was not
             # fetched for over a second here: resumed, then dropped, it is fetched at once.
             self._consumer.unassign()
-        self._consumer.assign(partitions)
+        self._consumer.assign(list(partitions))  # librdkafka's binding takes a list, no other sequence
         self._placed = {(tp.topic, tp.partition): _Position(tp.offset, self._watch.reads) for tp in partitions}
         if self._contiguity is not None:
             self._contiguity = Contiguity()

@@ -49,7 +49,7 @@ class MetadataRefresh:
         future, self._asked = self._asked, None
         try:
             return future.result()
-        except Exception as exc:  # KafkaUnavailable or a client error: the next look tries again
+        except Exception as exc:  # noqa: BLE001 - KafkaUnavailable or a client error: the next look tries again
             self.log.warning("could not refresh topic metadata: %s", exc)
             return None
 

@@ -38,16 +38,15 @@ class PartitionEnds:
         self._pending: dict[Any, Any] | None = None
         self._next_ask = 0.0  # monotonic
 
-    def refresh(self, store: OffsetStore, topic: str, partition_count: int, now: float) -> None:
-        """Take the answers of the request in flight if they are all in; ask again when due."""
+    def refresh(self, store: OffsetStore, topic: str, partition_count: int | None, now: float) -> None:
+        """Take the answers of the request in flight if they are all in; ask again when due (not while the topic's
+        partition count is unknown)."""
         if self._pending is not None:
             if not all(f.done() for f in self._pending.values()):
                 return
             for tp, future in self._pending.items():
-                try:
+                if future.exception() is None:  # a partition's lookup that failed is asked again next time
                     self.ends[tp.partition] = int(future.result().offset)
-                except Exception:  # noqa: BLE001 - a partition's lookup failed: ask again next time
-                    pass
             self._pending = None
         if now < self._next_ask or not partition_count:
             return
@@ -138,7 +137,7 @@ class OffsetStore:
         """Ask for the partitions' end offsets without waiting: a future per partition (one request)."""
         spec = OffsetSpec.latest()
         try:
-            return self._admin.list_offsets(  # type: ignore[no-any-return]
+            return self._admin.list_offsets(
                 {TopicPartition(topic, p): spec for p in partitions}, request_timeout=self.settings.connect_timeout
             )
         except KafkaException as exc:

@@ -34,7 +34,8 @@ _BUFFER_FULL_WAIT_S = 0.1
 
 _log = logging.getLogger(__name__)
 
-Headers = list[tuple[str, bytes]]
+# As the producer takes them (confluent-kafka's type); ours hold bytes, or None for a header without a value.
+Headers = list[tuple[str, str | bytes | None]]
 
 
 def encode_send(topic: Any, value: Any, key: Any = None, headers: Any = None) -> tuple[str, bytes | None, bytes | None,
@@ -81,7 +82,7 @@ def _headers(headers: Any) -> Headers | None:
     for pair in pairs:
         if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], str):
             raise TypeError(f"app.send: each header must be a (str, bytes | str) pair, got {pair!r}")
-        encoded.append((pair[0], _bytes(f"header {pair[0]!r}", pair[1])))  # type: ignore[arg-type]
+        encoded.append((pair[0], _bytes(f"header {pair[0]!r}", pair[1])))
     return encoded
 
 

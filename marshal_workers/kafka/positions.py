@@ -174,16 +174,17 @@ def first_records(
                     f"no answer from {settings.brokers} within {settings.connect_timeout:g}s reading {where}"
                 )
             for message in consumer.consume(max(1, count * len(pending)), 0.1):
-                partition = message.partition()
-                if partition not in pending or message.offset() < starts[partition]:
+                partition, offset = message.partition(), message.offset()
+                if partition not in pending or (offset is not None and offset < starts[partition]):
                     continue  # not asked for, or left over from an earlier assignment
                 error = message.error()
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         pending.discard(partition)
                     continue
+                assert offset is not None  # a record, not an error event
                 stamped = found[partition]
-                stamped.append(Stamped(message.offset(), message.timestamp()[1]))
+                stamped.append(Stamped(offset, message.timestamp()[1]))
                 if len(stamped) >= count:
                     pending.discard(partition)
     finally:

@@ -26,9 +26,10 @@ class Held(Protocol):
 
 
 H = TypeVar("H", bound=Held)
+H_contra = TypeVar("H_contra", bound=Held, contravariant=True)  # a protocol takes held partitions, never gives them
 
 
-class Obedient(Protocol[H]):
+class Obedient(Protocol[H_contra]):
     """The member that carries the orders out."""
 
     def shut_down(self) -> None:
@@ -43,7 +44,7 @@ class Obedient(Protocol[H]):
         """Lease no more ranges of these shared topics; the others again."""
         ...
 
-    def hand_over(self, held: H, reason: str) -> None:
+    def hand_over(self, held: H_contra, reason: str) -> None:
         """Stop ``held``'s worker and release the partition for another member (``reason``: the order)."""
         ...
 

@@ -40,6 +40,7 @@ from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.world_state import WorldState, per_entry
 
 W = TypeVar("W", bound=PoolWorker)
+W_contra = TypeVar("W_contra", bound=PoolWorker, contravariant=True)  # the shell takes workers, never gives them
 T = TypeVar("T")
 OnVerdicts = Callable[[list[Any]], None]
 OnFailure = Callable[[Exception], None]
@@ -63,7 +64,7 @@ class Quiet:
         pass
 
 
-class LeasingShell(Protocol[W]):
+class LeasingShell(Protocol[W_contra]):
     """What the core needs of the member around it: its fold, its writes, its workers."""
 
     def holder(self) -> Holder:
@@ -94,19 +95,19 @@ class LeasingShell(Protocol[W]):
         """Write ``records``; the fold's verdicts (or the failure) come back later through the callbacks."""
         ...
 
-    def leased(self, worker: W, leased: LeasedRange) -> None:
+    def leased(self, worker: W_contra, leased: LeasedRange) -> None:
         """``leased`` was won and is now the last of ``worker``'s leases: tell the worker."""
         ...
 
-    def renewed(self, worker: W, leased: LeasedRange) -> None:
+    def renewed(self, worker: W_contra, leased: LeasedRange) -> None:
         """``leased``'s renewal was confirmed: its deadline moved on."""
         ...
 
-    def dropped(self, worker: W, leased: LeasedRange) -> None:
+    def dropped(self, worker: W_contra, leased: LeasedRange) -> None:
         """``leased`` left ``worker``'s leases (settled, given back, abandoned or lapsed)."""
         ...
 
-    def progress_of(self, worker: W, leased: LeasedRange) -> int:
+    def progress_of(self, worker: W_contra, leased: LeasedRange) -> int:
         """How far ``leased`` is done: every offset below it but its failed ones."""
         ...
 
@@ -292,7 +293,7 @@ class RangeLeasing(Generic[W]):
     def _settle(self) -> None:
         if self.acks:
             acks, self.acks = self.acks, []
-            record = self.member.acks(self.shell.fields(), acks)
+            record: codec.Record = self.member.acks(self.shell.fields(), acks)  # cancels below too
 
             def acked(verdicts: Sequence[bool]) -> None:
                 refused = [a for a, ok in zip(acks, verdicts) if not ok]

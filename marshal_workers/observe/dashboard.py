@@ -113,7 +113,7 @@ class Publisher:
     def _publish_once(self) -> None:
         try:
             self._dashboard = self._step(self._dashboard)
-        except Exception:  # noqa: BLE001 - the dashboard must outlive a bad update
+        except Exception:  # the dashboard must outlive a bad update
             log.exception("the dashboard could not be updated")
             return
         body = orjson.dumps(self._dashboard.document)
@@ -200,7 +200,7 @@ class GroupWatcher:
                     if self._read_dead_letters and time.monotonic() >= next_letters:
                         self._poll_dead_letters(topics)
                         next_letters = time.monotonic() + DEAD_LETTER_INTERVAL_S
-                except Exception:  # noqa: BLE001 - the broker away or a surprise: show the last data, try again
+                except Exception:  # the broker away or a surprise: show the last data, try again
                     log.exception("dashboard: polling Kafka failed; trying again")
                 self._stopping.wait(HIGH_WATERMARK_INTERVAL_S)
         finally:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -29,6 +29,7 @@ from marshal_workers.observe.dashboard import KEEPALIVE_S, Publisher, asyncapi_a
 from marshal_workers.observe.latency import LATENCY_BOUNDS
 
 PREFIX = "marshal_workers"
+_M = TypeVar("_M", bound=Metric)  # a kind of metric family
 
 
 @dataclass
@@ -124,7 +125,7 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     group, counters = snapshot.group, snapshot.counters
     labels = ["group", "topic", "partition"]
 
-    def per_partition(kind: type[Metric], name: str, doc: str) -> Metric:
+    def per_partition(kind: type[_M], name: str, doc: str) -> _M:
         return kind(f"{PREFIX}_{name}", doc, labels=labels)  # type: ignore[call-arg]
 
     next_offset = per_partition(GaugeMetricFamily, "partition_next_offset", "Next offset the worker will handle.")
@@ -223,8 +224,8 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
         (
             "coordination_fetch_stalls",
-            "Times the broker answered the coordination log's fetches without records while it was behind, and it "
-            "was read again with a longer fetch wait (docs/brokers.md).",
+            ("Times the broker answered the coordination log's fetches without records while it was behind, and it "
+             "was read again with a longer fetch wait (docs/brokers.md)."),
             snapshot.coordination_fetch_stalls,
         ),
         (
@@ -337,7 +338,7 @@ class MetricsServer:
         registry.register(_SnapshotCollector(take_snapshot))
         handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes, "dashboard": dashboard,
                                                 "asyncapi": staticmethod(asyncapi_answer(asyncapi)),
-                                                "autoscale": staticmethod(autoscale)})  # fmt: skip
+                                                "autoscale": None if autoscale is None else staticmethod(autoscale)})  # fmt: skip
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -361,7 +362,7 @@ class _Handler(BaseHTTPRequestHandler):
     asyncapi: Callable[[], tuple[int, bytes]]
     autoscale: Callable[[str], tuple[int, bytes]] | None
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server name
+    def do_GET(self) -> None:  # the http.server name
         path, _, query = self.path.partition("?")
         probes = self.probes
         try:
@@ -428,5 +429,5 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:  # http.server's signature
         pass  # a scrape or probe every few seconds is not worth a log line

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from marshal_workers.protocol.world_state import Liveness, WorldState
@@ -35,7 +36,7 @@ def status_document(
     }
     if shared_keys:  # an extension of the document, there only when the group shares partitions
         document["shared"] = [_shared_row(state, t, p, now_ms) for t, p in sorted(shared_keys)]
-    # Operators' orders (release 0.5.0), there only when some are in force.
+    # Operators' orders, there only when some are in force.
     drained = state.drained_clients()
     if drained:
         document["drained"] = [{"client": client, "since": at} for client, at in sorted(drained.items())]
@@ -162,7 +163,7 @@ def _shared_cells(row: dict[str, Any]) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def aligned(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def aligned(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     """A table's lines: the header ``columns`` and the ``rows``, each column as wide as its widest cell."""
     widths = [max(len(cell) for cell in column) for column in zip(columns, *rows)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in (columns, *rows)]
@@ -178,7 +179,7 @@ def _count_states(document: dict[str, Any]) -> dict[str, int]:
 def utc_text(ms: int) -> str:
     """A time (ms since epoch) for people: ``2026-11-22 10:00:00 UTC``."""
     try:
-        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
+        moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     except (ValueError, OverflowError, OSError):  # any int is valid on the wire, not every int is a date
         return f"{ms} ms since epoch"
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -101,7 +101,7 @@ def set_position(
     return positions
 
 
-# ------------------------------------------------------------------ remote control (release 0.5.0)
+# ------------------------------------------------------------------ remote control
 # Orders every member obeys (remote_control.py): written, then followed until the fleet has done what they ask,
 # so the operator sees the result, not just the request.
 
@@ -242,7 +242,7 @@ def _wait(coordinator: Coordinator, wait_s: float, report: Report, held: Callabl
     deadline = time.monotonic() + wait_s
     while True:
         now_ms = coordinator.now_ms()
-        left = coordinator.read(lambda world: held(world, now_ms))
+        left = coordinator.read(lambda world: held(world, now_ms))  # noqa: B023 (called at once)
         if not left:
             report("done: nothing of it is held any more")
             return True
@@ -268,7 +268,7 @@ def log_lines(
     """The group's coordination records, decoded, one line each, in log order per coordination partition.
 
     From the latest checkpoint of each partition on (the checkpoint included; for a group with none there, the
-    latest checkpoint of another group whose directory does not list it: release 0.7.0), or the whole log.
+    latest checkpoint of another group whose directory does not list it), or the whole log.
     Each record is folded as every member folds it, from the checkpoint's state: one the rules refused says why at
     its end.  UnknownGroupError once the log's end is reached (with ``follow``, the first time) if it holds nothing of
     the group, as the admin commands refuse it.
@@ -299,13 +299,16 @@ def log_lines(
             message = consumer.poll(0.2)
             if message is None:
                 continue
+            source, offset = message.partition(), message.offset()
             if message.error() is not None:
-                partition_ended(ends, consumer, topic, message.partition())
+                if source is not None:  # not an error of the whole client (the broker away)
+                    partition_ended(ends, consumer, topic, source)
                 continue
-            read_record(ends, consumer, topic, message.partition(), message.offset())
+            assert source is not None and offset is not None  # a record, not an error event: it has both
+            read_record(ends, consumer, topic, source, offset)
             kind, stamp = message.timestamp()
             log_append_time = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
-            line = fold_record(state, message.value(), message.partition(), message.offset(), log_append_time)
+            line = fold_record(state, message.value(), source, offset, log_append_time)
             if line is not None:
                 yield line
     finally:

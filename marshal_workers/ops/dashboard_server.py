@@ -22,7 +22,7 @@ from marshal_workers.observe.web_sites import open_site, stop_signal
 _PUBLISHER = web.AppKey("publisher", Publisher)
 _STOPPING = web.AppKey("stopping", asyncio.Event)
 _AUTOSCALE = web.AppKey("autoscale", AutoscaleMeter)
-_ASYNCAPI = web.AppKey("asyncapi", Callable[[], tuple[int, bytes]])
+_ASYNCAPI = web.AppKey[Callable[[], tuple[int, bytes]]]("asyncapi")
 _STREAM_POLL_S = 0.2  # how often an event stream looks for a newer document (a dict lookup under a lock)
 
 
@@ -84,7 +84,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
                 quiet = 0.0
             try:  # wake at once when the server stops
                 await asyncio.wait_for(stopping.wait(), _STREAM_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 quiet += _STREAM_POLL_S
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the browser went away

@@ -89,7 +89,8 @@ def redrive(
         headers = letter.redrive_headers(dlq_topic)
         while True:
             try:
-                producer.produce(target, value=letter.value, key=letter.key, headers=headers, on_delivery=delivered)
+                # Ignored: confluent-kafka's stub takes headers as an invariant list of (str, str | bytes | None).
+                producer.produce(target, value=letter.value, key=letter.key, headers=headers, on_delivery=delivered)  # type: ignore[arg-type]
                 break
             except BufferError:
                 producer.poll(0.1)

@@ -15,7 +15,7 @@ fold keeps about members for balance (``last_claim``, ``last_refused_claim``)
 only matters within 2 HB of ``now`` and is rebuilt from the records read,
 so a reader that starts 2 HB before ``now`` agrees on it too.
 
-Directories (release 0.7.0): every checkpoint also lists the groups with a
+Directories: every checkpoint also lists the groups with a
 record on its partition before ``as_of``, when its writer knows them all
 (it read the partition from its start, or started at a checkpoint that
 listed them; a reader that started at a checkpoint without one cannot know:
@@ -35,7 +35,7 @@ Where each piece of state lives once the log before a checkpoint is gone:
 from __future__ import annotations
 
 import bisect
-
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +75,7 @@ def state_records(
     names = state.groups_before(source)
     shares: list[tuple[str, ...] | None] = [None] * len(parts)
     if names is not None:
-        shares = directory_chunks(names)
+        shares = list(directory_chunks(names))
         parts += [((), ())] * (len(shares) - len(parts))
         shares += [()] * (len(parts) - len(shares))
     return [
@@ -83,7 +83,7 @@ def state_records(
             **common, source=source, as_of=as_of, part=index, parts=len(parts), positions=chunk, shared=shared_chunk,
             pause=None if pause is None else codec.PausePosition(until=pause.until, client=pause.client),
             controls=controls, directory=share,
-        )  # fmt: skip
+        )
         for index, ((chunk, shared_chunk), share) in enumerate(zip(parts, shares))
     ]
 
@@ -155,7 +155,7 @@ def seed(state: WorldState, parts: Sequence[codec.Checkpoint], source: int) -> N
 
 
 def _control_position(state: WorldState, source: int) -> codec.ControlPosition | None:
-    """The operators' orders of coordination partition ``source`` (release 0.5.0), or None if it has none."""
+    """The operators' orders of coordination partition ``source``, or None if it has none."""
     controls = state.controls.get(source)
     drained = tuple(sorted(controls.drained.items())) if controls is not None else ()
     shutdowns = tuple(sorted(controls.shutdowns.items())) if controls is not None else ()
@@ -186,7 +186,7 @@ class Assembler:
 
 
 class DirectoryFinder:
-    """The directories of other groups' checkpoints met while scanning a partition (release 0.7.0).
+    """The directories of other groups' checkpoints met while scanning a partition.
 
     Keeps the latest complete one that does not list ``group``: ``group`` had no record on the partition
     before its ``as_of``, so a reader of ``group`` may start there with the empty state.  Only the directory of
@@ -221,7 +221,7 @@ class Start:
     """Where a reader of a group starts on one coordination partition.
 
     At its group's own checkpoint (``checkpoint``: seed from it), at another group's checkpoint whose directory
-    does not list the group (``directory``: the empty state, and the groups before ``offset``; release 0.7.0),
+    does not list the group (``directory``: the empty state, and the groups before ``offset``),
     or at the beginning (``offset`` None).
     """
 
@@ -326,22 +326,22 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
     if any(start >= end or start < (low or 0) for start, end in runs):
         return None
     done = list(position.done)
-    if (done and done[0][0] <= (low or 0)) or any(a[1] >= b[0] for a, b in zip(done, done[1:])):
+    if (done and done[0][0] <= (low or 0)) or any(a[1] >= b[0] for a, b in itertools.pairwise(done)):
         return None  # done ranges out of order (the fold's lookups bisect them), touching, or not above ``low``
     ordered = sorted(runs)
-    if any(a[1] > b[0] for a, b in zip(ordered, ordered[1:])):
+    if any(a[1] > b[0] for a, b in itertools.pairwise(ordered)):
         return None  # a done range and a lease, or two leases, overlap
     tries = [Tries(*t) for t in position.tries]
-    if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in zip(tries, tries[1:])):
+    if any(t.start >= t.end or t.count < 1 for t in tries) or any(a.end > b.start for a, b in itertools.pairwise(tries)):
         return None
     if any(not lease.offset <= offset < lease.end for lease in position.leases
            for offset in [*(h[0] for h in lease.handed), *lease.acked]):  # fmt: skip
         return None  # a client's message outside its lease
-    for lease in position.leases:  # the holder's progress (release 0.8.0): runs inside the lease, sorted and apart
+    for lease in position.leases:  # the holder's progress: runs inside the lease, sorted and apart
         progress = list(lease.progress)
         if any(not lease.offset <= start < end <= lease.end for start, end in progress):
             return None
-        if any(a[1] >= b[0] for a, b in zip(progress, progress[1:])):
+        if any(a[1] >= b[0] for a, b in itertools.pairwise(progress)):
             return None
         if any(not _in_runs(progress, offset) for offset in lease.dead):
             return None  # a dead letter the progress does not mark done

@@ -13,8 +13,9 @@ nothing else.
 from __future__ import annotations
 
 import hashlib
+import math
 from functools import lru_cache
-from typing import Annotated, Any, Final, Literal, Union
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -107,7 +108,7 @@ MAX_BEATS: Final = 65536
 
 
 class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats"):
-    """Heartbeats of several partitions of one topic by one owner (release 0.2.0; docs/protocol.md).
+    """Heartbeats of several partitions of one topic by one owner (docs/protocol.md).
 
     Folded exactly as one :class:`Heartbeat` per entry, in order, at the record's time: the
     coordination traffic of a member grows with its topics, not with its partitions.
@@ -123,7 +124,7 @@ class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats")
             Heartbeat(
                 **common, topic=self.topic, partition=b.partition, offset=b.offset, lag=b.lag, rate=b.rate,
                 done=b.done, in_flight=b.in_flight, window_used=b.window_used, call_age_s=b.call_age_s,
-            )  # fmt: skip
+            )
             for b in self.beats
         ]
 
@@ -144,7 +145,7 @@ class Position(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_default
     in_flight: Any = None
     window_used: Any = None
     call_age_s: Any = None
-    release_requested: bool = False  # release 0.5.0
+    release_requested: bool = False
 
 
 class PausePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True):
@@ -164,11 +165,11 @@ class LeasePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_de
     expires: NonNegative
     claimed_at: NonNegative
     amo: bool = False
-    # The Read / Ack / Cancel service's messages of the lease (release 0.6.0): (offset, pending deadline, hand-outs)
+    # The Read / Ack / Cancel service's messages of the lease: (offset, pending deadline, hand-outs)
     # and the offsets clients acked.
     handed: Annotated[tuple[tuple[NonNegative, NonNegative, NonNegative], ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
     acked: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
-    # The holder's progress inside the lease (release 0.8.0): the runs ``[start, end)`` it reported done, and of
+    # The holder's progress inside the lease: the runs ``[start, end)`` it reported done, and of
     # those the offsets it dead-lettered.
     progress: Annotated[tuple[tuple[NonNegative, NonNegative], ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
     dead: Annotated[tuple[NonNegative, ...], msgspec.Meta(max_length=MAX_BEATS)] = ()
@@ -201,7 +202,7 @@ class ControlPosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_
     topic_pauses: Annotated[tuple[tuple[Name, NonNegative], ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
 
 
-# The most group names a checkpoint's directory holds (release 0.7.0).  A reader that has seen more groups on a
+# The most group names a checkpoint's directory holds.  A reader that has seen more groups on a
 # coordination partition forgets that partition's directory and writes none: readers then start as before 0.7.0.
 MAX_DIRECTORY: Final = 10_000
 
@@ -223,8 +224,8 @@ class Checkpoint(_Record, frozen=True, gc=False, kw_only=True, tag="checkpoint",
     parts: Annotated[int, msgspec.Meta(ge=1, le=MAX_POSITIONS)] = 1
     positions: Annotated[tuple[Position, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
     pause: PausePosition | None = None
-    shared: Annotated[tuple[SharedPosition, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()  # release 0.4.0
-    controls: ControlPosition | None = None  # release 0.5.0
+    shared: Annotated[tuple[SharedPosition, ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
+    controls: ControlPosition | None = None
     # Release 0.7.0: this part's share of the names of every group with a record on ``source`` before ``as_of``
     # (checkpoints.directory_of).  Typed loosely, as the extras of a heartbeat are: a malformed directory is
     # ignored by readers, it does not make the checkpoint garbage.
@@ -245,7 +246,7 @@ class MessageClaim(msgspec.Struct, frozen=True, gc=False, kw_only=True):
 
 
 class MessageClaims(_Record, frozen=True, gc=False, kw_only=True, tag="message_claims"):
-    """At-most-once claims of several partitions of one topic by one owner (release 0.3.0; docs/protocol.md).
+    """At-most-once claims of several partitions of one topic by one owner (docs/protocol.md).
 
     Folded exactly as one :class:`ClaimMessages` per entry, in order, at the record's time: a
     supervisor writes one record per topic for every claim its workers asked for at once.
@@ -286,7 +287,7 @@ class AckEntry(RangeEntry, frozen=True, gc=False, kw_only=True, omit_defaults=Tr
 
 
 class ProgressEntry(RangeEntry, frozen=True, gc=False, kw_only=True, omit_defaults=True):
-    """Progress inside a live lease (release 0.8.0): ``offset`` is the lease's first offset, and every offset of
+    """Progress inside a live lease: ``offset`` is the lease's first offset, and every offset of
     ``[offset, end)`` is done except ``failed`` ones; ``dead``: those of them written to the dead-letter topic.
     Both strictly increasing.  Cumulative: a later entry about the same lease never takes back what one before it
     marked done."""
@@ -299,7 +300,7 @@ RangeEntries = Annotated[tuple[RangeEntry, ...], msgspec.Meta(min_length=1, max_
 
 
 class ClaimRanges(_Record, frozen=True, gc=False, kw_only=True, tag="claim_ranges", omit_defaults=True):
-    """Range claims of a shared topic's partitions (release 0.4.0; docs/shared-partitions.md).
+    """Range claims of a shared topic's partitions (docs/shared-partitions.md).
 
     Each accepted entry is a lease for ``lease_ms`` from the record's time.  ``amo``: the writer handles the
     offsets at most once, so a lapse makes them lost rather than claimable again.
@@ -334,7 +335,7 @@ class CancelRanges(_Record, frozen=True, gc=False, kw_only=True, tag="cancel_ran
 
 
 class ProgressRanges(_Record, frozen=True, gc=False, kw_only=True, tag="progress_ranges"):
-    """The holder's progress inside its live leases (release 0.8.0): see :class:`ProgressEntry`.  What it marks done
+    """The holder's progress inside its live leases: see :class:`ProgressEntry`.  What it marks done
     is done when the lease ends, however it ends (ack, cancel, lapse), so a lapse or a crash gives back only the
     offsets not done."""
 
@@ -352,7 +353,7 @@ class MessageEntry(msgspec.Struct, frozen=True, gc=False, array_like=True):
 MessageEntries = Annotated[tuple[MessageEntry, ...], msgspec.Meta(min_length=1, max_length=MAX_BEATS)]
 
 
-# The Read / Ack / Cancel service (release 0.6.0; docs/http-service.md).  A server hands the messages of its range
+# The Read / Ack / Cancel service (docs/http-service.md).  A server hands the messages of its range
 # leases to HTTP clients one by one and writes each hand-out before the client sees it, so a client's ack or cancel
 # may reach any server of the group: every server judges it by the same fold.
 
@@ -389,14 +390,14 @@ class ReleaseGroup(_Record, frozen=True, gc=False, kw_only=True, tag="release_gr
     expires: NonNegative
 
 
-# Remote control (release 0.5.0): an operator's orders, written by ``marshal-workers admin`` and obeyed by every
+# Remote control: an operator's orders, written by ``marshal-workers admin`` and obeyed by every
 # member of the group.  They are folded like the rest, so ``status``, ``log`` and the audit see them too.
 
 ControlAction = Literal["drain", "resume", "shutdown"]
 
 
 class Control(_Record, frozen=True, gc=False, kw_only=True, tag="control"):
-    """An order to every supervisor of client ``target`` (release 0.5.0), written to every coordination partition.
+    """An order to every supervisor of client ``target``, written to every coordination partition.
 
     ``drain``: release everything and claim nothing (whole partitions or ranges) until a ``resume``.
     ``shutdown``: stop as on SIGTERM (a supervisor started after the order is not affected).
@@ -407,7 +408,7 @@ class Control(_Record, frozen=True, gc=False, kw_only=True, tag="control"):
 
 
 class PauseTopic(_Record, frozen=True, gc=False, kw_only=True, tag="pause_topic"):
-    """No claim of ``topic``'s partitions or ranges until ``expires`` (ms since epoch; release 0.5.0).
+    """No claim of ``topic``'s partitions or ranges until ``expires`` (ms since epoch).
 
     Owners keep what they hold until they release it, which they do on reading this; a later record about
     the topic replaces it (``expires`` 0 ends a pause).
@@ -418,15 +419,15 @@ class PauseTopic(_Record, frozen=True, gc=False, kw_only=True, tag="pause_topic"
 
 
 class ReleasePartition(_PartitionRecord, frozen=True, gc=False, kw_only=True, tag="release_partition"):
-    """The partition's current owner is asked to release it (release 0.5.0): it hands it over cleanly."""
+    """The partition's current owner is asked to release it: it hands it over cleanly."""
 
 
-Record = Union[
-    Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
-    ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
-    DeliverMessages, AckMessages, CancelMessages, ProgressRanges,
-]
-PartitionRecord = Union[Claim, Heartbeat, Release, ClaimMessages]
+Record = (
+    Claim | Heartbeat | Heartbeats | Release | ClaimMessages | MessageClaims | ReleaseGroup | Checkpoint
+    | ClaimRanges | RenewRanges | AckRanges | CancelRanges | Control | PauseTopic | ReleasePartition
+    | DeliverMessages | AckMessages | CancelMessages | ProgressRanges
+)
+PartitionRecord = Claim | Heartbeat | Release | ClaimMessages
 RECORD_TYPES: Final = (
     Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
     ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
@@ -478,7 +479,7 @@ def group_named(value: bytes | None) -> str | None:
     """The ``group`` a value names if it is a JSON object with a valid group name, whatever else it holds or lacks.
 
     For values that are not valid records (checkpoints.py): a record of a newer release, unknown to this one, is
-    still a record of its group for the checkpoints' directory (release 0.7.0).
+    still a record of its group for the checkpoints' directory.
     """
     if value is None:
         return None
@@ -501,7 +502,7 @@ def reported_number(value: Any) -> int | float | None:
     """An optional extra (``lag``, ``rate``) if it is a finite number >= 0, else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    if value != value or value < 0 or value > 2**63 - 1:  # NaN cannot come from JSON, but a struct can hold it
+    if math.isnan(value) or value < 0 or value > 2**63 - 1:  # NaN cannot come from JSON, but a struct can hold it
         return None
     return value
 

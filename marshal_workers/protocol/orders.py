@@ -1,4 +1,4 @@
-"""What an operator's orders ask of one member: pure, over the fold (release 0.5.0).
+"""What an operator's orders ask of one member: pure, over the fold.
 
 ``marshal-workers admin drain|resume|shutdown|pause --topic|release`` write records (codec.Control,
 codec.PauseTopic, codec.ReleasePartition) that every member folds.  :func:`orders_for` reads the orders about

@@ -16,7 +16,7 @@ The invariants, property-tested in ``tests/unit/protocol/test_range_leases_prope
   not done;
 * an offset leased at most once (``amo``) is never leased again, whether
   it was acked, cancelled after being tried, or its lease lapsed;
-* an offset the holder reported done inside its live lease (``progress_ranges``, release 0.8.0) is done
+* an offset the holder reported done inside its live lease (``progress_ranges``) is done
   when the lease ends, however it ends: never leased, handed out or tried again.
 
 A lapse is applied when the next record about the partition is folded
@@ -54,12 +54,12 @@ class Lease:
     expires: int
     amo: bool  # at most once: a lapse makes the offsets lost instead of claimable again
     claimed_at: int
-    # Per-message bookkeeping of the Read / Ack / Cancel service (docs/http-service.md, release 0.6.0): the offsets
+    # Per-message bookkeeping of the Read / Ack / Cancel service (docs/http-service.md): the offsets
     # handed to HTTP clients (offset -> (pending deadline, hand-outs in this lease)) and those a client acked.
     # Worker leases never fill them.
     handed: dict[int, tuple[int, int]] = field(default_factory=dict)
     acked: set[int] = field(default_factory=set)
-    # The holder's progress inside the lease (``progress_ranges``, release 0.8.0): the runs it reported done
+    # The holder's progress inside the lease (``progress_ranges``): the runs it reported done
     # (sorted, disjoint, apart) and, of those, the offsets it dead-lettered.  Like clients' acks, they are done
     # when the lease ends, however it ends: a lapse or a crash gives back only the rest.
     progress: list[tuple[int, int]] = field(default_factory=list)
@@ -85,7 +85,7 @@ class Tries(NamedTuple):
 
     start: int
     end: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field hides tuple.count, which nothing here calls
 
 
 @dataclass(slots=True)
@@ -174,8 +174,8 @@ class SharedPartition:
     def progress(
         self, start: int, end: int, holder: Holder, at: int, failed: Sequence[int], dead: Sequence[int]
     ) -> bool:
-        """The holder of the live lease that starts at ``start`` reports ``[start, end)`` done but ``failed``
-        (release 0.8.0); ``dead`` of them were dead-lettered.  Nothing is settled yet: the lease marks them, and
+        """The holder of the live lease that starts at ``start`` reports ``[start, end)`` done but ``failed``;
+        ``dead`` of them were dead-lettered.  Nothing is settled yet: the lease marks them, and
         they are done when it ends, however it ends.  A mark is never taken back (a later entry that says less
         changes nothing), so no offset is done twice.  Offsets outside the range or out of order make the
         entry invalid, as in :meth:`ack`."""
@@ -199,7 +199,7 @@ class SharedPartition:
         self._tried(_offset_runs([o for o in sorted(lease.handed) if not lease.is_settled(o)]), lease.amo)
         return True
 
-    # Per-message records of the Read / Ack / Cancel service (release 0.6.0).  The holder hands offsets of its
+    # Per-message records of the Read / Ack / Cancel service.  The holder hands offsets of its
     # lease to clients one by one; any member (any server of the group) may ack or cancel them, so a client's
     # ack may reach any server.  Each rule is about one offset and gives its verdict.
 

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.partition_end import partition_end
-from marshal_workers.protocol.range_leases import MAX_RANGE, Lease, SharedPartition
+from marshal_workers.protocol.range_leases import MAX_RANGE, Holder, Lease, SharedPartition
 from marshal_workers.protocol.world_state import WorldState
 
 
@@ -159,7 +159,7 @@ class RangeMember:
         return codec.CancelRanges(**fields, topic=self.topic, ranges=tuple(entries))
 
     def progress(self, fields: dict[str, Any], entries: Sequence[codec.ProgressEntry]) -> codec.ProgressRanges:
-        """The ``progress_ranges`` record for ``entries`` (release 0.8.0): one per pass, for every lease that moved on."""
+        """The ``progress_ranges`` record for ``entries``: one per pass, for every lease that moved on."""
         return codec.ProgressRanges(**fields, topic=self.topic, ranges=tuple(entries))
 
 
@@ -180,7 +180,7 @@ def handled_entry(
 
 def progress_entry(lease: HeldLease, upto: int, failed: Sequence[int], dead: Sequence[int]) -> codec.ProgressEntry:
     """Progress inside a live lease: every offset of ``[lease.start, upto)`` done but ``failed``; ``dead`` of them
-    dead-lettered (release 0.8.0)."""
+    dead-lettered."""
     return codec.ProgressEntry(partition=lease.partition, offset=lease.start, end=upto, failed=tuple(failed),
                                dead=tuple(dead))  # fmt: skip
 
@@ -236,7 +236,7 @@ def free_candidates(
         size = sizer(*topic_backlog(world, topic, high, initial, now_ms))
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
-    holders = set()
+    holders: set[Holder] = set()
     for partition, asked_end in high.items():
         state = world.shared_partition(topic, partition)
         end = asked_end if state is None else partition_end(asked_end, state.high)

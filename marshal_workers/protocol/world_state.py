@@ -79,7 +79,7 @@ class Owner(NamedTuple):
     instance: str
 
 
-class Verdicts(tuple):  # type: ignore[type-arg]
+class Verdicts(tuple):
     """The verdicts of a record about several partitions (Heartbeats, MessageClaims), one per entry, in order.
 
     True if any entry was accepted, so code that wants one verdict per record still works.
@@ -228,14 +228,14 @@ class WorldState:
     checkpoints: dict[int, int] = field(default_factory=dict)
     # Shared partitions (docs/shared-partitions.md): range leases, done offsets and tries, by (topic, partition).
     shared: dict[tuple[str, int], SharedPartition] = field(default_factory=dict)
-    # Remote control (release 0.5.0): orders about clients by coordination partition, and topic pauses (expiry).
+    # Remote control: orders about clients by coordination partition, and topic pauses (expiry).
     controls: dict[int, Controls] = field(default_factory=dict)
     topic_pauses: dict[str, int] = field(default_factory=dict)
     stats: LogStats = field(default_factory=LogStats)
     # Per coordination partition, the names of every group with a record read there (this one's and others'),
     # since this reader started there; ``directory_known``: the partitions where that covers everything from the
     # partition's start (it started there, or at a checkpoint that listed the groups before it, or learned them
-    # since: learn_groups_before).  Checkpoints carry it (release 0.7.0), so that a reader of a group it does not
+    # since: learn_groups_before).  Checkpoints carry it, so that a reader of a group it does not
     # name starts there (checkpoints.py).  Knowledge about the log, not the group: readers that agree on the
     # group may know more or less of it.
     groups_seen: dict[int, set[str]] = field(default_factory=dict, compare=False, repr=False)
@@ -560,7 +560,7 @@ class WorldState:
         )
 
     def _progress_ranges(self, record: ProgressRanges, at: int, source: int) -> Verdicts:
-        """Progress inside live leases (release 0.8.0).  Like acks, not stopped by a pause: it settles what is in
+        """Progress inside live leases.  Like acks, not stopped by a pause: it settles what is in
         hand."""
         holder = Holder(record.client, record.instance)
         return Verdicts(
@@ -575,7 +575,7 @@ class WorldState:
             for entry, shared in self._shared_of(record.topic, record.ranges)
         )
 
-    # The Read / Ack / Cancel service's messages (release 0.6.0): one verdict per message.  A pause does not stop
+    # The Read / Ack / Cancel service's messages: one verdict per message.  A pause does not stop
     # them: like acks of ranges, they settle what is in hand.
 
     def _deliver_messages(self, record: DeliverMessages, at: int, source: int) -> Verdicts:
@@ -597,7 +597,7 @@ class WorldState:
             for entry, shared in self._shared_of(record.topic, record.messages)
         )
 
-    # Remote control (release 0.5.0): an operator's orders.  They change what may be claimed; owners obey them
+    # Remote control: an operator's orders.  They change what may be claimed; owners obey them
     # by releasing (a supervisor reads them as it reads everything else: remote_control.py).
 
     def _control(self, record: Control, at: int, source: int) -> bool:
@@ -721,8 +721,8 @@ class WorldState:
                 state = get(key)
                 owner = None if state is None else state.owner
                 # Free: no owner, or (fast reclaim) another instance of our client; none is stale.
-                claimable = owner is None or (owner[0] == client and owner[1] != instance)
-                if claimable and now >= topic_pauses.get(key[0], 0):
+                free_now = owner is None or (owner[0] == client and owner[1] != instance)
+                if free_now and now >= topic_pauses.get(key[0], 0):
                     free.append(key)
             return free
         claimable = self._claimable_by
@@ -926,7 +926,9 @@ def _count_down(counts: dict[Any, int], key: Any) -> None:
         del counts[key]
 
 
-_RULES: dict[type, Callable[[WorldState, Any, int, int], bool]] = {
+# Each rule's verdict: a bool, or Verdicts for a record about several partitions (a tuple whose truth is any entry's:
+# callers take it as a bool, per_entry splits it); typed Any so the fold can hand it on as its bool.
+_RULES: dict[type, Callable[[WorldState, Any, int, int], Any]] = {
     Heartbeat: WorldState._heartbeat,
     Heartbeats: WorldState._heartbeats,
     Checkpoint: WorldState._checkpoint,
@@ -981,7 +983,7 @@ def _touched_partitions(record: Record) -> tuple[int, ...] | None:
     return None  # ReleaseGroup (every partition), or a kind added since
 
 
-def refusals(state: WorldState, record: Record, at: int, source: int, verdict: bool) -> list[str]:
+def refusals(state: WorldState, record: Record, at: int, source: int, verdict: bool | Verdicts) -> list[str]:
     """Why the fold refused ``record``, or the refused entries of a record about several partitions: [] if it
     accepted it all.  Ask right after ``state.apply(record, at, source)`` gave ``verdict``: a refused record (or
     entry) leaves the partition it is about as it was, so its state still shows why.  For people (``log``);
@@ -1007,24 +1009,25 @@ def refusals(state: WorldState, record: Record, at: int, source: int, verdict: b
     elif kind is MessageClaims:
         entries = record.claim_messages()  # type: ignore[union-attr]
     elif kind in (ClaimRanges, RenewRanges, AckRanges, CancelRanges, ProgressRanges):
-        refused = [e for e, ok in zip(record.ranges, verdict, strict=True) if not ok]  # type: ignore[union-attr, call-overload]
+        # Ignored: mypy does not narrow by type(record); a multi-entry record's verdict is Verdicts (its rules say so).
+        refused = [e for e, ok in zip(record.ranges, verdict, strict=True) if not ok]  # type: ignore[union-attr, arg-type]
         why = "by the lease rules"
         if state._paused_at(source, at) is not None and kind in (ClaimRanges, RenewRanges):
             why = "the group is paused"
-        elif kind is ClaimRanges and state._held_back(record.client, record.topic, source, at):
+        elif isinstance(record, ClaimRanges) and state._held_back(record.client, record.topic, source, at):
             why = _held_back_reason(state, record.client, record.topic, source)
         return [f"refused [{e.partition}]{e.offset}..{e.end - 1}: {why}" for e in refused]
     elif kind in (DeliverMessages, AckMessages, CancelMessages):
         why = "not in a live lease of its writer, or pending with a client" if kind is DeliverMessages else \
             "not pending (never handed out, its pending timeout passed, or acked already)"
         return [f"refused [{e.partition}]{e.offset}: {why}"
-                for e, ok in zip(record.messages, verdict, strict=True) if not ok]  # type: ignore[union-attr, call-overload]
+                for e, ok in zip(record.messages, verdict, strict=True) if not ok]  # type: ignore[union-attr, arg-type]
     else:
         return [_refusal(state, record, at, source)]
     several = len(entries) > 1
     return [
         f"[{entry.partition}] {_refusal(state, entry, at, source)}" if several else _refusal(state, entry, at, source)
-        for entry, ok in zip(entries, verdict, strict=True)  # type: ignore[call-overload]
+        for entry, ok in zip(entries, verdict, strict=True)  # type: ignore[arg-type]  # Verdicts, as above
         if not ok
     ]
 

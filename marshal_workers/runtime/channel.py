@@ -92,7 +92,7 @@ class Slot:
 
     @classmethod
     def create(cls, context: BaseContext, next_offset: int) -> Slot:
-        array = context.RawArray("q", SLOT_SIZE)  # type: ignore[attr-defined]  # zeroed
+        array = context.RawArray("q", SLOT_SIZE)  # zeroed
         slot = cls(array)
         array[Field.NEXT_OFFSET] = next_offset
         array[Field.HIGH_WATERMARK] = NOT_YET
@@ -187,7 +187,7 @@ class RangeSlot:
 
     @classmethod
     def create(cls, context: BaseContext) -> RangeSlot:
-        return cls(context.RawArray("q", 4))  # type: ignore[attr-defined]  # zeroed: sequence 0, nothing stored
+        return cls(context.RawArray("q", 4))  # zeroed: sequence 0, nothing stored
 
     def begin(self, partition: int, start: int) -> None:
         """A new range in hand: nothing of it done yet."""

@@ -133,7 +133,7 @@ class SimMember:
             self.collect(now)
             self.reap_workers(now)
             self.step(now)
-            self.amo.step(now, self.assignments.values())  # type: ignore[arg-type]
+            self.amo.step(now, self.assignments.values())
             for shared in self.shared:
                 shared.step(now)
             if not self.running and not self.assignments and not self.pending and self.policy.stopped() and all(
@@ -380,7 +380,7 @@ class SimMember:
         self.policy.handed_over(assignment.key, self.env.clock.now)
 
     def release(self, assignment: SimAssignment, sick: bool = False) -> None:
-        offset = self.amo.release_offset(assignment)  # type: ignore[arg-type]
+        offset = self.amo.release_offset(assignment)
         key = assignment.key
         self.forget(assignment)
         if self.world.owner(*key) != self.me:

@@ -45,9 +45,11 @@ class Fleet(Protocol):
     clock: VirtualClock
     log: SimulatedLog
     config: SimConfig
-    oracle: WorldState
     violations: Violations
     keys: list[Key]
+
+    @property
+    def oracle(self) -> WorldState: ...
 
     def members(self) -> list[SimMember]: ...
 
@@ -104,7 +106,7 @@ class Operator:
         """Write the order's record(s) now, as ``marshal-workers admin`` does."""
         fleet = self.fleet
         now = fleet.clock.now
-        common = {"v": codec.VERSION, "ts": EPOCH_MS + fleet.clock.now_ms, "group": "sim",
+        common: dict[str, Any] = {"v": codec.VERSION, "ts": EPOCH_MS + fleet.clock.now_ms, "group": "sim",
                   "client": self.me.client, "instance": self.me.instance}  # fmt: skip
         action = fault.action
         records: list[codec.Record]
@@ -114,7 +116,7 @@ class Operator:
             if client is None:
                 return
             count = len(fleet.log.partitions)
-            records = [codec.Control(**common, target=client, action=action)] * count  # type: ignore[arg-type]
+            records = [codec.Control(**common, target=client, action=action)] * count  # type: ignore[arg-type]  # one of its actions: checked above
             partitions = list(range(count))  # a record about no topic goes to every coordination partition
         elif action in ("pause", "resume"):
             topic = fault.args.get("topic", fleet.keys[0][0])

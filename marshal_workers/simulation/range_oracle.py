@@ -66,7 +66,7 @@ class RangeOracle:
         self.leases[key] = [(o, held) for o, held in self.leases.get(key, []) if held is not leased]
 
     def _check_overlap(self, key: Key, start: int, end: int, now: float, now_ms: int, how: str) -> None:
-        for other, held in self.leases.get(key, []):
+        for _, held in self.leases.get(key, []):
             if held.start < end and start < held.end and now_ms < held.deadline_ms:
                 self.violations.add("one live holder (ranges)", now,
                                     f"{key[0]}[{key[1]}] {start}..{end - 1} {how} while a worker's lease on "
@@ -125,9 +125,9 @@ class RangeOracle:
         for (topic, _), state in world.shared.items():
             if topic in self.amo:
                 lost += state.lost
-        for key, state in world.partitions.items():
-            if key[0] in self.amo_whole and state.resume_offset is not None:
-                lost += state.resume_offset - self.handled.count_below(key, state.resume_offset)
+        for key, whole in world.partitions.items():
+            if key[0] in self.amo_whole and whole.resume_offset is not None:
+                lost += whole.resume_offset - self.handled.count_below(key, whole.resume_offset)
         low = {f"{t}[{p}]": s.low for (t, p), s in sorted(world.shared.items()) if s.low is not None}
         return {
             "range_records": self.range_records,

@@ -9,6 +9,7 @@ folds ``Entry.record``, decoded once from the bytes by the real codec (``codec.d
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -107,7 +108,7 @@ class SimulatedLog:
             key = (writer_id, partition)
             when = max(now + self.latency.draw(self.rng), self._last_append.get(key, 0.0))
             self._last_append[key] = when
-            self.clock.at(when, lambda p=partition, v=value, i=index: self._append(p, v, write, i))
+            self.clock.at(when, functools.partial(self._append, partition, value, write, index))
 
     def _append(self, partition: int, value: bytes, write: SimWrite, index: int) -> None:
         clock = self.clock

@@ -8,6 +8,7 @@ the real ``WorldState``); a test plants a bug in a copy of it to show the simula
 from __future__ import annotations
 
 import bisect
+import functools
 import gc
 import hashlib
 import random
@@ -116,7 +117,7 @@ class Simulation:
         for _ in range(config.members):
             self._join()
         for fault in self.faults:
-            self.clock.at(fault.at, lambda f=fault: self._inject(f))
+            self.clock.at(fault.at, functools.partial(self._inject, fault))
         self.clock.at(0.0, self._sample)
         self._run_clock(config.duration_s)
         check_bounds(self.samples, self.faults_end, config.duration_s, config.heartbeat_s, config.own_bound_hb,
@@ -339,7 +340,7 @@ class Simulation:
                 host.member = None
                 restart = fault.duration(5.0)
                 if restart is not None:
-                    self.clock.after(restart, lambda h=host: self._restart(h))
+                    self.clock.after(restart, functools.partial(self._restart, host))
             elif kind == "freeze":
                 member.freeze()
                 self.clock.after(fault.duration(3 * hb) or 3 * hb, member.thaw)
@@ -359,7 +360,7 @@ class Simulation:
                 member.slow(fault.number("rate", 0.1))
                 lasts = fault.duration(30.0)
                 if lasts is not None:
-                    self.clock.after(lasts, lambda m=member: m.slow(None))
+                    self.clock.after(lasts, functools.partial(member.slow, None))
 
     def _restart(self, host: Host) -> None:
         if host.member is None:

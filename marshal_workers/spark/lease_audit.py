@@ -88,7 +88,7 @@ class LeaseTracker:
             for start, lease in held_before.items():
                 if shared.leases.get(start) is not lease:
                     entry = settled.get((*key, start))
-                    ended.append(self._ended(key, lease, at, entry))
+                    ended.append(self._ended(key, lease, at, entry))  # type: ignore[arg-type]  # a range's: acks, cancels
             for start, lease in shared.leases.items():
                 if held_before.get(start) is not lease:
                     self._claimed[(*key, start)] = _Claimed(_deliveries(shared, lease), log_offset)

@@ -25,7 +25,7 @@ _sink = None
 @app.on_worker_start
 def open_sink() -> None:
     global _sink
-    _sink = open(SINK, "a", buffering=1)  # line-buffered: each line is one append
+    _sink = open(SINK, "a", buffering=1)  # noqa: SIM115 - open for the worker's life; line-buffered: one append a line
 
 
 def forward(msg: Message) -> None:

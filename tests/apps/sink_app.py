@@ -45,7 +45,7 @@ def open_sink() -> None:
     global _sink
     if BOOT_FAILS:
         raise ConnectionError("the database is not there")
-    _sink = open(SINK, "a", buffering=1)  # line-buffered: each line is one append
+    _sink = open(SINK, "a", buffering=1)  # noqa: SIM115 - open for the worker's life; line-buffered: one append a line
 
 
 @app.on_worker_stop

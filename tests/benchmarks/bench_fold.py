@@ -101,7 +101,7 @@ class Log:
 class _IndexedSet:
     """A set with O(1) add, remove and uniform random choice."""
 
-    __slots__ = ("items", "index")
+    __slots__ = ("index", "items")
 
     def __init__(self) -> None:
         self.items: list[tuple[str, int]] = []

@@ -54,7 +54,7 @@ def status(bootstrap: str, group: str, coordination: str, topic: str) -> list[di
     result = subprocess.run(
         [sys.executable, "-m", "marshal_workers", "status", "--brokers", bootstrap, "--group", group,
          "--coordination-topic", coordination, "--heartbeat-interval", HB, "--topic", topic, "--json"],
-        capture_output=True, text=True, timeout=120, env=base_env(), cwd=ROOT,
+        check=False, capture_output=True, text=True, timeout=120, env=base_env(), cwd=ROOT,
     )  # fmt: skip
     if result.returncode != 0:
         return []
@@ -161,7 +161,7 @@ def main() -> int:
                     SupervisorProcess.start(
                         bootstrap, group, coordination, f"member-{n}", workdir / f"member-{n}.log",
                         env | {"MW_BENCH_TOPIC": topic}, heartbeat_interval=HB,
-                    )  # fmt: skip
+                    )
                 )
 
             # A tail of the coordination log, as status reads it, polled every 20 ms (status itself takes ~1 s).

@@ -108,8 +108,8 @@ def start_ceiling(out: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def launch(command: list[str], env: dict[str, str], log_path: Path, port: int,
            cwd: str | None = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
-    log = open(log_path, "wb")
-    server = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True, cwd=cwd)
+    with open(log_path, "wb") as log:  # the server writes to its own copy
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True, cwd=cwd)
     STARTED.append(server.pid)  # its own session: checked by leftovers() at the end
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -171,7 +171,7 @@ def run_clients(url: str, clients: int, processes: int, seconds: float, most: in
     started = time.monotonic()
     running = [
         subprocess.Popen([sys.executable, str(HERE / "serve_bench_client.py"), url, str(seconds), str(most),
-                          str(out / f"client-{n}.json"), str(share)], env=base_env(), start_new_session=True)  # fmt: skip
+                          str(out / f"client-{n}.json"), str(share)], env=base_env(), start_new_session=True)
         for n, share in enumerate(shares)
     ]
     STARTED.extend(client.pid for client in running)
@@ -250,8 +250,8 @@ def python_workers(bootstrap: str, processes: int, seconds: float, messages: int
     command = [sys.executable, "-m", "marshal_workers", "run", "shared_bench_app:app", "--brokers", bootstrap,
                "--group", group, "--coordination-topic", f"__marshal-{group}", "--processes", str(processes),
                "--log-level", "warning"]  # fmt: skip
-    log = open(out / "supervisor.log", "wb")
-    supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    with open(out / "supervisor.log", "wb") as log:  # the supervisor writes to its own copy
+        supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
     STARTED.append(supervisor.pid)
     try:
         if rate:
@@ -344,7 +344,7 @@ def main() -> int:
         if not args.round_trips_only:
             python_baselines(bootstrap, args, figures)
     if args.json:
-        print(json.dumps(figures, indent=1, default=lambda v: None if v != v else v))
+        print(json.dumps(figures, indent=1, default=lambda v: None if v != v else v))  # noqa: PLR0124 - NaN, of whatever type
     stray = leftovers()
     if stray:
         print(f"FAIL: processes left behind: {stray}")

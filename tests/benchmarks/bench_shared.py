@@ -117,10 +117,10 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
             "--group", group, "--coordination-topic", coordination, "--client-id", f"bench-{n}",
             "--processes", str(processes), "--heartbeat-interval", "2s", "--log-level", "warning",
         ]  # fmt: skip
-        log = open(out / f"supervisor-{n}.log", "wb")
         # ``-m`` puts the working directory first on sys.path: run from the checkout whose package is meant.
-        started.append(subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True,
-                                        cwd=package_from))  # fmt: skip
+        with open(out / f"supervisor-{n}.log", "wb") as log:  # each supervisor writes to its own copy
+            started.append(subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True,
+                                            cwd=package_from))  # fmt: skip
     deadline = time.monotonic() + timeout
     cpu: dict[int, float] = {}
     seen: tuple[int, float] | None = None  # (handled, CPU seconds) when handled messages were first seen
@@ -248,8 +248,8 @@ def crash_repeats(bootstrap: str, name: str, messages: int, *, shared: bool, tim
         "--group", group, "--coordination-topic", f"__marshal-{group}", "--client-id", "bench",
         "--processes", "1", "--heartbeat-interval", "2s", "--log-level", "warning",
     ]  # fmt: skip
-    log = open(out / "supervisor.log", "wb")
-    supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    with open(out / "supervisor.log", "wb") as log:  # the supervisor writes to its own copy
+        supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + timeout
     killed = False
     try:

@@ -230,20 +230,20 @@ class Report:
         slowest = max(self.sigterms, key=lambda s: s.seconds, default=None)
         per_fault = max(self.unclean_faults, 1)
         lines = [
-            f"nemesis {c.mode} {c.holding.value} seed={c.seed} (replay: MW_NEMESIS_SEED={c.seed}): "
-            f"{c.fault_seconds:g}s of faults, "
-            f"{c.supervisors} supervisors, {c.partitions} partitions, {c.rate} msgs/s, HB {HB}",
+            (f"nemesis {c.mode} {c.holding.value} seed={c.seed} (replay: MW_NEMESIS_SEED={c.seed}): "
+             f"{c.fault_seconds:g}s of faults, "
+             f"{c.supervisors} supervisors, {c.partitions} partitions, {c.rate} msgs/s, HB {HB}"),
             f"  faults: {len(self.faults)} ({self.unclean_faults} unclean), skipped {len(self.skipped)}: "
             + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items())),
-            f"  delivered {self.delivered}, ledger lines {self.handled_lines}, lost {self.lost} "
-            f"({self.lost / per_fault:.1f} per unclean fault), repeated {len(self.repeats)} "
-            f"({len(self.repeats) / per_fault:.1f} per unclean fault)",
+            (f"  delivered {self.delivered}, ledger lines {self.handled_lines}, lost {self.lost} "
+             f"({self.lost / per_fault:.1f} per unclean fault), repeated {len(self.repeats)} "
+             f"({len(self.repeats) / per_fault:.1f} per unclean fault)"),
             f"  {'complete' if c.mode == 'alo' else 'settled'} "
             + (f"{self.complete_after_s:.1f}s after the last fault" if self.complete_after_s is not None else "NEVER"),
             "  " + timings_line(self.status_calls, self.settled_seen_s, self.start_ups),
-            f"  coordination log: about {self.coordination_records} records; canaries later than "
-            f"{CANARY_STALL_S:g}s (freezes included): {len(self.late_canaries)}, the longest "
-            f"{max((end - start for start, end in self.late_canaries), default=0.0):.1f}s",
+            (f"  coordination log: about {self.coordination_records} records; canaries later than "
+             f"{CANARY_STALL_S:g}s (freezes included): {len(self.late_canaries)}, the longest "
+             f"{max((end - start for start, end in self.late_canaries), default=0.0):.1f}s"),
             f"  SIGTERMs: {len(self.sigterms)}, slowest "
             + (f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen or "
                f"stalled {slowest.broker_frozen_s:.1f}s meanwhile or just before)" if slowest else "none"),
@@ -315,7 +315,7 @@ class Nemesis:
             stop_watching.set()
             canary.join(180)
             self._judge()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the nemesis reports its own failure as a problem, whatever it is
             self.report.problems.append(f"the nemesis itself failed: {traceback.format_exc()}")
         finally:
             if self.report.problems:
@@ -361,7 +361,7 @@ class Nemesis:
                    "--heartbeat-interval", HB]  # fmt: skip
         with open(self.workdir / "coordination.txt", "wb") as out:
             try:
-                subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=120)
+                subprocess.run(command, check=False, stdout=out, stderr=subprocess.STDOUT, timeout=120)
             except subprocess.TimeoutExpired:
                 out.write(b"\n(log did not finish within 120 s)\n")
 
@@ -387,13 +387,13 @@ class Nemesis:
     def _guarded_call(self, function: Callable[[threading.Event], None], stop: threading.Event) -> None:
         try:
             function(stop)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a fault thread's failure, whatever it is, is a reported problem
             self.report.problems.append(f"{function.__name__} failed: {traceback.format_exc()}")
 
     def _guarded(self, fault: Fault) -> None:
         try:
             self._apply(fault)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a fault's failure, whatever it is, is a reported problem
             self.report.problems.append(f"fault {fault} failed: {traceback.format_exc()}")
 
     def _heal(self) -> None:
@@ -744,7 +744,7 @@ class Nemesis:
         found: dict[str, object] = {}
         try:
             partitions = self._coordination_partitions()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a diagnosis: whatever failed is what it reports
             return {"metadata": repr(exc)}
         for isolation in ("read_committed", "read_uncommitted"):
             consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": f"probe-{isolation}",
@@ -765,7 +765,7 @@ class Nemesis:
                 ends = {p: consumer.get_watermark_offsets(TopicPartition(self.fleet.coordination_topic, p), timeout=5)
                         for p in last}  # fmt: skip
                 found[isolation] = {"last read": last, "at end": sorted(eof), "watermarks": ends}
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a diagnosis: whatever failed is what it reports
                 found[isolation] = repr(exc)
             finally:
                 consumer.close()
@@ -792,8 +792,8 @@ class Nemesis:
                 consumer.get_watermark_offsets(TopicPartition(self.fleet.coordination_topic, p), timeout=10)[1]
                 for p in range(self._coordination_partitions())
             )
-        except Exception:
-            pass  # a figure for the summary, not a verdict
+        except Exception:  # noqa: BLE001, S110 - a figure for the summary, not a verdict
+            pass
         finally:
             consumer.close()
 

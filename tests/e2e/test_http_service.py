@@ -193,7 +193,7 @@ def test_bad_requests_get_a_4xx_with_a_json_error_and_change_nothing_in_the_log(
         (None, [{"topic": topic, "partition": partition, "offset": offset + 500}], 409, "not_pending"),  # never delivered
         # One good message with one bad: nothing is acked.
         (None, [{"topic": topic, "partition": partition, "offset": offset},
-                {"topic": topic, "partition": 1 - partition, "offset": 999}], 409, "not_pending"),  # fmt: skip
+                {"topic": topic, "partition": 1 - partition, "offset": 999}], 409, "not_pending"),
     ]
     for raw, body, status, error in bad:
         for path in ("/ack", "/cancel"):

@@ -46,7 +46,7 @@ def test_messages_older_than_max_age_are_skipped_or_dead_lettered_and_counted(fl
         "shared": {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20"},
     }[runner]
     two_hours_ago = int(time.time() * 1000) - 2 * 3600 * 1000
-    fleet.produce(range(0, 80), timestamp=two_hours_ago)
+    fleet.produce(range(80), timestamp=two_hours_ago)
     fleet.produce(range(80, 160))  # now
     fleet.produce(range(160, 240), timestamp=two_hours_ago)
     port = free_port()

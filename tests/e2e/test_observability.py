@@ -52,7 +52,7 @@ def total(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **m
 
 def test_the_metrics_endpoint_counts_messages_latency_and_claims(fleet: Fleet) -> None:
     port = free_port()
-    fleet.start("only", "--metrics-port", str(port), **{"MARSHAL_WORKERS_METRICS_HOST": "127.0.0.1"})
+    fleet.start("only", "--metrics-port", str(port), MARSHAL_WORKERS_METRICS_HOST="127.0.0.1")
     fleet.produce(range(800))
     poll_until(lambda: len(fleet.counts()) == 800, what="every message")
 
@@ -93,7 +93,7 @@ def probe(port: int, path: str) -> tuple[int, dict] | None:
 def test_health_readiness_and_state_probes_follow_the_supervisor(fleet: Fleet) -> None:
     port = free_port()
     fleet.env["MW_TEST_DELAY"] = "1.5"  # a stop waits for the message in hand: the probes are seen meanwhile
-    supervisor = fleet.start("only", "--metrics-port", str(port), **{"MARSHAL_WORKERS_METRICS_HOST": "127.0.0.1"})
+    supervisor = fleet.start("only", "--metrics-port", str(port), MARSHAL_WORKERS_METRICS_HOST="127.0.0.1")
     poll_until(lambda: len(fleet.worker_pids("only")) == 8, what="8 workers")
     assert poll_until(lambda: probe(port, "/healthz"), what="/healthz")[0] == 200
     status, ready = probe(port, "/readyz")  # type: ignore[misc]

@@ -1,4 +1,4 @@
-"""Remote control through the coordination log against running supervisors (release 0.5.0):
+"""Remote control through the coordination log against running supervisors:
 ``admin drain`` / ``resume --client``, ``admin release``, ``admin pause --topic`` / ``resume --topic``,
 ``admin shutdown``.  Every hand-over an order causes is clean: nothing is lost or handled twice."""
 

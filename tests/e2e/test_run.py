@@ -159,7 +159,7 @@ def test_dlq_limit_releases_the_partition_as_sick_instead_of_draining_it_into_th
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     return subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "run", *args], capture_output=True, text=True, timeout=60, env=env, cwd=cwd
+        [sys.executable, "-m", "marshal_workers", "run", *args], check=False, capture_output=True, text=True, timeout=60, env=env, cwd=cwd
     )
 
 

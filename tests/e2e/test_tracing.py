@@ -100,7 +100,7 @@ def test_a_producers_trace_runs_through_the_handler_span_into_what_it_sent(
     for headers in outputs:
         partition, offset = headers["from"].decode().split(":")
         call = by_offset[(partition, int(offset))]
-        version, trace_id, span_id, flags = headers["traceparent"].decode().split("-")
+        _version, trace_id, span_id, _flags = headers["traceparent"].decode().split("-")
         send = sends[bytes.fromhex(span_id)]
         assert (trace_id, send.parent_span_id) == (TRACE_ID, call.span_id), "sent within the call, in its trace"
         assert attributes(send)["messaging.destination.name"] == output

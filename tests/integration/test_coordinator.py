@@ -119,7 +119,7 @@ def test_a_heartbeat_from_a_non_owner_is_ignored_by_every_reader(
     assert not intruder.heartbeat(topic, 0, 999)
     assert intruder.claim(topic, 1)  # a later record on the same log: once seen, the heartbeat was folded too
     for reader in (owner, intruder, bystander):
-        poll_until(lambda: reader.world().owner(topic, 1) == me(intruder), what="the intruder's later claim")
+        poll_until(lambda reader=reader: reader.world().owner(topic, 1) == me(intruder), what="the intruder's later claim")
         state = reader.world().get(topic, 0)
         assert state is not None and state.owner == me(owner) and state.offset == 5
 
@@ -226,7 +226,8 @@ def test_coordinators_recover_when_the_broker_is_frozen_for_a_while(settings: Se
         poll_until(heartbeat_goes_through, timeout=60, interval=0.2, what="writes to work again")
         assert second.claim(topic, 2)
         for reader in (first, second):
-            poll_until(lambda: reader.world().owner(topic, 2) == me(second), timeout=30, what="both tails to go on")
+            poll_until(lambda reader=reader: reader.world().owner(topic, 2) == me(second), timeout=30,
+                       what="both tails to go on")
             assert reader.world().owner(topic, 0) == me(first)
             assert reader.world().get(topic, 0).offset == 6  # type: ignore[union-attr]
 

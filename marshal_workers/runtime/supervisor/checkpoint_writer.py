@@ -9,6 +9,7 @@ component writes those due without waiting on Kafka.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from marshal_workers.core.config import Settings
@@ -60,10 +61,13 @@ class CheckpointWriter:
             self.writes.submit(
                 "checkpoint",
                 records,
-                lambda _verdicts, p=partition: self.schedule.settled(p),
-                lambda exc, p=partition: self._checkpoint_failed(p, exc),
+                functools.partial(self._checkpoint_written, partition),
+                functools.partial(self._checkpoint_failed, partition),
                 partitions=[partition] * len(records),
             )
+
+    def _checkpoint_written(self, partition: int, _verdicts: list[bool]) -> None:
+        self.schedule.settled(partition)
 
     def _checkpoint_failed(self, partition: int, exc: Exception) -> None:
         self.schedule.settled(partition)

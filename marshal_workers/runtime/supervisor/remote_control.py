@@ -1,4 +1,4 @@
-"""Remote control: a supervisor obeys an operator's orders read from the coordination log (release 0.5.0).
+"""Remote control: a supervisor obeys an operator's orders read from the coordination log.
 
 ``marshal-workers admin drain|resume|shutdown|pause --topic|release`` write records (codec.Control,
 codec.PauseTopic, codec.ReleasePartition) that every member folds.  The fold (world_state.py) refuses the

@@ -147,7 +147,7 @@ class Supervisor:
                     self._check_stop_progress(time.monotonic())
                     self._unexpected_errors = 0
                     self._last_tick = time.monotonic()
-                except Exception:
+                except Exception:  # noqa: BLE001 - a bug or Kafka surprise: stop in order, not die holding
                     self._after_unexpected_error()
             self._log_stop()
         finally:
@@ -364,7 +364,7 @@ class Supervisor:
             "drained": table.drained,
             "balance": self.settings.balance,
             "topics": dict(table.partition_counts) | dict(table.shared_partition_counts),
-            "partitions": [a.state(now) for a in sorted(list(table.assignments.values()), key=lambda a: a.key)],
+            "partitions": [a.state(now) for a in sorted(table.assignments.values(), key=lambda a: a.key)],
             "shared": self.shared.state(),
             "cooling_down": [f"{t}[{p}]" for t, p in parts.claims.cooling_down(time.monotonic())],
             "writes_in_flight": parts.writes.counts(),
@@ -437,7 +437,7 @@ class Supervisor:
     def metrics_snapshot(self) -> Snapshot:
         """What the metrics endpoint shows; called from its thread, so it only reads."""
         now = time.monotonic()
-        partitions = [a.stats(now) for a in sorted(list(self.table.assignments.values()), key=lambda a: a.key)]
+        partitions = [a.stats(now) for a in sorted(self.table.assignments.values(), key=lambda a: a.key)]
         counters = replace(
             self.counters, releases=collections.Counter(self.counters.releases),
             worker_restarts=collections.Counter(self.counters.worker_restarts),

@@ -1,5 +1,5 @@
 """What the limits (rate_limit, max_age) and the group (a message redriven for another, dead_letter_groups.py) say
-about the next messages of the one-call and batch loops (alo_loop.py, batch_loop.py).  The lanes keep their own
+about the next messages of the one-call and batch loops (one_call_loop.py, batch_loop.py).  The lanes keep their own
 account of tokens (lane_runner.py)."""
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ class BatchLoop:
         try:
             handler.call(records)
             return Outcome.DONE
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
             return self.failures.recover(handler, records, exc)
 
     def _handle_each(self, handler: HandlerSpec, records: list[Any]) -> Outcome:
@@ -86,7 +86,7 @@ class BatchLoop:
                 fields[handling_end] = record.offset() + 1  # a call in flight (the batch's end moves NEXT_OFFSET)
                 try:
                     function(wrap(record))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     outcome = self.failures.recover(handler, [record], exc)
                     if outcome is not Outcome.DONE:
                         return outcome

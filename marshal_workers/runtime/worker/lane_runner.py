@@ -280,7 +280,8 @@ class LaneRunner:
 
     def _dispatch(self, now: float) -> None:
         """Start every message that may start: one call each, or batches for a batch handler."""
-        lanes, calls = self.lanes, []
+        lanes = self.lanes
+        calls: list[tuple[int, Any]] = []
         batch = self.handler.batch
         size = self.handler.batch_size if batch else 1
         while len(self.calls) + len(calls) < self.handler.concurrency or not batch:

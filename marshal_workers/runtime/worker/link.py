@@ -8,7 +8,7 @@
 * housekeeping every half second, and the lifecycle limits (max_messages_per_worker, max_memory_per_worker) that
   end a worker with a recycle.
 
-Every loop (alo_loop.py, batch_loop.py, lane_runner.py) is given one, so a unit test can give it a fake one.
+Every loop (one_call_loop.py, batch_loop.py, lane_runner.py) is given one, so a unit test can give it a fake one.
 """
 
 from __future__ import annotations
@@ -164,8 +164,10 @@ class SupervisorLink:
             message = consumer.poll(0.1)
             if message is None or message.error() is not None:
                 continue
-            if message.offset() >= end:  # the rest is gone (retention): handle this one normally
-                consumer.seek(TopicPartition(self.spec.topic, self.spec.partition, message.offset()))
+            offset = message.offset()
+            assert offset is not None  # a record, not an error event
+            if offset >= end:  # the rest is gone (retention): handle this one normally
+                consumer.seek(TopicPartition(self.spec.topic, self.spec.partition, offset))
                 break
             records.append(message)
         # A batch's range may hold messages redriven for another group (passed by, never in the call): not ours.

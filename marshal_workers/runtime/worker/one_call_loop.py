@@ -81,7 +81,7 @@ class OneCallLoop:
                 fields[handling_end] = end
                 try:
                     function(wrap(record))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     outcome = self.failures.recover(handler, [record], exc)
                     if outcome is not Outcome.DONE:
                         if unreported:

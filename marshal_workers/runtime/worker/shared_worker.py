@@ -342,7 +342,7 @@ class SharedWorker:
                         self._arm(leased)
                 try:
                     function(wrap(record))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     error = exc
                 else:
                     handled += 1
@@ -391,11 +391,11 @@ class SharedWorker:
                 next_offset = offset + 1
                 self._progressed(leased, next_offset)
                 continue
-            if self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased)):
+            if (self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased))
+                    and self.stopping):
                 # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
-                if self.stopping:
-                    self._leave_at_the_end(leased, offset)
-                    return None, end_seen
+                self._leave_at_the_end(leased, offset)
+                return None, end_seen
             if monotonic_ms() >= leased.deadline_ms:
                 self._abandon(leased, offset)
                 return None, end_seen

@@ -33,7 +33,7 @@ def test_a_message_made_without_a_topic_is_on_the_handlers_topic_as_plain_values
         if msg.value == b"bad":
             raise ValueError("bad")
 
-    made, bad, plain, named = run_handler(app, "orders", [make_message(b"ok"), make_message(b"bad"), b"ok",
+    made, bad, plain, _named = run_handler(app, "orders", [make_message(b"ok"), make_message(b"bad"), b"ok",
                                                           make_message(b"ok", topic="orders-eu")])  # fmt: skip
     assert seen == ["orders", "orders", "orders", "orders-eu"], "a topic given is kept"
     assert made.message.topic == plain.message.topic == "orders"

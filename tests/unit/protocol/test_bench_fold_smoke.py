@@ -6,6 +6,7 @@ tests/benchmarks/bench_fold.py is a script, not a package module: it is loaded f
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from collections import Counter
 from pathlib import Path
@@ -83,7 +84,7 @@ def test_log_is_realistic(bench, log) -> None:
     assert any(
         b_at - a_at <= 100 and a_client != b_client
         for seen in claims.values()
-        for (a_at, a_client), (b_at, b_client) in zip(seen, seen[1:])
+        for (a_at, a_client), (b_at, b_client) in itertools.pairwise(seen)
     )
 
     # Restarts: some client shows up with more than one instance.

@@ -1,4 +1,4 @@
-"""Checkpoint directories (release 0.7.0): a new group's reader starts at another group's checkpoint that does not
+"""Checkpoint directories: a new group's reader starts at another group's checkpoint that does not
 name it, and agrees with a reader that read everything."""
 
 from __future__ import annotations

@@ -420,7 +420,7 @@ def test_record_key_of_release_group_is_the_group() -> None:
 
 def test_record_key_is_utf8() -> None:
     record = Claim(v=1, ts=0, group="grüppe", client="c", instance="i", topic="bestellungen-ä", partition=12)
-    assert codec.record_key(record) == "grüppe/bestellungen-ä/12".encode("utf-8")
+    assert codec.record_key(record) == "grüppe/bestellungen-ä/12".encode()
 
 
 def _expected_partition(topic: str, count: int) -> int:

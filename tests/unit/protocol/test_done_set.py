@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -181,4 +182,4 @@ def test_resume_past_starts_at_the_first_offset_not_done_and_skips_exactly_the_r
     assert all(o in is_done for o in range(start, resume))  # everything skipped at the front was done
     assert {o for a, b in skip for o in range(a, b)} == {o for o in is_done if o > resume}
     assert skip == sorted(skip) and all(a < b for a, b in skip)
-    assert all(b1 < a2 for (_, b1), (a2, _) in zip(skip, skip[1:]))  # merged: no touching ranges
+    assert all(b1 < a2 for (_, b1), (a2, _) in itertools.pairwise(skip))  # merged: no touching ranges

@@ -50,7 +50,7 @@ def test_a_worker_falling_behind_is_released_after_the_cycles_and_not_before() -
 
 def test_a_stalled_handler_is_released_once_it_made_no_progress_for_the_stall_time() -> None:
     # Handling stops at t=5 (a handler stuck on one message) while messages keep arriving slowly.
-    series = [(t, min(t, 5) * 10, 10 * t + 1) for t in range(0, 30)]
+    series = [(t, min(t, 5) * 10, 10 * t + 1) for t in range(30)]
     result = verdicts(series, HealthPolicy(behind_cycles=1000, stall_after_s=10.0))
     assert result.index(Verdict.STALLED) == 15  # 10 s after the last progress, at t=5
     assert set(result[:15]) == {Verdict.KEEP}

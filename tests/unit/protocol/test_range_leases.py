@@ -1,7 +1,7 @@
 """Range leases of shared partitions (docs/shared-partitions.md): the rules a user relies on, by example.
 
 The bookkeeping itself (range_leases.SharedPartition), the fold of the four range records through
-WorldState.apply with real codec records, and the checkpoint of shared partitions.  Since release 0.6.0
+WorldState.apply with real codec records, and the checkpoint of shared partitions; and
 also the Read / Ack / Cancel service's per-message records (deliver_messages, ack_messages,
 cancel_messages) and how ending a lease settles what clients acked.
 """
@@ -337,32 +337,32 @@ def test_range_records_of_other_groups_or_on_the_wrong_coordination_partition_ar
         None,
         b"",
         b"{",
-        b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":1000,'
-        b'"ranges":[]}',  # no entry
-        b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":0,'
-        b'"ranges":[{"partition":0,"offset":20,"end":30}]}',  # a lease of 0 ms
-        b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":86400001,'
-        b'"ranges":[{"partition":0,"offset":20,"end":30}]}',  # longer than a day
-        b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":1000,'
-        b'"ranges":[{"partition":0,"offset":-1,"end":30}]}',
-        b'{"v":1,"type":"renew_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-        b'"ranges":[{"partition":0,"offset":0,"end":10}]}',  # no lease_ms
-        b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-        b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-3]}]}',
-        b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-        b'"ranges":[{"partition":0,"offset":0,"end":10,"dead":"all"}]}',
-        b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-        b'"ranges":[{"partition":0,"offset":0}]}',  # no end
+        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":1000,'
+         b'"ranges":[]}'),  # no entry
+        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":0,'
+         b'"ranges":[{"partition":0,"offset":20,"end":30}]}'),  # a lease of 0 ms
+        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":86400001,'
+         b'"ranges":[{"partition":0,"offset":20,"end":30}]}'),  # longer than a day
+        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":1000,'
+         b'"ranges":[{"partition":0,"offset":-1,"end":30}]}'),
+        (b'{"v":1,"type":"renew_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+         b'"ranges":[{"partition":0,"offset":0,"end":10}]}'),  # no lease_ms
+        (b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+         b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-3]}]}'),
+        (b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+         b'"ranges":[{"partition":0,"offset":0,"end":10,"dead":"all"}]}'),
+        (b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+         b'"ranges":[{"partition":0,"offset":0}]}'),  # no end
         b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t","ranges":{}}',
-        b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-        b'"pending_ms":0,"messages":[[0,3]]}',  # pending for 0 ms
-        b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-        b'"messages":[[0,3]]}',  # no pending_ms
+        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+         b'"pending_ms":0,"messages":[[0,3]]}'),  # pending for 0 ms
+        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+         b'"messages":[[0,3]]}'),  # no pending_ms
         b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","messages":[]}',
-        b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
-        b'"messages":[{"partition":0,"offset":3}]}',  # an object, not [partition, offset]
-        b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
-        b'"messages":[[0,-3]]}',
+        (b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
+         b'"messages":[{"partition":0,"offset":3}]}'),  # an object, not [partition, offset]
+        (b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
+         b'"messages":[[0,-3]]}'),
     ],
 )
 def test_garbage_range_records_never_change_the_state(value: bytes | None) -> None:
@@ -425,7 +425,7 @@ def test_a_checkpoint_carries_shared_partitions_and_a_seeded_reader_holds_the_sa
 
 
 def lease(offset: int, end: int, client: str = "a", **messages: Any) -> codec.LeasePosition:
-    """A checkpoint's lease; ``messages``: its ``handed`` and ``acked`` (release 0.6.0)."""
+    """A checkpoint's lease; ``messages``: its ``handed`` and ``acked``."""
     return codec.LeasePosition(
         offset=offset, end=end, client=client, instance=client + "1", expires=LEASE, claimed_at=0, **messages
     )
@@ -498,7 +498,7 @@ def test_the_log_command_prints_range_records_with_their_entries() -> None:
     assert lines[2].endswith("cancel_ranges host-a/5f1c thumbs [1]9..9")
 
 
-# ------------------------------------------------- the Read / Ack / Cancel service's messages (release 0.6.0)
+# ------------------------------------------------- the Read / Ack / Cancel service's messages
 
 
 def messages(*entries: tuple[int, int]) -> tuple[codec.MessageEntry, ...]:

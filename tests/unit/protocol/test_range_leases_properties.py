@@ -5,12 +5,12 @@ at-most-once (a topic is one mode): claims (mostly of ranges the log shows free)
 failed and dead offsets (now and then of a prefix, or listing offsets a client acked as failed), cancels
 (mostly by a holder of its lease, sometimes of someone else's or of a range that is not a lease), and
 pauses, while time moves forward in random steps so leases lapse.
-Since release 0.6.0 they also hold the Read / Ack / Cancel service's per-message records: hand-outs
+They also hold the Read / Ack / Cancel service's per-message records: hand-outs
 (deliver_messages, mostly by a lease's holder of offsets it may hand out, sometimes by another writer
 or of offsets outside any lease) and clients' acks and cancels (by any writer, mostly of pending
 offsets, sometimes of offsets whose deadline passed, acked ones or random ones), with pending times
 of the order of the time steps so deadlines pass.
-Since release 0.8.0 they also hold the holders' progress inside their leases (progress_ranges, mostly by
+They also hold the holders' progress inside their leases (progress_ranges, mostly by
 the holder of a live lease up to somewhere in it, with failed and dead offsets, now and then by another
 writer or of a range that is not a lease).
 A per-offset reference model, kept apart from range_leases, checks every verdict and state.
@@ -19,6 +19,7 @@ A per-offset reference model, kept apart from range_leases, checks every verdict
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -48,38 +49,38 @@ pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiv
 
 RANGE_GARBAGE = st.sampled_from(
     [
-        b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","lease_ms":0,'
-        b'"ranges":[{"partition":0,"offset":0,"end":10}]}',
-        b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","lease_ms":100,'
-        b'"ranges":[]}',
-        b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}',
-        b'{"v":1,"type":"renew_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"ranges":[{"partition":0,"offset":0,"end":10}]}',
-        b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"ranges":[{"partition":0,"end":10}]}',
-        b'{"v":2,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"ranges":[{"partition":0,"offset":0,"end":10}]}',
-        b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"pending_ms":0,"messages":[[0,3]]}',
-        b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"messages":[[0,3]]}',
-        b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"pending_ms":100,"messages":[]}',
-        b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
-        b'"messages":[{"partition":0,"offset":3}]}',
-        b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
-        b'"messages":[[0]]}',
-        b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
-        b'"messages":[[0,-1]]}',
-        b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
-        b'"messages":[0,3]}',
-        b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}',
-        b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"ranges":[]}',
-        b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-        b'"ranges":[{"partition":0,"offset":0}]}',
+        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","lease_ms":0,'
+         b'"ranges":[{"partition":0,"offset":0,"end":10}]}'),
+        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","lease_ms":100,'
+         b'"ranges":[]}'),
+        (b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}'),
+        (b'{"v":1,"type":"renew_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"ranges":[{"partition":0,"offset":0,"end":10}]}'),
+        (b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"ranges":[{"partition":0,"end":10}]}'),
+        (b'{"v":2,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"ranges":[{"partition":0,"offset":0,"end":10}]}'),
+        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"pending_ms":0,"messages":[[0,3]]}'),
+        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"messages":[[0,3]]}'),
+        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"pending_ms":100,"messages":[]}'),
+        (b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
+         b'"messages":[{"partition":0,"offset":3}]}'),
+        (b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
+         b'"messages":[[0]]}'),
+        (b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
+         b'"messages":[[0,-1]]}'),
+        (b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
+         b'"messages":[0,3]}'),
+        (b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}'),
+        (b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"ranges":[]}'),
+        (b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+         b'"ranges":[{"partition":0,"offset":0}]}'),
     ]
 )
 
@@ -553,7 +554,7 @@ def check(state: WorldState, models: dict[tuple[str, int], Model], at: int) -> N
         shared = state.shared[key]
         # No offset has two live holders: the leases (live or lapsed but not yet folded) never overlap.
         spans = sorted((lease.start, lease.end) for lease in shared.leases.values())
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
         # low never passes an offset that is not done (by the model's own account of acks and lapses).
         if model.first is not None:
             assert shared.low is not None and all(o in model.done for o in range(model.first, shared.low))
@@ -579,7 +580,7 @@ def check(state: WorldState, models: dict[tuple[str, int], Model], at: int) -> N
         assert (shared.acked, shared.dead_letters, shared.lost, shared.lapsed) == (
             model.acked, model.dead, model.lost, model.lapsed,
         )  # fmt: skip
-        for offset in range(0, END + 15):
+        for offset in range(END + 15):
             assert shared.is_done(offset) == model.is_done(offset), offset
         assert model.gone <= {o for o in model.gone if model.is_done(o)}
         # An offset is never pending with two hand-outs at once (the model keeps every hand-out's deadline).

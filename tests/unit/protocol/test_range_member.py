@@ -89,7 +89,7 @@ def test_a_member_acts_on_a_lease_only_while_the_log_holds_it_for_it(
     at = now + latency - skew
     assert fold(world, member.claim(fields(US, at), [Wanted(0, 0, 10, 0)]), at) == [True]
     held = Held(0, 0, 10, member.deadline(now))
-    for advance, lands, latency in steps:
+    for advance, lands, renewal_latency in steps:
         now += advance
         lease = world.shared_partition(TOPIC, 0).as_of(now - skew).leases.get(0)  # type: ignore[union-attr]
         if member.usable(held, now):
@@ -102,7 +102,7 @@ def test_a_member_acts_on_a_lease_only_while_the_log_holds_it_for_it(
         written = now  # taken before the write
         accepted = False
         if lands:
-            at = written + latency - skew
+            at = written + renewal_latency - skew
             accepted = fold(world, member.renewal(fields(US, at), due), at) == [True]
             assert accepted, "a renewal written before the deadline lands on a live lease"
         before = held.deadline_ms

@@ -40,7 +40,7 @@ def logs(draw: st.DrawFn, max_size: int = 120) -> list[codec.Record]:
         if kind == "release_group":
             records.append(codec.ReleaseGroup(**common, expires=now + draw(st.sampled_from([0, HB, 3 * HB]))))
             continue
-        if kind == "control":  # an operator's order about a client (release 0.5.0)
+        if kind == "control":  # an operator's order about a client
             target = draw(st.sampled_from(["a", "b", "c"]))
             action = draw(st.sampled_from(["drain", "drain", "resume", "resume", "shutdown"]))
             records.append(codec.Control(**common, target=target, action=action))

@@ -59,8 +59,8 @@ def test_the_position_claims_done_only_what_was_done(first: set[int], more: set[
     # unfinished offset.  Whatever the supervisor reads must claim nothing that was not done.
     done_then = first
     done_now = first | more
-    lowest_then = min(set(range(0, 302)) - done_then)
-    lowest_now = min(set(range(0, 302)) - done_now)
+    lowest_then = min(set(range(302)) - done_then)
+    lowest_now = min(set(range(302)) - done_now)
     slot = new_slot()
     slot.publish_done(lowest_then, done_set.encode(lowest_then, [o for o in done_then if o > lowest_then]))
     slot.set(Field.NEXT_OFFSET, lowest_now)

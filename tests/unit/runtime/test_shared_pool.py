@@ -40,10 +40,10 @@ def test_members_pick_at_random_among_the_lowest_ranges_so_they_rarely_race() ->
 def test_candidates_start_where_the_group_starts_and_stop_at_the_end() -> None:
     world = WorldState("g", 1000)
     shared = topic(p0=250, p1=0)
-    found, members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
+    found, _members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
     assert (found, unknown) == ({}, [0, 1]), "a partition never leased needs its start looked up first"
     shared.initial = {0: 50, 1: 0}
-    found, members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
+    found, _members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
     assert found == {0: [(50, 150, 0)], 1: [(0, 1, 0)]} and unknown == []
 
 

@@ -56,7 +56,7 @@ def test_an_at_most_once_lease_that_lapses_is_audited_as_such() -> None:
     log = [
         (rec(codec.ClaimRanges, "a", T0, lease_ms=1000, amo=True, ranges=(entry(0, 0, 50),)), T0),
         (rec(codec.ClaimRanges, "b", T0 + 2000, lease_ms=1000, amo=True, ranges=(entry(0, 0, 50), entry(0, 50, 60))),
-         T0 + 2000),  # fmt: skip
+         T0 + 2000),
     ]
     leases = audit(*log)
     assert [(lease.outcome, lease.amo, lease.start) for lease in leases] == [("lapsed", 1, 0), ("open", 1, 50)]

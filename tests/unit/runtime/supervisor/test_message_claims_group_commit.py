@@ -98,7 +98,7 @@ def test_claims_asked_while_a_write_is_in_flight_go_together_in_the_next_write(c
 
 
 def test_a_write_that_fails_answers_unconfirmed_and_the_held_claims_are_written_after_it(claims: Claims) -> None:
-    first, second = one_in_flight_one_held(claims)
+    first, _second = one_in_flight_one_held(claims)
     claims.recorded.writes[0].on_failure(TimeoutError("not confirmed in time"))
     assert answer(first) is ClaimAnswer.UNCONFIRMED
     assert claims.counters.message_claims_unconfirmed == 1
@@ -106,7 +106,7 @@ def test_a_write_that_fails_answers_unconfirmed_and_the_held_claims_are_written_
 
 
 def test_a_held_claim_of_a_worker_since_replaced_is_not_written(claims: Claims) -> None:
-    first, second = one_in_flight_one_held(claims)
+    _first, _second = one_in_flight_one_held(claims)
     replacement, _ = multiprocessing.Pipe(duplex=True)
     claims.assignments[("t", 1)].connection = replacement  # that worker died and another was started
     claims.recorded.writes[0].on_verdicts([True])
@@ -114,7 +114,7 @@ def test_a_held_claim_of_a_worker_since_replaced_is_not_written(claims: Claims) 
 
 
 def test_a_held_claim_of_a_partition_lost_meanwhile_is_refused_without_a_write(claims: Claims) -> None:
-    first, second = one_in_flight_one_held(claims)
+    _first, second = one_in_flight_one_held(claims)
     claims.assignments[("t", 1)].lost = True
     claims.recorded.writes[0].on_verdicts([True])
     assert answer(second) is ClaimAnswer.REFUSED

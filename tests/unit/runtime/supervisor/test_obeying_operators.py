@@ -1,4 +1,4 @@
-"""RemoteControl without a broker: a supervisor obeys the operators' orders it folds (release 0.5.0)."""
+"""RemoteControl without a broker: a supervisor obeys the operators' orders it folds."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Remote control without a broker: the fold's rules for operators' orders, what a supervisor reads from them,
-how ``status`` and ``log`` show them (release 0.5.0)."""
+how ``status`` and ``log`` show them."""
 
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ def test_no_retry_begins_on_a_lapsed_lease(offsets: list[int], lease_calls: int,
                     stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0)  # fmt: skip
     script = Script(clock, fails)
 
-    code, dead, stores = run_loop(link, script, clock)
+    code, dead, _stores = run_loop(link, script, clock)
 
     assert code is WorkerExit.STOPPED
     assert all(began < lease_end for began, _ in script.calls), "no call, first or retry, begins past the lease"
