@@ -483,8 +483,8 @@ class ServedTopic:
     def log_may_lag(states: Sequence[str]) -> bool:
         """Another server handed a message out and wrote so before its client heard of it, but our view of the log
         may lag by a fetch or two: worth waiting (up to LOG_LAG_GRACE_S) before calling a message never handed out
-        (or, handed out again, expired)."""
-        return any(state in ("unknown", "undelivered", "expired") for state in states)
+        (or, handed out again, expired; or, cancelled through us, handed out again by its holder since)."""
+        return any(state in ("unknown", "undelivered", "expired", "cancelled") for state in states)
 
     def settlement(self, ids: Sequence[MessageId], states: Sequence[str], kind: Kind) -> Settlement:
         """What an ack (``kind`` ACK) or cancel (CANCEL) of ``ids`` writes; BadRequest 409 if any of them cannot be
