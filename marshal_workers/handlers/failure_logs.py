@@ -78,7 +78,7 @@ def log_undecoded(
     dead-letter topic; the handler had the others.  A WARNING with each message's own reason, and no traceback:
     nothing failed in the handler."""
     reasons = "; ".join(f"offset {offsets[p]}: {error.by_position.get(p, error)}" for p in undecoded)
-    log.warning("handler %s: %d of %d messages did not decode and went to %s, the other %d were handled (%s)",
+    log.warning("handler %s: %d of %d messages did not decode (PayloadError) and went to %s, the other %d were handled (%s)",
                 handler, len(undecoded), len(offsets), destination, len(offsets) - len(undecoded), reasons,
                 extra={"offset": offsets[undecoded[0]]})  # fmt: skip
 

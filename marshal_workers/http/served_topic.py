@@ -45,6 +45,7 @@ from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded
 from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.http.read_ahead import ReadAhead
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.dead_letters import DeadLetterWriter, letter_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
@@ -54,11 +55,11 @@ from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.protocol.orders import orders_for
+from marshal_workers.protocol.partition_end import partition_end
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
 from marshal_workers.protocol.range_member import RangeMember, cancel_entry, given_back_entry, handled_entry
 from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
 from marshal_workers.runtime.channel import monotonic_ms
-from marshal_workers.runtime.worker.shared_worker import consumer_settings
 
 _log = logging.getLogger(__name__)
 
@@ -276,7 +277,7 @@ class ServedTopic:
 
     def start(self) -> ServedTopic:
         self._consumer = GuardedConsumer(
-            consumer_settings(self.settings),
+            client_profiles.served_topic_consumer(self.settings),
             f"serve {self.settings.require_group()} {self.topic}",
             self.settings.heartbeat_interval,
         )
@@ -482,8 +483,8 @@ class ServedTopic:
     def log_may_lag(states: Sequence[str]) -> bool:
         """Another server handed a message out and wrote so before its client heard of it, but our view of the log
         may lag by a fetch or two: worth waiting (up to LOG_LAG_GRACE_S) before calling a message never handed out
-        (or, handed out again, expired)."""
-        return any(state in ("unknown", "undelivered", "expired") for state in states)
+        (or, handed out again, expired; or, cancelled through us, handed out again by its holder since)."""
+        return any(state in ("unknown", "undelivered", "expired", "cancelled") for state in states)
 
     def settlement(self, ids: Sequence[MessageId], states: Sequence[str], kind: Kind) -> Settlement:
         """What an ack (``kind`` ACK) or cancel (CANCEL) of ``ids`` writes; BadRequest 409 if any of them cannot be
@@ -840,7 +841,7 @@ class ServedTopic:
             return
         now_ms = self.coordinator.now_ms()
         size = self.options.range_size
-        high = {p: max(end, self._fetched_high.get(p, 0)) for p, end in self._ends.ends.items()}
+        high = {p: partition_end(end, self._fetched_high.get(p, -1)) for p, end in self._ends.ends.items()}
         # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
         # hand the messages out as they come (and tell the true end).
         idle = self.partition_count if available == 0 else 0
@@ -911,9 +912,9 @@ class ServedTopic:
         for partition, seen_end in seen.items():
             if partition in self._positions:
                 self._positions[partition] = max(self._positions[partition], seen_end)
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition), cached=True)
-            if high is not None and high > self._fetched_high.get(partition, -1):
-                self._fetched_high[partition] = high  # the true end (ListOffsets may under-report it on Tansu)
+            high = self._consumer.fetched_end(self.topic, partition)  # the true end, where ListOffsets lists less
+            if high > self._fetched_high.get(partition, -1):
+                self._fetched_high[partition] = high
         not_ours = self._other_groups.keys([record for _, _, record in fetched])
         with self.lock:
             for partition, offset, record in fetched:

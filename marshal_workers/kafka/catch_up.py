@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from confluent_kafka import KafkaException, TopicPartition
 
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.protocol.partition_end import partition_end
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class KnownEnds:
 
     def fetched_end(self, partition: int, high: int) -> None:
         if high >= 0:
-            self.targets[partition] = max(self.targets[partition], high)
+            self.targets[partition] = partition_end(self.targets[partition], high)
             self._fetched[partition] = True
 
     def read(self, partition: int, offset: int) -> bool:
@@ -78,7 +79,7 @@ def read_record(ends: KnownEnds, consumer: GuardedConsumer, topic: str, partitio
     if ends.at_end[partition]:
         return
     if ends.wants_fetched_end(partition):
-        ends.fetched_end(partition, consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)[1])
+        ends.fetched_end(partition, consumer.fetched_end(topic, partition))
     if ends.read(partition, offset):
         consumer.read_up_to_end(topic, partition)
 

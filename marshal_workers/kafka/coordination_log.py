@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -34,6 +34,7 @@ from confluent_kafka import (
 from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, check_stop, never
 from marshal_workers.errors import DecodeError, KafkaUnavailable, StopRequested
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.catch_up import (
     KnownEnds,
     fetch_only_those_behind,
@@ -42,7 +43,7 @@ from marshal_workers.kafka.catch_up import (
     read_record,
 )
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.kafka_clients import admin_client, reader_config, topic_partition_count
+from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.codec import Release
 from marshal_workers.protocol.world_state import WorldState
@@ -256,8 +257,7 @@ class CoordinationLog:
             return
         about: dict[int, int] = {}
         for p in behind:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
-            about[p] = max(high - self.started_at[p], read[p])
+            about[p] = max(self._consumer.fetched_end(self.topic, p) - self.started_at[p], read[p])
         shown = "; ".join(f"{self.topic}[{p}]: {read[p]} of about {about[p]}" for p in behind[:4])
         more = f"; {len(behind) - 4} more partitions" if len(behind) > 4 else ""
         log.info(
@@ -438,29 +438,12 @@ def log_consumer(settings: Settings, group: str, purpose: str, catch_up: bool = 
     it gets past the embedded broker's stalled fetches on a long log (guarded_consumer.py).  ``purpose`` names it
     in the log."""
     return GuardedConsumer(
-        reader_config(settings, purpose.replace(" ", "-"), **tail_tuning(settings)),
+        client_profiles.coordination_reader(settings, purpose),
         f"group {group}: coordination log reader ({purpose}) of {settings.coordination_topic}",
         settings.heartbeat_interval,
         contiguous=True,  # no transactions, no compaction: a gap is a record not read yet (guarded_consumer.py)
         catch_up=catch_up,
     )
-
-
-def tail_tuning(settings: Settings) -> dict[str, Any]:
-    """How a coordination log reader fetches (librdkafka settings; measured by bench_coordination_tail.py)."""
-    return {
-        # A write whose record the tail must fold waits for it. Kafka answers a waiting fetch as soon as data
-        # arrives; Tansu holds it for the whole wait, so there the wait bounds how late a record is seen.
-        "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
-        # After a fetch that brought records the next waits 5 ms (one record queued, not yet folded, is enough to
-        # hold it back): a log written hundreds of times a second is fetched about 200 times a second, in fetches
-        # of several records, not once per record. Another member's record is seen as soon as before (Tansu holds
-        # an empty fetch for its whole wait anyway), and a member's own records are folded from their delivery
-        # reports. On the embedded broker each fetch cost about 0.4 ms of its CPU and slowed the writes beside it
-        # (docs/http-service.md, "Performance").
-        "queued.min.messages": 1,
-        "fetch.queue.backoff.ms": 5,
-    }
 
 
 def begin_catching_up(

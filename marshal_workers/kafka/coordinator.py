@@ -33,8 +33,9 @@ from marshal_workers.core import stopping
 from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, never, wait_future
 from marshal_workers.errors import CoordinationWriteError, StopRequested
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.coordination_log import PROGRESS_LOG_INTERVAL_S, CoordinationLog
-from marshal_workers.kafka.kafka_clients import admin_client, client_config, ensure_topic
+from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
 from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, heartbeat_records, topic_chunks
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState
@@ -43,9 +44,6 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 _PRODUCER_ID_RETRY_S = 0.6
-# librdkafka's statistics of the coordination producer (batches and records sent): often enough for a scrape's
-# rate, rare enough that parsing them costs nothing.
-STATISTICS_INTERVAL_MS = 5000
 T = TypeVar("T")
 
 
@@ -167,8 +165,9 @@ class PendingWrite:
 
 @dataclass
 class Traffic:
-    """What the coordination producer sent, from librdkafka's statistics (every STATISTICS_INTERVAL_MS): records,
-    the produce batches that carried them, and the produce requests (of any partition) that carried those."""
+    """What the coordination producer sent, from librdkafka's statistics (every
+    client_profiles.STATISTICS_INTERVAL_MS): records, the produce batches that carried them, and the produce
+    requests (of any partition) that carried those."""
 
     records: int = 0
     batches: int = 0
@@ -279,21 +278,8 @@ class Coordinator:
         return self
 
     def _new_producer(self) -> Producer:
-        return Producer(
-            client_config(
-                self.settings,
-                "producer",
-                **{
-                    "acks": "all",
-                    "enable.idempotence": True,
-                    "linger.ms": 0,
-                    # A write that cannot be delivered fails within the write timeout instead of retrying forever.
-                    "message.timeout.ms": int(self.settings.write_timeout * 1000),
-                    "statistics.interval.ms": STATISTICS_INTERVAL_MS,
-                    "stats_cb": _TrafficStatistics(self.traffic, self.settings.coordination_topic),
-                },
-            )
-        )
+        statistics = _TrafficStatistics(self.traffic, self.settings.coordination_topic)
+        return Producer(client_profiles.coordination_writer(self.settings, statistics))
 
     def _serve_deliveries(self) -> None:
         """Take delivery reports as they come (a thread): our records are folded early where they can be

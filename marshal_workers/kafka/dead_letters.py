@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, Producer
 
 from marshal_workers.core import tracing
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.kafka_clients import client_config
+from marshal_workers.kafka import client_profiles
 from marshal_workers.protocol.dead_letter_groups import origin_headers
 
 FLUSH_TIMEOUT_S = 30
@@ -104,8 +104,7 @@ class DeadLetterWriter:
         """Write ``records`` (raw Kafka messages) to ``topic``, their own headers followed by ``headers``; wait until
         Kafka has them."""
         if self._producer is None:
-            config = client_config(self._settings, "producer", **{"acks": "all", "enable.idempotence": True})
-            self._producer = Producer(config)
+            self._producer = Producer(client_profiles.dead_letter_producer(self._settings))
         producer = self._producer
         failures: list[KafkaError] = []
 

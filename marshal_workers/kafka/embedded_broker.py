@@ -19,12 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from marshal_workers.errors import EmbeddedBrokerError
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import EMBEDDED_CLUSTER_ID
 
 log = logging.getLogger(__name__)
@@ -156,12 +157,7 @@ class EmbeddedBroker:
 
     def _wait_ready(self, timeout: float) -> bool:
         """Poll until the broker answers a metadata request, or exits, or time runs out."""
-        # Typed Any: the stub's config values are str, int or float, where librdkafka's binding takes a logger too.
-        config: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap,
-            "logger": logging.getLogger("marshal_workers.librdkafka"),
-        }
-        admin = AdminClient(config)
+        admin = AdminClient(client_profiles.broker_probe(self.bootstrap))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process is not None

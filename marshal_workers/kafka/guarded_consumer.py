@@ -354,6 +354,12 @@ class GuardedConsumer:
         self._caught_up = set()
         return True
 
+    def fetched_end(self, topic: str, partition: int) -> int:
+        """The partition's end as the last fetch response carried it (librdkafka's cached high watermark; no request),
+        -1 before any came back.  Where ListOffsets lists less, this is the end (protocol/partition_end.py)."""
+        marks = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        return -1 if marks is None else max(marks[1], -1)
+
     # ------------------------------------------------------ passed through
 
     def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None, cached: bool = False) -> Any:

@@ -1,4 +1,4 @@
-"""Building confluent-kafka clients from Settings, and the few metadata calls we need.
+"""The admin client, and the few metadata calls we need (every client's settings: client_profiles.py).
 
 librdkafka retries forever on its own; every call here has a deadline and
 turns "no answer" into a :class:`KafkaUnavailable` that names the brokers.
@@ -9,8 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-import uuid
-from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
@@ -18,50 +16,13 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, check_stop, interruptible, never, wait_future
 from marshal_workers.errors import CoordinationTopicError, KafkaUnavailable, UnknownTopicError
+from marshal_workers.kafka import client_profiles
 
-# librdkafka's own log lines go to Python logging instead of raw stderr.
 log = logging.getLogger(__name__)
-librdkafka_log = logging.getLogger("marshal_workers.librdkafka")
-
-
-def client_config(settings: Settings, role: str, **overrides: Any) -> dict[str, Any]:
-    """The librdkafka settings of a ``consumer``, ``producer`` or ``admin`` client: brokers, client id, the user's
-    passthrough for that kind of client (Settings.kafka_for), then overrides."""
-    config: dict[str, Any] = {
-        "bootstrap.servers": settings.brokers,
-        "client.id": f"marshal-workers-{settings.client_id}",
-        "logger": librdkafka_log,
-        # Connection errors are reported by our own deadlines, with a message that says what to do.
-        "error_cb": _log_client_error,
-    }
-    config.update(settings.kafka_for(role))
-    config.update(overrides)
-    return config
-
-
-def reader_config(settings: Settings, purpose: str, **tuning: Any) -> dict[str, Any]:
-    """A consumer that only assign()s and reads: a private group id (never joined, never committed),
-    partition-end events on, and the log's start where an asked-for offset is gone; then ``tuning``."""
-    return client_config(
-        settings,
-        "consumer",
-        **{
-            "group.id": f"marshal-workers-{purpose}-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-        | tuning,
-    )
-
-
-def _log_client_error(error: KafkaError) -> None:
-    librdkafka_log.debug("kafka client error: %s", error)
 
 
 def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient(client_config(settings, "admin"))
+    return AdminClient(client_profiles.admin(settings))
 
 
 def cluster_metadata(admin: AdminClient, settings: Settings, should_stop: ShouldStop = never) -> ClusterMetadata:

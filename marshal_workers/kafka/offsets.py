@@ -16,7 +16,8 @@ from confluent_kafka.admin import OffsetSpec
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.logs import group_log
-from marshal_workers.kafka.kafka_clients import admin_client, client_config
+from marshal_workers.kafka import client_profiles
+from marshal_workers.kafka.kafka_clients import admin_client
 
 _log = logging.getLogger(__name__)
 
@@ -62,18 +63,7 @@ class OffsetStore:
         self.settings = settings
         self.group = settings.require_group()
         self.log = group_log(_log, self.group)
-        self._consumer = Consumer(
-            client_config(
-                settings,
-                "consumer",
-                **{
-                    "group.id": self.group,
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "on_commit": self._on_commit,
-                },
-            )
-        )
+        self._consumer = Consumer(client_profiles.offset_keeper(settings, self._on_commit))
         self._commit_failures_logged = False
         self._admin = admin_client(settings)
 

@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, Producer
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import SendError
-from marshal_workers.kafka.kafka_clients import client_config
+from marshal_workers.kafka import client_profiles
 
 FLUSH_TIMEOUT_S = 30
 _BUFFER_FULL_WAIT_S = 0.1
@@ -125,8 +125,7 @@ class Outbox:
             return self._producer
 
     def _new_producer(self) -> Producer:
-        config = client_config(self._settings, "producer", **{"acks": "all", "enable.idempotence": True})
-        return Producer(config)
+        return Producer(client_profiles.output_producer(self._settings))
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None and self._failure is None:

@@ -26,8 +26,9 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import KafkaUnavailable
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.kafka_clients import reader_config
+from marshal_workers.protocol.partition_end import partition_end
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +111,10 @@ class Stamped(NamedTuple):
 def position_consumer(settings: Settings) -> GuardedConsumer:
     """A consumer for looking things up: assign() only, a throwaway group id, never a commit."""
     # Look-ups read records that are there (up to ends they know): with the catch-up's long wait, which gets through
-    # the embedded broker's listing of a long partition at once (docs/brokers.md).  Tansu holds a fetch that finds
-    # nothing for its whole wait, so a probe past a partition's end costs that wait.
+    # the embedded broker's listing of a long partition at once (docs/brokers.md).
     return GuardedConsumer(
-        reader_config(settings, "positions", **{"fetch.wait.max.ms": 10}), "a look-up of positions",
-        settings.heartbeat_interval, catch_up=True,
-    )  # fmt: skip
+        client_profiles.position_reader(settings), "a look-up of positions", settings.heartbeat_interval, catch_up=True
+    )
 
 
 def partition_bounds(
@@ -134,7 +133,7 @@ def partition_bounds(
             ) from None
         listed[partition] = Bounds(low, high)
     fetched = _fetched_highs(consumer, settings, topic, partitions)
-    return {p: Bounds(listed[p].low, max(listed[p].high, fetched.get(p, -1))) for p in partitions}
+    return {p: Bounds(listed[p].low, partition_end(listed[p].high, fetched.get(p, -1))) for p in partitions}
 
 
 def _fetched_highs(consumer: GuardedConsumer, settings: Settings, topic: str, partitions: Sequence[int]) -> dict[int, int]:
@@ -147,7 +146,7 @@ def _fetched_highs(consumer: GuardedConsumer, settings: Settings, topic: str, pa
             consumer.consume(1000, 0.05)  # the records are not wanted; the fetches bring the watermarks
             for partition in partitions:
                 if partition not in highs:
-                    high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)[1]
+                    high = consumer.fetched_end(topic, partition)
                     if high >= 0:
                         highs[partition] = high
     finally:

@@ -27,11 +27,12 @@ from confluent_kafka import OFFSET_END, Producer, TopicPartition
 import marshal_workers
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.coordination_log import CoordinationLog, read_group_state
 from marshal_workers.kafka.coordinator import ensure_coordination_topic
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic, reader_config
+from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
 from marshal_workers.protocol.world_state import WorldState
 
 DEMO_APP = "examples.quickstart:app"
@@ -66,7 +67,7 @@ class Throughput:
 class SteadyProducer:
     """Produces JSON orders at a steady rate on a thread, until stopped."""
 
-    brokers: str
+    settings: Settings
     rate: int
     produced: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -77,7 +78,7 @@ class SteadyProducer:
         return thread
 
     def _run(self) -> None:
-        producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 20})
+        producer = Producer(client_profiles.demo_producer(self.settings))
         started = time.monotonic()
         while not self._stop.is_set():
             due = int((time.monotonic() - started) * self.rate)
@@ -115,7 +116,7 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
             brokers=broker.bootstrap, group=DEMO_GROUP, heartbeat_interval=options.heartbeat_interval
         )
         coordination_partitions = _create_topics(settings, options.partitions)
-        producer = SteadyProducer(broker.bootstrap, options.rate)
+        producer = SteadyProducer(settings, options.rate)
         producer.start()
         supervisors = [_start_supervisor(settings, examples.parent, f"demo-{i + 1}", log_dir) for i in range(options.supervisors)]
         out.write(f"demo: broker {broker.bootstrap}; supervisor logs in {log_dir}; Ctrl-C stops\n")
@@ -183,13 +184,14 @@ class _HighWatermarks:
 
     def __init__(self, settings: Settings, partitions: int) -> None:
         self.partitions = partitions
-        self._consumer = GuardedConsumer(reader_config(settings, "demo-view"), "the demo's view", settings.heartbeat_interval)
+        self._consumer = GuardedConsumer(
+            client_profiles.demo_view(settings), "the demo's view", settings.heartbeat_interval
+        )
         self._consumer.assign([TopicPartition(DEMO_TOPIC, p, OFFSET_END) for p in range(partitions)])
 
     def read(self) -> list[int]:
         self._consumer.consume(1000, 0.05)  # keeps the fetches, and so the watermarks, coming
-        marks = [self._consumer.get_watermark_offsets(TopicPartition(DEMO_TOPIC, p), cached=True)[1] for p in range(self.partitions)]
-        return [max(mark, 0) for mark in marks]
+        return [max(self._consumer.fetched_end(DEMO_TOPIC, p), 0) for p in range(self.partitions)]
 
     def close(self) -> None:
         self._consumer.close()

@@ -25,8 +25,9 @@ from confluent_kafka import KafkaError, Producer
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, UnknownTopicError
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.dead_letter_topic import DeadLetter
-from marshal_workers.kafka.kafka_clients import admin_client, client_config, topic_partition_count
+from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
 
 
 def choose(
@@ -77,7 +78,7 @@ def redrive(
     sending = targets(settings, dlq_topic, chosen, to_topic)
     if not sending:
         return 0
-    producer = Producer(client_config(settings, "producer", **{"acks": "all", "enable.idempotence": True}))
+    producer = Producer(client_profiles.redrive_producer(settings))
     failures: list[KafkaError] = []
 
     def delivered(err: KafkaError | None, _msg: Any) -> None:

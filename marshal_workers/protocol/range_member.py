@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.partition_end import partition_end
 from marshal_workers.protocol.range_leases import MAX_RANGE, Holder, Lease, SharedPartition
 from marshal_workers.protocol.world_state import WorldState
 
@@ -238,7 +239,7 @@ def free_candidates(
     holders: set[Holder] = set()
     for partition, asked_end in high.items():
         state = world.shared_partition(topic, partition)
-        end = asked_end if state is None else max(asked_end, state.high)
+        end = asked_end if state is None else partition_end(asked_end, state.high)
         if state is None or state.low is None:
             start = initial.get(partition)
             if start is None:
@@ -309,7 +310,7 @@ def topic_backlog(
     backlog, live = 0, []
     for partition, asked_end in high.items():
         state = world.shared_partition(topic, partition)
-        end = asked_end if state is None else max(asked_end, state.high)
+        end = asked_end if state is None else partition_end(asked_end, state.high)
         if state is None or state.low is None:
             start = initial.get(partition)
             backlog += 0 if start is None else max(end - start, 0)

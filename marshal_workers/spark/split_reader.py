@@ -18,7 +18,7 @@ from typing import Any, Self
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.kafka_clients import reader_config
+from marshal_workers.kafka import client_profiles
 from marshal_workers.spark.planner import Split
 
 _CONSUME_WAIT_S = 0.5
@@ -26,21 +26,6 @@ _CONSUME_WAIT_S = 0.5
 
 class SplitReadError(RuntimeError):
     """A split could not be read to its end (the broker is gone, or the log no longer reaches the planned end)."""
-
-
-def split_consumer_config(settings: Settings) -> dict[str, Any]:
-    # Partition-end events tell a split whose last offsets are gone; offsets deleted by retention since
-    # the plan start it at what is left (it counts fewer records).
-    return reader_config(
-        settings,
-        "split",
-        **{
-            # As the workers (worker.consumer_settings): librdkafka's defaults throttle a fast consumer.
-            "fetch.queue.backoff.ms": 10,
-            "fetch.wait.max.ms": 100,
-            "queued.max.messages.kbytes": 65536,
-        },
-    )
 
 
 class SplitReader:
@@ -60,7 +45,7 @@ class SplitReader:
         self._consumer: Consumer | None = None
 
     def __enter__(self) -> Self:
-        self._consumer = Consumer(split_consumer_config(self.settings))
+        self._consumer = Consumer(client_profiles.split_reader(self.settings))
         self._consumer.assign([TopicPartition(self.split.topic, self.split.partition, self.split.start)])
         return self
 

@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import tail_tuning
+from marshal_workers.kafka.client_profiles import tail_tuning
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 TOPIC = "tail-bench"

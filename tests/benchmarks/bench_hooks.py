@@ -23,7 +23,6 @@ the exit status stays 0.
 from __future__ import annotations
 
 import array
-import types
 
 import callgrind
 import checkout  # noqa: F401  (puts the checkout on sys.path)
@@ -45,7 +44,7 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
 
     from marshal_workers import App, Message
     from marshal_workers.core.config import Settings
-    from marshal_workers.runtime.worker.worker import consumer_settings
+    from marshal_workers.kafka import client_profiles
 
     app = App(group="bench-hooks")
 
@@ -60,8 +59,7 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
             pass
 
     function = app.handler_in_worker(topic).function
-    spec = types.SimpleNamespace(group="bench-hooks", settings=Settings(brokers=brokers))  # what it reads of one
-    consumer = Consumer(consumer_settings(spec))  # type: ignore[arg-type]
+    consumer = Consumer(client_profiles.worker_consumer(Settings(brokers=brokers, group="bench-hooks")))
     consumer.assign([TopicPartition(topic, 0, 0)])
     fields, wrap, handled = array.array("q", [0]), Message, 0
     while handled < count:

@@ -7,7 +7,7 @@ run to the next.  This counts instructions instead (callgrind.py), in one proces
 of one partition of the embedded broker:
 
 * raw: bench_run.py's baseline loop (``consume(500, 0.5)``, the error check, ``handle(Message(record))``)
-  on a Consumer with the worker's own settings (``worker.consumer_settings``);
+  on a Consumer with the worker's own settings (``client_profiles.worker_consumer``);
 * worker: the real ``Worker`` running bench_app's ALO handler in-process, as a supervisor's fork would,
   with a lease far away; ``max_messages_per_worker`` = N makes it stop (as a recycle) after N messages;
 * amo: the same worker under at most once (batches of 500), a thread answering each batch claim at once:
@@ -41,8 +41,9 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
 
     from marshal_workers.core.config import Settings
     from marshal_workers.handlers.app import Message
+    from marshal_workers.kafka import client_profiles
     from marshal_workers.runtime.channel import Field, Slot, WorkerSpec, monotonic_ms
-    from marshal_workers.runtime.worker.worker import Worker, consumer_settings
+    from marshal_workers.runtime.worker.worker import Worker
 
     settings = Settings(brokers=brokers, group="bench-loop", max_messages_per_worker=count, log_level="warning")
     spec = WorkerSpec("bench_app:app", topic, 0, 0, settings)
@@ -50,7 +51,7 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
         handle = bench_app.handle_throughput
-        consumer = Consumer(consumer_settings(spec))
+        consumer = Consumer(client_profiles.worker_consumer(settings))
         consumer.assign([TopicPartition(topic, 0, 0)])
         seen = 0
         while seen < count:

@@ -15,7 +15,7 @@ Starts its own embedded broker (Tansu, memory only) and measures:
       0, looping ``consume(num_messages=500, timeout=0.5)``.  The processes
       import everything, then wait on one start signal before they create
       their consumers, so their start-up costs do not overlap the measurement;
-   b. the same with the fetch settings of marshal_workers.runtime.worker.worker.consumer_settings();
+   b. the same with the fetch settings of a worker (marshal_workers.kafka.client_profiles.worker_consumer);
    c. ``python -m marshal_workers run bench_app:app`` (one supervisor), ALO;
    d. the same in AMO with batch_size 500 (per-message handler);
    e. c with --metrics-port (every handler call timed); f. c with one empty
@@ -830,9 +830,8 @@ def main() -> int:
     count = args.messages - args.messages % args.partitions  # evenly spread
 
     from marshal_workers.core.config import Settings
+    from marshal_workers.kafka import client_profiles
     from marshal_workers.kafka.embedded_broker import EmbeddedBroker
-    from marshal_workers.runtime.channel import WorkerSpec
-    from marshal_workers.runtime.worker.worker import consumer_settings
 
     began = time.monotonic()
     print("marshal-workers run benchmark")
@@ -845,9 +844,9 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="mw-bench-run-"))
     print(f"  work directory (supervisor logs): {workdir}", flush=True)
 
-    worker_conf = consumer_settings(WorkerSpec("bench_app:app", "t", 0, 0, Settings(group="g")))
+    worker_conf = client_profiles.worker_consumer(Settings(group="g"))
     tuned = {k: worker_conf[k] for k in ("fetch.queue.backoff.ms", "fetch.wait.max.ms")}
-    print(f"  tuned baseline (b) settings, from marshal_workers.runtime.worker.worker.consumer_settings(): {tuned}")
+    print(f"  tuned baseline (b) settings, from marshal_workers.kafka.client_profiles.worker_consumer(): {tuned}")
 
     rates: dict[str, list[float]] = {key: [] for key in "abcdefghi"}
     per_cpu: dict[str, list[float]] = {key: [] for key in rates}

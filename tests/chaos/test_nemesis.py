@@ -17,13 +17,18 @@ from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 pytestmark = [pytest.mark.broker, pytest.mark.chaos, pytest.mark.serial]  # SIGTERM deadlines: run alone
 
-SUITE_FAULT_SECONDS = 24.0
-SUITE_SEEDS = {"alo": 98, "amo": 167}  # their 24 s plans meet every kind of fault (test_ledger checks it)
-# Lanes and shared workers: a shorter plan that meets every fault of a supervisor or a worker (and a broker freeze).
+# The suite's plans are short ones that still meet every kind of fault (test_ledger checks it).  A kind is dealt every
+# 2-6 s, so the eighth comes after 15 s at best; but three faults holding supervisors at once leave none for the next,
+# which is then skipped.  These seeds keep at most two in flight with restarts of 4 s (a loaded machine's) and 1 s
+# between broker freezes, and deal the eighth kind by 20.1 s.  The long plans (90 s, several seeds) are
+# run_nemesis.py's, docs/faults.md.
+SUITE_FAULT_SECONDS = 20.1
+SUITE_SEEDS = {"alo": 98227, "amo": 312562}
+# Lanes and shared workers: a shorter plan that meets every fault of a supervisor or a worker, and a broker freeze.
 HOLDING_FAULT_SECONDS = 18.0
 HOLDING_SEED = 2727
 HOLDING_KINDS = {Kind.KILL_WORKER, Kind.KILL_WORKER_CLAIMING, Kind.KILL_SUPERVISOR, Kind.FREEZE_SUPERVISOR,
-                 Kind.TERM_SUPERVISOR, Kind.TERM_WHILE_CLAIMING}  # fmt: skip
+                 Kind.TERM_SUPERVISOR, Kind.TERM_WHILE_CLAIMING, Kind.FREEZE_BROKER}  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
@@ -37,7 +42,7 @@ def test_random_faults_keep_the_delivery_guarantees(
         mode=mode, seed=seed_from_environment(SUITE_SEEDS[mode]), fault_seconds=SUITE_FAULT_SECONDS, rate=rate,
         partitions=partitions,
     )
-    run_and_judge(config, own_broker, tmp_path, unique, capsys, at_least=10_000)
+    run_and_judge(config, own_broker, tmp_path, unique, capsys)
 
 
 @pytest.mark.parametrize("holding", [Holding.LANES, Holding.SHARED], ids=lambda h: h.value)
@@ -53,18 +58,19 @@ def test_random_faults_keep_the_guarantees_of_lanes_and_shared_workers(
         # fixed ranges of 20, so its loss budget (what the stricken held) stays tight enough to mean something.
         adaptive_ranges=holding is Holding.SHARED and mode == "alo",
     )
-    run_and_judge(config, own_broker, tmp_path, unique, capsys, at_least=5_000)
+    run_and_judge(config, own_broker, tmp_path, unique, capsys)
 
 
 def run_and_judge(
-    config: NemesisConfig, broker: EmbeddedBroker, tmp_path: Path, unique: str, capsys: pytest.CaptureFixture[str],
-    at_least: int,
-) -> None:  # fmt: skip
+    config: NemesisConfig, broker: EmbeddedBroker, tmp_path: Path, unique: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with capsys.disabled():
         print(f"\nnemesis {config.mode} {config.holding.value}: seed {config.seed} (replay with MW_NEMESIS_SEED={config.seed})")
     report = Nemesis(config, broker, tmp_path, unique).run()
     with capsys.disabled():
         print(report.summary())
     assert report.problems == [], report.summary()
-    # The run must have been a real test: faults fired, messages flowed, the fleet settled.
+    # The run must have been a real test: faults fired, messages flowed (at least half the plan's, freezes and all),
+    # the fleet settled.
+    at_least = config.rate * config.fault_seconds / 2
     assert report.unclean_faults >= 3 and report.delivered > at_least and report.complete_after_s is not None

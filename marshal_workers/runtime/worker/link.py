@@ -71,7 +71,6 @@ class SupervisorLink:
         self.not_ours: set[int] = set()
         self._other_groups = OtherGroups(spec.group)
         self._first_fetched = False
-        self._partition = TopicPartition(spec.topic, spec.partition)
         self._handled_total = 0
         self._alarm: Alarm | None = None
 
@@ -301,7 +300,7 @@ class SupervisorLink:
     def publish_high_watermark(self) -> None:
         """The partition's end as the last fetch response told it (the supervisor computes lag from it)."""
         assert self.consumer is not None
-        _, high = self.consumer.get_watermark_offsets(self._partition, cached=True)
+        high = self.consumer.fetched_end(self.spec.topic, self.spec.partition)
         if high >= 0:
             self.slot.set(Field.HIGH_WATERMARK, high)
 

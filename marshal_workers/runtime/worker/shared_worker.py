@@ -57,8 +57,8 @@ from marshal_workers.handlers.blocking_calls import blocking
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.handlers.rate_limits import Throttle
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.kafka_clients import client_config
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.protocol.range_pool import PROGRESS_EVERY_S
@@ -178,7 +178,7 @@ class SharedWorker:
         try:
             settings = self.spec.settings
             self._consumer = self._edges.consumer(
-                consumer_settings(settings),
+                client_profiles.shared_consumer(settings),
                 f"shared worker of {settings.require_group()} {self.spec.topic}",
                 settings.heartbeat_interval,
             )
@@ -499,27 +499,3 @@ class SharedWorker:
     def _log_of(self, record: Any) -> ContextLog:
         """The log for lines about ``record``: they carry its topic and partition besides the group."""
         return partition_log(_log, self.spec.settings.require_group(), record.topic(), record.partition())
-
-
-def consumer_settings(settings: Settings) -> dict[str, Any]:
-    return client_config(
-        settings,
-        "consumer",
-        **{
-            "group.id": settings.require_group(),  # never joined: ranges are assigned by hand
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,  # a range that ends in offsets with no message (markers) ends there
-            "auto.offset.reset": "earliest",  # a leased offset that retention deleted: go on from the oldest
-            "fetch.queue.backoff.ms": 10,
-            # A worker moves from range to range: a fetch in flight at the old position delays the first fetch
-            # at the new one by up to this (100 ms made a range switch cost 105 ms; 10 ms, 15 ms).  An idle
-            # worker unassigns, so only workers with ranges to read poll the broker this often.
-            "fetch.wait.max.ms": 10,
-            # A worker reads short ranges here and there: a small read-ahead, not 64 MB of it.  1 MB, not 4: a worker
-            # that moves waits for the first fetch at its new place, and that took twice as long at 4 MB (10,000
-            # messages read after an assign in 9-33 ms against 33-158 ms, embedded broker), while reading on ran as
-            # fast (1.8M messages/s, without a handler).
-            "queued.max.messages.kbytes": 1024,
-        },
-    )

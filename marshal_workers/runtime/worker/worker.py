@@ -26,8 +26,8 @@ from marshal_workers.core.logs import ContextLog, partition_log
 from marshal_workers.errors import SendError
 from marshal_workers.handlers.app import App, Mode, effective_time_limits
 from marshal_workers.handlers.hooks import Hooks, run_hooks
+from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.kafka_clients import client_config
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.runtime.channel import Field, Slot, WorkerSpec
 from marshal_workers.runtime.worker.admission import Admission
@@ -55,27 +55,6 @@ def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection, rate_
     """Entry point in the worker process (the target of the fork server's Process).  ``rate_bucket``: the
     handler's shared token bucket (rate_limits.py), if it has a rate_limit."""
     exit_process(Worker(spec, Slot(slot_array), connection, rate_bucket).run())
-
-
-def consumer_settings(spec: WorkerSpec) -> dict[str, Any]:
-    return client_config(
-        spec.settings,
-        "consumer",
-        **{
-            "group.id": spec.group,  # for the committed offsets the supervisor keeps as a backup; never joined
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            # Where to go if the resume offset is gone (retention deleted it): the user's choice, not
-            # librdkafka's default ("latest"), which would skip a whole backlog.
-            "auto.offset.reset": spec.settings.auto_offset_reset,
-            # librdkafka waits fetch.queue.backoff.ms (1000 ms by default in 2.x) before refilling its queue
-            # once queued.min.messages is reached, which caps a fast consumer near 20k msgs/s.
-            "fetch.queue.backoff.ms": 10,
-            "fetch.wait.max.ms": 100,
-            # One partition per consumer: 64 MB of read-ahead (the default) is memory, not speed.
-            "queued.max.messages.kbytes": 16384,
-        },
-    )
 
 
 class Worker:
@@ -171,7 +150,7 @@ class Worker:
         """The worker's reader of its partition, placed at its start offset."""
         spec = self.spec
         consumer = self._edges.consumer(
-            consumer_settings(spec),
+            client_profiles.worker_consumer(spec.settings),
             f"worker of {spec.group} {spec.topic}[{spec.partition}]",
             spec.settings.heartbeat_interval,
             on_stall=lambda stalls: self.slot.set(Field.FETCH_STALLS, stalls),

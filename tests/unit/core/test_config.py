@@ -495,7 +495,7 @@ def test_bad_sizes_are_refused_naming_the_setting(text: str) -> None:
 
 
 def test_consumer_and_producer_sections_reach_only_their_kind_of_client(tmp_path: Path) -> None:
-    from marshal_workers.kafka.kafka_clients import client_config
+    from marshal_workers.kafka.client_profiles import client_config
 
     path = write_toml(
         tmp_path,
@@ -566,7 +566,7 @@ def test_a_producer_built_from_settings_with_consumer_properties_does_not_warn(
 ) -> None:
     from confluent_kafka import Producer
 
-    from marshal_workers.kafka.kafka_clients import client_config
+    from marshal_workers.kafka.client_profiles import client_config
 
     path = write_toml(tmp_path, '[kafka]\n"fetch.min.bytes" = 4096\n[kafka.consumer]\n"isolation.level" = "read_committed"\n')
     settings = dataclasses.replace(load_settings(path, env={}), brokers="127.0.0.1:1")  # never connects

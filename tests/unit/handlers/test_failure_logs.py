@@ -26,8 +26,8 @@ def test_a_typed_batch_with_one_bad_payload_is_a_warning_that_the_others_were_ha
     [record] = caplog.records
     assert record.levelno == logging.WARNING and record.exc_info is None
     assert record.getMessage() == (
-        "handler tasks.on_invoices: 1 of 3 messages did not decode and went to invoices.dlq, the other 2 were "
-        "handled (offset 11: order_id: Expected `str`, got `int`)"
+        "handler tasks.on_invoices: 1 of 3 messages did not decode (PayloadError) and went to invoices.dlq, the other 2 "
+        "were handled (offset 11: order_id: Expected `str`, got `int`)"
     )
     assert record.offset == 11 and record.partition == 2 and record.group == "billing"  # type: ignore[attr-defined]
 

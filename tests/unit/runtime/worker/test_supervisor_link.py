@@ -97,8 +97,8 @@ class _Reader:
         taken, self.batch = self.batch[:most], self.batch[most:]
         return taken
 
-    def get_watermark_offsets(self, _partition: object, cached: bool = False) -> tuple[int, int]:
-        return 0, 12
+    def fetched_end(self, _topic: str, _partition: int) -> int:
+        return 12
 
 
 def test_a_fetch_with_an_error_among_its_messages_returns_the_messages() -> None:

@@ -380,6 +380,9 @@ class FakeConsumer:
     def get_watermark_offsets(self, tp: TopicPartition, timeout: float = -1, cached: bool = False) -> tuple[int, int]:
         return 0, self.end(tp.partition)
 
+    def fetched_end(self, _topic: str, partition: int) -> int:
+        return self.end(partition)
+
     def close(self) -> None:
         self.closed = True
 
