@@ -216,15 +216,11 @@ def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> 
     import asyncio
 
     from marshal_workers.handlers.asyncapi import asyncapi_json
-    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
     from marshal_workers.observe.autoscale_meter import AutoscaleMeter
     from marshal_workers.observe.dashboard import GroupWatcher, Publisher
     from marshal_workers.ops.dashboard_server import serve
 
-    app = None
-    if app_path is not None:
-        ensure_cwd_importable()
-        app = load_app(app_path)
+    app = _optional_app(app_path)
     settings = _load(config_file, app_defaults=None if app is None else app.settings, **options)
     group = settings.require_group()
     described = None if app is None else (lambda: asyncapi_json(app, brokers=settings.brokers))
@@ -274,11 +270,9 @@ def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> 
 def run(app_path: str, config_file: str | None, **options: Any) -> None:
     """Run the handlers of MODULE:APP: one worker process per claimed partition, and --processes workers per
     shared handler."""
-    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
     from marshal_workers.runtime.supervisor.supervisor import Supervisor
 
-    ensure_cwd_importable()
-    app = load_app(app_path)
+    app = _app(app_path)
     settings = _load(config_file, app_defaults=app.settings, **options)
     settings.require_group()
     if settings.dashboard and not settings.metrics_port:
@@ -416,13 +410,11 @@ def replay_command(
     **options: Any,
 ) -> None:
     """Run MODULE:APP's handler over a range of TOPIC's history on Spark (never touches the group's positions)."""
-    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
     from marshal_workers.spark import planner, ranges, replay
     from marshal_workers.spark.session import parse_spark_conf, spark_session
 
     conf = parse_spark_conf(spark_conf)
-    ensure_cwd_importable()
-    app = load_app(app_path)
+    app = _app(app_path)
     settings = _load(config_file, app_defaults=app.settings, **options)
     if topic not in app.handlers:
         raise ConfigError(f"{app_path} has no handler for topic {topic!r}; it handles {', '.join(app.topics)}")
@@ -641,10 +633,8 @@ def admin_set_position(
 def asyncapi(app_path: str, title: str | None, doc_version: str, brokers: str | None, output: str | None) -> None:
     """Print the AsyncAPI 3.0 document of MODULE:APP: the topics it handles and sends to, and their payloads."""
     from marshal_workers.handlers.asyncapi import asyncapi_json
-    from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
 
-    ensure_cwd_importable()
-    text = asyncapi_json(load_app(app_path), title, doc_version, brokers)
+    text = asyncapi_json(_app(app_path), title, doc_version, brokers)
     if output is None:
         click.echo(text.decode(), nl=False)
     else:
@@ -696,24 +686,27 @@ def topics_list(app_path: str | None, config_file: str | None, as_json: bool, **
     if as_json:
         click.echo(orjson.dumps({"topics": rows}).decode())
     else:
-        width = max((len(row["topic"]) for row in rows), default=5)
-        click.echo(f"{'TOPIC':<{width}}  PARTITIONS  USED BY")
-        for row in rows:
-            partitions = "missing" if row["partitions"] is None else str(row["partitions"])
-            click.echo(f"{row['topic']:<{width}}  {partitions:>10}  {', '.join(row['used_by']) or '-'}")
+        from marshal_workers.observe.status import aligned
+
+        cells = [(row["topic"], "missing" if row["partitions"] is None else str(row["partitions"]),
+                  ", ".join(row["used_by"]) or "-") for row in rows]  # fmt: skip
+        click.echo("\n".join(aligned(("TOPIC", "PARTITIONS", "USED BY"), cells)))
     missing = [row["topic"] for row in rows if row["partitions"] is None]
     if missing:
         click.echo(f"missing: {', '.join(missing)}: marshal-workers topics create {app_path} --partitions N", err=True)
         sys.exit(ExitCode.UNKNOWN_TOPIC)
 
 
-def _optional_app(app_path: str | None) -> Any:
-    if app_path is None:
-        return None
+def _app(app_path: str) -> Any:
+    """MODULE:APP imported as ``run`` imports it: from the current directory too (AppLoadError if it cannot be)."""
     from marshal_workers.handlers.loader import ensure_cwd_importable, load_app
 
     ensure_cwd_importable()
     return load_app(app_path)
+
+
+def _optional_app(app_path: str | None) -> Any:
+    return None if app_path is None else _app(app_path)
 
 
 def _key_value(item: str, option: str) -> tuple[str, str]:

@@ -423,9 +423,9 @@ def run_app(
             for topic, batch in pending.items():
                 results = run_handler(app, topic, batch, sleep=sleep, lifecycle=False, seed=seed)
                 run.results += results
-                for sent in _sent_once(results):
+                for sent, sender in _sent_once(results):
                     handled = sent[0] in app.handlers
-                    run.sent.append(SentMessage(*sent, sent_by=_sent_by(results, sent), handled=handled))
+                    run.sent.append(SentMessage(*sent, sent_by=sender, handled=handled))
                     if handled:
                         value, key, headers = sent[1], sent[2], sent[3]
                         message = make_message(value, topic=sent[0], key=key, headers=headers,
@@ -450,15 +450,15 @@ def _placed(given: Message | bytes | str | Mapping[str, Any], topic: str, next_o
     return make_message(given, topic=topic, offset=offset)
 
 
-def _sent_once(results: list[HandlerResult]) -> Iterator[tuple[str, bytes | None, bytes | None, Any]]:
-    """What the calls of ``results`` sent, each once: a batch's messages share one list."""
+def _sent_once(
+    results: list[HandlerResult],
+) -> Iterator[tuple[tuple[str, bytes | None, bytes | None, Any], Message]]:
+    """What the calls of ``results`` sent, each once (a batch's messages share one list), with the message whose
+    call sent it (a batch's first)."""
     seen: set[int] = set()
     for result in results:
         if id(result.sent) in seen:
             continue
         seen.add(id(result.sent))
-        yield from result.sent
-
-
-def _sent_by(results: list[HandlerResult], sent: tuple[str, bytes | None, bytes | None, Any]) -> Message:
-    return next(r.message for r in results if any(s is sent for s in r.sent))
+        for sent in result.sent:
+            yield sent, result.message
