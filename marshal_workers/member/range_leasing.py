@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from marshal_workers.member.shell import Log, OnFailure, OnVerdicts, Quiet
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
@@ -42,26 +43,6 @@ from marshal_workers.protocol.world_state import WorldState, per_entry
 W = TypeVar("W", bound=PoolWorker)
 W_contra = TypeVar("W_contra", bound=PoolWorker, contravariant=True)  # the shell takes workers, never gives them
 T = TypeVar("T")
-OnVerdicts = Callable[[list[Any]], None]
-OnFailure = Callable[[Exception], None]
-
-
-class Log(Protocol):
-    """Where the core says what went wrong (a supervisor's log; the simulator's is quiet)."""
-
-    def warning(self, msg: str, *args: Any) -> None: ...
-
-    def error(self, msg: str, *args: Any) -> None: ...
-
-
-class Quiet:
-    """A log that says nothing: the simulator counts what happens instead."""
-
-    def warning(self, msg: str, *args: Any) -> None:
-        pass
-
-    def error(self, msg: str, *args: Any) -> None:
-        pass
 
 
 class LeasingShell(Protocol[W_contra]):

@@ -171,6 +171,11 @@ class Skipper:
         return f"Skipper({self.ranges()!r})"
 
 
+def above(ranges: list[Range], offset: int) -> list[Range]:
+    """The parts of ``ranges`` strictly above ``offset``."""
+    return [(max(start, offset + 1), stop) for start, stop in ranges if stop > offset + 1]
+
+
 def resume_past(start: int, done: Iterable[Range]) -> tuple[int, list[Range]]:
     """Where to resume and what to skip, given a start offset and done ranges (any order, any overlap):
     the first offset at or after ``start`` not done, and the done ranges above it, merged and sorted

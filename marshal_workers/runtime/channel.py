@@ -24,7 +24,7 @@ from typing import Any
 
 from marshal_workers.core.config import Settings
 from marshal_workers.observe.latency import LATENCY_BOUNDS
-from marshal_workers.protocol.done_set import MAX_RUNS, Range, Runs, decode, encode
+from marshal_workers.protocol.done_set import MAX_RUNS, Range, Runs, above, decode, encode
 
 NOT_YET = -1  # a field that has no value yet
 
@@ -75,11 +75,6 @@ _DONE_LENGTH = _DONE_SEQUENCE + 2
 _DONE_RUNS = _DONE_SEQUENCE + 3
 SLOT_SIZE = _DONE_RUNS + MAX_RUNS
 _READ_TRIES = 100
-
-
-def above(ranges: list[Range], offset: int) -> list[Range]:
-    """The parts of ``ranges`` strictly above ``offset``."""
-    return [(max(start, offset + 1), stop) for start, stop in ranges if stop > offset + 1]
 
 
 class Slot:

@@ -114,7 +114,7 @@ class Checkpointing:
         def due(partition: int) -> bool:
             return checkpoints.due(world, partition, now_ms, self.interval_ms, me)
 
-        for partition in schedule.to_write(now, member.running, len(self.fleet.log.partitions), due):
+        for partition in schedule.to_write(now, member.running(), len(self.fleet.log.partitions), due):
             records = checkpoints.state_records(world, partition, member.read_at[partition], member.common())
 
             def settled(

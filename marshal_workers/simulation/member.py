@@ -1,32 +1,39 @@
-"""A simulated member: the supervisor's component for whole partitions, on the virtual clock and log.
+"""A simulated member: the member core's driver on the virtual clock and log, as a supervisor is on Kafka.
 
-It is the I/O shell that runtime/supervisor/partition_claims.py is for a real supervisor, around the same
-``ClaimingPolicy`` (protocol/claiming.py): it reads its fold of the log, collects the verdicts of its writes,
-and asks the policy what to claim, heartbeat, hand over and release, every pass of its loop (``tick_s``).  Its
-workers are numbers: each handles its partition at the handler's rate, only while its lease holds (the lease
+What it claims, heartbeats, hands over and releases is the member core's ``PartitionHolding``
+(member/partition_holding.py), what it does about operators' orders its ``Obeying`` (member/obeying.py): the
+objects a supervisor's components drive (runtime/supervisor/partition_claims.py, remote_control.py).  This is
+their shell and the world around them: its fold of the simulated log, the verdicts of its writes, its clocks, its
+workers, its faults.  Every pass of its loop (``tick_s``) collects the verdicts of its writes, reaps its workers,
+writes the checkpoints due, reads its orders, steps its whole partitions, then its batch claims and shared topics.
+Its workers are numbers: each handles its partition at the handler's rate, only while its lease holds (the lease
 rule is ``claiming.lease_until``, as a real worker's), and stops a little after it is asked to.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, heartbeat_records
-from marshal_workers.protocol import codec
-from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall, Key, lease_until
+from marshal_workers.member.obeying import Obeying
+from marshal_workers.member.partition_holding import PartitionHolding, Position, settle_exit
+from marshal_workers.member.shell import OnFailure, OnVerdicts
+from marshal_workers.protocol import codec, done_set
+from marshal_workers.protocol.claiming import ClaimingSettings, Key
 from marshal_workers.protocol.health import PartitionHealth, Sample
 from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock
-from marshal_workers.simulation.range_pool_sim import SimSharedTopic
+from marshal_workers.simulation.range_pool_sim import NotConfirmed, SimSharedTopic
 from marshal_workers.simulation.shared_fold import SharedFold
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog, SimWrite
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -43,6 +50,7 @@ class SimAssignment:
     lost: bool = False
     unhealthy: bool = False
     handing_over: bool = False
+    ordered: str | None = None  # handed over on an operator's order
     health: PartitionHealth = field(default_factory=PartitionHealth)
     claimed_end: int = -1  # at most once: the end of the last batch claim accepted (amo_claims.py)
     claim_asked: bool = False  # at most once: a batch claim is asked for and not decided yet
@@ -60,7 +68,7 @@ class Environment(Protocol):
 
     def holding(self, member: SimMember, assignment: SimAssignment) -> None: ...
 
-    def before_heartbeat(self, member: SimMember, now: float) -> None: ...
+    def write_checkpoints(self, member: SimMember, now: float) -> None: ...
 
     def gone(self, member: SimMember, assignment: SimAssignment) -> None: ...
 
@@ -86,20 +94,15 @@ class SimMember:
         self.world = world
         config = env.config
         self.rng = random.Random(f"{config.seed}/{client}/{instance}")  # str seeds hash the same in every process
-        self.policy = ClaimingPolicy(self.me, settings, self.rng)
-        self.health_policy = settings.health_policy(call_time_limit=0.0)
-        self.partition_counts = config.whole_counts()  # shared topics are leased by ranges, never claimed whole
-        self.total = sum(self.partition_counts.values())
         self.assignments: dict[Key, SimAssignment] = {}
+        self.claims = PartitionHolding(self.me, settings, self.rng, self.assignments, self)
+        self._partition_counts = config.whole_counts()  # shared topics are leased by ranges, never claimed whole
         self.pending: list[tuple[SimWrite, Callable[[list[Any]], None], Callable[[], None]]] = []
         self.read_at = [0] * len(env.log.partitions)  # the next offset to fold, per coordination partition
         self.read_lag = self.rng.uniform(*config.read_lag_s)
         self.alive = True
-        self.running = True  # False once it leaves (a graceful stop)
-        self.claiming = True
-        self.drained = False  # by an operator (simulation/operator.py): claim nothing, hand everything over
+        self.leaving = False  # a graceful stop began: nothing more is claimed
         self.started_ms = EPOCH_MS + env.clock.now_ms  # a shutdown ordered before this is not for us
-        self.release_seen = False
         self.frozen = False
         self.skew_ms = 0  # our records' ts is off by this
         self.clock_skew_ms = 0  # and the wall clock our decisions read (skew ...,of=clock)
@@ -113,6 +116,7 @@ class SimMember:
         self.shared = [SimSharedTopic(topic, count, topic in config.amo_topic_names(), env, self,
                                       Holder(client, instance), self.rng)
                        for topic, count in config.shared_counts().items()]  # fmt: skip
+        self.obeying = Obeying(self.me, self.started_ms, config.heartbeat_s / 2, config.shared_counts(), self)
 
     # ------------------------------------------------------------- the loop
 
@@ -129,21 +133,23 @@ class SimMember:
             return
         if not self.frozen:
             if now >= self.reads_stalled_until:
-                self.read(now - self.read_lag)
+                self.read_log(now - self.read_lag)
             self.collect(now)
             self.reap_workers(now)
-            self.step(now)
+            env.write_checkpoints(self, now)
+            self.obeying.step(now)
+            self.claims.step(now)
             self.amo.step(now, self.assignments.values())
             for shared in self.shared:
                 shared.step(now)
-            if not self.running and not self.assignments and not self.pending and self.policy.stopped() and all(
+            if self.leaving and not self.assignments and not self.pending and self.claims.stopped() and all(
                 shared.stopped() for shared in self.shared
             ):
                 self.alive = False  # left the group: every partition released
                 return
         env.clock.after(env.config.tick_s, self.loop_pass)
 
-    def read(self, until: float) -> None:
+    def read_log(self, until: float) -> None:
         """Fold what the log holds up to ``until`` (virtual seconds); note our own records' verdicts."""
         shared = self.env.shared
         if shared is not None:
@@ -159,7 +165,7 @@ class SimMember:
             self.read_at[partition] = position
 
     def _read_shared(self, shared: SharedFold, until: float) -> None:
-        """As ``read``, with the fleet's one fold of the log: our view is its state where we have read up to."""
+        """As ``read_log``, with the fleet's one fold of the log: our view is its state where we have read up to."""
         start = self.read_at[0]
         position = shared.position_at(start, until)
         if position == start:
@@ -167,7 +173,7 @@ class SimMember:
         self.read_at[0] = position
         self.world = shared.state_at(position)
         if shared.releases_between(start, position):
-            self.release_seen = True
+            self.claims.release_seen()
         for sent, _, _ in self.pending:
             sent.read_up_to(position)
 
@@ -177,7 +183,7 @@ class SimMember:
         if origin is not None and origin.writer is self:
             origin.verdicts[entry.index] = verdict
         if verdict and type(entry.record) is codec.Release:
-            self.release_seen = True
+            self.claims.release_seen()
 
     def collect(self, now: float) -> None:
         """Run the callbacks of the writes decided (our fold gave every verdict) or overdue (failed)."""
@@ -208,211 +214,119 @@ class SimMember:
         """The time we compare with record times (our wall clock, as a supervisor's coordinator.now_ms)."""
         return EPOCH_MS + self.env.clock.now_ms + self.clock_skew_ms
 
-    # ------------------------------------------------------------- the step
+    # ------------------------------------------- the shell the member core drives
 
-    def step(self, now: float) -> None:
-        policy = self.policy
-        if self.release_seen:
-            self.release_seen = False
-            policy.release_seen()
-        if policy.heartbeat_due(now):
-            self.env.before_heartbeat(self, now)  # operators' orders, checkpoints
-            self.heartbeat(now)
-            self.rebalance(now)
-        if policy.claim_due(now):
-            self.claim_free(now)
+    def running(self) -> bool:
+        return not self.leaving
 
-    def claim_free(self, now: float) -> None:
-        if not self.running or not self.claiming or self.drained:
-            return
-        free = self.policy.partitions_to_claim(self.world, self.partition_counts, self.assignments.keys(), now,
-                                               self.now_ms())  # fmt: skip
-        if free:
-            self.claim_all(free)
+    def clock(self) -> float:
+        return self.env.clock.now
 
-    def claim_all(self, keys: list[Key]) -> None:
-        if not self.running:
-            return
-        keys = self.policy.claims_sent(keys)
-        if not keys:
-            return
-        written_ms = self.env.clock.now_ms  # before the write: the lease errs short
-        common = self.common()
-        records: list[codec.Record] = [codec.Claim(**common, topic=t, partition=p) for t, p in keys]
-        self.write(records, lambda verdicts: self.after_claims(keys, verdicts, written_ms),
-                   lambda: self.policy.claims_failed(keys))  # fmt: skip
+    def lease_clock_ms(self) -> int:
+        return self.env.clock.now_ms
 
-    def after_claims(self, keys: list[Key], verdicts: list[Any], written_ms: int) -> None:
-        won = self.policy.claims_decided(keys, [bool(v) for v in verdicts])
-        positions = {}
-        for key in won:
-            state = self.world.get(*key)
-            positions[key] = None if state is None else state.resume_offset
+    def fields(self) -> dict[str, Any]:
+        return self.common()
+
+    def read(self, query: Callable[[WorldState], T]) -> T:
+        return query(self.world)
+
+    def partition_counts(self) -> Mapping[str, int]:
+        return self._partition_counts
+
+    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure) -> None:
+        self.write(records, on_verdicts, lambda: on_failure(NotConfirmed(what)))
+
+    def look_up(self, keys: list[Key], then: Callable[[dict[Key, Position]], None]) -> None:
+        """Partitions never seen start at 0.  With ``position_lookup_s``, finding that out costs the loop a while,
+        as a real supervisor's asks Kafka (committed, then reset offsets), its loop waiting."""
+        found: dict[Key, Position] = {key: (0, []) for key in keys}
         lookup = self.env.config.position_lookup_s
-        if lookup > 0 and any(resume is None for resume in positions.values()):
-            # Not in the log: a real supervisor asks Kafka (committed, then reset offsets), its loop waiting.
-            clock = self.env.clock
-            self.busy_until = max(self.busy_until, clock.now) + lookup * self.rng.uniform(0.5, 1.5)
-            clock.at(self.busy_until, lambda: self.start_won(positions, written_ms))
-        else:
-            self.start_won(positions, written_ms)
+        if lookup <= 0:
+            then(found)
+            return
+        clock = self.env.clock
+        self.busy_until = max(self.busy_until, clock.now) + lookup * self.rng.uniform(0.5, 1.5)
+        clock.at(self.busy_until, lambda: self._looked_up(found, then))
 
-    def start_won(self, positions: dict[Key, int | None], written_ms: int) -> None:
-        """Take the partitions won (a partition never seen starts at 0), then heartbeat them all."""
+    def _looked_up(self, found: dict[Key, Position], then: Callable[[dict[Key, Position]], None]) -> None:
         if not self.alive:
             return
         if self.frozen:  # the lookup resumes with the process
-            self.env.clock.after(self.env.config.tick_s, lambda: self.start_won(positions, written_ms))
+            self.env.clock.after(self.env.config.tick_s, lambda: self._looked_up(found, then))
             return
-        started = []
-        for key, resume in positions.items():
-            assignment = self.take(key, 0 if resume is None else resume, written_ms)
-            if assignment is not None:
-                started.append(assignment)
-        if started:
-            self.send_heartbeats(started)
+        then(found)
 
-    def take(self, key: Key, start: int, written_ms: int) -> SimAssignment | None:
+    def take(self, key: Key, start: int, skip: list[done_set.Range]) -> SimAssignment:
         now = self.env.clock.now
         assignment = SimAssignment(key, float(start), now, now + self.env.config.start_delay_s, claimed_at=now)
-        assignment.lease_until_ms = lease_until(written_ms, self.env.config.heartbeat_ms)
-        self.assignments[key] = assignment
         self.env.resumed(self, key, start)
         self.env.holding(self, assignment)
-        if not self.running:
-            self.release(assignment)  # the claim was in flight when the stop began
-            return None
         return assignment
 
-    def heartbeat(self, now: float) -> None:
-        held = [a for a in self.assignments.values() if not a.lost]
-        if held:
-            self.send_heartbeats(held)
+    def start_worker(self, assignment: SimAssignment) -> None:
+        pass  # it is up at worker_up_at (the fork)
 
-    def send_heartbeats(self, held: list[SimAssignment]) -> None:
-        now = self.env.clock.now
-        offsets = [self.progress(a, now) for a in held]
-        written_ms = self.env.clock.now_ms
-        topics = [a.key[0] for a in held]
-        reports = [self.lag_and_rate(a, offset, now) for a, offset in zip(held, offsets)]
-        beats = [codec.Beat(partition=a.key[1], offset=offset, lag=lag, rate=rate)
-                 for a, offset, (lag, rate) in zip(held, offsets, reports)]  # fmt: skip
-        chunks = beat_chunks(topics, [0] * len(held))  # split as a real member splits them (no done sets here)
-        records = heartbeat_records(self.common(), topics, beats, chunks)
+    def stop_worker(self, assignment: SimAssignment) -> bool:
+        if assignment.worker_up_at > self.env.clock.now:
+            return False
+        if assignment.stopping_at is None:
+            assignment.stopping_at = self.env.clock.now + self.env.config.stop_delay_s
+        return True
 
-        def decided(verdicts: list[Any]) -> None:
-            accepted = entry_verdicts(chunks, verdicts, len(held))
-            self.after_heartbeats(held, accepted, written_ms)
-
-        self.write(records, decided, lambda: None)  # a heartbeat not confirmed: the leases run out
-
-    def lag_and_rate(self, assignment: SimAssignment, offset: int, now: float) -> tuple[int | None, float | None]:
-        """What a real supervisor reports with each beat (partition_claims._progress), so that the records have
-        its size: the lag once the worker is up (it reports the high watermark), the smoothed consume rate
-        once the health monitor has one (rounded to 0.1)."""
+    def beat(self, assignment: SimAssignment, now: float) -> codec.Beat:
+        """What a real supervisor reports with each beat (partition_claims.beat), so that the records have its
+        size: the lag once the worker is up (it reports the high watermark), the smoothed consume rate once the
+        health monitor has one (rounded to 0.1)."""
+        offset = self.progress(assignment, now)
         lag = None if assignment.worker_up_at > now else max(self.env.high_watermark(assignment.key, now) - offset, 0)
         rate = assignment.health.consume_rate
-        return lag, None if rate is None else round(max(rate, 0.0), 1)
+        return codec.Beat(partition=assignment.key[1], offset=offset, lag=lag,
+                          rate=None if rate is None else round(max(rate, 0.0), 1))  # fmt: skip
 
-    def after_heartbeats(self, held: list[SimAssignment], accepted: list[bool], written_ms: int) -> None:
-        for assignment, ok in zip(held, accepted):
-            if self.assignments.get(assignment.key) is not assignment or assignment.lost:
-                continue  # released, or lost, since this heartbeat was written
-            if ok:
-                lease = lease_until(written_ms, self.env.config.heartbeat_ms)
-                assignment.lease_until_ms = max(assignment.lease_until_ms, lease)  # a late verdict never shortens it
-                self.check_health(assignment)
-            else:
-                self.lose(assignment)
+    def position(self, assignment: SimAssignment) -> tuple[int, list[int]]:
+        return int(assignment.offset), []
 
-    def check_health(self, assignment: SimAssignment) -> None:
-        now = self.env.clock.now
-        if assignment.worker_up_at > now or assignment.unhealthy or assignment.stopping_at is not None:
-            return
-        sample = Sample(now, self.progress(assignment, now), self.env.high_watermark(assignment.key, now))
-        now_ms, policy, world = self.now_ms(), self.policy, self.world
-        assignment.health, _, call = policy.judge_health(
-            assignment.health,
-            sample,
-            self.health_policy,
-            self.running,
-            others=lambda: policy.others_live(world, now_ms),
-        )
-        if call is HealthCall.HAND_OVER:
-            assignment.unhealthy = True
-            self.stop_worker(assignment)
+    def sample(self, assignment: SimAssignment, now: float) -> Sample | None:
+        """None while its worker is not up, or on its way out."""
+        if assignment.worker_up_at > now or assignment.stopping_at is not None:
+            return None
+        return Sample(now, self.progress(assignment, now), self.env.high_watermark(assignment.key, now))
+
+    def forgotten(self, assignment: SimAssignment) -> None:
+        self.env.gone(self, assignment)
+
+    def confirmed(self, positions: list[tuple[str, int, int]]) -> None:
+        pass  # no group offsets to back the log up with
+
+    def holding(self) -> Iterable[SimAssignment]:
+        return self.assignments.values()
+
+    def shut_down(self) -> None:
+        self.leave()
+
+    def drain(self, drained: bool) -> None:
+        self.claims.drain(drained)
+
+    def hold_back(self, topics: set[str]) -> None:
+        for shared in self.shared:
+            shared.leasing.held_back = shared.topic in topics
+
+    def hand_over(self, assignment: SimAssignment, reason: str) -> None:
+        self.claims.hand_over(assignment, reason)
 
     def lose(self, assignment: SimAssignment) -> None:
-        """Someone else owns the partition: the worker stops at once (its lease is void), nothing is released."""
-        assignment.lease_until_ms = 0
-        assignment.lost = True
-        owner = self.world.owner(*assignment.key)
-        if owner is not None and owner.client == self.me.client and owner.instance != self.me.instance:
-            self.claiming = False  # another instance of our client: claim nothing more (as a supervisor does)
-        if assignment.worker_up_at > self.env.clock.now:
-            self.forget(assignment)
-        else:
-            self.stop_worker(assignment)
-
-    def rebalance(self, now: float) -> None:
-        if not self.running or not self.claiming or self.drained:
-            return
-        offered = sorted(
-            (a for a in self.assignments.values() if not (a.lost or a.unhealthy or a.handing_over)),
-            key=lambda a: a.claimed_at,
-        )
-        decided = self.policy.rebalance(self.world, self.total, len(self.assignments), [a.key for a in offered], now,
-                                        self.now_ms())  # fmt: skip
-        for key in decided.hand_over:
-            self.give_back(self.assignments[key])
-        if decided.ask is not None:
-            self.claim_all([decided.ask])  # accepted only if its owner went stale: a take-over
-
-    def give_back(self, assignment: SimAssignment) -> None:
-        assignment.handing_over = True
-        if assignment.worker_up_at > self.env.clock.now:
-            self.release_handed_over(assignment)
-        else:
-            self.stop_worker(assignment)
-
-    def release_handed_over(self, assignment: SimAssignment) -> None:
-        self.release(assignment)
-        self.policy.handed_over(assignment.key, self.env.clock.now)
-
-    def release(self, assignment: SimAssignment, sick: bool = False) -> None:
-        offset = self.amo.release_offset(assignment)
-        key = assignment.key
-        self.forget(assignment)
-        if self.world.owner(*key) != self.me:
-            return  # only an owner's release means anything
-        policy = self.policy
-        policy.released(key, sick, self.env.clock.now)
-        record = codec.Release(**self.common(), topic=key[0], partition=key[1], offset=offset)
-        self.write([record], lambda verdicts: policy.release_decided(key), lambda: policy.release_decided(key))
-
-    def forget(self, assignment: SimAssignment) -> None:
-        if self.assignments.get(assignment.key) is assignment:
-            del self.assignments[assignment.key]
-        self.env.gone(self, assignment)
+        self.claims.lose(assignment)
 
     # ------------------------------------------------------------ workers
 
-    def stop_worker(self, assignment: SimAssignment) -> None:
-        if assignment.stopping_at is None:
-            assignment.stopping_at = self.env.clock.now + self.env.config.stop_delay_s
-
     def reap_workers(self, now: float) -> None:
-        """Workers that exited: release their partitions as the worker pool does (sick, handed over, lost)."""
+        """Workers that exited: what that means for their partitions is the member core's, as for the worker
+        pool (``settle_exit``); a simulated worker exits only when asked to."""
         for assignment in [a for a in self.assignments.values() if a.stopping_at is not None and a.stopping_at <= now]:
             self.progress(assignment, assignment.stopping_at)  # type: ignore[arg-type]
-            if assignment.lost:
-                self.forget(assignment)
-            elif assignment.unhealthy:
-                self.release(assignment, sick=True)
-            elif assignment.handing_over:
-                self.release_handed_over(assignment)
-            else:
-                self.release(assignment)  # a graceful stop
+            if not settle_exit(assignment, self.claims, False, self.leaving):
+                self.claims.release(assignment)
 
     def progress(self, assignment: SimAssignment, now: float) -> int:
         """The worker's next offset at ``now``: it handles at its rate from when it is up, only within its lease,
@@ -444,7 +358,7 @@ class SimMember:
         for assignment in list(self.assignments.values()):
             if self.amo.is_amo(assignment.key):
                 self.progress(assignment, now)  # what its worker handled up to the crash (at most once: counted)
-            self.forget(assignment)
+            self.claims.forget(assignment)
         for shared in self.shared:
             shared.crash()
 
@@ -466,32 +380,10 @@ class SimMember:
 
     def leave(self) -> None:
         """A graceful stop: nothing more is claimed; each worker stops and its partition is released."""
-        self.running = False
+        self.leaving = True
         for shared in self.shared:
             shared.begin_stop()
-        for assignment in list(self.assignments.values()):
-            if assignment.worker_up_at > self.env.clock.now:
-                self.release(assignment)
-            else:
-                self.stop_worker(assignment)
-
-    # ------------------------------------------------------ operators' orders
-
-    def shared_topics(self) -> list[str]:
-        return [shared.topic for shared in self.shared]
-
-    def shut_down(self) -> None:
-        self.leave()
-
-    def drain(self, drained: bool) -> None:
-        self.drained = drained
-
-    def hold_back(self, topics: set[str]) -> None:
-        for shared in self.shared:
-            shared.leasing.held_back = shared.topic in topics
-
-    def hand_over(self, assignment: SimAssignment, reason: str) -> None:
-        self.give_back(assignment)
+        self.claims.begin_stop()
 
     def slow(self, rate: float | None) -> None:
         now = self.env.clock.now

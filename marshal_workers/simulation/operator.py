@@ -4,11 +4,11 @@ invariant that they do.
 ``--fault order@T:ACTION[,ARGS]`` writes, at ``T``, the record ``admin`` writes for that order (codec.Control to
 every coordination partition for ``drain``/``resume``/``shutdown``, codec.PauseTopic for ``pause``/``resume
 --topic``, codec.ReleasePartition for ``release``), with the real codec, into the simulated log.  Every member
-folds it like any record, and obeys it with the code a real supervisor's component for orders
-(runtime/supervisor/remote_control.py) runs: the same pure reading of its fold (protocol/orders.py:
-``orders_for``) and the same steps (member/obeying.py: ``obey``), every HB/2 before its heartbeat: a shutdown is
-a graceful stop, a drain stops claiming and balancing, the shared topics held back lease no more ranges, and
-every partition an order gives up is handed over as balance does.
+folds it like any record, and obeys it with the member core a real supervisor's component for orders
+(runtime/supervisor/remote_control.py) drives (member/obeying.py: ``Obeying``; simulation/member.py drives it
+too): every HB/2 before its heartbeat it reads its orders from its fold (protocol/orders.py: ``orders_for``) and
+obeys them: a shutdown is a graceful stop, a drain stops claiming and balancing, the shared topics held back lease
+no more ranges, and every partition an order gives up is handed over as balance does.
 
 **Orders obeyed**: from the moment a member whose partition an order gives up has folded the order, the
 partition is no longer its own and fresh in the oracle's fold within ``order_bound_hb`` HB (default 2: HB/2 to
@@ -19,14 +19,11 @@ its last heartbeat).  The safety invariants (one live owner, nothing skipped) ar
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from marshal_workers.member.obeying import obey
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import Key
-from marshal_workers.protocol.orders import Orders, orders_for
 from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.faults import Fault
@@ -36,7 +33,6 @@ from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog, SimWrite
 
 ORDER_RECORDS = (codec.Control, codec.PauseTopic, codec.ReleasePartition)
-OrdersFor = Callable[[WorldState, Owner, int, int], Orders]  # protocol/orders.py's orders_for, or a test's copy
 
 
 class Fleet(Protocol):
@@ -79,9 +75,8 @@ class Order:
 class Operator:
     """Writes the orders of a run's ``order`` faults, makes members obey them, and checks they do."""
 
-    def __init__(self, fleet: Fleet, orders: OrdersFor = orders_for) -> None:
+    def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.orders_for = orders
         config = fleet.config
         self.rng = random.Random(f"{config.seed}/operator")
         self.me = Owner("operator", f"{self.rng.getrandbits(64):016x}")
@@ -135,7 +130,7 @@ class Operator:
 
     def _client(self, fault: Fault) -> str | None:
         """The client an order names (``member=N``), or one drawn from the running members."""
-        members = [m for m in self.fleet.members() if m.running]
+        members = [m for m in self.fleet.members() if m.running()]
         if fault.member is not None:
             return f"host-{fault.member:04d}"
         return self.rng.choice(members).me.client if members else None
@@ -210,15 +205,6 @@ class Operator:
             fleet.clock.after(fleet.config.heartbeat_s / 10, self._watch)
         else:
             self._watching = False
-
-    # ------------------------------------------------------------- obeying
-
-    def obey(self, member: SimMember, now: float) -> None:
-        """What a real supervisor's RemoteControl.obey_operators does, every HB/2 before the heartbeat."""
-        if not member.running:
-            return
-        orders = self.orders_for(member.world, member.me, member.started_ms, member.now_ms())
-        obey(orders, member.shared_topics(), member.assignments.values(), member)
 
     # ------------------------------------------------------------- figures
 

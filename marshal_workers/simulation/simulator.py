@@ -169,8 +169,7 @@ class Simulation:
         """Every host's current instance."""
         return [h.member for h in self.hosts if h.member is not None]
 
-    def before_heartbeat(self, member: SimMember, now: float) -> None:
-        self.operator.obey(member, now)
+    def write_checkpoints(self, member: SimMember, now: float) -> None:
         self.checkpointing.step(member, now)
 
     def holding(self, member: SimMember, assignment: SimAssignment) -> None:
@@ -278,8 +277,8 @@ class Simulation:
 
     def _fleet(self) -> list[SimMember]:
         """The members that should hold a share now: live, not leaving, not frozen."""
-        return [h.member for h in self.hosts if h.member is not None and h.member.alive and h.member.running
-                and not h.member.frozen and not h.member.drained]  # fmt: skip
+        return [h.member for h in self.hosts if h.member is not None and h.member.alive and h.member.running()
+                and not h.member.frozen and not h.member.claims.drained]  # fmt: skip
 
     def _check_slow(self, now: float, fleet: int) -> None:
         bound = (self.config.behind_cycles + 4) * self.config.heartbeat_s / 2
@@ -310,7 +309,7 @@ class Simulation:
         return fault.at if lasts is None and fault.kind == "crash" else fault.at + (lasts or 0.0)
 
     def _targets(self, fault: Fault) -> list[Host]:
-        live = [h for h in self.hosts if h.member is not None and h.member.alive and h.member.running]
+        live = [h for h in self.hosts if h.member is not None and h.member.alive and h.member.running()]
         if fault.member is not None:
             return [h for h in live if h.number == fault.member]
         count = min(fault.count(), len(live))

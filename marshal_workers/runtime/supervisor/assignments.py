@@ -20,7 +20,6 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from marshal_workers.observe.metrics import PartitionStats
-from marshal_workers.protocol.claiming import lease_until
 from marshal_workers.protocol.health import CallInFlight, PartitionHealth, watch_call
 from marshal_workers.runtime.channel import Field, Slot, monotonic_ms
 
@@ -154,11 +153,15 @@ class Assignment:
             self.call, slot.get(Field.CALL_STARTED_MS), slot.get(Field.HANDLING_END), slot.get(Field.NEXT_OFFSET), now
         )
 
-    def extend_lease(self, written_ms: int, heartbeat_ms: int) -> None:
-        """Hold the partition until 2*HB after our accepted record, minus half an HB of safety."""
-        lease = lease_until(written_ms, heartbeat_ms)
-        if lease > self.slot.get(Field.LEASE_UNTIL_MS):  # a late verdict never shortens it
-            self.slot.set(Field.LEASE_UNTIL_MS, lease)
+    @property
+    def lease_until_ms(self) -> int:
+        """Its worker handles nothing at or after this (monotonic_ms): the lease the member core keeps
+        (member/partition_holding.py ``extend_lease``), in the slot for the worker to read."""
+        return self.slot.get(Field.LEASE_UNTIL_MS)
+
+    @lease_until_ms.setter
+    def lease_until_ms(self, value: int) -> None:
+        self.slot.set(Field.LEASE_UNTIL_MS, value)
 
 
 def signal_process(process: BaseProcess | None, signum: int) -> None:
@@ -177,9 +180,9 @@ MessageClaim = tuple[Assignment, Connection | None, int]  # who asked (which wor
 class Table:
     """What the supervisor's components share, one object handed to each (they hold no state of one another).
 
-    Written by: the claims (assignments won, released, lost; ``claiming``), the worker pool (workers started
-    from ``to_start``), remote control (``drained``), the topic watch (``partition_counts``), the loop (``phase``,
-    ``stop_signalled``, ``ready``).
+    Written by: the claims (assignments won, released, lost: the member core keeps them), the worker pool (workers
+    started from ``to_start``), the topic watch (``partition_counts``), the loop (``phase``, ``stop_signalled``,
+    ``ready``).
     """
 
     assignments: dict[Key, Assignment] = field(default_factory=dict)
@@ -187,8 +190,6 @@ class Table:
     stop_signalled: bool = False  # SIGTERM/SIGINT/SIGHUP received, perhaps not handled yet: fork nothing more
     ready: set[object] = field(default_factory=set)  # what the loop's last wait found readable: pipes, sentinels
     to_start: collections.deque[Assignment] = field(default_factory=collections.deque)  # claimed, no worker yet
-    claiming: bool = True  # False once another process took our client id's partitions: claim nothing more
-    drained: bool = False  # an operator drained our client (remote_control.py): claim nothing
     partition_counts: dict[str, int] = field(default_factory=dict)  # topics whose partitions are claimed whole
     shared_partition_counts: dict[str, int] = field(default_factory=dict)  # shared handlers' topics (shared_pool)
 

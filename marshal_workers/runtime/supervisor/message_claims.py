@@ -17,6 +17,7 @@ from typing import Any
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.in_flight import InFlightWrites
+from marshal_workers.member.partition_holding import extend_lease
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol.claim_batching import ClaimBatching
 from marshal_workers.runtime.channel import ClaimAnswer, monotonic_ms
@@ -115,7 +116,7 @@ class MessageClaims:
         for (assignment, connection, end), accepted in zip(asked, verdicts):
             if accepted:
                 assignment.claimed_end = max(assignment.claimed_end, end)
-                assignment.extend_lease(written_ms, self.settings.heartbeat_ms)
+                extend_lease(assignment, written_ms, self.settings.heartbeat_ms)
             if assignment.connection is connection:  # not a worker that has since been replaced
                 self._answer(assignment, ClaimAnswer.CLAIMED if accepted else ClaimAnswer.REFUSED)
         self._message_claims_decided()

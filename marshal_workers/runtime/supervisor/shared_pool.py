@@ -47,7 +47,8 @@ from marshal_workers.handlers.app import App, HandlerSpec, Mode
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
-from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLeasing
+from marshal_workers.member.range_leasing import RangeLeasing
+from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder

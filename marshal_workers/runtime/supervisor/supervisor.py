@@ -220,7 +220,7 @@ class Supervisor:
             start_process=fork_server_starter(context), fail=self._fail, rate_buckets=rate_buckets,
         )  # fmt: skip
         remote = RemoteControl(
-            table, coordinator, settings, log, started_ms, give_back=claims.give_back,
+            table, coordinator, settings, log, started_ms, hand_over=claims.hand_over, drain=claims.drain,
             shut_down=self._begin_graceful_stop, hold_back_shared=self._hold_back_shared,
             shared_topics=self.shared.topics.keys(),
         )  # fmt: skip
@@ -360,8 +360,8 @@ class Supervisor:
         parts, table, now = self._require_parts(), self.table, time.monotonic()
         return {
             "phase": table.phase.value,
-            "claiming": table.claiming,
-            "drained": table.drained,
+            "claiming": parts.claims.claiming,
+            "drained": parts.claims.drained,
             "balance": self.settings.balance,
             "topics": dict(table.partition_counts) | dict(table.shared_partition_counts),
             "partitions": [a.state(now) for a in sorted(table.assignments.values(), key=lambda a: a.key)],
@@ -378,8 +378,9 @@ class Supervisor:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """/readyz: caught up with the coordination log (start-up read it) and running, so it may claim."""
-        ready = self._coordinator is not None and self.table.running and self.table.claiming
-        return ready, {"phase": self.table.phase.value, "claiming": self.table.claiming}
+        claiming = self._parts is not None and self._parts.claims.claiming
+        ready = self._coordinator is not None and self.table.running and claiming
+        return ready, {"phase": self.table.phase.value, "claiming": claiming}
 
     # ------------------------------------------------------------- stopping
 

@@ -3,9 +3,10 @@
 One worker per partition held, forked from a fork server started before any
 Kafka client exists (librdkafka is not fork-safe), with the application
 preloaded.  What a worker's exit means (release, restart with backoff, apply
-a time limit, forget a lost partition) is decided here too; the release
-itself is the partition claims' (partition_claims.py), asked through
-:class:`Releases`.
+a time limit) is decided here too; what an exit means for the partition
+(forget it, release it, as sick or handed over) is the member core's
+(member/partition_holding.py ``settle_exit``), and the release itself the
+partition claims' (partition_claims.py), asked through :class:`Releases`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.handlers.app import App, Mode, OnError
 from marshal_workers.handlers.loader import split_app_path
+from marshal_workers.member.partition_holding import settle_exit
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.health import PartitionHealth
@@ -122,12 +124,8 @@ class WorkerPool:
         self._restart_due_workers(now)
 
     def begin_stop(self) -> None:
-        """Ask every worker to finish what it holds; a partition without one is released at once."""
-        for assignment in list(self.table.assignments.values()):
-            if assignment.process is None:
-                self.releases.release(assignment)  # waiting for a restart: nothing runs, release at once
-            else:
-                assignment.ask_worker_to_stop()
+        """Nothing: the partition claims ask every worker to finish what it holds (the member core's begin_stop);
+        each partition is released as its worker is reaped here."""
 
     def stopped(self) -> bool:
         """Every partition released (or forgotten): its worker exited."""
@@ -208,20 +206,14 @@ class WorkerPool:
 
     def _after_exit(self, assignment: Assignment, code: int) -> None:
         where = f"{assignment.topic}[{assignment.partition}]"
-        if assignment.lost:
-            self.releases.forget(assignment)
-        elif code == WorkerExit.BOOT_ERROR:
+        if code == WorkerExit.BOOT_ERROR and not assignment.lost:
             self.log.error("the worker for %s could not start (see its error above): stopping", where)
             self.releases.release(assignment)
             self._fail(ExitCode.WORKER_BOOT_ERROR)  # the others would fail the same way: the supervisor stops
-        elif code == WorkerExit.RELEASE or assignment.unhealthy:
-            self.releases.release(assignment, sick=True)
-        elif assignment.handing_over:
-            self.releases.release_handed_over(assignment)
+        elif settle_exit(assignment, self.releases, code == WorkerExit.RELEASE, stopping=not self.table.running):
+            return  # forgotten (lost), released as sick, handed over, or released at its progress (a stop)
         elif code == WorkerExit.LOST:
             self._after_lost_claim(assignment)
-        elif not self.table.running:
-            self.releases.release(assignment)  # stopped (or killed past the timeout): hand over at its progress
         elif assignment.timed_out is not None:
             self._after_time_limit(assignment)
         elif code == WorkerExit.RECYCLE and assignment.next_offset > assignment.started_offset:
@@ -336,10 +328,8 @@ class WorkerPool:
         """An AMO claim was refused: gone if someone else owns it, else (a lapsed lease) start again."""
         if not self.releases.owns(assignment):
             self.releases.forget(assignment)
-        elif self.table.running:
-            assignment.restart_at, assignment.restart_reason = time.monotonic(), "lost_claim"
         else:
-            self.releases.release(assignment)
+            assignment.restart_at, assignment.restart_reason = time.monotonic(), "lost_claim"
 
 
 def _describe_exit(code: int) -> str:

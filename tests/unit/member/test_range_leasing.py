@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLeasing
+from marshal_workers.member.range_leasing import RangeLeasing
+from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember

@@ -17,12 +17,12 @@ from sim_fleets import SEEDS, small
 
 from marshal_workers.cli import main
 from marshal_workers.errors import ConfigError
+from marshal_workers.member import obeying
 from marshal_workers.protocol import checkpoints
 from marshal_workers.protocol.orders import Orders, orders_for
 from marshal_workers.protocol.world_state import Owner, WorldState
 from marshal_workers.simulation.checkpointing import Checkpointing
 from marshal_workers.simulation.faults import parse_fault
-from marshal_workers.simulation.operator import Operator
 from marshal_workers.simulation.report import replay_command
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.simulator import Simulation, simulate
@@ -125,10 +125,9 @@ def drops_positions(state: WorldState, start: checkpoints.Start, source: int) ->
         found.offset = None
 
 
-def test_a_member_that_ignores_release_orders_is_caught() -> None:
-    simulation = Simulation(with_orders_and_checkpoints(0))
-    simulation.operator = Operator(simulation, ignores_releases)
-    violations = simulation.run()["violations"]
+def test_a_member_that_ignores_release_orders_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(obeying, "orders_for", ignores_releases)  # in the member core, which supervisors run too
+    violations = simulate(with_orders_and_checkpoints(0))["violations"]
     assert violations and {v["invariant"] for v in violations} == {"orders obeyed"}
     assert "still held by host-0001/" in violations[0]["detail"] and "release,member=1" in violations[0]["detail"]
 

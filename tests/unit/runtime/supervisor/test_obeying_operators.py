@@ -22,6 +22,8 @@ class Obeying:
         self.table = Table()
         self.coordinator = FoldedCoordinator()
         self.given_back: list[tuple[str, int]] = []
+        self.reasons: dict[tuple[str, int], str] = {}
+        self.drained = False
         self.shutdowns = 0
         self.held_back: set[str] = set()
         for partition in (0, 1):
@@ -29,9 +31,16 @@ class Obeying:
             self.coordinator.fold(codec.Claim(**record_of(self.coordinator.me, TS - 10), topic="orders", partition=partition))
         self.remote = RemoteControl(
             self.table, self.coordinator, settings(), logging.getLogger("test"), started_ms=TS - 100,
-            give_back=lambda a: self.given_back.append(a.key), shut_down=self.shut_down,
-            hold_back_shared=self.hold_back, shared_topics=["thumbs"],
+            hand_over=self.hand_over, drain=self.drain, shut_down=self.shut_down, hold_back_shared=self.hold_back,
+            shared_topics=["thumbs"],
         )  # fmt: skip
+
+    def hand_over(self, assignment: Assignment, reason: str) -> None:
+        self.given_back.append(assignment.key)
+        self.reasons[assignment.key] = reason
+
+    def drain(self, drained: bool) -> None:
+        self.drained = drained
 
     def shut_down(self) -> None:
         self.shutdowns += 1
@@ -52,14 +61,14 @@ def test_a_release_order_hands_over_that_partition_only() -> None:
     member = Obeying()
     member.ordered(codec.ReleasePartition(**record_of(ADMIN, TS), topic="orders", partition=1))
     assert member.given_back == [("orders", 1)]
-    assert member.table.assignments[("orders", 1)].ordered == "release"
-    assert member.shutdowns == 0 and not member.table.drained
+    assert member.reasons[("orders", 1)] == "release"
+    assert member.shutdowns == 0 and not member.drained
 
 
 def test_a_drain_hands_over_everything_and_holds_back_the_shared_topics() -> None:
     member = Obeying()
     member.ordered(control("drain", TS))
-    assert member.table.drained and sorted(member.given_back) == [("orders", 0), ("orders", 1)]
+    assert member.drained and sorted(member.given_back) == [("orders", 0), ("orders", 1)]
     assert member.held_back == {"thumbs"}
 
 

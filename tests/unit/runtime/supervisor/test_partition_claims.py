@@ -40,14 +40,16 @@ class Member:
         self.writes = RecordedWrites()
         self.offsets = FakeOffsets()
         self.counters = Counters()
+        self.seconds = 0.0  # the monotonic clock, moved with the coordinator's
         self.claims = PartitionClaims(
             self.table, self.coordinator, self.writes, self.offsets, config, {"t": (0.0, 0.0)},  # type: ignore[arg-type]
-            self.counters, logging.getLogger("test"), new_slot=new_slot,
+            self.counters, logging.getLogger("test"), new_slot=new_slot, clock=lambda: self.seconds,
         )  # fmt: skip
 
     def pass_at(self, seconds: float) -> None:
         """A pass of the loop ``seconds`` after the start, then every write it made decided by the log."""
         self.coordinator.now_s = NOW_S + seconds
+        self.seconds = seconds
         self.claims.step(seconds)
         self.writes.fold_all(self.coordinator)
 
@@ -142,3 +144,56 @@ def test_a_partition_released_as_sick_is_not_claimed_back_while_it_cools_down() 
     member.pass_at(1.0)
     assert member.table.assignments == {}, "free in the log, but ours to leave alone for sick_cooldown"
     assert member.counters.releases["sick"] == 1
+
+
+def test_a_graceful_stop_asks_workers_to_finish_and_releases_partitions_without_one() -> None:
+    member = Member()
+    member.pass_at(0.0)
+    running, waiting = member.held(0), member.held(1)
+    running.process = FakeProcess(None, "worker")  # type: ignore[arg-type,assignment]
+    waiting.process = None  # its worker crashed and waits for a restart
+    member.table.phase = Phase.STOPPING
+    member.claims.begin_stop()
+    assert running.slot.get(Field.STOP_REQUESTED) == 1
+    assert waiting.slot.get(Field.STOP_REQUESTED) == 0 and ("t", 1) not in member.table.assignments
+    member.writes.fold_all(member.coordinator)
+    assert member.coordinator.world.owner("t", 1) is None, "released at once"
+    assert member.coordinator.world.owner("t", 0) == member.coordinator.me, "released when its worker exits"
+    assert member.counters.releases == {"shutdown": 1}
+
+
+def test_an_operators_order_hands_a_partition_over_and_its_release_says_so() -> None:
+    member = Member(partitions=1)
+    member.pass_at(0.0)
+    assignment = member.held(0)
+    assignment.process = FakeProcess(None, "worker")  # type: ignore[arg-type,assignment]
+    member.claims.hand_over(assignment, "release")
+    assert assignment.ordered == "release" and assignment.handing_over
+    assert assignment.slot.get(Field.STOP_REQUESTED) == 1, "its worker stops first"
+    member.claims.release_handed_over(assignment)  # (the worker pool, once the worker exited)
+    member.writes.fold_all(member.coordinator)
+    assert member.coordinator.world.owner("t", 0) is None
+    assert member.counters.releases == {"operator": 1}
+    assert member.claims.cooling_down(1.0) == [("t", 0)], "meant for another member: not claimed back at once"
+
+
+def test_a_partition_being_handed_over_is_not_judged_sick_while_its_worker_finishes() -> None:
+    # A worker asked to stop makes no progress while it finishes the call in hand: judged by the health monitor it
+    # would look stalled, be released as sick and kept from us for sick_cooldown (the supervisor did so before
+    # the member core: it judged every partition whose heartbeat was accepted).
+    member = Member(partitions=1, heartbeat_interval=1.0, behind_cycles=1)
+    member.pass_at(0.0)
+    assignment = member.held(0)
+    assignment.process = FakeProcess(None, "worker")  # type: ignore[arg-type,assignment]
+    assignment.slot.set(Field.HIGH_WATERMARK, 1_000)  # far behind, and no progress from here on
+    other = Owner("d", "d1")  # a live member that could take it
+    member.coordinator.fold(codec.Claim(**record_of(other, round(NOW_S * 1000)), topic="u", partition=0))
+    member.claims.give_back(assignment)
+    for seconds in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0):
+        member.coordinator.fold(codec.Claim(**record_of(other, round((NOW_S + seconds) * 1000)), topic="u",
+                                            partition=0))  # fmt: skip
+        member.pass_at(seconds)
+    assert assignment.handing_over and not assignment.unhealthy
+    member.claims.release_handed_over(assignment)
+    member.writes.fold_all(member.coordinator)
+    assert member.counters.releases == {"balance": 1}
