@@ -377,6 +377,11 @@ class CoordinationLog:
         with self._lock:
             return query(self._state)
 
+    def read_folded(self, query: Callable[[WorldState, Sequence[int]], T]) -> T:
+        """Run ``query`` on the state and the offsets it is folded up to, per partition, under the lock."""
+        with self._lock:
+            return query(self._state, self._next_offset)
+
     def snapshot(self) -> WorldState:
         return self.read(WorldState.snapshot)
 

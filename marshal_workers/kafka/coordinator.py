@@ -638,6 +638,12 @@ class Coordinator:
         assert self._log is not None, "call start() first"
         return self._log.read(query)
 
+    def read_folded(self, query: Callable[[WorldState, Sequence[int]], T]) -> T:
+        """Run a short query on the live world state and the log offsets it is folded up to (per coordination
+        partition), under its lock: what a checkpoint of it says it covers."""
+        assert self._log is not None, "call start() first"
+        return self._log.read_folded(query)
+
     def world(self) -> WorldState:
         """An independent snapshot of the group's world state."""
         assert self._log is not None, "call start() first"

@@ -323,27 +323,29 @@ class PartitionHolding(Generic[H]):
         self.counters.heartbeat_failures += 1
 
     def _after_heartbeats(self, held: list[H], beats: list[codec.Beat], accepted: list[bool], written_ms: int) -> None:
+        shell, table = self.shell, self.held
+        lease = lease_until(written_ms, self.heartbeat_ms)  # (extend_lease, once for all of them)
+        now, running = shell.clock(), shell.running()
         ours = []
         for h, beat, ok in zip(held, beats, accepted):
-            if self.held.get(h.key) is not h or h.lost:
+            if table.get(h.key) is not h or h.lost:
                 continue  # released, or lost, since this heartbeat was written
             if ok:
-                extend_lease(h, written_ms, self.heartbeat_ms)
-                self._check_health(h)
+                h.lease_until_ms = max(h.lease_until_ms, lease)  # a late verdict never shortens it
+                self._check_health(h, now, running)
                 ours.append((h.key[0], beat.partition, beat.offset))
             else:
                 self.lose(h)
         # Only what we own: a lost partition's offset is its new owner's to tell.
-        self.shell.confirmed(ours)
+        shell.confirmed(ours)
 
-    def _check_health(self, held: H) -> None:
+    def _check_health(self, held: H, now: float, running: bool) -> None:
         """One health cycle: hand the partition over, as sick, if its worker cannot keep up and someone else
         could take it.  Not while it is on its way out already: a worker asked to stop makes no progress, and a
         partition handed over would be taken for sick (released as such, kept from us for sick_cooldown)."""
         if held.unhealthy or held.handing_over:
             return
         shell = self.shell
-        now = shell.clock()
         sample = shell.sample(held, now)
         if sample is None:
             return
@@ -351,7 +353,7 @@ class PartitionHolding(Generic[H]):
         policy = self.health_policies.get(topic, self.default_health)
         claiming = self.policy
         held.health, verdict, call = claiming.judge_health(
-            held.health, sample, policy, shell.running(),
+            held.health, sample, policy, running,
             others=lambda: shell.read(lambda world: claiming.others_live(world, shell.now_ms())),
         )  # fmt: skip
         if call is HealthCall.KEEP:
@@ -503,7 +505,11 @@ def settle_exit(held: H, claims: Settles[H], sick: bool, stopping: bool) -> bool
     return True
 
 
-def extend_lease(held: Held, written_ms: int, heartbeat_ms: int) -> None:
+class Leased(Protocol):
+    lease_until_ms: int  # its worker handles nothing at or after this (the lease clock's ms; 0: none)
+
+
+def extend_lease(held: Leased, written_ms: int, heartbeat_ms: int) -> None:
     """An accepted record written at ``written_ms``: its worker may handle messages until ``lease_until``; a late
     verdict never shortens the lease."""
     held.lease_until_ms = max(held.lease_until_ms, lease_until(written_ms, heartbeat_ms))

@@ -1,9 +1,9 @@
 """Group commit of at-most-once batch claims: while one claim write is in flight, the claims asked meanwhile wait
 for it, then go together in the next write.
 
-The supervisor's component for AMO workers (runtime/supervisor/message_claims.py) and the simulator's
-(simulation/amo_claims.py) both hold their claims here: under load that is one write for most of the workers'
-claims instead of one each.  The callers write and answer their workers.
+The member core's batch claims (member/at_most_once.py), which the supervisor and the simulator drive, hold their
+claims here: under load that is one write for most of the workers' claims instead of one each.  The caller writes
+and answers the workers.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """One member's decisions about whole partitions: claim, heartbeat, balance, health, and what verdicts mean.
 
-The supervisor's component for whole partitions (runtime/supervisor/partition_claims.py) does the I/O: it
-reads the clocks, writes through the writes in flight, keeps the workers' table.  Every decision it takes is
-this object's, over plain data: the folded world (a ``WorldState``), the partitions it holds, ``now`` (seconds
-on a monotonic clock, for its own schedule and cool-downs) and ``now_ms`` (the time to compare with record
-times), and an injected ``random.Random`` for the jitter and the order of claims.  The simulator
-(marshal_workers/simulation/) drives this same object on a virtual clock, so what it proves is about the
-supervisor's own policy, not a model of it.
+The member core's whole partitions (member/partition_holding.py) sequence these decisions, and the supervisor's
+component for whole partitions (runtime/supervisor/partition_claims.py) and the simulator
+(marshal_workers/simulation/) drive the core, so what the simulator proves is about the supervisor's own policy,
+not a model of it.  Every decision is this object's, over plain data: the folded world (a ``WorldState``), the
+partitions held, ``now`` (seconds on a monotonic clock, for its own schedule and cool-downs) and ``now_ms`` (the
+time to compare with record times), and an injected ``random.Random`` for the jitter and the order of claims.
 
 Nothing here reads a clock or does I/O.
 """

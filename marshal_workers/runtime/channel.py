@@ -4,7 +4,7 @@
   progress (next offset, counts, the high watermark it sees); the
   supervisor writes the lease.  Single writer per field, so no lock.
 * A pipe, for AMO: the worker sends the offset after the batch it wants to
-  claim, the supervisor answers a ClaimAnswer (as messages.ClaimMessages and
+  claim, the supervisor answers a ClaimAnswer (member/at_most_once.py; as messages.ClaimMessages and
   messages.ClaimVerdict; the worker's outcome counts go the same way).  EOF
   on it means the supervisor is gone.
 * A stop request: the supervisor sets the slot's STOP_REQUESTED, then sends
@@ -33,14 +33,6 @@ def monotonic_ms() -> int:
     """The clock of the times in a slot.  CLOCK_MONOTONIC is one clock for every process of a host, so
     the supervisor and its workers agree on it, and a wall-clock step cannot stretch a lease."""
     return int(time.monotonic() * 1000)
-
-
-class ClaimAnswer(enum.IntEnum):
-    """The supervisor's answer to a worker's AMO batch claim."""
-
-    REFUSED = 0  # the partition is not ours (any more): stop, handle nothing
-    CLAIMED = 1  # written and accepted: handle the batch (while the lease holds)
-    UNCONFIRMED = 2  # Kafka did not confirm the claim within an HB: handle nothing yet, ask again
 
 
 class Field(enum.IntEnum):

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from marshal_workers.runtime.channel import ClaimAnswer
+from marshal_workers.member.at_most_once import ClaimAnswer
 
 
 class ClaimMessages(msgspec.Struct, frozen=True):

@@ -1,19 +1,20 @@
 """Checkpoints in a simulation: members write them as a real supervisor does, and a member that starts (a
 restart after a crash, a join) begins at the latest one plus the log after it instead of the whole log.
 
-Writing is the supervisor's checkpoint writer (runtime/supervisor/checkpoint_writer.py) on the virtual clock,
-with the same pure parts: its ``CheckpointSchedule`` (protocol/checkpoint_schedule.py) looks every HB at the
-coordination partitions without a checkpoint in flight, ``checkpoints.due`` (the live member with the lowest
-instance id, every ``checkpoint_interval_s``; anyone once the last is 2 intervals old) decides, and
-``checkpoints.state_records`` makes the records from the member's own fold as of its read position.
+Writing is the member core's ``CheckpointWriting`` (member/checkpoint_writing.py), which each simulated member
+drives as a supervisor's checkpoint writer (runtime/supervisor/checkpoint_writer.py) does: its
+``CheckpointSchedule`` (protocol/checkpoint_schedule.py) looks every HB at the coordination partitions without a
+checkpoint in flight, ``checkpoints.due`` (the live member with the lowest instance id, every
+``checkpoint_interval_s``; anyone once the last is 2 intervals old) decides, and ``checkpoints.state_records``
+makes the records from the member's own fold as of its read position.
 
 Starting is the coordination log's (kafka/coordination_log.py: ``find_starts``, ``start``): per partition the
 latest complete checkpoint of the group (``checkpoints.Assembler``, ``checkpoints.choose_start``), loaded into
 the member's empty fold (``checkpoints.begin``), reading on from its ``as_of``.
 
 **Checkpoints agree**: a member that started at a checkpoint holds a fold equal to a fold of the whole log up
-to the same offsets (as soon as it loaded the checkpoint, once it has read on, at its first heartbeat, and at
-the end of the run), in what decides anything: every partition's owner, record time, position (offset, AMO
+to the same offsets (as soon as it loaded the checkpoint, once it has read on, in its first pass, and at the end
+of the run), in what decides anything: every partition's owner, record time, position (offset, AMO
 offset, done set) and release request, the range leases, the operators' orders (drains, shutdowns, topic
 pauses) and the group's pause.
 """
@@ -25,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from marshal_workers.protocol import checkpoints, codec
-from marshal_workers.protocol.checkpoint_schedule import CheckpointSchedule
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.invariants import Violations
@@ -61,8 +61,8 @@ class Checkpointing:
         self.load = load
         self.interval_ms = round(fleet.config.checkpoint_interval_s * 1000)
         self.enabled = self.interval_ms > 0
-        self.writers: dict[int, CheckpointSchedule] = {}  # member.writer_id -> its schedule (never iterated)
         self.started: list[Started] = []
+        self._pending: dict[int, Started] = {}  # member.writer_id -> one not compared after reading on (lookups only)
         self.starts = 0  # member instances started after the log had records
         self.folded_at_start = 0  # the records they had to fold to catch up, starting at checkpoints
         self.folded_without = 0  # and from the beginning
@@ -97,38 +97,17 @@ class Checkpointing:
         if from_checkpoint:
             self.compare(member)  # the checkpoints alone, before any of the log after them
             self.started.append(Started(member))
-
-    # ------------------------------------------------------------- writing
-
-    def step(self, member: SimMember, now: float) -> None:
-        """The checkpoint writer's look (every HB), and the agreement check of a member started at one."""
-        if not self.enabled:
-            return
-        self._compare_started(member)
-        schedule = self.writers.get(member.writer_id)
-        if schedule is None:
-            schedule = self.writers[member.writer_id] = CheckpointSchedule(self.fleet.config.heartbeat_s,
-                                                                           self.interval_ms)  # fmt: skip
-        now_ms, world, me = member.now_ms(), member.world, member.me
-
-        def due(partition: int) -> bool:
-            return checkpoints.due(world, partition, now_ms, self.interval_ms, me)
-
-        for partition in schedule.to_write(now, member.running(), len(self.fleet.log.partitions), due):
-            records = checkpoints.state_records(world, partition, member.read_at[partition], member.common())
-
-            def settled(
-                _verdicts: list[Any] | None = None, p: int = partition, s: CheckpointSchedule = schedule
-            ) -> None:
-                s.settled(p)
-
-            member.write(list(records), settled, settled, partitions=[partition] * len(records))
+            self._pending[member.writer_id] = self.started[-1]
 
     # ------------------------------------------------------------- agreeing
 
-    def _compare_started(self, member: SimMember) -> None:
-        for started in self.started:
-            if started.member is member and not started.compared:
+    def reading_on(self, member: SimMember) -> None:
+        """A pass of ``member``'s loop, after it read the log: one started at a checkpoint is compared in its
+        first (with what it read after the checkpoint)."""
+        pending = self._pending
+        if pending:
+            started = pending.pop(member.writer_id, None)
+            if started is not None:
                 started.compared = True
                 self.compare(member)
 

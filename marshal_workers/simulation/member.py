@@ -1,22 +1,24 @@
 """A simulated member: the member core's driver on the virtual clock and log, as a supervisor is on Kafka.
 
 What it claims, heartbeats, hands over and releases is the member core's ``PartitionHolding``
-(member/partition_holding.py), what it does about operators' orders its ``Obeying`` (member/obeying.py): the
-objects a supervisor's components drive (runtime/supervisor/partition_claims.py, remote_control.py).  This is
-their shell and the world around them: its fold of the simulated log, the verdicts of its writes, its clocks, its
-workers, its faults.  Every pass of its loop (``tick_s``) collects the verdicts of its writes, reaps its workers,
-writes the checkpoints due, reads its orders, steps its whole partitions, then its batch claims and shared topics.
-Its workers are numbers: each handles its partition at the handler's rate, only while its lease holds (the lease
+(member/partition_holding.py), what it does about operators' orders its ``Obeying`` (member/obeying.py), which
+checkpoints it writes its ``CheckpointWriting`` (member/checkpoint_writing.py): the objects a supervisor's
+components drive (runtime/supervisor/partition_claims.py, remote_control.py, checkpoint_writer.py); its batch
+claims and range leases are amo_claims.py's and range_pool_sim.py's, around the core's too.  This is their shell and the world around them: its fold of the simulated log, the verdicts of its writes, its clocks, its
+workers, its faults.  Every pass of its loop (``tick_s``) steps its parts in the supervisor's order (supervisor.py):
+batch claims, the writes' verdicts, its workers, its shared topics, checkpoints, orders, whole partitions.  Its
+workers are numbers: each handles its partition at the handler's rate, only while its lease holds (the lease
 rule is ``claiming.lease_until``, as a real worker's), and stops a little after it is asked to.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from marshal_workers.member.checkpoint_writing import CheckpointWriting
 from marshal_workers.member.obeying import Obeying
 from marshal_workers.member.partition_holding import PartitionHolding, Position, settle_exit
 from marshal_workers.member.shell import OnFailure, OnVerdicts
@@ -68,7 +70,7 @@ class Environment(Protocol):
 
     def holding(self, member: SimMember, assignment: SimAssignment) -> None: ...
 
-    def write_checkpoints(self, member: SimMember, now: float) -> None: ...
+    def reading_on(self, member: SimMember) -> None: ...
 
     def gone(self, member: SimMember, assignment: SimAssignment) -> None: ...
 
@@ -117,6 +119,8 @@ class SimMember:
                                       Holder(client, instance), self.rng)
                        for topic, count in config.shared_counts().items()]  # fmt: skip
         self.obeying = Obeying(self.me, self.started_ms, config.heartbeat_s / 2, config.shared_counts(), self)
+        self.checkpoints = CheckpointWriting(self.me, self, config.heartbeat_s,
+                                             round(config.checkpoint_interval_s * 1000))  # fmt: skip
 
     # ------------------------------------------------------------- the loop
 
@@ -134,14 +138,17 @@ class SimMember:
         if not self.frozen:
             if now >= self.reads_stalled_until:
                 self.read_log(now - self.read_lag)
+            # The supervisor's order (supervisor.py): batch claims, verdicts, workers, shared topics, checkpoints,
+            # orders, whole partitions.
+            self.amo.step(now, self.assignments.values())
             self.collect(now)
             self.reap_workers(now)
-            env.write_checkpoints(self, now)
-            self.obeying.step(now)
-            self.claims.step(now)
-            self.amo.step(now, self.assignments.values())
             for shared in self.shared:
                 shared.step(now)
+            env.reading_on(self)
+            self.checkpoints.step(now, self.running())
+            self.obeying.step(now)
+            self.claims.step(now)
             if self.leaving and not self.assignments and not self.pending and self.claims.stopped() and all(
                 shared.stopped() for shared in self.shared
             ):
@@ -234,8 +241,19 @@ class SimMember:
     def partition_counts(self) -> Mapping[str, int]:
         return self._partition_counts
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure) -> None:
-        self.write(records, on_verdicts, lambda: on_failure(NotConfirmed(what)))
+    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
+               partitions: list[int] | None = None) -> None:  # fmt: skip
+        self.write(records, on_verdicts, lambda: on_failure(NotConfirmed(what)), partitions=partitions)
+
+    def submit_within(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
+                      within: float) -> None:  # fmt: skip
+        self.write(records, on_verdicts, lambda: on_failure(NotConfirmed(what)), within=within)
+
+    def read_folded(self, query: Callable[[WorldState, Sequence[int]], T]) -> T:
+        return query(self.world, self.read_at)
+
+    def partition_count(self) -> int:
+        return len(self.env.log.partitions)
 
     def look_up(self, keys: list[Key], then: Callable[[dict[Key, Position]], None]) -> None:
         """Partitions never seen start at 0.  With ``position_lookup_s``, finding that out costs the loop a while,
@@ -315,8 +333,11 @@ class SimMember:
     def hand_over(self, assignment: SimAssignment, reason: str) -> None:
         self.claims.hand_over(assignment, reason)
 
-    def lose(self, assignment: SimAssignment) -> None:
-        self.claims.lose(assignment)
+    def refused(self, assignment: SimAssignment) -> None:
+        """A batch claim refused: not ours, its worker stops (as the worker pool forgets a partition whose
+        worker's claim was refused); or our lease had lapsed in the log: the worker asks again."""
+        if not self.claims.owns(assignment):
+            self.claims.lose(assignment)
 
     # ------------------------------------------------------------ workers
 

@@ -169,8 +169,8 @@ class Simulation:
         """Every host's current instance."""
         return [h.member for h in self.hosts if h.member is not None]
 
-    def write_checkpoints(self, member: SimMember, now: float) -> None:
-        self.checkpointing.step(member, now)
+    def reading_on(self, member: SimMember) -> None:
+        self.checkpointing.reading_on(member)
 
     def holding(self, member: SimMember, assignment: SimAssignment) -> None:
         self.holders.setdefault(assignment.key, []).append((member, assignment))

@@ -75,7 +75,7 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
 
 def answer_claims(supervisor_end: Any) -> None:
     """Stand in for the supervisor: every batch claim is claimed at once (until the worker closes its end)."""
-    from marshal_workers.runtime.channel import ClaimAnswer
+    from marshal_workers.member.at_most_once import ClaimAnswer
     from marshal_workers.runtime.messages import ClaimVerdict
 
     try:

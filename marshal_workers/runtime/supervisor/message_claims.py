@@ -1,12 +1,12 @@
-"""At most once: the batch claims AMO workers ask for on their pipes, written to the log and answered.
+"""At most once: the batch claims AMO workers ask for on their pipes, the supervisor's shell of the member core's
+BatchClaims (member/at_most_once.py).
 
-A worker of a whole partition sends the end offset of the batch it is about to
-handle; the claim is written to the coordination log and the worker answered
-(ClaimAnswer) once it is folded: claimed, refused (not ours), unconfirmed (ask
-again).  Group commit: while one message-claim write is in flight, the claims
-asked meanwhile wait for it and then go together in the next one.  Under load
-that is one write for most of the workers' claims instead of one each; the
-embedded broker spent most of an AMO fleet's CPU on those writes.
+A worker of a whole partition sends the end offset of the batch it is about to handle (ClaimMessages); the member
+core writes the claims (group commit: while one message-claim write is in flight, the claims asked meanwhile wait
+for it and then go together in the next one) and says what each verdict means; this component reads the pipes,
+writes through InFlightWrites, and answers the workers (ClaimVerdict): claimed, refused (not ours), unconfirmed
+(ask again).  Under load that is one write for most of the workers' claims instead of one each; the embedded
+broker spent most of an AMO fleet's CPU on those writes.  The simulator drives the same core.
 """
 
 from __future__ import annotations
@@ -15,28 +15,29 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
+from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
-from marshal_workers.member.partition_holding import extend_lease
+from marshal_workers.member.at_most_once import BatchClaims, ClaimAnswer
+from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.observe.metrics import Counters
-from marshal_workers.protocol.claim_batching import ClaimBatching
-from marshal_workers.runtime.channel import ClaimAnswer, monotonic_ms
+from marshal_workers.protocol import codec
+from marshal_workers.runtime.channel import monotonic_ms
 from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, FromWorker, Outcomes
-from marshal_workers.runtime.supervisor.assignments import Assignment, MessageClaim, Table
+from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 
 
 class MessageClaims:
-    """The supervisor's component that answers AMO workers' batch claims (component.py's interface)."""
+    """The supervisor's component that answers AMO workers' batch claims (component.py's interface), and the shell
+    its member core drives."""
 
     def __init__(self, table: Table, coordinator: Coordinator, writes: InFlightWrites, settings: Settings,
                  counters: Counters, log: Any) -> None:  # fmt: skip
         self.table = table
         self.coordinator = coordinator
         self.writes = writes
-        self.settings = settings
         self.counters = counters
         self.log = log
-        self._claims: ClaimBatching[MessageClaim] = ClaimBatching()  # asked while a claim write is in flight wait for it
+        self.core: BatchClaims[Assignment] = BatchClaims(self, settings.heartbeat_interval, log, counters)
 
     # --------------------------------------------------------- the component
 
@@ -54,7 +55,7 @@ class MessageClaims:
             if connection is None or connection not in ready:
                 continue
             self._receive(assignment, connection)
-        self._write_held_claims()
+        self.core.step()
 
     def begin_stop(self) -> None:
         """Nothing: workers that still ask are answered as before, until they exit."""
@@ -73,68 +74,28 @@ class MessageClaims:
                     self.counters.add_outcomes(assignment.topic, message.counts)
                 return
             if isinstance(message, ClaimMessages):
-                self._claims.ask((assignment, connection, message.end))
+                self.core.ask(assignment, message.end, connection)
         except (EOFError, OSError):
             assignment.connection = None  # the worker is gone; reaping deals with it
 
-    def _answer(self, assignment: Assignment, answer: ClaimAnswer) -> None:
+    # ----------------------------------------------------- the core's shell
+
+    def fields(self) -> dict[str, Any]:
+        return self.coordinator.record_fields()
+
+    def lease_clock_ms(self) -> int:
+        return monotonic_ms()  # the workers' clock: a slot's lease is on it
+
+    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
+               within: float) -> None:  # fmt: skip
+        self.writes.submit(what, records, on_verdicts, on_failure, within=within)
+
+    def current(self, assignment: Assignment, worker: object) -> bool:
+        return assignment.connection is worker
+
+    def answer(self, assignment: Assignment, worker: object, answer: ClaimAnswer) -> None:
         if assignment.connection is not None:
             try:
                 assignment.connection.send(ClaimVerdict(answer))
             except OSError:
                 pass  # the worker is gone; reaping deals with it
-
-    # ---------------------------------------------------------- the writes
-
-    def _write_held_claims(self) -> None:
-        """Write the held claims of the workers still there; refuse those of partitions no longer ours."""
-        asked: list[MessageClaim] = []
-        for assignment, connection, end in self._claims.take():
-            if assignment.connection is not connection:
-                continue  # that worker is gone: its successor asks for itself
-            if assignment.lost:
-                self._answer(assignment, ClaimAnswer.REFUSED)  # not ours: refused without asking the log
-            else:
-                asked.append((assignment, connection, end))
-        if not asked:
-            return
-        written_ms = monotonic_ms()  # before the write: the lease errs short
-        claims = [(a.topic, a.partition, end) for a, _, end in asked]
-        self._claims.writing()
-        self.writes.submit(
-            "message claim",
-            self.coordinator.message_claims(claims),
-            lambda verdicts: self._after_message_claims(asked, message_claim_verdicts(claims, verdicts), written_ms),
-            lambda exc: self._message_claims_failed(asked, exc),
-            # Fail fast: a worker waits on this.  Told so, it asks again (the log keeps the highest claim).
-            within=self.settings.heartbeat_interval,
-        )
-
-    def _after_message_claims(self, asked: list[MessageClaim], verdicts: list[bool], written_ms: int) -> None:
-        """Answer the workers whose claims have been folded: claimed (handle it) or refused (not ours: stop).
-        Then write the claims held meanwhile."""
-        for (assignment, connection, end), accepted in zip(asked, verdicts):
-            if accepted:
-                assignment.claimed_end = max(assignment.claimed_end, end)
-                extend_lease(assignment, written_ms, self.settings.heartbeat_ms)
-            if assignment.connection is connection:  # not a worker that has since been replaced
-                self._answer(assignment, ClaimAnswer.CLAIMED if accepted else ClaimAnswer.REFUSED)
-        self._message_claims_decided()
-
-    def _message_claims_failed(self, asked: list[MessageClaim], exc: Exception) -> None:
-        """Kafka did not confirm the claims in time: tell those workers, who ask again (or stop, if asked to).
-        Then write the claims held meanwhile."""
-        for assignment, connection, end in asked:
-            self.counters.message_claims_unconfirmed += 1
-            self.log.warning(
-                "%s[%d]: claim of the messages before offset %d: %s; its worker asks again",
-                assignment.topic, assignment.partition, end, exc,
-            )  # fmt: skip
-            if assignment.connection is connection:
-                self._answer(assignment, ClaimAnswer.UNCONFIRMED)
-        self._message_claims_decided()
-
-    def _message_claims_decided(self) -> None:
-        """The message-claim write in flight is decided: the next one carries the claims held meanwhile."""
-        self._claims.decided()
-        self._write_held_claims()

@@ -27,8 +27,9 @@ from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.outbox import Outbox
+from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
-from marshal_workers.runtime.channel import ClaimAnswer, Field, Slot, WorkerSpec
+from marshal_workers.runtime.channel import Field, Slot, WorkerSpec
 from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, Outcomes
 from marshal_workers.runtime.worker.alarm import Alarm
 

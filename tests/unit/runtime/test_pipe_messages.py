@@ -6,7 +6,7 @@ import multiprocessing
 
 import pytest
 
-from marshal_workers.runtime.channel import ClaimAnswer
+from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.runtime.messages import (
     Abandoned,
     ClaimMessages,

@@ -16,8 +16,9 @@ import pytest
 from supervisor_fakes import RecordedWrites, new_slot, settings
 
 from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.observe.metrics import Counters
-from marshal_workers.runtime.channel import ClaimAnswer, Field
+from marshal_workers.runtime.channel import Field
 from marshal_workers.runtime.messages import ClaimMessages
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 from marshal_workers.runtime.supervisor.message_claims import MessageClaims

@@ -10,7 +10,7 @@ from worker_fakes import TOPIC, DeadLetters, FakeAlarm, FakeClock, FakeLink, adm
 
 from marshal_workers import App, Message
 from marshal_workers.core.exit_codes import WorkerExit
-from marshal_workers.runtime.channel import ClaimAnswer
+from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.runtime.worker.batch_loop import BatchLoop
 from marshal_workers.runtime.worker.instrumentation import LatencySampling
 

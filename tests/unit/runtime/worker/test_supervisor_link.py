@@ -16,7 +16,8 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import partition_log
 from marshal_workers.kafka.outbox import Outbox
-from marshal_workers.runtime.channel import ClaimAnswer, Field, Slot, WorkerSpec, monotonic_ms
+from marshal_workers.member.at_most_once import ClaimAnswer
+from marshal_workers.runtime.channel import Field, Slot, WorkerSpec, monotonic_ms
 from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, Outcomes
 from marshal_workers.runtime.worker.link import SupervisorGone, SupervisorLink
 

@@ -31,8 +31,9 @@ from marshal_workers.core.logs import partition_log
 from marshal_workers.handlers.app import App, HandlerSpec, Message
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.handlers.hooks import Hooks
+from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.protocol import done_set
-from marshal_workers.runtime.channel import SLOT_SIZE, ClaimAnswer, Field, WorkerSpec
+from marshal_workers.runtime.channel import SLOT_SIZE, Field, WorkerSpec
 from marshal_workers.runtime.worker.admission import Admission
 from marshal_workers.runtime.worker.batch_loop import BatchLoop
 from marshal_workers.runtime.worker.failures import Failures
