@@ -150,33 +150,41 @@ class BatchClaims(Generic[A]):
             self._after(asked, entry_verdicts(chunks, verdicts, len(asked)), written_ms)
 
         # Fail fast: a worker waits on this.  Told so, it asks again (the log keeps the highest claim).
-        shell.submit("message claim", records, decided, lambda exc: self._failed(asked, exc), within=self.heartbeat_s)
+        shell.submit("message claim", records, decided, lambda exc: self._failed(asked, written_ms, exc),
+                     within=self.heartbeat_s)  # fmt: skip
 
-    def _after(self, asked: list[Asked[A]], accepted: Sequence[bool], written_ms: int) -> None:
-        """Answer the workers whose claims have been folded: claimed (handle it) or refused (not ours: stop).
-        Then write the claims held meanwhile."""
+    def _after(self, asked: list[Asked[A]], verdicts: Sequence[bool | None], written_ms: int) -> None:
+        """Answer the workers whose claims were decided: claimed (handle it), refused (not ours: stop) or not
+        confirmed (ask again).  Then write the claims held meanwhile."""
         shell = self.shell
-        for (held, worker, end), ok in zip(asked, accepted):
-            if ok:
+        for (held, worker, end), verdict in zip(asked, verdicts):
+            answer = answer_of(verdict)
+            if answer is ClaimAnswer.CLAIMED:
                 held.claimed_end = max(held.claimed_end, end)
                 extend_lease(held, written_ms, self.heartbeat_ms)
+            elif answer is ClaimAnswer.UNCONFIRMED:
+                self.counters.message_claims_unconfirmed += 1
             if shell.current(held, worker):  # not a worker that has since been replaced
-                shell.answer(held, worker, ClaimAnswer.CLAIMED if ok else ClaimAnswer.REFUSED)
+                shell.answer(held, worker, answer)
         self._decided()
 
-    def _failed(self, asked: list[Asked[A]], exc: Exception) -> None:
-        """Kafka did not confirm the claims in time: tell those workers, who ask again (or stop, if asked to).
-        Then write the claims held meanwhile."""
-        shell = self.shell
-        for held, worker, end in asked:
-            self.counters.message_claims_unconfirmed += 1
+    def _failed(self, asked: list[Asked[A]], written_ms: int, exc: Exception) -> None:
+        """Kafka did not confirm the claims in time: those workers ask again (or stop, if asked to)."""
+        for held, _, end in asked:
             self.log.warning("%s[%d]: claim of the messages before offset %d: %s; its worker asks again",
                              *held.key, end, exc)  # fmt: skip
-            if shell.current(held, worker):
-                shell.answer(held, worker, ClaimAnswer.UNCONFIRMED)
-        self._decided()
+        self._after(asked, [None] * len(asked), written_ms)
 
     def _decided(self) -> None:
         """The message-claim write in flight is decided: the next one carries the claims held meanwhile."""
         self._claims.decided()
         self._write_held()
+
+
+def answer_of(verdict: bool | None) -> ClaimAnswer:
+    """What a claim's verdict means for its worker: the fold accepted it (handle the batch), refused it (the
+    partition is not ours, or our lease lapsed: handle nothing), or the write was not confirmed (None: handle
+    nothing yet, ask again)."""
+    if verdict is None:
+        return ClaimAnswer.UNCONFIRMED
+    return ClaimAnswer.CLAIMED if verdict else ClaimAnswer.REFUSED

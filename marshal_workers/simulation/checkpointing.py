@@ -33,7 +33,6 @@ from marshal_workers.simulation.member import SimMember
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import SimulatedLog
 
-Load = Callable[[WorldState, checkpoints.Start, int], None]  # checkpoints.begin, or a test's copy
 WorldFactory = Callable[[int, int], WorldState]
 
 
@@ -56,9 +55,8 @@ class Started:
 
 
 class Checkpointing:
-    def __init__(self, fleet: Fleet, load: Load = checkpoints.begin) -> None:
+    def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.load = load
         self.interval_ms = round(fleet.config.checkpoint_interval_s * 1000)
         self.enabled = self.interval_ms > 0
         self.started: list[Started] = []
@@ -87,7 +85,7 @@ class Checkpointing:
                 if type(record) is codec.Checkpoint and record.source == partition and record.as_of <= entry.offset:
                     assembler.add(record)
             start = checkpoints.choose_start(assembler.latest, None)  # one group: no other group's directory
-            self.load(member.world, start, partition)
+            checkpoints.begin(member.world, start, partition)
             if start.offset is not None:
                 member.read_at[partition] = start.offset
                 from_checkpoint = True

@@ -9,24 +9,22 @@ from typing import Any
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.simulation.sim_config import SimConfig
-from marshal_workers.simulation.simulator import GROUP, Simulation, WorldFactory, real_world, shrink
+from marshal_workers.simulation.simulator import GROUP, Simulation, real_world, shrink
 
 Timer = Callable[[], float]  # seconds on a monotonic clock: the caller's (the simulation reads none)
 
 
-def run(
-    config: SimConfig, timer: Timer, shrink_failures: bool = True, world: WorldFactory = real_world
-) -> dict[str, Any]:
+def run(config: SimConfig, timer: Timer, shrink_failures: bool = True) -> dict[str, Any]:
     """One simulation's report, with ``wall`` (its wall time, and the fold's measured cost) and, if an invariant
     broke, ``replay`` (the command that runs it again) and ``shrunk`` (a smaller run that still breaks one)."""
     started = timer()
-    simulation = Simulation(config, world)
+    simulation = Simulation(config)
     report = simulation.run()
     seconds = timer() - started
     report["wall"] = {"seconds": round(seconds, 3), **fold_cost(simulation.log.values(), config, timer)}
     if report["violations"]:
         report["replay"] = replay_command(config)
-        found = shrink(config, world) if shrink_failures else None
+        found = shrink(config) if shrink_failures else None
         if found is not None:
             smaller, smaller_report = found
             report["shrunk"] = {"command": replay_command(smaller), "members": smaller.members,
@@ -34,13 +32,13 @@ def run(
     return report
 
 
-def sweep(config: SimConfig, seeds: int, world: WorldFactory = real_world) -> dict[str, Any]:
+def sweep(config: SimConfig, seeds: int) -> dict[str, Any]:
     """``config`` under ``seeds`` seeds from its own on: how many runs broke an invariant, and the first that did
     (with its replay command).  Wall time is the caller's to measure."""
     broken = []
     for seed in range(config.seed, config.seed + seeds):
         run_config = replace(config, seed=seed)
-        report = Simulation(run_config, world).run()
+        report = Simulation(run_config).run()
         if report["violations"]:
             broken.append({"seed": seed, "replay": replay_command(run_config), "violations": report["violations"]})
     return {"runs": seeds, "first_seed": config.seed, "broken": len(broken), "first_broken": broken[:1]}

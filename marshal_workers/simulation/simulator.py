@@ -1,8 +1,9 @@
 """A simulated fleet: members on a virtual clock and log, faults, invariants, and the figures of a run.
 
 ``Simulation(config).run()`` returns the report (``marshal-workers simulate`` prints it): a plain dict whose
-every value follows from the seed alone.  ``world`` builds the fold the members and the oracle use (default:
-the real ``WorldState``); a test plants a bug in a copy of it to show the simulator catches it.
+every value follows from the seed alone.  The members and the oracle fold with the real ``WorldState``, and the
+members decide with the real member core: a test that plants a bug plants it there (monkeypatching what ships),
+to show the simulator catches it.
 """
 
 from __future__ import annotations
@@ -41,10 +42,8 @@ from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog
 GROUP = "sim"
 GC_SLICE_S = 10.0  # simulated seconds between freezes of what the run made (Simulation._run_clock)
 GC_YOUNG_ALLOCATIONS = 50_000  # the collector's youngest generation's threshold during a run (the default: 700)
-WorldFactory = Callable[[int, int], WorldState]  # (heartbeat_ms, coordination partitions) -> an empty fold
-
-
 def real_world(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
+    """An empty fold of the group's coordination log."""
     return WorldState(GROUP, heartbeat_ms, coordination_partitions)
 
 
@@ -69,12 +68,13 @@ class Phase:
 
 
 class Simulation:
-    def __init__(self, config: SimConfig, world: WorldFactory = real_world) -> None:
+    def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.clock = VirtualClock()
         self.rng = random.Random(f"{config.seed}/fleet")
-        self.world = world
-        self._oracle = world(config.heartbeat_ms, config.coordination_partitions)
+        # An empty fold, for the members and the checks that fold the log again.
+        self.world: Callable[[int, int], WorldState] = real_world
+        self._oracle = real_world(config.heartbeat_ms, config.coordination_partitions)
         # One coordination partition: one fold of the log serves the oracle and every member (shared_fold.py).
         self.shared = SharedFold(self._oracle, config.read_lag_s[1]) if config.coordination_partitions == 1 else None
         self.log = SimulatedLog(config.coordination_partitions, self.clock, random.Random(f"{config.seed}/log"),
@@ -106,8 +106,8 @@ class Simulation:
         self._phase_starts = [p.start for p in self.phases]
         self._slow_reported: set[int] = set()  # id() of the assignments already reported (membership only)
         self.faults = faults
-        self.operator = Operator(self)  # orders (simulation/operator.py); a test may swap in one with a planted bug
-        self.checkpointing = Checkpointing(self)  # (simulation/checkpointing.py) likewise
+        self.operator = Operator(self)  # orders (simulation/operator.py)
+        self.checkpointing = Checkpointing(self)  # (simulation/checkpointing.py)
         self.faults_end = max((self._fault_end(f) for f in faults), default=0.0)
 
     # ------------------------------------------------------------------ run
@@ -415,17 +415,15 @@ class Simulation:
         }
 
 
-def simulate(config: SimConfig, world: WorldFactory = real_world) -> dict[str, Any]:
+def simulate(config: SimConfig) -> dict[str, Any]:
     """Run one simulation; its report."""
-    return Simulation(config, world).run()
+    return Simulation(config).run()
 
 
-def shrink(
-    config: SimConfig, world: WorldFactory = real_world, tries: int = 12
-) -> tuple[SimConfig, dict[str, Any]] | None:
+def shrink(config: SimConfig, tries: int = 12) -> tuple[SimConfig, dict[str, Any]] | None:
     """A smaller run that still breaks an invariant, if one is found: fewer members, then a shorter run (the
     seed and faults kept; faults on members that no longer exist dropped).  None if the run holds."""
-    report = simulate(config, world)
+    report = simulate(config)
     if not report["violations"]:
         return None
     best = (config, report)
@@ -433,13 +431,13 @@ def shrink(
         smaller = _smaller(best[0], best[1])
         if smaller is None:
             break
-        found = simulate(smaller, world)
+        found = simulate(smaller)
         if not found["violations"]:
             if smaller.members < best[0].members:  # fewer members hid it: try a shorter run instead
                 shorter = replace(best[0], duration_s=_shorter(best[0], best[1]))
                 if shorter.duration_s >= best[0].duration_s:
                     break
-                found = simulate(shorter, world)
+                found = simulate(shorter)
                 if not found["violations"]:
                     break
                 best = (shorter, found)

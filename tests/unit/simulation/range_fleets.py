@@ -1,9 +1,11 @@
-"""Small fleets with shared (range-lease) and at-most-once topics, and bugs planted in copies of their fold rules."""
+"""Small fleets with shared (range-lease) and at-most-once topics, and bugs to plant in their fold rules."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
+
+import pytest
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import MAX_RANGE, Holder, Lease, SharedPartition
@@ -20,10 +22,11 @@ def mixed(*faults: str, **fields: Any) -> SimConfig:
     return replace(config, **fields)
 
 
-class OverlappingClaims(SharedPartition):
-    """A planted bug: a range claim is accepted even where a live lease holds some of its offsets."""
+def overlapping_claims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug planted in the fold's range leases that ship: a range claim is accepted even where a live lease holds
+    some of its offsets."""
 
-    def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
+    def claim(self: SharedPartition, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
         if not (start < end and end - start <= MAX_RANGE):
             return False
         self.lapse(at)
@@ -34,37 +37,20 @@ class OverlappingClaims(SharedPartition):
         self.leases[start] = Lease(start, end, holder, at + lease_ms, amo, at)  # no look at the live leases
         return True
 
-
-class _OverlappingPartitions(dict):  # type: ignore[type-arg]
-    """The fold's shared partitions, each new one with the planted bug (the fold looks them up with ``get``)."""
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = OverlappingClaims()
-        return super().get(key)
-
-    def copy(self) -> _OverlappingPartitions:  # the shared fold's copies (WorldState.copy_before) keep the bug
-        return _OverlappingPartitions(self)
+    monkeypatch.setattr(SharedPartition, "claim", claim)
 
 
-def overlapping(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
-    world = WorldState("sim", heartbeat_ms, coordination_partitions)
-    world.shared = _OverlappingPartitions()
-    return world
+def forgets_claimed_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug planted in the fold that ships: a batch claim is accepted, but the end claimed is not kept: a new owner
+    resumes at the last heartbeat's offset, below messages the old owner claimed and handled."""
+    real = WorldState._claim_messages
 
-
-class ForgetsClaimedEnd(WorldState):
-    """A planted bug: a batch claim is accepted, but the end claimed is not kept: a new owner resumes at the last
-    heartbeat's offset, below messages the old owner claimed and handled."""
-
-    def _claim_messages(self, record: codec.ClaimMessages, at: int, source: int) -> bool:
+    def claim_messages(self: WorldState, record: codec.ClaimMessages, at: int, source: int) -> bool:
         state = self.get(record.topic, record.partition)
         kept = None if state is None else state.amo_offset
-        accepted = super()._claim_messages(record, at, source)
+        accepted = real(self, record, at, source)
         if state is not None:
             state.amo_offset = kept
         return accepted
 
-
-def forgets_claimed_end(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
-    return ForgetsClaimedEnd("sim", heartbeat_ms, coordination_partitions)
+    monkeypatch.setattr(WorldState, "_claim_messages", claim_messages)

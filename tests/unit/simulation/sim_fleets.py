@@ -1,10 +1,12 @@
-"""Small fleets for the simulator's tests: the fault kinds, a planted bug in a copy of the fold."""
+"""Small fleets for the simulator's tests: the fault kinds, a bug to plant in the fold."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
+
+import pytest
 
 from marshal_workers.protocol.world_state import PartitionState, WorldState
 from marshal_workers.simulation.faults import FAULT_KINDS, parse_fault
@@ -36,18 +38,19 @@ def small(fault: str | None = None, **fields: Any) -> SimConfig:
     return replace(config, **fields)
 
 
-class TakesLiveClaims(WorldState):
-    """A planted bug: a claim is accepted once the owner has been silent for one HB, not two (the owner is still
-    live: its worker's lease runs 1.5 HB from its last heartbeat's write).  The members' claim rounds see the
-    same rule: ``free_partitions`` asks ``is_free`` of each partition (the real one's index of the owners is for
-    the real rule, and would hide the bug until a partition is stale by the real rule)."""
+def takes_live_claims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug planted in the fold that ships (every member's and the oracle's): a claim is accepted once the owner
+    has been silent for one HB, not two (the owner is still live: its worker's lease runs 1.5 HB from its last
+    heartbeat's write).  The members' claim rounds see the same rule: ``free_partitions`` asks ``is_free`` of each
+    partition (the real one's index of the owners is for the real rule, and would hide the bug until a partition
+    is stale by the real rule)."""
 
     def free_partitions(
-        self, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str
+        self: WorldState, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str
     ) -> list[tuple[str, int]]:
         return [key for key in keys if self.is_free(*key, now, client, instance)]
 
-    def _claimable_by(self, state: PartitionState, client: str, instance: str, at: int) -> bool:
+    def claimable_by(self: WorldState, state: PartitionState, client: str, instance: str, at: int) -> bool:
         owner = state.owner
         return (
             owner is None
@@ -55,6 +58,5 @@ class TakesLiveClaims(WorldState):
             or (owner.client == client and owner.instance != instance)
         )
 
-
-def planted(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
-    return TakesLiveClaims("sim", heartbeat_ms, coordination_partitions)
+    monkeypatch.setattr(WorldState, "free_partitions", free_partitions)
+    monkeypatch.setattr(WorldState, "_claimable_by", claimable_by)

@@ -1,5 +1,5 @@
 """Shared (range-lease) and at-most-once topics in the simulator: the real range and batch-claim decisions and fold
-rules, under every fault kind, with their invariants; bugs planted in copies of those rules are caught."""
+rules, under every fault kind, with their invariants; bugs planted in those rules (as they ship) are caught."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from range_fleets import forgets_claimed_end, mixed, overlapping
+from range_fleets import forgets_claimed_end, mixed, overlapping_claims
 from sim_fleets import EVERY_KIND
 
 from marshal_workers.simulation.handled_runs import HandledRuns
@@ -60,19 +60,21 @@ def test_a_freeze_past_the_lease_loses_at_most_once_offsets_but_never_hands_one_
     assert lost > 0, "a lease or claim that lapsed loses its offsets at most once"
 
 
-def test_a_fold_that_leases_offsets_a_live_lease_holds_is_caught() -> None:
+def test_a_fold_that_leases_offsets_a_live_lease_holds_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    overlapping_claims(monkeypatch)
     caught = []
     for seed in range(ENOUGH_SEEDS):
-        report = simulate(mixed(duration_s=30.0, seed=seed), overlapping)
+        report = simulate(mixed(duration_s=30.0, seed=seed))
         caught += [v for v in report["violations"] if v["invariant"] == "one live holder (ranges)"]
     assert caught, f"no seed of {ENOUGH_SEEDS} caught the planted bug"
     assert "while a worker's lease on" in caught[0]["detail"]
 
 
-def test_a_fold_that_forgets_the_batch_claimed_is_caught() -> None:
+def test_a_fold_that_forgets_the_batch_claimed_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    forgets_claimed_end(monkeypatch)
     caught = []
     for seed in range(ENOUGH_SEEDS):
-        report = simulate(mixed("crash@10s:members=1", duration_s=30.0, seed=seed), forgets_claimed_end)
+        report = simulate(mixed("crash@10s:members=1", duration_s=30.0, seed=seed))
         caught += [v for v in report["violations"] if v["invariant"] == "at most once"]
     assert caught, f"no seed of {ENOUGH_SEEDS} caught the planted bug"
     assert "handled a second time" in caught[0]["detail"]
@@ -96,9 +98,10 @@ def test_handled_runs_count_what_is_handled_again() -> None:
     assert runs.repeats == 10
 
 
-def test_a_broken_run_with_shared_topics_replays_with_them() -> None:
+def test_a_broken_run_with_shared_topics_replays_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    overlapping_claims(monkeypatch)
     ticks = iter(range(1000))
-    report = run(mixed(duration_s=30.0, seed=0), lambda: float(next(ticks)), False, overlapping)
+    report = run(mixed(duration_s=30.0, seed=0), lambda: float(next(ticks)), False)
     assert report["violations"]
     assert "--topics 4 " in report["replay"]
     assert "--shared-topics 2 --pending-timeout 6s --amo-topics 3 --seed 0" in report["replay"]

@@ -21,7 +21,6 @@ from marshal_workers.member import obeying
 from marshal_workers.protocol import checkpoints
 from marshal_workers.protocol.orders import Orders, orders_for
 from marshal_workers.protocol.world_state import Owner, WorldState
-from marshal_workers.simulation.checkpointing import Checkpointing
 from marshal_workers.simulation.faults import parse_fault
 from marshal_workers.simulation.report import replay_command
 from marshal_workers.simulation.sim_config import SimConfig
@@ -114,15 +113,21 @@ def test_two_processes_with_different_str_hashing_print_the_same_json() -> None:
 
 
 def ignores_releases(world: WorldState, me: Owner, started_ms: int, now_ms: int) -> Orders:
-    """A planted bug: a copy of orders_for that never sees a release order."""
+    """A bug to plant in the member core: its reading of the orders never sees a release order."""
     return replace(orders_for(world, me, started_ms, now_ms), release=frozenset())
 
 
-def drops_positions(state: WorldState, start: checkpoints.Start, source: int) -> None:
-    """A planted bug: a copy of the checkpoint load that drops every partition's position."""
-    checkpoints.begin(state, start, source)
-    for found in state.partitions.values():
-        found.offset = None
+def drops_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug planted in the checkpoint load that ships (what a member starting at checkpoints runs): every
+    partition's position is dropped."""
+    real = checkpoints.begin
+
+    def begin(state: WorldState, start: checkpoints.Start, source: int) -> None:
+        real(state, start, source)
+        for found in state.partitions.values():
+            found.offset = None
+
+    monkeypatch.setattr(checkpoints, "begin", begin)
 
 
 def test_a_member_that_ignores_release_orders_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,10 +137,9 @@ def test_a_member_that_ignores_release_orders_is_caught(monkeypatch: pytest.Monk
     assert "still held by host-0001/" in violations[0]["detail"] and "release,member=1" in violations[0]["detail"]
 
 
-def test_a_checkpoint_load_that_drops_positions_is_caught() -> None:
-    simulation = Simulation(with_orders_and_checkpoints(0))
-    simulation.checkpointing = Checkpointing(simulation, drops_positions)
-    violations = simulation.run()["violations"]
+def test_a_checkpoint_load_that_drops_positions_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    drops_positions(monkeypatch)
+    violations = simulate(with_orders_and_checkpoints(0))["violations"]
     assert violations and violations[0]["invariant"] == "checkpoints agree"
     assert ".offset = None, the whole log " in violations[0]["detail"]
 

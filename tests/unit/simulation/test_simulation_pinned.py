@@ -9,14 +9,17 @@ simulated).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sim_fleets import EVERY_KIND, planted, small
+from sim_fleets import EVERY_KIND, small, takes_live_claims
 
 from marshal_workers.simulation.faults import parse_fault
 from marshal_workers.simulation.sim_config import SimConfig
-from marshal_workers.simulation.simulator import WorldFactory, real_world, simulate
+from marshal_workers.simulation.simulator import simulate
+
+Plant = Callable[[pytest.MonkeyPatch], None] | None  # a bug to plant in what ships, for the run
 
 MIX = ["crash@10s:members=1", "freeze@20s:for=7s", "lose-writes@30s:for=5s", "stall-reads@35s:for=5s",
        "skew@0s:by=3s", "join@40s:members=2", "leave@45s", "slow@5s:for=15s", "deaf@50s:for=7s",
@@ -54,23 +57,23 @@ PINNED = {
 }
 
 
-def fleets() -> dict[str, tuple[SimConfig, WorldFactory]]:
-    cases: dict[str, tuple[SimConfig, WorldFactory]] = {}
+def fleets() -> dict[str, tuple[SimConfig, Plant]]:
+    cases: dict[str, tuple[SimConfig, Plant]] = {}
     for kind, fault in EVERY_KIND.items():
         for balance in ("fair", "greedy"):
-            cases[f"{kind}, {balance}"] = (small(fault, seed=1, balance=balance), real_world)
+            cases[f"{kind}, {balance}"] = (small(fault, seed=1, balance=balance), None)
     for balance in ("fair", "greedy"):
         cases[f"every kind, {balance}"] = (SimConfig(partitions=12, members=3, duration_s=150.0, seed=2, balance=balance,
-                                                     faults=tuple(map(parse_fault, MIX))), real_world)  # fmt: skip
+                                                     faults=tuple(map(parse_fault, MIX))), None)  # fmt: skip
     cases["docs"] = (SimConfig(partitions=256, members=4, duration_s=180.0, seed=7,
                                faults=(parse_fault("crash@60s:members=1"), parse_fault("freeze@100s:member=2,for=6s"))),
-                     real_world)  # fmt: skip
+                     None)  # fmt: skip
     faults = ["crash@10s:members=1", "freeze@20s:for=7s", "join@30s:members=2", "slow@5s:member=2,for=10s",
               "lose-writes@40s:for=3s"]  # fmt: skip
     cases["three coordination partitions"] = (SimConfig(partitions=24, members=4, duration_s=60.0, seed=5,
                                                         coordination_partitions=3, topics=3,
-                                                        faults=tuple(map(parse_fault, faults))), real_world)  # fmt: skip
-    cases["planted"] = (small("freeze@10s:for=7s", seed=0, balance="greedy", duration_s=30.0), planted)
+                                                        faults=tuple(map(parse_fault, faults))), None)  # fmt: skip
+    cases["planted"] = (small("freeze@10s:for=7s", seed=0, balance="greedy", duration_s=30.0), takes_live_claims)
     return cases
 
 
@@ -79,7 +82,9 @@ assert set(FLEETS) == set(PINNED)
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
-def test_a_pinned_run_does_what_it_did(name: str) -> None:
-    config, world = FLEETS[name]
-    report: dict[str, Any] = simulate(config, world)
+def test_a_pinned_run_does_what_it_did(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, plant = FLEETS[name]
+    if plant is not None:
+        plant(monkeypatch)
+    report: dict[str, Any] = simulate(config)
     assert (report["ownership_digest"][:32], report["records"], report["violation_count"]) == PINNED[name]
