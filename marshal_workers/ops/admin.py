@@ -23,7 +23,8 @@ from marshal_workers.kafka.kafka_clients import admin_client, require_topic, top
 from marshal_workers.kafka.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
 from marshal_workers.observe.status import utc_iso
 from marshal_workers.protocol import checkpoints, codec
-from marshal_workers.protocol.world_state import Owner, WorldState, record_time, refusals
+from marshal_workers.protocol.refusals import refusals
+from marshal_workers.protocol.world_state import Owner, WorldState, record_time
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 _HINT = "use --earliest, --latest, --timestamp, or --partition to pick partitions"

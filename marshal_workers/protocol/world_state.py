@@ -389,7 +389,7 @@ class WorldState:
         self._view_box = [None]  # a claimer is a member (and may be an asker)
         self.last_claim[record.instance] = at
         self.clients[record.instance] = record.client
-        if self._paused_at(source, at) is not None or self._held_back(record.client, record.topic, source, at):
+        if self.paused_at(source, at) is not None or self.held_back(record.client, record.topic, source, at):
             return False
         key = (record.topic, record.partition)
         state = self.partitions.get(key)
@@ -505,7 +505,7 @@ class WorldState:
             state.done = None if done is None else (done_set.parse(record.offset, done) or None)
             state.clear_report()
             return True
-        pause = self._paused_at(source, at)
+        pause = self.paused_at(source, at)
         if pause is not None and pause.client == record.client:
             # An operator setting the group's position: the offset becomes the resume point.
             if state is None:
@@ -518,7 +518,7 @@ class WorldState:
 
     def _claim_messages(self, record: ClaimMessages, at: int, source: int) -> bool:
         state = self.partitions.get((record.topic, record.partition))
-        if not self._is_owner(state, record) or self._paused_at(source, at) is not None:
+        if not self._is_owner(state, record) or self.paused_at(source, at) is not None:
             return False
         if at < self.topic_pauses.get(record.topic, 0):
             return False  # the topic is paused: its owner is about to release it, and handles nothing more
@@ -552,7 +552,7 @@ class WorldState:
     # A pause stops new leases and renewals; what is in hand may still be acked or given back.
 
     def _claim_ranges(self, record: ClaimRanges, at: int, source: int) -> Verdicts:
-        if self._paused_at(source, at) is not None or self._held_back(record.client, record.topic, source, at):
+        if self.paused_at(source, at) is not None or self.held_back(record.client, record.topic, source, at):
             return Verdicts(False for _ in record.ranges)
         holder, topic, lease_ms, amo = Holder(record.client, record.instance), record.topic, record.lease_ms, record.amo
         verdicts = []
@@ -565,7 +565,7 @@ class WorldState:
         return Verdicts(verdicts)
 
     def _renew_ranges(self, record: RenewRanges, at: int, source: int) -> Verdicts:
-        if self._paused_at(source, at) is not None:
+        if self.paused_at(source, at) is not None:
             return Verdicts(False for _ in record.ranges)
         holder = Holder(record.client, record.instance)
         return Verdicts(
@@ -651,7 +651,7 @@ class WorldState:
             self._release_requests.add((record.topic, record.partition))
         return True
 
-    def _held_back(self, client: str, topic: str, source: int, at: int) -> bool:
+    def held_back(self, client: str, topic: str, source: int, at: int) -> bool:
         """May ``client`` not claim ``topic`` at ``at``: drained (on this coordination partition) or topic paused?"""
         controls = self.controls.get(source)
         return (controls is not None and client in controls.drained) or at < self.topic_pauses.get(topic, 0)
@@ -660,7 +660,9 @@ class WorldState:
         for entry in entries:
             yield entry, self.shared.get((topic, entry.partition))
 
-    def _paused_at(self, source: int, at: int) -> Pause | None:
+    def paused_at(self, source: int, at: int) -> Pause | None:
+        """The pause in force at ``at`` on coordination partition ``source`` (the copy a record there is checked
+        against), or None."""
         pause = self.pauses.get(source)
         return pause if pause is not None and at < pause.until else None
 
@@ -1003,88 +1005,6 @@ def _touched_partitions(record: Record) -> tuple[int, ...] | None:
     if kind in (Checkpoint, Control, PauseTopic):
         return ()
     return None  # ReleaseGroup (every partition), or a kind added since
-
-
-def refusals(state: WorldState, record: Record, at: int, source: int, verdict: bool | Verdicts) -> list[str]:
-    """Why the fold refused ``record``, or the refused entries of a record about several partitions: [] if it
-    accepted it all.  Ask right after ``state.apply(record, at, source)`` gave ``verdict``: a refused record (or
-    entry) leaves the partition it is about as it was, so its state still shows why.  For people (``log``);
-    the fold itself never calls this."""
-    if isinstance(verdict, Verdicts):
-        if all(verdict):
-            return []
-    elif verdict:
-        return []
-    if record.group != state.group:
-        return ["ignored: another group"]
-    kind = type(record)
-    if kind is Checkpoint:
-        return ["ignored: a checkpoint of another coordination partition"]
-    if kind is Control:
-        return [f"ignored: {record.target} was not drained"]  # type: ignore[union-attr]  # a resume; the rest pass
-    if kind is not ReleaseGroup and not state.routed_here(record.topic, source):  # type: ignore[union-attr]
-        return ["ignored: not on its topic's coordination partition"]
-    if kind is ReleasePartition:
-        return ["ignored: the partition has no owner to ask"]
-    if kind is Heartbeats:
-        entries: list[Any] = record.heartbeats()  # type: ignore[union-attr]
-    elif kind is MessageClaims:
-        entries = record.claim_messages()  # type: ignore[union-attr]
-    elif kind in (ClaimRanges, RenewRanges, AckRanges, CancelRanges, ProgressRanges):
-        # Ignored: mypy does not narrow by type(record); a multi-entry record's verdict is Verdicts (its rules say so).
-        refused = [e for e, ok in zip(record.ranges, verdict, strict=True) if not ok]  # type: ignore[union-attr, arg-type]
-        why = "by the lease rules"
-        if state._paused_at(source, at) is not None and kind in (ClaimRanges, RenewRanges):
-            why = "the group is paused"
-        elif isinstance(record, ClaimRanges) and state._held_back(record.client, record.topic, source, at):
-            why = _held_back_reason(state, record.client, record.topic, source)
-        return [f"refused [{e.partition}]{e.offset}..{e.end - 1}: {why}" for e in refused]
-    elif kind in (DeliverMessages, AckMessages, CancelMessages):
-        why = "not in a live lease of its writer, or pending with a client" if kind is DeliverMessages else \
-            "not pending (never handed out, its pending timeout passed, or acked already)"
-        return [f"refused [{e.partition}]{e.offset}: {why}"
-                for e, ok in zip(record.messages, verdict, strict=True) if not ok]  # type: ignore[union-attr, arg-type]
-    else:
-        return [_refusal(state, record, at, source)]
-    several = len(entries) > 1
-    return [
-        f"[{entry.partition}] {_refusal(state, entry, at, source)}" if several else _refusal(state, entry, at, source)
-        for entry, ok in zip(entries, verdict, strict=True)  # type: ignore[arg-type]  # Verdicts, as above
-        if not ok
-    ]
-
-
-def _refusal(state: WorldState, record: Record, at: int, source: int) -> str:
-    """Why the fold refused a record about one partition (Claim, Heartbeat, Release, ClaimMessages)."""
-    found = state.get(record.topic, record.partition)  # type: ignore[union-attr]
-    owner = None if found is None else found.owner
-    pause = state._paused_at(source, at)
-    if isinstance(record, Claim):
-        if pause is not None:
-            return f"refused: the group is paused for {pause.until - at} ms more (by {pause.client})"
-        if state._held_back(record.client, record.topic, source, at):
-            return f"refused: {_held_back_reason(state, record.client, record.topic, source)}"
-        if found is None or owner is None:
-            return "refused"
-        return f"refused: owned by {owner.client}/{owner.instance}, heard from {at - found.last_ts} ms before"
-    if found is None or owner is None:
-        return "(ignored: not the owner; it has none)"
-    if owner.client != record.client or owner.instance != record.instance:
-        return f"(ignored: not the owner; the owner is {owner.client}/{owner.instance})"
-    if isinstance(record, ClaimMessages):
-        if pause is not None:
-            return f"refused: the group is paused for {pause.until - at} ms more (by {pause.client})"
-        if state.topic_paused(record.topic, at):
-            return f"refused: topic {record.topic} is paused (admin pause --topic)"
-        return f"refused: the claim had lapsed (the owner was silent for {at - found.last_ts} ms, over 2 HB)"
-    return "refused"
-
-
-def _held_back_reason(state: WorldState, client: str, topic: str, source: int) -> str:
-    controls = state.controls.get(source)
-    if controls is not None and client in controls.drained:
-        return f"client {client} is drained (admin drain)"
-    return f"topic {topic} is paused (admin pause --topic)"
 
 
 def fold(entries: Iterable[Entry], state: WorldState) -> WorldState:
