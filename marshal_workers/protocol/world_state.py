@@ -61,7 +61,7 @@ from marshal_workers.protocol.codec import (
     group_named,
     reported_number,
 )
-from marshal_workers.protocol.field_copies import copier, mutable_fields
+from marshal_workers.protocol.field_copies import copier
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
 
 
@@ -115,7 +115,8 @@ class PartitionState:
     release_requested: bool = False
 
     def copy(self) -> PartitionState:
-        """An equal, independent copy (every field; WorldState.copy_before makes one per partition a record is about)."""
+        """An equal, independent copy (every field; copy_on_write.copy_before makes one per partition a record is
+        about)."""
         return _copy_partition_state(self)
 
     def clear_report(self) -> None:
@@ -282,8 +283,8 @@ class WorldState:
     # almost never set was most of a large fleet's fold cost.
     _release_requests: set[tuple[str, int]] | None = field(default=None, compare=False, repr=False)
     # group_view's answer, with the span of ``now`` [lo, hi] it holds for while none is stale, in a box that the
-    # copies of copy_before share until their fold changes the members (a claim, a change of owner: those put a
-    # new box in place).  Members at different places in the log and times then share one answer.
+    # copies of copy_on_write.copy_before share until their fold changes the members (a claim, a change of owner:
+    # those put a new box in place).  Members at different places in the log and times then share one answer.
     _view_box: list[tuple[int, int, GroupView] | None] = field(
         default_factory=lambda: [None], compare=False, repr=False
     )
@@ -906,38 +907,11 @@ class WorldState:
         """An independent copy, safe to read while the original keeps folding."""
         return copy.deepcopy(self)
 
-    def copy_before(self, record: Record) -> WorldState:
-        """A copy of this state to fold ``record`` into, while this state stays as it is: ``snapshot()``, made
-        cheaply.  The copy shares with this state the states of the partitions ``record`` is not about (the fold of
-        ``record`` cannot change them); everything else is copied.  Fold only ``record`` into it: the next record
-        needs a copy of its own.  Many readers at the same place in the log can so share one fold (the simulator's
-        members: docs/simulation.md); a record this method does not know is copied whole."""
-        kind = type(record)
-        touched = _touched_partitions(record)
-        if touched is None:
-            return self.snapshot()
-        self._owner_index()  # carried along, so no copy relearns them
+    def learn_indexes(self) -> None:
+        """Learn the indexes of owners and of hand-over requests now if they are not known: copies made before a
+        record (copy_on_write.py) carry them along, so that none of them relearns them."""
+        self._owner_index()
         self._release_index()
-        new = copy.copy(self)
-        beats = kind is Heartbeats or kind is Heartbeat
-        for name in _BEAT_CONTAINERS if beats else _COPIED_CONTAINERS:
-            setattr(new, name, getattr(self, name).copy())
-        new.stats = self.stats.copy()
-        new.groups_seen = {source: set(names) for source, names in self.groups_seen.items()}
-        if not beats:
-            new.controls = {source: controls.copy() for source, controls in self.controls.items()}
-        if record.group == self.group:
-            partitions, shared = new.partitions, new.shared
-            topic = record.topic if kind not in _GROUP_KINDS else None  # type: ignore[union-attr]
-            for number in touched:
-                key = (topic, number)
-                state = partitions.get(key)  # type: ignore[arg-type]
-                if state is not None:
-                    partitions[key] = state.copy()  # type: ignore[index]
-                ranges = shared.get(key)  # type: ignore[arg-type]
-                if ranges is not None:
-                    shared[key] = ranges.copy()  # type: ignore[index]
-        return new
 
 
 def _count_down(counts: dict[Any, int], key: Any) -> None:
@@ -972,39 +946,6 @@ _RULES: dict[type, Callable[[WorldState, Any, int, int], Any]] = {
     PauseTopic: WorldState._pause_topic,
     ReleasePartition: WorldState._release_partition,
 }
-
-
-# What copy_before copies one level: every field of WorldState whose value can change in place (from the fields'
-# types, field_copies.py) but those it copies apart (deeper: the orders, the groups seen, the counts) and the answers
-# kept for queries, which the copies share (the fold puts new ones in place when it changes what they answer).  A new
-# field is so copied unless named here.  The copied containers' values are immutable, or copied where a record
-# touches them (the states of partitions and shared partitions).
-_COPIED_APART = ("controls", "groups_seen", "stats")
-_KEPT_ANSWERS = ("_free_memo", "_holdings_memo", "_view_box")
-_COPIED_CONTAINERS = tuple(name for name in mutable_fields(WorldState) if name not in _COPIED_APART + _KEPT_ANSWERS)
-# A heartbeat changes only the states of its partitions (and the counts, and the caches of routes and groups seen):
-# the copy for one shares the rest, the most of the fold's records and so the most of its copies.
-_BEAT_CONTAINERS = ("partitions", "_routes", "directory_known", "_too_many_groups")
-_GROUP_KINDS = (ReleaseGroup, Checkpoint, Control)  # records about no topic
-
-
-def _touched_partitions(record: Record) -> tuple[int, ...] | None:
-    """The partitions of ``record``'s topic whose state folding it may change (none for a record about no
-    partition), or None if it may change them all, or this function does not know the record."""
-    kind = type(record)
-    if kind is Heartbeats:
-        return tuple(beat.partition for beat in record.beats)  # type: ignore[union-attr]
-    if kind in (Claim, Heartbeat, Release, ClaimMessages, ReleasePartition):
-        return (record.partition,)  # type: ignore[union-attr]
-    if kind is MessageClaims:
-        return tuple(claim.partition for claim in record.claims)  # type: ignore[union-attr]
-    if kind in (ClaimRanges, RenewRanges, AckRanges, CancelRanges, ProgressRanges):
-        return tuple(entry.partition for entry in record.ranges)  # type: ignore[union-attr]
-    if kind in (DeliverMessages, AckMessages, CancelMessages):
-        return tuple(entry.partition for entry in record.messages)  # type: ignore[union-attr]
-    if kind in (Checkpoint, Control, PauseTopic):
-        return ()
-    return None  # ReleaseGroup (every partition), or a kind added since
 
 
 def fold(entries: Iterable[Entry], state: WorldState) -> WorldState:

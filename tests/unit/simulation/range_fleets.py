@@ -43,7 +43,7 @@ class _OverlappingPartitions(dict):  # type: ignore[type-arg]
             self[key] = OverlappingClaims()
         return super().get(key)
 
-    def copy(self) -> _OverlappingPartitions:  # the shared fold's copies (WorldState.copy_before) keep the bug
+    def copy(self) -> _OverlappingPartitions:  # the shared fold's copies (copy_on_write.copy_before) keep the bug
         return _OverlappingPartitions(self)
 
 
