@@ -58,7 +58,8 @@ from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.partition_end import partition_end
 from marshal_workers.protocol.range_leases import Holder, SharedPartition
 from marshal_workers.protocol.range_member import RangeMember, cancel_entry, given_back_entry, handled_entry
-from marshal_workers.protocol.world_state import Owner, WorldState, per_entry
+from marshal_workers.protocol.world_state import WorldState, per_entry
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import monotonic_ms
 
 _log = logging.getLogger(__name__)

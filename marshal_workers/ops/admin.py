@@ -24,7 +24,8 @@ from marshal_workers.kafka.positions import Bound, chosen_partitions, offsets_at
 from marshal_workers.observe.status import utc_iso
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.refusals import refusals
-from marshal_workers.protocol.world_state import Owner, WorldState, record_time
+from marshal_workers.protocol.world_state import WorldState, record_time
+from marshal_workers.protocol.world_view import Owner
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 _HINT = "use --earliest, --latest, --timestamp, or --partition to pick partitions"

@@ -20,7 +20,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.member.obeying import obey
 from marshal_workers.protocol.orders import orders_for
-from marshal_workers.protocol.world_state import Owner
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 
 

@@ -9,7 +9,8 @@ from test_world_state_properties import GROUP, HB, logs
 from test_world_state_properties import fold_all as fold
 
 from marshal_workers.protocol import checkpoints, codec
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 WRITER = {"v": 1, "group": GROUP, "client": "w", "instance": "w1"}

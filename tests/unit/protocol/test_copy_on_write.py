@@ -7,24 +7,13 @@ import copy
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_world_state_properties import (
-    CLIENTS,
-    GROUP,
-    HB,
-    STEPS,
-    TOPICS,
-    batched,
-    fold_all,
-    group_view_by_scan,
-    group_view_of,
-    holdings_by_scan,
-    logs,
-    release_requests_by_scan,
-)
+from test_world_state_properties import CLIENTS, GROUP, HB, STEPS, TOPICS, batched, fold_all, logs
+from test_world_view import group_view_by_scan, group_view_of, holdings_by_scan, release_requests_by_scan
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.copy_on_write import copy_before
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

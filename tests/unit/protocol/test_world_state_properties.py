@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.protocol import codec, done_set
-from marshal_workers.protocol.world_state import Owner, PartitionState, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner, PartitionState
 
 HB = 1000
 GROUP = "g"
@@ -309,92 +310,3 @@ def test_a_multi_partition_record_folds_exactly_as_its_entries_one_by_one(
     for record in batched(runs):
         from_wire.apply_value(codec.encode(record))
     assert from_wire.partitions == one_by_one.partitions
-
-
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.sampled_from(STEPS), st.sampled_from(CLIENTS))
-def test_free_partitions_answers_as_is_free_asked_of_each(log: list[codec.Record], later: int, who: tuple[str, str]) -> None:
-    """A claim round asks free_partitions once (pause and drain checked once): the answer is is_free's, key by key."""
-    state = fold_all(log)
-    now = log[-1].ts + later
-    keys = [(topic, p) for topic in TOPICS for p in range(4)]
-    assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
-
-
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
-       st.sampled_from(CLIENTS), st.booleans())  # fmt: skip
-def test_free_partitions_index_answers_as_the_scan_between_records(
-    log: list[codec.Record], lags: list[int], who: tuple[str, str], back_in_time: bool
-) -> None:
-    """A member asks free_partitions every claim round while it folds: the fold's index (no owned partition can
-    be stale yet) never changes the answer, whatever the times asked, also when record times go backwards
-    (a log folded by ``ts``) or a checkpoint loads partitions."""
-    state = WorldState(GROUP, HB)
-    keys = [(topic, p) for topic in TOPICS for p in range(4)]
-    for i, record in enumerate(log):
-        at = record.ts - (HB * 3 if back_in_time and i % 5 == 4 else 0)
-        state.apply(record, at)
-        for lag in lags:
-            now = at + lag
-            assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
-    restored = WorldState(GROUP, HB)
-    restored.free_partitions(keys, log[-1].ts, *who)  # learns the index of an empty world
-    restored.partitions.update(copy.deepcopy(state.partitions))
-    restored.partitions_restored()  # as checkpoints.seed does
-    now = log[-1].ts + HB
-    assert restored.free_partitions(keys, now, *who) == [key for key in keys if restored.is_free(*key, now, *who)]
-
-
-def holdings_by_scan(state: WorldState, now: int) -> list[tuple[Owner, list[tuple[str, int]]]]:
-    """``holdings`` as its definition reads: every owner heard from within 2*HB, its partitions in the fold's order."""
-    held: dict[Owner, list[tuple[str, int]]] = {}
-    for key, found in state.partitions.items():
-        if found.owner is not None and now - found.last_ts <= 2 * HB:
-            held.setdefault(found.owner, []).append(key)
-    return list(held.items())
-
-
-def group_view_by_scan(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
-    """``group_view`` as its definition reads: live members with their holdings, askers, the most held by others."""
-    held = {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
-    claimed = {Owner(state.clients[i], i) for i, at in state.last_claim.items() if now - at <= 2 * HB}
-    counts = {member: held.get(member, 0) for member in set(held) | claimed}
-    askers = {Owner(state.clients[i], i) for i, at in state.last_refused_claim.items()
-              if now - at <= 2 * HB and state.last_claim.get(i) == at}  # fmt: skip
-    return counts, askers, max((n for m, n in counts.items() if m != me), default=0)
-
-
-def group_view_of(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
-    view = state.group_view(now)
-    return dict(view.counts), set(view.askers), view.most_held_by_others(me)
-
-
-def release_requests_by_scan(state: WorldState, owner: Owner) -> frozenset[tuple[str, int]]:
-    """``release_requests`` as its definition reads."""
-    return frozenset(k for k, found in state.partitions.items() if found.release_requested and found.owner == owner)
-
-
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
-       st.lists(st.sampled_from(CLIENTS), min_size=1, max_size=3))  # fmt: skip
-def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_records(
-    log: list[codec.Record], lags: list[int], askers: list[tuple[str, str]]
-) -> None:
-    """The fold keeps free_partitions' answer for a tuple of keys, and the holdings (and their counts), until a
-    partition changes owner (members ask both every round, mostly of an unchanged world): asked again and again between records, by
-    several members at several times, they answer as the scans."""
-    state = WorldState(GROUP, HB)
-    keys = tuple((topic, p) for topic in TOPICS for p in range(4))
-    for record in log:
-        state.apply(record, record.ts)
-        for lag in lags:
-            now = record.ts + lag
-            for who in askers:
-                assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
-                assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
-                assert state.holding_counts(now) == {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
-                assert state.release_requests(Owner(*who)) == release_requests_by_scan(state, Owner(*who))
-                assert group_view_of(state, now, Owner(*who)) == group_view_by_scan(state, now, Owner(*who))
-            state.holdings(now)[Owner("x", "x1")] = []  # a caller's change to an answer changes no later answer
-            assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
