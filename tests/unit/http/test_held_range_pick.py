@@ -1,4 +1,4 @@
-"""A held range's pick (http/served_topic.py HeldRange.pick) looks from where the last one stopped instead of stepping
+"""A held range's pick (http/held_range.py HeldRange.pick) looks from where the last one stopped instead of stepping
 over every pending message again; whatever happens meanwhile, it picks exactly what a scan of every message would."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marshal_workers.http.served_topic import HeldRange
+from marshal_workers.http.held_range import HeldRange
 
 MAX_DELIVERIES = 3
 PENDING_MS = 50
