@@ -27,7 +27,8 @@ The parts, each in its module: a held range and what the server knows of its
 messages (held_range.py), when to lease more (lease_ahead.py), the reading of
 the held ranges from Kafka (range_reader.py), acks and cancels
 (settlements.py); the lease decisions are the shared pool's
-(protocol/range_member.py).
+(protocol/range_member.py), and operators' orders are obeyed as a supervisor
+obeys them (member/obeying.py).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client
 from marshal_workers.kafka.metadata_refresh import MetadataRefresh
 from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
+from marshal_workers.member.obeying import Held, obey
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.partition_end import partition_end
@@ -413,21 +415,37 @@ class ServedTopic:
 
     def _obey_operators(self) -> None:
         """``admin drain``/``pause --topic``: claim nothing and give back what no client holds (acks are still
-        taken); ``admin shutdown``: stop as on SIGTERM.  The same orders a supervisor obeys (remote_control.py)."""
+        taken); ``admin shutdown``: stop as on SIGTERM.  The orders a supervisor obeys, obeyed as it does
+        (member/obeying.py): this server is a member with one shared topic and no whole partition."""
         assert self._holder is not None
         me = Owner(self._holder.client, self._holder.instance)
         now_ms = self.coordinator.now_ms()
         orders = self.coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
-        held_back = orders.drained or self.topic in orders.paused_topics
+        obey(orders, (self.topic,), (), self)
+
+    # What obey() asks of us.  A shutdown ordered with a drain or pause leaves ``held_back`` as it was: stopping
+    # claims nothing and gives back what no client holds already.
+
+    def shut_down(self) -> None:
+        if self.stopping:
+            return
+        self.log.warning("%s: an operator ordered a shutdown (admin shutdown): stopping as on SIGTERM", self.topic)
+        self.begin_stop()
+        if self.on_shutdown_order is not None:
+            self.on_shutdown_order()
+
+    def drain(self, drained: bool) -> None:
+        """Nothing more than hold_back: drained, this server holds its one topic back."""
+
+    def hold_back(self, topics: set[str]) -> None:
+        held_back = self.topic in topics
         if held_back != self.held_back:
             self.log.warning("%s: %s", self.topic, "drained or paused by an operator: claiming nothing, giving back "
                              "what no client holds" if held_back else "resumed by an operator")  # fmt: skip
             self.held_back = held_back
-        if orders.shutdown and not self.stopping:
-            self.log.warning("%s: an operator ordered a shutdown (admin shutdown): stopping as on SIGTERM", self.topic)
-            self.begin_stop()
-            if self.on_shutdown_order is not None:
-                self.on_shutdown_order()
+
+    def hand_over(self, held: Held, reason: str) -> None:
+        """Never asked: a served topic's partitions are shared, leased in ranges, never held whole."""
 
     def _sync_from_log(self) -> None:
         """What other servers did to our messages (acks, cancels), as the fold has it: looked up only when the log

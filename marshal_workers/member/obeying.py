@@ -1,10 +1,11 @@
 """What a member does about an operator's orders, in what order (docs/operations.md).
 
 ``orders_for`` (protocol/orders.py) reads from the fold what the operators ask of one member; :func:`obey` carries
-it out, for a supervisor (runtime/supervisor/remote_control.py) and a simulated member (simulation/operator.py)
-alike: a shutdown is a graceful stop and nothing else; otherwise the member is drained or not, leases no more
-ranges of the shared topics held back (every one when drained, else the paused ones), and hands over every
-partition an order gives up, unless it is already on its way out (handed over or lost).
+it out, for a supervisor (runtime/supervisor/remote_control.py), a simulated member (simulation/operator.py) and
+an HTTP server's served topic (http/served_topic.py) alike: a shutdown is a graceful stop and nothing else;
+otherwise the member is drained or not, leases no more ranges of the shared topics held back (every one when
+drained, else the paused ones), and hands over every partition an order gives up, unless it is already on its
+way out (handed over or lost).
 """
 
 from __future__ import annotations
