@@ -48,8 +48,8 @@ from timings import StartUp, after_the_heal, settled_seen_s, slowest_call, slowe
 
 from marshal_workers.core.config import Settings
 from marshal_workers.handlers.app import MAX_RANGE_SIZE
-from marshal_workers.kafka.coordination_log import log_consumer
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
+from marshal_workers.kafka.log_start import log_consumer
 
 HB_S = float(HB.rstrip("s"))
 LEASE_S = 1.5 * HB_S  # a supervisor's workers stop at its last confirmed write plus 1.5 HB
