@@ -47,7 +47,7 @@ from processes import cmdline, process_group, titled
 from timings import StartUp, after_the_heal, settled_seen_s, slowest_call, slowest_start, start_ups, timings_line
 
 from marshal_workers.core.config import Settings
-from marshal_workers.handlers.app import MAX_RANGE_SIZE
+from marshal_workers.handlers.handler_options import MAX_RANGE_SIZE
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 from marshal_workers.kafka.log_start import log_consumer
 
