@@ -39,7 +39,8 @@ from marshal_workers.http.group_commit import LATENCY_BUCKETS, Kind
 from marshal_workers.http.http_messages import BadRequest, MessageId, ReadRequest, message_ids, read_request
 from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
-from marshal_workers.http.served_topic import LOG_LAG_GRACE_S, ServedTopic
+from marshal_workers.http.served_topic import ServedTopic
+from marshal_workers.http.settlements import LOG_LAG_GRACE_S
 from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
 from marshal_workers.observe.web_sites import open_site, stop_signal
 

@@ -145,7 +145,7 @@ def shared_consumer(settings: Settings) -> dict[str, Any]:
 
 
 def served_topic_consumer(settings: Settings) -> dict[str, Any]:
-    """The HTTP service's reader of a served topic's leased ranges (http/served_topic.py): a shared worker's, for
+    """The HTTP service's reader of a served topic's leased ranges (http/range_reader.py): a shared worker's, for
     the same reasons (it reads ranges, assigned by hand, and needs to know where a range ends in no message)."""
     return shared_consumer(settings)
 

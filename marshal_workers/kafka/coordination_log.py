@@ -11,6 +11,8 @@ end-of-partition: a reader catching up never waits for an empty fetch, which the
 embedded broker holds for the whole fetch wait.  It reads up to there with the
 long wait of a catch-up (guarded_consumer.CATCH_UP_WAIT_MS), and a tail then goes
 on with the short one (docs/brokers.md, "Stalled fetches on a long partition").
+Where it begins on each partition, at a checkpoint or the beginning, is
+log_start.py's.
 """
 
 from __future__ import annotations
@@ -19,31 +21,17 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    TIMESTAMP_LOG_APPEND_TIME,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException, Message
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, check_stop, never
-from marshal_workers.errors import DecodeError, KafkaUnavailable, StopRequested
-from marshal_workers.kafka import client_profiles
-from marshal_workers.kafka.catch_up import (
-    KnownEnds,
-    fetch_only_those_behind,
-    listed_bounds,
-    partition_ended,
-    read_record,
-)
-from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.errors import DecodeError, KafkaUnavailable
+from marshal_workers.kafka.catch_up import KnownEnds, partition_ended, read_record
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
+from marshal_workers.kafka.log_start import begin_catching_up, learn_groups_before, log_consumer
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.codec import Release
 from marshal_workers.protocol.world_state import WorldState
@@ -53,7 +41,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 GARBAGE_LOG_INTERVAL_S = 60.0
 PROGRESS_LOG_INTERVAL_S = 3.0  # how often a supervisor's long start-up read says how far it has got
-_BATCH = 2000
+_BATCH = 2000  # records the tail takes per consume
 _FOLD_SLICE = 64  # records folded per hold of the state's lock
 _MAX_UNCLAIMED_VERDICTS = 100_000
 
@@ -435,254 +423,6 @@ class CoordinationLog:
                     return None
                 self._lock.wait(min(remaining, 0.1))
             return self._verdicts.pop(key)
-
-
-def log_consumer(settings: Settings, group: str, purpose: str, catch_up: bool = True) -> GuardedConsumer:
-    """A reader of the coordination topic for ``group``: it first reads up to ends it knows with the catch-up's
-    long fetch wait (``catch_up``), then (``begin_tail()``) gets each new record as soon as the broker has it; and
-    it gets past the embedded broker's stalled fetches on a long log (guarded_consumer.py).  ``purpose`` names it
-    in the log."""
-    return GuardedConsumer(
-        client_profiles.coordination_reader(settings, purpose),
-        f"group {group}: coordination log reader ({purpose}) of {settings.coordination_topic}",
-        settings.heartbeat_interval,
-        contiguous=True,  # no transactions, no compaction: a gap is a record not read yet (guarded_consumer.py)
-        catch_up=catch_up,
-    )
-
-
-def begin_catching_up(
-    consumer: GuardedConsumer,
-    settings: Settings,
-    partition_count: int,
-    group: str,
-    from_beginning: bool,
-    should_stop: ShouldStop = never,
-    report: bool = False,
-) -> tuple[list[checkpoints.Start], KnownEnds]:
-    """Place a catching-up reader of ``group``'s coordination log (the tail of CoordinationLog, the ``log``
-    command) where it starts on each partition (find_starts, or the beginning), and say up to where it reads
-    (catch_up.py).  Each partition's bounds are listed once: a ListOffsets per partition, which the embedded broker
-    answers by listing its batches, serves both the ends and the checkpoint search."""
-    topic = settings.coordination_topic
-    bounds = listed_bounds(consumer, topic, partition_count, settings.connect_timeout)
-    starts = [checkpoints.BEGINNING] * partition_count
-    if not from_beginning:
-        starts = find_starts(
-            settings, topic, partition_count, group, should_stop=should_stop, report=report,
-            bounds=bounds if all(high >= 0 for _, high in bounds) else None,
-        )  # fmt: skip
-    ends = KnownEnds([high for _, high in bounds])
-    consumer.assign(
-        [TopicPartition(topic, p, OFFSET_BEGINNING if s.offset is None else s.offset) for p, s in enumerate(starts)]
-    )
-    fetch_only_those_behind(ends, consumer, topic)
-    return starts, ends
-
-
-# How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far (and
-# reads only what the one before did not).  A checkpoint is written every checkpoint_interval (1 minute): 2,000
-# records is a minute of a partition written 33 times a second, and a further look costs a fetch round trip, while
-# reading 20,000 records first cost a status call about 0.3 s on the embedded broker (bench_long_log.py).
-_FIRST_LOOK = 2_000
-
-
-def find_checkpoints(
-    settings: Settings, topic: str, partition_count: int, group: str
-) -> list[list[codec.Checkpoint] | None]:
-    """The latest complete checkpoint of ``group`` on each coordination partition (None: it has none)."""
-    starts = find_starts(settings, topic, partition_count, group, use_directories=False)
-    return [start.checkpoint for start in starts]
-
-
-def find_starts(
-    settings: Settings,
-    topic: str,
-    partition_count: int,
-    group: str,
-    use_directories: bool = True,
-    should_stop: ShouldStop = never,
-    report: bool = False,
-    bounds: Sequence[tuple[int, int]] | None = None,
-) -> list[checkpoints.Start]:
-    """Where a reader of ``group`` starts on each coordination partition (checkpoints.Start).
-
-    Looks at the last records of every partition at once, then 4 times as far back each time where it found
-    neither a complete checkpoint of ``group`` nor (``use_directories``) a complete checkpoint of
-    another group whose directory does not list ``group``, so the cost is the records since the last checkpoint
-    of any group.  (Offsets, not times: Tansu answers every "offset for a time" with the log start.)
-    ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.
-    ``bounds``: each partition's (start, end), if the caller listed them already.
-    """
-    starts = [checkpoints.BEGINNING] * partition_count
-    consumer = log_consumer(settings, group, "checkpoint search")
-    try:
-        if bounds is None:
-            bounds = [
-                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
-                for p in range(partition_count)
-            ]
-        assemblers = [checkpoints.Assembler() for _ in range(partition_count)]
-        finders = [checkpoints.DirectoryFinder(group) if use_directories else None for _ in range(partition_count)]
-        looking = {p for p, (low, high) in enumerate(bounds) if high > low}  # an empty partition has none
-        stops: dict[int, int | None] = {p: None for p in looking}  # None: to the end
-        look = _FIRST_LOOK
-        while looking:
-            begins = {p: max(bounds[p][0], bounds[p][1] - look) for p in looking}
-            spans = {p: (begins[p], stops[p]) for p in looking}
-            _scan(consumer, topic, group, spans, assemblers, finders, settings, should_stop)
-            for p in sorted(looking):
-                low, high = bounds[p]
-                own = assemblers[p].latest
-                finder = finders[p]
-                elsewhere = None if finder is None else finder.latest
-                start = checkpoints.choose_start(
-                    own if own is not None and own[0].as_of >= low else None,
-                    elsewhere if elsewhere is not None and elsewhere[0] >= low else None,
-                )  # fmt: skip
-                if start.offset is not None:
-                    starts[p] = start
-                    looking.discard(p)
-                elif begins[p] <= low:
-                    looking.discard(p)  # read back to the start: no checkpoint
-                else:
-                    stops[p] = begins[p]
-                    if report:
-                        log.info(
-                            "group %s: no checkpoint that tells where to start in the last %d records of %s[%d] "
-                            "(of %d): looking further back",
-                            group, high - begins[p], topic, p, high - low,
-                        )  # fmt: skip
-            look *= 4
-        return starts
-    except KafkaException as exc:
-        log.warning("coordination log %s: cannot look for checkpoints (%s): reading it all", topic, exc)
-        return [checkpoints.BEGINNING] * partition_count
-    finally:
-        consumer.close()
-
-
-def _scan(
-    consumer: GuardedConsumer,
-    topic: str,
-    group: str,
-    spans: dict[int, tuple[int, int | None]],
-    assemblers: list[checkpoints.Assembler],
-    finders: list[checkpoints.DirectoryFinder | None],
-    settings: Settings,
-    should_stop: ShouldStop,
-) -> None:
-    """Feed the checkpoints in [begin, stop) of each partition (stop None: to its end) to its assembler (the group's
-    own) and its directory finder (other groups')."""
-    starts = {p: begin for p, (begin, _) in spans.items()}
-    stops = {p: stop for p, (_, stop) in spans.items()}
-    for message in _records_in_spans(consumer, topic, starts, stops, settings, should_stop, "looking for checkpoints"):
-        partition, offset = message.partition(), message.offset()
-        assert partition is not None and offset is not None  # records only, no error events
-        value = message.value()
-        if value is None or b'"checkpoint"' not in value:
-            continue
-        try:
-            record = codec.decode(value)
-        except DecodeError:
-            continue
-        # A checkpoint of this partition, describing the log before itself.
-        if not isinstance(record, codec.Checkpoint) or record.source != partition or record.as_of > offset:
-            continue
-        if record.group == group:
-            assemblers[partition].add(record)
-        else:
-            finder = finders[partition]
-            if finder is not None:
-                finder.add(record)
-
-
-def learn_groups_before(
-    consumer: GuardedConsumer, topic: str, stops: dict[int, int], settings: Settings, should_stop: ShouldStop = never
-) -> dict[int, set[str]]:
-    """The names of the groups with a record before offset ``stops[p]`` on each partition p of ``topic`` (every
-    value that names a group, valid record or not: codec.group_named).  {} if ``should_stop`` said so first."""
-    names: dict[int, set[str]] = {p: set() for p in stops}
-    lows = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)[0]
-            for p in stops}  # fmt: skip
-    starts = {p: OFFSET_BEGINNING for p, stop in stops.items() if stop > lows[p]}
-    full: set[int] = set()  # partitions with too many groups for a directory: no need to read on
-    try:
-        for message in _records_in_spans(
-            consumer, topic, starts, dict(stops), settings, should_stop, "reading group names", skip=full
-        ):
-            partition = message.partition()
-            assert partition is not None  # records only, no error events
-            group = codec.group_named(message.value())
-            if group is not None and group not in names[partition]:
-                names[partition].add(group)
-                if len(names[partition]) > codec.MAX_DIRECTORY:
-                    full.add(partition)
-    except StopRequested:
-        return {}
-    return names
-
-
-def _records_in_spans(
-    consumer: GuardedConsumer,
-    topic: str,
-    starts: dict[int, int],
-    stops: dict[int, int | None],
-    settings: Settings,
-    should_stop: ShouldStop,
-    doing: str,
-    skip: set[int] | None = None,
-) -> Iterator[Message]:
-    """The records of each partition p from ``starts[p]`` up to ``stops[p]`` (None: to its end as the fetch that
-    brought its first record saw it, never waiting for an empty fetch: catch_up.py), as they come.
-    KafkaException when nothing comes for the connect timeout; StopRequested when ``should_stop`` says so.
-    A partition added to ``skip`` meanwhile is read no further."""
-    if not starts:
-        return
-    ends = KnownEnds([-1] * (max(starts) + 1))
-    consumer.assign([TopicPartition(topic, p, start) for p, start in starts.items()])
-    reading = set(starts)
-    last_progress = time.monotonic()
-    while reading:
-        check_stop(should_stop)
-        batch = consumer.consume(num_messages=_BATCH, timeout=0.1)
-        if batch:
-            last_progress = time.monotonic()
-        elif time.monotonic() - last_progress > settings.connect_timeout:
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no progress while {doing}"))
-        for message in batch:
-            partition = message.partition()
-            if partition is None:
-                continue  # an error about no partition (the broker away): the timeout above judges the progress
-            if skip and partition in skip:
-                _done_with(partition, reading, consumer, topic)
-            if partition not in reading:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    _done_with(partition, reading, consumer, topic)  # read to its end
-                continue
-            stop = stops[partition]
-            offset = message.offset()
-            assert offset is not None  # a record, not an error event
-            if stop is not None and offset >= stop:
-                _done_with(partition, reading, consumer, topic)
-                continue
-            yield message
-            if stop is None:
-                read_record(ends, consumer, topic, partition, offset)  # no longer fetched at its end
-                if ends.at_end[partition]:
-                    reading.discard(partition)
-            elif offset + 1 >= stop:
-                _done_with(partition, reading, consumer, topic)
-
-
-def _done_with(partition: int, reading: set[int], consumer: GuardedConsumer, topic: str) -> None:
-    """A span read: its partition is no longer fetched (GuardedConsumer.read_up_to_end says why)."""
-    if partition in reading:
-        reading.discard(partition)
-        consumer.read_up_to_end(topic, partition)
 
 
 def read_group_state(settings: Settings, group: str) -> WorldState:

@@ -82,16 +82,36 @@ def ensure_topic(
         replication_factor=settings.coordination_replication_factor,
         config=config or {},
     )
-    future = admin.create_topics([new_topic], request_timeout=settings.connect_timeout)[topic]
+    refusal = create_topics(admin, settings, [new_topic], should_stop)[topic]
+    if refusal not in (None, ALREADY_EXISTS):
+        raise _cannot_create(settings, topic, partitions, config, refusal)
+    return _wait_topic_visible(admin, settings, topic, should_stop)
+
+
+ALREADY_EXISTS = "exists"  # create_topics' outcome for a topic that was there already (or made meanwhile)
+
+
+def create_topics(
+    admin: AdminClient, settings: Settings, topics: list[NewTopic], should_stop: ShouldStop = never
+) -> dict[str, str | None]:
+    """Create ``topics`` in one request; per topic name the outcome: None (created), ALREADY_EXISTS, or the
+    cluster's reason for refusing it (each topic is created or refused on its own).  The one place topics are
+    created: ensure_topic (the coordination and dead-letter topics) and ``topics create`` (ops/topics.py)."""
+    futures = admin.create_topics(topics, request_timeout=settings.connect_timeout)
+    return {name: _creation_outcome(future, settings.connect_timeout + 1, should_stop) for name, future in futures.items()}
+
+
+def _creation_outcome(future: concurrent.futures.Future[None], timeout: float, should_stop: ShouldStop) -> str | None:
     try:
-        wait_future(future, settings.connect_timeout + 1, should_stop)
+        wait_future(future, timeout, should_stop)
     except KafkaException as exc:
         error = exc.args[0]
-        if not (isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-            raise _cannot_create(settings, topic, partitions, config, str(error)) from None
+        if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return ALREADY_EXISTS
+        return str(error.str() if isinstance(error, KafkaError) else error)
     except concurrent.futures.TimeoutError:
-        raise _cannot_create(settings, topic, partitions, config, f"no answer within {settings.connect_timeout:g}s") from None
-    return _wait_topic_visible(admin, settings, topic, should_stop)
+        return f"no answer within {timeout:g}s"
+    return None
 
 
 def _cannot_create(

@@ -17,7 +17,8 @@ from marshal_workers.member.shell import Log, OnFailure, OnVerdicts, Quiet
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.checkpoint_schedule import CheckpointSchedule
 from marshal_workers.protocol.checkpoints import due, state_records
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 T = TypeVar("T")
 

@@ -2,10 +2,11 @@
 
 :class:`Obeying` looks every HB/2 (with the heartbeat, before it), while the member runs: ``orders_for``
 (protocol/orders.py) reads from the fold what the operators ask of it, and :func:`obey` carries it out, for a
-supervisor (runtime/supervisor/remote_control.py) and a simulated member (simulation/member.py) alike: a
-shutdown is a graceful stop and nothing else; otherwise the member is drained or not, leases no more ranges of the
-shared topics held back (every one when drained, else the paused ones), and hands over every partition an order
-gives up, unless it is already on its way out (handed over or lost).
+supervisor (runtime/supervisor/remote_control.py), a simulated member (simulation/member.py) and an HTTP server's
+served topic (http/served_topic.py, which calls ``obey`` on its own look) alike: a shutdown is a graceful stop and
+nothing else; otherwise the member is drained or not, leases no more ranges of the shared topics held back (every
+one when drained, else the paused ones), and hands over every partition an order gives up, unless it is already on
+its way out (handed over or lost).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Generic, Protocol, TypeVar
 
 from marshal_workers.protocol.orders import Key, Orders, orders_for
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 
 class Held(Protocol):

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marshal_workers.observe.status import status_document
-from marshal_workers.protocol.world_state import Liveness, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Liveness
 
 Key = tuple[str, int]
 MAX_HAND_OVERS = 50  # the page shows the recent ones; older ones are in the coordination log (``log``, ``audit``)

@@ -10,7 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from marshal_workers.protocol.world_state import Liveness, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Liveness
 
 
 def status_document(

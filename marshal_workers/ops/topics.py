@@ -10,18 +10,17 @@ them with their partitions and what uses each.
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, TopicCreationError
 from marshal_workers.handlers.app import App, OnError
-from marshal_workers.kafka.kafka_clients import admin_client, cluster_metadata
+from marshal_workers.kafka import kafka_clients
+from marshal_workers.kafka.kafka_clients import ALREADY_EXISTS, admin_client, cluster_metadata
 
 
 @dataclass(frozen=True)
@@ -99,22 +98,22 @@ def create_topics(
         report(f"{topic.name}: exists, {count} partitions{other}")
     if not missing:
         return 0
-    futures = admin.create_topics(
+    outcomes = kafka_clients.create_topics(
+        admin, settings,
         [NewTopic(t.name, num_partitions=t.partitions, replication_factor=replication_factor, config=config)
          for t in missing],
-        request_timeout=settings.connect_timeout,
     )  # fmt: skip
     refused: list[str] = []
     created = 0
     for topic in missing:
-        error = _outcome(futures[topic.name], settings.connect_timeout + 1)
-        if error is None:
+        outcome = outcomes[topic.name]
+        if outcome is None:
             created += 1
             report(f"{topic.name}: created, {topic.partitions} partitions ({topic.why})")
-        elif error == "exists":
+        elif outcome == ALREADY_EXISTS:
             report(f"{topic.name}: exists (created meanwhile by someone else)")
         else:
-            refused.append(f"{topic.name} ({error})")
+            refused.append(f"{topic.name} ({outcome})")
     if refused:
         raise TopicCreationError(
             f"{len(refused)} of {len(wanted)} topics could not be created on {settings.brokers}: {'; '.join(refused)}. "
@@ -122,17 +121,3 @@ def create_topics(
             "and that this client may create topics"
         )
     return created
-
-
-def _outcome(future: concurrent.futures.Future[None], timeout: float) -> str | None:
-    """None if the topic was created, "exists" if it was already there, else the cluster's reason."""
-    try:
-        future.result(timeout=timeout)
-    except KafkaException as exc:
-        error = exc.args[0]
-        if isinstance(error, KafkaError) and error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return "exists"
-        return str(error.str() if isinstance(error, KafkaError) else error)
-    except concurrent.futures.TimeoutError:
-        return f"no answer within {timeout:g}s"
-    return None

@@ -46,7 +46,8 @@ import msgspec
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.codec import MAX_DIRECTORY, MAX_NAME_LENGTH, reported_number
 from marshal_workers.protocol.range_leases import Holder, Lease, SharedPartition, Tries
-from marshal_workers.protocol.world_state import REPORT_FIELDS, Controls, Owner, PartitionState, Pause, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import REPORT_FIELDS, Controls, Owner, PartitionState, Pause
 
 # Positions per record: well below Kafka's default 1 MB message, even with done sets.
 POSITIONS_PER_RECORD = 1000

@@ -31,7 +31,8 @@ from marshal_workers.protocol.balance import (
     yields_to_askers,
 )
 from marshal_workers.protocol.health import HealthPolicy, PartitionHealth, Sample, Verdict, observe
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 Key = tuple[str, int]
 CLAIMS_PER_TICK = 4  # our first claims (others see us), and partitions free for an HB, per round

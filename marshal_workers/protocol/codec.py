@@ -130,7 +130,7 @@ class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats")
 
 
 class Position(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
-    """One partition's state in a :class:`Checkpoint`: what the fold knows about it (world_state.PartitionState)."""
+    """One partition's state in a :class:`Checkpoint`: what the fold knows about it (world_view.PartitionState)."""
 
     topic: Name
     partition: NonNegative
@@ -149,7 +149,7 @@ class Position(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_default
 
 
 class PausePosition(msgspec.Struct, frozen=True, gc=False, kw_only=True):
-    """A group pause as a Checkpoint carries it (world_state.Pause)."""
+    """A group pause as a Checkpoint carries it (world_view.Pause)."""
 
     until: NonNegative
     client: Name
@@ -195,7 +195,7 @@ MAX_POSITIONS: Final = 65536
 
 
 class ControlPosition(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
-    """The operators' orders a Checkpoint carries for its coordination partition (world_state.Controls; 0.5.0)."""
+    """The operators' orders a Checkpoint carries for its coordination partition (world_view.Controls; 0.5.0)."""
 
     drained: Annotated[tuple[tuple[Name, NonNegative], ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()
     shutdowns: Annotated[tuple[tuple[Name, NonNegative], ...], msgspec.Meta(max_length=MAX_POSITIONS)] = ()

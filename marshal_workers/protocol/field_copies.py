@@ -1,7 +1,7 @@
 """Copies of the fold's dataclasses, made from their fields (``dataclasses.fields()`` and the fields' types).
 
 The simulator's members share one fold and copy the state of every partition a record is about before folding it
-(``WorldState.copy_before``, docs/simulation.md), so a copy is on the hot path: ``copy.deepcopy`` and
+(``copy_on_write.copy_before``, docs/simulation.md), so a copy is on the hot path: ``copy.deepcopy`` and
 ``dataclasses.replace`` take several times as long as calling the constructor with the fields.  :func:`copier`
 writes that call once per class, from the fields and their types:
 

@@ -8,9 +8,9 @@ checkpoint in flight, ``checkpoints.due`` (the live member with the lowest insta
 ``checkpoint_interval_s``; anyone once the last is 2 intervals old) decides, and ``checkpoints.state_records``
 makes the records from the member's own fold as of its read position.
 
-Starting is the coordination log's (kafka/coordination_log.py: ``find_starts``, ``start``): per partition the
-latest complete checkpoint of the group (``checkpoints.Assembler``, ``checkpoints.choose_start``), loaded into
-the member's empty fold (``checkpoints.begin``), reading on from its ``as_of``.
+Starting is the coordination log's (kafka/log_start.py: ``find_starts``; coordination_log.py: ``start``): per
+partition the latest complete checkpoint of the group (``checkpoints.Assembler``, ``checkpoints.choose_start``),
+loaded into the member's empty fold (``checkpoints.begin``), reading on from its ``as_of``.
 
 **Checkpoints agree**: a member that started at a checkpoint holds a fold equal to a fold of the whole log up
 to the same offsets (as soon as it loaded the checkpoint, once it has read on, in its first pass, and at the end
@@ -81,7 +81,7 @@ class Checkpointing:
             assembler = checkpoints.Assembler()
             for entry in entries:
                 record = entry.record
-                # A checkpoint of this partition, describing the log before itself (as coordination_log._scan).
+                # A checkpoint of this partition, describing the log before itself (as log_start._scan).
                 if type(record) is codec.Checkpoint and record.source == partition and record.as_of <= entry.offset:
                     assembler.add(record)
             start = checkpoints.choose_start(assembler.latest, None)  # one group: no other group's directory

@@ -27,7 +27,8 @@ from marshal_workers.protocol.claiming import ClaimingSettings, Key
 from marshal_workers.protocol.health import PartitionHealth, Sample
 from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_pool import LeasedRange
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.range_pool_sim import NotConfirmed, SimSharedTopic

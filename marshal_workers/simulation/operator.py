@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import Key
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.faults import Fault
 from marshal_workers.simulation.invariants import Violations

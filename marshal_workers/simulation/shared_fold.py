@@ -3,7 +3,7 @@
 A member folds the log in order up to its read position; with one coordination partition there is one order,
 so the state after the first ``n`` records is the same for every reader (the fold is deterministic: same
 records, same order, same state).  This fold applies each record once, at its append, to a copy of the state
-before it (``WorldState.copy_before``: it shares what the record cannot change), and keeps the state after
+before it (``copy_on_write.copy_before``: it shares what the record cannot change), and keeps the state after
 each record as long as a member may still read up to exactly there (its read lag at most behind the newest).
 A member that reads up to position ``n`` takes the state after ``n`` records as its own view, and its writes'
 verdicts are those the fold gave them there: what its own fold would have given, without the 100th copy of
@@ -20,6 +20,7 @@ import bisect
 from collections import deque
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.copy_on_write import copy_before
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.simulation.sim_log import Entry
 
@@ -39,7 +40,7 @@ class SharedFold:
     def fold(self, entry: Entry, now: float) -> object:
         """Fold the record just appended; its verdict."""
         record = entry.record
-        state = self.head.copy_before(record)
+        state = copy_before(self.head, record)
         verdict = state.apply(record, entry.at, entry.partition)
         self.head = state
         if now - self._relearned_at >= self._relearn_every_s:  # its copies, which members ask, inherit the bound

@@ -20,7 +20,8 @@ from typing import Any
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingSettings, Key
 from marshal_workers.protocol.range_pool import LeasedRange
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.checkpointing import Checkpointing
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.faults import Fault
@@ -130,7 +131,7 @@ class Simulation:
         a 10,000 x 1,000 x 3 min run's CPU, and a run makes almost no cyclic garbage (its memory is the same
         with the collector off; reference counting frees the rest).  Its youngest generation is collected every
         GC_YOUNG_ALLOCATIONS allocations, not 700: each collection walks every young container, and every
-        record's fold copies a table of every partition (WorldState.copy_before).  And the clock runs in slices,
+        record's fold copies a table of every partition (copy_on_write.copy_before).  And the clock runs in slices,
         everything made so far frozen out of the collector after each: its full collections walk every object
         alive, and the log the run keeps grows all along."""
         thresholds = gc.get_threshold()

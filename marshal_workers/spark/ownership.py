@@ -46,7 +46,8 @@ from marshal_workers.protocol.codec import (
     ReleaseGroup,
     ReleasePartition,
 )
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.spark.lease_audit import LeaseTracker, RangeLease
 
 

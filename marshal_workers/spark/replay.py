@@ -4,7 +4,8 @@ What a task does (on an executor, no pyspark needed):
 
 * it loads MODULE:APP (once per Python worker: Spark reuses them), runs the
   ``on_worker_start`` hooks, reads its split with its own consumer, and calls
-  the topic's handler on every message in offset order: one message per call,
+  the topic's handler, inside the app's middleware and message hooks as in a
+  worker, on every message in offset order: one message per call,
   or lists of up to ``batch_size`` for a batch handler; then the
   ``on_worker_stop`` hooks.  Each split is a worker's life.
 * at least once, whatever the handler's mode: a replay re-processes history
@@ -27,7 +28,7 @@ import functools
 import logging
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -172,25 +173,43 @@ def failure_summary(report: ReplayReport) -> str:
 def replay_split(app_path: str, settings: Settings, split: Split) -> SplitResult:
     """In a task: the worker hooks, then the handler on every message of ``split``."""
     app = load_app(app_path)  # imported once per Python worker: then sys.modules has it
-    found = app.handlers.get(split.topic)
-    if found is None:
+    if split.topic not in app.handlers:
         raise SparkJobError(f"{app_path} has no handler for topic {split.topic!r} on this executor")
-    handler = blocking(found)  # an async def handler awaited, call by call
+    started = time.monotonic()
+    with SplitReader(settings, split) as reader:
+        handled, failure = replay_records(app, split.topic, reader.batches)
+    seconds = time.monotonic() - started
+    if failure is None:
+        return SplitResult(split, handled, seconds)
+    offset, error = failure
+    return SplitResult(split, handled, seconds, offset, _describe(error))
+
+
+def replay_records(
+    app: App, topic: str, batches: Callable[[int], Iterable[list[Any]]]
+) -> tuple[int, tuple[int, BaseException] | None]:
+    """One worker's life over ``batches(most)`` (a split's fetches in offset order): the worker hooks (a lifespan
+    included) around the handler as a worker runs it, inside the app's middleware and message hooks; (messages
+    handled, the first failure as (offset, error) or None)."""
+    handler = replay_handler(app, topic)
     for hook in app.worker_start_hooks:
         hook()
-    started = time.monotonic()
     handled = 0
     try:
-        with SplitReader(settings, split) as reader:
-            for records in reader.batches(handler.batch_size if handler.batch else FETCH_MOST):
-                done, failure = handle_records(handler, records)
-                handled += done
-                if failure is not None:
-                    offset, error = failure
-                    return SplitResult(split, handled, time.monotonic() - started, offset, _describe(error))
+        for records in batches(handler.batch_size if handler.batch else FETCH_MOST):
+            done, failure = handle_records(handler, records)
+            handled += done
+            if failure is not None:
+                return handled, failure
     finally:
         _stop_hooks(app)
-    return SplitResult(split, handled, time.monotonic() - started)
+    return handled, None
+
+
+def replay_handler(app: App, topic: str) -> HandlerSpec:
+    """``topic``'s handler as a worker runs it (app.handler_in_worker: the middleware and the message hooks), an
+    ``async def`` one awaited call by call."""
+    return blocking(app.handler_in_worker(topic))
 
 
 def handle_records(handler: HandlerSpec, records: list[Any]) -> tuple[int, tuple[int, BaseException] | None]:

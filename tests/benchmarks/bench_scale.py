@@ -45,7 +45,7 @@ from confluent_kafka import Consumer, TopicPartition
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordination_log import CoordinationLog
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.protocol.world_state import Liveness, Owner
+from marshal_workers.protocol.world_view import Liveness, Owner
 
 HB = "2s"
 

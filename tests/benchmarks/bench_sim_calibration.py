@@ -29,7 +29,8 @@ from pathlib import Path
 from checkout import ROOT  # noqa: F401  (the checkout on sys.path)
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.simulator import Simulation
 

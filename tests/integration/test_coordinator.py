@@ -21,7 +21,7 @@ from marshal_workers.errors import CoordinationTopicError, CoordinationWriteErro
 from marshal_workers.kafka.coordination_log import drain, read_group_state
 from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
-from marshal_workers.protocol.world_state import Owner
+from marshal_workers.protocol.world_view import Owner
 
 pytestmark = pytest.mark.broker
 

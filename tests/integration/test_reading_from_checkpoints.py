@@ -12,8 +12,9 @@ from confluent_kafka import Producer
 from polling import poll_until
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog, find_checkpoints, find_starts, read_group_state
+from marshal_workers.kafka.coordination_log import CoordinationLog, read_group_state
 from marshal_workers.kafka.coordinator import Coordinator, Progress
+from marshal_workers.kafka.log_start import find_checkpoints, find_starts
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState
 

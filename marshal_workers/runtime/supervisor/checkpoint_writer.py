@@ -17,7 +17,8 @@ from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.member.checkpoint_writing import CheckpointWriting
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.supervisor.assignments import Table
 
 

@@ -27,7 +27,8 @@ from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.claiming import ClaimingSettings
 from marshal_workers.protocol.health import Sample
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import Field, Slot
 from marshal_workers.runtime.supervisor.assignments import Assignment, Key, Table
 

@@ -19,7 +19,8 @@ from typing import Any
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.member.obeying import Obeying
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 
 

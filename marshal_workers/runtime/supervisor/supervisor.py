@@ -324,7 +324,7 @@ class Supervisor:
                 self._quit_now()
             elif signum == signal.SIGHUP and self.table.running:
                 self.log.info("SIGHUP: releasing every partition after its worker finishes, then restarting")
-                self.restart_requested = True  # the command re-executes itself once run() returns (cli.py)
+                self.restart_requested = True  # the command re-executes itself once run() returns (cli/running.py)
                 self._begin_graceful_stop()
             elif signum == signal.SIGHUP:
                 self.log.info("SIGHUP while stopping: ignored")

@@ -432,12 +432,11 @@ class SharedWorker:
         """Report ``[leased.start, end)`` handled (the lease's offsets from ``end`` on go back untried)."""
         assert self._consumer is not None
         self._position = (leased.partition, end)
-        high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, leased.partition), cached=True)
+        high = self._consumer.fetched_end(self.spec.topic, leased.partition)
         self.outbox.flush()  # what the range's calls sent (app.send), before it is reported handled
         self._send_outcomes()
         self._send(Settled(leased.partition, leased.start, end, tuple(leased.failed), tuple(leased.dead),
-                           leased.handled, None if high is None or high[1] < 0 else high[1],
-                           round(leased.busy_ms, 3)))  # fmt: skip
+                           leased.handled, None if high < 0 else high, round(leased.busy_ms, 3)))  # fmt: skip
 
     def _at_end(self, partition: int, next_offset: int, end_seen: int | None) -> bool:
         """Read to the partition's end: its end-of-partition event said so in this range, or the end the last fetch
@@ -446,8 +445,7 @@ class SharedWorker:
         if end_seen is not None and end_seen <= next_offset:
             return True
         assert self._consumer is not None
-        high = self._consumer.get_watermark_offsets(TopicPartition(self.spec.topic, partition), cached=True)[1]
-        return 0 <= high <= next_offset
+        return 0 <= self._consumer.fetched_end(self.spec.topic, partition) <= next_offset
 
     def _leave_at_the_end(self, leased: _Range, next_offset: int) -> None:
         """The partition read to its end inside the lease: settle what was handled and give the rest back, rather

@@ -24,7 +24,7 @@ from marshal_workers.http.group_commit import Kind
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.http.http_service import make_app
 from marshal_workers.http.http_spans import Outcome, ServeSpans
-from marshal_workers.http.served_topic import Settlement
+from marshal_workers.http.settlements import Settlement
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PRODUCER_ID = "00f067aa0ba902b7"

@@ -15,7 +15,7 @@ from fake_record import FakeRecord
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordination_log import CoordinationLog
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Owner
+from marshal_workers.protocol.world_view import Owner
 
 GROUP, TOPIC = "billing", "orders"
 ME = {"v": 1, "group": GROUP, "client": "host-a", "instance": "a1"}

@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 from marshal_workers.member.checkpoint_writing import CheckpointWriting
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 T = TypeVar("T")
 LOG_MS = 1_700_000_000_000

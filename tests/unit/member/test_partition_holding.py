@@ -19,7 +19,8 @@ from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.claiming import ClaimingSettings
 from marshal_workers.protocol.health import PartitionHealth, Sample
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 T = TypeVar("T")
 LOG_MS = 1_700_000_000_000  # the log's clock

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.range_leases import Holder, Lease, SharedPartition, Tries
-from marshal_workers.protocol.world_state import Controls, Owner, PartitionState, Pause, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Controls, Owner, PartitionState, Pause
 
 GROUP = "g"
 HB = 1000

@@ -7,7 +7,8 @@ import random
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import CLAIMS_PER_TICK, ClaimingPolicy, ClaimingSettings, HealthCall, lease_until
 from marshal_workers.protocol.health import PartitionHealth, Sample
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 ME, OTHER = Owner("a", "a1"), Owner("b", "b1")
 NOW_MS = 1_764_000_000_000

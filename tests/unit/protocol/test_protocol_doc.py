@@ -18,7 +18,7 @@ import msgspec
 import pytest
 
 from marshal_workers.protocol import codec, done_set
-from marshal_workers.protocol.world_state import Liveness, PartitionState
+from marshal_workers.protocol.world_view import Liveness, PartitionState
 
 PAGE = (Path(__file__).resolve().parents[3] / "docs" / "protocol.md").read_text()
 

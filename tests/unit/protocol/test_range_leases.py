@@ -17,7 +17,8 @@ from marshal_workers.errors import DecodeError
 from marshal_workers.observe.status import status_document
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.range_leases import MAX_RANGE, MAX_WINDOW, Holder, SharedPartition, Tries
-from marshal_workers.protocol.world_state import WorldState, refusals
+from marshal_workers.protocol.refusals import refusals
+from marshal_workers.protocol.world_state import WorldState
 
 A = Holder("host-a", "a1")
 B = Holder("host-b", "b1")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Entry, Liveness, Owner, WorldState, fold
+from marshal_workers.protocol.world_state import Entry, WorldState, fold
+from marshal_workers.protocol.world_view import Owner
 
 HB = 1000
 GROUP = "billing"
@@ -227,40 +228,6 @@ def test_a_record_on_the_wrong_coordination_partition_is_skipped() -> None:
     assert state.apply(claim("a", "a1", 0), 0, home)
 
 
-# ---------------------------------------------------------------- queries
-
-
-@pytest.mark.parametrize(
-    ("age", "expected"),
-    [(0, Liveness.FRESH), (HB - 1, Liveness.FRESH), (HB, Liveness.UNKNOWN), (2 * HB, Liveness.UNKNOWN), (2 * HB + 1, Liveness.STALE)],
-)
-def test_liveness_by_heartbeat_age(age: int, expected: Liveness) -> None:
-    state, _ = world(claim("a", "a1", 1000))
-    assert state.liveness("orders", 0, 1000 + age) is expected
-
-
-def test_liveness_of_released_and_never_seen_partitions() -> None:
-    state, _ = world(claim("a", "a1", 0), release("a", "a1", 1, 3))
-    assert state.liveness("orders", 0, 2) is Liveness.RELEASED
-    assert state.liveness("orders", 1, 2) is Liveness.UNCLAIMED
-
-
-def test_is_free_matches_what_a_claim_would_get() -> None:
-    state, _ = world(claim("a", "a1", 0))
-    assert not state.is_free("orders", 0, 2 * HB, "b", "b1")
-    assert state.is_free("orders", 0, 2 * HB + 1, "b", "b1")
-    assert state.is_free("orders", 0, 10, "a", "a2")  # fast reclaim
-    assert state.is_free("orders", 1, 10, "b", "b1")
-    state.apply(release_group("op", 20, 100), 20)
-    assert not state.is_free("orders", 1, 50, "b", "b1")
-
-
-def test_owned_by_lists_a_clients_partitions() -> None:
-    state, _ = world(claim("a", "a1", 0, partition=0), claim("a", "a1", 0, partition=1), claim("b", "b1", 0, partition=2))
-    assert sorted(state.owned_by("a")) == [("orders", 0), ("orders", 1)]
-    assert list(state.owned_by("a", "zz")) == []
-
-
 def test_fold_leaves_its_input_alone() -> None:
     base = WorldState(GROUP, HB)
     after = fold([Entry(claim("a", "a1", 0), 0)], base)
@@ -270,48 +237,6 @@ def test_fold_leaves_its_input_alone() -> None:
 def test_heartbeat_interval_must_be_positive() -> None:
     with pytest.raises(ValueError):
         WorldState(GROUP, 0)
-
-
-def test_live_members_are_fresh_owners_and_recent_claimants_whatever_the_verdict() -> None:
-    state, _ = world(claim("a", "a1", 0), claim("b", "b1", 1000), heartbeat("a", "a1", 1500, 5))  # b refused
-    assert state.live_members(2000) == {Owner("a", "a1"), Owner("b", "b1")}
-    assert state.live_members(1000 + 2 * HB) == {Owner("a", "a1"), Owner("b", "b1")}
-    assert state.live_members(1500 + 2 * HB + 1) == set()  # a stale, b's claim too old
-
-
-def test_a_zombie_heartbeat_does_not_make_a_member() -> None:
-    state, _ = world(claim("a", "a1", 0), heartbeat("z", "z1", 500, 5))
-    assert state.live_members(1000) == {Owner("a", "a1")}
-
-
-def test_a_member_that_released_everything_is_gone_at_once() -> None:
-    state, _ = world(claim("a", "a1", 0), claim("b", "b1", 0, partition=1), release("a", "a1", 3 * HB, 7))
-    state.apply(heartbeat("b", "b1", 3 * HB, 1, partition=1), 3 * HB)
-    assert state.live_members(3 * HB + 1) == {Owner("b", "b1")}
-
-
-def test_holdings_list_the_partitions_of_owners_that_are_not_stale() -> None:
-    state, _ = world(claim("a", "a1", 0), claim("a", "a1", 0, partition=1), claim("b", "b1", 1000, partition=2))
-    assert {k: sorted(v) for k, v in state.holdings(2 * HB).items()} == {
-        Owner("a", "a1"): [("orders", 0), ("orders", 1)],
-        Owner("b", "b1"): [("orders", 2)],
-    }
-    assert state.holdings(2 * HB + 1) == {Owner("b", "b1"): [("orders", 2)]}
-
-
-def test_askers_are_those_whose_claim_of_a_live_owners_partition_was_refused_within_two_heartbeats() -> None:
-    state, verdicts = world(claim("a", "a1", 0), claim("b", "b1", 1000), claim("c", "c1", 1000, partition=1))
-    assert verdicts == [True, False, True]  # b asked for a's partition; c claimed a free one
-    assert state.askers(1000 + 2 * HB) == {Owner("b", "b1")}
-    assert state.askers(1000 + 2 * HB + 1) == set()
-
-
-def test_a_member_that_claims_a_partition_after_asking_is_no_longer_asking() -> None:
-    state, verdicts = world(claim("a", "a1", 0), claim("b", "b1", 1000), claim("b", "b1", 1500, partition=1))
-    assert verdicts == [True, False, True]  # b asked for a's partition, then got a free one
-    assert state.askers(1500) == set(), "answered: b asks again if it still wants more"
-    state.apply(claim("b", "b1", 1600), 1600)
-    assert state.askers(1600) == {Owner("b", "b1")}
 
 
 def test_heartbeat_extras_are_kept_only_as_numbers() -> None:

@@ -9,10 +9,12 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.protocol import codec, done_set
-from marshal_workers.protocol.world_state import Owner, PartitionState, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner, PartitionState
 
 HB = 1000
 GROUP = "g"
@@ -93,7 +95,7 @@ def is_paused(state: WorldState, at: int) -> bool:
     return pause is not None and at < pause.until
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs())
 def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
     """Checked at every prefix: ownership moves only as the rules allow, so the
@@ -170,13 +172,13 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
             }
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs())
 def test_folding_the_same_log_twice_gives_equal_states(log: list[codec.Record]) -> None:
     assert fold_all(log) == fold_all(log)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs(), st.lists(garbage_values, min_size=1, max_size=30), st.randoms(use_true_random=False))
 def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: list[bytes], rnd: random.Random) -> None:
     values: list[bytes | None] = [codec.encode(r) for r in log]
@@ -195,7 +197,7 @@ def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: l
     assert state.stats.garbage == len(garbage) + 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs(), st.randoms(use_true_random=False))
 def test_readers_agree_whatever_order_they_fetch_the_coordination_partitions(
     log: list[codec.Record], rnd: random.Random
@@ -228,7 +230,7 @@ def test_readers_agree_whatever_order_they_fetch_the_coordination_partitions(
     assert first.controls == second.controls and first.topic_pauses == second.topic_pauses
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs())
 def test_records_of_other_groups_never_change_the_state(log: list[codec.Record]) -> None:
     noise = [codec.Claim(v=1, ts=r.ts, group="other", client="z", instance="z1", topic="orders", partition=0) for r in log]
@@ -280,7 +282,7 @@ def batched(records: list[codec.Record]) -> list[codec.Record]:
     return out
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.lists(st.integers(0, 2), min_size=1, max_size=6))
 def test_a_multi_partition_record_folds_exactly_as_its_entries_one_by_one(
     records: list[codec.Record], partitions: list[int]
@@ -309,161 +311,3 @@ def test_a_multi_partition_record_folds_exactly_as_its_entries_one_by_one(
     for record in batched(runs):
         from_wire.apply_value(codec.encode(record))
     assert from_wire.partitions == one_by_one.partitions
-
-
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.sampled_from(STEPS), st.sampled_from(CLIENTS))
-def test_free_partitions_answers_as_is_free_asked_of_each(log: list[codec.Record], later: int, who: tuple[str, str]) -> None:
-    """A claim round asks free_partitions once (pause and drain checked once): the answer is is_free's, key by key."""
-    state = fold_all(log)
-    now = log[-1].ts + later
-    keys = [(topic, p) for topic in TOPICS for p in range(4)]
-    assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
-
-
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
-       st.sampled_from(CLIENTS), st.booleans())  # fmt: skip
-def test_free_partitions_index_answers_as_the_scan_between_records(
-    log: list[codec.Record], lags: list[int], who: tuple[str, str], back_in_time: bool
-) -> None:
-    """A member asks free_partitions every claim round while it folds: the fold's index (no owned partition can
-    be stale yet) never changes the answer, whatever the times asked, also when record times go backwards
-    (a log folded by ``ts``) or a checkpoint loads partitions."""
-    state = WorldState(GROUP, HB)
-    keys = [(topic, p) for topic in TOPICS for p in range(4)]
-    for i, record in enumerate(log):
-        at = record.ts - (HB * 3 if back_in_time and i % 5 == 4 else 0)
-        state.apply(record, at)
-        for lag in lags:
-            now = at + lag
-            assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
-    restored = WorldState(GROUP, HB)
-    restored.free_partitions(keys, log[-1].ts, *who)  # learns the index of an empty world
-    restored.partitions.update(copy.deepcopy(state.partitions))
-    restored.partitions_restored()  # as checkpoints.seed does
-    now = log[-1].ts + HB
-    assert restored.free_partitions(keys, now, *who) == [key for key in keys if restored.is_free(*key, now, *who)]
-
-
-def holdings_by_scan(state: WorldState, now: int) -> list[tuple[Owner, list[tuple[str, int]]]]:
-    """``holdings`` as its definition reads: every owner heard from within 2*HB, its partitions in the fold's order."""
-    held: dict[Owner, list[tuple[str, int]]] = {}
-    for key, found in state.partitions.items():
-        if found.owner is not None and now - found.last_ts <= 2 * HB:
-            held.setdefault(found.owner, []).append(key)
-    return list(held.items())
-
-
-def group_view_by_scan(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
-    """``group_view`` as its definition reads: live members with their holdings, askers, the most held by others."""
-    held = {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
-    claimed = {Owner(state.clients[i], i) for i, at in state.last_claim.items() if now - at <= 2 * HB}
-    counts = {member: held.get(member, 0) for member in set(held) | claimed}
-    askers = {Owner(state.clients[i], i) for i, at in state.last_refused_claim.items()
-              if now - at <= 2 * HB and state.last_claim.get(i) == at}  # fmt: skip
-    return counts, askers, max((n for m, n in counts.items() if m != me), default=0)
-
-
-def group_view_of(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
-    view = state.group_view(now)
-    return dict(view.counts), set(view.askers), view.most_held_by_others(me)
-
-
-def release_requests_by_scan(state: WorldState, owner: Owner) -> frozenset[tuple[str, int]]:
-    """``release_requests`` as its definition reads."""
-    return frozenset(k for k, found in state.partitions.items() if found.release_requested and found.owner == owner)
-
-
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
-       st.lists(st.sampled_from(CLIENTS), min_size=1, max_size=3))  # fmt: skip
-def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_records(
-    log: list[codec.Record], lags: list[int], askers: list[tuple[str, str]]
-) -> None:
-    """The fold keeps free_partitions' answer for a tuple of keys, and the holdings (and their counts), until a
-    partition changes owner (members ask both every round, mostly of an unchanged world): asked again and again between records, by
-    several members at several times, they answer as the scans."""
-    state = WorldState(GROUP, HB)
-    keys = tuple((topic, p) for topic in TOPICS for p in range(4))
-    for record in log:
-        state.apply(record, record.ts)
-        for lag in lags:
-            now = record.ts + lag
-            for who in askers:
-                assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
-                assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
-                assert state.holding_counts(now) == {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
-                assert state.release_requests(Owner(*who)) == release_requests_by_scan(state, Owner(*who))
-                assert group_view_of(state, now, Owner(*who)) == group_view_by_scan(state, now, Owner(*who))
-            state.holdings(now)[Owner("x", "x1")] = []  # a caller's change to an answer changes no later answer
-            assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.lists(st.sampled_from(STEPS), min_size=1, max_size=3), st.booleans())
-def test_a_copy_before_a_record_folds_it_as_the_state_would_and_leaves_the_state_as_it_was(
-    log: list[codec.Record], lags: list[int], as_members_write: bool
-) -> None:
-    """copy_before (the simulator's members share one fold through it): a chain of copies, one per record, is at
-    every step equal to the state folding the log itself, gives the same verdicts and answers, and every state of
-    the chain stays the fold of its own prefix while the later ones fold on.  Also with the heartbeats joined
-    into one record per writer, as members write them."""
-    if as_members_write:
-        log = batched(log)
-    folded = WorldState(GROUP, HB)
-    chain = [WorldState(GROUP, HB)]
-    prefixes = [copy.deepcopy(folded)]
-    keys = tuple((topic, p) for topic in TOPICS for p in range(4))
-    for record in log:
-        before = copy.deepcopy(chain[-1])
-        state = chain[-1].copy_before(record)
-        assert state.apply(record, record.ts) == folded.apply(record, record.ts)
-        assert chain[-1] == before and chain[-1].groups_seen == before.groups_seen
-        assert state == folded and state.groups_seen == folded.groups_seen
-        assert state.directory_known == folded.directory_known
-        for lag in lags:
-            now = record.ts + lag
-            state.relearn_free_index(now - HB)  # as the simulator's shared fold does now and then: no answer changes
-            for who in CLIENTS[:3]:
-                assert state.free_partitions(keys, now, *who) == folded.free_partitions(list(keys), now, *who)
-            assert list(state.holdings(now).items()) == holdings_by_scan(folded, now)
-        for who in CLIENTS:
-            assert state.release_requests(Owner(*who)) == release_requests_by_scan(folded, Owner(*who))
-        for lag in lags:  # the view kept in a box the copies share stays each state's own
-            for who in CLIENTS[:3]:
-                for earlier, prefix in [(state, folded), (chain[-1], prefixes[-1])]:
-                    now = record.ts + lag
-                    assert group_view_of(earlier, now, Owner(*who)) == group_view_by_scan(prefix, now, Owner(*who))
-        chain.append(state)
-        prefixes.append(copy.deepcopy(folded))
-    for kept, prefix in zip(chain, prefixes, strict=True):
-        assert kept == prefix and kept.stats == prefix.stats
-        for who in CLIENTS:  # the index a later copy changed is not this state's
-            assert kept.release_requests(Owner(*who)) == release_requests_by_scan(prefix, Owner(*who))
-            for now in (prefix.stats.applied * HB, 0, 10 * HB):
-                assert group_view_of(kept, now, Owner(*who)) == group_view_by_scan(prefix, now, Owner(*who))
-
-
-def test_a_copy_before_a_record_it_does_not_know_is_a_whole_copy() -> None:
-    """A release_group changes every partition of its coordination partition: the copy shares none of them."""
-    state = fold_all([codec.Claim(v=1, ts=1, group=GROUP, client="a", instance="a1", topic="orders", partition=0)])
-    record = codec.ReleaseGroup(v=1, ts=2, group=GROUP, client="op", instance="op1", expires=3 * HB)
-    copied = state.copy_before(record)
-    copied.apply(record, 2)
-    assert state.owner("orders", 0) == Owner("a", "a1") and copied.owner("orders", 0) is None
-
-
-def test_a_copy_before_a_range_record_leaves_the_source_s_leases_alone() -> None:
-    """Range records change a shared partition's leases: the copy folds them, the state it was made from keeps its own."""
-    common = {"v": 1, "group": GROUP, "client": "a", "instance": "a1", "topic": "orders"}
-    first = codec.ClaimRanges(**common, ts=1, lease_ms=HB, ranges=(codec.RangeEntry(partition=0, offset=0, end=10),))
-    state = fold_all([first])
-    before = copy.deepcopy(state)
-    ack = codec.AckRanges(**common, ts=2, ranges=(codec.AckEntry(partition=0, offset=0, end=10),))
-    folded = fold_all([first])
-    verdict = folded.apply(ack, 2)
-    copied = state.copy_before(ack)
-    assert copied.apply(ack, 2) == verdict and all(verdict)
-    assert state == before and state.shared == before.shared
-    assert copied == folded and copied.shared != state.shared

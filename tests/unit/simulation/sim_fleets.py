@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from marshal_workers.protocol.world_state import PartitionState, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import PartitionState
 from marshal_workers.simulation.faults import FAULT_KINDS, parse_fault
 from marshal_workers.simulation.sim_config import SimConfig
 

@@ -20,7 +20,8 @@ from marshal_workers.errors import ConfigError
 from marshal_workers.member import obeying
 from marshal_workers.protocol import checkpoints
 from marshal_workers.protocol.orders import Orders, orders_for
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.faults import parse_fault
 from marshal_workers.simulation.report import replay_command
 from marshal_workers.simulation.sim_config import SimConfig

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.spark.ownership import ClientCounts, Handoff, LogSummary, OwnershipAudit, Tenure, Zombie
 
 HB = 1000

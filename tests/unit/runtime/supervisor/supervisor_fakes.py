@@ -22,7 +22,8 @@ from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.offsets import OffsetLookupError
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import Slot, WorkerSpec
 
 HB_S = 1.0

@@ -7,7 +7,7 @@ import logging
 from supervisor_fakes import NOW_S, FoldedCoordinator, new_slot, record_of, settings
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Owner
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 from marshal_workers.runtime.supervisor.remote_control import RemoteControl
 

@@ -10,7 +10,8 @@ from marshal_workers.observe.status import render_table, status_document
 from marshal_workers.ops.admin import format_record
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.orders import Orders, orders_for
-from marshal_workers.protocol.world_state import Owner, WorldState
+from marshal_workers.protocol.world_state import WorldState
+from marshal_workers.protocol.world_view import Owner
 
 HB = 1000
 A1, B1 = Owner("a", "a1"), Owner("b", "b1")

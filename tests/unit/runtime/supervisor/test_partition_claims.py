@@ -22,7 +22,7 @@ from supervisor_fakes import (
 
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import Owner
+from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import Field
 from marshal_workers.runtime.supervisor.assignments import Assignment, Phase, Table
 from marshal_workers.runtime.supervisor.partition_claims import PartitionClaims

@@ -23,7 +23,7 @@ from marshal_workers.core.logs import partition_log
 from marshal_workers.handlers.blocking_calls import blocking
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.runtime.worker.shared_failures import InRange, SharedFailures
-from marshal_workers.spark.replay import handle_records
+from marshal_workers.spark.replay import handle_records, replay_handler
 from marshal_workers.testing import FakeRecord, make_message, run_handler
 
 RETRIES = 2
@@ -131,7 +131,7 @@ def _shared(app: App, values: list[bytes], script: Script) -> Outcomes:
 
 
 def _replay(app: App, values: list[bytes], script: Script) -> Outcomes:
-    handler, records = blocking(app.handlers[TOPIC]), _records(values)  # as replay_split takes it up
+    handler, records = replay_handler(app, TOPIC), _records(values)
     size = handler.batch_size if handler.batch else 1
     outcomes: list[str] = []
     for start in range(0, len(records), size):

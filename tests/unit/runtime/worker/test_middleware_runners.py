@@ -1,6 +1,6 @@
 """Middleware under every way of running a handler: a partition's worker with each of its loops (one call at a
 time, batches, lanes of threads, an async handler's lanes), a shared worker, and the testing harness
-(marshal_workers.testing).  One contract: the middleware sees each call once, with what the handler gets, around
+(marshal_workers.testing), and Spark replay's task (spark/replay.py).  One contract: the middleware sees each call once, with what the handler gets, around
 it; an error it raises instead of the handler's is the one retries and dead letters apply to; a worker lifespan is
 open while the messages are handled.
 
@@ -21,7 +21,8 @@ from worker_fakes import TOPIC
 from marshal_workers import App, Message
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.runtime.messages import Lease
-from marshal_workers.testing import make_message, run_handler
+from marshal_workers.spark.replay import replay_records
+from marshal_workers.testing import FakeRecord, make_message, run_handler
 
 OFFSETS = range(6)
 FAILING = 3  # the handler raises ConnectionError on it; the middleware raises Unavailable instead
@@ -139,3 +140,21 @@ def test_the_middleware_wraps_every_call_once_and_its_error_is_the_one_the_worke
     assert recorder.errors.count("Unavailable") == tries and "ConnectionError" not in recorder.errors
     assert sorted(recorder.handled) == sorted(set(OFFSETS) - set(dead) - {FAILING})
     assert recorder.life == ["open", f"closed after {len(recorder.handled)}"], "the lifespan closed at the stop"
+
+
+@pytest.mark.parametrize("options", [{}, {"batch": True, "batch_size": 2}], ids=["one call", "batches"])
+def test_a_spark_replay_runs_the_middleware_and_hooks_and_stops_at_the_error_the_middleware_raised(
+    options: dict[str, Any],
+) -> None:
+    recorder = Recorder(dict(options))
+    records = [FakeRecord(TOPIC, 0, offset, b"k", b"{}") for offset in OFFSETS]
+
+    handled, failure = replay_records(
+        recorder.app, TOPIC, lambda most: [records[i : i + most] for i in range(0, len(records), most)]
+    )
+
+    assert failure is not None and failure[0] == (FAILING - 1 if options else FAILING)  # a batch stops at its first
+    assert isinstance(failure[1], Unavailable), "the middleware's error, not the handler's"
+    assert recorder.errors.count("Unavailable") == 2 and "ConnectionError" not in recorder.errors  # one retry
+    assert recorder.handled == list(range(failure[0])) and handled == failure[0]
+    assert recorder.life == ["open", f"closed after {failure[0]}"], "a replayed split is a worker's life"

@@ -1,9 +1,10 @@
-"""world_state.refusals: why the fold refused a record, as ``marshal-workers log`` shows it."""
+"""protocol/refusals.py: why the fold refused a record, as ``marshal-workers log`` shows it."""
 
 from __future__ import annotations
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_state import WorldState, refusals
+from marshal_workers.protocol.refusals import refusals
+from marshal_workers.protocol.world_state import WorldState
 
 HB = 1000
 COMMON = {"v": 1, "group": "g"}

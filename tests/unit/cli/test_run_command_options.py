@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from marshal_workers.cli import main, run
+from marshal_workers.cli import main
+from marshal_workers.cli.running import run
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
 

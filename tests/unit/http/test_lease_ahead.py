@@ -1,4 +1,5 @@
-"""When ServedTopic leases its next range: before the held ones run dry while readers read, never for nobody."""
+"""When ServedTopic leases its next range (lease_ahead.py): before the held ones run dry while readers read, never
+for nobody."""
 
 from __future__ import annotations
 
@@ -7,15 +8,9 @@ import time
 import pytest
 
 from marshal_workers.core.config import Settings
-from marshal_workers.http.served_topic import (
-    HAND_OUT_WINDOW_S,
-    LEASE_AHEAD_S,
-    READERS_RECENT_S,
-    HandOutRate,
-    HeldRange,
-    ServedTopic,
-    ServeOptions,
-)
+from marshal_workers.http.held_range import HeldRange
+from marshal_workers.http.lease_ahead import HAND_OUT_WINDOW_S, LEASE_AHEAD_S, READERS_RECENT_S, HandOutRate
+from marshal_workers.http.served_topic import ServedTopic, ServeOptions
 from marshal_workers.runtime.channel import monotonic_ms
 
 

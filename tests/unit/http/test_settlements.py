@@ -1,13 +1,15 @@
-"""ServedTopic's view of an ack's messages: its own pending hand-outs are pending without a look at the log; anything
-else is the log's to say (these servers have no coordinator: a look at the log would fail the test)."""
+"""ServedTopic's view of an ack's messages (settlements.py): its own pending hand-outs are pending without a look at
+the log; anything else is the log's to say (these servers have no coordinator: a look at the log would fail the
+test)."""
 
 from __future__ import annotations
 
 import pytest
 
 from marshal_workers.core.config import Settings
+from marshal_workers.http.held_range import HeldRange
 from marshal_workers.http.http_messages import MessageId
-from marshal_workers.http.served_topic import HeldRange, ServedTopic, ServeOptions
+from marshal_workers.http.served_topic import ServedTopic, ServeOptions
 from marshal_workers.runtime.channel import monotonic_ms
 
 
