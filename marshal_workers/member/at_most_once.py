@@ -68,8 +68,9 @@ class ClaimsShell(Protocol[A_contra]):
         """Milliseconds on the clock of its workers' leases (read before a write: the lease errs short)."""
         ...
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-               within: float) -> None:  # fmt: skip
+    def submit(
+        self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure, within: float
+    ) -> None:
         """Write ``records``, failing after ``within`` seconds if not confirmed; the callbacks come back later."""
         ...
 
@@ -98,8 +99,9 @@ class BatchClaimCounters:
 class BatchClaims(Generic[A]):
     """The batch claims of one member's at-most-once partitions."""
 
-    def __init__(self, shell: ClaimsShell[A], heartbeat_s: float, log: Log | None = None,
-                 counters: ClaimCounts | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, shell: ClaimsShell[A], heartbeat_s: float, log: Log | None = None, counters: ClaimCounts | None = None
+    ) -> None:
         """``heartbeat_s``: the HB, which the leases are counted in and a write must be confirmed within."""
         self.shell = shell
         self.heartbeat_s = heartbeat_s
@@ -138,11 +140,13 @@ class BatchClaims(Generic[A]):
         chunks = topic_chunks(topics)
         fields = shell.fields()
         records: list[codec.Record] = [
-            codec.MessageClaims(**fields, topic=topics[chunk[0]],
-                                claims=tuple(codec.MessageClaim(partition=asked[i][0].key[1], offset=asked[i][2])
-                                             for i in chunk))
+            codec.MessageClaims(
+                **fields,
+                topic=topics[chunk[0]],
+                claims=tuple(codec.MessageClaim(partition=asked[i][0].key[1], offset=asked[i][2]) for i in chunk),
+            )
             for chunk in chunks
-        ]  # fmt: skip
+        ]
         self._claims.writing()
         self.writes += 1
 
@@ -150,8 +154,9 @@ class BatchClaims(Generic[A]):
             self._after(asked, entry_verdicts(chunks, verdicts, len(asked)), written_ms)
 
         # Fail fast: a worker waits on this.  Told so, it asks again (the log keeps the highest claim).
-        shell.submit("message claim", records, decided, lambda exc: self._failed(asked, written_ms, exc),
-                     within=self.heartbeat_s)  # fmt: skip
+        shell.submit(
+            "message claim", records, decided, lambda exc: self._failed(asked, written_ms, exc), within=self.heartbeat_s
+        )
 
     def _after(self, asked: list[Asked[A]], verdicts: Sequence[bool | None], written_ms: int) -> None:
         """Answer the workers whose claims were decided: claimed (handle it), refused (not ours: stop) or not
@@ -171,8 +176,9 @@ class BatchClaims(Generic[A]):
     def _failed(self, asked: list[Asked[A]], written_ms: int, exc: Exception) -> None:
         """Kafka did not confirm the claims in time: those workers ask again (or stop, if asked to)."""
         for held, _, end in asked:
-            self.log.warning("%s[%d]: claim of the messages before offset %d: %s; its worker asks again",
-                             *held.key, end, exc)  # fmt: skip
+            self.log.warning(
+                "%s[%d]: claim of the messages before offset %d: %s; its worker asks again", *held.key, end, exc
+            )
         self._after(asked, [None] * len(asked), written_ms)
 
     def _decided(self) -> None:

@@ -43,8 +43,14 @@ class CheckpointShell(Protocol):
         """The coordination topic's partitions."""
         ...
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-               partitions: list[int]) -> None:  # fmt: skip
+    def submit(
+        self,
+        what: str,
+        records: list[codec.Record],
+        on_verdicts: OnVerdicts,
+        on_failure: OnFailure,
+        partitions: list[int],
+    ) -> None:
         """Write ``records`` to the coordination ``partitions`` (one per record); the callbacks come back later."""
         ...
 
@@ -52,8 +58,9 @@ class CheckpointShell(Protocol):
 class CheckpointWriting:
     """One member's checkpoints: the looks for those due from it, and their writes."""
 
-    def __init__(self, me: Owner, shell: CheckpointShell, heartbeat_s: float, interval_ms: int,
-                 log: Log | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, me: Owner, shell: CheckpointShell, heartbeat_s: float, interval_ms: int, log: Log | None = None
+    ) -> None:
         """``interval_ms``: the checkpoint interval (0: this member writes none)."""
         self.me = me
         self.shell = shell

@@ -178,8 +178,9 @@ class PartitionHolding(Generic[H]):
         self.held = held
         self.shell = shell
         self.heartbeat_ms = round(settings.heartbeat_s * 1000)
-        self.health_policies = {topic: settings.health_policy(call_time_limit=limit)
-                                for topic, limit in (call_time_limits or {}).items()}  # fmt: skip
+        self.health_policies = {
+            topic: settings.health_policy(call_time_limit=limit) for topic, limit in (call_time_limits or {}).items()
+        }
         self.default_health = settings.health_policy(call_time_limit=0.0)
         self.log: Log = Quiet() if log is None else log
         self.counters: ClaimCounts = ClaimCounters() if counters is None else counters
@@ -239,8 +240,12 @@ class PartitionHolding(Generic[H]):
         written_ms = shell.lease_clock_ms()  # before the write: the lease errs short
         fields = shell.fields()
         records: list[codec.Record] = [codec.Claim(**fields, topic=topic, partition=p) for topic, p in keys]
-        shell.submit("claim", records, lambda verdicts: self._after_claims(keys, verdicts, written_ms, asking),
-                     lambda exc: self._claims_failed(keys, exc))  # fmt: skip
+        shell.submit(
+            "claim",
+            records,
+            lambda verdicts: self._after_claims(keys, verdicts, written_ms, asking),
+            lambda exc: self._claims_failed(keys, exc),
+        )
 
     def _claims_failed(self, keys: list[Key], exc: Exception) -> None:
         self.policy.claims_failed(keys)
@@ -266,8 +271,9 @@ class PartitionHolding(Generic[H]):
         else:
             self._take_won(won, logged, {}, written_ms)
 
-    def _take_won(self, won: list[Key], logged: dict[Key, Position | None], found: dict[Key, Position],
-                  written_ms: int) -> None:  # fmt: skip
+    def _take_won(
+        self, won: list[Key], logged: dict[Key, Position | None], found: dict[Key, Position], written_ms: int
+    ) -> None:
         """Take the partitions won, in the order claimed (those whose start is not known are left: never guess a
         position; the claim lapses unused after 2*HB and the partition is tried again), then heartbeat them."""
         taken = []
@@ -354,9 +360,12 @@ class PartitionHolding(Generic[H]):
         policy = self.health_policies.get(topic, self.default_health)
         claiming = self.policy
         held.health, verdict, call = claiming.judge_health(
-            held.health, sample, policy, running,
+            held.health,
+            sample,
+            policy,
+            running,
             others=lambda: shell.read(lambda world: claiming.others_live(world, shell.now_ms())),
-        )  # fmt: skip
+        )
         if call is HealthCall.KEEP:
             return
         where = f"{topic}[{partition}]"
@@ -380,8 +389,11 @@ class PartitionHolding(Generic[H]):
         else:
             self.log.warning("lost %s[%d] to %s: stopping its worker", *key, owner)
         if owner is not None and owner.client == me.client and owner.instance != me.instance:
-            self.log.error("another process uses our client id %r and took our partitions: every instance needs its "
-                           "own --client-id; this one stops claiming", me.client)  # fmt: skip
+            self.log.error(
+                "another process uses our client id %r and took our partitions: every instance needs its "
+                "own --client-id; this one stops claiming",
+                me.client,
+            )
             self.claiming = False
         if not self.shell.stop_worker(held):
             self.forget(held)
@@ -397,15 +409,17 @@ class PartitionHolding(Generic[H]):
         policy, held = self.policy, self.held
         now_ms = shell.now_ms()
         total = sum(shell.partition_counts().values())
-        offered = sorted((h for h in held.values() if not (h.lost or h.unhealthy or h.handing_over)),
-                         key=lambda h: h.claimed_at)  # fmt: skip
+        offered = sorted(
+            (h for h in held.values() if not (h.lost or h.unhealthy or h.handing_over)), key=lambda h: h.claimed_at
+        )
         keys = [h.key for h in offered]
         decided = shell.read(lambda world: policy.rebalance(world, total, len(held), keys, now, now_ms))
         if decided.hand_over:
             low, high = shell.read(lambda world: policy.share(world, total, now_ms))
             for key in decided.hand_over:
-                self.log.info("%s[%d]: handing it over (balance=fair: our share is %d to %d partitions)",
-                              *key, low, high)  # fmt: skip
+                self.log.info(
+                    "%s[%d]: handing it over (balance=fair: our share is %d to %d partitions)", *key, low, high
+                )
                 self.give_back(held[key])
         if decided.ask is not None:
             self._claim_all([decided.ask], asking=True)  # accepted only if its owner went stale: a take-over

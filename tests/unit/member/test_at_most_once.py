@@ -39,8 +39,9 @@ class Member:
     def lease_clock_ms(self) -> int:
         return 10_000
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-               within: float) -> None:  # fmt: skip
+    def submit(
+        self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure, within: float
+    ) -> None:
         self.writes.append((records, on_verdicts, on_failure, within))
 
     def current(self, held: Partition, worker: object) -> bool:
@@ -70,7 +71,8 @@ def test_claims_go_in_one_write_a_record_per_topic_and_an_accepted_one_moves_the
     [(records, _, _, within)] = member.writes
     assert within == 1.0, "a worker waits on it: it fails within an HB"
     assert [(r.topic, [(e.partition, e.offset) for e in r.claims]) for r in records] == [  # type: ignore[attr-defined]
-        ("t", [(0, 100), (1, 70)]), ("u", [(0, 50)])
+        ("t", [(0, 100), (1, 70)]),
+        ("u", [(0, 50)]),
     ]
     member.land(0)
     assert (a.claimed_end, a.lease_until_ms) == (100, 10_000 + 1_500)
@@ -78,7 +80,9 @@ def test_claims_go_in_one_write_a_record_per_topic_and_an_accepted_one_moves_the
     assert member.answers == [(a.key, ClaimAnswer.CLAIMED), (b.key, ClaimAnswer.CLAIMED), (c.key, ClaimAnswer.REFUSED)]
 
 
-def test_while_a_write_is_in_flight_claims_wait_and_those_of_partitions_lost_or_workers_replaced_are_not_written() -> None:
+def test_while_a_write_is_in_flight_claims_wait_and_those_of_partitions_lost_or_workers_replaced_are_not_written() -> (
+    None
+):
     member = Member()
     claims = BatchClaims(member, heartbeat_s=1.0)
     a, b, c = Partition(("t", 0)), Partition(("t", 1)), Partition(("t", 2))

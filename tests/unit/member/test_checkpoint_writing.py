@@ -37,8 +37,14 @@ class Member:
     def partition_count(self) -> int:
         return 2
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-               partitions: list[int]) -> None:  # fmt: skip
+    def submit(
+        self,
+        what: str,
+        records: list[codec.Record],
+        on_verdicts: OnVerdicts,
+        on_failure: OnFailure,
+        partitions: list[int],
+    ) -> None:
         self.writes.append((records, on_verdicts, on_failure, partitions))
 
 
@@ -47,7 +53,8 @@ def test_checkpoints_due_are_written_as_of_the_offsets_read_each_to_its_partitio
     writing = CheckpointWriting(ME, member, heartbeat_s=1.0, interval_ms=60_000)
     writing.step(0.0, running=True)
     assert [(partitions, [r.as_of for r in records]) for records, _, _, partitions in member.writes] == [  # type: ignore[attr-defined]
-        ([0], [7]), ([1], [3])
+        ([0], [7]),
+        ([1], [3]),
     ]
     writing.step(0.5, running=True)
     writing.step(1.0, running=True)

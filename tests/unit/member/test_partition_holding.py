@@ -14,7 +14,7 @@ from marshal_workers.member.partition_holding import (
     Position,
     release_position,
     settle_exit,
-)  # fmt: skip
+)
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.claiming import ClaimingSettings
@@ -140,10 +140,15 @@ class Member:
 def test_a_partition_won_resumes_where_the_log_says_else_where_kafka_says_else_is_left_alone() -> None:
     member = Member(committed={("t", 1): 70})  # t[2]: Kafka knows no position
     other = Owner("d", "d1")
-    member.land(codec.Claim(**{**member.fields(), "client": other.client, "instance": other.instance}, topic="t",
-                            partition=0),
-                codec.Release(**{**member.fields(), "client": other.client, "instance": other.instance}, topic="t",
-                              partition=0, offset=500))  # fmt: skip
+    member.land(
+        codec.Claim(**{**member.fields(), "client": other.client, "instance": other.instance}, topic="t", partition=0),
+        codec.Release(
+            **{**member.fields(), "client": other.client, "instance": other.instance},
+            topic="t",
+            partition=0,
+            offset=500,
+        ),
+    )
     member.core.step(0.0)
     assert sorted(member.looked_up[0]) == [("t", 1), ("t", 2)], "only what the log does not say is looked up"
     assert {key: held.start for key, held in member.held.items()} == {("t", 0): 500, ("t", 1): 70}
