@@ -378,7 +378,7 @@ class Supervisor:
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """/readyz: caught up with the coordination log (start-up read it) and running, so it may claim."""
-        claiming = self._parts is not None and self._parts.claims.claiming
+        claiming = self._parts is None or self._parts.claims.claiming  # (before start-up: not stopped claiming)
         ready = self._coordinator is not None and self.table.running and claiming
         return ready, {"phase": self.table.phase.value, "claiming": claiming}
 
