@@ -223,7 +223,7 @@ def output_producer(settings: Settings) -> dict[str, Any]:
 
 
 def dead_letter_producer(settings: Settings) -> dict[str, Any]:
-    """A worker's producer of dead letters (kafka/dead_letters.py)."""
+    """A worker's producer of dead letters (kafka/dead_letter_writer.py)."""
     return _idempotent_producer(settings)
 
 
