@@ -137,7 +137,7 @@ def admin_set_position(
     **options: Any,
 ) -> None:
     """Move the group on a topic: pause it, set the positions, resume it."""
-    from marshal_workers.kafka.positions import Bound
+    from marshal_workers.kafka.partition_positions import Bound
     from marshal_workers.ops.admin import set_position
 
     given = [offset is not None, earliest, latest, timestamp is not None]
@@ -301,7 +301,7 @@ def _key_value(item: str, option: str) -> tuple[str, str]:
 
 def _parse_timestamp(text: str, option: str = "--timestamp") -> int:
     """A time option: ms since epoch, or ISO 8601 (UTC if no zone)."""
-    from marshal_workers.kafka.positions import iso_time_ms
+    from marshal_workers.kafka.partition_positions import iso_time_ms
 
     if text.isdigit():
         return int(text)

@@ -25,7 +25,7 @@ from marshal_workers.errors import KafkaUnavailable, MarshalWorkersError
 from marshal_workers.kafka.coordination_log import CoordinationLog
 from marshal_workers.kafka.dead_letter_reader import Tally, read_dead_letters
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.kafka.positions import partition_bounds, position_consumer
+from marshal_workers.kafka.partition_positions import partition_bounds, position_consumer
 from marshal_workers.observe.dashboard_model import Dashboard, Key, advance
 
 log = logging.getLogger(__name__)

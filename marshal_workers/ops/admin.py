@@ -20,7 +20,13 @@ from marshal_workers.kafka.catch_up import partition_ended, read_record
 from marshal_workers.kafka.coordinator import Coordinator
 from marshal_workers.kafka.kafka_clients import admin_client, require_topic, topic_partition_count
 from marshal_workers.kafka.log_start import begin_catching_up, log_consumer
-from marshal_workers.kafka.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
+from marshal_workers.kafka.partition_positions import (
+    Bound,
+    chosen_partitions,
+    offsets_at,
+    partition_bounds,
+    position_consumer,
+)
 from marshal_workers.observe.status import utc_iso
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.refusals import refusals

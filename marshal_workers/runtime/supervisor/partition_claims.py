@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from marshal_workers.core.config import Settings
+from marshal_workers.kafka.committed_offsets import OffsetLookupError, OffsetStore
 from marshal_workers.kafka.coordination_log import drain
 from marshal_workers.kafka.coordinator import Coordinator, Progress, heartbeat_verdicts
 from marshal_workers.kafka.in_flight import InFlightWrites
-from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall
