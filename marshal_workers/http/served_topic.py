@@ -54,7 +54,7 @@ from marshal_workers.http.serve_counters import ServeCounters
 from marshal_workers.http.settlements import Settlement, Settlements, log_may_lag, settlement
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.committed_offsets import OffsetStore, PartitionEnds
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.dead_letter_writer import DeadLetterWriter, letter_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client

@@ -20,7 +20,7 @@ from marshal_workers.http.group_commit import GroupCommit, Kind
 from marshal_workers.http.held_range import HeldRange, covering
 from marshal_workers.http.http_messages import BadRequest, MessageId
 from marshal_workers.http.serve_counters import ServeCounters
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import SharedPartition
 from marshal_workers.protocol.world_state import WorldState

@@ -17,9 +17,8 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka.catch_up import partition_ended, read_record
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.kafka_clients import admin_client, require_topic, topic_partition_count
-from marshal_workers.kafka.log_start import begin_catching_up, log_consumer
 from marshal_workers.kafka.partition_positions import (
     Bound,
     chosen_partitions,
@@ -27,6 +26,7 @@ from marshal_workers.kafka.partition_positions import (
     partition_bounds,
     position_consumer,
 )
+from marshal_workers.kafka.reader_start import begin_catching_up, log_consumer
 from marshal_workers.observe.status import utc_iso
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.refusals import refusals

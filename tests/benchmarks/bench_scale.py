@@ -43,7 +43,7 @@ from checkout import ROOT  # and the checkout on sys.path
 from confluent_kafka import Consumer, TopicPartition
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog
+from marshal_workers.kafka.coordination_reader import CoordinationLog
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
 from marshal_workers.protocol.world_view import Liveness, Owner
 

@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.protocol import checkpoints
 from marshal_workers.protocol.checkpoint_schedule import CheckpointSchedule

@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
+from marshal_workers.kafka.coordination_writer import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol.claim_batching import ClaimBatching

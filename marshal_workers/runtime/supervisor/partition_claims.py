@@ -20,8 +20,8 @@ from typing import Any
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.committed_offsets import OffsetLookupError, OffsetStore
-from marshal_workers.kafka.coordination_log import drain
-from marshal_workers.kafka.coordinator import Coordinator, Progress, heartbeat_verdicts
+from marshal_workers.kafka.coordination_reader import drain
+from marshal_workers.kafka.coordination_writer import Coordinator, Progress, heartbeat_verdicts
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import done_set

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.member.obeying import obey
 from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.world_view import Owner

@@ -45,7 +45,7 @@ from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.app import App, HandlerSpec, Mode
 from marshal_workers.kafka.committed_offsets import OffsetStore, PartitionEnds
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLeasing
 from marshal_workers.observe.metrics import SharedStats

@@ -20,7 +20,7 @@ from confluent_kafka import TopicPartition
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.committed_offsets import OffsetLookupError
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.protocol.world_view import Owner

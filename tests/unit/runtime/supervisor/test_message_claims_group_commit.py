@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from supervisor_fakes import RecordedWrites, new_slot, settings
 
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.runtime.channel import ClaimAnswer, Field
 from marshal_workers.runtime.messages import ClaimMessages

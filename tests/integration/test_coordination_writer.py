@@ -18,8 +18,8 @@ from polling import poll_until
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import CoordinationTopicError, CoordinationWriteError, KafkaUnavailable
-from marshal_workers.kafka.coordination_log import drain, read_group_state
-from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
+from marshal_workers.kafka.coordination_reader import drain, read_group_state
+from marshal_workers.kafka.coordination_writer import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
 from marshal_workers.protocol.world_view import Owner
 

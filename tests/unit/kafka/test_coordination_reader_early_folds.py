@@ -13,7 +13,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 from fake_record import FakeRecord
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog
+from marshal_workers.kafka.coordination_reader import CoordinationLog
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_view import Owner
 
