@@ -1,10 +1,10 @@
 """A member's range leases on one shared topic: what it claims, renews, settles and reports, and in what order.
 
 A supervisor's shared pool (runtime/supervisor/shared_pool.py) keeps its shared workers supplied with leased
-ranges; a simulated member (simulation/range_pool_sim.py) does the same with simulated workers.  Both drive this
+ranges; a simulated member (simulation/simulated_shared_workers.py) does the same with simulated workers.  Both drive this
 object, so both take the same steps (docs/shared-partitions.md):
 
-* claim: ``claim_ranges`` for the free ranges the fold shows, for the workers that want more (protocol/range_pool.py's
+* claim: ``claim_ranges`` for the free ranges the fold shows, for the workers that want more (protocol/worker_supply.py's
   ``claim_ask``), unless the member is stopping, a claim is in flight, or an operator holds the topic back; the
   ranges won go to the workers (``assign_won``), the rest back (``cancel_ranges``);
 * renew: ``renew_ranges`` every third of the lease, for the leases whose deadline has not passed;
@@ -12,7 +12,7 @@ object, so both take the same steps (docs/shared-partitions.md):
   written again, unless the member has made its last tries (past its shutdown timeout);
 * progress: ``progress_ranges`` every ``PROGRESS_EVERY_S`` for the ranges in hand that moved on.
 
-The decisions are range_member.py's and range_pool.py's; this object sequences them.  It reads no clock (``now``
+The decisions are range_member.py's and worker_supply.py's; this object sequences them.  It reads no clock (``now``
 comes in), writes nothing itself and talks to no process: it hands its records and its news for the workers to
 the :class:`LeasingShell` it is given, and the shell hands back the verdicts.
 """
@@ -27,7 +27,8 @@ from typing import Any, Generic, Protocol, TypeVar
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
-from marshal_workers.protocol.range_pool import (
+from marshal_workers.protocol.range_sizing import RangeSizing
+from marshal_workers.protocol.worker_supply import (
     PROGRESS_EVERY_S,
     LeasedRange,
     PoolWorker,
@@ -36,7 +37,6 @@ from marshal_workers.protocol.range_pool import (
     claim_ask,
     renew_every_s,
 )  # fmt: skip
-from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.world_state import WorldState, per_entry
 
 W = TypeVar("W", bound=PoolWorker)

@@ -19,15 +19,15 @@ from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall, Key, lease_until
 from marshal_workers.protocol.health import PartitionHealth, Sample
 from marshal_workers.protocol.range_leases import Holder
-from marshal_workers.protocol.range_pool import LeasedRange
+from marshal_workers.protocol.worker_supply import LeasedRange
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock
-from marshal_workers.simulation.range_pool_sim import SimSharedTopic
 from marshal_workers.simulation.shared_fold import SharedFold
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog, SimWrite
+from marshal_workers.simulation.simulated_shared_workers import SimSharedTopic
 
 
 @dataclass(eq=False)

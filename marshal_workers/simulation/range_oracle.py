@@ -15,7 +15,7 @@ from typing import Any
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import Key
-from marshal_workers.protocol.range_pool import LeasedRange
+from marshal_workers.protocol.worker_supply import LeasedRange
 from marshal_workers.protocol.world_state import WorldState, per_entry
 from marshal_workers.simulation.handled_runs import HandledRuns
 from marshal_workers.simulation.invariants import Violations

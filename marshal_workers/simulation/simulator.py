@@ -18,7 +18,7 @@ from typing import Any
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingSettings, Key
-from marshal_workers.protocol.range_pool import LeasedRange
+from marshal_workers.protocol.worker_supply import LeasedRange
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.checkpointing import Checkpointing

@@ -52,9 +52,9 @@ from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember
-from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
+from marshal_workers.protocol.worker_supply import LeasedRange
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.runtime.channel import RangeSlot
 from marshal_workers.runtime.messages import (

@@ -61,7 +61,7 @@ from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
-from marshal_workers.protocol.range_pool import PROGRESS_EVERY_S
+from marshal_workers.protocol.worker_supply import PROGRESS_EVERY_S
 from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
 from marshal_workers.runtime.messages import (
     Abandoned,
@@ -93,7 +93,7 @@ _log = logging.getLogger(__name__)
 _FETCH_MOST = 500
 _ERROR_OF = KafkaMessage.error  # a fetched record's error, None for a message (the method descriptor: no lookup)
 _IDLE_WAIT_S = 0.5
-# PROGRESS_EVERY_S (protocol/range_pool.py): how often at most a worker reports its progress inside a range on the
+# PROGRESS_EVERY_S (protocol/worker_supply.py): how often at most a worker reports its progress inside a range on the
 # pipe (and flushes what its handler sent, so its position may move on); the supervisor writes it to the log at the
 # same cadence.
 

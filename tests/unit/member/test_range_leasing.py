@@ -12,8 +12,8 @@ from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLea
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember
-from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.range_sizing import RangeSizing
+from marshal_workers.protocol.worker_supply import LeasedRange
 from marshal_workers.protocol.world_state import WorldState
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError
 from marshal_workers.handlers.app import App
 from marshal_workers.protocol.range_leases import Holder, SharedPartition, Tries
-from marshal_workers.protocol.range_pool import renew_every_s
+from marshal_workers.protocol.worker_supply import renew_every_s
 from marshal_workers.runtime.channel import RangeSlot
 from marshal_workers.runtime.messages import Lease, Progress, Renewed, Returned, Settled, Started, Stop
 from marshal_workers.runtime.supervisor.shared_pool import SharedPool, SharedWorkerHandle

@@ -1,7 +1,7 @@
 """A member's pool of shared workers on one shared topic: which leases to ask for, and who gets the ranges won.
 
 The supervisor's shared pool (runtime/supervisor/shared_pool.py) keeps each of its shared workers supplied with
-``LEASES_PER_WORKER`` leased ranges; the simulator (simulation/range_pool_sim.py) does the same with simulated
+``LEASES_PER_WORKER`` leased ranges; the simulator (simulation/simulated_shared_workers.py) does the same with simulated
 workers.  Both decide here, over plain data, what the pool's component used to decide next to its processes:
 
 * what one claim asks for (:func:`claim_ask`): how many ranges (``want``), for how many idle workers, where each

@@ -87,7 +87,7 @@ def test_a_worker_that_wants_two_ranges_gets_two_that_follow_one_another_where_i
 
 
 def test_a_worker_stands_where_its_last_lease_ends_or_where_it_last_settled() -> None:
-    from marshal_workers.protocol.range_pool import LeasedRange, reads_next
+    from marshal_workers.protocol.worker_supply import LeasedRange, reads_next
     from marshal_workers.runtime.supervisor.shared_pool import SharedWorkerHandle
 
     standing = SharedWorkerHandle(0, process=object(), leases=[LeasedRange(0, 0, 100, 0, 10**12)])  # type: ignore[arg-type]
