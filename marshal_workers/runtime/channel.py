@@ -4,7 +4,7 @@
   progress (next offset, counts, the high watermark it sees); the
   supervisor writes the lease.  Single writer per field, so no lock.
 * A pipe, for AMO: the worker sends the offset after the batch it wants to
-  claim, the supervisor answers a ClaimAnswer (as messages.ClaimMessages and
+  claim, the supervisor answers a ClaimAnswer (as messages.ClaimBatch and
   messages.ClaimVerdict; the worker's outcome counts go the same way).  EOF
   on it means the supervisor is gone.
 * A stop request: the supervisor sets the slot's STOP_REQUESTED, then sends

@@ -20,7 +20,8 @@ from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol.claim_batching import ClaimBatching
 from marshal_workers.runtime.channel import ClaimAnswer, monotonic_ms
-from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, FromWorker, Outcomes
+from marshal_workers.runtime.messages import ClaimBatch as ClaimMessages
+from marshal_workers.runtime.messages import ClaimVerdict, FromWorker, Outcomes
 from marshal_workers.runtime.supervisor.assignments import Assignment, MessageClaim, Table
 
 

@@ -60,9 +60,9 @@ from marshal_workers.runtime.channel import RangeSlot
 from marshal_workers.runtime.messages import (
     Abandoned,
     FromSharedWorker,
-    Lease,
     Outcomes,
-    Progress,
+    RangeLeased,
+    RangeProgress,
     Renewed,
     Returned,
     Settled,
@@ -280,7 +280,7 @@ class SharedPool:
             if isinstance(message.counts, dict) and self.record_outcomes is not None:
                 self.record_outcomes(topic, message.counts)
             return
-        if not isinstance(message, (Started, Progress, Settled, Abandoned, Returned)):
+        if not isinstance(message, (Started, RangeProgress, Settled, Abandoned, Returned)):
             return
         leased = next((r for r in worker.leases if r.partition == message.partition and r.start == message.start), None)
         if leased is None:
@@ -288,7 +288,7 @@ class SharedPool:
         if isinstance(message, Started):
             leased.started = True
             return
-        if isinstance(message, Progress):
+        if isinstance(message, RangeProgress):
             leased.started = True
             if leased.start <= message.upto <= leased.end and message.upto >= leased.upto:
                 leased.upto, leased.failed, leased.dead = message.upto, message.failed, message.dead
@@ -360,7 +360,7 @@ class SharedPool:
         self._writes.submit(what, records, on_verdicts, on_failure)
 
     def leased(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
-        self._tell(worker, Lease(leased.partition, leased.start, leased.end, leased.deadline_ms, leased.tries))
+        self._tell(worker, RangeLeased(leased.partition, leased.start, leased.end, leased.deadline_ms, leased.tries))
 
     def renewed(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
         self._tell(worker, Renewed(leased.partition, leased.start, leased.deadline_ms))
@@ -369,7 +369,7 @@ class SharedPool:
         pass  # the worker said so itself, or is gone
 
     def progress_of(self, worker: SharedWorkerHandle, leased: LeasedRange) -> int:
-        """How far ``leased`` is done (every offset below, but its failed ones): its worker's last Progress, or
+        """How far ``leased`` is done (every offset below, but its failed ones): its worker's last RangeProgress, or
         further if its range slot says so (the failures below the slot's position came on the pipe before it)."""
         upto = max(leased.upto, leased.start)
         found = worker.slot.read() if worker.slot is not None and leased.started else None

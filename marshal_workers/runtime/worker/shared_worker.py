@@ -16,13 +16,13 @@ worker may hold the range.
 What passes on the pipe (runtime/messages.py):
 
 supervisor to worker
-    :class:`~marshal_workers.runtime.messages.Lease`: handle ``[start, end)`` before ``deadline_ms``
+    :class:`~marshal_workers.runtime.messages.RangeLeased`: handle ``[start, end)`` before ``deadline_ms``
     (monotonic, see channel.monotonic_ms); its messages were delivered ``tries`` times.
     ``Renewed``: the lease now lasts until ``deadline_ms``.
     ``Stop``: finish the range in hand, give the others back, exit.
 worker to supervisor
     ``Started``: handling that range now.
-    ``Progress``: how far the range in hand is done: every ``PROGRESS_EVERY_S`` at most, and at once when an
+    ``RangeProgress``: how far the range in hand is done: every ``PROGRESS_EVERY_S`` at most, and at once when an
     offset failed or was dead-lettered (so the supervisor knows them before the worker's position passes them).
     Between those, the worker stores its position after each message in its ``RangeSlot`` (shared memory):
     if it dies, the supervisor settles the range from there, so a crash repeats only the message in hand.
@@ -66,9 +66,9 @@ from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
 from marshal_workers.runtime.messages import (
     Abandoned,
     FromSharedWorker,
-    Lease,
     Outcomes,
-    Progress,
+    RangeLeased,
+    RangeProgress,
     Renewed,
     Returned,
     Settled,
@@ -119,7 +119,7 @@ class _Range:
     dead: list[int] = field(default_factory=list)
     handled: int = 0
     busy_ms: float = 0.0  # fetches that returned messages of it, and its handler calls (range_sizing.py)
-    reported: tuple[int, int, int] = (-1, 0, 0)  # (upto, failed, dead) of the last Progress sent
+    reported: tuple[int, int, int] = (-1, 0, 0)  # (upto, failed, dead) of the last RangeProgress sent
 
 
 class _SupervisorGone(Exception):
@@ -245,7 +245,7 @@ class SharedWorker:
             raise _SupervisorGone() from None
 
     def _on_message(self, message: ToSharedWorker) -> None:
-        if isinstance(message, Lease):
+        if isinstance(message, RangeLeased):
             self.ranges.append(_Range(message.partition, message.start, message.end, message.deadline_ms,
                                       message.tries))  # fmt: skip
         elif isinstance(message, Renewed):
@@ -423,7 +423,7 @@ class SharedWorker:
         self.outbox.flush()  # what the calls sent (app.send) is in Kafka before their messages count as done
         self._next_progress_ms = monotonic_ms() + round(PROGRESS_EVERY_S * 1000)
         if (upto, len(leased.failed), len(leased.dead)) != leased.reported:
-            self._send(Progress(leased.partition, leased.start, upto, tuple(leased.failed), tuple(leased.dead)))
+            self._send(RangeProgress(leased.partition, leased.start, upto, tuple(leased.failed), tuple(leased.dead)))
             leased.reported = (upto, len(leased.failed), len(leased.dead))
         if self.slot is not None:
             self.slot.advance(upto)

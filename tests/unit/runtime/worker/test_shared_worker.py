@@ -1,6 +1,6 @@
 """A shared worker (runtime/worker/shared_worker.py) in the test's process: the test is its supervisor on a real
 pipe, its partitions are messages in memory (worker_fakes.FakeConsumer), its range slot real shared memory.  What
-it is told (Lease, Renewed, Stop) and what it answers (Started, Progress, Settled, Abandoned, Returned) are the
+it is told (RangeLeased, Renewed, Stop) and what it answers (Started, RangeProgress, Settled, Abandoned, Returned) are the
 messages of runtime/messages.py; a test asserts which messages were handled and what the supervisor heard.
 
 Deadlines are on the real monotonic clock: far ahead for a lease that holds, already past for one that does not;
@@ -22,9 +22,9 @@ from marshal_workers.handlers.signals import Reject
 from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
 from marshal_workers.runtime.messages import (
     Abandoned,
-    Lease,
     Outcomes,
-    Progress,
+    RangeLeased,
+    RangeProgress,
     Renewed,
     Returned,
     Settled,
@@ -115,7 +115,7 @@ def start(to_close: list[Any], app: App, offsets: Sequence[int], stop_when: Call
 def test_every_message_of_each_range_is_handled_once_and_the_range_reported_settled(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     run = start(to_close, app_for(handler), range(20), at_end)
-    run.tell(Lease(0, 0, 10, holds(), 0), Lease(0, 10, 20, holds(), 0))
+    run.tell(RangeLeased(0, 0, 10, holds(), 0), RangeLeased(0, 10, 20, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -131,14 +131,14 @@ def test_every_message_of_each_range_is_handled_once_and_the_range_reported_sett
 def test_a_message_that_keeps_failing_is_told_at_once_and_left_to_be_delivered_again(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[4])
     run = start(to_close, app_for(handler), range(20), at_end)
-    run.tell(Lease(0, 0, 10, holds(), 0), Lease(0, 10, 20, holds(), 0))
+    run.tell(RangeLeased(0, 0, 10, holds(), 0), RangeLeased(0, 10, 20, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
 
     assert handler.calls.count(4) == 2, "retried once"
     assert handler.handled == [o for o in range(20) if o != 4]
     heard = run.heard()
-    assert Progress(0, 0, 5, failed=(4,), dead=()) in heard, "the supervisor knows before the position passes it"
+    assert RangeProgress(0, 0, 5, failed=(4,), dead=()) in heard, "the supervisor knows before the position passes it"
     assert Settled(0, 0, 10, failed=(4,), dead=(), handled=9, high=20) in heard
     assert run.dead.offsets == []
 
@@ -146,7 +146,7 @@ def test_a_message_that_keeps_failing_is_told_at_once_and_left_to_be_delivered_a
 def test_a_stop_cuts_the_retries_short_the_next_delivery_tries_again(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[4])
     run = start(to_close, app_for(handler, retries=5), range(10), at_end)  # the stop comes with the range's one fetch
-    run.tell(Lease(0, 0, 10, holds(), 0))
+    run.tell(RangeLeased(0, 0, 10, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -157,7 +157,7 @@ def test_a_stop_cuts_the_retries_short_the_next_delivery_tries_again(to_close: l
 def test_at_most_once_a_message_that_fails_is_dead_lettered_never_delivered_again(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[4])
     run = start(to_close, app_for(handler, mode="amo"), range(10), at_end)
-    run.tell(Lease(0, 0, 10, holds(), 0))
+    run.tell(RangeLeased(0, 0, 10, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -168,7 +168,7 @@ def test_at_most_once_a_message_that_fails_is_dead_lettered_never_delivered_agai
 def test_a_rejected_message_is_dead_lettered_without_a_retry(to_close: list[Any]) -> None:
     handler = RecordingHandler(failing=[2], error=lambda: Reject("malformed"))
     run = start(to_close, app_for(handler), range(5), at_end)
-    run.tell(Lease(0, 0, 5, holds(), 0))
+    run.tell(RangeLeased(0, 0, 5, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -182,7 +182,7 @@ def test_a_rejected_message_is_dead_lettered_without_a_retry(to_close: list[Any]
 def test_a_range_delivered_max_deliveries_times_is_dead_lettered_without_a_call(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     run = start(to_close, app_for(handler, max_deliveries=3), range(5), at_end)
-    run.tell(Lease(0, 0, 5, holds(), tries=3))
+    run.tell(RangeLeased(0, 0, 5, holds(), tries=3))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -193,7 +193,7 @@ def test_a_range_delivered_max_deliveries_times_is_dead_lettered_without_a_call(
 def test_a_range_whose_lease_ran_out_is_abandoned_untouched_and_the_next_is_handled(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     run = start(to_close, app_for(handler), range(10), at_end)
-    run.tell(Lease(0, 0, 5, lapsed(), 0), Lease(0, 5, 10, holds(), 0))
+    run.tell(RangeLeased(0, 0, 5, lapsed(), 0), RangeLeased(0, 5, 10, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -205,7 +205,7 @@ def test_a_range_whose_lease_ran_out_is_abandoned_untouched_and_the_next_is_hand
 def test_a_renewal_that_comes_before_the_range_begins_keeps_it(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     run = start(to_close, app_for(handler), range(5), at_end)
-    run.tell(Lease(0, 0, 5, lapsed(), 0), Renewed(0, 0, holds()))
+    run.tell(RangeLeased(0, 0, 5, lapsed(), 0), Renewed(0, 0, holds()))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -216,7 +216,7 @@ def test_a_renewal_that_comes_before_the_range_begins_keeps_it(to_close: list[An
 def test_a_stop_finishes_the_range_in_hand_and_gives_back_the_ranges_not_begun(to_close: list[Any]) -> None:
     handler = RecordingHandler()
     run = start(to_close, app_for(handler), range(30), first_fetch)
-    run.tell(Lease(0, 0, 10, holds(), 0), Lease(0, 10, 20, holds(), 0))
+    run.tell(RangeLeased(0, 0, 10, holds(), 0), RangeLeased(0, 10, 20, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -230,7 +230,7 @@ def test_at_the_partitions_end_a_range_is_settled_as_far_as_the_messages_go_and_
     """Rather than wait for messages that may not come while another range waits."""
     handler = RecordingHandler()
     run = start(to_close, app_for(handler), range(15), at_end)
-    run.tell(Lease(0, 0, 100, holds(), 0), Lease(0, 100, 200, holds(), 0))
+    run.tell(RangeLeased(0, 0, 100, holds(), 0), RangeLeased(0, 100, 200, holds(), 0))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -248,7 +248,7 @@ def test_a_range_after_offsets_without_a_message_is_read_from_its_start(to_close
         return consumer.fetched.count(12) == 2 or consumer.fetches > 100
 
     run = start(to_close, app_for(handler), [0, 1, 2, 7, 12], read_again_or_stuck)
-    run.tell(Lease(0, 0, 10, holds(), 0), Lease(0, 10, 13, monotonic_ms() + 2000, 0))
+    run.tell(RangeLeased(0, 0, 10, holds(), 0), RangeLeased(0, 10, 13, monotonic_ms() + 2000, 0))
 
     assert run.run() is WorkerExit.STOPPED
 
@@ -275,7 +275,7 @@ def test_a_worker_whose_app_cannot_start_exits_with_a_boot_error_before_reading(
         raise RuntimeError("no database")
 
     run = start(to_close, app, range(5), at_end)
-    run.tell(Lease(0, 0, 5, holds(), 0))
+    run.tell(RangeLeased(0, 0, 5, holds(), 0))
 
     assert run.run() is WorkerExit.BOOT_ERROR
     assert run.consumer.fetched == [] and handler.calls == [] and run.heard() == []
