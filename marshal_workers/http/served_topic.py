@@ -61,12 +61,11 @@ from marshal_workers.kafka.kafka_clients import admin_client
 from marshal_workers.kafka.metadata_refresh import MetadataRefresh
 from marshal_workers.member.obeying import Held, obey
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.partition_end import partition_end
-from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember, cancel_entry, handled_entry
 from marshal_workers.protocol.world_state import WorldState, per_entry
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import monotonic_ms
 
 _log = logging.getLogger(__name__)
@@ -131,7 +130,7 @@ class ServedTopic:
         self._rng = random.Random()
         self._stop_loop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._holder: Holder | None = None
+        self._holder: MemberId | None = None
         self._group_commit: GroupCommit | None = None
         self._metadata: MetadataRefresh | None = None  # the topic's partition count, followed (_follow_partitions)
         self._reader = RangeReader(self.topic, settings.require_group(), self.ranges, self.lock, self.counters, self.log)
@@ -158,7 +157,7 @@ class ServedTopic:
         self.partition_count = len(found.partitions)
         self._metadata = MetadataRefresh(admin_client(self.settings), self.settings, self.log)
         self._coordinator = Coordinator(self.settings).start()
-        self._holder = Holder(self._coordinator.client, self._coordinator.instance)
+        self._holder = MemberId(self._coordinator.client, self._coordinator.instance)
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
@@ -418,7 +417,7 @@ class ServedTopic:
         taken); ``admin shutdown``: stop as on SIGTERM.  The orders a supervisor obeys, obeyed as it does
         (member/obeying.py): this server is a member with one shared topic and no whole partition."""
         assert self._holder is not None
-        me = Owner(self._holder.client, self._holder.instance)
+        me = MemberId(self._holder.client, self._holder.instance)
         now_ms = self.coordinator.now_ms()
         orders = self.coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
         obey(orders, (self.topic,), (), self)

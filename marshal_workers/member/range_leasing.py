@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.worker_supply import (
@@ -67,7 +67,7 @@ class Quiet:
 class LeasingShell(Protocol[W_contra]):
     """What the core needs of the member around it: its fold, its writes, its workers."""
 
-    def holder(self) -> Holder:
+    def holder(self) -> MemberId:
         """The member (client, instance) whose leases these are."""
         ...
 

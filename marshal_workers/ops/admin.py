@@ -29,9 +29,9 @@ from marshal_workers.kafka.partition_positions import (
 from marshal_workers.kafka.reader_start import begin_catching_up, log_consumer
 from marshal_workers.observe.status import utc_iso
 from marshal_workers.protocol import checkpoints, codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.refusals import refusals
 from marshal_workers.protocol.world_state import WorldState, record_time
-from marshal_workers.protocol.world_view import Owner
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 _HINT = "use --earliest, --latest, --timestamp, or --partition to pick partitions"
@@ -218,7 +218,7 @@ def _known_clients(world: WorldState) -> set[str]:
     return known
 
 
-def _live_owner(world: WorldState, topic: str, partition: int, now_ms: int) -> Owner | None:
+def _live_owner(world: WorldState, topic: str, partition: int, now_ms: int) -> MemberId | None:
     state = world.get(topic, partition)
     if state is None or state.owner is None or now_ms - state.last_ts > 2 * world.heartbeat_ms:
         return None

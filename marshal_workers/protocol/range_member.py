@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.partition_end import partition_end
-from marshal_workers.protocol.range_leases import MAX_RANGE, Holder, Lease, SharedPartition
+from marshal_workers.protocol.range_leases import MAX_RANGE, Lease, SharedPartition
 from marshal_workers.protocol.world_state import WorldState
 
 
@@ -236,7 +237,7 @@ def free_candidates(
         size = sizer(*topic_backlog(world, topic, high, initial, now_ms))
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
-    holders: set[Holder] = set()
+    holders: set[MemberId] = set()
     for partition, asked_end in high.items():
         state = world.shared_partition(topic, partition)
         end = asked_end if state is None else partition_end(asked_end, state.high)

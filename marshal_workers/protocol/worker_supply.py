@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeChoice, RangeMember, Wanted, progress_entry
 from marshal_workers.protocol.range_sizing import LEASES_PER_WORKER, BacklogSizer, RangeSizing
 from marshal_workers.protocol.world_state import WorldState
@@ -97,7 +97,7 @@ class ClaimAsk:
                              self.follow, self.split)  # fmt: skip
 
 
-def claim_ask(workers: Sequence[PoolWorker], sizing: RangeSizing, me: Holder) -> ClaimAsk | None:
+def claim_ask(workers: Sequence[PoolWorker], sizing: RangeSizing, me: MemberId) -> ClaimAsk | None:
     """What the pool's next claim asks for, or None if no worker wants a lease."""
     wanting = hungry(workers)
     want = sum(LEASES_PER_WORKER - len(w.leases) for w in wanting)

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claim_batching import ClaimBatching
 from marshal_workers.protocol.claiming import Key, lease_until
+from marshal_workers.protocol.member_id import MemberId as Owner
 from marshal_workers.protocol.world_state import WorldState, per_entry
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.sim_config import SimConfig
 

@@ -18,10 +18,10 @@ from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, he
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall, Key, lease_until
 from marshal_workers.protocol.health import PartitionHealth, Sample
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId as Holder
+from marshal_workers.protocol.member_id import MemberId as Owner
 from marshal_workers.protocol.worker_supply import LeasedRange
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.shared_fold import SharedFold

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLeasing
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeMember
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.worker_supply import LeasedRange
@@ -86,7 +86,7 @@ class SimSharedTopic:
     """One shared topic of one member: its simulated workers, and the shell its ``RangeLeasing`` drives."""
 
     def __init__(self, topic: str, partitions: int, amo: bool, env: RangeEnvironment, member: RangeWriter,
-                 holder: Holder, rng: Any) -> None:  # fmt: skip
+                 holder: MemberId, rng: Any) -> None:  # fmt: skip
         config = env.config
         self.topic = topic
         self.partitions = partitions
@@ -184,7 +184,7 @@ class SimSharedTopic:
 
     # ------------------------------------------- the shell RangeLeasing drives
 
-    def holder(self) -> Holder:
+    def holder(self) -> MemberId:
         return self._holder
 
     def fields(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.protocol import checkpoints
 from marshal_workers.protocol.checkpoint_schedule import CheckpointSchedule
-from marshal_workers.protocol.world_view import Owner
+from marshal_workers.protocol.member_id import MemberId as Owner
 from marshal_workers.runtime.supervisor.assignments import Table
 
 

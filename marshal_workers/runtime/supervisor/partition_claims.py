@@ -27,8 +27,8 @@ from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall
 from marshal_workers.protocol.health import HealthPolicy, Sample
+from marshal_workers.protocol.member_id import MemberId as Owner
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import Field, Slot, above, monotonic_ms
 from marshal_workers.runtime.supervisor.assignments import Assignment, Key, Phase, Table
 

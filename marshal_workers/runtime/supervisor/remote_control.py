@@ -19,8 +19,8 @@ from typing import Any
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.member.obeying import obey
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.orders import orders_for
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 
 
@@ -72,7 +72,7 @@ class RemoteControl:
         if not self.table.running:
             return
         coordinator = self.coordinator
-        me, now_ms = Owner(coordinator.client, coordinator.instance), coordinator.now_ms()
+        me, now_ms = MemberId(coordinator.client, coordinator.instance), coordinator.now_ms()
         orders = coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
         obey(orders, self._shared_topics, self.table.assignments.values(), self)
 

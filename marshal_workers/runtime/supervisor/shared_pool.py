@@ -50,7 +50,7 @@ from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLeasing
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeMember
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
@@ -336,9 +336,9 @@ class SharedPool:
 
     # ------------------------------------------- the shell RangeLeasing drives
 
-    def holder(self) -> Holder:
+    def holder(self) -> MemberId:
         coordinator = self._require_coordinator()
-        return Holder(coordinator.client, coordinator.instance)
+        return MemberId(coordinator.client, coordinator.instance)
 
     def fields(self) -> dict[str, Any]:
         return self._require_coordinator().record_fields()

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from marshal_workers.member.range_leasing import OnFailure, OnVerdicts, RangeLeasing
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeMember
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.worker_supply import LeasedRange
@@ -19,7 +19,7 @@ from marshal_workers.protocol.world_state import WorldState
 T = TypeVar("T")
 LOG_MS = 1_700_000_000_000  # the log's clock
 LEASE_MS = 6_000
-ME = Holder("c", "i1")
+ME = MemberId("c", "i1")
 
 
 @dataclass(eq=False)
@@ -41,7 +41,7 @@ class Member:
         self.failing = False
         self.told: list[tuple[str, int, int, int]] = []  # (what, worker, partition, start)
 
-    def holder(self) -> Holder:
+    def holder(self) -> MemberId:
         return ME
 
     def fields(self) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import MAX_LEASE_MS, Holder, SharedPartition
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import MAX_LEASE_MS, SharedPartition
 from marshal_workers.protocol.range_member import (
     RangeMember,
     Wanted,
@@ -29,12 +30,12 @@ from marshal_workers.protocol.world_state import WorldState, per_entry
 
 GROUP = "g"
 TOPIC = "thumbs"
-US = Holder("us", "us-1")
-OTHERS = [Holder("a", "a-1"), Holder("b", "b-1")]
+US = MemberId("us", "us-1")
+OTHERS = [MemberId("a", "a-1"), MemberId("b", "b-1")]
 END = 120  # the partitions' end in the generated logs
 
 
-def fields(holder: Holder, ts: int) -> dict[str, object]:
+def fields(holder: MemberId, ts: int) -> dict[str, object]:
     return {"v": 1, "ts": ts, "group": GROUP, "client": holder.client, "instance": holder.instance}
 
 
@@ -142,7 +143,7 @@ claims = st.lists(
     probe=st.sampled_from([1, 25]), later=st.integers(0, 4_000), seed=st.integers(0, 2**16), split=st.booleans(),
 )  # fmt: skip
 def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_all(
-    log: list[tuple[Holder, int, int, int, int, str, int]], want: int, idle: int, size: int, probe: int, later: int,
+    log: list[tuple[MemberId, int, int, int, int, str, int]], want: int, idle: int, size: int, probe: int, later: int,
     seed: int, split: bool,
 ) -> None:
     """Others claim (and ack, cancel or fail) ranges, their leases lapsing as time passes; the member asks for
@@ -309,7 +310,7 @@ def test_a_range_given_back_by_the_http_service_settles_exactly_what_clients_fin
 def test_the_backlog_that_sizes_ranges_is_the_topics_not_handed_out_offsets() -> None:
     world = WorldState(GROUP, 1000)
     world.shared[("t", 0)] = state = SharedPartition()
-    assert state.claim(100, 200, Holder("a", "1"), 0, 60_000, False)  # 100..199 leased: not backlog
+    assert state.claim(100, 200, MemberId("a", "1"), 0, 60_000, False)  # 100..199 leased: not backlog
     backlog, live = topic_backlog(world, "t", {0: 500, 1: 50, 2: 70}, {1: 20}, now_ms=10)
     assert backlog == (500 - 200) + (50 - 20), "partition 2's start is not known yet: not counted"
     assert [(lease.start, lease.end) for lease in live] == [(100, 200)]

@@ -22,12 +22,12 @@ from supervisor_fakes import (
 
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_view import Owner
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.runtime.channel import Field
 from marshal_workers.runtime.supervisor.assignments import Assignment, Phase, Table
 from marshal_workers.runtime.supervisor.partition_claims import PartitionClaims
 
-OTHER = Owner("d", "d1")
+OTHER = MemberId("d", "d1")
 
 
 class Member:

@@ -19,7 +19,8 @@ from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError
 from marshal_workers.handlers.app import App
-from marshal_workers.protocol.range_leases import Holder, SharedPartition, Tries
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import SharedPartition, Tries
 from marshal_workers.protocol.worker_supply import renew_every_s
 from marshal_workers.runtime.channel import RangeSlot
 from marshal_workers.runtime.messages import RangeLeased, RangeProgress, Renewed, Returned, Settled, Started, Stop
@@ -28,7 +29,7 @@ from marshal_workers.runtime.supervisor.shared_pool import SharedPool, SharedWor
 TOPIC = "thumbs"
 LEASE_S = 9.0
 MONO_S = 5_000.0  # the pool's monotonic clock when a test starts
-ME = Holder("c", "i1")
+ME = MemberId("c", "i1")
 
 
 class Pool:
