@@ -26,11 +26,11 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.member_id import MemberId
-from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
+from marshal_workers.protocol.range_member import RangeMember, WantedRange, cancel_entry, crashed_entry, handled_entry
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.worker_supply import (
     PROGRESS_EVERY_S,
-    LeasedRange,
+    PoolLease,
     PoolWorker,
     ProgressReport,
     assign_won,
@@ -95,19 +95,19 @@ class LeasingShell(Protocol[W_contra]):
         """Write ``records``; the fold's verdicts (or the failure) come back later through the callbacks."""
         ...
 
-    def leased(self, worker: W_contra, leased: LeasedRange) -> None:
+    def leased(self, worker: W_contra, leased: PoolLease) -> None:
         """``leased`` was won and is now the last of ``worker``'s leases: tell the worker."""
         ...
 
-    def renewed(self, worker: W_contra, leased: LeasedRange) -> None:
+    def renewed(self, worker: W_contra, leased: PoolLease) -> None:
         """``leased``'s renewal was confirmed: its deadline moved on."""
         ...
 
-    def dropped(self, worker: W_contra, leased: LeasedRange) -> None:
+    def dropped(self, worker: W_contra, leased: PoolLease) -> None:
         """``leased`` left ``worker``'s leases (settled, given back, abandoned or lapsed)."""
         ...
 
-    def progress_of(self, worker: W_contra, leased: LeasedRange) -> int:
+    def progress_of(self, worker: W_contra, leased: PoolLease) -> int:
         """How far ``leased`` is done: every offset below it but its failed ones."""
         ...
 
@@ -181,7 +181,7 @@ class RangeLeasing(Generic[W]):
 
     # ------------------------------------------------------- workers' news
 
-    def settled(self, worker: W, leased: LeasedRange, end: int, failed: Sequence[int], dead: Sequence[int],
+    def settled(self, worker: W, leased: PoolLease, end: int, failed: Sequence[int], dead: Sequence[int],
                 high: int | None, messages: int, busy_ms: float, now: float) -> None:  # fmt: skip
         """``worker`` is done with ``leased`` up to ``end`` (``messages`` of them in ``busy_ms``): ack it."""
         self.sizing.observe(worker.index, messages, busy_ms, now)
@@ -189,12 +189,12 @@ class RangeLeasing(Generic[W]):
         self._drop(worker, leased)
         worker.settled_at = (leased.partition, end)
 
-    def returned(self, worker: W, leased: LeasedRange) -> None:
+    def returned(self, worker: W, leased: PoolLease) -> None:
         """``worker`` gives ``leased`` back untried."""
         self.cancels.append(cancel_entry(leased))
         self._drop(worker, leased)
 
-    def abandoned(self, worker: W, leased: LeasedRange) -> None:
+    def abandoned(self, worker: W, leased: PoolLease) -> None:
         """``leased`` ran out while ``worker`` handled it: it lapses in the log (handled again, or lost at most
         once)."""
         self.counters.abandoned += 1
@@ -217,7 +217,7 @@ class RangeLeasing(Generic[W]):
         for leased in list(worker.leases):
             self._drop(worker, leased)
 
-    def _drop(self, worker: W, leased: LeasedRange) -> None:
+    def _drop(self, worker: W, leased: PoolLease) -> None:
         worker.leases.remove(leased)
         self.shell.dropped(worker, leased)
 
@@ -246,7 +246,7 @@ class RangeLeasing(Generic[W]):
         self._submit("range claim", record, lambda verdicts: self._after_claim(picked, verdicts, now_ms),
                      self._claim_failed)  # fmt: skip
 
-    def _after_claim(self, picked: list[Wanted], verdicts: Sequence[bool], written_ms: int) -> None:
+    def _after_claim(self, picked: list[WantedRange], verdicts: Sequence[bool], written_ms: int) -> None:
         self.claiming = False
         member = self.member
         won = member.won(picked, verdicts)
@@ -254,8 +254,8 @@ class RangeLeasing(Generic[W]):
         self.counters.refused += len(picked) - len(won)
         deadline = member.deadline(written_ms)
 
-        def place(worker: W, wanted: Wanted) -> None:
-            leased = LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries, deadline)
+        def place(worker: W, wanted: WantedRange) -> None:
+            leased = PoolLease(wanted.partition, wanted.start, wanted.end, wanted.tries, deadline)
             worker.leases.append(leased)
             self.shell.leased(worker, leased)
 
@@ -263,7 +263,7 @@ class RangeLeasing(Generic[W]):
         # a range at a partition's end goes to an idle worker (see free_candidates).
         left = list(won) if self.stopping else assign_won(won, self.workers, place)
         for wanted in left:
-            self.cancels.append(cancel_entry(LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries,
+            self.cancels.append(cancel_entry(PoolLease(wanted.partition, wanted.start, wanted.end, wanted.tries,
                                                          deadline)))  # fmt: skip
 
     def _claim_failed(self, exc: Exception) -> None:

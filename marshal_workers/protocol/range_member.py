@@ -31,8 +31,9 @@ from marshal_workers.protocol.range_leases import MAX_RANGE, Lease, SharedPartit
 from marshal_workers.protocol.world_state import WorldState
 
 
-class Wanted(NamedTuple):
-    """A free range to ask for: ``[start, end)`` of ``partition``, whose offsets were delivered ``tries`` times."""
+class WantedRange(NamedTuple):
+    """A free range to ask for in a ``claim_ranges`` (and, once won, to lease): ``[start, end)`` of ``partition``,
+    whose offsets were delivered ``tries`` times."""
 
     partition: int
     start: int
@@ -41,7 +42,8 @@ class Wanted(NamedTuple):
 
 
 class HeldLease(Protocol):
-    """What the member needs of a lease it holds (the callers' own records of their leases)."""
+    """What the member needs of a lease it holds: the callers' own records of their leases (a shared pool's
+    worker_supply.PoolLease, a served topic's http ServedLease), beside the fold's range_leases.Lease."""
 
     partition: int
     start: int
@@ -60,7 +62,7 @@ Sizer = Callable[[int, Sequence[Lease]], int]
 class RangeChoice:
     """The ranges to claim now, or the partitions whose start must be looked up first (then nothing is claimed)."""
 
-    ranges: list[Wanted]
+    ranges: list[WantedRange]
     unknown: list[int]
 
 
@@ -113,7 +115,7 @@ class RangeMember:
             return RangeChoice([], unknown)
         return RangeChoice(pick_ranges(candidates, want, members, rng, follow), [])
 
-    def claim(self, fields: dict[str, Any], ranges: Sequence[Wanted]) -> codec.ClaimRanges:
+    def claim(self, fields: dict[str, Any], ranges: Sequence[WantedRange]) -> codec.ClaimRanges:
         """The ``claim_ranges`` record for ``ranges`` (``fields``: the writer's common record fields)."""
         return codec.ClaimRanges(
             **fields, topic=self.topic, lease_ms=self.lease_ms, amo=self.amo,
@@ -121,7 +123,7 @@ class RangeMember:
         )  # fmt: skip
 
     @staticmethod
-    def won(ranges: Sequence[Wanted], verdicts: Sequence[bool]) -> list[Wanted]:
+    def won(ranges: Sequence[WantedRange], verdicts: Sequence[bool]) -> list[WantedRange]:
         """The ranges the fold accepted: leases now ours (until :meth:`deadline`); the others are someone else's."""
         return [wanted for wanted, accepted in zip(ranges, verdicts) if accepted]
 
@@ -325,7 +327,7 @@ def topic_backlog(
 def pick_ranges(
     candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random,
     follow: Collection[tuple[int, int]] = (),
-) -> list[Wanted]:
+) -> list[WantedRange]:
     """Up to ``want`` ranges: first those that start where one of our readers stands (``follow``: (partition,
     offset) where a reader's last range ends, once per range it wants: its second range follows its first), so
     its consumer goes on reading where it is, its read-ahead already fetched (a reader that moves to another
@@ -333,7 +335,7 @@ def pick_ranges(
     each a random one of the lowest few free ranges (the more members, the wider the pick), so members racing
     for the same range are rare."""
     pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
-    picked: list[Wanted] = []
+    picked: list[WantedRange] = []
     stands: dict[tuple[int, int], int] = {}  # a reader's position -> where it stands after the ranges picked for it
     for partition, offset in follow:
         pool = pools.get(partition, [])
@@ -341,7 +343,7 @@ def pick_ranges(
         found = next((r for r in pool if r[0] == at), None)
         if found is not None and len(picked) < want:
             pool.remove(found)
-            picked.append(Wanted(partition, *found))
+            picked.append(WantedRange(partition, *found))
             stands[partition, offset] = found[1]
     order = [p for p, pool in pools.items() if pool]
     rng.shuffle(order)
@@ -350,7 +352,7 @@ def pick_ranges(
             pool = pools[partition]
             index = rng.randrange(min(len(pool), members))
             start, end, tries = pool.pop(index)
-            picked.append(Wanted(partition, start, end, tries))
+            picked.append(WantedRange(partition, start, end, tries))
             if not pool:
                 order.remove(partition)
             if len(picked) >= want:

@@ -20,7 +20,7 @@ from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, 
 from marshal_workers.protocol.health import PartitionHealth, Sample
 from marshal_workers.protocol.member_id import MemberId as Holder
 from marshal_workers.protocol.member_id import MemberId as Owner
-from marshal_workers.protocol.worker_supply import LeasedRange
+from marshal_workers.protocol.worker_supply import PoolLease as LeasedRange
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock

@@ -19,7 +19,7 @@ from typing import Any
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingSettings, Key
 from marshal_workers.protocol.member_id import MemberId
-from marshal_workers.protocol.worker_supply import LeasedRange
+from marshal_workers.protocol.worker_supply import PoolLease
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.simulation.checkpointing import Checkpointing
 from marshal_workers.simulation.clock import VirtualClock
@@ -198,10 +198,10 @@ class Simulation:
     def range_handled(self, topic: str, partition: int, start: int, end: int) -> None:
         self.ranges.worker_handled((topic, partition), start, end, self.clock.now)
 
-    def lease_taken(self, owner: object, topic: str, leased: LeasedRange) -> None:
+    def lease_taken(self, owner: object, topic: str, leased: PoolLease) -> None:
         self.ranges.lease_taken(owner, topic, leased, self.clock.now, self.clock.now_ms)
 
-    def lease_dropped(self, owner: object, topic: str, leased: LeasedRange) -> None:
+    def lease_dropped(self, owner: object, topic: str, leased: PoolLease) -> None:
         self.ranges.lease_dropped(owner, topic, leased)
 
     # ---------------------------------------------------------- the oracle

@@ -54,7 +54,7 @@ from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeMember
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
-from marshal_workers.protocol.worker_supply import LeasedRange
+from marshal_workers.protocol.worker_supply import PoolLease
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.runtime.channel import RangeSlot
 from marshal_workers.runtime.messages import (
@@ -81,7 +81,7 @@ class SharedWorkerHandle:
     index: int
     process: BaseProcess | None = None
     connection: Connection | None = None
-    leases: list[LeasedRange] = field(default_factory=list)
+    leases: list[PoolLease] = field(default_factory=list)
     crashes_in_a_row: int = 0
     restart_at: float | None = 0.0  # monotonic; None: not to be (re)started
     handled: int = 0
@@ -359,16 +359,16 @@ class SharedPool:
         assert self._writes is not None
         self._writes.submit(what, records, on_verdicts, on_failure)
 
-    def leased(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
+    def leased(self, worker: SharedWorkerHandle, leased: PoolLease) -> None:
         self._tell(worker, RangeLeased(leased.partition, leased.start, leased.end, leased.deadline_ms, leased.tries))
 
-    def renewed(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
+    def renewed(self, worker: SharedWorkerHandle, leased: PoolLease) -> None:
         self._tell(worker, Renewed(leased.partition, leased.start, leased.deadline_ms))
 
-    def dropped(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
+    def dropped(self, worker: SharedWorkerHandle, leased: PoolLease) -> None:
         pass  # the worker said so itself, or is gone
 
-    def progress_of(self, worker: SharedWorkerHandle, leased: LeasedRange) -> int:
+    def progress_of(self, worker: SharedWorkerHandle, leased: PoolLease) -> int:
         """How far ``leased`` is done (every offset below, but its failed ones): its worker's last RangeProgress, or
         further if its range slot says so (the failures below the slot's position came on the pipe before it)."""
         upto = max(leased.upto, leased.start)

@@ -109,7 +109,10 @@ class SharedWorkerSpec:
 
 
 @dataclass
-class _Range:
+class WorkerRange:
+    """A range its pool gave this worker (a RangeLeased message; the lease is the pool's PoolLease), as the worker
+    handles it: its deadline, and what became of its messages."""
+
     partition: int
     start: int
     end: int
@@ -147,7 +150,7 @@ class SharedWorker:
         self.connection = connection
         self.log = group_log(_log, spec.settings.require_group())
         self.stopping = False
-        self.ranges: collections.deque[_Range] = collections.deque()
+        self.ranges: collections.deque[WorkerRange] = collections.deque()
         self._consumer: GuardedConsumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
         self._dlq = edges.dead_letters(spec.settings)
@@ -246,7 +249,7 @@ class SharedWorker:
 
     def _on_message(self, message: ToSharedWorker) -> None:
         if isinstance(message, RangeLeased):
-            self.ranges.append(_Range(message.partition, message.start, message.end, message.deadline_ms,
+            self.ranges.append(WorkerRange(message.partition, message.start, message.end, message.deadline_ms,
                                       message.tries))  # fmt: skip
         elif isinstance(message, Renewed):
             for leased in self.ranges:
@@ -265,7 +268,7 @@ class SharedWorker:
 
     # ---------------------------------------------------------------- ranges
 
-    def _handle_range(self, handler: HandlerSpec, leased: _Range) -> None:
+    def _handle_range(self, handler: HandlerSpec, leased: WorkerRange) -> None:
         """Handle every message of ``leased`` while its lease holds, then report it settled (or abandoned)."""
         assert self._consumer is not None
         self._send(Started(leased.partition, leased.start))
@@ -314,7 +317,7 @@ class SharedWorker:
                 self._position = None
         return None
 
-    def _handle_plain(self, handler: HandlerSpec, leased: _Range, records: list[Any], next_offset: int) -> int | None:
+    def _handle_plain(self, handler: HandlerSpec, leased: WorkerRange, records: list[Any], next_offset: int) -> int | None:
         """The hot path, for a fetch of messages only (no error, none redriven for another group) of a handler with
         no rate or age limit, in a range delivered fewer than max_deliveries times: per message a check of a flag
         (the alarm: the lease's deadline or the next progress report is near), the call, a count and the position
@@ -358,7 +361,7 @@ class SharedWorker:
         finally:
             leased.handled += handled
 
-    def _handle_records(self, handler: HandlerSpec, leased: _Range, records: list[Any], next_offset: int,
+    def _handle_records(self, handler: HandlerSpec, leased: WorkerRange, records: list[Any], next_offset: int,
                         end_seen: int | None) -> tuple[int | None, int | None]:  # fmt: skip
         """A fetch with an error (the partition's end, markers), messages redriven for another group, a rate or age
         limit, or a range delivered max_deliveries times.  The next offset to read (None if the range was reported
@@ -404,12 +407,12 @@ class SharedWorker:
             self._progressed(leased, next_offset)
         return next_offset, end_seen
 
-    def _arm(self, leased: _Range) -> None:
+    def _arm(self, leased: WorkerRange) -> None:
         """Raise the alarm near the lease's deadline or the next progress report, whichever comes first."""
         assert self._alarm is not None
         self._alarm.set(min(leased.deadline_ms, self._next_progress_ms) / 1000)
 
-    def _progressed(self, leased: _Range, upto: int) -> None:
+    def _progressed(self, leased: WorkerRange, upto: int) -> None:
         """Done with every offset of ``leased`` below ``upto`` (but its failed and dead ones): say so.  A failure or
         a dead letter goes on the pipe at once, before the slot moves past it; otherwise the slot moves on after
         each message (once what the handler sent is flushed, at least once: at the next report), and the pipe
@@ -419,7 +422,7 @@ class SharedWorker:
         elif self.slot is not None and not self.outbox.pending:
             self.slot.advance(upto)
 
-    def _report_progress(self, leased: _Range, upto: int) -> None:
+    def _report_progress(self, leased: WorkerRange, upto: int) -> None:
         self.outbox.flush()  # what the calls sent (app.send) is in Kafka before their messages count as done
         self._next_progress_ms = monotonic_ms() + round(PROGRESS_EVERY_S * 1000)
         if (upto, len(leased.failed), len(leased.dead)) != leased.reported:
@@ -428,7 +431,7 @@ class SharedWorker:
         if self.slot is not None:
             self.slot.advance(upto)
 
-    def _settle(self, leased: _Range, end: int) -> None:
+    def _settle(self, leased: WorkerRange, end: int) -> None:
         """Report ``[leased.start, end)`` handled (the lease's offsets from ``end`` on go back untried)."""
         assert self._consumer is not None
         self._position = (leased.partition, end)
@@ -447,7 +450,7 @@ class SharedWorker:
         assert self._consumer is not None
         return 0 <= self._consumer.fetched_end(self.spec.topic, partition) <= next_offset
 
-    def _leave_at_the_end(self, leased: _Range, next_offset: int) -> None:
+    def _leave_at_the_end(self, leased: WorkerRange, next_offset: int) -> None:
         """The partition read to its end inside the lease: settle what was handled and give the rest back, rather
         than wait for messages that may not come before the shutdown timeout, or hold up the next range."""
         if next_offset > leased.start:
@@ -456,7 +459,7 @@ class SharedWorker:
             self._position = None
             self._send(Returned(leased.partition, leased.start, leased.end))
 
-    def _abandon(self, leased: _Range, offset: int) -> None:
+    def _abandon(self, leased: WorkerRange, offset: int) -> None:
         self.log.warning(
             "%s[%d]: the lease on %d..%d ran out at offset %d (is the supervisor stopped?): leaving the rest",
             self.spec.topic, leased.partition, leased.start, leased.end - 1, offset,
@@ -464,12 +467,12 @@ class SharedWorker:
         self._position = None
         self._send(Abandoned(leased.partition, leased.start, leased.end))
 
-    def _still_waiting(self, leased: _Range) -> bool:
+    def _still_waiting(self, leased: WorkerRange) -> bool:
         """While waiting for a token: renewals and a stop read, and the lease still holds."""
         self._read_pipe(wait=0)
         return not self.stopping and monotonic_ms() < leased.deadline_ms
 
-    def _too_old(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
+    def _too_old(self, handler: HandlerSpec, leased: WorkerRange, record: Any) -> None:
         """A message past max_age: not handled but skipped (handled, as far as the lease is concerned) or
         dead-lettered (on_too_old="dlq"); counted either way."""
         self.outcomes.too_old += 1
@@ -480,13 +483,13 @@ class SharedWorker:
             leased.handled += 1
 
     def _handle_message(
-        self, handler: HandlerSpec, leased: _Range, record: Any, error: Exception | None = None
+        self, handler: HandlerSpec, leased: WorkerRange, record: Any, error: Exception | None = None
     ) -> None:
         """Call the handler, retrying by its policy (shared_failures.py), and note what became of the message."""
         self._note(leased, record, self._failures.handle(handler, record, leased.tries, leased.deadline_ms, error))
 
     @staticmethod
-    def _note(leased: _Range, record: Any, fate: InRange) -> None:
+    def _note(leased: WorkerRange, record: Any, fate: InRange) -> None:
         if fate is InRange.HANDLED:
             leased.handled += 1
         elif fate is InRange.FAILED:

@@ -19,7 +19,7 @@ from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_leases import MAX_LEASE_MS, SharedPartition
 from marshal_workers.protocol.range_member import (
     RangeMember,
-    Wanted,
+    WantedRange,
     crashed_entry,
     given_back_entry,
     handled_entry,
@@ -88,7 +88,7 @@ def test_a_member_acts_on_a_lease_only_while_the_log_holds_it_for_it(
     world = WorldState(GROUP, 1000)
     now = 1_000_000
     at = now + latency - skew
-    assert fold(world, member.claim(fields(US, at), [Wanted(0, 0, 10, 0)]), at) == [True]
+    assert fold(world, member.claim(fields(US, at), [WantedRange(0, 0, 10, 0)]), at) == [True]
     held = Held(0, 0, 10, member.deadline(now))
     for advance, lands, renewal_latency in steps:
         now += advance
@@ -195,7 +195,7 @@ def test_a_partition_never_leased_is_looked_up_before_anything_is_asked() -> Non
 
 def test_the_records_carry_the_members_topic_lease_and_mode() -> None:
     member = RangeMember(TOPIC, 45_000, amo=True)
-    claim = member.claim(fields(US, 5), [Wanted(2, 10, 20, 1)])
+    claim = member.claim(fields(US, 5), [WantedRange(2, 10, 20, 1)])
     assert (claim.topic, claim.lease_ms, claim.amo) == (TOPIC, 45_000, True)
     assert claim.ranges == (codec.RangeEntry(partition=2, offset=10, end=20),)
     renewal = member.renewal(fields(US, 6), [Held(2, 10, 20, 0)])
@@ -332,14 +332,14 @@ def test_a_reader_that_joins_a_partition_another_reads_on_starts_halfway_through
     member = RangeMember(TOPIC, 30_000)
     ends, initial = {0: 1000}, {0: 0}
 
-    def choose(want: int, follow: list[tuple[int, int]], split: bool = True) -> list[Wanted]:
+    def choose(want: int, follow: list[tuple[int, int]], split: bool = True) -> list[WantedRange]:
         return member.choose(world, ends, initial, at, 100, want, 0, random.Random(1), follow=follow, split=split).ranges
 
-    assert choose(2, []) == [Wanted(0, 550, 650, 0), Wanted(0, 650, 750, 0)], "the joiner: from halfway, contiguous"
-    assert choose(2, [(0, 100)]) == [Wanted(0, 100, 200, 0), Wanted(0, 550, 650, 0)], "the reader reads on"
-    assert choose(1, [], split=False) == [Wanted(0, 100, 200, 0)], "without split: the lowest, as before"
+    assert choose(2, []) == [WantedRange(0, 550, 650, 0), WantedRange(0, 650, 750, 0)], "the joiner: from halfway, contiguous"
+    assert choose(2, [(0, 100)]) == [WantedRange(0, 100, 200, 0), WantedRange(0, 550, 650, 0)], "the reader reads on"
+    assert choose(1, [], split=False) == [WantedRange(0, 100, 200, 0)], "without split: the lowest, as before"
     ends = {0: 250}
-    assert choose(1, []) == [Wanted(0, 100, 200, 0)], "a stretch shorter than two ranges is not split"
+    assert choose(1, []) == [WantedRange(0, 100, 200, 0)], "a stretch shorter than two ranges is not split"
 
 
 def test_each_reader_of_a_partition_reads_on_where_it_stands_and_a_joiner_halves_the_longest_stretch() -> None:
@@ -352,14 +352,14 @@ def test_each_reader_of_a_partition_reads_on_where_it_stands_and_a_joiner_halves
     assert fold(world, codec.ClaimRanges(**fields(US, at), topic=TOPIC, lease_ms=30_000, ranges=entries), at) == [True, True]
     member = RangeMember(TOPIC, 30_000)
 
-    def choose(want: int, follow: list[tuple[int, int]]) -> list[Wanted]:
+    def choose(want: int, follow: list[tuple[int, int]]) -> list[WantedRange]:
         return member.choose(world, {0: 1_000_000}, {0: 0}, at, 10_000, want, 0, random.Random(1), follow=follow,
                              split=True).ranges  # fmt: skip
 
     assert choose(4, [(0, 10_000), (0, 10_000), (0, 410_000), (0, 410_000)]) == [
-        Wanted(0, 10_000, 20_000, 0), Wanted(0, 20_000, 30_000, 0), Wanted(0, 410_000, 420_000, 0),
-        Wanted(0, 420_000, 430_000, 0),
+        WantedRange(0, 10_000, 20_000, 0), WantedRange(0, 20_000, 30_000, 0), WantedRange(0, 410_000, 420_000, 0),
+        WantedRange(0, 420_000, 430_000, 0),
     ], "both read on"  # fmt: skip
-    assert choose(2, []) == [Wanted(0, 705_000, 715_000, 0), Wanted(0, 715_000, 725_000, 0)], (
+    assert choose(2, []) == [WantedRange(0, 705_000, 715_000, 0), WantedRange(0, 715_000, 725_000, 0)], (
         "a joiner: halfway through the longest stretch (410,000 to the end), not into either reader's way"
     )

@@ -88,10 +88,10 @@ def test_a_worker_that_wants_two_ranges_gets_two_that_follow_one_another_where_i
 
 
 def test_a_worker_stands_where_its_last_lease_ends_or_where_it_last_settled() -> None:
-    from marshal_workers.protocol.worker_supply import LeasedRange, reads_next
+    from marshal_workers.protocol.worker_supply import PoolLease, reads_next
     from marshal_workers.runtime.supervisor.shared_pool import SharedWorkerHandle
 
-    standing = SharedWorkerHandle(0, process=object(), leases=[LeasedRange(0, 0, 100, 0, 10**12)])  # type: ignore[arg-type]
+    standing = SharedWorkerHandle(0, process=object(), leases=[PoolLease(0, 0, 100, 0, 10**12)])  # type: ignore[arg-type]
     settled = SharedWorkerHandle(1, process=object(), settled_at=(1, 300))  # type: ignore[arg-type]
     idle = SharedWorkerHandle(2, process=object())  # type: ignore[arg-type]
     assert (reads_next(standing), reads_next(settled), reads_next(idle)) == ((0, 100), (1, 300), None)
