@@ -14,13 +14,17 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
+from property_runs import examples
 
 from marshal_workers.core.config import Settings
 
 # Timing figures live in benchmarks, not in pass/fail tests: hypothesis's per-example deadline (200 ms) and its
 # "data generation is too slow" check fail a property on a loaded machine, not on a broken rule (an example of the
 # fold's kept answers took 400 ms with another developer's suite beside this one).  Tests that set a deadline keep it.
-hypothesis_settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# A property that names no count tries its share of hypothesis's 100 (property_runs.py).
+hypothesis_settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow], max_examples=examples(100)
+)
 hypothesis_settings.load_profile("suite")
 
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.errors import CoordinationWriteError
 from marshal_workers.http import group_commit
@@ -246,7 +247,7 @@ def test_close_writes_what_is_queued_at_once_waits_for_it_then_refuses_more() ->
     run(test)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(list(Kind)), st.lists(st.integers(0, 10**6), min_size=1, max_size=50),
                           st.booleans()), min_size=1, max_size=30))  # fmt: skip
 def test_one_batch_maps_every_request_to_exactly_its_entries_verdicts(

@@ -9,6 +9,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError
@@ -31,7 +32,7 @@ def test_a_read_defaults_to_one_message_within_five_seconds_and_takes_durations(
 
 
 @given(st.dictionaries(st.sampled_from(["timeout", "max", "wait"]), st.text(max_size=8), max_size=3))
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 def test_any_read_query_is_either_a_read_or_a_bad_request(query: dict[str, str]) -> None:
     try:
         asked = read_request(query)
@@ -103,7 +104,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.one_of(st.binary(max_size=200), JSON.map(lambda value: orjson.dumps(value))))
 def test_any_body_is_either_message_ids_or_a_bad_request(body: bytes) -> None:
     """Untrusted input: whatever the bytes, the parser answers ids or a 4xx, never anything else."""

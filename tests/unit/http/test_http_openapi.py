@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
+from property_runs import examples
 
 from marshal_workers.http.http_messages import MAX_ITEMS, MAX_READ, BadRequest, message_ids, message_json, read_request
 from marshal_workers.http.http_openapi import openapi_document
@@ -92,7 +93,7 @@ ITEM = st.one_of(
 )  # fmt: skip
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.one_of(ITEM, st.lists(ITEM, max_size=4)))
 def test_an_ack_body_is_accepted_exactly_when_it_fits_the_document(body: Any) -> None:
     fits = schema_of("SettleBody").is_valid(body)
@@ -116,7 +117,7 @@ def test_the_limit_of_messages_per_ack_is_the_documented_one() -> None:
 HEADERS = st.lists(st.tuples(st.text(max_size=4), st.none() | st.binary(max_size=6)), max_size=3)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(key=st.none() | st.binary(max_size=8), value=st.none() | st.binary(max_size=8), headers=HEADERS,
        timestamp=st.none() | st.integers(0, 2**45), deliveries=st.integers(1, 100))  # fmt: skip
 def test_every_message_the_service_hands_out_fits_the_document(

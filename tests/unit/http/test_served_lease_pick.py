@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.http.served_lease import ServedLease
 
@@ -32,7 +33,7 @@ def every_message_scan(held: ServedLease, most: int, now: int) -> list[int]:
     ][:most]  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(Step, min_size=1, max_size=60), st.integers(0, 2))
 def test_the_pick_with_a_cursor_picks_what_a_scan_of_every_message_picks(steps: list[tuple[str, int]], tries: int) -> None:
     held = ServedLease(partition=0, start=0, end=40, tries=tries, deadline_ms=10**9, fetched_to=0)

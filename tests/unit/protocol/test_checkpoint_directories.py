@@ -7,6 +7,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 from test_world_state_properties import GROUP, HB, logs
 from test_world_state_properties import fold_all as fold
 
@@ -55,7 +56,7 @@ def agree(a: WorldState, b: WorldState) -> None:
 # ---------------------------------------------------------------- the property
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), logs(max_size=60), st.data())
 def test_a_new_groups_reader_starting_at_another_groups_directory_agrees_with_one_that_read_everything(
     ours: list[codec.Record], theirs: list[codec.Record], data: st.DataObject

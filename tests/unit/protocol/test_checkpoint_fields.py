@@ -11,6 +11,7 @@ from checkpoint_fixture import AS_OF, ENCODED, PER_RECORD, WRITER, full_state
 from fold_values import GROUP, HB, world_states
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.checkpoints import NoCheckpointRule, by_name, check_carried
@@ -42,7 +43,7 @@ def seeded(parts: list[codec.Checkpoint]) -> WorldState:
     return state
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world_states(), st.sampled_from([1, 2, 1000]))
 def test_every_field_a_checkpoint_carries_survives_writing_and_reading_it(state: WorldState, per_record: int) -> None:
     written = checkpoints.state_records(state, 0, AS_OF, WRITER, per_record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 from test_world_state_properties import GROUP, HB, logs
 from test_world_state_properties import fold_all as fold
 
@@ -23,7 +24,7 @@ def agree(a: WorldState, b: WorldState) -> None:
     assert a.checkpoints == b.checkpoints
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.data())
 def test_a_reader_seeded_from_a_checkpoint_agrees_with_one_that_read_everything(
     records: list[codec.Record], data: st.DataObject

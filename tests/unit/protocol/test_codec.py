@@ -15,6 +15,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.protocol import codec
@@ -64,7 +65,7 @@ VALID: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
-FUZZ = settings(max_examples=500, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(500), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def dumps(value: Any) -> bytes:

@@ -7,6 +7,7 @@ import copy
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 from test_world_state_properties import CLIENTS, GROUP, HB, STEPS, TOPICS, batched, fold_all, logs
 from test_world_view import group_view_by_scan, group_view_of, holdings_by_scan, release_requests_by_scan
 
@@ -16,7 +17,7 @@ from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.lists(st.sampled_from(STEPS), min_size=1, max_size=3), st.booleans())
 def test_a_copy_before_a_record_folds_it_as_the_state_would_and_leaves_the_state_as_it_was(
     log: list[codec.Record], lags: list[int], as_members_write: bool

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.protocol.health import (
     CallInFlight,
@@ -88,7 +89,7 @@ def test_samples_out_of_order_or_repeated_in_time_restart_the_baseline() -> None
     assert verdict is Verdict.KEEP and health.consume_rate is None
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_size=1, max_size=60))
 def test_a_worker_that_is_never_behind_is_never_released(steps: list[tuple[int, int]]) -> None:
     """Whatever arrives, a worker that has handled everything by each sample is kept."""
@@ -201,7 +202,7 @@ def test_falling_behind_is_judged_as_before_while_a_call_runs() -> None:
     assert Verdict.FALLING_BEHIND in judge(samples, POLICY)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.tuples(st.floats(0.01, 30.0), st.booleans(), st.integers(0, 3)), min_size=1, max_size=60),
     st.sampled_from([0.0, 5.0, 60.0]),

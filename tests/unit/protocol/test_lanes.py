@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.lanes import LaneError, Lanes, Ordering, Stage
@@ -199,7 +200,7 @@ def test_illegal_transitions_are_loud() -> None:
 # --------------------------------------------------------------- properties
 
 KEYS = [None, b"", b"a", b"b", b"c"]
-PROPERTY = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=examples(200), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass
@@ -351,7 +352,7 @@ def check(lanes: Lanes, model: Model) -> None:
             assert lanes.stage(offset) in (Stage.WAITING, Stage.READY)
 
 
-@settings(max_examples=50, deadline=None, database=None)
+@settings(max_examples=examples(50), deadline=None, database=None)
 @given(st.lists(st.sampled_from([b"hot"] * 8 + [b"x", b"y", None]), min_size=500, max_size=2000))
 def test_memory_stays_within_the_window_whatever_the_keys(keys: list[bytes | None]) -> None:
     """One stuck message and a flood of keys, hot or not: offers stop at the window, memory with them."""

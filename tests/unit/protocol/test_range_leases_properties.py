@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 from test_world_state_properties import garbage_values
 
 from marshal_workers.errors import DecodeError
@@ -630,7 +631,7 @@ def fold_all(records: list[codec.Record], state: WorldState | None = None) -> Wo
 # ------------------------------------------------------------------------------------------ properties
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(range_logs())
 def test_every_step_follows_the_rules_and_keeps_the_invariants(log: list[codec.Record]) -> None:
     """At every prefix: verdicts and state as the per-offset model says, no offset with two live holders,
@@ -670,7 +671,7 @@ def test_every_step_follows_the_rules_and_keeps_the_invariants(log: list[codec.R
         check(state, models, at)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(range_logs())
 def test_folding_the_same_log_twice_gives_equal_states(log: list[codec.Record]) -> None:
     first, second = fold_all(log), fold_all(log)
@@ -678,7 +679,7 @@ def test_folding_the_same_log_twice_gives_equal_states(log: list[codec.Record]) 
     assert fold([Entry(r, r.ts) for r in log], WorldState(GROUP, HB)) == first
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
     range_logs(),
     st.lists(st.one_of(garbage_values, RANGE_GARBAGE), min_size=1, max_size=20),
@@ -702,7 +703,7 @@ def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: l
     assert state.stats.garbage == len(garbage) + 1
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(range_logs(), st.data())
 def test_a_reader_seeded_from_a_checkpoint_agrees_with_one_that_read_everything(
     log: list[codec.Record], data: st.DataObject
@@ -784,7 +785,7 @@ def test_the_reference_model_and_the_fold_agree_on_a_hand_written_log_of_message
     assert model.is_done(2) and not model.is_done(6) and model.client_acked == {2}
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(range_logs(), st.data())
 def test_progress_from_anyone_but_the_holder_changes_nothing(log: list[codec.Record], data: st.DataObject) -> None:
     """Another member, or another instance of the holder's client, cannot mark a lease's offsets done."""
@@ -808,7 +809,7 @@ def test_progress_from_anyone_but_the_holder_changes_nothing(log: list[codec.Rec
     assert state.shared == before
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.integers(1, 200), st.data())
 def test_a_lapse_after_progress_gives_back_only_what_was_not_marked(size: int, data: st.DataObject) -> None:
     """Whatever the holder marked in steps before its lease lapsed: exactly the unmarked offsets get one try more

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.member_id import MemberId
@@ -71,7 +72,7 @@ def test_the_margin_is_a_tenth_of_the_lease_at_least_half_a_second() -> None:
     assert [safety_margin_ms(ms) for ms in (600, 2_000, 30_000, 120_000)] == [300, 500, 3_000, 12_000]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     lease_ms=st.sampled_from([1_000, 3_000, 30_000]),
     skew=st.integers(0, 499),
@@ -137,7 +138,7 @@ claims = st.lists(
 )  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     log=claims, want=st.integers(1, 6), idle=st.integers(0, 3), size=st.sampled_from([1, 7, 25, 100]),
     probe=st.sampled_from([1, 25]), later=st.integers(0, 4_000), seed=st.integers(0, 2**16), split=st.booleans(),

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.protocol import codec, done_set
@@ -95,7 +96,7 @@ def is_paused(state: WorldState, at: int) -> bool:
     return pause is not None and at < pause.until
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs())
 def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
     """Checked at every prefix: ownership moves only as the rules allow, so the
@@ -172,13 +173,13 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
             }
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs())
 def test_folding_the_same_log_twice_gives_equal_states(log: list[codec.Record]) -> None:
     assert fold_all(log) == fold_all(log)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs(), st.lists(garbage_values, min_size=1, max_size=30), st.randoms(use_true_random=False))
 def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: list[bytes], rnd: random.Random) -> None:
     values: list[bytes | None] = [codec.encode(r) for r in log]
@@ -197,7 +198,7 @@ def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: l
     assert state.stats.garbage == len(garbage) + 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs(), st.randoms(use_true_random=False))
 def test_readers_agree_whatever_order_they_fetch_the_coordination_partitions(
     log: list[codec.Record], rnd: random.Random
@@ -230,7 +231,7 @@ def test_readers_agree_whatever_order_they_fetch_the_coordination_partitions(
     assert first.controls == second.controls and first.topic_pauses == second.topic_pauses
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs())
 def test_records_of_other_groups_never_change_the_state(log: list[codec.Record]) -> None:
     noise = [codec.Claim(v=1, ts=r.ts, group="other", client="z", instance="z1", topic="orders", partition=0) for r in log]
@@ -282,7 +283,7 @@ def batched(records: list[codec.Record]) -> list[codec.Record]:
     return out
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.lists(st.integers(0, 2), min_size=1, max_size=6))
 def test_a_multi_partition_record_folds_exactly_as_its_entries_one_by_one(
     records: list[codec.Record], partitions: list[int]

@@ -8,6 +8,7 @@ import copy
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 from test_world_state import claim, heartbeat, release, release_group, world
 from test_world_state_properties import CLIENTS, GROUP, HB, STEPS, TOPICS, fold_all, logs
 
@@ -92,7 +93,7 @@ def test_a_member_that_claims_a_partition_after_asking_is_no_longer_asking() -> 
     assert state.askers(1600) == {MemberId("b", "b1")}
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.sampled_from(STEPS), st.sampled_from(CLIENTS))
 def test_free_partitions_answers_as_is_free_asked_of_each(log: list[codec.Record], later: int, who: tuple[str, str]) -> None:
     """A claim round asks free_partitions once (pause and drain checked once): the answer is is_free's, key by key."""
@@ -102,7 +103,7 @@ def test_free_partitions_answers_as_is_free_asked_of_each(log: list[codec.Record
     assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
        st.sampled_from(CLIENTS), st.booleans())  # fmt: skip
 def test_free_partitions_index_answers_as_the_scan_between_records(
@@ -156,7 +157,7 @@ def release_requests_by_scan(state: WorldState, owner: MemberId) -> frozenset[tu
     return frozenset(k for k, found in state.partitions.items() if found.release_requested and found.owner == owner)
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
        st.lists(st.sampled_from(CLIENTS), min_size=1, max_size=3))  # fmt: skip
 def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_records(

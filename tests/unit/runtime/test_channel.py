@@ -6,6 +6,7 @@ import multiprocessing
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 
 from marshal_workers.protocol import done_set
 from marshal_workers.runtime.channel import _DONE_SEQUENCE, Field, RangeSlot, Slot
@@ -49,7 +50,7 @@ def test_the_largest_done_set_fits() -> None:
     assert slot.read_done() == (0, tuple(runs))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     first=st.sets(st.integers(1, 300), max_size=60),
     more=st.sets(st.integers(1, 300), max_size=60),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 from worker_fakes import TOPIC, DeadLetters, FakeAlarm, FakeClock, FakeLink, admission_on, failures_on, records
 
 from marshal_workers import App, Message
@@ -27,7 +28,7 @@ def run_batches(link: FakeLink, handle: object, **options: object) -> tuple[Work
     return loop.run(), dead
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     count=st.integers(1, 40),
     batch_size=st.integers(1, 8),

@@ -12,6 +12,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 from worker_fakes import TOPIC, DeadLetters, FakeClock, FakeLink, failures_on, records
 
 from marshal_workers import App, Message
@@ -84,7 +85,7 @@ offsets_strategy = st.lists(st.integers(1, 3), min_size=1, max_size=30).map(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     offsets=offsets_strategy,
     concurrency=st.integers(2, 4),
@@ -115,7 +116,7 @@ def test_progress_and_the_done_set_never_cover_a_message_not_done_and_a_stop_rep
         assert done == set(offsets)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     offsets=offsets_strategy,
     concurrency=st.integers(2, 4),

@@ -9,6 +9,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from property_runs import examples
 from worker_fakes import TOPIC, DeadLetters, FakeAlarm, FakeClock, FakeLink, admission_on, failures_on, records
 
 from marshal_workers import App, Message
@@ -64,7 +65,7 @@ offsets_strategy = st.lists(st.integers(1, 3), min_size=1, max_size=40).map(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(offsets=offsets_strategy, data=st.data())
 def test_progress_never_passes_a_message_not_done_and_a_stop_reports_exactly_what_was_handled(
     offsets: list[int], data: Any
@@ -90,7 +91,7 @@ def test_progress_never_passes_a_message_not_done_and_a_stop_reports_exactly_wha
         assert max(o for _, o in script.calls) == stop_in, "nothing is begun after a stop"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     offsets=offsets_strategy,
     lease_calls=st.integers(0, 45),
@@ -117,7 +118,7 @@ def test_nothing_is_begun_on_a_lapsed_lease(offsets: list[int], lease_calls: int
         assert link.lapsed_waits, "the rest waits for the lease"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(offsets=offsets_strategy, lease_calls=st.integers(0, 20), data=st.data())
 def test_no_retry_begins_on_a_lapsed_lease(offsets: list[int], lease_calls: int, data: Any) -> None:
     """Failed messages are retried after a backoff (10 ms of the fake clock): a retry whose backoff ends past the
