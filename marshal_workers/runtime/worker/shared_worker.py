@@ -11,7 +11,9 @@ at least once) and which went to the dead-letter topic.
 
 A worker never handles a message once its lease's deadline has passed (the
 supervisor moves the deadline on as it renews the lease): past it, another
-worker may hold the range.
+worker may hold the range.  Before it gives a range up at the deadline, it
+reads the renewals waiting on its pipe (it reads the pipe between fetches, and
+a slow handler's fetch may outlast the deadline its range began with).
 
 What passes on the pipe (runtime/messages.py):
 
