@@ -250,18 +250,24 @@ def free_candidates(
             else:
                 found[partition] = [(start, max(min(start + size, end), start + 1), 0)]
             continue
-        live = state.live_leases(now_ms)
+        # The partition as the fold will have it when our claim is folded: the leases lapsed by ``now_ms`` lapsed,
+        # their offsets one try more (ALO) or done (AMO, lost), as free_ranges cuts them.  Counted from the folded
+        # state instead, a range of a lapsed lease's offsets would go out with a try too few: its messages
+        # delivered once more than max_deliveries before they are dead-lettered, ``msg.attempt`` one short.
+        view = state.as_of(now_ms)
+        assert view.low is not None  # set by the first claim; a lapse only moves it up
+        live = view.live_leases(now_ms)
         holders.update(lease.holder for lease in live)
         ranges = []
-        for start, stop in state.free_ranges(now_ms, end, size, want + 8):
-            tries = state.tries_in(start, stop)
+        for start, stop in view.free_ranges(now_ms, end, size, want + 8):
+            tries = view.tries_in(start, stop)
             ranges.append((start, stop, tries[0].count if tries else 0))
         if split and ranges:
-            ranges = split_ahead(state, live, ranges, end, size, want, now_ms)
+            ranges = split_ahead(view, live, ranges, end, size, want, now_ms)
         if not ranges and not live and idle > 0:
             idle -= 1
-            start = state.low
-            tries = state.tries_in(start, start + 1)
+            start = view.low  # past what a lapse made done: a claim below ``low`` is refused
+            tries = view.tries_in(start, start + 1)
             ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
         found[partition] = ranges
     return found, max(len(holders), 1), unknown

@@ -11,7 +11,9 @@ at least once) and which went to the dead-letter topic.
 
 A worker never handles a message once its lease's deadline has passed (the
 supervisor moves the deadline on as it renews the lease): past it, another
-worker may hold the range.
+worker may hold the range.  Before it gives a range up at the deadline, it
+reads the renewals waiting on its pipe (it reads the pipe between fetches, and
+a slow handler's fetch may outlast the deadline its range began with).
 
 What passes on the pipe (runtime/messages.py):
 
@@ -288,7 +290,7 @@ class SharedWorker:
         records: list[Any] = []
         errors: list[Any] = []
         while next_offset is not None and next_offset < leased.end:
-            if monotonic_ms() >= leased.deadline_ms:
+            if self._ran_out(leased):
                 return self._abandon(leased, next_offset)
             if (self.stopping or len(self.ranges) > 1) and self._at_end(leased.partition, next_offset, end_seen):
                 # Read to the partition's end inside the lease: don't wait there for messages while a stop or
@@ -336,11 +338,10 @@ class SharedWorker:
                 if offset >= end:
                     return end
                 if due[0]:  # the lease's deadline or the next progress report is near: look at the clock
-                    now = monotonic_ms()
-                    if now >= leased.deadline_ms:
+                    if self._ran_out(leased):
                         self._abandon(leased, offset)
                         return None
-                    if now >= self._next_progress_ms:
+                    if monotonic_ms() >= self._next_progress_ms:
                         self._report_progress(leased, next_offset)
                         self._arm(leased)
                 try:
@@ -399,13 +400,24 @@ class SharedWorker:
                 # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
                 self._leave_at_the_end(leased, offset)
                 return None, end_seen
-            if monotonic_ms() >= leased.deadline_ms:
+            if self._ran_out(leased):
                 self._abandon(leased, offset)
                 return None, end_seen
             self._handle_message(handler, leased, record)
             next_offset = offset + 1
             self._progressed(leased, next_offset)
         return next_offset, end_seen
+
+    def _ran_out(self, leased: WorkerRange) -> bool:
+        """Whether ``leased``'s deadline has passed, renewals included: past the deadline it knows, the worker reads
+        its pipe first.  The pipe is read between fetches, and a fetch's messages are handled without reading it
+        (up to _FETCH_MOST of them: seconds of a slow handler's work, longer than a short lease), so a renewal its
+        supervisor confirmed in time may be waiting there; without it the worker abandoned a lease its supervisor
+        held, and the offsets handled since the last progress record were handled again."""
+        if monotonic_ms() < leased.deadline_ms:
+            return False
+        self._read_pipe(wait=0)  # Renewed moves leased.deadline_ms on (and re-arms the alarm)
+        return monotonic_ms() >= leased.deadline_ms
 
     def _arm(self, leased: WorkerRange) -> None:
         """Raise the alarm near the lease's deadline or the next progress report, whichever comes first."""

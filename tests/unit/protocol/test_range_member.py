@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from property_runs import examples
 
@@ -143,6 +143,17 @@ claims = st.lists(
     log=claims, want=st.integers(1, 6), idle=st.integers(0, 3), size=st.sampled_from([1, 7, 25, 100]),
     probe=st.sampled_from([1, 25]), later=st.integers(0, 4_000), seed=st.integers(0, 2**16), split=st.booleans(),
 )  # fmt: skip
+# [60,100) failed once and [100,101)'s lease lapsed by ``now``: the fold gives [60,101) one try each, one range
+# (a check that left the lapse out saw 40 offsets of one try and one of none).
+@example(
+    log=[(OTHERS[0], 1, 60, 40, 3_000, "fail", 0), (OTHERS[0], 1, 100, 1, 1, "hold", 0)], want=1, idle=0, size=100,
+    probe=1, later=1, seed=2, split=False,
+)  # fmt: skip
+# A range of nothing but a lapsed lease's offsets: delivered once, so one try (the member said none: counted from
+# the folded state, without the lapse, its messages would have been dead-lettered a delivery late).
+@example(
+    log=[(OTHERS[0], 1, 100, 1, 1, "hold", 0)], want=4, idle=0, size=100, probe=1, later=1, seed=2, split=False
+)  # fmt: skip
 def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_all(
     log: list[tuple[MemberId, int, int, int, int, str, int]], want: int, idle: int, size: int, probe: int, later: int,
     seed: int, split: bool,
@@ -178,7 +189,9 @@ def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_al
         others = [w for w in choice.ranges if w is not wanted and w.partition == wanted.partition]
         assert not any(w.start < wanted.end and wanted.start < w.end for w in others), "two ranges overlap"
         if state is not None:
-            tries = state.tries_in(wanted.start, wanted.end)  # as free_candidates counts them
+            # As the fold will count them when the claim is folded: the leases lapsed by ``now`` give their offsets
+            # one try more.
+            tries = state.tries_in(wanted.start, wanted.end, now)
             assert all(t.count == wanted.tries for t in tries) and (
                 not wanted.tries or sum(t.end - t.start for t in tries) == wanted.end - wanted.start
             ), f"{wanted} mixes offsets of different tries"
@@ -186,6 +199,20 @@ def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_al
         record = member.claim(fields(US, now), choice.ranges)
         assert fold(world, record, now) == [True] * len(choice.ranges), "the fold refused a range asked for"
         assert member.won(choice.ranges, [True] * len(choice.ranges)) == choice.ranges
+
+
+def test_an_idle_worker_waits_past_what_a_lapsed_at_most_once_lease_lost() -> None:
+    """An at-most-once lease lapsed by ``now``, not yet in the fold: its offsets are lost (done), so an idle worker's
+    one-offset range at the partition's end starts past them, where the fold accepts it (not at the folded
+    low-water mark, below the one the lapse moves up)."""
+    world = WorldState(GROUP, 1000)
+    entry = codec.RangeEntry(partition=1, offset=0, end=10)
+    assert fold(world, codec.ClaimRanges(**fields(OTHERS[0], 1_000), topic=TOPIC, lease_ms=1, amo=True,
+                                          ranges=(entry,)), 1_000) == [True]  # fmt: skip
+    member = RangeMember(TOPIC, 30_000)
+    choice = member.choose(world, {1: 10}, {}, 1_001, 100, 1, 1, random.Random(1))
+    assert choice.ranges == [WantedRange(1, 10, 11, 0)]
+    assert fold(world, member.claim(fields(US, 1_001), choice.ranges), 1_001) == [True]
 
 
 def test_a_partition_never_leased_is_looked_up_before_anything_is_asked() -> None:

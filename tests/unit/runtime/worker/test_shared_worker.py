@@ -4,15 +4,17 @@ it is told (RangeLeased, Renewed, Stop) and what it answers (Started, RangeProgr
 messages of runtime/messages.py; a test asserts which messages were handled and what the supervisor heard.
 
 Deadlines are on the real monotonic clock: far ahead for a lease that holds, already past for one that does not;
-no test waits for time to pass.
+no test waits for time to pass but one, whose handler waits past a deadline its lease began with (half a second).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pytest
 from worker_fakes import TOPIC, DeadLetters, FakeConsumer, RecordingHandler, edges_for
 
 from marshal_workers import App
@@ -211,6 +213,48 @@ def test_a_renewal_that_comes_before_the_range_begins_keeps_it(to_close: list[An
 
     assert handler.handled == [0, 1, 2, 3, 4]
     assert run.heard()[-1] == Settled(0, 0, 5, (), (), handled=5, high=5)
+
+
+class RenewedInHand(RecordingHandler):
+    """Once the worker is up (its first message), tells it a lease on [1, 10) whose deadline is half a second away;
+    at that range's first message, renews the lease (as its supervisor does, on the pipe) and waits past that
+    deadline: the rest of the range's one fetch is handled past the deadline the range began with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run: Run | None = None
+        self.deadline_ms = 0
+
+    def handle(self, msg: Any) -> None:
+        super().handle(msg)
+        assert self.run is not None
+        if msg.offset == 0:
+            self.deadline_ms = monotonic_ms() + 500
+            self.run.tell(RangeLeased(0, 1, 10, self.deadline_ms, 0))
+        elif msg.offset == 1:
+            self.run.tell(Renewed(0, 1, holds()))
+            time.sleep((self.deadline_ms - monotonic_ms() + 20) / 1000)
+
+
+@pytest.mark.parametrize("options", [{}, {"max_age": "3650d"}], ids=["plain messages", "with an age limit"])
+def test_a_renewal_that_comes_while_a_fetch_is_handled_keeps_the_range(
+    to_close: list[Any], options: dict[str, Any]
+) -> None:
+    """A fetch's messages are handled without a look at the pipe: a slow handler's fetch may outlast the deadline
+    its range began with, while the supervisor renews the lease.  The worker reads the renewal before it gives the
+    range up (it used to abandon it: the lease lapsed, and what was handled since the last progress record was
+    handled again by the next holder)."""
+    handler = RenewedInHand()
+    run = start(to_close, app_for(handler, **options), range(10), at_end)
+    handler.run = run
+    run.tell(RangeLeased(0, 0, 1, holds(), 0))
+
+    assert run.run() is WorkerExit.STOPPED
+
+    assert handler.handled == list(range(10)), "the renewed range handled to its end"
+    heard = run.heard()
+    assert not any(isinstance(message, Abandoned) for message in heard), heard
+    assert heard[-1] == Settled(0, 1, 10, (), (), handled=9, high=10)
 
 
 def test_a_stop_finishes_the_range_in_hand_and_gives_back_the_ranges_not_begun(to_close: list[Any]) -> None:
