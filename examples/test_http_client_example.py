@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.kafka.coordination_reader import read_group_state
 
 SCRIPT = Path(__file__).with_name("http_client.sh")
 TOKEN = "example-token"

@@ -40,7 +40,7 @@ from marshal_workers.handlers.hooks import run_hooks
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
 from marshal_workers.handlers.models import check_serializer
 from marshal_workers.handlers.serializers import is_model_value
-from marshal_workers.kafka.dead_letters import letter_headers, traceback_text
+from marshal_workers.kafka.dead_letter_writer import letter_headers, traceback_text
 from marshal_workers.protocol.dead_letter_groups import for_another_group, origin_headers
 
 __all__ = ["AppRun", "FakeRecord", "HandlerResult", "SentMessage", "make_message", "run_app", "run_handler"]

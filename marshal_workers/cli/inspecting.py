@@ -25,7 +25,7 @@ from marshal_workers.errors import ConfigError
 @reports_errors
 def status(config_file: str | None, topic: str | None, as_json: bool, autoscale: bool, **options: Any) -> None:
     """Show the world state of a group: owner, offset and liveness of each partition."""
-    from marshal_workers.kafka.coordination_log import read_group_state
+    from marshal_workers.kafka.coordination_reader import read_group_state
     from marshal_workers.kafka.kafka_clients import admin_client, require_topic
     from marshal_workers.observe.status import render_table, status_document
     from marshal_workers.ops.admin import unknown_group

@@ -137,7 +137,7 @@ def admin_set_position(
     **options: Any,
 ) -> None:
     """Move the group on a topic: pause it, set the positions, resume it."""
-    from marshal_workers.kafka.positions import Bound
+    from marshal_workers.kafka.partition_positions import Bound
     from marshal_workers.ops.admin import set_position
 
     given = [offset is not None, earliest, latest, timestamp is not None]
@@ -171,7 +171,7 @@ _DLQ_GROUP = click.option(
 @reports_errors
 def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any) -> None:
     """Summarise TOPIC.dlq by error type: how many, oldest and newest, where they came from; and by group."""
-    from marshal_workers.kafka.dead_letter_topic import Tally, read_dead_letters
+    from marshal_workers.kafka.dead_letter_reader import Tally, read_dead_letters
     from marshal_workers.observe.status import utc_text
 
     settings = configure(config_file, **options)
@@ -215,7 +215,7 @@ def dlq_redrive(
 ) -> None:  # fmt: skip
     """Send dead letters of TOPIC.dlq back (each once, without the error headers), each for the group that wrote
     it only; checks everything first."""
-    from marshal_workers.kafka.dead_letter_topic import read_dead_letters
+    from marshal_workers.kafka.dead_letter_reader import read_dead_letters
     from marshal_workers.ops.dlq import choose, redrive, targets
 
     settings = configure(config_file, **options)
@@ -301,7 +301,7 @@ def _key_value(item: str, option: str) -> tuple[str, str]:
 
 def _parse_timestamp(text: str, option: str = "--timestamp") -> int:
     """A time option: ms since epoch, or ISO 8601 (UTC if no zone)."""
-    from marshal_workers.kafka.positions import iso_time_ms
+    from marshal_workers.kafka.partition_positions import iso_time_ms
 
     if text.isdigit():
         return int(text)

@@ -33,7 +33,7 @@ KAFKA_BINDING_VERSION = "0.5.0"
 _REF = "#/components/schemas/{name}"
 _CONTENT_TYPES = {"json": "application/json", "msgpack": "application/msgpack"}
 _MODES = {"alo": "at least once", "amo": "at most once"}
-# What a dead letter carries besides the original message's own headers (kafka/dead_letters.py writes them).
+# What a dead letter carries besides the original message's own headers (kafka/dead_letter_writer.py writes them).
 DEAD_LETTER_HEADERS = {
     "error": "repr() of the error, at most 2,000 characters",
     "error_type": "the error's class name, e.g. ValueError or PayloadError",

@@ -17,7 +17,7 @@ the decisions are made here, once:
 * the counts for the metrics (handler_outcomes.py).
 
 Pure: offsets, errors and try numbers in, a :class:`Decision` out.  No Kafka, no clock, no log: the runners log a
-decision with failure_logs.log_decision and write dead letters with kafka/dead_letters.py.
+decision with failure_logs.log_decision and write dead letters with kafka/dead_letter_writer.py.
 """
 
 from __future__ import annotations

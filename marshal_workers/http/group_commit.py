@@ -40,8 +40,8 @@ from enum import Enum
 from typing import Any, Protocol
 
 from marshal_workers.errors import CoordinationWriteError
-from marshal_workers.kafka.coordination_log import drain
-from marshal_workers.kafka.coordinator import PendingWrite
+from marshal_workers.kafka.coordination_reader import drain
+from marshal_workers.kafka.coordination_writer import PendingWrite
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import per_entry
 

@@ -15,9 +15,9 @@ from typing import Any
 from confluent_kafka import KafkaError, TopicPartition
 
 from marshal_workers.core.logs import ContextLog
-from marshal_workers.http.held_range import HeldRange, covering
 from marshal_workers.http.read_ahead import ReadAhead
 from marshal_workers.http.serve_counters import ServeCounters
+from marshal_workers.http.served_lease import ServedLease, covering
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 
@@ -27,7 +27,7 @@ FETCH_MOST = 500
 class RangeReader:
     """Reads the messages of one served topic's held ranges (shared with the ServedTopic, under its lock)."""
 
-    def __init__(self, topic: str, group: str, ranges: dict[tuple[int, int], HeldRange], lock: threading.Lock,
+    def __init__(self, topic: str, group: str, ranges: dict[tuple[int, int], ServedLease], lock: threading.Lock,
                  counters: ServeCounters, log: ContextLog) -> None:  # fmt: skip
         self.topic = topic
         self.log = log
@@ -39,7 +39,7 @@ class RangeReader:
         self.fetched_high: dict[int, int] = {}  # partition -> its end as fetches saw it
         self._ahead = ReadAhead()  # messages read past the held ranges, for the next ones claimed (read_ahead.py)
 
-    def take_ahead(self, held: HeldRange) -> None:
+    def take_ahead(self, held: ServedLease) -> None:
         """A range just claimed takes what was read of it already: no fetch before its first read.  Under the
         lock."""
         taken = self._ahead.take(held.partition, held.start, held.end)

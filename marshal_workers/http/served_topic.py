@@ -24,7 +24,7 @@ runs the group commit of their records (group_commit.py).  A lock guards the
 local mirror of the held ranges; the fold is the judge of every verdict.
 
 The parts, each in its module: a held range and what the server knows of its
-messages (held_range.py), when to lease more (lease_ahead.py), the reading of
+messages (served_lease.py), when to lease more (lease_ahead.py), the reading of
 the held ranges from Kafka (range_reader.py), acks and cancels
 (settlements.py); the lease decisions are the shared pool's
 (protocol/range_member.py), and operators' orders are obeyed as a supervisor
@@ -46,27 +46,26 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
-from marshal_workers.http.held_range import HeldRange, given_back
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
 from marshal_workers.http.lease_ahead import READERS_RECENT_S, HandOutRate, ranges_wanted
 from marshal_workers.http.range_reader import RangeReader
 from marshal_workers.http.serve_counters import ServeCounters
+from marshal_workers.http.served_lease import ServedLease, given_back
 from marshal_workers.http.settlements import Settlement, Settlements, log_may_lag, settlement
 from marshal_workers.kafka import client_profiles
-from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.kafka.dead_letters import DeadLetterWriter, letter_headers
+from marshal_workers.kafka.committed_offsets import OffsetStore, PartitionEnds
+from marshal_workers.kafka.coordination_writer import Coordinator
+from marshal_workers.kafka.dead_letter_writer import DeadLetterWriter, letter_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client
 from marshal_workers.kafka.metadata_refresh import MetadataRefresh
-from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.member.obeying import Held, obey
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.partition_end import partition_end
-from marshal_workers.protocol.range_leases import Holder
 from marshal_workers.protocol.range_member import RangeMember, cancel_entry, handled_entry
 from marshal_workers.protocol.world_state import WorldState, per_entry
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import monotonic_ms
 
 _log = logging.getLogger(__name__)
@@ -105,7 +104,7 @@ class ServedTopic:
         self.topic = options.topic
         self.log = group_log(_log, settings.require_group())
         self.counters = ServeCounters()
-        self.ranges: dict[tuple[int, int], HeldRange] = {}
+        self.ranges: dict[tuple[int, int], ServedLease] = {}
         self.lock = threading.Lock()
         self.stopping = False
         self.partition_count = 0
@@ -131,7 +130,7 @@ class ServedTopic:
         self._rng = random.Random()
         self._stop_loop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._holder: Holder | None = None
+        self._holder: MemberId | None = None
         self._group_commit: GroupCommit | None = None
         self._metadata: MetadataRefresh | None = None  # the topic's partition count, followed (_follow_partitions)
         self._reader = RangeReader(self.topic, settings.require_group(), self.ranges, self.lock, self.counters, self.log)
@@ -158,7 +157,7 @@ class ServedTopic:
         self.partition_count = len(found.partitions)
         self._metadata = MetadataRefresh(admin_client(self.settings), self.settings, self.log)
         self._coordinator = Coordinator(self.settings).start()
-        self._holder = Holder(self._coordinator.client, self._coordinator.instance)
+        self._holder = MemberId(self._coordinator.client, self._coordinator.instance)
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
@@ -254,7 +253,7 @@ class ServedTopic:
         written.add_done_callback(lambda done: answered.set_result(self._answer_written(picked, done, now, wall)))
         return answered
 
-    def _answer_written(self, picked: list[tuple[HeldRange, int, bool]], written: asyncio.Future[list[bool]], since_ms: int,
+    def _answer_written(self, picked: list[tuple[ServedLease, int, bool]], written: asyncio.Future[list[bool]], since_ms: int,
                         since_wall: int) -> list[dict[str, Any]]:  # fmt: skip
         """The messages the log accepted as handed out (a write not confirmed: none; the read goes on waiting)."""
         verdicts = written.result() if written.exception() is None else [False] * len(picked)
@@ -269,9 +268,9 @@ class ServedTopic:
                     self.counters.refused += 1
         return answer
 
-    def _pick(self, most: int, now: int) -> list[tuple[HeldRange, int, bool]]:
+    def _pick(self, most: int, now: int) -> list[tuple[ServedLease, int, bool]]:
         """Up to ``most`` messages to hand out, reserved: (range, offset, never handed out under this lease)."""
-        picked: list[tuple[HeldRange, int, bool]] = []
+        picked: list[tuple[ServedLease, int, bool]] = []
         with self.lock:
             for held in sorted(self.ranges.values(), key=lambda r: (r.partition, r.start)):
                 if len(picked) >= most:
@@ -282,7 +281,7 @@ class ServedTopic:
                     picked.append((held, offset, offset not in held.handed))
         return picked
 
-    def _handed_out(self, held: HeldRange, offset: int, since_ms: int, since_wall: int) -> dict[str, Any]:
+    def _handed_out(self, held: ServedLease, offset: int, since_ms: int, since_wall: int) -> dict[str, Any]:
         """A reserved message is out with a client from ``since_ms`` (monotonic; ``since_wall`` the wall clock's ms)
         until the pending timeout: its answer.  Under the lock."""
         held.handed_until(offset, since_ms + self.options.pending_ms)
@@ -298,18 +297,18 @@ class ServedTopic:
             stamp if kind != 0 else None, since_wall + self.options.pending_ms, held.tries + held.handed[offset],
         )  # fmt: skip
 
-    def _write_hand_outs(self, picked: list[tuple[HeldRange, int]], entries: list[codec.MessageEntry]) -> None:
+    def _write_hand_outs(self, picked: list[tuple[ServedLease, int]], entries: list[codec.MessageEntry]) -> None:
         """Queue the hand-outs answered already; their verdicts come back on the event loop."""
         self._commit.submit(Kind.DELIVER, entries, linger=True).add_done_callback(
             lambda done: self._hand_outs_written(picked, done)
         )
 
-    def _hand_outs_written(self, picked: list[tuple[HeldRange, int]], done: asyncio.Future[list[bool]]) -> None:
+    def _hand_outs_written(self, picked: list[tuple[ServedLease, int]], done: asyncio.Future[list[bool]]) -> None:
         """Hand-outs answered before their record: confirmed, refused (our lease had lapsed in the log: another
         member may hand them out; at least once allows it), or not written (tried again while the lease lasts)."""
         error = done.exception()
         now = monotonic_ms()
-        again: list[tuple[HeldRange, int]] = []
+        again: list[tuple[ServedLease, int]] = []
         with self.lock:
             verdicts = done.result() if error is None else [None] * len(picked)
             for (held, offset), accepted in zip(picked, verdicts):
@@ -418,7 +417,7 @@ class ServedTopic:
         taken); ``admin shutdown``: stop as on SIGTERM.  The orders a supervisor obeys, obeyed as it does
         (member/obeying.py): this server is a member with one shared topic and no whole partition."""
         assert self._holder is not None
-        me = Owner(self._holder.client, self._holder.instance)
+        me = MemberId(self._holder.client, self._holder.instance)
         now_ms = self.coordinator.now_ms()
         orders = self.coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
         obey(orders, (self.topic,), (), self)
@@ -500,7 +499,7 @@ class ServedTopic:
         """Messages handed out ``max_deliveries`` times (counting earlier leases) and not acked, once their last
         pending time is over: to the dead-letter topic, so their range can be settled."""
         now = monotonic_ms()
-        todo: list[tuple[HeldRange, int, Any]] = []
+        todo: list[tuple[ServedLease, int, Any]] = []
         with self.lock:
             for held in self.ranges.values():
                 for offset, message in held.messages.items():
@@ -534,8 +533,8 @@ class ServedTopic:
         """Ack the ranges that are complete; give back those no client holds a message of when stopping, or when
         no reader has wanted them for a while (so another server, or a Python worker, may serve them)."""
         now = monotonic_ms()
-        acks: list[HeldRange] = []
-        give_back: list[HeldRange] = []
+        acks: list[ServedLease] = []
+        give_back: list[ServedLease] = []
         with self.lock:
             for held in self.ranges.values():
                 if held.settling:
@@ -563,7 +562,7 @@ class ServedTopic:
             record = member.cancels(self.coordinator.record_fields(), [cancel_entry(h) for h in cancels])
             self._write_settlement(record, cancels, "ranges_cancelled")
 
-    def _write_settlement(self, record: codec.Record, held: list[HeldRange], counter: str) -> None:
+    def _write_settlement(self, record: codec.Record, held: list[ServedLease], counter: str) -> None:
         try:
             verdicts = per_entry(self.coordinator.write([record])[0], len(held))
         except CoordinationWriteError:
@@ -650,7 +649,7 @@ class ServedTopic:
             self.counters.ranges_refused += len(picked) - len(won)
             self.counters.ranges_claimed += len(won)
             for partition, start, end, tries in won:
-                held = self.ranges[(partition, start)] = HeldRange(partition, start, end, tries, deadline, start)
+                held = self.ranges[(partition, start)] = ServedLease(partition, start, end, tries, deadline, start)
                 self._reader.take_ahead(held)
 
     # --------------------------------------------------------------- status

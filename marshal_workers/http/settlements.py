@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from marshal_workers.http.group_commit import GroupCommit, Kind
-from marshal_workers.http.held_range import HeldRange, covering
 from marshal_workers.http.http_messages import BadRequest, MessageId
 from marshal_workers.http.serve_counters import ServeCounters
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.http.served_lease import ServedLease, covering
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.range_leases import SharedPartition
 from marshal_workers.protocol.world_state import WorldState
@@ -68,7 +68,7 @@ class Settlements:
     It shares the served topic's held ranges, their lock and its counters; ``coordinator`` and ``commit`` give the
     served topic's coordinator and group commit, which exist once it has started."""
 
-    def __init__(self, ranges: dict[tuple[int, int], HeldRange], lock: threading.Lock, counters: ServeCounters,
+    def __init__(self, ranges: dict[tuple[int, int], ServedLease], lock: threading.Lock, counters: ServeCounters,
                  coordinator: Callable[[], Coordinator], commit: Callable[[], GroupCommit]) -> None:  # fmt: skip
         self._ranges = ranges
         self._lock = lock

@@ -166,7 +166,7 @@ def split_reader(settings: Settings) -> dict[str, Any]:
 
 
 def position_reader(settings: Settings) -> dict[str, Any]:
-    """A look-up of positions (kafka/positions.py: bounds, offsets for a time, first records)."""
+    """A look-up of positions (kafka/partition_positions.py: bounds, offsets for a time, first records)."""
     # Its reader catches up first (guarded_consumer.CATCH_UP_WAIT_MS), reading only records that are there; once it
     # tails, the embedded broker holds a fetch that finds nothing for its whole wait, so a probe past a partition's
     # end costs that wait: a short one.
@@ -198,7 +198,7 @@ def _reader(settings: Settings, purpose: str) -> dict[str, Any]:
 
 
 def offset_keeper(settings: Settings, on_commit: Callable[[KafkaError | None, list[Any]], None]) -> dict[str, Any]:
-    """The supervisor's client of the group's committed offsets (kafka/offsets.py): it reads them (where a partition
+    """The supervisor's client of the group's committed offsets (kafka/committed_offsets.py): it reads them (where a partition
     never claimed starts) and commits progress as a backup of the coordination log; ``on_commit`` hears how each
     commit went."""
     return client_config(
@@ -223,7 +223,7 @@ def output_producer(settings: Settings) -> dict[str, Any]:
 
 
 def dead_letter_producer(settings: Settings) -> dict[str, Any]:
-    """A worker's producer of dead letters (kafka/dead_letters.py)."""
+    """A worker's producer of dead letters (kafka/dead_letter_writer.py)."""
     return _idempotent_producer(settings)
 
 
@@ -249,7 +249,7 @@ def demo_producer(settings: Settings) -> dict[str, Any]:
 
 
 def admin(settings: Settings) -> dict[str, Any]:
-    """An admin client (metadata, topic creation, ListOffsets; kafka/kafka_clients.py, kafka/offsets.py)."""
+    """An admin client (metadata, topic creation, ListOffsets; kafka/kafka_clients.py, kafka/committed_offsets.py)."""
     return client_config(settings, "admin")
 
 

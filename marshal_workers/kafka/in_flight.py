@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from marshal_workers.errors import CoordinationWriteError
-from marshal_workers.kafka.coordinator import Coordinator, PendingWrite
+from marshal_workers.kafka.coordination_writer import Coordinator, PendingWrite
 from marshal_workers.protocol import codec
 
 OnVerdicts = Callable[[list[bool]], None]

@@ -17,8 +17,8 @@ from marshal_workers.member.shell import Log, OnFailure, OnVerdicts, Quiet
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.checkpoint_schedule import CheckpointSchedule
 from marshal_workers.protocol.checkpoints import due, state_records
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 T = TypeVar("T")
 
@@ -59,7 +59,7 @@ class CheckpointWriting:
     """One member's checkpoints: the looks for those due from it, and their writes."""
 
     def __init__(
-        self, me: Owner, shell: CheckpointShell, heartbeat_s: float, interval_ms: int, log: Log | None = None
+        self, me: MemberId, shell: CheckpointShell, heartbeat_s: float, interval_ms: int, log: Log | None = None
     ) -> None:
         """``interval_ms``: the checkpoint interval (0: this member writes none)."""
         self.me = me

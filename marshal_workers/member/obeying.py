@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import Generic, Protocol, TypeVar
 
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.orders import Key, Orders, orders_for
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 
 class Held(Protocol):
@@ -98,7 +98,7 @@ class OrdersShell(Protocol[H]):
 class Obeying(Generic[H]):
     """One member's looks at the orders about it, every HB/2."""
 
-    def __init__(self, me: Owner, started_ms: int, look_every_s: float, shared_topics: Collection[str],
+    def __init__(self, me: MemberId, started_ms: int, look_every_s: float, shared_topics: Collection[str],
                  shell: OrdersShell[H]) -> None:  # fmt: skip
         """``started_ms``: the member's wall clock at its start (an order to shut down before it is not for
         it); ``look_every_s``: HB/2; ``shared_topics``: its shared topics (a drain holds them all back)."""

@@ -35,8 +35,8 @@ from marshal_workers.member.shell import Log, OnFailure, OnVerdicts, Quiet, Read
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.claiming import ClaimingPolicy, ClaimingSettings, HealthCall, lease_until
 from marshal_workers.protocol.health import HealthPolicy, PartitionHealth, Sample
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 Key = tuple[str, int]
 Position = tuple[int, list[done_set.Range]]  # where a partition resumes, and the done ranges above it
@@ -161,7 +161,7 @@ class PartitionHolding(Generic[H]):
 
     def __init__(
         self,
-        me: Owner,
+        me: MemberId,
         settings: ClaimingSettings,
         rng: random.Random,
         held: dict[Key, H],

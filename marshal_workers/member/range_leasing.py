@@ -1,10 +1,10 @@
 """A member's range leases on one shared topic: what it claims, renews, settles and reports, and in what order.
 
 A supervisor's shared pool (runtime/supervisor/shared_pool.py) keeps its shared workers supplied with leased
-ranges; a simulated member (simulation/range_pool_sim.py) does the same with simulated workers.  Both drive this
+ranges; a simulated member (simulation/simulated_shared_workers.py) does the same with simulated workers.  Both drive this
 object, so both take the same steps (docs/shared-partitions.md):
 
-* claim: ``claim_ranges`` for the free ranges the fold shows, for the workers that want more (protocol/range_pool.py's
+* claim: ``claim_ranges`` for the free ranges the fold shows, for the workers that want more (protocol/worker_supply.py's
   ``claim_ask``), unless the member is stopping, a claim is in flight, or an operator holds the topic back; the
   ranges won go to the workers (``assign_won``), the rest back (``cancel_ranges``);
 * renew: ``renew_ranges`` every third of the lease, for the leases whose deadline has not passed;
@@ -12,7 +12,7 @@ object, so both take the same steps (docs/shared-partitions.md):
   written again, unless the member has made its last tries (past its shutdown timeout);
 * progress: ``progress_ranges`` every ``PROGRESS_EVERY_S`` for the ranges in hand that moved on.
 
-The decisions are range_member.py's and range_pool.py's; this object sequences them.  It reads no clock (``now``
+The decisions are range_member.py's and worker_supply.py's; this object sequences them.  It reads no clock (``now``
 comes in), writes nothing itself and talks to no process: it hands its records and its news for the workers to
 the :class:`LeasingShell` it is given, and the shell hands back the verdicts.
 """
@@ -26,18 +26,18 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from marshal_workers.member.shell import Log, OnFailure, OnVerdicts, Quiet
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
-from marshal_workers.protocol.range_member import RangeMember, Wanted, cancel_entry, crashed_entry, handled_entry
-from marshal_workers.protocol.range_pool import (
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_member import RangeMember, WantedRange, cancel_entry, crashed_entry, handled_entry
+from marshal_workers.protocol.range_sizing import RangeSizing
+from marshal_workers.protocol.worker_supply import (
     PROGRESS_EVERY_S,
-    LeasedRange,
+    PoolLease,
     PoolWorker,
     ProgressReport,
     assign_won,
     claim_ask,
     renew_every_s,
 )  # fmt: skip
-from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.world_state import WorldState, per_entry
 
 W = TypeVar("W", bound=PoolWorker)
@@ -48,7 +48,7 @@ T = TypeVar("T")
 class LeasingShell(Protocol[W_contra]):
     """What the core needs of the member around it: its fold, its writes, its workers."""
 
-    def holder(self) -> Holder:
+    def holder(self) -> MemberId:
         """The member (client, instance) whose leases these are."""
         ...
 
@@ -76,19 +76,19 @@ class LeasingShell(Protocol[W_contra]):
         """Write ``records``; the fold's verdicts (or the failure) come back later through the callbacks."""
         ...
 
-    def leased(self, worker: W_contra, leased: LeasedRange) -> None:
+    def leased(self, worker: W_contra, leased: PoolLease) -> None:
         """``leased`` was won and is now the last of ``worker``'s leases: tell the worker."""
         ...
 
-    def renewed(self, worker: W_contra, leased: LeasedRange) -> None:
+    def renewed(self, worker: W_contra, leased: PoolLease) -> None:
         """``leased``'s renewal was confirmed: its deadline moved on."""
         ...
 
-    def dropped(self, worker: W_contra, leased: LeasedRange) -> None:
+    def dropped(self, worker: W_contra, leased: PoolLease) -> None:
         """``leased`` left ``worker``'s leases (settled, given back, abandoned or lapsed)."""
         ...
 
-    def progress_of(self, worker: W_contra, leased: LeasedRange) -> int:
+    def progress_of(self, worker: W_contra, leased: PoolLease) -> int:
         """How far ``leased`` is done: every offset below it but its failed ones."""
         ...
 
@@ -162,7 +162,7 @@ class RangeLeasing(Generic[W]):
 
     # ------------------------------------------------------- workers' news
 
-    def settled(self, worker: W, leased: LeasedRange, end: int, failed: Sequence[int], dead: Sequence[int],
+    def settled(self, worker: W, leased: PoolLease, end: int, failed: Sequence[int], dead: Sequence[int],
                 high: int | None, messages: int, busy_ms: float, now: float) -> None:  # fmt: skip
         """``worker`` is done with ``leased`` up to ``end`` (``messages`` of them in ``busy_ms``): ack it."""
         self.sizing.observe(worker.index, messages, busy_ms, now)
@@ -170,12 +170,12 @@ class RangeLeasing(Generic[W]):
         self._drop(worker, leased)
         worker.settled_at = (leased.partition, end)
 
-    def returned(self, worker: W, leased: LeasedRange) -> None:
+    def returned(self, worker: W, leased: PoolLease) -> None:
         """``worker`` gives ``leased`` back untried."""
         self.cancels.append(cancel_entry(leased))
         self._drop(worker, leased)
 
-    def abandoned(self, worker: W, leased: LeasedRange) -> None:
+    def abandoned(self, worker: W, leased: PoolLease) -> None:
         """``leased`` ran out while ``worker`` handled it: it lapses in the log (handled again, or lost at most
         once)."""
         self.counters.abandoned += 1
@@ -198,7 +198,7 @@ class RangeLeasing(Generic[W]):
         for leased in list(worker.leases):
             self._drop(worker, leased)
 
-    def _drop(self, worker: W, leased: LeasedRange) -> None:
+    def _drop(self, worker: W, leased: PoolLease) -> None:
         worker.leases.remove(leased)
         self.shell.dropped(worker, leased)
 
@@ -227,7 +227,7 @@ class RangeLeasing(Generic[W]):
         self._submit("range claim", record, lambda verdicts: self._after_claim(picked, verdicts, now_ms),
                      self._claim_failed)  # fmt: skip
 
-    def _after_claim(self, picked: list[Wanted], verdicts: Sequence[bool], written_ms: int) -> None:
+    def _after_claim(self, picked: list[WantedRange], verdicts: Sequence[bool], written_ms: int) -> None:
         self.claiming = False
         member = self.member
         won = member.won(picked, verdicts)
@@ -235,8 +235,8 @@ class RangeLeasing(Generic[W]):
         self.counters.refused += len(picked) - len(won)
         deadline = member.deadline(written_ms)
 
-        def place(worker: W, wanted: Wanted) -> None:
-            leased = LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries, deadline)
+        def place(worker: W, wanted: WantedRange) -> None:
+            leased = PoolLease(wanted.partition, wanted.start, wanted.end, wanted.tries, deadline)
             worker.leases.append(leased)
             self.shell.leased(worker, leased)
 
@@ -244,7 +244,7 @@ class RangeLeasing(Generic[W]):
         # a range at a partition's end goes to an idle worker (see free_candidates).
         left = list(won) if self.stopping else assign_won(won, self.workers, place)
         for wanted in left:
-            self.cancels.append(cancel_entry(LeasedRange(wanted.partition, wanted.start, wanted.end, wanted.tries,
+            self.cancels.append(cancel_entry(PoolLease(wanted.partition, wanted.start, wanted.end, wanted.tries,
                                                          deadline)))  # fmt: skip
 
     def _claim_failed(self, exc: Exception) -> None:

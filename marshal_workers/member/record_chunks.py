@@ -3,7 +3,7 @@ verdicts back to the entries.
 
 One multi-partition record per topic, split where it would be large: at ``MAX_ENTRIES_PER_RECORD`` entries, or
 where its estimated size would pass ``MAX_RECORD_BYTES``, so a record stays well below Kafka's default 1 MB
-message limit whatever the done sets.  The supervisor's coordinator (kafka/coordinator.py) and the simulator's
+message limit whatever the done sets.  The supervisor's coordinator (kafka/coordination_writer.py) and the simulator's
 members (simulation/member.py) both split here, so the simulated log holds the records a real fleet writes.
 """
 

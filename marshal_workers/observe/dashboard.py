@@ -22,10 +22,10 @@ import orjson
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import KafkaUnavailable, MarshalWorkersError
-from marshal_workers.kafka.coordination_log import CoordinationLog
-from marshal_workers.kafka.dead_letter_topic import Tally, read_dead_letters
+from marshal_workers.kafka.coordination_reader import CoordinationLog
+from marshal_workers.kafka.dead_letter_reader import Tally, read_dead_letters
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.kafka.positions import partition_bounds, position_consumer
+from marshal_workers.kafka.partition_positions import partition_bounds, position_consumer
 from marshal_workers.observe.dashboard_model import Dashboard, Key, advance
 
 log = logging.getLogger(__name__)

@@ -97,7 +97,7 @@ def advance(
 
     ``high_watermarks``: each partition's end as last polled (lag is end minus offset; without it, the lag
     the owner put in its heartbeat).  ``topic_partitions``: partition counts, so partitions no record
-    mentions show as unclaimed.  ``dead_letters``: ``dead_letter_topic.summary`` rows by dead-letter topic, polled less
+    mentions show as unclaimed.  ``dead_letters``: ``dead_letter_reader.summary`` rows by dead-letter topic, polled less
     often than this is called.
     """
     status = _status(state, now_ms, topic_partitions or {})

@@ -17,15 +17,21 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
 from marshal_workers.kafka.catch_up import partition_ended, read_record
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.kafka_clients import admin_client, require_topic, topic_partition_count
-from marshal_workers.kafka.log_start import begin_catching_up, log_consumer
-from marshal_workers.kafka.positions import Bound, chosen_partitions, offsets_at, partition_bounds, position_consumer
+from marshal_workers.kafka.partition_positions import (
+    Bound,
+    chosen_partitions,
+    offsets_at,
+    partition_bounds,
+    position_consumer,
+)
+from marshal_workers.kafka.reader_start import begin_catching_up, log_consumer
 from marshal_workers.observe.status import utc_iso
 from marshal_workers.protocol import checkpoints, codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.refusals import refusals
 from marshal_workers.protocol.world_state import WorldState, record_time
-from marshal_workers.protocol.world_view import Owner
 
 MAX_TIMESTAMP_MS = 2**63 - 1
 _HINT = "use --earliest, --latest, --timestamp, or --partition to pick partitions"
@@ -212,7 +218,7 @@ def _known_clients(world: WorldState) -> set[str]:
     return known
 
 
-def _live_owner(world: WorldState, topic: str, partition: int, now_ms: int) -> Owner | None:
+def _live_owner(world: WorldState, topic: str, partition: int, now_ms: int) -> MemberId | None:
     state = world.get(topic, partition)
     if state is None or state.owner is None or now_ms - state.last_ts > 2 * world.heartbeat_ms:
         return None

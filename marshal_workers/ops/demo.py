@@ -28,8 +28,8 @@ import marshal_workers
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError
 from marshal_workers.kafka import client_profiles
-from marshal_workers.kafka.coordination_log import CoordinationLog, read_group_state
-from marshal_workers.kafka.coordinator import ensure_coordination_topic
+from marshal_workers.kafka.coordination_reader import CoordinationLog, read_group_state
+from marshal_workers.kafka.coordination_writer import ensure_coordination_topic
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic

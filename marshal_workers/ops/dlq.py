@@ -26,7 +26,7 @@ from confluent_kafka import KafkaError, Producer
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, UnknownTopicError
 from marshal_workers.kafka import client_profiles
-from marshal_workers.kafka.dead_letter_topic import DeadLetter
+from marshal_workers.kafka.dead_letter_reader import DeadLetter
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
 
 

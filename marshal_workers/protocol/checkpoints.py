@@ -45,9 +45,10 @@ import msgspec
 
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.codec import MAX_DIRECTORY, MAX_NAME_LENGTH, reported_number
-from marshal_workers.protocol.range_leases import Holder, Lease, SharedPartition, Tries
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import Lease, SharedPartition, Tries
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import REPORT_FIELDS, Controls, Owner, PartitionState, Pause
+from marshal_workers.protocol.world_view import REPORT_FIELDS, Controls, PartitionState, Pause
 
 # Positions per record: well below Kafka's default 1 MB message, even with done sets.
 POSITIONS_PER_RECORD = 1000
@@ -260,7 +261,7 @@ def begin(state: WorldState, start: Start, source: int) -> None:
         state.set_directory(source, start.directory if start.offset is not None else ())
 
 
-def due(state: WorldState, source: int, now: int, interval_ms: int, me: Owner) -> bool:
+def due(state: WorldState, source: int, now: int, interval_ms: int, me: MemberId) -> bool:
     """Should ``me`` write the checkpoint of ``source`` now?
 
     The live member with the lowest instance id writes one every ``interval_ms``;
@@ -382,7 +383,7 @@ def _position(topic: str, partition: int, found: PartitionState) -> codec.Positi
 def _partition_state(position: codec.Position) -> PartitionState:
     owner = None
     if position.owner_client is not None and position.owner_instance is not None:
-        owner = Owner(position.owner_client, position.owner_instance)
+        owner = MemberId(position.owner_client, position.owner_instance)
     done = None
     if position.done is not None and position.offset is not None:
         done = done_set.parse(position.offset, position.done) or None
@@ -434,7 +435,7 @@ def _shared_partition(position: codec.SharedPosition) -> SharedPartition | None:
 def _lease(position: codec.LeasePosition) -> Lease:
     return Lease(
         start=position.offset,
-        holder=Holder(position.client, position.instance),
+        holder=MemberId(position.client, position.instance),
         handed={o: (d, c) for o, d, c in position.handed},
         acked=set(position.acked),
         progress=[(start, end) for start, end in position.progress],

@@ -31,8 +31,8 @@ from marshal_workers.protocol.balance import (
     yields_to_askers,
 )
 from marshal_workers.protocol.health import HealthPolicy, PartitionHealth, Sample, Verdict, observe
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 Key = tuple[str, int]
 CLAIMS_PER_TICK = 4  # our first claims (others see us), and partitions free for an HB, per round
@@ -90,7 +90,7 @@ class ClaimingPolicy:
     ``claims_failed``, ``release_decided``), so it knows what is in flight.
     """
 
-    def __init__(self, me: Owner, settings: ClaimingSettings, rng: random.Random) -> None:
+    def __init__(self, me: MemberId, settings: ClaimingSettings, rng: random.Random) -> None:
         self.me = me
         self.settings = settings
         self.rng = rng
@@ -198,7 +198,7 @@ class ClaimingPolicy:
 
     # ------------------------------------------------------------ balance
 
-    def group_view(self, world: WorldState, now_ms: int) -> tuple[dict[Owner, int], set[Owner]]:
+    def group_view(self, world: WorldState, now_ms: int) -> tuple[dict[MemberId, int], set[MemberId]]:
         """The live members of the group (us included) with the partitions each holds, and who asks for more."""
         view = world.group_view(now_ms)
         counts = dict(view.counts)

@@ -4,7 +4,7 @@ Several groups may read one topic and share its dead-letter topic.  So that each
 failures:
 
 * every dead letter names the group and the client that wrote it, in headers ``dead_letter_group`` and
-  ``dead_letter_client_id`` (after the error headers: dead_letters.DeadLetterWriter adds them);
+  ``dead_letter_client_id`` (after the error headers: dead_letter_writer.DeadLetterWriter adds them);
 * ``dlq redrive`` sends a letter that names its group back with a header ``redriven_for_group`` naming it;
 * every runner of every other group passes such a message by where it fetches it: done without a call (no
   hooks, no rate-limit token, no age check), counted as ``outcome="other_group"``, and progress moves past it

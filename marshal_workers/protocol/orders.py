@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 Key = tuple[str, int]
 
@@ -36,7 +36,7 @@ class Orders:
         return None
 
 
-def orders_for(world: WorldState, me: Owner, started_ms: int, now_ms: int) -> Orders:
+def orders_for(world: WorldState, me: MemberId, started_ms: int, now_ms: int) -> Orders:
     """The orders for the supervisor ``me``, started at ``started_ms`` (a shutdown ordered before it is old news)."""
     shutdown_at = world.shutdown_ordered(me.client)
     return Orders(

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 from marshal_workers.protocol.field_copies import copier
+from marshal_workers.protocol.member_id import MemberId
 
 # One claim covers at most this many offsets, and no claim reaches further than MAX_WINDOW past the
 # low-water mark: what a reader keeps per partition (done ranges, retry counts) stays bounded whatever
@@ -41,18 +42,13 @@ MAX_WINDOW: Final = 10_000_000
 MAX_LEASE_MS: Final = 86_400_000  # a lease lasts at most a day (codec.LeaseMs)
 
 
-class Holder(NamedTuple):
-    client: str
-    instance: str
-
-
 @dataclass(slots=True)
 class Lease:
     """A live range claim: ``holder`` may handle ``[start, end)`` until ``expires`` (record time, ms)."""
 
     start: int
     end: int
-    holder: Holder
+    holder: MemberId
     expires: int
     amo: bool  # at most once: a lapse makes the offsets lost instead of claimable again
     claimed_at: int
@@ -126,7 +122,7 @@ class SharedPartition:
             settled = self._settle_done(lease)
             self._tried(_gaps(settled, lease.start, lease.end), lease.amo)  # only what was not done: one try more
 
-    def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
+    def claim(self, start: int, end: int, holder: MemberId, at: int, lease_ms: int, amo: bool) -> bool:
         """A claim of ``[start, end)``: accepted iff no offset in it is done or leased, within the window."""
         if not (start < end and end - start <= MAX_RANGE):
             return False
@@ -140,7 +136,7 @@ class SharedPartition:
         self.leases[start] = Lease(start, end, holder, at + lease_ms, amo, at)
         return True
 
-    def renew(self, start: int, end: int, holder: Holder, at: int, lease_ms: int) -> bool:
+    def renew(self, start: int, end: int, holder: MemberId, at: int, lease_ms: int) -> bool:
         """The holder of a live lease on exactly ``[start, end)`` extends it to ``at + lease_ms``."""
         lease = self._held(start, end, holder, at)
         if lease is None:
@@ -149,7 +145,7 @@ class SharedPartition:
         return True
 
     def ack(
-        self, start: int, end: int, holder: Holder, at: int, failed: Sequence[int], dead: Sequence[int],
+        self, start: int, end: int, holder: MemberId, at: int, failed: Sequence[int], dead: Sequence[int],
         high: int | None = None,
     ) -> bool:
         """The holder settles its lease that starts at ``start``, up to ``end``.
@@ -185,7 +181,7 @@ class SharedPartition:
         return True
 
     def progress(
-        self, start: int, end: int, holder: Holder, at: int, failed: Sequence[int], dead: Sequence[int]
+        self, start: int, end: int, holder: MemberId, at: int, failed: Sequence[int], dead: Sequence[int]
     ) -> bool:
         """The holder of the live lease that starts at ``start`` reports ``[start, end)`` done but ``failed``;
         ``dead`` of them were dead-lettered.  Nothing is settled yet: the lease marks them, and
@@ -199,7 +195,7 @@ class SharedPartition:
         lease.dead.update(dead)
         return True
 
-    def cancel(self, start: int, end: int, holder: Holder, at: int) -> bool:
+    def cancel(self, start: int, end: int, holder: MemberId, at: int) -> bool:
         """The holder gives its lease on exactly ``[start, end)`` back: claimable at once, no try counted.
 
         Offsets HTTP clients acked are done; offsets handed to a client and not acked count one try (at most
@@ -216,7 +212,7 @@ class SharedPartition:
     # lease to clients one by one; any member (any server of the group) may ack or cancel them, so a client's
     # ack may reach any server.  Each rule is about one offset and gives its verdict.
 
-    def deliver(self, offset: int, holder: Holder, at: int, pending_ms: int) -> bool:
+    def deliver(self, offset: int, holder: MemberId, at: int, pending_ms: int) -> bool:
         """The holder hands ``offset`` to a client until ``at + pending_ms``: accepted iff it lies in the holder's
         live lease, is not acked and is not pending with another client (at most once: was never handed out)."""
         lease = self._covering(offset, at)
@@ -344,7 +340,7 @@ class SharedPartition:
         return settled
 
     def _holders_report(
-        self, start: int, end: int, holder: Holder, at: int, failed: Sequence[int], dead: Sequence[int]
+        self, start: int, end: int, holder: MemberId, at: int, failed: Sequence[int], dead: Sequence[int]
     ) -> Lease | None:
         """The live lease starting at ``start`` if ``holder`` holds it and may report on ``[start, end)`` of it with
         these ``failed`` and ``dead`` offsets (inside the range, in order, disjoint); else None."""
@@ -356,7 +352,7 @@ class SharedPartition:
             return None
         return lease
 
-    def _held(self, start: int, end: int, holder: Holder, at: int) -> Lease | None:
+    def _held(self, start: int, end: int, holder: MemberId, at: int) -> Lease | None:
         self.lapse(at)
         lease = self.leases.get(start)
         if lease is None or lease.end != end or lease.holder != holder:

@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.partition_end import partition_end
-from marshal_workers.protocol.range_leases import MAX_RANGE, Holder, Lease, SharedPartition
+from marshal_workers.protocol.range_leases import MAX_RANGE, Lease, SharedPartition
 from marshal_workers.protocol.world_state import WorldState
 
 
-class Wanted(NamedTuple):
-    """A free range to ask for: ``[start, end)`` of ``partition``, whose offsets were delivered ``tries`` times."""
+class WantedRange(NamedTuple):
+    """A free range to ask for in a ``claim_ranges`` (and, once won, to lease): ``[start, end)`` of ``partition``,
+    whose offsets were delivered ``tries`` times."""
 
     partition: int
     start: int
@@ -40,7 +42,8 @@ class Wanted(NamedTuple):
 
 
 class HeldLease(Protocol):
-    """What the member needs of a lease it holds (the callers' own records of their leases)."""
+    """What the member needs of a lease it holds: the callers' own records of their leases (a shared pool's
+    worker_supply.PoolLease, a served topic's http ServedLease), beside the fold's range_leases.Lease."""
 
     partition: int
     start: int
@@ -59,7 +62,7 @@ Sizer = Callable[[int, Sequence[Lease]], int]
 class RangeChoice:
     """The ranges to claim now, or the partitions whose start must be looked up first (then nothing is claimed)."""
 
-    ranges: list[Wanted]
+    ranges: list[WantedRange]
     unknown: list[int]
 
 
@@ -112,7 +115,7 @@ class RangeMember:
             return RangeChoice([], unknown)
         return RangeChoice(pick_ranges(candidates, want, members, rng, follow), [])
 
-    def claim(self, fields: dict[str, Any], ranges: Sequence[Wanted]) -> codec.ClaimRanges:
+    def claim(self, fields: dict[str, Any], ranges: Sequence[WantedRange]) -> codec.ClaimRanges:
         """The ``claim_ranges`` record for ``ranges`` (``fields``: the writer's common record fields)."""
         return codec.ClaimRanges(
             **fields, topic=self.topic, lease_ms=self.lease_ms, amo=self.amo,
@@ -120,7 +123,7 @@ class RangeMember:
         )  # fmt: skip
 
     @staticmethod
-    def won(ranges: Sequence[Wanted], verdicts: Sequence[bool]) -> list[Wanted]:
+    def won(ranges: Sequence[WantedRange], verdicts: Sequence[bool]) -> list[WantedRange]:
         """The ranges the fold accepted: leases now ours (until :meth:`deadline`); the others are someone else's."""
         return [wanted for wanted, accepted in zip(ranges, verdicts) if accepted]
 
@@ -236,7 +239,7 @@ def free_candidates(
         size = sizer(*topic_backlog(world, topic, high, initial, now_ms))
     found: dict[int, list[tuple[int, int, int]]] = {}
     unknown: list[int] = []
-    holders: set[Holder] = set()
+    holders: set[MemberId] = set()
     for partition, asked_end in high.items():
         state = world.shared_partition(topic, partition)
         end = asked_end if state is None else partition_end(asked_end, state.high)
@@ -247,18 +250,24 @@ def free_candidates(
             else:
                 found[partition] = [(start, max(min(start + size, end), start + 1), 0)]
             continue
-        live = state.live_leases(now_ms)
+        # The partition as the fold will have it when our claim is folded: the leases lapsed by ``now_ms`` lapsed,
+        # their offsets one try more (ALO) or done (AMO, lost), as free_ranges cuts them.  Counted from the folded
+        # state instead, a range of a lapsed lease's offsets would go out with a try too few: its messages
+        # delivered once more than max_deliveries before they are dead-lettered, ``msg.attempt`` one short.
+        view = state.as_of(now_ms)
+        assert view.low is not None  # set by the first claim; a lapse only moves it up
+        live = view.live_leases(now_ms)
         holders.update(lease.holder for lease in live)
         ranges = []
-        for start, stop in state.free_ranges(now_ms, end, size, want + 8):
-            tries = state.tries_in(start, stop)
+        for start, stop in view.free_ranges(now_ms, end, size, want + 8):
+            tries = view.tries_in(start, stop)
             ranges.append((start, stop, tries[0].count if tries else 0))
         if split and ranges:
-            ranges = split_ahead(state, live, ranges, end, size, want, now_ms)
+            ranges = split_ahead(view, live, ranges, end, size, want, now_ms)
         if not ranges and not live and idle > 0:
             idle -= 1
-            start = state.low
-            tries = state.tries_in(start, start + 1)
+            start = view.low  # past what a lapse made done: a claim below ``low`` is refused
+            tries = view.tries_in(start, start + 1)
             ranges.append((start, start + (1 if tries else probe_size), tries[0].count if tries else 0))
         found[partition] = ranges
     return found, max(len(holders), 1), unknown
@@ -324,7 +333,7 @@ def topic_backlog(
 def pick_ranges(
     candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random,
     follow: Collection[tuple[int, int]] = (),
-) -> list[Wanted]:
+) -> list[WantedRange]:
     """Up to ``want`` ranges: first those that start where one of our readers stands (``follow``: (partition,
     offset) where a reader's last range ends, once per range it wants: its second range follows its first), so
     its consumer goes on reading where it is, its read-ahead already fetched (a reader that moves to another
@@ -332,7 +341,7 @@ def pick_ranges(
     each a random one of the lowest few free ranges (the more members, the wider the pick), so members racing
     for the same range are rare."""
     pools = {p: list(ranges) for p, ranges in candidates.items() if ranges}
-    picked: list[Wanted] = []
+    picked: list[WantedRange] = []
     stands: dict[tuple[int, int], int] = {}  # a reader's position -> where it stands after the ranges picked for it
     for partition, offset in follow:
         pool = pools.get(partition, [])
@@ -340,7 +349,7 @@ def pick_ranges(
         found = next((r for r in pool if r[0] == at), None)
         if found is not None and len(picked) < want:
             pool.remove(found)
-            picked.append(Wanted(partition, *found))
+            picked.append(WantedRange(partition, *found))
             stands[partition, offset] = found[1]
     order = [p for p, pool in pools.items() if pool]
     rng.shuffle(order)
@@ -349,7 +358,7 @@ def pick_ranges(
             pool = pools[partition]
             index = rng.randrange(min(len(pool), members))
             start, end, tries = pool.pop(index)
-            picked.append(Wanted(partition, start, end, tries))
+            picked.append(WantedRange(partition, start, end, tries))
             if not pool:
                 order.remove(partition)
             if len(picked) >= want:

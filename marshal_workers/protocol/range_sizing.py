@@ -31,7 +31,8 @@ import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
-from marshal_workers.protocol.range_leases import MAX_RANGE, Holder, Lease
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import MAX_RANGE, Lease
 
 FLOOR = 1
 # 10,000, not the fold's MAX_RANGE (65,536): a worker that crashes in a range acks every offset of it as failed,
@@ -129,7 +130,7 @@ class RangeSizing:
         share = math.ceil(max(backlog, 0) / max(sharers, 1))
         return self._clamp(min(size, share))
 
-    def sizer(self, hungry: Iterable[Hashable], our_workers: int, me: Holder | None) -> BacklogSizer:
+    def sizer(self, hungry: Iterable[Hashable], our_workers: int, me: MemberId | None) -> BacklogSizer:
         """The size of one claim by ``me`` for its ``hungry`` workers, ``our_workers`` in all, given the backlog."""
         return BacklogSizer(self, self.claim_size(hungry), max(our_workers, 1), me)
 
@@ -146,7 +147,7 @@ class BacklogSizer:
     sizing: RangeSizing
     size: int
     our_workers: int
-    me: Holder | None
+    me: MemberId | None
 
     def __call__(self, backlog: int, live: Iterable[Lease]) -> int:
         others = [lease.holder for lease in live if lease.holder != self.me]

@@ -59,8 +59,9 @@ from marshal_workers.protocol.codec import (
     group_named,
     reported_number,
 )
-from marshal_workers.protocol.range_leases import Holder, SharedPartition
-from marshal_workers.protocol.world_view import Controls, Owner, PartitionState, Pause, WorldView
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import SharedPartition
+from marshal_workers.protocol.world_view import Controls, PartitionState, Pause, WorldView
 
 
 class Verdicts(tuple):
@@ -198,7 +199,7 @@ class WorldState(WorldView):
         elif not self._claimable_by(state, record.client, record.instance, at):
             self.last_refused_claim[record.instance] = at
             return False
-        self._set_owner(key, state, Owner(record.client, record.instance))
+        self._set_owner(key, state, MemberId(record.client, record.instance))
         state.last_ts = at
         self._owned_at(at)
         state.clear_report()  # the previous owner's numbers
@@ -298,7 +299,7 @@ class WorldState(WorldView):
     def _claim_ranges(self, record: ClaimRanges, at: int, source: int) -> Verdicts:
         if self.paused_at(source, at) is not None or self.held_back(record.client, record.topic, source, at):
             return Verdicts(False for _ in record.ranges)
-        holder, topic, lease_ms, amo = Holder(record.client, record.instance), record.topic, record.lease_ms, record.amo
+        holder, topic, lease_ms, amo = MemberId(record.client, record.instance), record.topic, record.lease_ms, record.amo
         verdicts = []
         for entry in record.ranges:
             key = (topic, entry.partition)
@@ -311,14 +312,14 @@ class WorldState(WorldView):
     def _renew_ranges(self, record: RenewRanges, at: int, source: int) -> Verdicts:
         if self.paused_at(source, at) is not None:
             return Verdicts(False for _ in record.ranges)
-        holder = Holder(record.client, record.instance)
+        holder = MemberId(record.client, record.instance)
         return Verdicts(
             shared is not None and shared.renew(entry.offset, entry.end, holder, at, record.lease_ms)
             for entry, shared in self._shared_of(record.topic, record.ranges)
         )
 
     def _ack_ranges(self, record: AckRanges, at: int, source: int) -> Verdicts:
-        holder = Holder(record.client, record.instance)
+        holder = MemberId(record.client, record.instance)
         return Verdicts(
             shared is not None and shared.ack(entry.offset, entry.end, holder, at, entry.failed, entry.dead, entry.high)
             for entry, shared in self._shared_of(record.topic, record.ranges)
@@ -327,14 +328,14 @@ class WorldState(WorldView):
     def _progress_ranges(self, record: ProgressRanges, at: int, source: int) -> Verdicts:
         """Progress inside live leases.  Like acks, not stopped by a pause: it settles what is in
         hand."""
-        holder = Holder(record.client, record.instance)
+        holder = MemberId(record.client, record.instance)
         return Verdicts(
             shared is not None and shared.progress(entry.offset, entry.end, holder, at, entry.failed, entry.dead)
             for entry, shared in self._shared_of(record.topic, record.ranges)
         )
 
     def _cancel_ranges(self, record: CancelRanges, at: int, source: int) -> Verdicts:
-        holder = Holder(record.client, record.instance)
+        holder = MemberId(record.client, record.instance)
         return Verdicts(
             shared is not None and shared.cancel(entry.offset, entry.end, holder, at)
             for entry, shared in self._shared_of(record.topic, record.ranges)
@@ -344,7 +345,7 @@ class WorldState(WorldView):
     # them: like acks of ranges, they settle what is in hand.
 
     def _deliver_messages(self, record: DeliverMessages, at: int, source: int) -> Verdicts:
-        holder = Holder(record.client, record.instance)
+        holder = MemberId(record.client, record.instance)
         return Verdicts(
             shared is not None and shared.deliver(entry.offset, holder, at, record.pending_ms)
             for entry, shared in self._shared_of(record.topic, record.messages)

@@ -20,11 +20,12 @@ import enum
 import heapq
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Self
+from typing import Any, Self
 
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.codec import coordination_partition
 from marshal_workers.protocol.field_copies import copier
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_leases import SharedPartition
 
 
@@ -38,16 +39,11 @@ class Liveness(str, enum.Enum):
     UNCLAIMED = "unclaimed"  # never mentioned by the log
 
 
-class Owner(NamedTuple):
-    client: str
-    instance: str
-
-
 @dataclass(slots=True)
 class PartitionState:
     """What the log says about one (topic, partition) of the group."""
 
-    owner: Owner | None = None
+    owner: MemberId | None = None
     last_ts: int = 0  # record time of the owner's last claim, heartbeat or claim_messages
     offset: int | None = None  # from heartbeats and releases
     amo_offset: int | None = None  # from claim_messages
@@ -133,11 +129,11 @@ class GroupView:
     (0: it only claims), and the members that ask for more (``live_members``, ``holding_counts`` and ``askers``
     at one ``now``).  Every member's balance cycle asks for it (claiming.py)."""
 
-    counts: Mapping[Owner, int]  # shared by every caller: read it, copy it to change it
-    askers: frozenset[Owner]
-    most: tuple[tuple[int, Owner], ...]  # the (at most) two members that hold the most, the most first
+    counts: Mapping[MemberId, int]  # shared by every caller: read it, copy it to change it
+    askers: frozenset[MemberId]
+    most: tuple[tuple[int, MemberId], ...]  # the (at most) two members that hold the most, the most first
 
-    def most_held_by_others(self, me: Owner) -> int:
+    def most_held_by_others(self, me: MemberId) -> int:
         """The most partitions any member other than ``me`` holds (0: no other member)."""
         return next((held for held, owner in self.most if owner != me), 0)
 
@@ -206,15 +202,15 @@ class WorldView:
     # within 2*HB of it no partition can be stale, so the members' claim rounds skip the staleness test.
     _oldest_owned_ts: int | None = field(default=None, compare=False, repr=False)
     # And the owners, by partition, with how many each holds (None: not known, learned at the next query).
-    _owners: dict[tuple[str, int], Owner] | None = field(default=None, compare=False, repr=False)
-    _owner_counts: dict[Owner, int] = field(default_factory=dict, compare=False, repr=False)
+    _owners: dict[tuple[str, int], MemberId] | None = field(default=None, compare=False, repr=False)
+    _owner_counts: dict[MemberId, int] = field(default_factory=dict, compare=False, repr=False)
     _client_counts: dict[str, int] = field(default_factory=dict, compare=False, repr=False)  # the same, by client
     # Answers kept while no partition changes owner (cleared by _set_owner): free_partitions' common case for a
     # tuple of keys (the same tuple object: a tuple cannot change), and the holdings while none is stale.
     _free_memo: tuple[tuple[tuple[str, int], ...], list[tuple[str, int]]] | None = field(
         default=None, compare=False, repr=False
     )
-    _holdings_memo: dict[Owner, list[tuple[str, int]]] | None = field(default=None, compare=False, repr=False)
+    _holdings_memo: dict[MemberId, list[tuple[str, int]]] | None = field(default=None, compare=False, repr=False)
     # The partitions whose owner an operator asked to hand them over (None: not known, learned at the next query):
     # every member asks for its own every heartbeat (orders.py), and a scan of every partition for a flag that is
     # almost never set was most of a large fleet's fold cost.
@@ -265,7 +261,7 @@ class WorldView:
         if oldest is not None and at < oldest:
             self._oldest_owned_ts = at
 
-    def _set_owner(self, key: tuple[str, int], state: PartitionState, owner: Owner | None) -> None:
+    def _set_owner(self, key: tuple[str, int], state: PartitionState, owner: MemberId | None) -> None:
         """The one place the fold changes a partition's owner: the free_partitions index follows, and an
         operator's request to hand the partition over is done with (it asked the previous owner)."""
         self._free_memo = self._holdings_memo = None
@@ -287,11 +283,11 @@ class WorldView:
                 by_client[owner[0]] = by_client.get(owner[0], 0) + 1
         state.owner = owner
 
-    def _owner_index(self) -> dict[tuple[str, int], Owner]:
+    def _owner_index(self) -> dict[tuple[str, int], MemberId]:
         owners = self._owners
         if owners is None:
             owners = self._owners = {k: s.owner for k, s in self.partitions.items() if s.owner is not None}
-            counts: dict[Owner, int] = {}
+            counts: dict[MemberId, int] = {}
             by_client: dict[str, int] = {}
             for owner in owners.values():
                 counts[owner] = counts.get(owner, 0) + 1
@@ -316,7 +312,7 @@ class WorldView:
     def get(self, topic: str, partition: int) -> PartitionState | None:
         return self.partitions.get((topic, partition))
 
-    def owner(self, topic: str, partition: int) -> Owner | None:
+    def owner(self, topic: str, partition: int) -> MemberId | None:
         state = self.partitions.get((topic, partition))
         return None if state is None else state.owner
 
@@ -369,7 +365,7 @@ class WorldView:
         if self._none_stale(now):
             owners = self._owner_index()
             # Another instance of our client owns a partition (fast reclaim): it owns more than we do.
-            fast_reclaim = self._client_counts.get(client, 0) > self._owner_counts.get(Owner(client, instance), 0)
+            fast_reclaim = self._client_counts.get(client, 0) > self._owner_counts.get(MemberId(client, instance), 0)
             if not fast_reclaim and not topic_pauses and now >= 0:  # the common case: only what nobody owns
                 memo = self._free_memo
                 if memo is not None and memo[0] is keys:
@@ -438,7 +434,7 @@ class WorldView:
         """The topics paused at ``now``, with the expiry of each pause."""
         return {topic: until for topic, until in self.topic_pauses.items() if now < until}
 
-    def release_requests(self, owner: Owner) -> frozenset[tuple[str, int]]:
+    def release_requests(self, owner: MemberId) -> frozenset[tuple[str, int]]:
         """The partitions of ``owner`` that an operator asked it to hand over (admin release, orders.py)."""
         partitions = self.partitions
         return frozenset(key for key in self._release_index() if partitions[key].owner == owner)
@@ -456,14 +452,14 @@ class WorldView:
             if owner is not None and owner.client == client and instance in (None, owner.instance):
                 yield key
 
-    def holdings(self, now: int) -> dict[Owner, list[tuple[str, int]]]:
+    def holdings(self, now: int) -> dict[MemberId, list[tuple[str, int]]]:
         """The partitions of every owner whose claim is not stale (heard from within 2*HB)."""
         limit = 2 * self.heartbeat_ms
         none_stale = self._none_stale(now)
         memo = self._holdings_memo
         if none_stale and memo is not None:
             return {owner: list(keys) for owner, keys in memo.items()}
-        held: dict[Owner, list[tuple[str, int]]] = {}
+        held: dict[MemberId, list[tuple[str, int]]] = {}
         for key, state in self.partitions.items():
             owner = state.owner
             if owner is not None and now - state.last_ts <= limit:
@@ -472,7 +468,7 @@ class WorldView:
             self._holdings_memo = {owner: list(keys) for owner, keys in held.items()}
         return held
 
-    def holding_counts(self, now: int) -> dict[Owner, int]:
+    def holding_counts(self, now: int) -> dict[MemberId, int]:
         """How many partitions each owner holds whose claim is not stale: the lengths of ``holdings(now)``, in no
         particular order.  While none can be stale (free_partitions' bound) it is the fold's count of owners."""
         if self._none_stale(now):
@@ -480,7 +476,7 @@ class WorldView:
             return dict(self._owner_counts)
         return {owner: len(keys) for owner, keys in self.holdings(now).items()}
 
-    def live_members(self, now: int) -> set[Owner]:
+    def live_members(self, now: int) -> set[MemberId]:
         """The group's members at ``now``: owners of partitions that are not stale, and whoever claimed
         (accepted or not) within 2*HB (``group_view``'s members).
 
@@ -504,7 +500,7 @@ class WorldView:
         self._view_box[0] = found
         return found[2]
 
-    def _group_view(self, now: int, counts: dict[Owner, int]) -> tuple[int, int, GroupView]:
+    def _group_view(self, now: int, counts: dict[MemberId, int]) -> tuple[int, int, GroupView]:
         """group_view's answer from ``counts`` (``holding_counts(now)``, completed here with the members that only
         claim), and the span of ``now`` over which claims and refusals give the same answer."""
         limit, clients, last_claim = 2 * self.heartbeat_ms, self.clients, self.last_claim
@@ -514,20 +510,20 @@ class WorldView:
             if last_claim.get(instance) != at:
                 continue  # it claimed since: not an ask (see askers)
             if now - at <= limit:
-                askers.add(Owner(clients[instance], instance))
+                askers.add(MemberId(clients[instance], instance))
                 hi = min(hi, at + limit)
             else:
                 lo = max(lo, at + limit + 1)
         for instance, at in last_claim.items():
             if now - at <= limit:
-                counts.setdefault(Owner(clients[instance], instance), 0)
+                counts.setdefault(MemberId(clients[instance], instance), 0)
                 hi = min(hi, at + limit)
             else:
                 lo = max(lo, at + limit + 1)
         most = tuple(heapq.nlargest(2, ((n, owner) for owner, n in counts.items())))
         return lo, hi, GroupView(counts, frozenset(askers), most)
 
-    def askers(self, now: int) -> set[Owner]:
+    def askers(self, now: int) -> set[MemberId]:
         """Members whose claim of a partition with a live owner was refused within 2*HB: they want more
         (``group_view``'s askers).
 

@@ -5,20 +5,20 @@ end is gone.  Both ends import the messages from here.
 
 A worker (one per claimed partition, runtime/worker/worker.py) and its supervisor
     worker to supervisor
-        :class:`ClaimMessages`: at most once, claim every message before ``end`` (a batch) before handling it.
+        :class:`ClaimBatch`: at most once, claim every message before ``end`` (a batch) before handling it.
         :class:`Outcomes`: what became of failed handler calls since the last report (for the metrics).
     supervisor to worker
-        :class:`ClaimVerdict`: the answer to a :class:`ClaimMessages`; the supervisor sends nothing else.
+        :class:`ClaimVerdict`: the answer to a :class:`ClaimBatch`; the supervisor sends nothing else.
 
 A shared worker (runtime/worker/shared_worker.py) and its supervisor's shared pool
 (runtime/supervisor/shared_pool.py; docs/shared-partitions.md)
     supervisor to worker
-        :class:`Lease`: handle ``[start, end)`` before ``deadline_ms``.
+        :class:`RangeLeased`: handle ``[start, end)`` before ``deadline_ms``.
         :class:`Renewed`: the lease on the range from ``start`` now lasts until ``deadline_ms``.
         :class:`Stop`: finish the range in hand, give the others back, exit.
     worker to supervisor
         :class:`Started`, :class:`Settled`, :class:`Abandoned`, :class:`Returned`: what became of a range.
-        :class:`Progress`: how far the range in hand is done (at a bounded cadence, and at once when an offset
+        :class:`RangeProgress`: how far the range in hand is done (at a bounded cadence, and at once when an offset
         failed or was dead-lettered; its position between those is in the worker's channel.RangeSlot).
         :class:`Outcomes`, as above.
 
@@ -34,14 +34,14 @@ import msgspec
 from marshal_workers.member.at_most_once import ClaimAnswer
 
 
-class ClaimMessages(msgspec.Struct, frozen=True):
+class ClaimBatch(msgspec.Struct, frozen=True):
     """Worker to supervisor, at most once: claim every message before ``end`` in the log, then answer."""
 
     end: int
 
 
 class ClaimVerdict(msgspec.Struct, frozen=True):
-    """Supervisor to worker: what became of its :class:`ClaimMessages`."""
+    """Supervisor to worker: what became of its :class:`ClaimBatch`."""
 
     answer: ClaimAnswer
 
@@ -53,7 +53,7 @@ class Outcomes(msgspec.Struct, frozen=True):
     counts: dict[str, Any]
 
 
-class Lease(msgspec.Struct, frozen=True):
+class RangeLeased(msgspec.Struct, frozen=True):
     """Shared pool to shared worker: handle ``[start, end)`` of ``partition`` before ``deadline_ms``; its messages
     were delivered ``tries`` times before."""
 
@@ -100,7 +100,7 @@ class Settled(msgspec.Struct, frozen=True):
     busy_ms: float = 0.0
 
 
-class Progress(msgspec.Struct, frozen=True):
+class RangeProgress(msgspec.Struct, frozen=True):
     """Shared worker to pool: inside the range from ``start`` in hand, every offset of ``[start, upto)`` is done
     except ``failed`` ones (to deliver again); ``dead`` ones were dead-lettered.  Cumulative: each one says all
     of it so far.  What it marks is done in the log when the lease ends, however it ends (``progress_ranges``)."""
@@ -128,7 +128,7 @@ class Returned(msgspec.Struct, frozen=True):
     end: int
 
 
-FromWorker = ClaimMessages | Outcomes
+FromWorker = ClaimBatch | Outcomes
 ToWorker = ClaimVerdict
-ToSharedWorker = Lease | Renewed | Stop
-FromSharedWorker = Started | Progress | Settled | Abandoned | Returned | Outcomes
+ToSharedWorker = RangeLeased | Renewed | Stop
+FromSharedWorker = Started | RangeProgress | Settled | Abandoned | Returned | Outcomes

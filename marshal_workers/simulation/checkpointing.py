@@ -8,7 +8,7 @@ checkpoint in flight, ``checkpoints.due`` (the live member with the lowest insta
 ``checkpoint_interval_s``; anyone once the last is 2 intervals old) decides, and ``checkpoints.state_records``
 makes the records from the member's own fold as of its read position.
 
-Starting is the coordination log's (kafka/log_start.py: ``find_starts``; coordination_log.py: ``start``): per
+Starting is the coordination log's (kafka/reader_start.py: ``find_starts``; coordination_reader.py: ``start``): per
 partition the latest complete checkpoint of the group (``checkpoints.Assembler``, ``checkpoints.choose_start``),
 loaded into the member's empty fold (``checkpoints.begin``), reading on from its ``as_of``.
 

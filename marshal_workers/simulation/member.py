@@ -4,7 +4,7 @@ What it claims, heartbeats, hands over and releases is the member core's ``Parti
 (member/partition_holding.py), what it does about operators' orders its ``Obeying`` (member/obeying.py), which
 checkpoints it writes its ``CheckpointWriting`` (member/checkpoint_writing.py): the objects a supervisor's
 components drive (runtime/supervisor/partition_claims.py, remote_control.py, checkpoint_writer.py); its batch
-claims and range leases are amo_claims.py's and range_pool_sim.py's, around the core's too.  This is their shell and the world around them: its fold of the simulated log, the verdicts of its writes, its clocks, its
+claims and range leases are amo_claims.py's and simulated_shared_workers.py's, around the core's too.  This is their shell and the world around them: its fold of the simulated log, the verdicts of its writes, its clocks, its
 workers, its faults.  Every pass of its loop (``tick_s``) steps its parts in the supervisor's order (supervisor.py):
 batch claims, the writes' verdicts, its workers, its shared topics, checkpoints, orders, whole partitions.  Its
 workers are numbers: each handles its partition at the handler's rate, only while its lease holds (the lease
@@ -25,16 +25,15 @@ from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.claiming import ClaimingSettings, Key
 from marshal_workers.protocol.health import PartitionHealth, Sample
-from marshal_workers.protocol.range_leases import Holder
-from marshal_workers.protocol.range_pool import LeasedRange
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.worker_supply import PoolLease
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.amo_claims import AmoBatchClaims
 from marshal_workers.simulation.clock import VirtualClock
-from marshal_workers.simulation.range_pool_sim import NotConfirmed, SimSharedTopic
 from marshal_workers.simulation.shared_fold import SharedFold
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog, SimWrite
+from marshal_workers.simulation.simulated_shared_workers import NotConfirmed, SimSharedTopic
 
 T = TypeVar("T")
 
@@ -79,9 +78,9 @@ class Environment(Protocol):
 
     def handled(self, key: Key, start: int, offset: int) -> None: ...
 
-    def lease_taken(self, owner: object, topic: str, leased: LeasedRange) -> None: ...
+    def lease_taken(self, owner: object, topic: str, leased: PoolLease) -> None: ...
 
-    def lease_dropped(self, owner: object, topic: str, leased: LeasedRange) -> None: ...
+    def lease_dropped(self, owner: object, topic: str, leased: PoolLease) -> None: ...
 
     def range_handled(self, topic: str, partition: int, start: int, end: int) -> None: ...
 
@@ -93,7 +92,7 @@ class SimMember:
                  settings: ClaimingSettings) -> None:  # fmt: skip
         self.env = env
         self.number = number
-        self.me = Owner(client, instance)
+        self.me = MemberId(client, instance)
         self.world = world
         config = env.config
         self.rng = random.Random(f"{config.seed}/{client}/{instance}")  # str seeds hash the same in every process
@@ -117,7 +116,7 @@ class SimMember:
         self.writer_id = id(self)  # only a key for write order in the log; never printed nor iterated
         self.amo = AmoBatchClaims(env, self, config.amo_whole_topics())
         self.shared = [SimSharedTopic(topic, count, topic in config.amo_topic_names(), env, self,
-                                      Holder(client, instance), self.rng)
+                                      MemberId(client, instance), self.rng)
                        for topic, count in config.shared_counts().items()]  # fmt: skip
         self.obeying = Obeying(self.me, self.started_ms, config.heartbeat_s / 2, config.shared_counts(), self)
         self.checkpoints = CheckpointWriting(self.me, self, config.heartbeat_s,

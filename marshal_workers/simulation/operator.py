@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import Key
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.faults import Fault
 from marshal_workers.simulation.invariants import Violations
@@ -56,7 +56,7 @@ class Watch:
     """A partition an order gives up, and the member it was asked of."""
 
     key: Key
-    owner: Owner
+    owner: MemberId
     read_at: float | None = None  # when that member had folded the order
 
 
@@ -80,7 +80,7 @@ class Operator:
         self.fleet = fleet
         config = fleet.config
         self.rng = random.Random(f"{config.seed}/operator")
-        self.me = Owner("operator", f"{self.rng.getrandbits(64):016x}")
+        self.me = MemberId("operator", f"{self.rng.getrandbits(64):016x}")
         self.writer_id = id(self)  # only a key for write order in the log
         self.orders: list[Order] = []
         self._landing: dict[int, Order] = {}  # id() of a SimWrite -> its order (membership only, never iterated)

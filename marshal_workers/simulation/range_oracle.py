@@ -15,7 +15,7 @@ from typing import Any
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import Key
-from marshal_workers.protocol.range_pool import LeasedRange
+from marshal_workers.protocol.worker_supply import PoolLease
 from marshal_workers.protocol.world_state import WorldState, per_entry
 from marshal_workers.simulation.handled_runs import HandledRuns
 from marshal_workers.simulation.invariants import Violations
@@ -32,7 +32,7 @@ class RangeOracle:
         self.amo_whole = config.amo_whole_topics()
         self.shared = frozenset(config.shared_counts())
         self.handled = HandledRuns()
-        self.leases: dict[Key, list[tuple[object, LeasedRange]]] = {}
+        self.leases: dict[Key, list[tuple[object, PoolLease]]] = {}
         self.range_records = 0
         self.message_claim_records = 0
         self.repeats = 0  # at least once: offsets handled again (after a lapse, a crash)
@@ -56,12 +56,12 @@ class RangeOracle:
         else:
             self.repeats += again
 
-    def lease_taken(self, owner: object, topic: str, leased: LeasedRange, now: float, now_ms: int) -> None:
+    def lease_taken(self, owner: object, topic: str, leased: PoolLease, now: float, now_ms: int) -> None:
         key = (topic, leased.partition)
         self._check_overlap(key, leased.start, leased.end, now, now_ms, "taken by a worker")
         self.leases.setdefault(key, []).append((owner, leased))
 
-    def lease_dropped(self, owner: object, topic: str, leased: LeasedRange) -> None:
+    def lease_dropped(self, owner: object, topic: str, leased: PoolLease) -> None:
         key = (topic, leased.partition)
         self.leases[key] = [(o, held) for o, held in self.leases.get(key, []) if held is not leased]
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import ClaimingSettings, Key
-from marshal_workers.protocol.range_pool import LeasedRange
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.worker_supply import PoolLease
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.checkpointing import Checkpointing
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.faults import Fault
@@ -87,7 +87,7 @@ class Simulation:
         self.keys: list[Key] = [(t, p) for t, count in config.whole_counts().items() for p in range(count)]
         self.hosts: list[Host] = []
         self.holders: dict[Key, list[tuple[SimMember, SimAssignment]]] = {}
-        self.last_owner: dict[Key, Owner] = {}
+        self.last_owner: dict[Key, MemberId] = {}
         self.handled_prefix = HandledPrefix()
         self.violations = Violations()
         self.ranges = RangeOracle(config, self.violations)  # shared and at-most-once topics
@@ -197,10 +197,10 @@ class Simulation:
     def range_handled(self, topic: str, partition: int, start: int, end: int) -> None:
         self.ranges.worker_handled((topic, partition), start, end, self.clock.now)
 
-    def lease_taken(self, owner: object, topic: str, leased: LeasedRange) -> None:
+    def lease_taken(self, owner: object, topic: str, leased: PoolLease) -> None:
         self.ranges.lease_taken(owner, topic, leased, self.clock.now, self.clock.now_ms)
 
-    def lease_dropped(self, owner: object, topic: str, leased: LeasedRange) -> None:
+    def lease_dropped(self, owner: object, topic: str, leased: PoolLease) -> None:
         self.ranges.lease_dropped(owner, topic, leased)
 
     # ---------------------------------------------------------- the oracle
@@ -236,7 +236,7 @@ class Simulation:
         key = (record.topic, record.partition)
         if not self._fold(entry):
             return
-        winner = Owner(record.client, record.instance)
+        winner = MemberId(record.client, record.instance)
         previous = self.last_owner.get(key)
         self.last_owner[key] = winner
         if previous is not None and previous != winner:
@@ -257,7 +257,7 @@ class Simulation:
         hb_ms = self.config.heartbeat_ms
         partitions = self.oracle.partitions
         owned = True
-        counts: dict[Owner, int] = {}
+        counts: dict[MemberId, int] = {}
         for key in self.keys:
             state = partitions.get(key)
             owner = None if state is None else state.owner

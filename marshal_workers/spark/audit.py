@@ -38,8 +38,8 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import DecodeError, UnknownGroupError
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.kafka.log_start import find_checkpoints
-from marshal_workers.kafka.positions import partition_bounds, position_consumer
+from marshal_workers.kafka.partition_positions import partition_bounds, position_consumer
+from marshal_workers.kafka.reader_start import find_checkpoints
 from marshal_workers.observe.status import utc_iso
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import record_time

@@ -46,8 +46,8 @@ from marshal_workers.protocol.codec import (
     ReleaseGroup,
     ReleasePartition,
 )
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.spark.lease_audit import LeaseTracker, RangeLease
 
 
@@ -138,7 +138,7 @@ _ZOMBIE, _FIRST, _LAST, _COUNTERS = 10, 11, 12, 13  # per instance: [total, acce
 
 
 class _Open(NamedTuple):
-    owner: Owner
+    owner: MemberId
     start_ms: int
     log_offset: int
 
@@ -146,7 +146,7 @@ class _Open(NamedTuple):
 class _Vacated(NamedTuple):
     kind: str
     at_ms: int
-    owner: Owner
+    owner: MemberId
     last_seen_ms: int
 
 
@@ -237,10 +237,10 @@ class OwnershipAudit:
     # ---------------------------------------------------------- what changed
 
     def _claimed(
-        self, record: Claim, at: int, log_offset: int, owner_before: Owner | None, last_before: int
+        self, record: Claim, at: int, log_offset: int, owner_before: MemberId | None, last_before: int
     ) -> tuple[Event, ...]:
         key = (record.topic, record.partition)
-        new_owner = Owner(record.client, record.instance)
+        new_owner = MemberId(record.client, record.instance)
         if owner_before == new_owner:
             return _NONE  # its own lapsed claim renewed: the same tenure goes on
         events: list[Event] = []
@@ -279,7 +279,7 @@ class OwnershipAudit:
             )
         return tuple(events)
 
-    def _released(self, record: Release, at: int, owner_before: Owner, last_before: int) -> tuple[Event, ...]:
+    def _released(self, record: Release, at: int, owner_before: MemberId, last_before: int) -> tuple[Event, ...]:
         key = (record.topic, record.partition)
         self._vacated[key] = _Vacated("release", at, owner_before, at)
         closed = self._close(key, at, "release", last_before)
@@ -327,7 +327,7 @@ class OwnershipAudit:
             log_offset=held.log_offset,
         )
 
-    def _zombie(self, record: Heartbeat | ClaimMessages, at: int, log_offset: int, owner: Owner) -> Zombie:
+    def _zombie(self, record: Heartbeat | ClaimMessages, at: int, log_offset: int, owner: MemberId) -> Zombie:
         held = self._open.get((record.topic, record.partition))
         return Zombie(
             log_partition=self.log_partition,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import OffsetRangeError
 from marshal_workers.kafka.kafka_clients import admin_client, require_topic
-from marshal_workers.kafka.positions import (
+from marshal_workers.kafka.partition_positions import (
     Bound,
     chosen_partitions,
     iso_time_ms,

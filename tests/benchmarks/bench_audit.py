@@ -45,7 +45,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import DecodeError
-from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.kafka.coordination_reader import read_group_state
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState

@@ -25,7 +25,7 @@ import checkout  # noqa: F401 - puts the checkout on sys.path
 from bench_run import machine_info
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
+from marshal_workers.kafka.coordination_writer import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 

@@ -41,7 +41,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.protocol import codec
 
 TOPIC = "orders"

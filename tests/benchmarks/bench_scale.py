@@ -43,9 +43,10 @@ from checkout import ROOT  # and the checkout on sys.path
 from confluent_kafka import Consumer, TopicPartition
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog
+from marshal_workers.kafka.coordination_reader import CoordinationLog
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.protocol.world_view import Liveness, Owner
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.world_view import Liveness
 
 HB = "2s"
 
@@ -171,7 +172,7 @@ def main() -> int:
             )
             tail = CoordinationLog(settings, group, count, from_beginning=True).start()
             try:
-                def owners() -> list[Owner | None]:
+                def owners() -> list[MemberId | None]:
                     now = int(time.time() * 1000)
                     return tail.read(lambda world: [
                         world.owner(topic, p) if world.liveness(topic, p, now) is Liveness.FRESH else None

@@ -51,7 +51,7 @@ from bench_run import base_env, cpu_seconds, create_topic, leftovers, machine_in
 from processes import process_group
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.kafka.coordination_reader import read_group_state
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 from marshal_workers.observe.status import render_table, status_document
 

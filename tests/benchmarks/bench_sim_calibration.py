@@ -29,8 +29,8 @@ from pathlib import Path
 from checkout import ROOT  # noqa: F401  (the checkout on sys.path)
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.sim_config import SimConfig
 from marshal_workers.simulation.simulator import Simulation
 
@@ -90,7 +90,7 @@ def real_run(path: Path, partitions: int, heartbeat_s: float, window: float) -> 
             line, record = records[folded]
             world.apply(record, line["broker_ms"], line["partition"])
             folded += 1
-        counts: dict[Owner, int] = {}
+        counts: dict[MemberId, int] = {}
         owned = True
         for p in range(partitions):
             state = world.partitions.get((topic, p))

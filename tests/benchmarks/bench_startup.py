@@ -30,8 +30,8 @@ from bench_run import machine_info, verdict
 from confluent_kafka import Producer
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_reader import CoordinationLog
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.protocol import codec
 
 

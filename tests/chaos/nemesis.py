@@ -49,7 +49,7 @@ from timings import StartUp, after_the_heal, settled_seen_s, slowest_call, slowe
 from marshal_workers.core.config import Settings
 from marshal_workers.handlers.handler_options import MAX_RANGE_SIZE
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
-from marshal_workers.kafka.log_start import log_consumer
+from marshal_workers.kafka.reader_start import log_consumer
 
 HB_S = float(HB.rstrip("s"))
 LEASE_S = 1.5 * HB_S  # a supervisor's workers stop at its last confirmed write plus 1.5 HB

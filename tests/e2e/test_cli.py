@@ -19,7 +19,7 @@ from polling import poll_until
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.embedded_broker import free_port
 
 CLI = [sys.executable, "-m", "marshal_workers"]

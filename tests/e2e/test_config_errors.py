@@ -13,7 +13,7 @@ import pytest
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 
 ROOT = Path(__file__).resolve().parents[2]
 NOBODY = "127.0.0.1:1"  # no broker: a command that tried to connect would exit 4, not 3

@@ -24,7 +24,7 @@ from test_admin import admin
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
-from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.kafka.coordination_reader import read_group_state
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState
 

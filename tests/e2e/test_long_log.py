@@ -21,8 +21,8 @@ from polling import poll_until
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
-from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.kafka.log_start import find_checkpoints
+from marshal_workers.kafka.coordination_writer import Coordinator
+from marshal_workers.kafka.reader_start import find_checkpoints
 from marshal_workers.protocol import codec
 
 pytestmark = pytest.mark.broker

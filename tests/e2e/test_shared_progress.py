@@ -16,7 +16,7 @@ from polling import poll_until
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
-from marshal_workers.kafka.coordination_log import read_group_state
+from marshal_workers.kafka.coordination_reader import read_group_state
 from marshal_workers.runtime.worker.shared_worker import PROGRESS_EVERY_S
 
 pytestmark = pytest.mark.broker

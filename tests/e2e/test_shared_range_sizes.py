@@ -66,3 +66,17 @@ def test_a_slow_handlers_ranges_stay_small_whatever_range_size_says(fleets: Call
     assert all(size <= 300 for _, sizes in claims for size in sizes), claims
     later = [size for acks, sizes in claims if acks >= 2 for size in sizes]
     assert later and max(later) <= 50, f"about half a second of a 20 ms handler's work: {claims}"
+
+
+def test_a_range_longer_than_its_lease_is_renewed_and_handled_once(fleets: Callable[..., Fleet]) -> None:
+    """Ranges of 300 offsets of a 20 ms handler (6 s of work) under a 3 s pending timeout: the supervisor renews
+    them, and the workers take the renewals in the middle of a fetch's messages.  (They read their pipe only between
+    fetches and gave each range up 2.5 s after its claim: some 70 messages of 600 handled twice.  With adaptive ranges,
+    the first ranges are that long when the partitions' ends are known before the handler's pace: on a loaded
+    machine, the test's producer sends several batches, and the embedded broker lists the last batch's start.)"""
+    env = {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "300", "MW_TEST_ADAPTIVE_RANGES": "0",
+           "MW_TEST_PENDING_TIMEOUT": "3s", "MW_TEST_DELAY": "0.02"}  # fmt: skip
+    fleet = fleets("shared", PARTITIONS, env=env)
+    run_to_the_end(fleet, 600)
+    assert max(size for _, sizes in claimed_sizes(fleet) for size in sizes) > 125, "a range outlasts its first lease"
+    assert "ran out" not in fleet.log_of("a"), "no range given up while its supervisor renewed it"

@@ -11,9 +11,9 @@ from confluent_kafka import Producer
 from polling import poll_until
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog, read_group_state
-from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.kafka.log_start import find_starts
+from marshal_workers.kafka.coordination_reader import CoordinationLog, read_group_state
+from marshal_workers.kafka.coordination_writer import Coordinator
+from marshal_workers.kafka.reader_start import find_starts
 from marshal_workers.protocol import codec
 
 pytestmark = pytest.mark.broker

@@ -12,9 +12,9 @@ from confluent_kafka import Producer
 from polling import poll_until
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog, read_group_state
-from marshal_workers.kafka.coordinator import Coordinator, Progress
-from marshal_workers.kafka.log_start import find_checkpoints, find_starts
+from marshal_workers.kafka.coordination_reader import CoordinationLog, read_group_state
+from marshal_workers.kafka.coordination_writer import Coordinator, Progress
+from marshal_workers.kafka.reader_start import find_checkpoints, find_starts
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState
 
@@ -163,7 +163,7 @@ def test_a_long_read_says_how_far_it_got_while_it_reads(
     settings = replace(settings, coordination_partitions=1, heartbeat_interval=3600.0)
     with Coordinator(settings) as writer:
         write_history(settings, f"orders-{unique}", 20_000, writer.now_ms())
-    caplog.set_level(logging.INFO, logger="marshal_workers.kafka.coordination_log")
+    caplog.set_level(logging.INFO, logger="marshal_workers.kafka.coordination_reader")
     reader = CoordinationLog(settings, settings.group, 1, progress_every=0.001).start()  # a line per batch read
     try:
         reader.wait_caught_up(stall_timeout=30)

@@ -18,11 +18,11 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog
-from marshal_workers.kafka.coordinator import ensure_coordination_topic
+from marshal_workers.kafka.coordination_reader import CoordinationLog
+from marshal_workers.kafka.coordination_writer import ensure_coordination_topic
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
-from marshal_workers.kafka.log_start import log_consumer
+from marshal_workers.kafka.reader_start import log_consumer
 from marshal_workers.protocol import codec
 
 pytestmark = pytest.mark.broker

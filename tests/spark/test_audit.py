@@ -14,7 +14,7 @@ from spark_support import T0, LogWriter, create_topic
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import UnknownGroupError
-from marshal_workers.kafka.coordination_log import CoordinationLog
+from marshal_workers.kafka.coordination_reader import CoordinationLog
 from marshal_workers.protocol import codec
 from marshal_workers.spark.audit import audit, document, plan_log, render
 

@@ -35,10 +35,10 @@ def test_a_wrong_way_import_breaks_the_build(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "marshal_workers", tmp_path / "marshal_workers")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     balance = tmp_path / "marshal_workers" / "protocol" / "balance.py"
-    balance.write_text(balance.read_text() + "\nfrom marshal_workers.kafka import offsets  # noqa: E402\n")
+    balance.write_text(balance.read_text() + "\nfrom marshal_workers.kafka import committed_offsets  # noqa: E402\n")
     result = lint_imports(tmp_path)
     assert result.returncode != 0, result.stdout
-    assert "marshal_workers.protocol.balance -> marshal_workers.kafka.offsets" in result.stdout, result.stdout
+    assert "marshal_workers.protocol.balance -> marshal_workers.kafka.committed_offsets" in result.stdout, result.stdout
     broken = " ".join(result.stdout.split())  # import-linter wraps long names
     for contract in ("Layers: each imports only the layers below it", "The protocol is pure"):
         assert re.search(re.escape(contract) + r"(?:(?!KEPT).){0,120}? BROKEN", broken), result.stdout

@@ -12,13 +12,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.member.checkpoint_writing import CheckpointWriting
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.supervisor.assignments import Table
 
 
@@ -31,7 +31,7 @@ class CheckpointWriter:
         self.table = table
         self.coordinator = coordinator
         self.writes = writes
-        me = Owner(coordinator.client, coordinator.instance)
+        me = MemberId(coordinator.client, coordinator.instance)
         interval_ms = round(settings.checkpoint_interval * 1000)
         self.core = CheckpointWriting(me, self, settings.heartbeat_interval, interval_ms, log)
 

@@ -1,7 +1,7 @@
 """At most once: the batch claims AMO workers ask for on their pipes, the supervisor's shell of the member core's
 BatchClaims (member/at_most_once.py).
 
-A worker of a whole partition sends the end offset of the batch it is about to handle (ClaimMessages); the member
+A worker of a whole partition sends the end offset of the batch it is about to handle (ClaimBatch); the member
 core writes the claims (group commit: while one message-claim write is in flight, the claims asked meanwhile wait
 for it and then go together in the next one) and says what each verdict means; this component reads the pipes,
 writes through InFlightWrites, and answers the workers (ClaimVerdict): claimed, refused (not ours), unconfirmed
@@ -15,14 +15,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.member.at_most_once import BatchClaims, ClaimAnswer
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import codec
 from marshal_workers.runtime.channel import monotonic_ms
-from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, FromWorker, Outcomes
+from marshal_workers.runtime.messages import ClaimBatch, ClaimVerdict, FromWorker, Outcomes
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 
 
@@ -66,14 +66,14 @@ class MessageClaims:
     # ------------------------------------------------------------- the pipe
 
     def _receive(self, assignment: Assignment, connection: Connection) -> None:
-        """One message from a worker's pipe: a batch claim (ClaimMessages), or what became of failed calls (Outcomes)."""
+        """One message from a worker's pipe: a batch claim (ClaimBatch), or what became of failed calls (Outcomes)."""
         try:
             message: FromWorker = connection.recv()
             if isinstance(message, Outcomes):  # what became of failed calls
                 if isinstance(message.counts, dict):
                     self.counters.add_outcomes(assignment.topic, message.counts)
                 return
-            if isinstance(message, ClaimMessages):
+            if isinstance(message, ClaimBatch):
                 self.core.ask(assignment, message.end, connection)
         except (EOFError, OSError):
             assignment.connection = None  # the worker is gone; reaping deals with it

@@ -17,18 +17,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import drain
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.committed_offsets import OffsetLookupError, OffsetStore
+from marshal_workers.kafka.coordination_reader import drain
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
-from marshal_workers.kafka.offsets import OffsetLookupError, OffsetStore
 from marshal_workers.member.partition_holding import PartitionHolding, Position
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.claiming import ClaimingSettings
 from marshal_workers.protocol.health import Sample
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import Field, Slot
 from marshal_workers.runtime.supervisor.assignments import Assignment, Key, Table
 
@@ -139,9 +139,9 @@ class PartitionClaims:
     def drain(self, drained: bool) -> None:
         self.core.drain(drained)
 
-    def me(self) -> Owner:
+    def me(self) -> MemberId:
         coordinator = self.coordinator
-        return Owner(coordinator.client, coordinator.instance)
+        return MemberId(coordinator.client, coordinator.instance)
 
     # ----------------------------------------------------- the core's shell
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.member.obeying import Obeying
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 
 
@@ -51,7 +51,7 @@ class RemoteControl:
         self._drain = drain
         self._shut_down = shut_down
         self._hold_back_shared = hold_back_shared
-        me = Owner(coordinator.client, coordinator.instance)
+        me = MemberId(coordinator.client, coordinator.instance)
         self.obeying = Obeying(me, started_ms, settings.heartbeat_interval / 2, shared_topics, self)
 
     def waitables(self) -> list[object]:

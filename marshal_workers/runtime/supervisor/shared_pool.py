@@ -44,26 +44,26 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.app import App, HandlerSpec, Mode
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.committed_offsets import OffsetStore, PartitionEnds
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
-from marshal_workers.kafka.offsets import OffsetStore, PartitionEnds
 from marshal_workers.member.range_leasing import RangeLeasing
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.observe.metrics import SharedStats
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeMember
-from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.range_sizing import RangeSizing
 from marshal_workers.protocol.restarts import RestartPolicy
+from marshal_workers.protocol.worker_supply import PoolLease
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.runtime.channel import RangeSlot
 from marshal_workers.runtime.messages import (
     Abandoned,
     FromSharedWorker,
-    Lease,
     Outcomes,
-    Progress,
+    RangeLeased,
+    RangeProgress,
     Renewed,
     Returned,
     Settled,
@@ -82,7 +82,7 @@ class SharedWorkerHandle:
     index: int
     process: BaseProcess | None = None
     connection: Connection | None = None
-    leases: list[LeasedRange] = field(default_factory=list)
+    leases: list[PoolLease] = field(default_factory=list)
     crashes_in_a_row: int = 0
     restart_at: float | None = 0.0  # monotonic; None: not to be (re)started
     handled: int = 0
@@ -281,7 +281,7 @@ class SharedPool:
             if isinstance(message.counts, dict) and self.record_outcomes is not None:
                 self.record_outcomes(topic, message.counts)
             return
-        if not isinstance(message, (Started, Progress, Settled, Abandoned, Returned)):
+        if not isinstance(message, (Started, RangeProgress, Settled, Abandoned, Returned)):
             return
         leased = next((r for r in worker.leases if r.partition == message.partition and r.start == message.start), None)
         if leased is None:
@@ -289,7 +289,7 @@ class SharedPool:
         if isinstance(message, Started):
             leased.started = True
             return
-        if isinstance(message, Progress):
+        if isinstance(message, RangeProgress):
             leased.started = True
             if leased.start <= message.upto <= leased.end and message.upto >= leased.upto:
                 leased.upto, leased.failed, leased.dead = message.upto, message.failed, message.dead
@@ -337,9 +337,9 @@ class SharedPool:
 
     # ------------------------------------------- the shell RangeLeasing drives
 
-    def holder(self) -> Holder:
+    def holder(self) -> MemberId:
         coordinator = self._require_coordinator()
-        return Holder(coordinator.client, coordinator.instance)
+        return MemberId(coordinator.client, coordinator.instance)
 
     def fields(self) -> dict[str, Any]:
         return self._require_coordinator().record_fields()
@@ -360,17 +360,17 @@ class SharedPool:
         assert self._writes is not None
         self._writes.submit(what, records, on_verdicts, on_failure)
 
-    def leased(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
-        self._tell(worker, Lease(leased.partition, leased.start, leased.end, leased.deadline_ms, leased.tries))
+    def leased(self, worker: SharedWorkerHandle, leased: PoolLease) -> None:
+        self._tell(worker, RangeLeased(leased.partition, leased.start, leased.end, leased.deadline_ms, leased.tries))
 
-    def renewed(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
+    def renewed(self, worker: SharedWorkerHandle, leased: PoolLease) -> None:
         self._tell(worker, Renewed(leased.partition, leased.start, leased.deadline_ms))
 
-    def dropped(self, worker: SharedWorkerHandle, leased: LeasedRange) -> None:
+    def dropped(self, worker: SharedWorkerHandle, leased: PoolLease) -> None:
         pass  # the worker said so itself, or is gone
 
-    def progress_of(self, worker: SharedWorkerHandle, leased: LeasedRange) -> int:
-        """How far ``leased`` is done (every offset below, but its failed ones): its worker's last Progress, or
+    def progress_of(self, worker: SharedWorkerHandle, leased: PoolLease) -> int:
+        """How far ``leased`` is done (every offset below, but its failed ones): its worker's last RangeProgress, or
         further if its range slot says so (the failures below the slot's position came on the pipe before it)."""
         upto = max(leased.upto, leased.start)
         found = worker.slot.read() if worker.slot is not None and leased.started else None

@@ -50,11 +50,11 @@ from marshal_workers.handlers.app import App, effective_time_limits
 from marshal_workers.handlers.asyncapi import asyncapi_json
 from marshal_workers.handlers.lifespan import run_shutdown_hooks, run_startup_hooks
 from marshal_workers.handlers.rate_limits import create_buckets
-from marshal_workers.kafka.coordination_log import drain, wakeup_pair
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.committed_offsets import OffsetStore
+from marshal_workers.kafka.coordination_reader import drain, wakeup_pair
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.kafka_clients import admin_client
-from marshal_workers.kafka.offsets import OffsetStore
 from marshal_workers.observe.autoscale_meter import AutoscaleMeter
 from marshal_workers.observe.dashboard import Publisher, supervisor_step
 from marshal_workers.observe.dashboard_model import Dashboard

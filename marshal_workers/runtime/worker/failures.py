@@ -17,7 +17,7 @@ from marshal_workers.handlers.failure_logs import apart_from, log_decision
 from marshal_workers.handlers.failure_path import Decision, FailurePath, Fate
 from marshal_workers.handlers.hooks import Hooks, run_hooks
 from marshal_workers.handlers.message_age import OnTooOld, too_old_error
-from marshal_workers.kafka.dead_letters import DeadLetterWriter, letter_headers
+from marshal_workers.kafka.dead_letter_writer import DeadLetterWriter, letter_headers
 from marshal_workers.runtime.channel import Field
 from marshal_workers.runtime.worker.link import SupervisorLink
 

@@ -30,7 +30,7 @@ from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.runtime.channel import Field, Slot, WorkerSpec
-from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, Outcomes
+from marshal_workers.runtime.messages import ClaimBatch, ClaimVerdict, Outcomes
 from marshal_workers.runtime.worker.alarm import Alarm
 
 _HOUSEKEEPING_INTERVAL_S = 0.5
@@ -241,7 +241,7 @@ class SupervisorLink:
     def ask_to_claim(self, end: int) -> ClaimAnswer:
         """Ask the supervisor to claim every message before ``end``; wait for its answer."""
         try:
-            self.connection.send(ClaimMessages(end))
+            self.connection.send(ClaimBatch(end))
             # Blocking: the supervisor always answers (within an HB: UNCONFIRMED at worst) or its end closes the
             # pipe.  A signal runs its handler and the read goes on, as the old poll(0.1) loop did, without a
             # selector built every 0.1 s.

@@ -22,7 +22,7 @@ from marshal_workers.errors import SendError
 from marshal_workers.handlers.app import App, HandlerSpec
 from marshal_workers.handlers.loader import load_app
 from marshal_workers.handlers.rate_limits import Throttle
-from marshal_workers.kafka.dead_letters import DeadLetterWriter
+from marshal_workers.kafka.dead_letter_writer import DeadLetterWriter
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.runtime.worker.stack_dumps import dump_stacks_on_sigusr2

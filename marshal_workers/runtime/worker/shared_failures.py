@@ -18,7 +18,7 @@ from marshal_workers.handlers.failure_logs import log_decision
 from marshal_workers.handlers.failure_path import Decision, FailurePath, Fate, Final, dead_letter
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.handlers.hooks import Hooks, run_hooks
-from marshal_workers.kafka.dead_letters import DeadLetterWriter, letter_headers
+from marshal_workers.kafka.dead_letter_writer import DeadLetterWriter, letter_headers
 from marshal_workers.runtime.channel import monotonic_ms
 
 

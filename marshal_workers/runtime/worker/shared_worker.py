@@ -11,18 +11,20 @@ at least once) and which went to the dead-letter topic.
 
 A worker never handles a message once its lease's deadline has passed (the
 supervisor moves the deadline on as it renews the lease): past it, another
-worker may hold the range.
+worker may hold the range.  Before it gives a range up at the deadline, it
+reads the renewals waiting on its pipe (it reads the pipe between fetches, and
+a slow handler's fetch may outlast the deadline its range began with).
 
 What passes on the pipe (runtime/messages.py):
 
 supervisor to worker
-    :class:`~marshal_workers.runtime.messages.Lease`: handle ``[start, end)`` before ``deadline_ms``
+    :class:`~marshal_workers.runtime.messages.RangeLeased`: handle ``[start, end)`` before ``deadline_ms``
     (monotonic, see channel.monotonic_ms); its messages were delivered ``tries`` times.
     ``Renewed``: the lease now lasts until ``deadline_ms``.
     ``Stop``: finish the range in hand, give the others back, exit.
 worker to supervisor
     ``Started``: handling that range now.
-    ``Progress``: how far the range in hand is done: every ``PROGRESS_EVERY_S`` at most, and at once when an
+    ``RangeProgress``: how far the range in hand is done: every ``PROGRESS_EVERY_S`` at most, and at once when an
     offset failed or was dead-lettered (so the supervisor knows them before the worker's position passes them).
     Between those, the worker stores its position after each message in its ``RangeSlot`` (shared memory):
     if it dies, the supervisor settles the range from there, so a crash repeats only the message in hand.
@@ -61,14 +63,14 @@ from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
-from marshal_workers.protocol.range_pool import PROGRESS_EVERY_S
+from marshal_workers.protocol.worker_supply import PROGRESS_EVERY_S
 from marshal_workers.runtime.channel import RangeSlot, monotonic_ms
 from marshal_workers.runtime.messages import (
     Abandoned,
     FromSharedWorker,
-    Lease,
     Outcomes,
-    Progress,
+    RangeLeased,
+    RangeProgress,
     Renewed,
     Returned,
     Settled,
@@ -93,7 +95,7 @@ _log = logging.getLogger(__name__)
 _FETCH_MOST = 500
 _ERROR_OF = KafkaMessage.error  # a fetched record's error, None for a message (the method descriptor: no lookup)
 _IDLE_WAIT_S = 0.5
-# PROGRESS_EVERY_S (protocol/range_pool.py): how often at most a worker reports its progress inside a range on the
+# PROGRESS_EVERY_S (protocol/worker_supply.py): how often at most a worker reports its progress inside a range on the
 # pipe (and flushes what its handler sent, so its position may move on); the supervisor writes it to the log at the
 # same cadence.
 
@@ -109,7 +111,10 @@ class SharedWorkerSpec:
 
 
 @dataclass
-class _Range:
+class WorkerRange:
+    """A range its pool gave this worker (a RangeLeased message; the lease is the pool's PoolLease), as the worker
+    handles it: its deadline, and what became of its messages."""
+
     partition: int
     start: int
     end: int
@@ -119,7 +124,7 @@ class _Range:
     dead: list[int] = field(default_factory=list)
     handled: int = 0
     busy_ms: float = 0.0  # fetches that returned messages of it, and its handler calls (range_sizing.py)
-    reported: tuple[int, int, int] = (-1, 0, 0)  # (upto, failed, dead) of the last Progress sent
+    reported: tuple[int, int, int] = (-1, 0, 0)  # (upto, failed, dead) of the last RangeProgress sent
 
 
 class _SupervisorGone(Exception):
@@ -147,7 +152,7 @@ class SharedWorker:
         self.connection = connection
         self.log = group_log(_log, spec.settings.require_group())
         self.stopping = False
-        self.ranges: collections.deque[_Range] = collections.deque()
+        self.ranges: collections.deque[WorkerRange] = collections.deque()
         self._consumer: GuardedConsumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
         self._dlq = edges.dead_letters(spec.settings)
@@ -245,8 +250,8 @@ class SharedWorker:
             raise _SupervisorGone() from None
 
     def _on_message(self, message: ToSharedWorker) -> None:
-        if isinstance(message, Lease):
-            self.ranges.append(_Range(message.partition, message.start, message.end, message.deadline_ms,
+        if isinstance(message, RangeLeased):
+            self.ranges.append(WorkerRange(message.partition, message.start, message.end, message.deadline_ms,
                                       message.tries))  # fmt: skip
         elif isinstance(message, Renewed):
             for leased in self.ranges:
@@ -265,7 +270,7 @@ class SharedWorker:
 
     # ---------------------------------------------------------------- ranges
 
-    def _handle_range(self, handler: HandlerSpec, leased: _Range) -> None:
+    def _handle_range(self, handler: HandlerSpec, leased: WorkerRange) -> None:
         """Handle every message of ``leased`` while its lease holds, then report it settled (or abandoned)."""
         assert self._consumer is not None
         self._send(Started(leased.partition, leased.start))
@@ -285,7 +290,7 @@ class SharedWorker:
         records: list[Any] = []
         errors: list[Any] = []
         while next_offset is not None and next_offset < leased.end:
-            if monotonic_ms() >= leased.deadline_ms:
+            if self._ran_out(leased):
                 return self._abandon(leased, next_offset)
             if (self.stopping or len(self.ranges) > 1) and self._at_end(leased.partition, next_offset, end_seen):
                 # Read to the partition's end inside the lease: don't wait there for messages while a stop or
@@ -314,7 +319,7 @@ class SharedWorker:
                 self._position = None
         return None
 
-    def _handle_plain(self, handler: HandlerSpec, leased: _Range, records: list[Any], next_offset: int) -> int | None:
+    def _handle_plain(self, handler: HandlerSpec, leased: WorkerRange, records: list[Any], next_offset: int) -> int | None:
         """The hot path, for a fetch of messages only (no error, none redriven for another group) of a handler with
         no rate or age limit, in a range delivered fewer than max_deliveries times: per message a check of a flag
         (the alarm: the lease's deadline or the next progress report is near), the call, a count and the position
@@ -333,11 +338,10 @@ class SharedWorker:
                 if offset >= end:
                     return end
                 if due[0]:  # the lease's deadline or the next progress report is near: look at the clock
-                    now = monotonic_ms()
-                    if now >= leased.deadline_ms:
+                    if self._ran_out(leased):
                         self._abandon(leased, offset)
                         return None
-                    if now >= self._next_progress_ms:
+                    if monotonic_ms() >= self._next_progress_ms:
                         self._report_progress(leased, next_offset)
                         self._arm(leased)
                 try:
@@ -358,7 +362,7 @@ class SharedWorker:
         finally:
             leased.handled += handled
 
-    def _handle_records(self, handler: HandlerSpec, leased: _Range, records: list[Any], next_offset: int,
+    def _handle_records(self, handler: HandlerSpec, leased: WorkerRange, records: list[Any], next_offset: int,
                         end_seen: int | None) -> tuple[int | None, int | None]:  # fmt: skip
         """A fetch with an error (the partition's end, markers), messages redriven for another group, a rate or age
         limit, or a range delivered max_deliveries times.  The next offset to read (None if the range was reported
@@ -396,7 +400,7 @@ class SharedWorker:
                 # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
                 self._leave_at_the_end(leased, offset)
                 return None, end_seen
-            if monotonic_ms() >= leased.deadline_ms:
+            if self._ran_out(leased):
                 self._abandon(leased, offset)
                 return None, end_seen
             self._handle_message(handler, leased, record)
@@ -404,12 +408,23 @@ class SharedWorker:
             self._progressed(leased, next_offset)
         return next_offset, end_seen
 
-    def _arm(self, leased: _Range) -> None:
+    def _ran_out(self, leased: WorkerRange) -> bool:
+        """Whether ``leased``'s deadline has passed, renewals included: past the deadline it knows, the worker reads
+        its pipe first.  The pipe is read between fetches, and a fetch's messages are handled without reading it
+        (up to _FETCH_MOST of them: seconds of a slow handler's work, longer than a short lease), so a renewal its
+        supervisor confirmed in time may be waiting there; without it the worker abandoned a lease its supervisor
+        held, and the offsets handled since the last progress record were handled again."""
+        if monotonic_ms() < leased.deadline_ms:
+            return False
+        self._read_pipe(wait=0)  # Renewed moves leased.deadline_ms on (and re-arms the alarm)
+        return monotonic_ms() >= leased.deadline_ms
+
+    def _arm(self, leased: WorkerRange) -> None:
         """Raise the alarm near the lease's deadline or the next progress report, whichever comes first."""
         assert self._alarm is not None
         self._alarm.set(min(leased.deadline_ms, self._next_progress_ms) / 1000)
 
-    def _progressed(self, leased: _Range, upto: int) -> None:
+    def _progressed(self, leased: WorkerRange, upto: int) -> None:
         """Done with every offset of ``leased`` below ``upto`` (but its failed and dead ones): say so.  A failure or
         a dead letter goes on the pipe at once, before the slot moves past it; otherwise the slot moves on after
         each message (once what the handler sent is flushed, at least once: at the next report), and the pipe
@@ -419,16 +434,16 @@ class SharedWorker:
         elif self.slot is not None and not self.outbox.pending:
             self.slot.advance(upto)
 
-    def _report_progress(self, leased: _Range, upto: int) -> None:
+    def _report_progress(self, leased: WorkerRange, upto: int) -> None:
         self.outbox.flush()  # what the calls sent (app.send) is in Kafka before their messages count as done
         self._next_progress_ms = monotonic_ms() + round(PROGRESS_EVERY_S * 1000)
         if (upto, len(leased.failed), len(leased.dead)) != leased.reported:
-            self._send(Progress(leased.partition, leased.start, upto, tuple(leased.failed), tuple(leased.dead)))
+            self._send(RangeProgress(leased.partition, leased.start, upto, tuple(leased.failed), tuple(leased.dead)))
             leased.reported = (upto, len(leased.failed), len(leased.dead))
         if self.slot is not None:
             self.slot.advance(upto)
 
-    def _settle(self, leased: _Range, end: int) -> None:
+    def _settle(self, leased: WorkerRange, end: int) -> None:
         """Report ``[leased.start, end)`` handled (the lease's offsets from ``end`` on go back untried)."""
         assert self._consumer is not None
         self._position = (leased.partition, end)
@@ -447,7 +462,7 @@ class SharedWorker:
         assert self._consumer is not None
         return 0 <= self._consumer.fetched_end(self.spec.topic, partition) <= next_offset
 
-    def _leave_at_the_end(self, leased: _Range, next_offset: int) -> None:
+    def _leave_at_the_end(self, leased: WorkerRange, next_offset: int) -> None:
         """The partition read to its end inside the lease: settle what was handled and give the rest back, rather
         than wait for messages that may not come before the shutdown timeout, or hold up the next range."""
         if next_offset > leased.start:
@@ -456,7 +471,7 @@ class SharedWorker:
             self._position = None
             self._send(Returned(leased.partition, leased.start, leased.end))
 
-    def _abandon(self, leased: _Range, offset: int) -> None:
+    def _abandon(self, leased: WorkerRange, offset: int) -> None:
         self.log.warning(
             "%s[%d]: the lease on %d..%d ran out at offset %d (is the supervisor stopped?): leaving the rest",
             self.spec.topic, leased.partition, leased.start, leased.end - 1, offset,
@@ -464,12 +479,12 @@ class SharedWorker:
         self._position = None
         self._send(Abandoned(leased.partition, leased.start, leased.end))
 
-    def _still_waiting(self, leased: _Range) -> bool:
+    def _still_waiting(self, leased: WorkerRange) -> bool:
         """While waiting for a token: renewals and a stop read, and the lease still holds."""
         self._read_pipe(wait=0)
         return not self.stopping and monotonic_ms() < leased.deadline_ms
 
-    def _too_old(self, handler: HandlerSpec, leased: _Range, record: Any) -> None:
+    def _too_old(self, handler: HandlerSpec, leased: WorkerRange, record: Any) -> None:
         """A message past max_age: not handled but skipped (handled, as far as the lease is concerned) or
         dead-lettered (on_too_old="dlq"); counted either way."""
         self.outcomes.too_old += 1
@@ -480,13 +495,13 @@ class SharedWorker:
             leased.handled += 1
 
     def _handle_message(
-        self, handler: HandlerSpec, leased: _Range, record: Any, error: Exception | None = None
+        self, handler: HandlerSpec, leased: WorkerRange, record: Any, error: Exception | None = None
     ) -> None:
         """Call the handler, retrying by its policy (shared_failures.py), and note what became of the message."""
         self._note(leased, record, self._failures.handle(handler, record, leased.tries, leased.deadline_ms, error))
 
     @staticmethod
-    def _note(leased: _Range, record: Any, fate: InRange) -> None:
+    def _note(leased: WorkerRange, record: Any, fate: InRange) -> None:
         if fate is InRange.HANDLED:
             leased.handled += 1
         elif fate is InRange.FAILED:

@@ -18,7 +18,7 @@ from marshal_workers import App
 from marshal_workers.core import tracing
 from marshal_workers.errors import ConfigError
 from marshal_workers.handlers.app import Message
-from marshal_workers.kafka.dead_letters import error_headers
+from marshal_workers.kafka.dead_letter_writer import error_headers
 from marshal_workers.testing import FakeRecord, make_message
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from marshal_workers import App
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
-from marshal_workers.kafka.dead_letter_topic import DeadLetter, Tally, summary
-from marshal_workers.kafka.dead_letters import error_headers
+from marshal_workers.kafka.dead_letter_reader import DeadLetter, Tally, summary
+from marshal_workers.kafka.dead_letter_writer import error_headers
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.ops.dlq import choose
 from marshal_workers.protocol.dead_letter_groups import (

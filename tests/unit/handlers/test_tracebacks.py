@@ -1,5 +1,5 @@
 """A failed handler call's traceback: in its one log line (failure_logs.py), in its dead letter's bounded header
-(dead_letters.py), in the testing harness's result, and carried back by the executors; the SIGUSR2 heading."""
+(dead_letter_writer.py), in the testing harness's result, and carried back by the executors; the SIGUSR2 heading."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from marshal_workers.handlers.failure_logs import (
     log_release,
     log_retry,
 )
-from marshal_workers.kafka.dead_letters import (
+from marshal_workers.kafka.dead_letter_writer import (
     TRACEBACK_HEADER,
     TRACEBACK_MAX_BYTES,
     bounded_traceback,

@@ -17,8 +17,8 @@ from property_runs import examples
 from marshal_workers.errors import CoordinationWriteError
 from marshal_workers.http import group_commit
 from marshal_workers.http.group_commit import MAX_ENTRIES_PER_RECORD, GroupCommit, Kind
-from marshal_workers.kafka.coordination_log import wakeup_pair
-from marshal_workers.kafka.coordinator import PendingWrite
+from marshal_workers.kafka.coordination_reader import wakeup_pair
+from marshal_workers.kafka.coordination_writer import PendingWrite
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import Verdicts
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from marshal_workers.core.config import Settings
-from marshal_workers.http.held_range import HeldRange
 from marshal_workers.http.lease_ahead import HAND_OUT_WINDOW_S, LEASE_AHEAD_S, READERS_RECENT_S, HandOutRate
+from marshal_workers.http.served_lease import ServedLease
 from marshal_workers.http.served_topic import ServedTopic, ServeOptions
 from marshal_workers.runtime.channel import monotonic_ms
 
@@ -17,7 +17,7 @@ from marshal_workers.runtime.channel import monotonic_ms
 def served_with_messages_left(left: int, last_read_s_ago: float, waiting: int = 0) -> ServedTopic:
     """A server holding one range of 100 whose last ``left`` messages wait to be handed out."""
     topic = ServedTopic(Settings(group="g", brokers="127.0.0.1:1"), ServeOptions(topic="t", range_size=100))
-    held = HeldRange(partition=0, start=0, end=100, tries=0, deadline_ms=monotonic_ms() + 30_000, fetched_to=100)
+    held = ServedLease(partition=0, start=0, end=100, tries=0, deadline_ms=monotonic_ms() + 30_000, fetched_to=100)
     held.messages = {offset: object() for offset in range(100 - left, 100)}
     topic.ranges[(0, 0)] = held
     topic.last_read = time.monotonic() - last_read_s_ago

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from marshal_workers.core.config import Settings
-from marshal_workers.http.held_range import HeldRange
 from marshal_workers.http.http_messages import MessageId
+from marshal_workers.http.served_lease import ServedLease
 from marshal_workers.http.served_topic import ServedTopic, ServeOptions
 from marshal_workers.runtime.channel import monotonic_ms
 
@@ -16,7 +16,7 @@ from marshal_workers.runtime.channel import monotonic_ms
 def served_with_a_hand_out(now: int, lease_left_ms: int = 10_000) -> ServedTopic:
     topic = ServedTopic(Settings(group="g", brokers="127.0.0.1:1"), ServeOptions(topic="t"))
     topic.partition_count = 2  # as start() learns it from the broker
-    held = HeldRange(partition=0, start=100, end=200, tries=0, deadline_ms=now + lease_left_ms, fetched_to=200)
+    held = ServedLease(partition=0, start=100, end=200, tries=0, deadline_ms=now + lease_left_ms, fetched_to=200)
     held.pending_until[150] = now + 5_000  # handed out, its pending time running
     held.pending_until[151] = now - 1  # handed out, its pending time over
     held.pending_until[152] = now + 5_000

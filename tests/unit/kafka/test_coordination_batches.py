@@ -1,7 +1,7 @@
 """The writes of one pass of the supervisor's loop leave together: one produce_batch per coordination partition.
 
 InFlightWrites stages what is submitted between begin_pass() and end_pass(); Coordinator.send() produces the
-staged writes with one produce_batch per coordination partition (in_flight.py, coordinator.py).  Here the producer
+staged writes with one produce_batch per coordination partition (in_flight.py, coordination_writer.py).  Here the producer
 is a fake that records each produce_batch call and answers as librdkafka does (a full queue refuses the tail of a
 batch; a fatal producer refuses all of it), and the log gives each delivered record a verdict naming where it was
 written, so a test sees which verdicts reached which write.
@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import CoordinationWriteError
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.protocol import codec
 
@@ -307,7 +307,7 @@ def test_a_staged_write_keeps_its_deadline_from_its_submit(
     coordinator: OfflineCoordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr("marshal_workers.kafka.coordinator.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("marshal_workers.kafka.coordination_writer.time.monotonic", lambda: clock[0])
     writes = InFlightWrites(coordinator, clock=lambda: clock[0])
     writes.begin_pass()
     outcome = submit(writes, claims(coordinator, topic_on(0), 0), within=1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marshal_workers.kafka.dead_letter_topic import DeadLetter, Tally, summary
+from marshal_workers.kafka.dead_letter_reader import DeadLetter, Tally, summary
 from marshal_workers.ops.dlq import choose
 
 

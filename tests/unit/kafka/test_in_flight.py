@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marshal_workers.errors import CoordinationWriteError
-from marshal_workers.kafka.coordinator import PendingWrite
+from marshal_workers.kafka.coordination_writer import PendingWrite
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.protocol import codec
 

@@ -1,4 +1,4 @@
-"""PartitionEnds (offsets.py): partition ends kept fresh without ever blocking a loop (fake futures, no broker)."""
+"""PartitionEnds (committed_offsets.py): partition ends kept fresh without ever blocking a loop (fake futures, no broker)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from marshal_workers.kafka.offsets import PartitionEnds
+from marshal_workers.kafka.committed_offsets import PartitionEnds
 
 
 class Answer:

@@ -10,11 +10,11 @@ from typing import Any
 from marshal_workers.member.at_most_once import BatchClaims, ClaimAnswer
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 LOG_MS = 1_700_000_000_000
-ME = Owner("c", "i1")
+ME = MemberId("c", "i1")
 
 
 @dataclass(eq=False)

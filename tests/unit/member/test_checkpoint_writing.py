@@ -9,12 +9,12 @@ from typing import Any, TypeVar
 from marshal_workers.member.checkpoint_writing import CheckpointWriting
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 T = TypeVar("T")
 LOG_MS = 1_700_000_000_000
-ME = Owner("c", "a1")  # the lowest instance: checkpoints are due from it
+ME = MemberId("c", "a1")  # the lowest instance: checkpoints are due from it
 
 
 class Member:

@@ -19,13 +19,13 @@ from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec, done_set
 from marshal_workers.protocol.claiming import ClaimingSettings
 from marshal_workers.protocol.health import PartitionHealth, Sample
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 T = TypeVar("T")
 LOG_MS = 1_700_000_000_000  # the log's clock
 HB_MS = 1_000
-ME = Owner("c", "i1")
+ME = MemberId("c", "i1")
 Key = tuple[str, int]
 
 
@@ -139,7 +139,7 @@ class Member:
 
 def test_a_partition_won_resumes_where_the_log_says_else_where_kafka_says_else_is_left_alone() -> None:
     member = Member(committed={("t", 1): 70})  # t[2]: Kafka knows no position
-    other = Owner("d", "d1")
+    other = MemberId("d", "d1")
     member.land(
         codec.Claim(**{**member.fields(), "client": other.client, "instance": other.instance}, topic="t", partition=0),
         codec.Release(

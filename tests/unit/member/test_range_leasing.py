@@ -11,22 +11,22 @@ from typing import Any, TypeVar
 from marshal_workers.member.range_leasing import RangeLeasing
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeMember
-from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.range_sizing import RangeSizing
+from marshal_workers.protocol.worker_supply import PoolLease
 from marshal_workers.protocol.world_state import WorldState
 
 T = TypeVar("T")
 LOG_MS = 1_700_000_000_000  # the log's clock
 LEASE_MS = 6_000
-ME = Holder("c", "i1")
+ME = MemberId("c", "i1")
 
 
 @dataclass(eq=False)
 class Worker:
     index: int
-    leases: list[LeasedRange] = field(default_factory=list)
+    leases: list[PoolLease] = field(default_factory=list)
     settled_at: tuple[int, int] | None = None
     running: bool = True
 
@@ -42,7 +42,7 @@ class Member:
         self.failing = False
         self.told: list[tuple[str, int, int, int]] = []  # (what, worker, partition, start)
 
-    def holder(self) -> Holder:
+    def holder(self) -> MemberId:
         return ME
 
     def fields(self) -> dict[str, Any]:
@@ -67,16 +67,16 @@ class Member:
         else:
             on_verdicts([self.world.apply(record, LOG_MS, 0) for record in records])
 
-    def leased(self, worker: Worker, leased: LeasedRange) -> None:
+    def leased(self, worker: Worker, leased: PoolLease) -> None:
         self.told.append(("lease", worker.index, leased.partition, leased.start))
 
-    def renewed(self, worker: Worker, leased: LeasedRange) -> None:
+    def renewed(self, worker: Worker, leased: PoolLease) -> None:
         self.told.append(("renewed", worker.index, leased.partition, leased.start))
 
-    def dropped(self, worker: Worker, leased: LeasedRange) -> None:
+    def dropped(self, worker: Worker, leased: PoolLease) -> None:
         pass
 
-    def progress_of(self, worker: Worker, leased: LeasedRange) -> int:
+    def progress_of(self, worker: Worker, leased: PoolLease) -> int:
         return max(leased.upto, leased.start)
 
 

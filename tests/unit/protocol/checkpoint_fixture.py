@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from marshal_workers.protocol import done_set
-from marshal_workers.protocol.range_leases import Holder, Lease, SharedPartition, Tries
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import Lease, SharedPartition, Tries
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Controls, Owner, PartitionState, Pause
+from marshal_workers.protocol.world_view import Controls, PartitionState, Pause
 
 GROUP = "g"
 HB = 1000
@@ -23,7 +24,7 @@ def full_state() -> WorldState:
     """Every position, lease, order and pause field set to something other than its default."""
     state = WorldState(GROUP, HB)
     state.partitions[("orders", 0)] = PartitionState(
-        owner=Owner("a", "a1"),
+        owner=MemberId("a", "a1"),
         last_ts=1_234,
         offset=40,
         amo_offset=38,
@@ -36,7 +37,7 @@ def full_state() -> WorldState:
         release_requested=True,
     )
     state.partitions[("orders", 1)] = PartitionState(last_ts=5, offset=12, amo_offset=99)
-    state.partitions[("payments", 3)] = PartitionState(owner=Owner("b", "b2"), last_ts=77)
+    state.partitions[("payments", 3)] = PartitionState(owner=MemberId("b", "b2"), last_ts=77)
     state.shared[("events", 2)] = SharedPartition(
         low=100,
         done=[(105, 107), (110, 111)],
@@ -44,7 +45,7 @@ def full_state() -> WorldState:
             120: Lease(
                 120,
                 130,
-                Holder("a", "a1"),
+                MemberId("a", "a1"),
                 expires=9_000,
                 amo=False,
                 claimed_at=3_000,
@@ -53,7 +54,7 @@ def full_state() -> WorldState:
                 progress=[(123, 125)],
                 dead={124},
             ),
-            140: Lease(140, 150, Holder("b", "b1"), expires=9_500, amo=True, claimed_at=3_500),
+            140: Lease(140, 150, MemberId("b", "b1"), expires=9_500, amo=True, claimed_at=3_500),
         },
         tries=[Tries(112, 115, 2)],
         acked=30,

@@ -12,9 +12,10 @@ from typing import Any, TypeVar
 from hypothesis import strategies as st
 
 from marshal_workers.protocol import done_set
-from marshal_workers.protocol.range_leases import Holder, Lease, SharedPartition, Tries
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import Lease, SharedPartition, Tries
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Controls, Owner, PartitionState, Pause
+from marshal_workers.protocol.world_view import Controls, PartitionState, Pause
 
 T = TypeVar("T")
 GROUP = "g"
@@ -44,7 +45,7 @@ def done_runs(draw: st.DrawFn, offset: int) -> tuple[int, ...] | None:
 
 @st.composite
 def partition_states(draw: st.DrawFn) -> PartitionState:
-    owner = draw(st.none() | st.builds(Owner, names, names))
+    owner = draw(st.none() | st.builds(MemberId, names, names))
     offset = draw(st.none() | offsets)
     drawn: dict[str, Any] = {
         "owner": owner,
@@ -82,7 +83,7 @@ def leases(draw: st.DrawFn, start: int, end: int) -> Lease:
     drawn: dict[str, Any] = {
         "start": start,
         "end": end,
-        "holder": draw(st.builds(Holder, names, names)),
+        "holder": draw(st.builds(MemberId, names, names)),
         "expires": draw(times),
         "amo": draw(st.booleans()),
         "claimed_at": draw(times),

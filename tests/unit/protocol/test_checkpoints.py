@@ -10,8 +10,8 @@ from test_world_state_properties import GROUP, HB, logs
 from test_world_state_properties import fold_all as fold
 
 from marshal_workers.protocol import checkpoints, codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 WRITER = {"v": 1, "group": GROUP, "client": "w", "instance": "w1"}
@@ -93,13 +93,13 @@ def test_the_live_member_with_the_lowest_instance_writes_and_anyone_once_it_is_l
     state = fold([codec.Claim(**WRITER | {"instance": i, "client": i}, ts=0, topic="t", partition=n)
                   for n, i in enumerate(["b", "a", "c"])])  # fmt: skip
     interval = 10 * HB
-    assert checkpoints.due(state, 0, 1, interval, Owner("b", "b"))  # none yet: anyone
+    assert checkpoints.due(state, 0, 1, interval, MemberId("b", "b"))  # none yet: anyone
     state.apply(codec.Checkpoint(**WRITER, ts=100, source=0, as_of=3), 100)
-    assert not checkpoints.due(state, 0, 100 + interval - 1, interval, Owner("a", "a"))  # not due yet
+    assert not checkpoints.due(state, 0, 100 + interval - 1, interval, MemberId("a", "a"))  # not due yet
     now = 100 + interval
     for n, i in enumerate(["b", "a", "c"]):  # all three alive
         state.apply(codec.Heartbeat(**WRITER | {"instance": i, "client": i}, ts=now - 500, topic="t", partition=n,
                                     offset=0), now - 500)  # fmt: skip
-    assert checkpoints.due(state, 0, now, interval, Owner("a", "a"))
-    assert not checkpoints.due(state, 0, now, interval, Owner("b", "b"))
-    assert checkpoints.due(state, 0, 100 + 2 * interval, interval, Owner("b", "b"))  # a is late: b writes
+    assert checkpoints.due(state, 0, now, interval, MemberId("a", "a"))
+    assert not checkpoints.due(state, 0, now, interval, MemberId("b", "b"))
+    assert checkpoints.due(state, 0, 100 + 2 * interval, interval, MemberId("b", "b"))  # a is late: b writes

@@ -7,10 +7,10 @@ import random
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.claiming import CLAIMS_PER_TICK, ClaimingPolicy, ClaimingSettings, HealthCall, lease_until
 from marshal_workers.protocol.health import PartitionHealth, Sample
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
-ME, OTHER = Owner("a", "a1"), Owner("b", "b1")
+ME, OTHER = MemberId("a", "a1"), MemberId("b", "b1")
 NOW_MS = 1_764_000_000_000
 COUNTS = {"t": 10}
 
@@ -19,7 +19,7 @@ def policy(**settings: object) -> ClaimingPolicy:
     return ClaimingPolicy(ME, ClaimingSettings(heartbeat_s=1.0, **settings), random.Random(1))  # type: ignore[arg-type]
 
 
-def claim(world: WorldState, who: Owner, partition: int, at: int) -> bool:
+def claim(world: WorldState, who: MemberId, partition: int, at: int) -> bool:
     return world.apply(codec.Claim(v=1, ts=at, group="g", client=who.client, instance=who.instance, topic="t",
                                    partition=partition), at)  # fmt: skip
 

@@ -13,8 +13,8 @@ from test_world_view import group_view_by_scan, group_view_of, holdings_by_scan,
 
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.copy_on_write import copy_before
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 
 @settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -46,20 +46,20 @@ def test_a_copy_before_a_record_folds_it_as_the_state_would_and_leaves_the_state
                 assert state.free_partitions(keys, now, *who) == folded.free_partitions(list(keys), now, *who)
             assert list(state.holdings(now).items()) == holdings_by_scan(folded, now)
         for who in CLIENTS:
-            assert state.release_requests(Owner(*who)) == release_requests_by_scan(folded, Owner(*who))
+            assert state.release_requests(MemberId(*who)) == release_requests_by_scan(folded, MemberId(*who))
         for lag in lags:  # the view kept in a box the copies share stays each state's own
             for who in CLIENTS[:3]:
                 for earlier, prefix in [(state, folded), (chain[-1], prefixes[-1])]:
                     now = record.ts + lag
-                    assert group_view_of(earlier, now, Owner(*who)) == group_view_by_scan(prefix, now, Owner(*who))
+                    assert group_view_of(earlier, now, MemberId(*who)) == group_view_by_scan(prefix, now, MemberId(*who))
         chain.append(state)
         prefixes.append(copy.deepcopy(folded))
     for kept, prefix in zip(chain, prefixes, strict=True):
         assert kept == prefix and kept.stats == prefix.stats
         for who in CLIENTS:  # the index a later copy changed is not this state's
-            assert kept.release_requests(Owner(*who)) == release_requests_by_scan(prefix, Owner(*who))
+            assert kept.release_requests(MemberId(*who)) == release_requests_by_scan(prefix, MemberId(*who))
             for now in (prefix.stats.applied * HB, 0, 10 * HB):
-                assert group_view_of(kept, now, Owner(*who)) == group_view_by_scan(prefix, now, Owner(*who))
+                assert group_view_of(kept, now, MemberId(*who)) == group_view_by_scan(prefix, now, MemberId(*who))
 
 
 def test_a_copy_before_a_record_it_does_not_know_is_a_whole_copy() -> None:
@@ -68,7 +68,7 @@ def test_a_copy_before_a_record_it_does_not_know_is_a_whole_copy() -> None:
     record = codec.ReleaseGroup(v=1, ts=2, group=GROUP, client="op", instance="op1", expires=3 * HB)
     copied = copy_before(state, record)
     copied.apply(record, 2)
-    assert state.owner("orders", 0) == Owner("a", "a1") and copied.owner("orders", 0) is None
+    assert state.owner("orders", 0) == MemberId("a", "a1") and copied.owner("orders", 0) is None
 
 
 def test_a_copy_before_a_range_record_leaves_the_source_s_leases_alone() -> None:

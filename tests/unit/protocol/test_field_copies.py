@@ -13,7 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from marshal_workers.protocol.field_copies import NoCopyRule, copier
-from marshal_workers.protocol.range_leases import Holder, SharedPartition
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import SharedPartition
 
 states = st.one_of(partition_states(), shared_partitions(), st.integers(0, 100).flatmap(lambda s: leases(s, s + 10)))
 
@@ -75,7 +76,7 @@ def test_items_that_are_dataclasses_are_copied_by_their_own_copier() -> None:
 class PlantedLeases(SharedPartition):
     """A subclass, as a test plants a bug in the fold: its copies must keep the bug."""
 
-    def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
+    def claim(self, start: int, end: int, holder: MemberId, at: int, lease_ms: int, amo: bool) -> bool:
         return True
 
 

@@ -16,18 +16,19 @@ import pytest
 from marshal_workers.errors import DecodeError
 from marshal_workers.observe.status import status_document
 from marshal_workers.protocol import checkpoints, codec
-from marshal_workers.protocol.range_leases import MAX_RANGE, MAX_WINDOW, Holder, SharedPartition, Tries
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import MAX_RANGE, MAX_WINDOW, SharedPartition, Tries
 from marshal_workers.protocol.refusals import refusals
 from marshal_workers.protocol.world_state import WorldState
 
-A = Holder("host-a", "a1")
-B = Holder("host-b", "b1")
+A = MemberId("host-a", "a1")
+B = MemberId("host-b", "b1")
 LEASE = 1000
 GROUP = "g"
 HB = 1000
 
 
-def partition(*claims: tuple[int, int, Holder], amo: bool = False, at: int = 0) -> SharedPartition:
+def partition(*claims: tuple[int, int, MemberId], amo: bool = False, at: int = 0) -> SharedPartition:
     shared = SharedPartition()
     for start, end, holder in claims:
         assert shared.claim(start, end, holder, at, LEASE, amo)
@@ -178,7 +179,7 @@ def test_a_cancel_gives_the_range_back_untried() -> None:
     "attempt",
     [
         lambda s: s.ack(0, 10, B, 5, (), ()),  # not the holder
-        lambda s: s.ack(0, 10, Holder("host-a", "a2"), 5, (), ()),  # the holder's client, another instance
+        lambda s: s.ack(0, 10, MemberId("host-a", "a2"), 5, (), ()),  # the holder's client, another instance
         lambda s: s.ack(0, 20, A, 5, (), ()),  # two leases at once
         lambda s: s.ack(5, 10, A, 5, (), ()),
         lambda s: s.ack(30, 40, A, 5, (), ()),  # nothing leased there
@@ -235,7 +236,7 @@ def test_free_ranges_split_where_the_try_count_changes() -> None:
 # ------------------------------------------------------------------------- through WorldState.apply
 
 
-def common(holder: Holder, ts: int, group: str = GROUP) -> dict[str, object]:
+def common(holder: MemberId, ts: int, group: str = GROUP) -> dict[str, object]:
     return {"v": 1, "ts": ts, "group": group, "client": holder.client, "instance": holder.instance}
 
 
@@ -299,7 +300,7 @@ def test_a_pause_refuses_range_claims_and_renewals_but_not_acks_and_cancels() ->
     state = WorldState(GROUP, HB)
     claim = codec.ClaimRanges(**common(A, 0), topic="t", lease_ms=10 * LEASE, ranges=ranges((0, 0, 10), (0, 10, 20)))
     assert fold_wire(state, claim)
-    fold_wire(state, codec.ReleaseGroup(**common(Holder("admin@ops", "op1"), 5), expires=5000))
+    fold_wire(state, codec.ReleaseGroup(**common(MemberId("admin@ops", "op1"), 5), expires=5000))
     before = copy.deepcopy(state.shared)
     paused_claim = codec.ClaimRanges(**common(B, 10), topic="t", lease_ms=LEASE, ranges=ranges((0, 20, 30)))
     assert tuple(fold_wire(state, paused_claim)) == (False,)  # type: ignore[arg-type]
@@ -506,15 +507,15 @@ def messages(*entries: tuple[int, int]) -> tuple[codec.MessageEntry, ...]:
     return tuple(codec.MessageEntry(partition=p, offset=offset) for p, offset in entries)
 
 
-def deliver(holder: Holder, ts: int, *entries: tuple[int, int], pending_ms: int = 100) -> codec.DeliverMessages:
+def deliver(holder: MemberId, ts: int, *entries: tuple[int, int], pending_ms: int = 100) -> codec.DeliverMessages:
     return codec.DeliverMessages(**common(holder, ts), topic="t", pending_ms=pending_ms, messages=messages(*entries))
 
 
-def client_ack(server: Holder, ts: int, *entries: tuple[int, int]) -> codec.AckMessages:
+def client_ack(server: MemberId, ts: int, *entries: tuple[int, int]) -> codec.AckMessages:
     return codec.AckMessages(**common(server, ts), topic="t", messages=messages(*entries))
 
 
-def client_cancel(server: Holder, ts: int, *entries: tuple[int, int]) -> codec.CancelMessages:
+def client_cancel(server: MemberId, ts: int, *entries: tuple[int, int]) -> codec.CancelMessages:
     return codec.CancelMessages(**common(server, ts), topic="t", messages=messages(*entries))
 
 
@@ -578,7 +579,7 @@ def test_an_ack_after_the_lease_lapsed_is_refused_even_before_the_pending_deadli
     "attempt",
     [
         lambda s: s.deliver(5, B, 5, 100),  # not the holder
-        lambda s: s.deliver(5, Holder("host-a", "a2"), 5, 100),  # the holder's client, another instance
+        lambda s: s.deliver(5, MemberId("host-a", "a2"), 5, 100),  # the holder's client, another instance
         lambda s: s.deliver(15, A, 5, 100),  # outside every lease
         lambda s: s.deliver(25, A, 5, 100),  # in B's lease
         lambda s: s.deliver(3, A, 5, 100),  # pending with a client already

@@ -31,19 +31,20 @@ from test_world_state_properties import garbage_values
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.protocol import checkpoints, codec
-from marshal_workers.protocol.range_leases import MAX_RANGE, MAX_WINDOW, Holder, Lease, SharedPartition
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import MAX_RANGE, MAX_WINDOW, Lease, SharedPartition
 from marshal_workers.protocol.world_state import Entry, WorldState, fold
 
 HB = 1000
 GROUP = "g"
-HOLDERS = [Holder("a", "a1"), Holder("b", "b1"), Holder("c", "c1")]
+HOLDERS = [MemberId("a", "a1"), MemberId("b", "b1"), MemberId("c", "c1")]
 TOPICS = {"alo": False, "amo": True}  # topic -> amo: how its writers claim it
 PARTITIONS = (0, 1)
 END = 80  # the partitions' end: offsets the writers pick from
 STEPS = [0, 0, 1, 5, 20, 50, 120]
 LEASE_MS = [30, 100, 250]
 PENDING_MS = [1, 20, 60, 150, 400]  # against STEPS and LEASE_MS: deadlines pass, some before their lease lapses
-OTHER_INSTANCE = Holder("a", "a2")  # the client of a holder, another instance: never a holder itself
+OTHER_INSTANCE = MemberId("a", "a2")  # the client of a holder, another instance: never a holder itself
 WRITER = {"v": 1, "group": GROUP, "client": "w", "instance": "w1"}
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
@@ -89,7 +90,7 @@ RANGE_GARBAGE = st.sampled_from(
 # ----------------------------------------------------------------------------------------- generation
 
 
-def leases_of(guide: WorldState, topic: str) -> list[tuple[int, int, int, Holder]]:
+def leases_of(guide: WorldState, topic: str) -> list[tuple[int, int, int, MemberId]]:
     found = []
     for partition in PARTITIONS:
         shared = guide.shared_partition(topic, partition)
@@ -98,7 +99,7 @@ def leases_of(guide: WorldState, topic: str) -> list[tuple[int, int, int, Holder
     return sorted(found)
 
 
-def range_entry(draw: st.DrawFn, guide: WorldState, topic: str, holder: Holder, now: int) -> tuple[int, int, int]:
+def range_entry(draw: st.DrawFn, guide: WorldState, topic: str, holder: MemberId, now: int) -> tuple[int, int, int]:
     """(partition, offset, end): mostly a lease of the writer (renew, ack, cancel) or a free range (claim)."""
     choice = draw(st.integers(0, 9))
     if choice < 7:
@@ -156,7 +157,7 @@ def free_to_hand_out(lease: Lease, now: int) -> list[int]:
     ]  # fmt: skip
 
 
-def holder_writer(draw: st.DrawFn, guide: WorldState, topic: str, now: int, others: list[Holder]) -> Holder:
+def holder_writer(draw: st.DrawFn, guide: WorldState, topic: str, now: int, others: list[MemberId]) -> MemberId:
     """Mostly the holder of a live lease of the topic (renewals, acks, cancels and hand-outs are the holder's);
     else one of ``others``."""
     holders = sorted({lease.holder for _, lease in leases_live(guide, topic, now)})
@@ -173,7 +174,7 @@ def pending_of(guide: WorldState, topic: str, now: int) -> list[tuple[int, int]]
     ]  # fmt: skip
 
 
-def deliver_entry(draw: st.DrawFn, guide: WorldState, topic: str, holder: Holder, now: int) -> tuple[int, int]:
+def deliver_entry(draw: st.DrawFn, guide: WorldState, topic: str, holder: MemberId, now: int) -> tuple[int, int]:
     """(partition, offset): mostly one the writer may hand out, sometimes one of its lease that it may not (acked,
     pending), one of another holder's lease, or one outside every lease."""
     live = leases_live(guide, topic, now)
@@ -302,7 +303,7 @@ def range_logs(draw: st.DrawFn, max_size: int = 50) -> list[codec.Record]:
 @dataclass
 class ModelLease:
     end: int
-    holder: Holder
+    holder: MemberId
     expires: int
     amo: bool
     handouts: dict[int, list[int]] = field(default_factory=dict)  # offset -> the pending deadline of each hand-out
@@ -381,7 +382,7 @@ class Model:
                     if not lease.settled(offset):
                         self.given_back(offset, lease.amo)
 
-    def claim(self, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
+    def claim(self, start: int, end: int, holder: MemberId, at: int, lease_ms: int, amo: bool) -> bool:
         if not (start < end and end - start <= MAX_RANGE):
             return False
         self.lapse(at)
@@ -394,12 +395,12 @@ class Model:
         self.leases[start] = ModelLease(end, holder, at + lease_ms, amo)
         return True
 
-    def held(self, start: int, end: int, holder: Holder, at: int) -> bool:
+    def held(self, start: int, end: int, holder: MemberId, at: int) -> bool:
         self.lapse(at)
         lease = self.leases.get(start)
         return lease is not None and lease.end == end and lease.holder == holder
 
-    def renew(self, start: int, end: int, holder: Holder, at: int, lease_ms: int) -> bool:
+    def renew(self, start: int, end: int, holder: MemberId, at: int, lease_ms: int) -> bool:
         if not self.held(start, end, holder, at):
             return False
         lease = self.leases[start]
@@ -407,7 +408,7 @@ class Model:
         return True
 
     def reported_on(
-        self, start: int, end: int, holder: Holder, at: int, failed: tuple[int, ...], dead: tuple[int, ...]
+        self, start: int, end: int, holder: MemberId, at: int, failed: tuple[int, ...], dead: tuple[int, ...]
     ) -> ModelLease | None:
         # The holder's live lease at ``start``, if its report on [start, end) is well formed (offsets inside, sorted,
         # failed and dead apart); else None.
@@ -422,7 +423,7 @@ class Model:
             return None
         return lease
 
-    def ack(self, start: int, end: int, holder: Holder, at: int, failed: tuple[int, ...], dead: tuple[int, ...]) -> bool:
+    def ack(self, start: int, end: int, holder: MemberId, at: int, failed: tuple[int, ...], dead: tuple[int, ...]) -> bool:
         # The holder settles its lease from its start up to ``end`` (a prefix, or all of it); the rest goes back
         # untried, except what clients acked (done whatever ``failed`` says, counted acked once) and what was handed
         # to a client and not acked (tried).
@@ -444,7 +445,7 @@ class Model:
         return True
 
     def progress(
-        self, start: int, end: int, holder: Holder, at: int, failed: tuple[int, ...], dead: tuple[int, ...]
+        self, start: int, end: int, holder: MemberId, at: int, failed: tuple[int, ...], dead: tuple[int, ...]
     ) -> bool:
         # The holder marks [start, end) but failed as done inside its live lease; nothing is settled until it ends.
         lease = self.reported_on(start, end, holder, at, failed, dead)
@@ -456,7 +457,7 @@ class Model:
         self.ever_marked |= marked
         return True
 
-    def cancel(self, start: int, end: int, holder: Holder, at: int) -> bool:
+    def cancel(self, start: int, end: int, holder: MemberId, at: int) -> bool:
         # Back untried, except what clients acked (done) and what was handed to a client and not acked (tried).
         if not self.held(start, end, holder, at):
             return False
@@ -472,7 +473,7 @@ class Model:
         assert len(found) <= 1 and all(lease.expires > at for lease in found)
         return found[0] if found else None
 
-    def deliver(self, offset: int, holder: Holder, at: int, pending_ms: int) -> bool:
+    def deliver(self, offset: int, holder: MemberId, at: int, pending_ms: int) -> bool:
         lease = self.covering(offset, at)
         if lease is None or lease.holder != holder or lease.settled(offset) or lease.pending(offset, at):
             return False
@@ -501,7 +502,7 @@ MESSAGE_RECORDS = (codec.DeliverMessages, codec.AckMessages, codec.CancelMessage
 
 
 def model_verdicts(models: dict[tuple[str, int], Model], record: codec.Record, paused: bool) -> list[bool]:
-    holder = Holder(record.client, record.instance)
+    holder = MemberId(record.client, record.instance)
     at = record.ts
     verdicts = []
     if isinstance(record, MESSAGE_RECORDS):  # one verdict per message; a pause does not stop them

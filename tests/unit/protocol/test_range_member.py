@@ -11,15 +11,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from property_runs import examples
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import MAX_LEASE_MS, Holder, SharedPartition
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import MAX_LEASE_MS, SharedPartition
 from marshal_workers.protocol.range_member import (
     RangeMember,
-    Wanted,
+    WantedRange,
     crashed_entry,
     given_back_entry,
     handled_entry,
@@ -30,12 +31,12 @@ from marshal_workers.protocol.world_state import WorldState, per_entry
 
 GROUP = "g"
 TOPIC = "thumbs"
-US = Holder("us", "us-1")
-OTHERS = [Holder("a", "a-1"), Holder("b", "b-1")]
+US = MemberId("us", "us-1")
+OTHERS = [MemberId("a", "a-1"), MemberId("b", "b-1")]
 END = 120  # the partitions' end in the generated logs
 
 
-def fields(holder: Holder, ts: int) -> dict[str, object]:
+def fields(holder: MemberId, ts: int) -> dict[str, object]:
     return {"v": 1, "ts": ts, "group": GROUP, "client": holder.client, "instance": holder.instance}
 
 
@@ -88,7 +89,7 @@ def test_a_member_acts_on_a_lease_only_while_the_log_holds_it_for_it(
     world = WorldState(GROUP, 1000)
     now = 1_000_000
     at = now + latency - skew
-    assert fold(world, member.claim(fields(US, at), [Wanted(0, 0, 10, 0)]), at) == [True]
+    assert fold(world, member.claim(fields(US, at), [WantedRange(0, 0, 10, 0)]), at) == [True]
     held = Held(0, 0, 10, member.deadline(now))
     for advance, lands, renewal_latency in steps:
         now += advance
@@ -142,8 +143,19 @@ claims = st.lists(
     log=claims, want=st.integers(1, 6), idle=st.integers(0, 3), size=st.sampled_from([1, 7, 25, 100]),
     probe=st.sampled_from([1, 25]), later=st.integers(0, 4_000), seed=st.integers(0, 2**16), split=st.booleans(),
 )  # fmt: skip
+# [60,100) failed once and [100,101)'s lease lapsed by ``now``: the fold gives [60,101) one try each, one range
+# (a check that left the lapse out saw 40 offsets of one try and one of none).
+@example(
+    log=[(OTHERS[0], 1, 60, 40, 3_000, "fail", 0), (OTHERS[0], 1, 100, 1, 1, "hold", 0)], want=1, idle=0, size=100,
+    probe=1, later=1, seed=2, split=False,
+)  # fmt: skip
+# A range of nothing but a lapsed lease's offsets: delivered once, so one try (the member said none: counted from
+# the folded state, without the lapse, its messages would have been dead-lettered a delivery late).
+@example(
+    log=[(OTHERS[0], 1, 100, 1, 1, "hold", 0)], want=4, idle=0, size=100, probe=1, later=1, seed=2, split=False
+)  # fmt: skip
 def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_all(
-    log: list[tuple[Holder, int, int, int, int, str, int]], want: int, idle: int, size: int, probe: int, later: int,
+    log: list[tuple[MemberId, int, int, int, int, str, int]], want: int, idle: int, size: int, probe: int, later: int,
     seed: int, split: bool,
 ) -> None:
     """Others claim (and ack, cancel or fail) ranges, their leases lapsing as time passes; the member asks for
@@ -177,7 +189,9 @@ def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_al
         others = [w for w in choice.ranges if w is not wanted and w.partition == wanted.partition]
         assert not any(w.start < wanted.end and wanted.start < w.end for w in others), "two ranges overlap"
         if state is not None:
-            tries = state.tries_in(wanted.start, wanted.end)  # as free_candidates counts them
+            # As the fold will count them when the claim is folded: the leases lapsed by ``now`` give their offsets
+            # one try more.
+            tries = state.tries_in(wanted.start, wanted.end, now)
             assert all(t.count == wanted.tries for t in tries) and (
                 not wanted.tries or sum(t.end - t.start for t in tries) == wanted.end - wanted.start
             ), f"{wanted} mixes offsets of different tries"
@@ -185,6 +199,20 @@ def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_al
         record = member.claim(fields(US, now), choice.ranges)
         assert fold(world, record, now) == [True] * len(choice.ranges), "the fold refused a range asked for"
         assert member.won(choice.ranges, [True] * len(choice.ranges)) == choice.ranges
+
+
+def test_an_idle_worker_waits_past_what_a_lapsed_at_most_once_lease_lost() -> None:
+    """An at-most-once lease lapsed by ``now``, not yet in the fold: its offsets are lost (done), so an idle worker's
+    one-offset range at the partition's end starts past them, where the fold accepts it (not at the folded
+    low-water mark, below the one the lapse moves up)."""
+    world = WorldState(GROUP, 1000)
+    entry = codec.RangeEntry(partition=1, offset=0, end=10)
+    assert fold(world, codec.ClaimRanges(**fields(OTHERS[0], 1_000), topic=TOPIC, lease_ms=1, amo=True,
+                                          ranges=(entry,)), 1_000) == [True]  # fmt: skip
+    member = RangeMember(TOPIC, 30_000)
+    choice = member.choose(world, {1: 10}, {}, 1_001, 100, 1, 1, random.Random(1))
+    assert choice.ranges == [WantedRange(1, 10, 11, 0)]
+    assert fold(world, member.claim(fields(US, 1_001), choice.ranges), 1_001) == [True]
 
 
 def test_a_partition_never_leased_is_looked_up_before_anything_is_asked() -> None:
@@ -195,7 +223,7 @@ def test_a_partition_never_leased_is_looked_up_before_anything_is_asked() -> Non
 
 def test_the_records_carry_the_members_topic_lease_and_mode() -> None:
     member = RangeMember(TOPIC, 45_000, amo=True)
-    claim = member.claim(fields(US, 5), [Wanted(2, 10, 20, 1)])
+    claim = member.claim(fields(US, 5), [WantedRange(2, 10, 20, 1)])
     assert (claim.topic, claim.lease_ms, claim.amo) == (TOPIC, 45_000, True)
     assert claim.ranges == (codec.RangeEntry(partition=2, offset=10, end=20),)
     renewal = member.renewal(fields(US, 6), [Held(2, 10, 20, 0)])
@@ -310,7 +338,7 @@ def test_a_range_given_back_by_the_http_service_settles_exactly_what_clients_fin
 def test_the_backlog_that_sizes_ranges_is_the_topics_not_handed_out_offsets() -> None:
     world = WorldState(GROUP, 1000)
     world.shared[("t", 0)] = state = SharedPartition()
-    assert state.claim(100, 200, Holder("a", "1"), 0, 60_000, False)  # 100..199 leased: not backlog
+    assert state.claim(100, 200, MemberId("a", "1"), 0, 60_000, False)  # 100..199 leased: not backlog
     backlog, live = topic_backlog(world, "t", {0: 500, 1: 50, 2: 70}, {1: 20}, now_ms=10)
     assert backlog == (500 - 200) + (50 - 20), "partition 2's start is not known yet: not counted"
     assert [(lease.start, lease.end) for lease in live] == [(100, 200)]
@@ -332,14 +360,14 @@ def test_a_reader_that_joins_a_partition_another_reads_on_starts_halfway_through
     member = RangeMember(TOPIC, 30_000)
     ends, initial = {0: 1000}, {0: 0}
 
-    def choose(want: int, follow: list[tuple[int, int]], split: bool = True) -> list[Wanted]:
+    def choose(want: int, follow: list[tuple[int, int]], split: bool = True) -> list[WantedRange]:
         return member.choose(world, ends, initial, at, 100, want, 0, random.Random(1), follow=follow, split=split).ranges
 
-    assert choose(2, []) == [Wanted(0, 550, 650, 0), Wanted(0, 650, 750, 0)], "the joiner: from halfway, contiguous"
-    assert choose(2, [(0, 100)]) == [Wanted(0, 100, 200, 0), Wanted(0, 550, 650, 0)], "the reader reads on"
-    assert choose(1, [], split=False) == [Wanted(0, 100, 200, 0)], "without split: the lowest, as before"
+    assert choose(2, []) == [WantedRange(0, 550, 650, 0), WantedRange(0, 650, 750, 0)], "the joiner: from halfway, contiguous"
+    assert choose(2, [(0, 100)]) == [WantedRange(0, 100, 200, 0), WantedRange(0, 550, 650, 0)], "the reader reads on"
+    assert choose(1, [], split=False) == [WantedRange(0, 100, 200, 0)], "without split: the lowest, as before"
     ends = {0: 250}
-    assert choose(1, []) == [Wanted(0, 100, 200, 0)], "a stretch shorter than two ranges is not split"
+    assert choose(1, []) == [WantedRange(0, 100, 200, 0)], "a stretch shorter than two ranges is not split"
 
 
 def test_each_reader_of_a_partition_reads_on_where_it_stands_and_a_joiner_halves_the_longest_stretch() -> None:
@@ -352,14 +380,14 @@ def test_each_reader_of_a_partition_reads_on_where_it_stands_and_a_joiner_halves
     assert fold(world, codec.ClaimRanges(**fields(US, at), topic=TOPIC, lease_ms=30_000, ranges=entries), at) == [True, True]
     member = RangeMember(TOPIC, 30_000)
 
-    def choose(want: int, follow: list[tuple[int, int]]) -> list[Wanted]:
+    def choose(want: int, follow: list[tuple[int, int]]) -> list[WantedRange]:
         return member.choose(world, {0: 1_000_000}, {0: 0}, at, 10_000, want, 0, random.Random(1), follow=follow,
                              split=True).ranges  # fmt: skip
 
     assert choose(4, [(0, 10_000), (0, 10_000), (0, 410_000), (0, 410_000)]) == [
-        Wanted(0, 10_000, 20_000, 0), Wanted(0, 20_000, 30_000, 0), Wanted(0, 410_000, 420_000, 0),
-        Wanted(0, 420_000, 430_000, 0),
+        WantedRange(0, 10_000, 20_000, 0), WantedRange(0, 20_000, 30_000, 0), WantedRange(0, 410_000, 420_000, 0),
+        WantedRange(0, 420_000, 430_000, 0),
     ], "both read on"  # fmt: skip
-    assert choose(2, []) == [Wanted(0, 705_000, 715_000, 0), Wanted(0, 715_000, 725_000, 0)], (
+    assert choose(2, []) == [WantedRange(0, 705_000, 715_000, 0), WantedRange(0, 715_000, 725_000, 0)], (
         "a joiner: halfway through the longest stretch (410,000 to the end), not into either reader's way"
     )

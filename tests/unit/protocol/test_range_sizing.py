@@ -8,14 +8,15 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marshal_workers.protocol.range_leases import Holder, Lease
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import Lease
 from marshal_workers.protocol.range_sizing import CAP, FLOOR, MOST_SPAN_MS, RangeSizing, target_span_ms
 
 LEASE_MS = 60_000
-ME, OTHER, THIRD = Holder("me", "1"), Holder("other", "1"), Holder("third", "1")
+ME, OTHER, THIRD = MemberId("me", "1"), MemberId("other", "1"), MemberId("third", "1")
 
 
-def lease(holder: Holder, start: int = 0) -> Lease:
+def lease(holder: MemberId, start: int = 0) -> Lease:
     return Lease(start, start + 10, holder, 10**9, False, 0)
 
 

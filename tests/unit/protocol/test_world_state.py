@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import Entry, WorldState, fold
-from marshal_workers.protocol.world_view import Owner
 
 HB = 1000
 GROUP = "billing"
@@ -50,7 +50,7 @@ def world(*records: codec.Record) -> tuple[WorldState, list[bool]]:
 def test_first_claim_on_a_free_partition_wins_and_later_racers_lose() -> None:
     state, verdicts = world(claim("a", "a1", 10), claim("b", "b1", 11), claim("c", "c1", 12))
     assert verdicts == [True, False, False]
-    assert state.owner("orders", 0) == Owner("a", "a1")
+    assert state.owner("orders", 0) == MemberId("a", "a1")
 
 
 def test_a_claim_is_refused_until_the_owner_is_more_than_two_heartbeats_silent() -> None:
@@ -58,7 +58,7 @@ def test_a_claim_is_refused_until_the_owner_is_more_than_two_heartbeats_silent()
     assert verdicts == [True, False]  # exactly 2*HB is not yet stale
     state, verdicts = world(claim("a", "a1", 0), claim("b", "b1", 2 * HB + 1))
     assert verdicts == [True, True]
-    assert state.owner("orders", 0) == Owner("b", "b1")
+    assert state.owner("orders", 0) == MemberId("b", "b1")
 
 
 def test_heartbeats_keep_a_claim_alive_past_two_intervals() -> None:
@@ -71,7 +71,7 @@ def test_heartbeats_keep_a_claim_alive_past_two_intervals() -> None:
 def test_a_restarted_client_reclaims_its_partition_at_once() -> None:
     state, verdicts = world(claim("a", "a1", 0), heartbeat("a", "a1", 10, 7), claim("a", "a2", 20))
     assert verdicts == [True, True, True]
-    assert state.owner("orders", 0) == Owner("a", "a2")
+    assert state.owner("orders", 0) == MemberId("a", "a2")
     assert state.get("orders", 0).resume_offset == 7  # type: ignore[union-attr]
 
 
@@ -110,7 +110,7 @@ def test_a_zombie_cannot_take_back_a_partition_taken_over_after_it_went_stale() 
         claim("a", "a1", 100 + 2 * HB + 3),
     )
     assert verdicts == [True, True, True, False, False]
-    assert state.owner("orders", 0) == Owner("b", "b1")
+    assert state.owner("orders", 0) == MemberId("b", "b1")
 
 
 # --------------------------------------------------------------- releases
@@ -119,14 +119,14 @@ def test_a_zombie_cannot_take_back_a_partition_taken_over_after_it_went_stale() 
 def test_a_release_frees_the_partition_at_once_and_carries_the_offset() -> None:
     state, verdicts = world(claim("a", "a1", 0), release("a", "a1", 10, 77), claim("b", "b1", 11))
     assert verdicts == [True, True, True]
-    assert state.owner("orders", 0) == Owner("b", "b1")
+    assert state.owner("orders", 0) == MemberId("b", "b1")
     assert state.get("orders", 0).resume_offset == 77  # type: ignore[union-attr]
 
 
 def test_a_release_from_a_non_owner_is_ignored() -> None:
     state, verdicts = world(claim("a", "a1", 0), release("b", "b1", 10, 5), release("a", "a0", 11, 6))
     assert verdicts == [True, False, False]
-    assert state.owner("orders", 0) == Owner("a", "a1")
+    assert state.owner("orders", 0) == MemberId("a", "a1")
 
 
 # ------------------------------------------------------- message claims
@@ -231,7 +231,7 @@ def test_a_record_on_the_wrong_coordination_partition_is_skipped() -> None:
 def test_fold_leaves_its_input_alone() -> None:
     base = WorldState(GROUP, HB)
     after = fold([Entry(claim("a", "a1", 0), 0)], base)
-    assert base.partitions == {} and after.owner("orders", 0) == Owner("a", "a1")
+    assert base.partitions == {} and after.owner("orders", 0) == MemberId("a", "a1")
 
 
 def test_heartbeat_interval_must_be_positive() -> None:

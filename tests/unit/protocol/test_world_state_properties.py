@@ -13,8 +13,9 @@ from property_runs import examples
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.protocol import codec, done_set
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner, PartitionState
+from marshal_workers.protocol.world_view import PartitionState
 
 HB = 1000
 GROUP = "g"
@@ -115,7 +116,7 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
         accepted = state.apply(record, at)
         after = state.partitions.get(key) if key else None
         owner = before.owner if before else None
-        me = Owner(record.client, record.instance)
+        me = MemberId(record.client, record.instance)
 
         if isinstance(record, codec.Claim):
             claimable = (
@@ -245,7 +246,7 @@ def test_a_race_of_many_claimants_has_exactly_one_winner_the_earliest() -> None:
         rnd.shuffle(claimants)
         log = [codec.Claim(v=1, ts=10 + i, group=GROUP, client=c, instance=i_, topic="orders", partition=0) for i, (c, i_) in enumerate(claimants)]
         state = fold_all(log)
-        assert state.owner("orders", 0) == Owner(*claimants[0])
+        assert state.owner("orders", 0) == MemberId(*claimants[0])
         assert isinstance(state.get("orders", 0), PartitionState)
 
 

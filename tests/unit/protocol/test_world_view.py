@@ -13,8 +13,9 @@ from test_world_state import claim, heartbeat, release, release_group, world
 from test_world_state_properties import CLIENTS, GROUP, HB, STEPS, TOPICS, fold_all, logs
 
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Liveness, Owner
+from marshal_workers.protocol.world_view import Liveness
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 
@@ -52,35 +53,35 @@ def test_owned_by_lists_a_clients_partitions() -> None:
 
 def test_live_members_are_fresh_owners_and_recent_claimants_whatever_the_verdict() -> None:
     state, _ = world(claim("a", "a1", 0), claim("b", "b1", 1000), heartbeat("a", "a1", 1500, 5))  # b refused
-    assert state.live_members(2000) == {Owner("a", "a1"), Owner("b", "b1")}
-    assert state.live_members(1000 + 2 * HB) == {Owner("a", "a1"), Owner("b", "b1")}
+    assert state.live_members(2000) == {MemberId("a", "a1"), MemberId("b", "b1")}
+    assert state.live_members(1000 + 2 * HB) == {MemberId("a", "a1"), MemberId("b", "b1")}
     assert state.live_members(1500 + 2 * HB + 1) == set()  # a stale, b's claim too old
 
 
 def test_a_zombie_heartbeat_does_not_make_a_member() -> None:
     state, _ = world(claim("a", "a1", 0), heartbeat("z", "z1", 500, 5))
-    assert state.live_members(1000) == {Owner("a", "a1")}
+    assert state.live_members(1000) == {MemberId("a", "a1")}
 
 
 def test_a_member_that_released_everything_is_gone_at_once() -> None:
     state, _ = world(claim("a", "a1", 0), claim("b", "b1", 0, partition=1), release("a", "a1", 3 * HB, 7))
     state.apply(heartbeat("b", "b1", 3 * HB, 1, partition=1), 3 * HB)
-    assert state.live_members(3 * HB + 1) == {Owner("b", "b1")}
+    assert state.live_members(3 * HB + 1) == {MemberId("b", "b1")}
 
 
 def test_holdings_list_the_partitions_of_owners_that_are_not_stale() -> None:
     state, _ = world(claim("a", "a1", 0), claim("a", "a1", 0, partition=1), claim("b", "b1", 1000, partition=2))
     assert {k: sorted(v) for k, v in state.holdings(2 * HB).items()} == {
-        Owner("a", "a1"): [("orders", 0), ("orders", 1)],
-        Owner("b", "b1"): [("orders", 2)],
+        MemberId("a", "a1"): [("orders", 0), ("orders", 1)],
+        MemberId("b", "b1"): [("orders", 2)],
     }
-    assert state.holdings(2 * HB + 1) == {Owner("b", "b1"): [("orders", 2)]}
+    assert state.holdings(2 * HB + 1) == {MemberId("b", "b1"): [("orders", 2)]}
 
 
 def test_askers_are_those_whose_claim_of_a_live_owners_partition_was_refused_within_two_heartbeats() -> None:
     state, verdicts = world(claim("a", "a1", 0), claim("b", "b1", 1000), claim("c", "c1", 1000, partition=1))
     assert verdicts == [True, False, True]  # b asked for a's partition; c claimed a free one
-    assert state.askers(1000 + 2 * HB) == {Owner("b", "b1")}
+    assert state.askers(1000 + 2 * HB) == {MemberId("b", "b1")}
     assert state.askers(1000 + 2 * HB + 1) == set()
 
 
@@ -89,7 +90,7 @@ def test_a_member_that_claims_a_partition_after_asking_is_no_longer_asking() -> 
     assert verdicts == [True, False, True]  # b asked for a's partition, then got a free one
     assert state.askers(1500) == set(), "answered: b asks again if it still wants more"
     state.apply(claim("b", "b1", 1600), 1600)
-    assert state.askers(1600) == {Owner("b", "b1")}
+    assert state.askers(1600) == {MemberId("b", "b1")}
 
 
 @settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
@@ -127,31 +128,31 @@ def test_free_partitions_index_answers_as_the_scan_between_records(
     assert restored.free_partitions(keys, now, *who) == [key for key in keys if restored.is_free(*key, now, *who)]
 
 
-def holdings_by_scan(state: WorldState, now: int) -> list[tuple[Owner, list[tuple[str, int]]]]:
+def holdings_by_scan(state: WorldState, now: int) -> list[tuple[MemberId, list[tuple[str, int]]]]:
     """``holdings`` as its definition reads: every owner heard from within 2*HB, its partitions in the fold's order."""
-    held: dict[Owner, list[tuple[str, int]]] = {}
+    held: dict[MemberId, list[tuple[str, int]]] = {}
     for key, found in state.partitions.items():
         if found.owner is not None and now - found.last_ts <= 2 * HB:
             held.setdefault(found.owner, []).append(key)
     return list(held.items())
 
 
-def group_view_by_scan(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
+def group_view_by_scan(state: WorldState, now: int, me: MemberId) -> tuple[dict[MemberId, int], set[MemberId], int]:
     """``group_view`` as its definition reads: live members with their holdings, askers, the most held by others."""
     held = {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
-    claimed = {Owner(state.clients[i], i) for i, at in state.last_claim.items() if now - at <= 2 * HB}
+    claimed = {MemberId(state.clients[i], i) for i, at in state.last_claim.items() if now - at <= 2 * HB}
     counts = {member: held.get(member, 0) for member in set(held) | claimed}
-    askers = {Owner(state.clients[i], i) for i, at in state.last_refused_claim.items()
+    askers = {MemberId(state.clients[i], i) for i, at in state.last_refused_claim.items()
               if now - at <= 2 * HB and state.last_claim.get(i) == at}  # fmt: skip
     return counts, askers, max((n for m, n in counts.items() if m != me), default=0)
 
 
-def group_view_of(state: WorldState, now: int, me: Owner) -> tuple[dict[Owner, int], set[Owner], int]:
+def group_view_of(state: WorldState, now: int, me: MemberId) -> tuple[dict[MemberId, int], set[MemberId], int]:
     view = state.group_view(now)
     return dict(view.counts), set(view.askers), view.most_held_by_others(me)
 
 
-def release_requests_by_scan(state: WorldState, owner: Owner) -> frozenset[tuple[str, int]]:
+def release_requests_by_scan(state: WorldState, owner: MemberId) -> frozenset[tuple[str, int]]:
     """``release_requests`` as its definition reads."""
     return frozenset(k for k, found in state.partitions.items() if found.release_requested and found.owner == owner)
 
@@ -175,7 +176,7 @@ def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_reco
                 assert state.free_partitions(keys, now, *who) == [key for key in keys if state.is_free(*key, now, *who)]
                 assert list(state.holdings(now).items()) == holdings_by_scan(state, now)
                 assert state.holding_counts(now) == {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
-                assert state.release_requests(Owner(*who)) == release_requests_by_scan(state, Owner(*who))
-                assert group_view_of(state, now, Owner(*who)) == group_view_by_scan(state, now, Owner(*who))
-            state.holdings(now)[Owner("x", "x1")] = []  # a caller's change to an answer changes no later answer
+                assert state.release_requests(MemberId(*who)) == release_requests_by_scan(state, MemberId(*who))
+                assert group_view_of(state, now, MemberId(*who)) == group_view_by_scan(state, now, MemberId(*who))
+            state.holdings(now)[MemberId("x", "x1")] = []  # a caller's change to an answer changes no later answer
             assert list(state.holdings(now).items()) == holdings_by_scan(state, now)

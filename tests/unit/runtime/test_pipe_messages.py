@@ -9,10 +9,10 @@ import pytest
 from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.runtime.messages import (
     Abandoned,
-    ClaimMessages,
+    ClaimBatch,
     ClaimVerdict,
-    Lease,
     Outcomes,
+    RangeLeased,
     Renewed,
     Returned,
     Settled,
@@ -21,10 +21,10 @@ from marshal_workers.runtime.messages import (
 )
 
 MESSAGES = [
-    ClaimMessages(500),
+    ClaimBatch(500),
     *(ClaimVerdict(answer) for answer in ClaimAnswer),
     Outcomes({"errors": {"ValueError": 2}, "retries": 1, "ignored": 0, "rejected": 0, "too_old": 0, "other_group": 3}),
-    Lease(3, 100, 200, 123_456, 2),
+    RangeLeased(3, 100, 200, 123_456, 2),
     Renewed(3, 100, 133_456),
     Stop(),
     Started(3, 100),

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import MAX_RANGE, Holder, Lease, SharedPartition
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import MAX_RANGE, Lease, SharedPartition
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.simulation.faults import parse_fault
 from marshal_workers.simulation.sim_config import SimConfig
@@ -26,7 +27,7 @@ def overlapping_claims(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug planted in the fold's range leases that ship: a range claim is accepted even where a live lease holds
     some of its offsets."""
 
-    def claim(self: SharedPartition, start: int, end: int, holder: Holder, at: int, lease_ms: int, amo: bool) -> bool:
+    def claim(self: SharedPartition, start: int, end: int, holder: MemberId, at: int, lease_ms: int, amo: bool) -> bool:
         if not (start < end and end - start <= MAX_RANGE):
             return False
         self.lapse(at)

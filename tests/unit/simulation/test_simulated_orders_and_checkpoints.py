@@ -19,9 +19,9 @@ from marshal_workers.cli import main
 from marshal_workers.errors import ConfigError
 from marshal_workers.member import obeying
 from marshal_workers.protocol import checkpoints
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.orders import Orders, orders_for
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.simulation.faults import parse_fault
 from marshal_workers.simulation.report import replay_command
 from marshal_workers.simulation.sim_config import SimConfig
@@ -113,7 +113,7 @@ def test_two_processes_with_different_str_hashing_print_the_same_json() -> None:
 # --------------------------------------------------------------- planted bugs
 
 
-def ignores_releases(world: WorldState, me: Owner, started_ms: int, now_ms: int) -> Orders:
+def ignores_releases(world: WorldState, me: MemberId, started_ms: int, now_ms: int) -> Orders:
     """A bug to plant in the member core: its reading of the orders never sees a release order."""
     return replace(orders_for(world, me, started_ms, now_ms), release=frozenset())
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from marshal_workers.errors import DecodeError
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.spark.ownership import ClientCounts, Handoff, LogSummary, OwnershipAudit, Tenure, Zombie
 
 HB = 1000
@@ -201,7 +201,7 @@ def test_auditing_each_coordination_partition_alone_agrees_with_the_whole_fold(b
     assert sum(s.records for s in summaries) == whole.stats.applied
     assert sum(s.accepted for s in summaries) == whole.stats.accepted
     assert sum(s.partitions for s in summaries) == len(whole.partitions)
-    still_owned = {(t.topic, t.partition): Owner(t.client, t.instance) for t in of(events, Tenure) if t.end_ms is None}
+    still_owned = {(t.topic, t.partition): MemberId(t.client, t.instance) for t in of(events, Tenure) if t.end_ms is None}
     assert still_owned == {key: p.owner for key, p in whole.partitions.items() if p.owner is not None}
 
     handoffs, zombies = of(events, Handoff), of(events, Zombie)

@@ -19,11 +19,11 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordinator import Coordinator
-from marshal_workers.kafka.offsets import OffsetLookupError
+from marshal_workers.kafka.committed_offsets import OffsetLookupError
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 from marshal_workers.runtime.channel import Slot, WorkerSpec
 
 HB_S = 1.0
@@ -50,8 +50,8 @@ class FoldedCoordinator(Coordinator):
         self._release_events, self._release_events_writer = socket.socketpair()
 
     @property
-    def me(self) -> Owner:
-        return Owner(self.client, self.instance)
+    def me(self) -> MemberId:
+        return MemberId(self.client, self.instance)
 
     def read(self, query: Callable[[WorldState], Any]) -> Any:
         return query(self.world)
@@ -68,7 +68,7 @@ class FoldedCoordinator(Coordinator):
         self._release_events_writer.close()
 
 
-def record_of(who: Owner, ts: int) -> dict[str, Any]:
+def record_of(who: MemberId, ts: int) -> dict[str, Any]:
     """The common fields of a record written by ``who`` at ``ts``."""
     return {"v": codec.VERSION, "ts": ts, "group": "g", "client": who.client, "instance": who.instance}
 

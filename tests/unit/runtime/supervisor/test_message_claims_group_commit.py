@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from supervisor_fakes import RecordedWrites, new_slot, settings
 
-from marshal_workers.kafka.coordinator import Coordinator
+from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.runtime.channel import Field
-from marshal_workers.runtime.messages import ClaimMessages
+from marshal_workers.runtime.messages import ClaimBatch
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 from marshal_workers.runtime.supervisor.message_claims import MessageClaims
 
@@ -64,9 +64,9 @@ def answer(worker: Connection) -> ClaimAnswer | None:
 def one_in_flight_one_held(claims: Claims) -> tuple[Connection, Connection]:
     """Partition 0's worker claims up to 500 (written, in flight), then partition 1's up to 700 (held)."""
     first, second = claims.worker(0), claims.worker(1)
-    first.send(ClaimMessages(500))
+    first.send(ClaimBatch(500))
     claims.pass_of_the_loop()
-    second.send(ClaimMessages(700))
+    second.send(ClaimBatch(700))
     claims.pass_of_the_loop()
     return first, second
 
@@ -78,12 +78,12 @@ def claims() -> Claims:
 
 def test_claims_asked_while_a_write_is_in_flight_go_together_in_the_next_write(claims: Claims) -> None:
     first, second, third = claims.worker(0), claims.worker(1), claims.worker(2)
-    first.send(ClaimMessages(500))
+    first.send(ClaimBatch(500))
     claims.pass_of_the_loop()
     assert [w.claims for w in claims.recorded.writes] == [[("t", 0, 500)]]
-    second.send(ClaimMessages(700))
+    second.send(ClaimBatch(700))
     claims.pass_of_the_loop()
-    third.send(ClaimMessages(900))
+    third.send(ClaimBatch(900))
     claims.pass_of_the_loop()
     assert len(claims.recorded.writes) == 1, "held while the first write is in flight"
     assert not second.poll(0.05) and not third.poll(0), "no answer before their claims are written"
@@ -124,7 +124,7 @@ def test_a_held_claim_of_a_partition_lost_meanwhile_is_refused_without_a_write(c
 
 def test_a_refused_claim_is_answered_refused_and_does_not_move_the_claimed_end(claims: Claims) -> None:
     first = claims.worker(0)
-    first.send(ClaimMessages(500))
+    first.send(ClaimBatch(500))
     claims.pass_of_the_loop()
     claims.recorded.writes[0].on_verdicts([False])
     assert answer(first) is ClaimAnswer.REFUSED

@@ -7,11 +7,11 @@ import logging
 from supervisor_fakes import NOW_S, FoldedCoordinator, new_slot, record_of, settings
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_view import Owner
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.runtime.supervisor.assignments import Assignment, Table
 from marshal_workers.runtime.supervisor.remote_control import RemoteControl
 
-ADMIN = Owner("admin@ops", "admin@ops-1")
+ADMIN = MemberId("admin@ops", "admin@ops-1")
 TS = round(NOW_S * 1000)
 
 

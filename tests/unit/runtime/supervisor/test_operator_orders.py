@@ -9,16 +9,16 @@ from marshal_workers.errors import DecodeError
 from marshal_workers.observe.status import render_table, status_document
 from marshal_workers.ops.admin import format_record
 from marshal_workers.protocol import codec
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.orders import Orders, orders_for
 from marshal_workers.protocol.world_state import WorldState
-from marshal_workers.protocol.world_view import Owner
 
 HB = 1000
-A1, B1 = Owner("a", "a1"), Owner("b", "b1")
+A1, B1 = MemberId("a", "a1"), MemberId("b", "b1")
 
 
-def common(who: Owner | str, ts: int) -> dict[str, object]:
-    client, instance = (who.client, who.instance) if isinstance(who, Owner) else (who, who + "-1")
+def common(who: MemberId | str, ts: int) -> dict[str, object]:
+    client, instance = (who.client, who.instance) if isinstance(who, MemberId) else (who, who + "-1")
     return {"v": 1, "ts": ts, "group": "g", "client": client, "instance": instance}
 
 
@@ -29,7 +29,7 @@ def fold(*records: codec.Record) -> WorldState:
     return state
 
 
-def claim(who: Owner, ts: int, topic: str = "orders", partition: int = 0) -> codec.Claim:
+def claim(who: MemberId, ts: int, topic: str = "orders", partition: int = 0) -> codec.Claim:
     return codec.Claim(**common(who, ts), topic=topic, partition=partition)
 
 
@@ -84,7 +84,7 @@ def test_a_supervisor_reads_its_orders() -> None:
     assert orders_for(state, B1, started_ms=0, now_ms=60) == Orders(), "the request was for a; the pause is over"
     state.apply(control("shutdown", "a", 20), 20)
     assert orders_for(state, A1, started_ms=10, now_ms=30).shutdown
-    assert not orders_for(state, Owner("a", "a2"), started_ms=25, now_ms=30).shutdown, "started after the order"
+    assert not orders_for(state, MemberId("a", "a2"), started_ms=25, now_ms=30).shutdown, "started after the order"
     state.apply(control("drain", "b", 30), 30)
     orders = orders_for(state, B1, started_ms=0, now_ms=31)
     assert orders.drained and orders.give_up(("orders", 2)) == "drain"

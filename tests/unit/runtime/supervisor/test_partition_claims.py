@@ -22,12 +22,12 @@ from supervisor_fakes import (
 
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_view import Owner
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.runtime.channel import Field
 from marshal_workers.runtime.supervisor.assignments import Assignment, Phase, Table
 from marshal_workers.runtime.supervisor.partition_claims import PartitionClaims
 
-OTHER = Owner("d", "d1")
+OTHER = MemberId("d", "d1")
 
 
 class Member:
@@ -186,7 +186,7 @@ def test_a_partition_being_handed_over_is_not_judged_sick_while_its_worker_finis
     assignment = member.held(0)
     assignment.process = FakeProcess(None, "worker")  # type: ignore[arg-type,assignment]
     assignment.slot.set(Field.HIGH_WATERMARK, 1_000)  # far behind, and no progress from here on
-    other = Owner("d", "d1")  # a live member that could take it
+    other = MemberId("d", "d1")  # a live member that could take it
     member.coordinator.fold(codec.Claim(**record_of(other, round(NOW_S * 1000)), topic="u", partition=0))
     member.claims.give_back(assignment)
     for seconds in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0):

@@ -19,16 +19,17 @@ from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError
 from marshal_workers.handlers.app import App
-from marshal_workers.protocol.range_leases import Holder, SharedPartition, Tries
-from marshal_workers.protocol.range_pool import renew_every_s
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import SharedPartition, Tries
+from marshal_workers.protocol.worker_supply import renew_every_s
 from marshal_workers.runtime.channel import RangeSlot
-from marshal_workers.runtime.messages import Lease, Progress, Renewed, Returned, Settled, Started, Stop
+from marshal_workers.runtime.messages import RangeLeased, RangeProgress, Renewed, Returned, Settled, Started, Stop
 from marshal_workers.runtime.supervisor.shared_pool import SharedPool, SharedWorkerHandle
 
 TOPIC = "thumbs"
 LEASE_S = 9.0
 MONO_S = 5_000.0  # the pool's monotonic clock when a test starts
-ME = Holder("c", "i1")
+ME = MemberId("c", "i1")
 
 
 class Pool:
@@ -106,8 +107,8 @@ def pool() -> Iterator[Pool]:
     made.coordinator.close()
 
 
-def leases(messages: list[Any]) -> list[Lease]:
-    return [m for m in messages if isinstance(m, Lease)]
+def leases(messages: list[Any]) -> list[RangeLeased]:
+    return [m for m in messages if isinstance(m, RangeLeased)]
 
 
 def test_each_worker_is_started_and_told_two_ranges_the_log_says_are_ours(pool: Pool) -> None:
@@ -186,7 +187,7 @@ def test_progress_inside_a_range_reaches_the_log_so_a_lapse_gives_back_only_the_
     pool.supplied()
     in_hand = leases(pool.told(0))[0]
     s = in_hand.start
-    pool.say(0, Started(in_hand.partition, s), Progress(in_hand.partition, s, s + 30, failed=(s + 3,), dead=()))
+    pool.say(0, Started(in_hand.partition, s), RangeProgress(in_hand.partition, s, s + 30, failed=(s + 3,), dead=()))
 
     pool.pass_at(0.6)  # the progress cadence (PROGRESS_EVERY_S)
 

@@ -20,7 +20,7 @@ from worker_fakes import TOPIC
 
 from marshal_workers import App, Message
 from marshal_workers.core.exit_codes import WorkerExit
-from marshal_workers.runtime.messages import Lease
+from marshal_workers.runtime.messages import RangeLeased
 from marshal_workers.spark.replay import replay_records
 from marshal_workers.testing import FakeRecord, make_message, run_handler
 
@@ -106,7 +106,7 @@ def run(runner: str, recorder: Recorder, to_close: list[Any]) -> list[int]:
     if runner == "shared":
         shared = SharedRun(app, OFFSETS, at_end)
         to_close.append(shared)
-        shared.tell(Lease(0, 0, FAILING + 1, holds(), 0), Lease(0, FAILING + 1, len(OFFSETS), holds(), 0))
+        shared.tell(RangeLeased(0, 0, FAILING + 1, holds(), 0), RangeLeased(0, FAILING + 1, len(OFFSETS), holds(), 0))
         assert shared.run() is WorkerExit.STOPPED
         return shared.dead.offsets
     calls = len(OFFSETS) // 2 + 1 if app.handlers[TOPIC].batch else len(OFFSETS) + 1  # the retry included

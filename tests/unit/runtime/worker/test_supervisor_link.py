@@ -18,7 +18,7 @@ from marshal_workers.core.logs import partition_log
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.runtime.channel import Field, Slot, WorkerSpec, monotonic_ms
-from marshal_workers.runtime.messages import ClaimMessages, ClaimVerdict, Outcomes
+from marshal_workers.runtime.messages import ClaimBatch, ClaimVerdict, Outcomes
 from marshal_workers.runtime.worker.link import SupervisorGone, SupervisorLink
 
 
@@ -48,7 +48,7 @@ def test_an_amo_claim_is_asked_again_until_claimed_and_a_refusal_ends_the_worker
     supervisor.send(ClaimVerdict(ClaimAnswer.UNCONFIRMED))
     supervisor.send(ClaimVerdict(ClaimAnswer.CLAIMED))
     assert link.claim_batch(500) is None
-    assert [supervisor.recv(), supervisor.recv()] == [ClaimMessages(500)] * 2, "the same end, asked twice"
+    assert [supervisor.recv(), supervisor.recv()] == [ClaimBatch(500)] * 2, "the same end, asked twice"
     supervisor.send(ClaimVerdict(ClaimAnswer.REFUSED))
     assert link.claim_batch(900) is WorkerExit.LOST
 

@@ -18,10 +18,10 @@ from polling import poll_until
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import CoordinationTopicError, CoordinationWriteError, KafkaUnavailable
-from marshal_workers.kafka.coordination_log import drain, read_group_state
-from marshal_workers.kafka.coordinator import Coordinator, message_claim_verdicts
+from marshal_workers.kafka.coordination_reader import drain, read_group_state
+from marshal_workers.kafka.coordination_writer import Coordinator, message_claim_verdicts
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
-from marshal_workers.protocol.world_view import Owner
+from marshal_workers.protocol.member_id import MemberId
 
 pytestmark = pytest.mark.broker
 
@@ -33,8 +33,8 @@ def coordinators(as_client: Callable[[str], Settings]) -> Iterator[Callable[[str
         yield lambda client_id: stack.enter_context(Coordinator(as_client(client_id)))
 
 
-def me(coordinator: Coordinator) -> Owner:
-    return Owner(coordinator.client, coordinator.instance)
+def me(coordinator: Coordinator) -> MemberId:
+    return MemberId(coordinator.client, coordinator.instance)
 
 
 def test_missing_coordination_topic_is_created_with_the_configured_partitions(settings: Settings) -> None:
@@ -69,7 +69,7 @@ def test_four_coordinators_racing_for_64_partitions_end_with_one_agreed_owner_ea
     assert winners == list(partitions), "every partition is won exactly once"
     assert sum(1 for claimed in won.values() if claimed) >= 2, "the race was real: more than one member won something"
 
-    def owner_maps() -> list[dict[int, Owner | None]]:
+    def owner_maps() -> list[dict[int, MemberId | None]]:
         return [{p: m.world().owner(topic, p) for p in partitions} for m in members]
 
     agreed = poll_until(lambda: (maps := owner_maps()) and all(x == maps[0] for x in maps) and maps[0], what="agreement")

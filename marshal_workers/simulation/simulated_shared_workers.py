@@ -21,10 +21,10 @@ from typing import Any, Protocol, TypeVar
 from marshal_workers.member.range_leasing import RangeLeasing
 from marshal_workers.member.shell import OnFailure, OnVerdicts
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
+from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.range_member import RangeMember
-from marshal_workers.protocol.range_pool import LeasedRange
 from marshal_workers.protocol.range_sizing import RangeSizing
+from marshal_workers.protocol.worker_supply import PoolLease
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.simulation.clock import VirtualClock
 from marshal_workers.simulation.sim_config import SimConfig
@@ -41,9 +41,9 @@ class RangeEnvironment(Protocol):
 
     def high_watermark(self, key: Key, now: float) -> int: ...
 
-    def lease_taken(self, owner: object, topic: str, leased: LeasedRange) -> None: ...
+    def lease_taken(self, owner: object, topic: str, leased: PoolLease) -> None: ...
 
-    def lease_dropped(self, owner: object, topic: str, leased: LeasedRange) -> None: ...
+    def lease_dropped(self, owner: object, topic: str, leased: PoolLease) -> None: ...
 
     def range_handled(self, topic: str, partition: int, start: int, end: int) -> None: ...
 
@@ -68,7 +68,7 @@ class SimSharedWorker:
     """A simulated shared worker: ``leases`` in order, the first in hand; ``at`` its position in it."""
 
     index: int
-    leases: list[LeasedRange] = field(default_factory=list)
+    leases: list[PoolLease] = field(default_factory=list)
     alive: bool = True
     at: float = 0.0  # the next offset of the range in hand (fractional: a message partly handled)
     since: float = 0.0  # virtual seconds: handled up to here
@@ -87,7 +87,7 @@ class SimSharedTopic:
     """One shared topic of one member: its simulated workers, and the shell its ``RangeLeasing`` drives."""
 
     def __init__(self, topic: str, partitions: int, amo: bool, env: RangeEnvironment, member: RangeWriter,
-                 holder: Holder, rng: Any) -> None:  # fmt: skip
+                 holder: MemberId, rng: Any) -> None:  # fmt: skip
         config = env.config
         self.topic = topic
         self.partitions = partitions
@@ -155,7 +155,7 @@ class SimSharedTopic:
                 continue
             return
 
-    def _settled(self, worker: SimSharedWorker, leased: LeasedRange, end: int, rate: float) -> None:
+    def _settled(self, worker: SimSharedWorker, leased: PoolLease, end: int, rate: float) -> None:
         messages = end - leased.start
         now = self.env.clock.now
         high = self.env.high_watermark((self.topic, leased.partition), now)
@@ -185,7 +185,7 @@ class SimSharedTopic:
 
     # ------------------------------------------- the shell RangeLeasing drives
 
-    def holder(self) -> Holder:
+    def holder(self) -> MemberId:
         return self._holder
 
     def fields(self) -> dict[str, Any]:
@@ -207,16 +207,16 @@ class SimSharedTopic:
     def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure) -> None:
         self.member.write(records, on_verdicts, lambda: on_failure(NotConfirmed(what)))
 
-    def leased(self, worker: SimSharedWorker, leased: LeasedRange) -> None:
+    def leased(self, worker: SimSharedWorker, leased: PoolLease) -> None:
         if len(worker.leases) == 1:  # its first: it handles from now on
             worker.since = max(worker.since, self.env.clock.now)
         self.env.lease_taken(self, self.topic, leased)
 
-    def renewed(self, worker: SimSharedWorker, leased: LeasedRange) -> None:
+    def renewed(self, worker: SimSharedWorker, leased: PoolLease) -> None:
         pass  # a simulated worker reads its lease's deadline itself
 
-    def dropped(self, worker: SimSharedWorker, leased: LeasedRange) -> None:
+    def dropped(self, worker: SimSharedWorker, leased: PoolLease) -> None:
         self.env.lease_dropped(self, self.topic, leased)
 
-    def progress_of(self, worker: SimSharedWorker, leased: LeasedRange) -> int:
+    def progress_of(self, worker: SimSharedWorker, leased: PoolLease) -> int:
         return max(leased.upto, leased.start)

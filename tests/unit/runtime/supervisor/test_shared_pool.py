@@ -7,7 +7,8 @@ import random
 from collections import Counter
 
 from marshal_workers.handlers.app import App
-from marshal_workers.protocol.range_leases import Holder, SharedPartition
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_leases import SharedPartition
 from marshal_workers.protocol.range_member import free_candidates, pick_ranges
 from marshal_workers.protocol.world_state import WorldState
 from marshal_workers.runtime.supervisor.shared_pool import SharedTopic
@@ -50,14 +51,14 @@ def test_candidates_start_where_the_group_starts_and_stop_at_the_end() -> None:
 def test_a_partition_read_to_its_end_gets_a_one_offset_range_only_for_an_idle_worker() -> None:
     world = WorldState("g", 1000)
     world.shared[("thumbs", 0)] = state = SharedPartition()
-    assert state.claim(0, 100, Holder("a", "1"), NOW - 10, 60_000, False)
-    assert state.ack(0, 100, Holder("a", "1"), NOW - 5, (), (), high=100)
+    assert state.claim(0, 100, MemberId("a", "1"), NOW - 10, 60_000, False)
+    assert state.ack(0, 100, MemberId("a", "1"), NOW - 5, (), (), high=100)
     shared = topic(p0=100)
     assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=0)[0] == {0: []}
     assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=1)[0] == {0: [(100, 101, 0)]}
     # The end the holders' fetches saw (in the acks) counts when ListOffsets under-reports it.
-    assert state.claim(100, 101, Holder("a", "1"), NOW - 4, 60_000, False)
-    assert state.ack(100, 101, Holder("a", "1"), NOW - 3, (), (), high=400)
+    assert state.claim(100, 101, MemberId("a", "1"), NOW - 4, 60_000, False)
+    assert state.ack(100, 101, MemberId("a", "1"), NOW - 3, (), (), high=400)
     assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 2, idle=0)[0] == {0: [(101, 201, 0), (201, 301, 0),
                                                                                  (301, 400, 0)]}  # fmt: skip
 
@@ -87,10 +88,10 @@ def test_a_worker_that_wants_two_ranges_gets_two_that_follow_one_another_where_i
 
 
 def test_a_worker_stands_where_its_last_lease_ends_or_where_it_last_settled() -> None:
-    from marshal_workers.protocol.range_pool import LeasedRange, reads_next
+    from marshal_workers.protocol.worker_supply import PoolLease, reads_next
     from marshal_workers.runtime.supervisor.shared_pool import SharedWorkerHandle
 
-    standing = SharedWorkerHandle(0, process=object(), leases=[LeasedRange(0, 0, 100, 0, 10**12)])  # type: ignore[arg-type]
+    standing = SharedWorkerHandle(0, process=object(), leases=[PoolLease(0, 0, 100, 0, 10**12)])  # type: ignore[arg-type]
     settled = SharedWorkerHandle(1, process=object(), settled_at=(1, 300))  # type: ignore[arg-type]
     idle = SharedWorkerHandle(2, process=object())  # type: ignore[arg-type]
     assert (reads_next(standing), reads_next(settled), reads_next(idle)) == ((0, 100), (1, 300), None)

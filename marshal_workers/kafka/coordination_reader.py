@@ -12,7 +12,7 @@ embedded broker holds for the whole fetch wait.  It reads up to there with the
 long wait of a catch-up (guarded_consumer.CATCH_UP_WAIT_MS), and a tail then goes
 on with the short one (docs/brokers.md, "Stalled fetches on a long partition").
 Where it begins on each partition, at a checkpoint or the beginning, is
-log_start.py's.
+reader_start.py's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from marshal_workers.core.stopping import ShouldStop, check_stop, never
 from marshal_workers.errors import DecodeError, KafkaUnavailable
 from marshal_workers.kafka.catch_up import KnownEnds, partition_ended, read_record
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.kafka.log_start import begin_catching_up, learn_groups_before, log_consumer
+from marshal_workers.kafka.reader_start import begin_catching_up, learn_groups_before, log_consumer
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.codec import Release
 from marshal_workers.protocol.world_state import WorldState

@@ -1,7 +1,7 @@
 """A member's pool of shared workers on one shared topic: which leases to ask for, and who gets the ranges won.
 
 The supervisor's shared pool (runtime/supervisor/shared_pool.py) keeps each of its shared workers supplied with
-``LEASES_PER_WORKER`` leased ranges; the simulator (simulation/range_pool_sim.py) does the same with simulated
+``LEASES_PER_WORKER`` leased ranges; the simulator (simulation/simulated_shared_workers.py) does the same with simulated
 workers.  Both decide here, over plain data, what the pool's component used to decide next to its processes:
 
 * what one claim asks for (:func:`claim_ask`): how many ranges (``want``), for how many idle workers, where each
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.range_leases import Holder
-from marshal_workers.protocol.range_member import RangeChoice, RangeMember, Wanted, progress_entry
+from marshal_workers.protocol.member_id import MemberId
+from marshal_workers.protocol.range_member import RangeChoice, RangeMember, WantedRange, progress_entry
 from marshal_workers.protocol.range_sizing import LEASES_PER_WORKER, BacklogSizer, RangeSizing
 from marshal_workers.protocol.world_state import WorldState
 
@@ -35,8 +35,9 @@ def renew_every_s(lease_ms: int) -> float:
 
 
 @dataclass
-class LeasedRange:
-    """A range whose lease we hold, and its worker's progress in it."""
+class PoolLease:
+    """A lease this pool holds for one of its workers (a member's own record, a HeldLease; the fold's is
+    range_leases.Lease), and that worker's progress in it."""
 
     partition: int
     start: int
@@ -56,7 +57,7 @@ class PoolWorker(Protocol):
     """What the pool's decisions need of one of its workers."""
 
     index: int
-    leases: list[LeasedRange]
+    leases: list[PoolLease]
     settled_at: tuple[int, int] | None  # (partition, end) of the last range it settled
 
     @property
@@ -97,7 +98,7 @@ class ClaimAsk:
                              self.follow, self.split)  # fmt: skip
 
 
-def claim_ask(workers: Sequence[PoolWorker], sizing: RangeSizing, me: Holder) -> ClaimAsk | None:
+def claim_ask(workers: Sequence[PoolWorker], sizing: RangeSizing, me: MemberId) -> ClaimAsk | None:
     """What the pool's next claim asks for, or None if no worker wants a lease."""
     wanting = hungry(workers)
     want = sum(LEASES_PER_WORKER - len(w.leases) for w in wanting)
@@ -128,8 +129,8 @@ def hungriest(workers: Sequence[Worker]) -> Worker | None:
 
 
 def assign_won(
-    won: Sequence[Wanted], workers: Sequence[Worker], place: Callable[[Worker, Wanted], None]
-) -> list[Wanted]:
+    won: Sequence[WantedRange], workers: Sequence[Worker], place: Callable[[Worker, WantedRange], None]
+) -> list[WantedRange]:
     """Hand the ranges won to the workers: one that starts where a worker will stand goes to that worker (it reads
     on, no seek: its read-ahead), the others to the hungriest; ``place`` gives one to a worker (adds it to its
     leases, which changes who is hungry).  The ranges no worker wants, to give back."""
@@ -148,9 +149,9 @@ class ProgressReport:
     """The progress entries to write, and the marks to note once the log has them."""
 
     entries: list[codec.ProgressEntry] = field(default_factory=list)
-    moved: list[tuple[LeasedRange, tuple[int, int, int]]] = field(default_factory=list)
+    moved: list[tuple[PoolLease, tuple[int, int, int]]] = field(default_factory=list)
 
-    def add(self, member: RangeMember, leased: LeasedRange, upto: int, now_ms: int) -> None:
+    def add(self, member: RangeMember, leased: PoolLease, upto: int, now_ms: int) -> None:
         """``leased``, done up to ``upto``, if it is begun, still usable and moved on since the log last heard."""
         if not leased.started or not member.usable(leased, now_ms):
             return

@@ -6,7 +6,7 @@ group had no record before), else at the beginning (checkpoints.Start, docs/prot
 searches the log's last records for them, further back each time; :func:`begin_catching_up` places a reader
 there and says up to where it catches up (catch_up.py); :func:`learn_groups_before` reads the group names
 written before a start, for a reader whose start had no directory.  Every such reader is a
-:func:`log_consumer`, as the tail of coordination_log.py is.
+:func:`log_consumer`, as the tail of coordination_reader.py is.
 """
 
 from __future__ import annotations

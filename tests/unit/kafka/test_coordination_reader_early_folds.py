@@ -13,9 +13,9 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
 from fake_record import FakeRecord
 
 from marshal_workers.core.config import Settings
-from marshal_workers.kafka.coordination_log import CoordinationLog
+from marshal_workers.kafka.coordination_reader import CoordinationLog
 from marshal_workers.protocol import codec
-from marshal_workers.protocol.world_view import Owner
+from marshal_workers.protocol.member_id import MemberId
 
 GROUP, TOPIC = "billing", "orders"
 ME = {"v": 1, "group": GROUP, "client": "host-a", "instance": "a1"}
@@ -81,4 +81,4 @@ def test_a_report_time_the_log_contradicts_turns_the_fast_path_off_for_good(log:
     assert not log.fast_verdicts
     log._fold_message(read(claim_messages(1200, 60), 2, (TIMESTAMP_LOG_APPEND_TIME, 1207)))  # type: ignore[arg-type]
     assert not log.fold_delivered(0, 3, claim_messages(1300, 70), (TIMESTAMP_LOG_APPEND_TIME, 1306))
-    assert log.read(lambda s: (s.owner(TOPIC, 0), s.get(TOPIC, 0).amo_offset)) == (Owner("host-a", "a1"), 60)  # type: ignore[union-attr]
+    assert log.read(lambda s: (s.owner(TOPIC, 0), s.get(TOPIC, 0).amo_offset)) == (MemberId("host-a", "a1"), 60)  # type: ignore[union-attr]

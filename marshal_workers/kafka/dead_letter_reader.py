@@ -1,5 +1,5 @@
 """What is in a dead-letter topic: its letters (DeadLetter: the original message and the headers our workers
-added, kafka/dead_letters.py), read from the topic's start to its end as it is when the reading begins, and tallied
+added, kafka/dead_letter_writer.py), read from the topic's start to its end as it is when the reading begins, and tallied
 per error type and per group (Tally).  ``dlq list``, ``dlq redrive`` (ops/dlq.py) and the dashboard read them here.
 """
 
@@ -14,9 +14,9 @@ from confluent_kafka import TopicPartition
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import UnknownTopicError
-from marshal_workers.kafka.dead_letters import TRACEBACK_HEADER, WRITTEN_AT_HEADER
+from marshal_workers.kafka.dead_letter_writer import TRACEBACK_HEADER, WRITTEN_AT_HEADER
 from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
-from marshal_workers.kafka.positions import partition_bounds, position_consumer
+from marshal_workers.kafka.partition_positions import partition_bounds, position_consumer
 from marshal_workers.protocol.dead_letter_groups import CLIENT_ID_HEADER, GROUP_HEADER, REDRIVEN_FOR_HEADER, last_header
 
 # The headers a worker adds to a dead letter, and a redrive's address (it is addressed anew): dropped when it is

@@ -1,4 +1,4 @@
-"""A held range's pick (http/held_range.py HeldRange.pick) looks from where the last one stopped instead of stepping
+"""A held range's pick (http/served_lease.py ServedLease.pick) looks from where the last one stopped instead of stepping
 over every pending message again; whatever happens meanwhile, it picks exactly what a scan of every message would."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from property_runs import examples
 
-from marshal_workers.http.held_range import HeldRange
+from marshal_workers.http.served_lease import ServedLease
 
 MAX_DELIVERIES = 3
 PENDING_MS = 50
@@ -25,7 +25,7 @@ Step = st.one_of(
 )
 
 
-def every_message_scan(held: HeldRange, most: int, now: int) -> list[int]:
+def every_message_scan(held: ServedLease, most: int, now: int) -> list[int]:
     """The pick without a cursor: every message in offset order."""
     return [
         offset for offset in held.messages
@@ -36,7 +36,7 @@ def every_message_scan(held: HeldRange, most: int, now: int) -> list[int]:
 @settings(max_examples=examples(300), deadline=None)
 @given(st.lists(Step, min_size=1, max_size=60), st.integers(0, 2))
 def test_the_pick_with_a_cursor_picks_what_a_scan_of_every_message_picks(steps: list[tuple[str, int]], tries: int) -> None:
-    held = HeldRange(partition=0, start=0, end=40, tries=tries, deadline_ms=10**9, fetched_to=0)
+    held = ServedLease(partition=0, start=0, end=40, tries=tries, deadline_ms=10**9, fetched_to=0)
     now = 1000
     reserved: list[int] = []  # picked, not yet answered
     for kind, arg in steps:
@@ -73,7 +73,7 @@ def test_the_pick_with_a_cursor_picks_what_a_scan_of_every_message_picks(steps: 
 
 
 def test_a_read_steps_over_pending_messages_once_not_at_every_pick() -> None:
-    held = HeldRange(partition=0, start=0, end=1000, tries=0, deadline_ms=10**9, fetched_to=1000,
+    held = ServedLease(partition=0, start=0, end=1000, tries=0, deadline_ms=10**9, fetched_to=1000,
                      messages={offset: offset for offset in range(1000)})  # fmt: skip
     for offset in range(1000):
         [picked] = held.pick(1, 0, MAX_DELIVERIES)
@@ -85,7 +85,7 @@ def test_a_read_steps_over_pending_messages_once_not_at_every_pick() -> None:
 
 
 def test_a_message_still_pending_when_the_pick_looked_again_from_the_start_is_picked_when_its_deadline_passes() -> None:
-    held = HeldRange(partition=0, start=0, end=3, tries=0, deadline_ms=10**9, fetched_to=3,
+    held = ServedLease(partition=0, start=0, end=3, tries=0, deadline_ms=10**9, fetched_to=3,
                      messages={0: "a", 1: "b", 2: "c"})  # fmt: skip
     assert held.pick(2, 0, MAX_DELIVERIES) == [0, 1]
     held.handed_until(0, 50)

@@ -20,8 +20,9 @@ _NEVER = 2**62
 
 
 @dataclass
-class HeldRange:
-    """A range whose lease we hold, and what we know of its messages."""
+class ServedLease:
+    """A lease this server holds for its HTTP clients (a member's own record, a HeldLease; the fold's is
+    range_leases.Lease), and what the server knows of the range's messages."""
 
     partition: int
     start: int
@@ -98,14 +99,14 @@ class HeldRange:
                 or bool(self.reserved) or bool(self.unwritten))  # fmt: skip
 
 
-def given_back(held: HeldRange) -> codec.AckEntry | None:
+def given_back(held: ServedLease) -> codec.AckEntry | None:
     """How a range no client holds a message of goes back (range_member.given_back_entry): None, a plain cancel, if
     nothing of it was handed out; else an ack of its prefix up to the first message never handed out."""
     never = [o for o in held.messages if o not in held.handed and o not in held.dead and o not in held.acked]
     return given_back_entry(held, held.fetched_to, never, held.handed, held.acked, held.dead)
 
 
-def covering(ranges: Mapping[tuple[int, int], HeldRange], partition: int, offset: int) -> HeldRange | None:
+def covering(ranges: Mapping[tuple[int, int], ServedLease], partition: int, offset: int) -> ServedLease | None:
     """The held range of ``ranges`` (by (partition, start)) that covers ``offset`` of ``partition``, if any."""
     for held in ranges.values():
         if held.partition == partition and held.start <= offset < held.end:

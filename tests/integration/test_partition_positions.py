@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import OffsetRangeError, UnknownTopicError
-from marshal_workers.kafka.positions import Bounds, offsets_for_time, partition_bounds, position_consumer
+from marshal_workers.kafka.partition_positions import Bounds, offsets_for_time, partition_bounds, position_consumer
 from marshal_workers.spark.planner import Split
 from marshal_workers.spark.ranges import Bound, resolve_ranges
 from marshal_workers.spark.split_reader import SplitReader, SplitReadError

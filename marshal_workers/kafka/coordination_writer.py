@@ -34,7 +34,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, never, wait_future
 from marshal_workers.errors import CoordinationWriteError, StopRequested
 from marshal_workers.kafka import client_profiles
-from marshal_workers.kafka.coordination_log import PROGRESS_LOG_INTERVAL_S, CoordinationLog
+from marshal_workers.kafka.coordination_reader import PROGRESS_LOG_INTERVAL_S, CoordinationLog
 from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
 from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, heartbeat_records, topic_chunks
 from marshal_workers.protocol import codec
@@ -650,7 +650,7 @@ class Coordinator:
         return self._log.snapshot()
 
     def release_events(self) -> socket.socket:
-        """Readable when a release was folded (read it empty with coordination_log.drain)."""
+        """Readable when a release was folded (read it empty with coordination_reader.drain)."""
         assert self._log is not None, "call start() first"
         return self._log.releases
 
