@@ -93,8 +93,9 @@ def test_the_shell_client_handles_and_acks_every_message_once(marshal_broker: st
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     group = f"group-{name}"
-    settings = Settings(brokers=marshal_broker, group=group, coordination_topic=f"__marshal-{name}",
-                        heartbeat_interval=1.0)  # fmt: skip
+    settings = Settings(
+        brokers=marshal_broker, group=group, coordination_topic=f"__marshal-{name}", heartbeat_interval=1.0
+    )
     output = tmp_path / "handled.txt"
     started: list[subprocess.Popen[bytes]] = []
 
@@ -117,9 +118,27 @@ def test_the_shell_client_handles_and_acks_every_message_once(marshal_broker: st
         except OSError:
             return False
 
-    server = start([sys.executable, "-m", "marshal_workers", "serve", "--brokers", marshal_broker, "--group", group,
-                    "--coordination-topic", settings.coordination_topic, "--topic", name,
-                    "--port", str(port), "--token-file", str(tmp_path / "token")], "server.log")  # fmt: skip
+    server = start(
+        [
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "serve",
+            "--brokers",
+            marshal_broker,
+            "--group",
+            group,
+            "--coordination-topic",
+            settings.coordination_topic,
+            "--topic",
+            name,
+            "--port",
+            str(port),
+            "--token-file",
+            str(tmp_path / "token"),
+        ],
+        "server.log",
+    )
     try:
         wait_for(up, 60, "the server to answer")
 

@@ -6,6 +6,14 @@ from marshal_workers.handlers.serializers import Serializer
 from marshal_workers.handlers.signals import Ignore, PayloadError, Reject, Retry
 
 __all__ = [
-    "App", "Ignore", "Message", "PayloadError", "Reject", "Retry", "Serializer", "SoftTimeLimitExceeded", "__version__",
+    "App",
+    "Ignore",
+    "Message",
+    "PayloadError",
+    "Reject",
+    "Retry",
+    "Serializer",
+    "SoftTimeLimitExceeded",
+    "__version__",
 ]
 __version__ = "0.7.0"

@@ -111,18 +111,36 @@ def running_app(marshal_broker: str) -> Iterator[Callable[..., RunningApp]]:
     logs = Path(tempfile.mkdtemp(prefix="marshal-workers-test-"))
 
     def start(
-        app_path: str, *args: str, group: str | None = None, client_id: str | None = None,
-        env: dict[str, str] | None = None, wait: bool = True, create_topics: bool = True,
+        app_path: str,
+        *args: str,
+        group: str | None = None,
+        client_id: str | None = None,
+        env: dict[str, str] | None = None,
+        wait: bool = True,
+        create_topics: bool = True,
         partitions: int = TOPIC_PARTITIONS,
-    ) -> RunningApp:  # fmt: skip
+    ) -> RunningApp:
         group = group or f"test-{uuid.uuid4().hex[:10]}"
         client_id = client_id or f"test-{len(started)}"
         command = [
-            sys.executable, "-m", "marshal_workers", "run", app_path, "--brokers", marshal_broker,
-            "--group", group, "--client-id", client_id, *args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "run",
+            app_path,
+            "--brokers",
+            marshal_broker,
+            "--group",
+            group,
+            "--client-id",
+            client_id,
+            *args,
+        ]
         log_path = logs / f"{client_id}.log"
-        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+        }
         full_env |= env or {}
         if create_topics:
             create_handler_topics(app_path, marshal_broker, partitions, full_env)
@@ -147,8 +165,14 @@ def create_handler_topics(app_path: str, brokers: str, partitions: int, env: dic
     from marshal_workers.core.config import load_settings
     from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
 
-    found = subprocess.run([sys.executable, "-c", _PRINT_TOPICS, app_path], env=env, capture_output=True, text=True,
-                           timeout=READY_TIMEOUT_S, check=False)  # fmt: skip
+    found = subprocess.run(
+        [sys.executable, "-c", _PRINT_TOPICS, app_path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=READY_TIMEOUT_S,
+        check=False,
+    )
     if found.returncode != 0:
         return
     settings = load_settings(cli={"brokers": brokers}, env=env)  # [kafka] settings (SASL...) as `run` takes them

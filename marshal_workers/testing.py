@@ -116,10 +116,15 @@ def make_message(
         value = check_serializer("make_message", serializer).encode(value)
     pairs = headers.items() if isinstance(headers, Mapping) else (headers or [])
     record = FakeRecord(
-        topic or UNNAMED_TOPIC, partition, offset, _bytes(key), _bytes(value),
+        topic or UNNAMED_TOPIC,
+        partition,
+        offset,
+        _bytes(key),
+        _bytes(value),
         [(str(name), _bytes(data) or b"") for name, data in pairs] or None,
-        (0, -1) if timestamp is None else (1, timestamp), topic_given=topic is not None,
-    )  # fmt: skip
+        (0, -1) if timestamp is None else (1, timestamp),
+        topic_given=topic is not None,
+    )
     return Message(record)
 
 
@@ -198,8 +203,10 @@ def run_handler(
     if topic not in app.handlers:
         raise ConfigError(f"the app has no handler for topic {topic!r}; it has: {', '.join(app.topics) or 'none'}")
     handler = app.handler_in_worker(topic)
-    given = [_on_handler_topic(m, topic) if isinstance(m, Message) else make_message(m, topic=topic, offset=i)
-             for i, m in enumerate(messages)]  # fmt: skip
+    given = [
+        _on_handler_topic(m, topic) if isinstance(m, Message) else make_message(m, topic=topic, offset=i)
+        for i, m in enumerate(messages)
+    ]
     settings = load_settings(app_defaults=app.settings, env={})
     soft, hard = effective_time_limits(handler, settings)
     origin = origin_headers(settings.group, settings.client_id)  # who a dead letter says wrote it
@@ -252,9 +259,15 @@ def _units(handler: HandlerSpec, messages: list[Message]) -> Iterator[list[Messa
 
 
 def _run_unit(
-    app: App, handler: HandlerSpec, unit: list[Message], soft: float, hard: float, sleep: bool, path: FailurePath,
+    app: App,
+    handler: HandlerSpec,
+    unit: list[Message],
+    soft: float,
+    hard: float,
+    sleep: bool,
+    path: FailurePath,
     origin: list[tuple[str, bytes]],
-) -> list[HandlerResult]:  # fmt: skip
+) -> list[HandlerResult]:
     if handler.max_age:  # as a worker does when it gets to them: too old, skipped or dead-lettered, never called
         now_ms, max_age_ms = int(time.time() * 1000), round(handler.max_age * 1000)
         old = [m for m in unit if is_too_old(m._record.timestamp(), now_ms, max_age_ms)]
@@ -271,7 +284,9 @@ def _run_unit(
     offsets = [m.offset for m in unit]
     while True:
         attempts += 1
-        argument: Any = [Message(m._record, attempts) for m in unit] if handler.batch else Message(unit[0]._record, attempts)
+        argument: Any = (
+            [Message(m._record, attempts) for m in unit] if handler.batch else Message(unit[0]._record, attempts)
+        )
         try:
             _call(handler, argument, soft, hard)
             return [HandlerResult(m, "done", attempts, None, delays, sent=sent) for m in unit]
@@ -286,9 +301,15 @@ def _run_unit(
 
 
 def _results(
-    app: App, handler: HandlerSpec, unit: list[Message], decision: Decision, attempts: int, delays: list[float],
-    sent: list[Any], origin: list[tuple[str, bytes]],
-) -> list[HandlerResult]:  # fmt: skip
+    app: App,
+    handler: HandlerSpec,
+    unit: list[Message],
+    decision: Decision,
+    attempts: int,
+    delays: list[float],
+    sent: list[Any],
+    origin: list[tuple[str, bytes]],
+) -> list[HandlerResult]:
     """What became of the messages of a call that failed for good: as ``decision`` says; of a typed batch whose
     payloads did not all decode, the others were handled."""
     if decision.fate is not Fate.DEAD_LETTER:
@@ -335,8 +356,9 @@ def _call(handler: HandlerSpec, argument: Any, soft: float, hard: float) -> None
         seconds, kind = pending.pop(0)
         if pending:  # the soft limit fired: the hard one comes later
             signal.setitimer(signal.ITIMER_REAL, max(pending[0][0] - (time.monotonic() - started), 0.001))
-        raise kind(f"the handler ran past its {'soft ' if kind is SoftTimeLimitExceeded else ''}time limit "
-                   f"({seconds:g}s)")  # fmt: skip
+        raise kind(
+            f"the handler ran past its {'soft ' if kind is SoftTimeLimitExceeded else ''}time limit ({seconds:g}s)"
+        )
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, limits[0][0])
@@ -406,8 +428,9 @@ def run_app(
     """
     missing = sorted(set(messages) - set(app.handlers))
     if missing:
-        raise ConfigError(f"the app has no handler for {', '.join(map(repr, missing))}; it has: "
-                          f"{', '.join(app.topics) or 'none'}")  # fmt: skip
+        raise ConfigError(
+            f"the app has no handler for {', '.join(map(repr, missing))}; it has: {', '.join(app.topics) or 'none'}"
+        )
     next_offset: dict[str, int] = {}
     pending: dict[str, list[Message]] = {}
     for topic, given in messages.items():
@@ -428,13 +451,16 @@ def run_app(
                     run.sent.append(SentMessage(*sent, sent_by=sender, handled=handled))
                     if handled:
                         value, key, headers = sent[1], sent[2], sent[3]
-                        message = make_message(value, topic=sent[0], key=key, headers=headers,
-                                               offset=next_offset.get(sent[0], 0))  # fmt: skip
+                        message = make_message(
+                            value, topic=sent[0], key=key, headers=headers, offset=next_offset.get(sent[0], 0)
+                        )
                         next_offset[sent[0]] = message.offset + 1
                         arriving.setdefault(sent[0], []).append(message)
             pending = arriving
-        raise ConfigError(f"the handlers still send to each other after {max_rounds} rounds: a loop? "
-                          f"(still to handle: {', '.join(sorted(pending))})")  # fmt: skip
+        raise ConfigError(
+            f"the handlers still send to each other after {max_rounds} rounds: a loop? "
+            f"(still to handle: {', '.join(sorted(pending))})"
+        )
     finally:
         run_hooks(app.worker_stop_hooks)
 

@@ -32,8 +32,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def new_fleet(brokers: str, unique: str, tmp_path: Path, name: str = "seq", partitions: int = 8,
-              **fields: Any) -> Fleet:  # fmt: skip
+def new_fleet(
+    brokers: str, unique: str, tmp_path: Path, name: str = "seq", partitions: int = 8, **fields: Any
+) -> Fleet:
     """The one way tests make a fleet: a fresh topic ``<name>-<unique>`` of ``partitions`` partitions, its group,
     a coordination topic of the test's own, and a sink file of the fleet's own; ``fields``: Fleet's others
     (env, app, heartbeat).  Whoever makes one stops it (the ``fleet`` and ``fleets`` fixtures do)."""
@@ -44,8 +45,16 @@ def new_fleet(brokers: str, unique: str, tmp_path: Path, name: str = "seq", part
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)
     (tmp_path / topic).mkdir(parents=True, exist_ok=True)
     env = dict(fields.pop("env", {}))  # the fleet's own: tests add to it (fleet.env |= ...)
-    return Fleet(brokers=brokers, group=f"group-{topic}", topic=topic, coordination_topic=f"__marshal-{unique}",
-                 sink=tmp_path / topic / "sink.txt", partitions=partitions, env=env, **fields)  # fmt: skip
+    return Fleet(
+        brokers=brokers,
+        group=f"group-{topic}",
+        topic=topic,
+        coordination_topic=f"__marshal-{unique}",
+        sink=tmp_path / topic / "sink.txt",
+        partitions=partitions,
+        env=env,
+        **fields,
+    )
 
 
 @dataclass(frozen=True)
@@ -93,25 +102,62 @@ class Fleet:
 
     def start(self, client_id: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         """Start a supervisor; its stderr goes to a log file next to the sink."""
-        app_env = {
-            "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
-            "MW_TEST_TOPIC": self.topic,
-            "MW_TEST_SINK": str(self.sink),
-        } | self.env | env
-        return self._spawn(client_id, [
-            sys.executable, "-m", "marshal_workers", "run", self.app,
-            "--brokers", self.brokers, "--group", self.group, "--coordination-topic", self.coordination_topic,
-            "--heartbeat-interval", self.heartbeat, *args,
-        ], app_env)  # fmt: skip
+        app_env = (
+            {
+                "PYTHONPATH": os.pathsep.join([str(APPS), os.environ.get("PYTHONPATH", "")]),
+                "MW_TEST_TOPIC": self.topic,
+                "MW_TEST_SINK": str(self.sink),
+            }
+            | self.env
+            | env
+        )
+        return self._spawn(
+            client_id,
+            [
+                sys.executable,
+                "-m",
+                "marshal_workers",
+                "run",
+                self.app,
+                "--brokers",
+                self.brokers,
+                "--group",
+                self.group,
+                "--coordination-topic",
+                self.coordination_topic,
+                "--heartbeat-interval",
+                self.heartbeat,
+                *args,
+            ],
+            app_env,
+        )
 
     def serve(self, client_id: str, *args: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
         """Start ``marshal-workers serve`` of the fleet's topic on a free port; return it and its URL."""
         port = free_port()
-        process = self._spawn(client_id, [
-            sys.executable, "-m", "marshal_workers", "serve", "--brokers", self.brokers, "--group", self.group,
-            "--coordination-topic", self.coordination_topic, "--heartbeat-interval", self.heartbeat,
-            "--topic", self.topic, "--port", str(port), *args,
-        ], env)  # fmt: skip
+        process = self._spawn(
+            client_id,
+            [
+                sys.executable,
+                "-m",
+                "marshal_workers",
+                "serve",
+                "--brokers",
+                self.brokers,
+                "--group",
+                self.group,
+                "--coordination-topic",
+                self.coordination_topic,
+                "--heartbeat-interval",
+                self.heartbeat,
+                "--topic",
+                self.topic,
+                "--port",
+                str(port),
+                *args,
+            ],
+            env,
+        )
         return process, f"http://127.0.0.1:{port}"
 
     def http_client(self, name: str, *urls: str, **env: str) -> subprocess.Popen[bytes]:
@@ -177,8 +223,9 @@ class Fleet:
         """Values 'N' on partition N % partitions, in order (with these headers and timestamp, if given)."""
         producer = Producer({"bootstrap.servers": self.brokers, "linger.ms": 5})
         for n in values:
-            producer.produce(self.topic, value=str(n).encode(), partition=n % self.partitions, headers=headers,
-                             timestamp=timestamp)  # fmt: skip
+            producer.produce(
+                self.topic, value=str(n).encode(), partition=n % self.partitions, headers=headers, timestamp=timestamp
+            )
         assert producer.flush(30) == 0
 
     def lines(self) -> list[SinkLine]:
@@ -208,11 +255,28 @@ class Fleet:
         started, clock = time.time(), time.monotonic()
         try:
             result = subprocess.run(
-                [sys.executable, "-m", "marshal_workers", "status", "--brokers", self.brokers, "--group", self.group,
-                 "--coordination-topic", self.coordination_topic, "--heartbeat-interval", self.heartbeat,
-                 "--topic", self.topic, "--json"],
-                check=False, capture_output=True, text=True, timeout=STATUS_TIMEOUT_S,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "marshal_workers",
+                    "status",
+                    "--brokers",
+                    self.brokers,
+                    "--group",
+                    self.group,
+                    "--coordination-topic",
+                    self.coordination_topic,
+                    "--heartbeat-interval",
+                    self.heartbeat,
+                    "--topic",
+                    self.topic,
+                    "--json",
+                ],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=STATUS_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
             self.status_calls.append(StatusCall(started, STATUS_TIMEOUT_S, timed_out=True))
             raise
@@ -248,8 +312,11 @@ class Fleet:
         """The first ``count`` messages of the dead-letter topic (waits for them)."""
         consumer = Consumer({"bootstrap.servers": self.brokers, "group.id": "dlq-reader", "enable.auto.commit": False})
         dlq = f"{self.topic}.dlq"  # created by the first dead letter, with the broker's default partition count
-        metadata = poll_until(lambda: consumer.list_topics(dlq, timeout=10).topics[dlq].partitions or None, timeout=30,
-                              what=f"topic {dlq}")  # fmt: skip
+        metadata = poll_until(
+            lambda: consumer.list_topics(dlq, timeout=10).topics[dlq].partitions or None,
+            timeout=30,
+            what=f"topic {dlq}",
+        )
         consumer.assign([TopicPartition(dlq, p, 0) for p in metadata])
         found: list[Message] = []
         try:

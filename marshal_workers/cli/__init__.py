@@ -23,6 +23,20 @@ def main() -> None:
 
 
 # --help lists them by name, whatever the order here.
-for command in (run, serve, demo, broker, status, log_command, dashboard, admin, dlq, topics, simulate,
-                replay_command, audit_command, asyncapi):  # fmt: skip
+for command in (
+    run,
+    serve,
+    demo,
+    broker,
+    status,
+    log_command,
+    dashboard,
+    admin,
+    dlq,
+    topics,
+    simulate,
+    replay_command,
+    audit_command,
+    asyncapi,
+):
     main.add_command(command)

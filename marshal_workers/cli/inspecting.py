@@ -80,7 +80,9 @@ def log_command(config_file: str | None, follow: bool, from_beginning: bool, **o
 @settings_options
 @click.option("--port", "dashboard_port", type=click.IntRange(0, 65535), help="Port of the web server (default 8000).")
 @click.option("--host", "dashboard_host", help="Address to listen on (default 127.0.0.1: this host only).")
-@click.option("--app", "app_path", metavar="MODULE:APP", help="Also serve this app's AsyncAPI document at /asyncapi.json.")
+@click.option(
+    "--app", "app_path", metavar="MODULE:APP", help="Also serve this app's AsyncAPI document at /asyncapi.json."
+)
 @DRAIN_TARGET
 @reports_errors
 def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> None:
@@ -101,9 +103,16 @@ def dashboard(config_file: str | None, app_path: str | None, **options: Any) -> 
     publisher = Publisher(watcher.step).start()
     meter = AutoscaleMeter(watcher.step, settings).start()
     try:
-        asyncio.run(serve(publisher, settings.dashboard_host, settings.dashboard_port,
-                          lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)"),
-                          asyncapi=described, autoscale=meter))  # fmt: skip
+        asyncio.run(
+            serve(
+                publisher,
+                settings.dashboard_host,
+                settings.dashboard_port,
+                lambda url: click.echo(f"dashboard of group {group} on {url}   (Ctrl-C stops it)"),
+                asyncapi=described,
+                autoscale=meter,
+            )
+        )
     finally:
         publisher.close()
         watcher.close()

@@ -124,7 +124,9 @@ def admin_release(config_file: str | None, topic: str, partition: tuple[int, ...
 @click.option("--offset", type=click.IntRange(0), help="This offset (the next one to handle).")
 @click.option("--earliest", is_flag=True, help="The start of each partition.")
 @click.option("--latest", is_flag=True, help="The end of each partition (skip what is there).")
-@click.option("--timestamp", help="The first offset at or after this time: ms since epoch or ISO 8601 (UTC if no zone).")
+@click.option(
+    "--timestamp", help="The first offset at or after this time: ms since epoch or ISO 8601 (UTC if no zone)."
+)
 @reports_errors
 def admin_set_position(
     config_file: str | None,
@@ -189,14 +191,20 @@ def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any)
     if group is None:
         click.echo(f"{topic}.dlq: {count} dead letters" + (f" ({by_group})" if groups else ""))
     else:
-        click.echo(f"{topic}.dlq: {count} dead letters of group {group} (of {sum(g['count'] for g in groups)}: "
-                   f"{by_group or 'none'})")  # fmt: skip
+        click.echo(
+            f"{topic}.dlq: {count} dead letters of group {group} (of {sum(g['count'] for g in groups)}: "
+            f"{by_group or 'none'})"
+        )
     for r in rows:
-        written = ("dead-lettered -" if r["written_oldest_ms"] is None else
-                   f"dead-lettered {utc_text(r['written_oldest_ms'])} .. {utc_text(r['written_newest_ms'])}")
+        written = (
+            "dead-lettered -"
+            if r["written_oldest_ms"] is None
+            else f"dead-lettered {utc_text(r['written_oldest_ms'])} .. {utc_text(r['written_newest_ms'])}"
+        )
         span = "-" if r["oldest_ms"] is None else f"{utc_text(r['oldest_ms'])} .. {utc_text(r['newest_ms'])}"
-        click.echo(f"  {r['error_type']}: {r['count']}   {written}   messages of {span}   "
-                   f"from {', '.join(r['from_topics'])}")  # fmt: skip
+        click.echo(
+            f"  {r['error_type']}: {r['count']}   {written}   messages of {span}   from {', '.join(r['from_topics'])}"
+        )
 
 
 @dlq.command("redrive")
@@ -204,15 +212,23 @@ def dlq_list(config_file: str | None, topic: str, as_json: bool, **options: Any)
 @click.option("--topic", required=True, help="The handler's topic: its dead letters are in TOPIC.dlq.")
 @_DLQ_GROUP
 @click.option("--error-type", help="Only dead letters of this error_type (e.g. ConnectionError).")
-@click.option("--since", help="Only dead letters written (dead-lettered) at or after this time: ms since epoch or "
-              "ISO 8601; a letter from before letters said when goes by its message's time.")  # fmt: skip
+@click.option(
+    "--since",
+    help="Only dead letters written (dead-lettered) at or after this time: ms since epoch or "
+    "ISO 8601; a letter from before letters said when goes by its message's time.",
+)
 @click.option("--to", "to_topic", help="Send them here instead of each one's original topic.")
 @click.option("--dry-run", is_flag=True, help="Say what would be sent; send nothing.")
 @reports_errors
 def dlq_redrive(
-    config_file: str | None, topic: str, error_type: str | None, since: str | None, to_topic: str | None,
-    dry_run: bool, **options: Any,
-) -> None:  # fmt: skip
+    config_file: str | None,
+    topic: str,
+    error_type: str | None,
+    since: str | None,
+    to_topic: str | None,
+    dry_run: bool,
+    **options: Any,
+) -> None:
     """Send dead letters of TOPIC.dlq back (each once, without the error headers), each for the group that wrote
     it only; checks everything first."""
     from marshal_workers.kafka.dead_letter_reader import read_dead_letters
@@ -232,8 +248,11 @@ def dlq_redrive(
         click.echo(f"nothing to send: none of the {len(letters)} dead letters of {topic}.dlq matched{of_group}")
     unnamed = sum(1 for letter in letters if letter.group is None)
     if group is not None and unnamed:
-        click.echo(f"note: {unnamed} dead letters of {topic}.dlq name no group (written before dead letters named "
-                   "their group) and were not chosen: redrive them without --group, for every group", err=True)
+        click.echo(
+            f"note: {unnamed} dead letters of {topic}.dlq name no group (written before dead letters named "
+            "their group) and were not chosen: redrive them without --group, for every group",
+            err=True,
+        )
 
 
 @click.group()
@@ -246,13 +265,29 @@ def topics() -> None:
 @kafka_options
 @click.option("--topic", "names", multiple=True, metavar="NAME", help="Also this topic (repeatable).")
 @click.option("--partitions", type=click.IntRange(1), required=True, help="Partitions of each topic created.")
-@click.option("--replication-factor", type=click.IntRange(1), default=None,
-              help="Copies of each partition, at most the number of brokers (default: the cluster's default).")  # fmt: skip
-@click.option("--topic-config", "topic_config", multiple=True, metavar="KEY=VALUE",
-              help="A topic setting for each topic created, e.g. retention.ms=604800000 (repeatable).")  # fmt: skip
+@click.option(
+    "--replication-factor",
+    type=click.IntRange(1),
+    default=None,
+    help="Copies of each partition, at most the number of brokers (default: the cluster's default).",
+)
+@click.option(
+    "--topic-config",
+    "topic_config",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A topic setting for each topic created, e.g. retention.ms=604800000 (repeatable).",
+)
 @reports_errors
-def topics_create(app_path: str | None, config_file: str | None, names: tuple[str, ...], partitions: int,
-                  replication_factor: int | None, topic_config: tuple[str, ...], **options: Any) -> None:  # fmt: skip
+def topics_create(
+    app_path: str | None,
+    config_file: str | None,
+    names: tuple[str, ...],
+    partitions: int,
+    replication_factor: int | None,
+    topic_config: tuple[str, ...],
+    **options: Any,
+) -> None:
     """Create every topic of MODULE:APP that is missing (each handler's topic, each topic it declares it sends to
     with app.sends, each dead-letter topic) and each --topic; topics that exist are reported, not changed."""
     from marshal_workers.ops.topics import create_topics, wanted_topics
@@ -283,8 +318,14 @@ def topics_list(app_path: str | None, config_file: str | None, as_json: bool, **
     else:
         from marshal_workers.observe.status import aligned
 
-        cells = [(row["topic"], "missing" if row["partitions"] is None else str(row["partitions"]),
-                  ", ".join(row["used_by"]) or "-") for row in rows]  # fmt: skip
+        cells = [
+            (
+                row["topic"],
+                "missing" if row["partitions"] is None else str(row["partitions"]),
+                ", ".join(row["used_by"]) or "-",
+            )
+            for row in rows
+        ]
         click.echo("\n".join(aligned(("TOPIC", "PARTITIONS", "USED BY"), cells)))
     missing = [row["topic"] for row in rows if row["partitions"] is None]
     if missing:
@@ -308,4 +349,6 @@ def _parse_timestamp(text: str, option: str = "--timestamp") -> int:
     try:
         return iso_time_ms(text)
     except ValueError:
-        raise ConfigError(f"{option}: expected ms since epoch or ISO 8601 (2026-11-22T10:00:00), got {text!r}") from None
+        raise ConfigError(
+            f"{option}: expected ms since epoch or ISO 8601 (2026-11-22T10:00:00), got {text!r}"
+        ) from None

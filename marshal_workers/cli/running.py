@@ -19,7 +19,11 @@ from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
 @click.command()
 @click.option(
-    "--port", type=click.IntRange(0, 65535), default=9092, show_default=True, help="Port on 127.0.0.1 (0: any free port)."
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=9092,
+    show_default=True,
+    help="Port on 127.0.0.1 (0: any free port).",
 )
 @reports_errors
 def broker(port: int) -> None:
@@ -32,7 +36,9 @@ def broker(port: int) -> None:
         while not stop_requested:
             assert embedded.process is not None
             if embedded.process.poll() is not None:
-                raise EmbeddedBrokerError(f"the broker exited with code {embedded.process.returncode}; see {embedded.log_path}")
+                raise EmbeddedBrokerError(
+                    f"the broker exited with code {embedded.process.returncode}; see {embedded.log_path}"
+                )
             time.sleep(0.2)
     click.echo("embedded broker stopped")
 
@@ -95,12 +101,22 @@ def run(app_path: str, config_file: str | None, **options: Any) -> None:
 @click.option("--port", "serve_port", type=click.IntRange(0, 65535), help="HTTP port (default 8080).")
 @click.option("--host", "serve_host", help="Address to listen on (default 127.0.0.1; another needs a token).")
 @click.option("--pending-timeout", "serve_pending_timeout", help="How long a read message stays pending (default 30s).")
-@click.option("--max-deliveries", "serve_max_deliveries", type=click.IntRange(1),
-              help="Hand-outs of a message before it is dead-lettered (default 5).")  # fmt: skip
-@click.option("--range-size", "serve_range_size", type=click.IntRange(1, 65536), help="Offsets per range lease (default 100).")
+@click.option(
+    "--max-deliveries",
+    "serve_max_deliveries",
+    type=click.IntRange(1),
+    help="Hand-outs of a message before it is dead-lettered (default 5).",
+)
+@click.option(
+    "--range-size", "serve_range_size", type=click.IntRange(1, 65536), help="Offsets per range lease (default 100)."
+)
 @click.option("--dlq-topic", "serve_dlq_topic", help="The dead-letter topic (default: <topic>.dlq).")
-@click.option("--token", "serve_token", help="Require Authorization: Bearer TOKEN (visible to ps: prefer --token-file).")
-@click.option("--token-file", "serve_token_file", help="Read the token from this file (or MARSHAL_WORKERS_SERVE_TOKEN).")
+@click.option(
+    "--token", "serve_token", help="Require Authorization: Bearer TOKEN (visible to ps: prefer --token-file)."
+)
+@click.option(
+    "--token-file", "serve_token_file", help="Read the token from this file (or MARSHAL_WORKERS_SERVE_TOKEN)."
+)
 @click.option("--tls-cert", "serve_tls_cert", help="PEM certificate (chain): serve HTTPS.")
 @click.option("--tls-key", "serve_tls_key", help="The certificate's PEM private key.")
 @click.option("--allow-unauthenticated", is_flag=True, help="Listen on a non-loopback address without a token.")
@@ -121,24 +137,41 @@ def serve(config_file: str | None, allow_unauthenticated: bool, **options: Any) 
     token = settings.serve_token_value()
     check_bind(settings.serve_host, token, allow_unauthenticated)
     context = tls_context(settings.serve_tls_cert, settings.serve_tls_key)
-    topic = ServedTopic(settings, ServeOptions(
-        topic=settings.serve_topic, pending_timeout=settings.serve_pending_timeout,
-        max_deliveries=settings.serve_max_deliveries, range_size=settings.serve_range_size,
-        dlq_topic=settings.serve_dlq_topic or "",
-    )).start()  # fmt: skip
+    topic = ServedTopic(
+        settings,
+        ServeOptions(
+            topic=settings.serve_topic,
+            pending_timeout=settings.serve_pending_timeout,
+            max_deliveries=settings.serve_max_deliveries,
+            range_size=settings.serve_range_size,
+            dlq_topic=settings.serve_dlq_topic or "",
+        ),
+    ).start()
     try:
-        asyncio.run(serve_http(
-            topic, settings.serve_host, settings.serve_port, token, context, settings.shutdown_timeout,
-            lambda url: click.echo(f"serving {settings.serve_topic} of group {group} on {url}"
-                                   f"{' (token required)' if token else ''}   (Ctrl-C stops it)", err=True),
-        ))  # fmt: skip
+        asyncio.run(
+            serve_http(
+                topic,
+                settings.serve_host,
+                settings.serve_port,
+                token,
+                context,
+                settings.shutdown_timeout,
+                lambda url: click.echo(
+                    f"serving {settings.serve_topic} of group {group} on {url}"
+                    f"{' (token required)' if token else ''}   (Ctrl-C stops it)",
+                    err=True,
+                ),
+            )
+        )
     finally:
         topic.close()
     click.echo("serve stopped", err=True)
 
 
 @click.command()
-@click.option("--partitions", type=click.IntRange(1, 256), default=8, show_default=True, help="Partitions of the demo topic.")
+@click.option(
+    "--partitions", type=click.IntRange(1, 256), default=8, show_default=True, help="Partitions of the demo topic."
+)
 @click.option("--rate", type=click.IntRange(1), default=2000, show_default=True, help="Messages produced per second.")
 @click.option("--supervisors", type=click.IntRange(1, 8), default=2, show_default=True, help="Supervisor processes.")
 @click.option("--duration", type=click.FloatRange(0), default=0, help="Stop after this many seconds (0: at Ctrl-C).")

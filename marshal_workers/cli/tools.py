@@ -25,39 +25,102 @@ def _fault_kinds() -> str:
 
 
 @click.command(epilog=_fault_kinds())
-@click.option("--partitions", type=click.IntRange(1), default=256, show_default=True, help="Partitions of the group's topics.")
+@click.option(
+    "--partitions", type=click.IntRange(1), default=256, show_default=True, help="Partitions of the group's topics."
+)
 @click.option("--members", type=click.IntRange(1), default=4, show_default=True, help="Members at the start.")
 @click.option("--heartbeat-interval", default="2s", show_default=True, help="HB of the group.")
 @click.option("--duration", default="10m", show_default=True, help="Simulated time, e.g. 90s or 10m.")
-@click.option("--fault", "faults", multiple=True, metavar="KIND@T[:ARGS]", help="A fault to inject (repeatable; kinds below).")
+@click.option(
+    "--fault", "faults", multiple=True, metavar="KIND@T[:ARGS]", help="A fault to inject (repeatable; kinds below)."
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="One seed, one run, byte for byte.")
-@click.option("--seeds", type=click.IntRange(1), default=1, show_default=True,
-              help="A sweep: run the seeds from --seed on, print how many broke an invariant and the first.")
+@click.option(
+    "--seeds",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="A sweep: run the seeds from --seed on, print how many broke an invariant and the first.",
+)
 @click.option("--balance", type=click.Choice(["fair", "greedy"]), default="fair", show_default=True)
-@click.option("--topics", type=click.IntRange(1), default=1, show_default=True, help="Topics the partitions are spread over.")
-@click.option("--coordination-partitions", type=click.IntRange(1), default=1, show_default=True,
-              help="Partitions of the coordination topic.")
-@click.option("--checkpoint-interval", default="0", show_default=True,
-              help="Members write checkpoints this often, and a member that starts loads the latest (0: none).")
-@click.option("--shared-topics", type=click.IntRange(0), default=0, show_default=True,
-              help="The first N topics are shared (shared=True): range leases, never claimed whole.")
-@click.option("--amo-topics", type=click.IntRange(0), default=0, show_default=True,
-              help="The last N topics are at most once: batch claims (whole) or amo leases (shared).")
-@click.option("--pending-timeout", default="6s", show_default=True,
-              help="The shared handlers' pending timeout: how long a range lease lasts unless renewed.")
-@click.option("--shrink/--no-shrink", "shrink_failures", default=True, show_default=True,
-              help="When an invariant breaks, look for a smaller run that breaks it too.")
+@click.option(
+    "--topics", type=click.IntRange(1), default=1, show_default=True, help="Topics the partitions are spread over."
+)
+@click.option(
+    "--coordination-partitions",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Partitions of the coordination topic.",
+)
+@click.option(
+    "--checkpoint-interval",
+    default="0",
+    show_default=True,
+    help="Members write checkpoints this often, and a member that starts loads the latest (0: none).",
+)
+@click.option(
+    "--shared-topics",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="The first N topics are shared (shared=True): range leases, never claimed whole.",
+)
+@click.option(
+    "--amo-topics",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="The last N topics are at most once: batch claims (whole) or amo leases (shared).",
+)
+@click.option(
+    "--pending-timeout",
+    default="6s",
+    show_default=True,
+    help="The shared handlers' pending timeout: how long a range lease lasts unless renewed.",
+)
+@click.option(
+    "--shrink/--no-shrink",
+    "shrink_failures",
+    default=True,
+    show_default=True,
+    help="When an invariant breaks, look for a smaller run that breaks it too.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--start-spread", default="100ms", show_default=True,
-              help="The members' first passes are spread over this (calibrated on a real fleet: 300ms).")
-@click.option("--position-lookup", default="none", show_default=True,
-              help="What a claim of a partition with no position in the log costs its member before the worker "
-                   "starts, its loop waiting (calibrated on a real fleet: 100ms).")
+@click.option(
+    "--start-spread",
+    default="100ms",
+    show_default=True,
+    help="The members' first passes are spread over this (calibrated on a real fleet: 300ms).",
+)
+@click.option(
+    "--position-lookup",
+    default="none",
+    show_default=True,
+    help="What a claim of a partition with no position in the log costs its member before the worker "
+    "starts, its loop waiting (calibrated on a real fleet: 100ms).",
+)
 @reports_errors
-def simulate(partitions: int, members: int, heartbeat_interval: str, duration: str, faults: tuple[str, ...],
-             seed: int, seeds: int, balance: str, topics: int, coordination_partitions: int, checkpoint_interval: str,
-             shared_topics: int, amo_topics: int, pending_timeout: str, shrink_failures: bool,
-             as_json: bool, start_spread: str, position_lookup: str) -> None:  # fmt: skip
+def simulate(
+    partitions: int,
+    members: int,
+    heartbeat_interval: str,
+    duration: str,
+    faults: tuple[str, ...],
+    seed: int,
+    seeds: int,
+    balance: str,
+    topics: int,
+    coordination_partitions: int,
+    checkpoint_interval: str,
+    shared_topics: int,
+    amo_topics: int,
+    pending_timeout: str,
+    shrink_failures: bool,
+    as_json: bool,
+    start_spread: str,
+    position_lookup: str,
+) -> None:
     """Simulate a fleet on a virtual clock and log: the real claiming policy and fold, under faults.
 
     Prints the time until every partition is owned and balanced, hand-overs, coordination records and bytes
@@ -72,14 +135,24 @@ def simulate(partitions: int, members: int, heartbeat_interval: str, duration: s
     from marshal_workers.simulation.sim_config import SimConfig
 
     config = SimConfig(
-        partitions=partitions, members=members, heartbeat_s=parse_heartbeat_interval(heartbeat_interval),
-        duration_s=parse_duration(duration), seed=seed, faults=tuple(parse_fault(f) for f in faults), balance=balance,
-        topics=min(topics, partitions), coordination_partitions=coordination_partitions,
-        checkpoint_interval_s=0.0 if checkpoint_interval.strip() in ("0", "0s") else parse_duration(checkpoint_interval),
-        shared_topics=shared_topics, amo_topics=amo_topics, pending_timeout_s=parse_duration(pending_timeout),
+        partitions=partitions,
+        members=members,
+        heartbeat_s=parse_heartbeat_interval(heartbeat_interval),
+        duration_s=parse_duration(duration),
+        seed=seed,
+        faults=tuple(parse_fault(f) for f in faults),
+        balance=balance,
+        topics=min(topics, partitions),
+        coordination_partitions=coordination_partitions,
+        checkpoint_interval_s=0.0
+        if checkpoint_interval.strip() in ("0", "0s")
+        else parse_duration(checkpoint_interval),
+        shared_topics=shared_topics,
+        amo_topics=amo_topics,
+        pending_timeout_s=parse_duration(pending_timeout),
         start_spread_s=parse_duration(start_spread),
         position_lookup_s=0.0 if position_lookup == "none" else parse_duration(position_lookup),
-    )  # fmt: skip
+    )
     if max(shared_topics, amo_topics) > config.topics:
         raise click.UsageError(f"--shared-topics and --amo-topics name topics among --topics: at most {config.topics}")
     if seeds > 1:
@@ -172,9 +245,10 @@ def replay_command(
 @click.option("--out", metavar="DIR", help="Write the tables as Parquet under DIR (or a URL Spark writes to).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.option(
-    "--from-beginning", is_flag=True,
+    "--from-beginning",
+    is_flag=True,
     help="Audit the whole log still kept, not only what came after the latest checkpoints.",
-)  # fmt: skip
+)
 @spark_options
 @reports_errors
 def audit_command(
@@ -213,7 +287,9 @@ def audit_command(
 @click.command()
 @click.argument("app_path", metavar="MODULE:APP")
 @click.option("--title", help="The document's title (default: the app's group).")
-@click.option("--version", "doc_version", default="1.0.0", show_default=True, help="The document's (the API's) version.")
+@click.option(
+    "--version", "doc_version", default="1.0.0", show_default=True, help="The document's (the API's) version."
+)
 @click.option("--brokers", help="Name these bootstrap servers (host:port[,host:port]) as the document's servers.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 @reports_errors

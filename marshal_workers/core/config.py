@@ -148,7 +148,9 @@ SETTINGS: dict[str, Setting] = {
         Setting("log_level", _parse_choice("debug", "info", "warning", "error"), "Log level."),
         Setting("log_format", _parse_choice("text", "json"), "Log lines as text, or as one JSON object each."),
         Setting("max_partitions", _parse_int(0), "Most partitions one supervisor claims (0: no cap)."),
-        Setting("processes", _parse_int(0), "Worker processes per supervisor for each shared handler (0: one per CPU)."),
+        Setting(
+            "processes", _parse_int(0), "Worker processes per supervisor for each shared handler (0: one per CPU)."
+        ),
         Setting("shutdown_timeout", parse_duration, "On SIGTERM, how long workers may finish before they are killed."),
         Setting(
             "auto_offset_reset",
@@ -173,7 +175,9 @@ SETTINGS: dict[str, Setting] = {
             parse_memory_limit,
             "Restart a worker cleanly once its resident memory passes this, e.g. 512MB (0: never).",
         ),
-        Setting("behind_cycles", _parse_int(1), "Health cycles (HB/2 each) in a row of falling behind before a release."),
+        Setting(
+            "behind_cycles", _parse_int(1), "Health cycles (HB/2 each) in a row of falling behind before a release."
+        ),
         Setting(
             "soft_time_limit",
             parse_limit,
@@ -290,13 +294,17 @@ class Settings:
 
     def require_group(self) -> str:
         if not self.group:
-            raise ConfigError("no group given: pass --group, set MARSHAL_WORKERS_GROUP, or put group in the config file")
+            raise ConfigError(
+                "no group given: pass --group, set MARSHAL_WORKERS_GROUP, or put group in the config file"
+            )
         return self.group
 
     def __repr__(self) -> str:
         # Settings travel in WorkerSpecs, exceptions and test reports: a repr never shows a secret.
-        shown = {f.name: ("***" if f.name == "serve_token" and self.serve_token else getattr(self, f.name))
-                 for f in fields(self)} | {
+        shown = {
+            f.name: ("***" if f.name == "serve_token" and self.serve_token else getattr(self, f.name))
+            for f in fields(self)
+        } | {
             "kafka": self.kafka_redacted(),
             "kafka_consumer": _redacted(self.kafka_consumer),
             "kafka_producer": _redacted(self.kafka_producer),
@@ -331,8 +339,11 @@ class Settings:
                 continue
             # Refused as it was set: the property refused on its own in the same words is the culprit (its name as
             # given: librdkafka names an alias's property, request.required.acks for acks).
-            culprit = None if refusal.on_create else next(
-                (k for k in properties if librdkafka_refusal(role, {k: properties[k]}) == refusal), None)  # fmt: skip
+            culprit = (
+                None
+                if refusal.on_create
+                else next((k for k in properties if librdkafka_refusal(role, {k: properties[k]}) == refusal), None)
+            )
             known = origins or {}
             tables = {key: self._table_of(role, key) for key in properties}
             where = {key: known.get((table, key), Origin(_table_name(table))) for key, table in tables.items()}
@@ -367,11 +378,15 @@ def refusal_message(
     is librdkafka's words with secrets already masked; a secret's value is never shown."""
     if culprit is not None:
         if refusal.startswith("No such configuration property"):
-            return (f'"{culprit}" in {where[culprit]} is not a librdkafka property: correct its name or remove it '
-                    f"(librdkafka's properties: {LIBRDKAFKA_PROPERTIES})")  # fmt: skip
+            return (
+                f'"{culprit}" in {where[culprit]} is not a librdkafka property: correct its name or remove it '
+                f"(librdkafka's properties: {LIBRDKAFKA_PROPERTIES})"
+            )
         value = "" if _is_secret(culprit) else f" = {properties[culprit]!r}"
-        return (f'"{culprit}"{value} in {where[culprit]} is refused by librdkafka ({refusal}): give it a value '
-                f"librdkafka takes ({LIBRDKAFKA_PROPERTIES})")  # fmt: skip
+        return (
+            f'"{culprit}"{value} in {where[culprit]} is refused by librdkafka ({refusal}): give it a value '
+            f"librdkafka takes ({LIBRDKAFKA_PROPERTIES})"
+        )
     places: dict[str, list[str]] = {}
     for origin in where.values():
         variables = places.setdefault(origin.place, [])
@@ -379,8 +394,10 @@ def refusal_message(
             variables.append(origin.variable)
     given = " and ".join(f"{place} ({', '.join(names)})" if names else place for place, names in places.items())
     kind = {"consumer": "consumers", "producer": "producers", "admin": "admin clients"}[role]
-    return (f"librdkafka refuses the Kafka settings of {kind} given in {given}: {refusal}; set or fix them there "
-            f"({LIBRDKAFKA_PROPERTIES})")  # fmt: skip
+    return (
+        f"librdkafka refuses the Kafka settings of {kind} given in {given}: {refusal}; set or fix them there "
+        f"({LIBRDKAFKA_PROPERTIES})"
+    )
 
 
 def _table_name(table: str) -> str:
@@ -446,7 +463,7 @@ def _kafka_table(raw: Mapping[str, Any], name: str, origin: str) -> dict[str, st
     for key, value in raw.items():
         if isinstance(value, Mapping):
             raise ConfigError(
-                f"{name} in {origin}: {key} is a table; write librdkafka names in quotes, e.g. \"{key}.x\" = ..."
+                f'{name} in {origin}: {key} is a table; write librdkafka names in quotes, e.g. "{key}.x" = ...'
             )
     return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in raw.items()}
 

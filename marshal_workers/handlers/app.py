@@ -304,7 +304,15 @@ class App:
         )
         lane_options = handler_options.lanes(topic, batch, spec_options, concurrency, ordering, window)
         shared_options = handler_options.shared_partitions(
-            topic, shared, range_size, pending_timeout, max_deliveries, batch, concurrency, spec_options, adaptive_ranges
+            topic,
+            shared,
+            range_size,
+            pending_timeout,
+            max_deliveries,
+            batch,
+            concurrency,
+            spec_options,
+            adaptive_ranges,
         )
         if not isinstance(dlq_limit, int) or isinstance(dlq_limit, bool) or dlq_limit < 0:
             raise ConfigError(f"handler for {topic!r}: dlq_limit must be a whole number >= 0, got {dlq_limit!r}")
@@ -330,9 +338,18 @@ class App:
                 )
             plan = plan_for(function, topic, batch, serializer, Message)
             spec = HandlerSpec(
-                topic=topic, function=function if plan is None else typed(function, plan, batch), batch=batch,
-                dlq_limit=dlq_limit, **spec_options, **lane_options, **shared_options, **limit_options, model=plan,
-                declared=None if plan is None else function, serializer=checked_serializer, middleware=own_middleware,
+                topic=topic,
+                function=function if plan is None else typed(function, plan, batch),
+                batch=batch,
+                dlq_limit=dlq_limit,
+                **spec_options,
+                **lane_options,
+                **shared_options,
+                **limit_options,
+                model=plan,
+                declared=None if plan is None else function,
+                serializer=checked_serializer,
+                middleware=own_middleware,
             )
             for wrapper in (*self.middlewares, *own_middleware):
                 check_kind(spec.function, wrapper, f"handler for {topic!r} ({spec.name})")
@@ -415,8 +432,9 @@ class App:
         hooked = with_message_hooks(with_middleware(spec.function, (*self.middlewares, *spec.middleware)), self.hooks)
         return spec if hooked is spec.function else replace(spec, function=hooked)
 
-    def sends(self, topic: str, model: type | None = None, description: str | None = None,
-              serializer: Any = None) -> None:  # fmt: skip
+    def sends(
+        self, topic: str, model: type | None = None, description: str | None = None, serializer: Any = None
+    ) -> None:
         """Declare that the app sends to ``topic`` (with ``app.send``), and what: a model (a msgspec Struct, a
         dataclass or a pydantic model) or None.  The AsyncAPI document (``marshal-workers asyncapi``) describes it;
         ``serializer`` (default: that of the app's handler of the topic, else JSON) encodes the models app.send
@@ -424,8 +442,10 @@ class App:
         if not isinstance(topic, str) or not topic:
             raise ConfigError(f"app.sends needs a topic name, got {topic!r}")
         if model is not None and not isinstance(model, type):
-            raise ConfigError(f"app.sends({topic!r}): model must be a class (a msgspec Struct, a dataclass or a "
-                              f"pydantic model), got {model!r}")  # fmt: skip
+            raise ConfigError(
+                f"app.sends({topic!r}): model must be a class (a msgspec Struct, a dataclass or a "
+                f"pydantic model), got {model!r}"
+            )
         checked = None if serializer is None else check_serializer(f"app.sends({topic!r})", serializer)
         self.outputs[topic] = OutputSpec(topic, model, description, checked)
 
@@ -494,7 +514,6 @@ class App:
 
     def __repr__(self) -> str:
         return f"App(group={self.group!r}, topics={list(self.topics)})"
-
 
 
 def effective_time_limits(handler: HandlerSpec, settings: Settings) -> tuple[float, float]:

@@ -28,7 +28,12 @@ from marshal_workers.handlers.signals import PayloadError
 
 
 def log_decision(
-    log: ContextLog, handler: str, offsets: list[int], decision: Decision, failures: int, destination: str,
+    log: ContextLog,
+    handler: str,
+    offsets: list[int],
+    decision: Decision,
+    failures: int,
+    destination: str,
     later: str = "the worker is stopping: the next owner retries it",
 ) -> None:
     """The one line of a failed call on ``offsets`` (its ``failures``-th failed try) once the failure path has
@@ -45,25 +50,41 @@ def log_decision(
         log_dead_letter(log, handler, first, error, len(decision.letters), destination)
     elif fate is Fate.RELEASE:
         if decision.in_a_row:
-            log.error("%d messages in a row went to %s (dlq_limit): releasing the partition as sick at offset %d "
-                      "instead", decision.in_a_row, destination, offset)  # fmt: skip
+            log.error(
+                "%d messages in a row went to %s (dlq_limit): releasing the partition as sick at offset %d instead",
+                decision.in_a_row,
+                destination,
+                offset,
+            )
         log_release(log, handler, offset, error)
     elif fate is Fate.LATER:
         log_left_for_later(log, handler, offset, error, later)
+
 
 E = TypeVar("E", bound=BaseException)
 
 
 def log_retry(log: ContextLog, handler: str, offset: int, error: BaseException, retry: int, delay: float) -> None:
     """The call on ``offset`` failed; retry number ``retry`` follows in ``delay`` seconds."""
-    _failed(log, logging.WARNING, offset, error, "handler %s failed at offset %d (%r); retry %d in %.2fs",
-            handler, offset, error, retry, delay)  # fmt: skip
+    _failed(
+        log,
+        logging.WARNING,
+        offset,
+        error,
+        "handler %s failed at offset %d (%r); retry %d in %.2fs",
+        handler,
+        offset,
+        error,
+        retry,
+        delay,
+    )
 
 
 def log_left_for_later(log: ContextLog, handler: str, offset: int, error: BaseException, reason: str) -> None:
     """The call on ``offset`` failed and is tried again, but not by this worker now: ``reason`` says by whom."""
-    _failed(log, logging.WARNING, offset, error, "handler %s failed at offset %d (%r): %s",
-            handler, offset, error, reason)  # fmt: skip
+    _failed(
+        log, logging.WARNING, offset, error, "handler %s failed at offset %d (%r): %s", handler, offset, error, reason
+    )
 
 
 def _partly_decoded(error: PayloadError, decision: Decision, offsets: list[int]) -> bool:
@@ -78,9 +99,16 @@ def log_undecoded(
     dead-letter topic; the handler had the others.  A WARNING with each message's own reason, and no traceback:
     nothing failed in the handler."""
     reasons = "; ".join(f"offset {offsets[p]}: {error.by_position.get(p, error)}" for p in undecoded)
-    log.warning("handler %s: %d of %d messages did not decode (PayloadError) and went to %s, the other %d were handled (%s)",
-                handler, len(undecoded), len(offsets), destination, len(offsets) - len(undecoded), reasons,
-                extra={"offset": offsets[undecoded[0]]})  # fmt: skip
+    log.warning(
+        "handler %s: %d of %d messages did not decode (PayloadError) and went to %s, the other %d were handled (%s)",
+        handler,
+        len(undecoded),
+        len(offsets),
+        destination,
+        len(offsets) - len(undecoded),
+        reasons,
+        extra={"offset": offsets[undecoded[0]]},
+    )
 
 
 def log_dead_letter(
@@ -88,14 +116,32 @@ def log_dead_letter(
 ) -> None:
     """The ``count`` message(s) from ``offset`` went to the dead-letter topic because of ``error``; ``destination``
     names the topic (and, for a shared handler, after how many deliveries)."""
-    _failed(log, logging.ERROR, offset, error, "handler %s failed at offset %d (%r): sent %d message(s) to %s",
-            handler, offset, error, count, destination)  # fmt: skip
+    _failed(
+        log,
+        logging.ERROR,
+        offset,
+        error,
+        "handler %s failed at offset %d (%r): sent %d message(s) to %s",
+        handler,
+        offset,
+        error,
+        count,
+        destination,
+    )
 
 
 def log_release(log: ContextLog, handler: str, offset: int, error: BaseException) -> None:
     """The call on ``offset`` failed for good, and the partition is released at it (not dead-lettered)."""
-    _failed(log, logging.ERROR, offset, error, "handler %s failed at offset %d (%r): releasing the partition",
-            handler, offset, error)  # fmt: skip
+    _failed(
+        log,
+        logging.ERROR,
+        offset,
+        error,
+        "handler %s failed at offset %d (%r): releasing the partition",
+        handler,
+        offset,
+        error,
+    )
 
 
 def log_ignored(log: ContextLog, handler: str, offset: int, error: BaseException) -> None:

@@ -184,13 +184,16 @@ def shared_partitions(
             f"{where}: on_error='release' releases a whole partition, which a shared handler never holds; "
             "failures are delivered again up to max_deliveries, then dead-lettered"
         )
-    return {"shared": shared, "range_size": range_size, "adaptive_ranges": adaptive_ranges, "pending_timeout": timeout,
-            "max_deliveries": max_deliveries}  # fmt: skip
+    return {
+        "shared": shared,
+        "range_size": range_size,
+        "adaptive_ranges": adaptive_ranges,
+        "pending_timeout": timeout,
+        "max_deliveries": max_deliveries,
+    }
 
 
-def limits(
-    topic: str, rate_limit: float | str | None, max_age: float | str | None, on_too_old: str
-) -> dict[str, Any]:
+def limits(topic: str, rate_limit: float | str | None, max_age: float | str | None, on_too_old: str) -> dict[str, Any]:
     """rate_limit, max_age and on_too_old, checked."""
     where = f"handler for {topic!r}"
     rate = None
@@ -205,7 +208,9 @@ def limits(
     except ValueError:
         raise ConfigError(f"{where}: on_too_old must be 'skip' or 'dlq', got {on_too_old!r}") from None
     if parsed is not OnTooOld.SKIP and age is None:
-        raise ConfigError(f"{where}: on_too_old={on_too_old!r} needs max_age (e.g. max_age='1h'): no message is too old")
+        raise ConfigError(
+            f"{where}: on_too_old={on_too_old!r} needs max_age (e.g. max_age='1h'): no message is too old"
+        )
     return {"rate_limit": rate, "max_age": age, "on_too_old": parsed}
 
 
@@ -213,8 +218,10 @@ def own_middleware(topic: str, middleware: Any) -> tuple[Middleware, ...]:
     """A handler's own middleware: one function or a list of them, each checked."""
     given = (middleware,) if callable(middleware) else middleware
     if not isinstance(given, (list, tuple)):
-        raise ConfigError(f"handler for {topic!r}: middleware must be a function mw(msg, call_next) or a list of them, "
-                          f"got {middleware!r}")  # fmt: skip
+        raise ConfigError(
+            f"handler for {topic!r}: middleware must be a function mw(msg, call_next) or a list of them, "
+            f"got {middleware!r}"
+        )
     return tuple(check_middleware(m, f"handler for {topic!r}") for m in given)
 
 

@@ -35,8 +35,14 @@ class OutcomeCounts:
         """The counts of what changed since the last take (None if nothing did), and start again."""
         if not (self.errors or self.retries or self.ignored or self.rejected or self.too_old or self.other_group):
             return None
-        counts = {"errors": dict(self.errors), "retries": self.retries, "ignored": self.ignored,
-                  "rejected": self.rejected, "too_old": self.too_old, "other_group": self.other_group}  # fmt: skip
+        counts = {
+            "errors": dict(self.errors),
+            "retries": self.retries,
+            "ignored": self.ignored,
+            "rejected": self.rejected,
+            "too_old": self.too_old,
+            "other_group": self.other_group,
+        }
         self.errors.clear()
         self.retries = self.ignored = self.rejected = self.too_old = self.other_group = 0
         return counts

@@ -42,9 +42,11 @@ def load_app(app_path: str) -> App:
         raise AppLoadError(f"importing {module_name!r} failed:\n{traceback.format_exc()}") from None
     app = getattr(module, attr, None)
     if app is None:
-        raise AppLoadError(f"module {module_name!r} has no attribute {attr!r}; name the App object as {module_name}:NAME")
+        raise AppLoadError(
+            f"module {module_name!r} has no attribute {attr!r}; name the App object as {module_name}:NAME"
+        )
     if not isinstance(app, App):
         raise AppLoadError(f"{module_name}:{attr} is a {type(app).__name__}, not a marshal_workers.App")
     if not app.handlers:
-        raise NoHandlersError(f"{module_name}:{attr} has no handlers: register one with @app.handler(\"topic\")")
+        raise NoHandlersError(f'{module_name}:{attr} has no handlers: register one with @app.handler("topic")')
     return app

@@ -240,8 +240,10 @@ def _asks_for_decoding(annotation: Any, message: type) -> bool:
 
 def _is_model(cls: Any, message: type) -> bool:
     """A msgspec Struct (not a Message: that one holds a Kafka record), a dataclass or a pydantic model class."""
-    return isinstance(cls, type) and not issubclass(cls, message) and (
-        issubclass(cls, msgspec.Struct) or dataclasses.is_dataclass(cls) or is_pydantic_model(cls)
+    return (
+        isinstance(cls, type)
+        and not issubclass(cls, message)
+        and (issubclass(cls, msgspec.Struct) or dataclasses.is_dataclass(cls) or is_pydantic_model(cls))
     )
 
 

@@ -37,8 +37,10 @@ def parse_rate(value: Any) -> float:
     else:
         match = _RATE.match(str(value))
         if not match:
-            raise ConfigError(f"expected a rate such as '200/s', '100/m' or '5/h' (messages per second, minute or "
-                              f"hour), got {value!r}")  # fmt: skip
+            raise ConfigError(
+                f"expected a rate such as '200/s', '100/m' or '5/h' (messages per second, minute or "
+                f"hour), got {value!r}"
+            )
         rate = float(match.group(1)) / _PER[match.group(2)]
     if not math.isfinite(rate) or rate <= 0:
         raise ConfigError(f"a rate must be more than 0 messages per hour, got {value!r}")

@@ -94,8 +94,29 @@ class _InFlight:
 
 
 # Upper bounds (seconds) of the write latency histogram in /metrics: fine below 10 ms, where a healthy write lies.
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
-                   0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0015,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 @dataclass
@@ -116,8 +137,9 @@ class GroupCommit:
 
     Every method is called on the loop's thread (the request handlers' and /metrics')."""
 
-    def __init__(self, writes: Writes, fields: Fields, topic: str, pending_ms: int,
-                 loop: asyncio.AbstractEventLoop) -> None:  # fmt: skip
+    def __init__(
+        self, writes: Writes, fields: Fields, topic: str, pending_ms: int, loop: asyncio.AbstractEventLoop
+    ) -> None:
         self._writes = writes
         self._fields = fields
         self._topic = topic
@@ -134,8 +156,9 @@ class GroupCommit:
         self._idle.set()
         self.stats = WriteStats()
 
-    def submit(self, kind: Kind, entries: Sequence[codec.MessageEntry],
-               linger: bool = False) -> asyncio.Future[list[bool]]:  # fmt: skip
+    def submit(
+        self, kind: Kind, entries: Sequence[codec.MessageEntry], linger: bool = False
+    ) -> asyncio.Future[list[bool]]:
         """Queue ``entries`` for the next write: the future gives one verdict per entry once the write is confirmed,
         or the write's exception (CoordinationWriteError: not confirmed in time).
 

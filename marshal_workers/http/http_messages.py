@@ -87,7 +87,7 @@ def message_ids(body: bytes) -> list[MessageId]:
     if isinstance(parsed, dict):
         parsed = [parsed]
     if not isinstance(parsed, list) or not parsed:
-        raise BadRequest(400, "bad_body", "send a JSON list of {\"topic\", \"partition\", \"offset\"} objects")
+        raise BadRequest(400, "bad_body", 'send a JSON list of {"topic", "partition", "offset"} objects')
     if len(parsed) > MAX_ITEMS:
         raise BadRequest(413, "too_many", f"at most {MAX_ITEMS} messages per request, got {len(parsed)}")
     found: dict[MessageId, None] = {}
@@ -109,9 +109,16 @@ def _message_id(item: Any, index: int) -> MessageId:
 
 
 def message_json(
-    topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-    headers: Sequence[tuple[str, bytes | None]], timestamp: int | None, deadline: int, deliveries: int,
-) -> dict[str, Any]:  # fmt: skip
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+    timestamp: int | None,
+    deadline: int,
+    deliveries: int,
+) -> dict[str, Any]:
     """One Kafka message as the service hands it out (``deadline``: ms since epoch; ack before it)."""
     try:  # each part decoded once: as text when every part is UTF-8 (the usual case), else every part base64
         as_text = True

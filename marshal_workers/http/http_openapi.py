@@ -25,8 +25,10 @@ SECURITY_SCHEME: Final = "bearerAuth"
 MAX_BODY_BYTES: Final = 4 * 2**20
 
 # JSON Schema calls 1.0 an integer too; the parser takes only integers written as such (1), as it always has.
-_Offset = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1, description="A JSON integer written without a fraction or "
-                                      "exponent (1, not 1.0).")]
+_Offset = Annotated[
+    int,
+    msgspec.Meta(ge=0, le=2**63 - 1, description="A JSON integer written without a fraction or exponent (1, not 1.0)."),
+]
 
 
 class MessageRef(msgspec.Struct):
@@ -47,16 +49,20 @@ class Message(msgspec.Struct):
     key: Annotated[str | None, msgspec.Meta(description="Text, or base64 when `encoding` says so; null if none.")]
     value: Annotated[str | None, msgspec.Meta(description="Text, or base64 when `encoding` says so; null if none.")]
     headers: Annotated[
-        list[tuple[str, str | None]], msgspec.Meta(description="[name, value] pairs; values encoded as `encoding` says.")
+        list[tuple[str, str | None]],
+        msgspec.Meta(description="[name, value] pairs; values encoded as `encoding` says."),
     ]
     encoding: Annotated[
         Literal["utf-8", "base64"],
-        msgspec.Meta(description="utf-8 when the key, the value and every header value are valid UTF-8, else base64 "
-                     "for all of them."),
-    ]  # fmt: skip
+        msgspec.Meta(
+            description="utf-8 when the key, the value and every header value are valid UTF-8, else base64 "
+            "for all of them."
+        ),
+    ]
     timestamp: Annotated[int | None, msgspec.Meta(description="The Kafka timestamp (ms since the epoch), or null.")]
-    deadline: Annotated[int, msgspec.Meta(description="Ack before this (ms since the epoch): then it may be handed "
-                                          "out again.")]  # fmt: skip
+    deadline: Annotated[
+        int, msgspec.Meta(description="Ack before this (ms since the epoch): then it may be handed out again.")
+    ]
     deliveries: Annotated[int, msgspec.Meta(ge=1, description="This is its n-th hand-out, earlier leases counted.")]
 
 
@@ -87,7 +93,8 @@ class Problem(msgspec.Struct):
     partition: int
     offset: int
     state: Annotated[
-        str, msgspec.Meta(description="unknown, undelivered, expired, cancelled, done or acked (see docs/http-service.md).")
+        str,
+        msgspec.Meta(description="unknown, undelivered, expired, cancelled, done or acked (see docs/http-service.md)."),
     ]
     why: str
 
@@ -98,9 +105,9 @@ class Error(msgspec.Struct):
     error: Annotated[str, msgspec.Meta(description="A short code: see the response's description.")]
     message: Annotated[str, msgspec.Meta(description="What went wrong and what to do.")]
     messages: list[Problem] | msgspec.UnsetType = msgspec.UNSET
-    retry_after: Annotated[int, msgspec.Meta(description="Seconds to wait before trying again.")] | msgspec.UnsetType = (
-        msgspec.UNSET
-    )
+    retry_after: (
+        Annotated[int, msgspec.Meta(description="Seconds to wait before trying again.")] | msgspec.UnsetType
+    ) = msgspec.UNSET
 
 
 class Health(msgspec.Struct):
@@ -120,14 +127,20 @@ SettleBody = (
 )
 
 _STRUCTS: Final[dict[str, Any]] = {
-    "ReadAnswer": ReadAnswer, "AckAnswer": AckAnswer, "CancelAnswer": CancelAnswer, "Error": Error,
-    "Health": Health, "SettleBody": SettleBody,
-}  # fmt: skip
+    "ReadAnswer": ReadAnswer,
+    "AckAnswer": AckAnswer,
+    "CancelAnswer": CancelAnswer,
+    "Error": Error,
+    "Health": Health,
+    "SettleBody": SettleBody,
+}
 
 
 def _components() -> dict[str, Any]:
     """Every body's schema, by name, and the schemas they refer to (msgspec names a struct's by its class)."""
-    refs, components = msgspec.json.schema_components(list(_STRUCTS.values()), ref_template="#/components/schemas/{name}")
+    refs, components = msgspec.json.schema_components(
+        list(_STRUCTS.values()), ref_template="#/components/schemas/{name}"
+    )
     unnamed = {name: schema for name, schema in zip(_STRUCTS, refs) if "$ref" not in schema}
     return dict(sorted({**components, **unnamed}.items()))
 
@@ -139,8 +152,13 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 def _error(description: str, retry: bool = False) -> dict[str, Any]:
     response: dict[str, Any] = {"description": description, "content": _json({"$ref": "#/components/schemas/Error"})}
     if retry:
-        response["headers"] = {"Retry-After": {"description": "Seconds to wait before trying again.", "required": True,
-                                               "schema": {"type": "string"}}}  # fmt: skip
+        response["headers"] = {
+            "Retry-After": {
+                "description": "Seconds to wait before trying again.",
+                "required": True,
+                "schema": {"type": "string"},
+            }
+        }
     return response
 
 
@@ -149,8 +167,10 @@ _BAD_SETTLE_BODY = (
     "`bad_json`: the body is not JSON; `bad_body`: not a list of {topic, partition, offset} objects, or a field of "
     "the wrong type or out of bounds."
 )
-_TOO_LARGE = (f"`too_many`: more than {MAX_ITEMS} messages; `request_entity_too_large`: a body over "
-              f"{MAX_BODY_BYTES // 2**20} MiB.")  # fmt: skip
+_TOO_LARGE = (
+    f"`too_many`: more than {MAX_ITEMS} messages; `request_entity_too_large`: a body over "
+    f"{MAX_BODY_BYTES // 2**20} MiB."
+)
 _INTERNAL = "`internal`: the server failed on the request (its log says why): try again."
 
 
@@ -164,13 +184,17 @@ def _settle(verb: str, answer: str, summary: str) -> dict[str, Any]:
             "200": {"description": "Settled.", "content": _json({"$ref": f"#/components/schemas/{answer}"})},
             "400": _error(_BAD_SETTLE_BODY),
             "404": _error("`unknown_topic`: not the served topic; `unknown_partition`: no such partition."),
-            "409": _error("`not_pending`: a message is not pending (`messages` lists each and why), nothing was "
-                          "settled; `partly_refused`: the log refused those listed, the others were settled."),
+            "409": _error(
+                "`not_pending`: a message is not pending (`messages` lists each and why), nothing was "
+                "settled; `partly_refused`: the log refused those listed, the others were settled."
+            ),
             "413": _error(_TOO_LARGE),
             "500": _error(_INTERNAL),
-            "503": _error("`not_written`: the coordination log did not confirm the write in time: try again.", retry=True),
+            "503": _error(
+                "`not_written`: the coordination log did not confirm the write in time: try again.", retry=True
+            ),
         },
-    }  # fmt: skip
+    }
 
 
 def _read() -> dict[str, Any]:
@@ -178,22 +202,35 @@ def _read() -> dict[str, Any]:
         "operationId": "read",
         "summary": "Hand out up to `max` messages, pending for this client until their deadline (a long poll).",
         "parameters": [
-            {"name": "timeout", "in": "query", "required": False,
-             "description": f"How long to wait for a message: a duration such as 5s, 250ms or 0 (answer at once), "
-                            f"at most {MAX_READ_WAIT_S:.0f}s. Default 5s.",
-             "schema": {"type": "string", "pattern": TIMEOUT_PATTERN, "default": "5s"}},
-            {"name": "max", "in": "query", "required": False, "description": "At most this many messages.",
-             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_READ, "default": 1}},
+            {
+                "name": "timeout",
+                "in": "query",
+                "required": False,
+                "description": f"How long to wait for a message: a duration such as 5s, 250ms or 0 (answer at once), "
+                f"at most {MAX_READ_WAIT_S:.0f}s. Default 5s.",
+                "schema": {"type": "string", "pattern": TIMEOUT_PATTERN, "default": "5s"},
+            },
+            {
+                "name": "max",
+                "in": "query",
+                "required": False,
+                "description": "At most this many messages.",
+                "schema": {"type": "integer", "minimum": 1, "maximum": MAX_READ, "default": 1},
+            },
         ],
         "responses": {
-            "200": {"description": "1 to `max` messages.", "content": _json({"$ref": "#/components/schemas/ReadAnswer"})},
+            "200": {
+                "description": "1 to `max` messages.",
+                "content": _json({"$ref": "#/components/schemas/ReadAnswer"}),
+            },
             "204": {"description": "No message came within `timeout`."},
             "400": _error("`bad_timeout`, `bad_max`, `bad_parameter`: the query is wrong (the message says how)."),
             "500": _error(_INTERNAL),
-            "503": _error("`stopping`: this server is shutting down: read from another server of the group.",
-                          retry=True),
+            "503": _error(
+                "`stopping`: this server is shutting down: read from another server of the group.", retry=True
+            ),
         },
-    }  # fmt: skip
+    }
 
 
 def _healthz() -> dict[str, Any]:
@@ -213,9 +250,13 @@ def _metrics() -> dict[str, Any]:
     return {
         "operationId": "metrics",
         "summary": "Prometheus metrics: the shared-partition metrics of `run` and the service's own.",
-        "responses": {"200": {"description": "Prometheus text exposition format.",
-                              "content": {"text/plain": {"schema": {"type": "string"}}}}},
-    }  # fmt: skip
+        "responses": {
+            "200": {
+                "description": "Prometheus text exposition format.",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    }
 
 
 def _openapi() -> dict[str, Any]:

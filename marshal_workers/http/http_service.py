@@ -97,8 +97,10 @@ def check_bind(host: str, token: str | None, allow_unauthenticated: bool) -> Non
     except ValueError:
         loopback = host == "localhost"
     if not loopback:
-        raise ConfigError(f"serving on {host} without a token lets anyone who can reach it ack messages: give "
-                          "--token-file (or MARSHAL_WORKERS_SERVE_TOKEN), or --allow-unauthenticated")  # fmt: skip
+        raise ConfigError(
+            f"serving on {host} without a token lets anyone who can reach it ack messages: give "
+            "--token-file (or MARSHAL_WORKERS_SERVE_TOKEN), or --allow-unauthenticated"
+        )
 
 
 def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
@@ -144,7 +146,9 @@ def service_routes() -> list[web.RouteDef]:
 
 
 @web.middleware
-async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def _errors_and_auth(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     app, path = request.app, request.path  # each an attribute lookup through aiohttp's properties: once
     route = path if path in _COUNTED_ROUTES else "other"
     spans = app[_SPANS]
@@ -166,17 +170,32 @@ async def _errors_and_auth(request: web.Request, handler: Callable[[web.Request]
             response.headers["Retry-After"] = "1"
     except web.HTTPException as exc:  # aiohttp's own: 404 no such route, 405, 413 body too large
         error, why = exc.reason.lower().replace(" ", "_"), exc.reason
-        response = web.Response(status=exc.status, content_type="application/json",
-                                body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}))  # fmt: skip
+        response = web.Response(
+            status=exc.status,
+            content_type="application/json",
+            body=orjson.dumps({"error": exc.reason.lower().replace(" ", "_"), "message": exc.reason}),
+        )
     except Exception:  # noqa: BLE001 - a bug, or Kafka failing under us: a JSON 500, logged and counted like the rest
         _log.exception("group %s: %s %s failed", app[_TOPIC].settings.group, request.method, path)
         error, why = "internal", "the server failed on this request"
-        response = web.Response(status=500, content_type="application/json", body=orjson.dumps(
-            {"error": "internal", "message": "the server failed on this request (see its log): try again"}))  # fmt: skip
+        response = web.Response(
+            status=500,
+            content_type="application/json",
+            body=orjson.dumps(
+                {"error": "internal", "message": "the server failed on this request (see its log): try again"}
+            ),
+        )
     app[_REQUESTS][(route, response.status)] += 1
     if spans is not None and route in ROUTES:
-        outcome = Outcome(route, response.status, error, why, request.get(_MOST, 0), request.get(_HANDED, ()),
-                          [(m.partition, m.offset) for m in request.get(_IDS, ())])  # fmt: skip
+        outcome = Outcome(
+            route,
+            response.status,
+            error,
+            why,
+            request.get(_MOST, 0),
+            request.get(_HANDED, ()),
+            [(m.partition, m.offset) for m in request.get(_IDS, ())],
+        )
         spans.record(outcome, request.headers, start_ns)
     return response
 
@@ -203,8 +222,12 @@ async def _read(request: web.Request) -> web.StreamResponse:
                     request[_HANDED], request[_MOST] = messages, asked.most
                     return _json({"messages": messages})
             if topic.stopping:  # not "nothing yet": this server is going away, ask another
-                raise BadRequest(503, "stopping", "this server is shutting down: read from another server of the group",
-                                 retry_after=1)  # fmt: skip
+                raise BadRequest(
+                    503,
+                    "stopping",
+                    "this server is shutting down: read from another server of the group",
+                    retry_after=1,
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return web.Response(status=204)
@@ -249,16 +272,24 @@ async def _settle(request: web.Request, kind: Kind) -> web.Response:
         try:
             verdicts = await topic.write_settlement(settlement)
         except CoordinationWriteError as exc:
-            raise BadRequest(503, "not_written", f"the coordination log did not confirm the {settlement.verb[:-2]}: "
-                             f"try again ({exc})", retry_after=1) from None  # fmt: skip
+            raise BadRequest(
+                503,
+                "not_written",
+                f"the coordination log did not confirm the {settlement.verb[:-2]}: try again ({exc})",
+                retry_after=1,
+            ) from None
     return _json(topic.settled(settlement, verdicts))
 
 
 async def _healthz(request: web.Request) -> web.Response:
     topic = request.app[_TOPIC]
     loop_age = time.monotonic() - topic.last_loop
-    details = {**topic.held_summary(), "topic": topic.topic, "stopping": topic.stopping,
-               "loop_seconds_ago": round(loop_age, 3)}  # fmt: skip
+    details = {
+        **topic.held_summary(),
+        "topic": topic.topic,
+        "stopping": topic.stopping,
+        "loop_seconds_ago": round(loop_age, 3),
+    }
     ok = loop_age < 10 and not topic.stopping
     return _json({"status": "ok" if ok else "unhealthy", **details}, 200 if ok else 503)
 
@@ -284,24 +315,44 @@ class _ServeCollector(Collector):
         topic, c = self.topic, self.topic.counters
         group = topic.settings.require_group()
         now_ms = round(time.time() * 1000)
-        marks = {p: mark for (_, p), mark in topic.coordinator.read(lambda w: w.shared_marks(now_ms, topic.topic)).items()}
+        marks = {
+            p: mark for (_, p), mark in topic.coordinator.read(lambda w: w.shared_marks(now_ms, topic.topic)).items()
+        }
         summary = topic.held_summary()
         stats = SharedStats(
-            topic=topic.topic, leases_held=summary["leases"], workers=0,
-            ranges={"claimed": c.ranges_claimed, "refused": c.ranges_refused, "acked": c.ranges_acked,
-                    "cancelled": c.ranges_cancelled, "abandoned": c.ranges_lost},
-            messages={"delivered": c.delivered, "handled": c.acked, "cancelled": c.cancelled,
-                      "dead_lettered": c.dead_lettered, "refused": c.refused, "other_group": c.other_group},
+            topic=topic.topic,
+            leases_held=summary["leases"],
+            workers=0,
+            ranges={
+                "claimed": c.ranges_claimed,
+                "refused": c.ranges_refused,
+                "acked": c.ranges_acked,
+                "cancelled": c.ranges_cancelled,
+                "abandoned": c.ranges_lost,
+            },
+            messages={
+                "delivered": c.delivered,
+                "handled": c.acked,
+                "cancelled": c.cancelled,
+                "dead_lettered": c.dead_lettered,
+                "refused": c.refused,
+                "other_group": c.other_group,
+            },
             worker_restarts=0,
-            low_water_marks={p: low for p, (low, _) in marks.items()}, lost={p: lost for p, (_, lost) in marks.items()},
-        )  # fmt: skip
+            low_water_marks={p: low for p, (low, _) in marks.items()},
+            lost={p: lost for p, (_, lost) in marks.items()},
+        )
         yield from shared_families(group, [stats])
-        pending = GaugeMetricFamily(f"{PREFIX}_serve_pending_messages", "Messages handed to HTTP clients and not "
-                                    "acked, cancelled or past their deadline.", labels=["group", "topic"])  # fmt: skip
+        pending = GaugeMetricFamily(
+            f"{PREFIX}_serve_pending_messages",
+            "Messages handed to HTTP clients and not acked, cancelled or past their deadline.",
+            labels=["group", "topic"],
+        )
         pending.add_metric([group, topic.topic], summary["pending"])
         yield pending
-        requests = CounterMetricFamily(f"{PREFIX}_serve_requests", "HTTP requests by route and status.",
-                                       labels=["group", "route", "status"])  # fmt: skip
+        requests = CounterMetricFamily(
+            f"{PREFIX}_serve_requests", "HTTP requests by route and status.", labels=["group", "route", "status"]
+        )
         for (route, status), count in sorted(self.requests.items()):
             requests.add_metric([group, route, str(status)], count)
         yield requests
@@ -316,17 +367,25 @@ def _write_families(group: str, topic: ServedTopic) -> Iterator[Metric]:
     for bound, count in zip([*(str(b) for b in LATENCY_BUCKETS), "+Inf"], stats.buckets):
         running += count
         cumulative.append((bound, running))
-    seconds = HistogramMetricFamily(f"{PREFIX}_serve_write_seconds", "Coordination writes of the service's message "
-                                    "records (one per group commit): seconds from produce to verdict.",
-                                    labels=["group", "topic"])  # fmt: skip
+    seconds = HistogramMetricFamily(
+        f"{PREFIX}_serve_write_seconds",
+        "Coordination writes of the service's message records (one per group commit): seconds from produce to verdict.",
+        labels=["group", "topic"],
+    )
     seconds.add_metric([group, topic.topic], cumulative, stats.seconds)
     yield seconds
-    entries = CounterMetricFamily(f"{PREFIX}_serve_written_messages", "Message entries (hand-outs, acks, cancels) "
-                                  "carried by the service's coordination writes.", labels=["group", "topic"])  # fmt: skip
+    entries = CounterMetricFamily(
+        f"{PREFIX}_serve_written_messages",
+        "Message entries (hand-outs, acks, cancels) carried by the service's coordination writes.",
+        labels=["group", "topic"],
+    )
     entries.add_metric([group, topic.topic], stats.entries)
     yield entries
-    failed = CounterMetricFamily(f"{PREFIX}_serve_write_failures", "Coordination writes of the service's message "
-                                 "records not confirmed in time.", labels=["group", "topic"])  # fmt: skip
+    failed = CounterMetricFamily(
+        f"{PREFIX}_serve_write_failures",
+        "Coordination writes of the service's message records not confirmed in time.",
+        labels=["group", "topic"],
+    )
     failed.add_metric([group, topic.topic], stats.failed)
     yield failed
 
@@ -366,16 +425,24 @@ async def _serve(
     topic.on_shutdown_order = lambda: loop.call_soon_threadsafe(ordered.set)
     ready(url)
     await stop_signal(ordered)
-    _log.info("group %s: stopping: settling %d held ranges of %s", topic.settings.group, topic.held_summary()["leases"],
-              topic.topic)  # fmt: skip
+    _log.info(
+        "group %s: stopping: settling %d held ranges of %s",
+        topic.settings.group,
+        topic.held_summary()["leases"],
+        topic.topic,
+    )
     topic.begin_stop()
     app[_NEWS].announce()  # reads waiting answer now
     give_up = time.monotonic() + shutdown_timeout
     while not topic.stopped() and time.monotonic() < give_up:
         await asyncio.sleep(0.05)
     if not topic.stopped():
-        _log.warning("group %s: %s: ranges still held after the shutdown timeout: they lapse and their messages not "
-                     "acked are delivered again", topic.settings.group, topic.topic)  # fmt: skip
+        _log.warning(
+            "group %s: %s: ranges still held after the shutdown timeout: they lapse and their messages not "
+            "acked are delivered again",
+            topic.settings.group,
+            topic.topic,
+        )
         topic.abandon()
     await runner.cleanup()
     await topic.close_writes()  # hand-outs answered and not yet written go in a last write

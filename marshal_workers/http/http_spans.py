@@ -75,8 +75,9 @@ class ServeSpans:
         try:
             self._record(outcome, request_headers, start_ns)
         except Exception:  # noqa: BLE001 - tracing must never change an answer
-            _log.warning("group %s: %s: a span of %s could not be made", self.group, self.topic, outcome.route,
-                         exc_info=True)  # fmt: skip
+            _log.warning(
+                "group %s: %s: a span of %s could not be made", self.group, self.topic, outcome.route, exc_info=True
+            )
 
     def _record(self, outcome: Outcome, request_headers: Any, start_ns: int) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -144,8 +145,15 @@ def _links(messages: Sequence[Mapping[str, Any]]) -> list[Any]:
         headers = [(name, _text_of(value, message.get("encoding")) or "") for name, value in message.get("headers", ())]
         context = trace.get_current_span(tracing.context_from_headers(headers)).get_span_context()
         if context.is_valid:
-            links.append(Link(context, {"messaging.destination.partition.id": str(message["partition"]),
-                                        "kafka.offset": message["offset"]}))  # fmt: skip
+            links.append(
+                Link(
+                    context,
+                    {
+                        "messaging.destination.partition.id": str(message["partition"]),
+                        "kafka.offset": message["offset"],
+                    },
+                )
+            )
     return links
 
 

@@ -27,8 +27,15 @@ FETCH_MOST = 500
 class RangeReader:
     """Reads the messages of one served topic's held ranges (shared with the ServedTopic, under its lock)."""
 
-    def __init__(self, topic: str, group: str, ranges: dict[tuple[int, int], ServedLease], lock: threading.Lock,
-                 counters: ServeCounters, log: ContextLog) -> None:  # fmt: skip
+    def __init__(
+        self,
+        topic: str,
+        group: str,
+        ranges: dict[tuple[int, int], ServedLease],
+        lock: threading.Lock,
+        counters: ServeCounters,
+        log: ContextLog,
+    ) -> None:
         self.topic = topic
         self.log = log
         self._ranges = ranges
@@ -105,12 +112,20 @@ class RangeReader:
                     held.fetched_to = min(reached, held.end)
             self._keep_ahead(reading_from, seen, fetched, not_ours)
 
-    def _keep_ahead(self, reading_from: dict[int, int], seen: dict[int, int], fetched: list[tuple[int, int, Any]],
-                    not_ours: frozenset[tuple[int, int]]) -> None:  # fmt: skip
+    def _keep_ahead(
+        self,
+        reading_from: dict[int, int],
+        seen: dict[int, int],
+        fetched: list[tuple[int, int, Any]],
+        not_ours: frozenset[tuple[int, int]],
+    ) -> None:
         """What this fetch read past every held range of a partition goes to the read-ahead. Under the lock."""
         for partition, reached in seen.items():
             ends = [held.end for held in self._ranges.values() if held.partition == partition]
             begin = max(reading_from.get(partition, reached), *ends)
-            past = {offset: None if (partition, offset) in not_ours else record
-                    for p, offset, record in fetched if p == partition and offset >= begin}  # fmt: skip
+            past = {
+                offset: None if (partition, offset) in not_ours else record
+                for p, offset, record in fetched
+                if p == partition and offset >= begin
+            }
             self._ahead.note(partition, begin, reached, past)

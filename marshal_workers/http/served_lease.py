@@ -95,8 +95,11 @@ class ServedLease:
         return self.fetched() and all(o in self.acked or o in self.dead for o in self.messages)
 
     def holds_a_client_message(self, now: int) -> bool:
-        return (any(until > now and o not in self.acked for o, until in self.pending_until.items())
-                or bool(self.reserved) or bool(self.unwritten))  # fmt: skip
+        return (
+            any(until > now and o not in self.acked for o, until in self.pending_until.items())
+            or bool(self.reserved)
+            or bool(self.unwritten)
+        )
 
 
 def given_back(held: ServedLease) -> codec.AckEntry | None:

@@ -133,9 +133,12 @@ class ServedTopic:
         self._holder: MemberId | None = None
         self._group_commit: GroupCommit | None = None
         self._metadata: MetadataRefresh | None = None  # the topic's partition count, followed (_follow_partitions)
-        self._reader = RangeReader(self.topic, settings.require_group(), self.ranges, self.lock, self.counters, self.log)
-        self._settlements = Settlements(self.ranges, self.lock, self.counters, lambda: self.coordinator,
-                                        lambda: self._commit)  # fmt: skip
+        self._reader = RangeReader(
+            self.topic, settings.require_group(), self.ranges, self.lock, self.counters, self.log
+        )
+        self._settlements = Settlements(
+            self.ranges, self.lock, self.counters, lambda: self.coordinator, lambda: self._commit
+        )
         # Our lease decisions, the shared pool's: leases as long as the pending timeout; at a partition read to its
         # end, a whole range (its fetches hand the messages out as they come).
         self.member = RangeMember(self.topic, options.pending_ms, probe_size=options.range_size)
@@ -192,8 +195,9 @@ class ServedTopic:
 
     def open_writes(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the group commit of the requests' records on the event loop that serves them (after start())."""
-        self._group_commit = GroupCommit(self.coordinator, self.coordinator.record_fields, self.topic,
-                                         self.options.pending_ms, loop)  # fmt: skip
+        self._group_commit = GroupCommit(
+            self.coordinator, self.coordinator.record_fields, self.topic, self.options.pending_ms, loop
+        )
 
     async def close_writes(self) -> None:
         """Write what the group commit has queued and wait for its verdicts (on the loop, before it ends)."""
@@ -223,9 +227,12 @@ class ServedTopic:
         now = monotonic_ms()
         with self.lock:
             return sum(
-                1 for held in self.ranges.values() if held.deadline_ms > now
-                for offset in held.messages if held.eligible(offset, now)
-            )  # fmt: skip
+                1
+                for held in self.ranges.values()
+                if held.deadline_ms > now
+                for offset in held.messages
+                if held.eligible(offset, now)
+            )
 
     def hand_out(self, most: int) -> list[dict[str, Any]] | asyncio.Future[list[dict[str, Any]]]:
         """Hand out up to ``most`` messages, pending from now until their deadline: the answer to a read, now, or
@@ -253,8 +260,13 @@ class ServedTopic:
         written.add_done_callback(lambda done: answered.set_result(self._answer_written(picked, done, now, wall)))
         return answered
 
-    def _answer_written(self, picked: list[tuple[ServedLease, int, bool]], written: asyncio.Future[list[bool]], since_ms: int,
-                        since_wall: int) -> list[dict[str, Any]]:  # fmt: skip
+    def _answer_written(
+        self,
+        picked: list[tuple[ServedLease, int, bool]],
+        written: asyncio.Future[list[bool]],
+        since_ms: int,
+        since_wall: int,
+    ) -> list[dict[str, Any]]:
         """The messages the log accepted as handed out (a write not confirmed: none; the read goes on waiting)."""
         verdicts = written.result() if written.exception() is None else [False] * len(picked)
         answer = []
@@ -293,9 +305,16 @@ class ServedTopic:
         message = held.messages[offset]
         kind, stamp = message.timestamp()
         return message_json(
-            self.topic, held.partition, offset, message.key(), message.value(), message.headers() or [],
-            stamp if kind != 0 else None, since_wall + self.options.pending_ms, held.tries + held.handed[offset],
-        )  # fmt: skip
+            self.topic,
+            held.partition,
+            offset,
+            message.key(),
+            message.value(),
+            message.headers() or [],
+            stamp if kind != 0 else None,
+            since_wall + self.options.pending_ms,
+            held.tries + held.handed[offset],
+        )
 
     def _write_hand_outs(self, picked: list[tuple[ServedLease, int]], entries: list[codec.MessageEntry]) -> None:
         """Queue the hand-outs answered already; their verdicts come back on the event loop."""
@@ -312,7 +331,11 @@ class ServedTopic:
         with self.lock:
             verdicts = done.result() if error is None else [None] * len(picked)
             for (held, offset), accepted in zip(picked, verdicts):
-                if accepted is None and self.member.usable(held, now) and self.ranges.get((held.partition, held.start)) is held:
+                if (
+                    accepted is None
+                    and self.member.usable(held, now)
+                    and self.ranges.get((held.partition, held.start)) is held
+                ):
                     again.append((held, offset))
                     continue
                 held.unwritten.discard(offset)
@@ -320,11 +343,19 @@ class ServedTopic:
                     self.counters.refused += 1
         refused = [(h.partition, o) for (h, o), ok in zip(picked, verdicts) if ok is False]
         if refused:
-            self.log.warning("%s: hand-outs %s refused by the log (the lease had lapsed): they may be handed to "
-                             "another client", self.topic, refused)  # fmt: skip
+            self.log.warning(
+                "%s: hand-outs %s refused by the log (the lease had lapsed): they may be handed to another client",
+                self.topic,
+                refused,
+            )
         if error is not None:
-            self.log.warning("%s: hand-outs of %d messages not confirmed (%s): %s", self.topic, len(picked), error,
-                             "writing them again" if again else "their lease ran out: they are delivered again")
+            self.log.warning(
+                "%s: hand-outs of %d messages not confirmed (%s): %s",
+                self.topic,
+                len(picked),
+                error,
+                "writing them again" if again else "their lease ran out: they are delivered again",
+            )
         if again:
             self._write_hand_outs(again, [codec.MessageEntry(h.partition, o) for h, o in again])
 
@@ -336,8 +367,11 @@ class ServedTopic:
             if found.topic != self.topic:
                 raise BadRequest(404, "unknown_topic", f"this server serves {self.topic!r}, not {found.topic!r}")
             if found.partition >= self.partition_count:
-                raise BadRequest(404, "unknown_partition", f"{self.topic} has partitions 0 to "
-                                 f"{self.partition_count - 1}, not {found.partition}")  # fmt: skip
+                raise BadRequest(
+                    404,
+                    "unknown_partition",
+                    f"{self.topic} has partitions 0 to {self.partition_count - 1}, not {found.partition}",
+                )
         return self._settlements.states(ids)
 
     @staticmethod
@@ -356,7 +390,6 @@ class ServedTopic:
     def settled(self, settlement: Settlement, verdicts: Sequence[bool]) -> dict[str, Any]:
         """The answer once the log judged the settlement; BadRequest 409 if it refused some."""
         return self._settlements.settled(settlement, verdicts)
-
 
     # ------------------------------------------------------------- the loop
 
@@ -403,13 +436,19 @@ class ServedTopic:
             return
         found = metadata.topics.get(self.topic)
         if found is None or found.error is not None or not found.partitions:
-            self.log.error("%s has disappeared from the cluster: nothing to serve until it is created again",
-                           self.topic)  # fmt: skip
+            self.log.error(
+                "%s has disappeared from the cluster: nothing to serve until it is created again", self.topic
+            )
             return
         count = len(found.partitions)
         if count != self.partition_count:
-            self.log.warning("%s now has %d partitions (was %d)%s", self.topic, count, self.partition_count,
-                             "" if count > self.partition_count else ": it was deleted and created again")  # fmt: skip
+            self.log.warning(
+                "%s now has %d partitions (was %d)%s",
+                self.topic,
+                count,
+                self.partition_count,
+                "" if count > self.partition_count else ": it was deleted and created again",
+            )
             self.partition_count = count
 
     def _obey_operators(self) -> None:
@@ -439,8 +478,13 @@ class ServedTopic:
     def hold_back(self, topics: set[str]) -> None:
         held_back = self.topic in topics
         if held_back != self.held_back:
-            self.log.warning("%s: %s", self.topic, "drained or paused by an operator: claiming nothing, giving back "
-                             "what no client holds" if held_back else "resumed by an operator")  # fmt: skip
+            self.log.warning(
+                "%s: %s",
+                self.topic,
+                "drained or paused by an operator: claiming nothing, giving back what no client holds"
+                if held_back
+                else "resumed by an operator",
+            )
             self.held_back = held_back
 
     def hand_over(self, held: Held, reason: str) -> None:
@@ -489,9 +533,14 @@ class ServedTopic:
         with self.lock:
             for key, held in list(self.ranges.items()):
                 if not self.member.usable(held, now) and not held.settling:
-                    self.log.warning("%s[%d]: the lease on %d..%d ran out before it was settled (renewals not "
-                                     "confirmed): it lapses, and its messages not acked are delivered again",
-                                     self.topic, held.partition, held.start, held.end - 1)  # fmt: skip
+                    self.log.warning(
+                        "%s[%d]: the lease on %d..%d ran out before it was settled (renewals not "
+                        "confirmed): it lapses, and its messages not acked are delivered again",
+                        self.topic,
+                        held.partition,
+                        held.start,
+                        held.end - 1,
+                    )
                     del self.ranges[key]
                     self.counters.ranges_lost += 1
 
@@ -509,20 +558,33 @@ class ServedTopic:
                         todo.append((held, offset, message))
         for held, offset, message in todo:
             deliveries = held.tries + held.handed.get(offset, 0)
-            error = MaxDeliveriesExceeded(f"delivered {deliveries} times and never acked "
-                                          f"(max_deliveries={self.options.max_deliveries})")  # fmt: skip
+            error = MaxDeliveriesExceeded(
+                f"delivered {deliveries} times and never acked (max_deliveries={self.options.max_deliveries})"
+            )
             try:
                 headers = letter_headers("serve", message, error, deliveries)
                 self._dlq.write(self.options.dead_letter_topic, [message], [headers])
             except Exception as exc:  # noqa: BLE001 - try again next pass
-                self.log.warning("%s[%d]: writing offset %d to %s failed: %s", self.topic, held.partition, offset,
-                                 self.options.dead_letter_topic, exc)  # fmt: skip
+                self.log.warning(
+                    "%s[%d]: writing offset %d to %s failed: %s",
+                    self.topic,
+                    held.partition,
+                    offset,
+                    self.options.dead_letter_topic,
+                    exc,
+                )
                 with self.lock:
                     held.reserved.discard(offset)
                     held.free_again(offset)
                 continue
-            self.log.error("%s[%d]: offset %d sent to %s after %d deliveries", self.topic, held.partition, offset,
-                           self.options.dead_letter_topic, deliveries)  # fmt: skip
+            self.log.error(
+                "%s[%d]: offset %d sent to %s after %d deliveries",
+                self.topic,
+                held.partition,
+                offset,
+                self.options.dead_letter_topic,
+                deliveries,
+            )
             with self.lock:
                 held.reserved.discard(offset)
                 held.dead.add(offset)
@@ -541,16 +603,23 @@ class ServedTopic:
                     continue
                 if held.complete():
                     acks.append(held)
-                elif (self.stopping or self.held_back or (not self.waiting_readers and now - held.last_used >
-                                                          IDLE_GIVE_BACK_MS)) and not held.holds_a_client_message(now):
+                elif (
+                    self.stopping
+                    or self.held_back
+                    or (not self.waiting_readers and now - held.last_used > IDLE_GIVE_BACK_MS)
+                ) and not held.holds_a_client_message(now):
                     give_back.append(held)
             for held in acks + give_back:
                 held.settling = True
         member = self.member
         if acks:
-            record: codec.Record = member.acks(self.coordinator.record_fields(), [
-                handled_entry(h, h.end, (), tuple(sorted(h.dead)), self._reader.fetched_high.get(h.partition)) for h in acks
-            ])  # fmt: skip
+            record: codec.Record = member.acks(
+                self.coordinator.record_fields(),
+                [
+                    handled_entry(h, h.end, (), tuple(sorted(h.dead)), self._reader.fetched_high.get(h.partition))
+                    for h in acks
+                ],
+            )
             self._write_settlement(record, acks, "ranges_acked")
         going_back = [(h, given_back(h)) for h in give_back]
         settle = [(h, entry) for h, entry in going_back if entry is not None]
@@ -577,8 +646,13 @@ class ServedTopic:
                     setattr(self.counters, counter, getattr(self.counters, counter) + 1)
                 else:
                     self.counters.ranges_lost += 1
-                    self.log.warning("%s[%d]: settling %d..%d refused: its lease had lapsed", self.topic,
-                                     h.partition, h.start, h.end - 1)  # fmt: skip
+                    self.log.warning(
+                        "%s[%d]: settling %d..%d refused: its lease had lapsed",
+                        self.topic,
+                        h.partition,
+                        h.start,
+                        h.end - 1,
+                    )
 
     def _renew(self) -> None:
         now = monotonic_ms()
@@ -613,7 +687,9 @@ class ServedTopic:
         now = monotonic_ms()
         with self.lock:
             held = len(self.ranges)
-            active = sum(1 for h in self.ranges.values() if not h.fetched() or any(h.eligible(o, now) for o in h.messages))
+            active = sum(
+                1 for h in self.ranges.values() if not h.fetched() or any(h.eligible(o, now) for o in h.messages)
+            )
         rate = self._hand_outs.per_second(time.monotonic())
         return ranges_wanted(held, active, available, rate, self.options.range_size, self.options.max_leases)
 
@@ -658,7 +734,13 @@ class ServedTopic:
         now = monotonic_ms()
         with self.lock:
             pending = sum(
-                1 for h in self.ranges.values() for o, until in h.pending_until.items()
+                1
+                for h in self.ranges.values()
+                for o, until in h.pending_until.items()
                 if until > now and o not in h.acked
-            )  # fmt: skip
-            return {"leases": len(self.ranges), "pending": pending, "buffered": sum(len(h.messages) for h in self.ranges.values())}
+            )
+            return {
+                "leases": len(self.ranges),
+                "pending": pending,
+                "buffered": sum(len(h.messages) for h in self.ranges.values()),
+            }

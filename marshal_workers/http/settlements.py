@@ -57,8 +57,12 @@ def settlement(ids: Sequence[MessageId], states: Sequence[str], kind: Kind) -> S
     bad = [(m, state) for m, state in zip(ids, states) if state not in ("pending", "done", "acked")]
     bad += [(m, state) for m, state in zip(ids, states) if state in ("done", "acked") and kind is Kind.CANCEL]
     if bad:
-        raise BadRequest(409, "not_pending", f"{len(bad)} of the messages cannot be {verb}: nothing was {verb}",
-                         messages=[_problem(m, state) for m, state in bad])  # fmt: skip
+        raise BadRequest(
+            409,
+            "not_pending",
+            f"{len(bad)} of the messages cannot be {verb}: nothing was {verb}",
+            messages=[_problem(m, state) for m, state in bad],
+        )
     return Settlement(kind, verb, [m for m, state in zip(ids, states) if state == "pending"], len(already))
 
 
@@ -68,8 +72,14 @@ class Settlements:
     It shares the served topic's held ranges, their lock and its counters; ``coordinator`` and ``commit`` give the
     served topic's coordinator and group commit, which exist once it has started."""
 
-    def __init__(self, ranges: dict[tuple[int, int], ServedLease], lock: threading.Lock, counters: ServeCounters,
-                 coordinator: Callable[[], Coordinator], commit: Callable[[], GroupCommit]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ranges: dict[tuple[int, int], ServedLease],
+        lock: threading.Lock,
+        counters: ServeCounters,
+        coordinator: Callable[[], Coordinator],
+        commit: Callable[[], GroupCommit],
+    ) -> None:
         self._ranges = ranges
         self._lock = lock
         self._counters = counters
@@ -81,8 +91,10 @@ class Settlements:
         """Each message's state (see _message_state), ``cancelled`` for one cancelled through this server."""
         states = self._states(ids)
         with self._lock:  # the log has a cancel as the pending deadline passed: say which it was where we know
-            return ["cancelled" if state == "expired" and found in self._cancelled_here else state
-                    for found, state in zip(ids, states)]  # fmt: skip
+            return [
+                "cancelled" if state == "expired" and found in self._cancelled_here else state
+                for found, state in zip(ids, states)
+            ]
 
     def handed_out(self, found: MessageId) -> None:
         """``found`` is out with a client again: no longer one cancelled here.  Under the lock."""
@@ -107,9 +119,13 @@ class Settlements:
             refused = [m for m in refused if m not in late]
         if refused:
             self._counters.refused += len(refused)
-            raise BadRequest(409, "partly_refused", f"{len(refused)} of the messages were no longer pending when the "
-                             f"log got the request (their deadline or lease ended): the others were {verb}",
-                             messages=[_problem(m, "expired") for m in refused])  # fmt: skip
+            raise BadRequest(
+                409,
+                "partly_refused",
+                f"{len(refused)} of the messages were no longer pending when the "
+                f"log got the request (their deadline or lease ended): the others were {verb}",
+                messages=[_problem(m, "expired") for m in refused],
+            )
         return {verb: len(todo) - len(late), "already": settlement.already + len(late)}
 
     def _states(self, ids: Sequence[MessageId]) -> list[str]:
@@ -142,8 +158,12 @@ class Settlements:
         with self._lock:
             for found in ids:
                 held = covering(self._ranges, found.partition, found.offset)
-                if (held is None or held.deadline_ms <= now or found.offset in held.acked
-                        or held.pending_until.get(found.offset, 0) <= now):  # fmt: skip
+                if (
+                    held is None
+                    or held.deadline_ms <= now
+                    or found.offset in held.acked
+                    or held.pending_until.get(found.offset, 0) <= now
+                ):
                     return False
         return True
 
@@ -201,5 +221,10 @@ _WHY = {
 
 
 def _problem(found: MessageId, state: str) -> dict[str, Any]:
-    return {"topic": found.topic, "partition": found.partition, "offset": found.offset, "state": state,
-            "why": _WHY.get(state, state)}  # fmt: skip
+    return {
+        "topic": found.topic,
+        "partition": found.partition,
+        "offset": found.offset,
+        "state": state,
+        "why": _WHY.get(state, state),
+    }

@@ -74,14 +74,19 @@ class OffsetStore:
         or a partition would restart from auto_offset_reset instead of its backup.
         """
         try:
-            found = self._consumer.committed([TopicPartition(t, p) for t, p in keys], timeout=self.settings.connect_timeout)
+            found = self._consumer.committed(
+                [TopicPartition(t, p) for t, p in keys], timeout=self.settings.connect_timeout
+            )
         except KafkaException as exc:
-            where = ", ".join(f"{t}[{p}]" for t, p in keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+            where = ", ".join(f"{t}[{p}]" for t, p in keys[:3]) + (
+                f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            )
             raise OffsetLookupError(f"could not read the committed offsets of {where}: {exc}") from None
         failed = next((tp for tp in found if tp.error is not None), None)
         if failed is not None:
-            raise OffsetLookupError(f"could not read the committed offset of {failed.topic}[{failed.partition}]: "
-                                    f"{failed.error}")  # fmt: skip
+            raise OffsetLookupError(
+                f"could not read the committed offset of {failed.topic}[{failed.partition}]: {failed.error}"
+            )
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else None) for tp in found}
 
     def start_offsets(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:

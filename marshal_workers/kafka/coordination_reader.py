@@ -137,9 +137,14 @@ class CoordinationLog:
         StopRequested if ``should_stop`` says so while it looks for checkpoints.
         """
         self.starts, self._ends = begin_catching_up(
-            self._consumer, self.settings, self.partition_count, self._state.group, self.from_beginning,
-            should_stop=should_stop, report=self.report_progress,
-        )  # fmt: skip
+            self._consumer,
+            self.settings,
+            self.partition_count,
+            self._state.group,
+            self.from_beginning,
+            should_stop=should_stop,
+            report=self.report_progress,
+        )
         for partition, start in enumerate(self.starts):
             checkpoints.begin(self._state, start, partition)
             if start.offset is not None:
@@ -173,8 +178,11 @@ class CoordinationLog:
         except KafkaException as exc:
             log.warning(
                 "group %s: could not read which groups wrote to %s before our start (%s): our checkpoints carry no "
-                "directory until a restart; other groups' new members read as before 0.7.0", group, self.topic, exc,
-            )  # fmt: skip
+                "directory until a restart; other groups' new members read as before 0.7.0",
+                group,
+                self.topic,
+                exc,
+            )
             return
         finally:
             consumer.close()
@@ -184,9 +192,10 @@ class CoordinationLog:
         if learned:
             log.info(
                 "group %s: learned which groups wrote to %s before our start (%s): our checkpoints carry a directory",
-                group, self.topic, ", ".join(f"[{p}]: {len(names)} groups in {stops[p]} records"
-                                             for p, names in sorted(learned.items())),
-            )  # fmt: skip
+                group,
+                self.topic,
+                ", ".join(f"[{p}]: {len(names)} groups in {stops[p]} records" for p, names in sorted(learned.items())),
+            )
 
     def describe_starts(self) -> str:
         """Where reading began, for the start-up log line: "from the latest checkpoints", ..."""
@@ -250,8 +259,13 @@ class CoordinationLog:
         more = f"; {len(behind) - 4} more partitions" if len(behind) > 4 else ""
         log.info(
             "group %s: read %d of about %d records of %s so far (%s%s)",
-            self._state.group, sum(read), sum(read) + sum(about[p] - read[p] for p in behind), self.topic, shown, more,
-        )  # fmt: skip
+            self._state.group,
+            sum(read),
+            sum(read) + sum(about[p] - read[p] for p in behind),
+            self.topic,
+            shown,
+            more,
+        )
 
     def _next_messages(self) -> list[Message]:
         """Wait up to 100 ms for one message, then take what else is already fetched.
@@ -281,8 +295,14 @@ class CoordinationLog:
             self._check_folded_early(partition, offset, at)
             return
         if offset > self._next_offset[partition] and self._next_offset[partition] > self.started_at[partition]:
-            log.error("coordination log %s[%d]: records %d..%d were never read (a gap in the log): this member's state "
-                      "may differ from the others'", self.topic, partition, self._next_offset[partition], offset - 1)  # fmt: skip
+            log.error(
+                "coordination log %s[%d]: records %d..%d were never read (a gap in the log): this member's state "
+                "may differ from the others'",
+                self.topic,
+                partition,
+                self._next_offset[partition],
+                offset - 1,
+            )
         self._fold_value(partition, offset, message.value(), at)
         read_record(self._ends, self._consumer, self.topic, partition, offset)
 
@@ -355,8 +375,12 @@ class CoordinationLog:
             log.error(
                 "coordination log %s[%d]@%d: the delivery report gave record time %s, the log %s: this member's "
                 "state may differ from the others' for this record; verdicts now always wait for the log",
-                self.topic, partition, offset, used, at,
-            )  # fmt: skip
+                self.topic,
+                partition,
+                offset,
+                used,
+                at,
+            )
 
     # -------------------------------------------------------------- reading
 
@@ -438,9 +462,12 @@ def read_group_state(settings: Settings, group: str) -> WorldState:
     try:
         reader.wait_caught_up(stall_timeout=settings.connect_timeout)
         log.debug(
-            "group %s: read %d records of %s, %s", group, reader.records_read(), settings.coordination_topic,
+            "group %s: read %d records of %s, %s",
+            group,
+            reader.records_read(),
+            settings.coordination_topic,
             reader.describe_starts(),
-        )  # fmt: skip
+        )
         return reader.snapshot()
     finally:
         reader.close()

@@ -72,8 +72,9 @@ def _warn_if_kept_forever(admin: AdminClient, settings: Settings, should_stop: S
             log.warning(
                 "the coordination topic %s keeps its records for ever (retention.ms=-1): readers start at "
                 "checkpoints, but the topic only grows; set retention.ms (e.g. %d, coordination_retention)",
-                settings.coordination_topic, round((settings.coordination_retention or 7 * 86400) * 1000),
-            )  # fmt: skip
+                settings.coordination_topic,
+                round((settings.coordination_retention or 7 * 86400) * 1000),
+            )
     except StopRequested:
         raise
     except Exception as exc:  # noqa: BLE001 - a broker that cannot describe configs: nothing to say
@@ -111,9 +112,15 @@ class _Delivery:
 
 def _beat(p: Progress) -> codec.Beat:
     return codec.Beat(
-        partition=p.partition, offset=p.offset, lag=p.lag, rate=p.rate, done=p.done, in_flight=p.in_flight,
-        window_used=p.window_used, call_age_s=p.call_age_s,
-    )  # fmt: skip
+        partition=p.partition,
+        offset=p.offset,
+        lag=p.lag,
+        rate=p.rate,
+        done=p.done,
+        in_flight=p.in_flight,
+        window_used=p.window_used,
+        call_age_s=p.call_age_s,
+    )
 
 
 def _heartbeat_chunks(progress: Sequence[Progress]) -> list[list[int]]:
@@ -247,9 +254,12 @@ class Coordinator:
             admin = admin_client(self.settings)
             self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop)
             self._log = CoordinationLog(
-                self.settings, self.group, self.partition_count, own_instance=self.instance,
+                self.settings,
+                self.group,
+                self.partition_count,
+                own_instance=self.instance,
                 progress_every=PROGRESS_LOG_INTERVAL_S if member else 0.0,
-            )  # fmt: skip
+            )
             self._log.start(should_stop)
             self._deliveries = threading.Thread(
                 target=self._serve_deliveries, name="coordination-deliveries", daemon=True
@@ -327,7 +337,9 @@ class Coordinator:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     # --------------------------------------------------------------- writes

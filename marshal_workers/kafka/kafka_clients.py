@@ -59,7 +59,9 @@ def require_topic(admin: AdminClient, settings: Settings, topic: str) -> int:
     """The partition count of an existing topic, or UnknownTopicError."""
     count = topic_partition_count(admin, settings, topic)
     if count is None:
-        raise UnknownTopicError(f"topic {topic!r} does not exist on {settings.brokers}; check the name or create it first")
+        raise UnknownTopicError(
+            f"topic {topic!r} does not exist on {settings.brokers}; check the name or create it first"
+        )
     return count
 
 
@@ -98,7 +100,9 @@ def create_topics(
     cluster's reason for refusing it (each topic is created or refused on its own).  The one place topics are
     created: ensure_topic (the coordination and dead-letter topics) and ``topics create`` (ops/topics.py)."""
     futures = admin.create_topics(topics, request_timeout=settings.connect_timeout)
-    return {name: _creation_outcome(future, settings.connect_timeout + 1, should_stop) for name, future in futures.items()}
+    return {
+        name: _creation_outcome(future, settings.connect_timeout + 1, should_stop) for name, future in futures.items()
+    }
 
 
 def _creation_outcome(future: concurrent.futures.Future[None], timeout: float, should_stop: ShouldStop) -> str | None:

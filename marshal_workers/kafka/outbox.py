@@ -38,8 +38,9 @@ _log = logging.getLogger(__name__)
 Headers = list[tuple[str, str | bytes | None]]
 
 
-def encode_send(topic: Any, value: Any, key: Any = None, headers: Any = None) -> tuple[str, bytes | None, bytes | None,
-                                                                                         Headers | None]:
+def encode_send(
+    topic: Any, value: Any, key: Any = None, headers: Any = None
+) -> tuple[str, bytes | None, bytes | None, Headers | None]:
     """``app.send``'s arguments checked and encoded: (topic, value, key, headers) as the producer takes them.
 
     value: bytes (bytearray, memoryview), str (UTF-8), a dict or list (JSON, by orjson) or None (a tombstone);

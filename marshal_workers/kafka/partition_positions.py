@@ -66,9 +66,7 @@ def iso_time_ms(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def chosen_partitions(
-    count: int, topic: str, partitions: Sequence[int] | None, error: type[Exception]
-) -> list[int]:
+def chosen_partitions(count: int, topic: str, partitions: Sequence[int] | None, error: type[Exception]) -> list[int]:
     """The partitions asked for (all ``count`` of them if none are given), each one that exists, or ``error``."""
     chosen = sorted(set(range(count) if not partitions else partitions))
     missing = [p for p in chosen if not 0 <= p < count]
@@ -136,7 +134,9 @@ def partition_bounds(
     return {p: Bounds(listed[p].low, partition_end(listed[p].high, fetched.get(p, -1))) for p in partitions}
 
 
-def _fetched_highs(consumer: GuardedConsumer, settings: Settings, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+def _fetched_highs(
+    consumer: GuardedConsumer, settings: Settings, topic: str, partitions: Sequence[int]
+) -> dict[int, int]:
     """The high watermarks the first fetch responses carry (what is cached once a fetch came back)."""
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     highs: dict[int, int] = {}
@@ -202,8 +202,10 @@ def offsets_for_time(
         log.warning(
             "the broker at %s gave offsets for time %d on %s that its records contradict (Tansu ignores the time); "
             "searching the records instead, which assumes their times grow with their offsets",
-            settings.brokers, timestamp_ms, topic,
-        )  # fmt: skip
+            settings.brokers,
+            timestamp_ms,
+            topic,
+        )
         asked |= _search(consumer, settings, topic, {p: bounds[p] for p in wrong}, timestamp_ms)
     return asked
 

@@ -62,9 +62,14 @@ def begin_catching_up(
     starts = [checkpoints.BEGINNING] * partition_count
     if not from_beginning:
         starts = find_starts(
-            settings, topic, partition_count, group, should_stop=should_stop, report=report,
+            settings,
+            topic,
+            partition_count,
+            group,
+            should_stop=should_stop,
+            report=report,
             bounds=bounds if all(high >= 0 for _, high in bounds) else None,
-        )  # fmt: skip
+        )
     ends = KnownEnds([high for _, high in bounds])
     consumer.assign(
         [TopicPartition(topic, p, OFFSET_BEGINNING if s.offset is None else s.offset) for p, s in enumerate(starts)]
@@ -132,7 +137,7 @@ def find_starts(
                 start = checkpoints.choose_start(
                     own if own is not None and own[0].as_of >= low else None,
                     elsewhere if elsewhere is not None and elsewhere[0] >= low else None,
-                )  # fmt: skip
+                )
                 if start.offset is not None:
                     starts[p] = start
                     looking.discard(p)
@@ -144,8 +149,12 @@ def find_starts(
                         log.info(
                             "group %s: no checkpoint that tells where to start in the last %d records of %s[%d] "
                             "(of %d): looking further back",
-                            group, high - begins[p], topic, p, high - low,
-                        )  # fmt: skip
+                            group,
+                            high - begins[p],
+                            topic,
+                            p,
+                            high - low,
+                        )
             look *= 4
         return starts
     except KafkaException as exc:
@@ -196,8 +205,9 @@ def learn_groups_before(
     """The names of the groups with a record before offset ``stops[p]`` on each partition p of ``topic`` (every
     value that names a group, valid record or not: codec.group_named).  {} if ``should_stop`` said so first."""
     names: dict[int, set[str]] = {p: set() for p in stops}
-    lows = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)[0]
-            for p in stops}  # fmt: skip
+    lows = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)[0] for p in stops
+    }
     starts = {p: OFFSET_BEGINNING for p, stop in stops.items() if stop > lows[p]}
     full: set[int] = set()  # partitions with too many groups for a directory: no need to read on
     try:

@@ -98,8 +98,9 @@ class OrdersShell(Protocol[H]):
 class Obeying(Generic[H]):
     """One member's looks at the orders about it, every HB/2."""
 
-    def __init__(self, me: MemberId, started_ms: int, look_every_s: float, shared_topics: Collection[str],
-                 shell: OrdersShell[H]) -> None:  # fmt: skip
+    def __init__(
+        self, me: MemberId, started_ms: int, look_every_s: float, shared_topics: Collection[str], shell: OrdersShell[H]
+    ) -> None:
         """``started_ms``: the member's wall clock at its start (an order to shut down before it is not for
         it); ``look_every_s``: HB/2; ``shared_topics``: its shared topics (a drain holds them all back)."""
         self.me = me

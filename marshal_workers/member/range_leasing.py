@@ -37,7 +37,7 @@ from marshal_workers.protocol.worker_supply import (
     assign_won,
     claim_ask,
     renew_every_s,
-)  # fmt: skip
+)
 from marshal_workers.protocol.world_state import WorldState, per_entry
 
 W = TypeVar("W", bound=PoolWorker)
@@ -162,8 +162,18 @@ class RangeLeasing(Generic[W]):
 
     # ------------------------------------------------------- workers' news
 
-    def settled(self, worker: W, leased: PoolLease, end: int, failed: Sequence[int], dead: Sequence[int],
-                high: int | None, messages: int, busy_ms: float, now: float) -> None:  # fmt: skip
+    def settled(
+        self,
+        worker: W,
+        leased: PoolLease,
+        end: int,
+        failed: Sequence[int],
+        dead: Sequence[int],
+        high: int | None,
+        messages: int,
+        busy_ms: float,
+        now: float,
+    ) -> None:
         """``worker`` is done with ``leased`` up to ``end`` (``messages`` of them in ``busy_ms``): ack it."""
         self.sizing.observe(worker.index, messages, busy_ms, now)
         self.acks.append(handled_entry(leased, end, failed, dead, high))
@@ -224,8 +234,9 @@ class RangeLeasing(Generic[W]):
             return
         record = member.claim(shell.fields(), picked)
         self.claiming = True  # ``now_ms`` is from before the write: the deadline errs short
-        self._submit("range claim", record, lambda verdicts: self._after_claim(picked, verdicts, now_ms),
-                     self._claim_failed)  # fmt: skip
+        self._submit(
+            "range claim", record, lambda verdicts: self._after_claim(picked, verdicts, now_ms), self._claim_failed
+        )
 
     def _after_claim(self, picked: list[WantedRange], verdicts: Sequence[bool], written_ms: int) -> None:
         self.claiming = False
@@ -244,8 +255,9 @@ class RangeLeasing(Generic[W]):
         # a range at a partition's end goes to an idle worker (see free_candidates).
         left = list(won) if self.stopping else assign_won(won, self.workers, place)
         for wanted in left:
-            self.cancels.append(cancel_entry(PoolLease(wanted.partition, wanted.start, wanted.end, wanted.tries,
-                                                         deadline)))  # fmt: skip
+            self.cancels.append(
+                cancel_entry(PoolLease(wanted.partition, wanted.start, wanted.end, wanted.tries, deadline))
+            )
 
     def _claim_failed(self, exc: Exception) -> None:
         self.claiming = False
@@ -268,8 +280,9 @@ class RangeLeasing(Generic[W]):
                     self.counters.renewed += 1
                     self.shell.renewed(worker, leased)
 
-        self._submit("range renewal", record, renewed,
-                     lambda exc: self.log.warning("lease renewal on %s: %s", self.topic, exc))  # fmt: skip
+        self._submit(
+            "range renewal", record, renewed, lambda exc: self.log.warning("lease renewal on %s: %s", self.topic, exc)
+        )
 
     def _settle(self) -> None:
         if self.acks:
@@ -281,8 +294,14 @@ class RangeLeasing(Generic[W]):
                 self.counters.acked += len(acks) - len(refused)
                 self.counters.acks_refused += len(refused)
                 for ack in refused:
-                    self.log.warning("%s[%d]: ack of %d..%d refused: its lease had lapsed, so it is delivered again "
-                                     "(at most once: counted lost)", self.topic, ack.partition, ack.offset, ack.end - 1)  # fmt: skip
+                    self.log.warning(
+                        "%s[%d]: ack of %d..%d refused: its lease had lapsed, so it is delivered again "
+                        "(at most once: counted lost)",
+                        self.topic,
+                        ack.partition,
+                        ack.offset,
+                        ack.end - 1,
+                    )
 
             self._submit("range ack", record, acked, lambda exc: self._settle_failed(acks, [], exc))
         if self.cancels:
@@ -326,8 +345,9 @@ class RangeLeasing(Generic[W]):
 
         self._submit("range progress", record, written, failed)
 
-    def _submit(self, what: str, record: codec.Record, on_verdicts: Callable[[Sequence[bool]], None],
-                on_failure: OnFailure) -> None:  # fmt: skip
+    def _submit(
+        self, what: str, record: codec.Record, on_verdicts: Callable[[Sequence[bool]], None], on_failure: OnFailure
+    ) -> None:
         """Write one record of range entries; its verdict, one per entry."""
         entries = len(record.ranges)  # type: ignore[union-attr]
         self.in_flight += 1

@@ -60,4 +60,6 @@ def heartbeat_records(
 ) -> list[codec.Record]:
     """One Heartbeats record per chunk (of :func:`beat_chunks`), the beats in their order (``topics[i]`` is
     ``beats[i]``'s topic)."""
-    return [codec.Heartbeats(**common, topic=topics[chunk[0]], beats=tuple(beats[i] for i in chunk)) for chunk in chunks]
+    return [
+        codec.Heartbeats(**common, topic=topics[chunk[0]], beats=tuple(beats[i] for i in chunk)) for chunk in chunks
+    ]

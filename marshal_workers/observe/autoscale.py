@@ -231,10 +231,16 @@ def render_autoscale(found: Mapping[str, Any]) -> str:
     )
     rows = [
         (
-            topic, entry["mode"], str(entry["partitions"]), str(entry["backlog"]),
-            "-" if entry["rate"] is None else f"{entry['rate']:.1f}", str(entry["members"]), str(entry["processes"]),
-            str(entry["workers_wanted"]), str(entry.get("processes_wanted", "-")),
+            topic,
+            entry["mode"],
+            str(entry["partitions"]),
+            str(entry["backlog"]),
+            "-" if entry["rate"] is None else f"{entry['rate']:.1f}",
+            str(entry["members"]),
+            str(entry["processes"]),
+            str(entry["workers_wanted"]),
+            str(entry.get("processes_wanted", "-")),
         )
         for topic, entry in found["topics"].items()
-    ]  # fmt: skip
+    ]
     return "\n".join([header, *aligned(_COLUMNS, rows)])

@@ -47,8 +47,12 @@ def asyncapi_answer(document: Callable[[], bytes] | None) -> Callable[[], tuple[
 
     def answer() -> tuple[int, bytes]:
         if document is None:
-            return 404, orjson.dumps({"error": "no application here: start the dashboard with --app MODULE:APP to "
-                                               "serve its AsyncAPI document"})  # fmt: skip
+            return 404, orjson.dumps(
+                {
+                    "error": "no application here: start the dashboard with --app MODULE:APP to "
+                    "serve its AsyncAPI document"
+                }
+            )
         try:
             return 200, document()
         except MarshalWorkersError as exc:  # e.g. two models of one name: the page says so, the server goes on

@@ -198,13 +198,15 @@ def members(state: WorldState, now_ms: int) -> list[dict[str, Any]]:
         heard = [state.partitions[key].last_ts for key in held]
         if owner.instance in state.last_claim:
             heard.append(state.last_claim[owner.instance])
-        rows.append({
-            "client": owner.client,
-            "instance": owner.instance,
-            "partitions": len(held),
-            "heartbeat_age_s": round((now_ms - max(heard)) / 1000, 3) if heard else None,
-            "drained": owner.client in drained,
-        })  # fmt: skip
+        rows.append(
+            {
+                "client": owner.client,
+                "instance": owner.instance,
+                "partitions": len(held),
+                "heartbeat_age_s": round((now_ms - max(heard)) / 1000, 3) if heard else None,
+                "drained": owner.client in drained,
+            }
+        )
     return rows
 
 

@@ -132,7 +132,9 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     high = per_partition(GaugeMetricFamily, "partition_high_watermark", "End of the partition, as last fetched.")
     lag = per_partition(GaugeMetricFamily, "partition_lag", "Messages between the next offset and the end.")
     rate = per_partition(GaugeMetricFamily, "partition_messages_per_second", "Moving average of messages handled/s.")
-    handled = per_partition(CounterMetricFamily, "messages_handled", "Messages handled since the partition was claimed.")
+    handled = per_partition(
+        CounterMetricFamily, "messages_handled", "Messages handled since the partition was claimed."
+    )
     dead = per_partition(CounterMetricFamily, "messages_dead_lettered", "Messages sent to the dead-letter topic.")
     in_flight = per_partition(GaugeMetricFamily, "partition_in_flight", "Handler calls running now.")
     call_age = per_partition(
@@ -178,7 +180,8 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     owned = GaugeMetricFamily(f"{PREFIX}_partitions_owned", "Partitions this supervisor holds.", labels=["group"])
     owned.add_metric([group], len(snapshot.partitions))
     claims = CounterMetricFamily(
-        f"{PREFIX}_claims", "Partition claims written, by verdict (asked: refused asks of fair balance).",
+        f"{PREFIX}_claims",
+        "Partition claims written, by verdict (asked: refused asks of fair balance).",
         labels=["group", "result"],
     )
     claims.add_metric([group, "accepted"], counters.claims_accepted)
@@ -196,7 +199,8 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     for reason, count in sorted(counters.worker_restarts.items()):
         restarts.add_metric([group, reason], count)
     errors = CounterMetricFamily(
-        f"{PREFIX}_handler_errors", "Failed handler calls, by the type of the error raised.",
+        f"{PREFIX}_handler_errors",
+        "Failed handler calls, by the type of the error raised.",
         labels=["group", "topic", "error_type"],
     )
     for (topic, error_type), count in sorted(counters.handler_errors.items()):
@@ -224,8 +228,10 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ("coordination_garbage_records", "Coordination records that were not valid.", snapshot.garbage_records),
         (
             "coordination_fetch_stalls",
-            ("Times the broker answered the coordination log's fetches without records while it was behind, and it "
-             "was read again with a longer fetch wait (docs/brokers.md)."),
+            (
+                "Times the broker answered the coordination log's fetches without records while it was behind, and it "
+                "was read again with a longer fetch wait (docs/brokers.md)."
+            ),
             snapshot.coordination_fetch_stalls,
         ),
         (
@@ -245,9 +251,25 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ),
     ]
     families: list[Metric] = [
-        next_offset, high, lag, rate, handled, dead, in_flight, call_age, window, stalls, latency, owned, claims,
-        releases, restarts, errors, retries, outcomes,
-    ]  # fmt: skip
+        next_offset,
+        high,
+        lag,
+        rate,
+        handled,
+        dead,
+        in_flight,
+        call_age,
+        window,
+        stalls,
+        latency,
+        owned,
+        claims,
+        releases,
+        restarts,
+        errors,
+        retries,
+        outcomes,
+    ]
     for name, doc, value in simple:
         counter = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group"])
         counter.add_metric([group], value)
@@ -272,7 +294,8 @@ def shared_families(group: str, shared: list[SharedStats]) -> list[Metric]:
         f"{PREFIX}_shared_low_water_mark", "Every offset below it is done (the coordination log).", labels=by_partition
     )
     lost = CounterMetricFamily(
-        f"{PREFIX}_shared_messages_lost", "Offsets of at-most-once leases that lapsed (never delivered again).",
+        f"{PREFIX}_shared_messages_lost",
+        "Offsets of at-most-once leases that lapsed (never delivered again).",
         labels=by_partition,
     )
     for stats in shared:
@@ -336,9 +359,17 @@ class MetricsServer:
     ) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_SnapshotCollector(take_snapshot))
-        handler = type("Handler", (_Handler,), {"registry": registry, "probes": probes, "dashboard": dashboard,
-                                                "asyncapi": staticmethod(asyncapi_answer(asyncapi)),
-                                                "autoscale": None if autoscale is None else staticmethod(autoscale)})  # fmt: skip
+        handler = type(
+            "Handler",
+            (_Handler,),
+            {
+                "registry": registry,
+                "probes": probes,
+                "dashboard": dashboard,
+                "asyncapi": staticmethod(asyncapi_answer(asyncapi)),
+                "autoscale": None if autoscale is None else staticmethod(autoscale),
+            },
+        )
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
@@ -367,7 +398,7 @@ class _Handler(BaseHTTPRequestHandler):
         probes = self.probes
         try:
             if self.dashboard is not None and path.startswith("/dashboard"):
-                self._dashboard(path[len("/dashboard"):], self.dashboard)
+                self._dashboard(path[len("/dashboard") :], self.dashboard)
             elif self.autoscale is not None and path == "/autoscale":
                 self._send(*self.autoscale(query), "application/json")
             elif path in ("/metrics", "/"):
@@ -380,8 +411,13 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/asyncapi.json":
                 self._send(*self.asyncapi(), "application/json")
             else:
-                self._send(404, orjson.dumps({"error": f"no {path} here: /metrics, /healthz, /readyz, /state, "
-                                                       "/asyncapi.json, /autoscale"}), "application/json")  # fmt: skip
+                self._send(
+                    404,
+                    orjson.dumps(
+                        {"error": f"no {path} here: /metrics, /healthz, /readyz, /state, /asyncapi.json, /autoscale"}
+                    ),
+                    "application/json",
+                )
         except Exception as exc:  # noqa: BLE001 - a probe that fails answers 500, the server goes on
             self._send(500, orjson.dumps({"error": f"{type(exc).__name__}: {exc}"}), "application/json")
 
@@ -398,8 +434,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/events":
             self._stream_events(publisher)
         else:
-            self._send(404, orjson.dumps({"error": f"no /dashboard{path} here: /dashboard/, /dashboard/api/state, "
-                                                   "/dashboard/events"}), "application/json")  # fmt: skip
+            self._send(
+                404,
+                orjson.dumps(
+                    {"error": f"no /dashboard{path} here: /dashboard/, /dashboard/api/state, /dashboard/events"}
+                ),
+                "application/json",
+            )
 
     def _stream_events(self, publisher: Publisher) -> None:
         """Server-sent events in this handler's thread: a document per update until the client or we go."""

@@ -53,16 +53,18 @@ def _shared_row(state: WorldState, topic: str, partition: int, now_ms: int) -> d
     leases = []
     for lease in shared.live_leases(now_ms):
         tries = shared.tries_in(lease.start, lease.end)
-        leases.append({
-            "client": lease.holder.client,
-            "instance": lease.holder.instance,
-            "offset": lease.start,
-            "end": lease.end,
-            "age_s": round((now_ms - lease.claimed_at) / 1000, 3),
-            "expires_in_s": round((lease.expires - now_ms) / 1000, 3),
-            "deliveries": 1 + max((t.count for t in tries), default=0),
-            "amo": lease.amo,
-        })  # fmt: skip
+        leases.append(
+            {
+                "client": lease.holder.client,
+                "instance": lease.holder.instance,
+                "offset": lease.start,
+                "end": lease.end,
+                "age_s": round((now_ms - lease.claimed_at) / 1000, 3),
+                "expires_in_s": round((lease.expires - now_ms) / 1000, 3),
+                "deliveries": 1 + max((t.count for t in tries), default=0),
+                "amo": lease.amo,
+            }
+        )
     return {
         "topic": topic,
         "partition": partition,
@@ -100,9 +102,18 @@ def _partition_row(state: WorldState, topic: str, partition: int, now_ms: int) -
 
 
 _COLUMNS = (
-    "TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT AGE", "LAG", "MSGS/S", "IN FLIGHT", "CALL AGE",
+    "TOPIC",
+    "PARTITION",
+    "STATE",
+    "OWNER",
+    "OFFSET",
+    "HEARTBEAT AGE",
+    "LAG",
+    "MSGS/S",
+    "IN FLIGHT",
+    "CALL AGE",
     "WINDOW",
-)  # fmt: skip
+)
 
 
 def render_table(document: dict[str, Any], now_ms: int) -> str:
@@ -142,26 +153,51 @@ def render_table(document: dict[str, Any], now_ms: int) -> str:
     if shared:
         lines += ["", "shared partitions (range leases)"] + aligned(_SHARED_COLUMNS, [_shared_cells(r) for r in shared])
         leases = [
-            (row["topic"], str(row["partition"]), f"{lease['client']}/{lease['instance']}",
-             f"{lease['offset']}..{lease['end'] - 1}", f"{lease['age_s']:.1f}s", f"{lease['expires_in_s']:.1f}s",
-             str(lease["deliveries"]))
-            for row in shared for lease in row["leases"]
-        ]  # fmt: skip
+            (
+                row["topic"],
+                str(row["partition"]),
+                f"{lease['client']}/{lease['instance']}",
+                f"{lease['offset']}..{lease['end'] - 1}",
+                f"{lease['age_s']:.1f}s",
+                f"{lease['expires_in_s']:.1f}s",
+                str(lease["deliveries"]),
+            )
+            for row in shared
+            for lease in row["leases"]
+        ]
         if leases:
             lines += ["", "leases in flight"] + aligned(_LEASE_COLUMNS, leases)
     return "\n".join(lines)
 
 
-_SHARED_COLUMNS = ("TOPIC", "PARTITION", "LOW-WATER", "END", "LEASES", "ACKED", "DEAD LETTERS", "LOST", "LAPSED", "TO RETRY")
+_SHARED_COLUMNS = (
+    "TOPIC",
+    "PARTITION",
+    "LOW-WATER",
+    "END",
+    "LEASES",
+    "ACKED",
+    "DEAD LETTERS",
+    "LOST",
+    "LAPSED",
+    "TO RETRY",
+)
 _LEASE_COLUMNS = ("TOPIC", "PARTITION", "HOLDER", "OFFSETS", "AGE", "EXPIRES IN", "DELIVERY")
 
 
 def _shared_cells(row: dict[str, Any]) -> tuple[str, ...]:
     return (
-        row["topic"], str(row["partition"]), "-" if row["low_water_mark"] is None else str(row["low_water_mark"]),
-        "-" if row["end"] is None else str(row["end"]), str(len(row["leases"])), str(row["acked"]),
-        str(row["dead_letters"]), str(row["lost"]), str(row["lapsed_leases"]), str(row["to_retry"]),
-    )  # fmt: skip
+        row["topic"],
+        str(row["partition"]),
+        "-" if row["low_water_mark"] is None else str(row["low_water_mark"]),
+        "-" if row["end"] is None else str(row["end"]),
+        str(len(row["leases"])),
+        str(row["acked"]),
+        str(row["dead_letters"]),
+        str(row["lost"]),
+        str(row["lapsed_leases"]),
+        str(row["to_retry"]),
+    )
 
 
 def aligned(columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:

@@ -243,7 +243,9 @@ def _holdings_of(world: WorldState, now_ms: int, client: str | None = None, topi
     return sorted(held)
 
 
-def _wait(coordinator: Coordinator, wait_s: float, report: Report, held: Callable[[WorldState, int], list[str]]) -> bool:
+def _wait(
+    coordinator: Coordinator, wait_s: float, report: Report, held: Callable[[WorldState, int], list[str]]
+) -> bool:
     """Follow the log until nothing is ``held`` (True) or ``wait_s`` passes (False; 0: do not wait)."""
     if wait_s <= 0:
         return True
@@ -364,8 +366,10 @@ def _describe(record: codec.Record, where: str) -> str:
         until = f"until={utc_iso(record.expires)}" if record.expires > record.ts else "(ends its pause)"
         return f"{where} {stamp} {kind} {who} {record.topic} {until}"
     if isinstance(record, codec.Checkpoint):
-        return f"{where} {stamp} {kind} {who} part {record.part + 1}/{record.parts} as_of={record.as_of} " \
-               f"positions={len(record.positions)}"  # fmt: skip
+        return (
+            f"{where} {stamp} {kind} {who} part {record.part + 1}/{record.parts} as_of={record.as_of} "
+            f"positions={len(record.positions)}"
+        )
     if isinstance(record, codec.Heartbeats):
         beats = " ".join(f"[{b.partition}]={b.offset}" for b in record.beats)
         return f"{where} {stamp} {kind} {who} {record.topic} {beats}"
@@ -390,8 +394,11 @@ def _range_text(entry: codec.RangeEntry) -> str:
     end."""
     text = f"[{entry.partition}]{entry.offset}..{entry.end - 1}"
     if isinstance(entry, (codec.AckEntry, codec.ProgressEntry)):
-        text += "".join(f" {name}={','.join(map(str, found))}" for name, found in (("failed", entry.failed),
-                        ("dead", entry.dead)) if found)  # fmt: skip
+        text += "".join(
+            f" {name}={','.join(map(str, found))}"
+            for name, found in (("failed", entry.failed), ("dead", entry.dead))
+            if found
+        )
     if isinstance(entry, codec.AckEntry):
         text += f" high={entry.high}" if entry.high is not None else ""
     return text

@@ -112,18 +112,20 @@ def run_demo(options: DemoOptions, out: TextIO = sys.stdout) -> int:
         signal.signal(signum, lambda signum, _frame: stop_requested.append(signum))
     log_dir = Path(tempfile.mkdtemp(prefix="marshal-workers-demo-"))
     with EmbeddedBroker(log_path=str(log_dir / "broker.log")) as broker:
-        settings = Settings(
-            brokers=broker.bootstrap, group=DEMO_GROUP, heartbeat_interval=options.heartbeat_interval
-        )
+        settings = Settings(brokers=broker.bootstrap, group=DEMO_GROUP, heartbeat_interval=options.heartbeat_interval)
         coordination_partitions = _create_topics(settings, options.partitions)
         producer = SteadyProducer(settings, options.rate)
         producer.start()
-        supervisors = [_start_supervisor(settings, examples.parent, f"demo-{i + 1}", log_dir) for i in range(options.supervisors)]
+        supervisors = [
+            _start_supervisor(settings, examples.parent, f"demo-{i + 1}", log_dir) for i in range(options.supervisors)
+        ]
         out.write(f"demo: broker {broker.bootstrap}; supervisor logs in {log_dir}; Ctrl-C stops\n")
         try:
             _live_view(settings, coordination_partitions, options, producer, supervisors, stop_requested, out)
         finally:
-            out.write("\ndemo: stopping the supervisors (SIGTERM: each releases its partitions at their exact offsets)\n")
+            out.write(
+                "\ndemo: stopping the supervisors (SIGTERM: each releases its partitions at their exact offsets)\n"
+            )
             codes = _stop_supervisors(supervisors, timeout=30)
             producer.stop()
             state = read_group_state(settings, DEMO_GROUP)
@@ -147,11 +149,20 @@ def _start_supervisor(settings: Settings, cwd: Path, client_id: str, log_dir: Pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cwd), os.environ.get("PYTHONPATH")]))
     command = [
-        sys.executable, "-m", "marshal_workers", "run", DEMO_APP,
-        "--brokers", settings.brokers, "--client-id", client_id,
-        "--heartbeat-interval", f"{settings.heartbeat_interval}s",
-        "--balance", "fair",  # the supervisors share the partitions evenly, whoever starts first
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "run",
+        DEMO_APP,
+        "--brokers",
+        settings.brokers,
+        "--client-id",
+        client_id,
+        "--heartbeat-interval",
+        f"{settings.heartbeat_interval}s",
+        "--balance",
+        "fair",  # the supervisors share the partitions evenly, whoever starts first
+    ]
     with open(log_dir / f"{client_id}.log", "ab") as log:
         # Their own sessions: Ctrl-C reaches only the demo, which stops them in order.
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=log, start_new_session=True)
@@ -218,7 +229,13 @@ def _live_view(
             now = time.monotonic()
             state, highs = log.snapshot(), marks.read()
             offsets = _resume_offsets(state, options.partitions)
-            frame = _render(state, offsets, highs, handled_rate.sample(now, sum(offsets)), produced_rate.sample(now, producer.produced))
+            frame = _render(
+                state,
+                offsets,
+                highs,
+                handled_rate.sample(now, sum(offsets)),
+                produced_rate.sample(now, producer.produced),
+            )
             out.write(("\x1b[H\x1b[2J" if out.isatty() else "\n") + frame + "\n")
             out.flush()
             time.sleep(1.0)

@@ -59,8 +59,10 @@ def targets(
     found = [(letter, to_topic or letter.header("original_topic")) for letter in chosen]
     nowhere = [letter for letter, target in found if not target]
     if nowhere:
-        raise ConfigError(f"{len(nowhere)} dead letters of {dlq_topic} name no original topic (first at "
-                          f"{nowhere[0].partition}@{nowhere[0].offset}): give --to TOPIC")  # fmt: skip
+        raise ConfigError(
+            f"{len(nowhere)} dead letters of {dlq_topic} name no original topic (first at "
+            f"{nowhere[0].partition}@{nowhere[0].offset}): give --to TOPIC"
+        )
     checked = [(letter, target) for letter, target in found if target]
     if checked:
         admin = admin_client(settings)
@@ -96,11 +98,18 @@ def redrive(
                 producer.poll(0.1)
     left = producer.flush(settings.write_timeout * 3)
     if left or failures:
-        raise ConfigError(f"{left + len(failures)} of {len(sending)} dead letters were not confirmed by Kafka "
-                          f"({failures[0] if failures else 'timed out'}); the others were sent")  # fmt: skip
+        raise ConfigError(
+            f"{left + len(failures)} of {len(sending)} dead letters were not confirmed by Kafka "
+            f"({failures[0] if failures else 'timed out'}); the others were sent"
+        )
     sent = collections.Counter((t, letter.group) for letter, t in sending)
     for (target, group), count in sorted(sent.items(), key=lambda item: (item[0][0], item[0][1] or "")):
-        report(f"sent {count} dead letters of {dlq_topic} to {target} " + (
-            f"for group {group} (only its workers handle them)" if group is not None
-            else "that name no group (every group reading it handles them)"))  # fmt: skip
+        report(
+            f"sent {count} dead letters of {dlq_topic} to {target} "
+            + (
+                f"for group {group} (only its workers handle them)"
+                if group is not None
+                else "that name no group (every group reading it handles them)"
+            )
+        )
     return len(sending)

@@ -63,13 +63,18 @@ def listed_topics(settings: Settings, app: App | None) -> list[dict[str, Any]]:
     """``topics list``: with an app, its topics (app_topics) and their partitions (None: missing); without, every
     topic of the cluster but its internal ones (``__``), none used by anything known."""
     existing = cluster_metadata(admin_client(settings), settings).topics
-    counts = {name: len(found.partitions) for name, found in existing.items()
-              if found.error is None and found.partitions}  # fmt: skip
+    counts = {
+        name: len(found.partitions) for name, found in existing.items() if found.error is None and found.partitions
+    }
     if app is None:
-        return [{"topic": name, "partitions": count, "used_by": []}
-                for name, count in sorted(counts.items()) if not name.startswith("__")]  # fmt: skip
-    return [{"topic": name, "partitions": counts.get(name), "used_by": used_by}
-            for name, used_by in app_topics(app).items()]  # fmt: skip
+        return [
+            {"topic": name, "partitions": count, "used_by": []}
+            for name, count in sorted(counts.items())
+            if not name.startswith("__")
+        ]
+    return [
+        {"topic": name, "partitions": counts.get(name), "used_by": used_by} for name, used_by in app_topics(app).items()
+    ]
 
 
 def _check_name(name: str) -> None:
@@ -80,9 +85,12 @@ def _check_name(name: str) -> None:
 
 
 def create_topics(
-    settings: Settings, wanted: list[WantedTopic], replication_factor: int, config: dict[str, str],
+    settings: Settings,
+    wanted: list[WantedTopic],
+    replication_factor: int,
+    config: dict[str, str],
     report: Callable[[str], None],
-) -> int:  # fmt: skip
+) -> int:
     """Create the topics of ``wanted`` that do not exist (each with ``config``); report each topic; return how many
     were created.  TopicCreationError naming every topic the cluster refused (the others are created)."""
     admin = admin_client(settings)
@@ -99,10 +107,13 @@ def create_topics(
     if not missing:
         return 0
     outcomes = kafka_clients.create_topics(
-        admin, settings,
-        [NewTopic(t.name, num_partitions=t.partitions, replication_factor=replication_factor, config=config)
-         for t in missing],
-    )  # fmt: skip
+        admin,
+        settings,
+        [
+            NewTopic(t.name, num_partitions=t.partitions, replication_factor=replication_factor, config=config)
+            for t in missing
+        ],
+    )
     refused: list[str] = []
     created = 0
     for topic in missing:

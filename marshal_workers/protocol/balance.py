@@ -119,8 +119,11 @@ def claim_cap(share: FairShare, max_partitions: int) -> int:
 def is_hungry(held: int, share: FairShare, max_partitions: int, others_most: int = 0) -> bool:
     """Below the band (and below our own cap), or below its ceiling while another member holds more than the
     ceiling (``others_most``: the most any other member holds): worth asking others for a partition."""
-    floor, ceiling = (share.low, share.high) if not max_partitions else (min(share.low, max_partitions),
-                                                                         min(share.high, max_partitions))  # fmt: skip
+    floor, ceiling = (
+        (share.low, share.high)
+        if not max_partitions
+        else (min(share.low, max_partitions), min(share.high, max_partitions))
+    )
     return held < floor or (held < ceiling and others_most > share.high)
 
 

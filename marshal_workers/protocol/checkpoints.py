@@ -61,10 +61,16 @@ def state_records(
     state: WorldState, source: int, as_of: int, common: dict[str, Any], per_record: int = POSITIONS_PER_RECORD
 ) -> list[codec.Checkpoint]:
     """The checkpoint of coordination partition ``source``: ``state`` as folded up to log offset ``as_of``."""
-    positions = [_position(topic, partition, found) for (topic, partition), found in sorted(state.partitions.items())
-                 if state.routed_here(topic, source)]  # fmt: skip
-    shared = [_shared_position(topic, partition, found) for (topic, partition), found in sorted(state.shared.items())
-              if state.routed_here(topic, source)]  # fmt: skip
+    positions = [
+        _position(topic, partition, found)
+        for (topic, partition), found in sorted(state.partitions.items())
+        if state.routed_here(topic, source)
+    ]
+    shared = [
+        _shared_position(topic, partition, found)
+        for (topic, partition), found in sorted(state.shared.items())
+        if state.routed_here(topic, source)
+    ]
     pause = state.pauses.get(source)
     controls = _control_position(state, source)
     chunks = [positions[i : i + per_record] for i in range(0, len(positions), per_record)] or [[]]
@@ -83,9 +89,16 @@ def state_records(
         shares += [()] * (len(parts) - len(shares))
     return [
         codec.Checkpoint(
-            **common, source=source, as_of=as_of, part=index, parts=len(parts), positions=chunk, shared=shared_chunk,
+            **common,
+            source=source,
+            as_of=as_of,
+            part=index,
+            parts=len(parts),
+            positions=chunk,
+            shared=shared_chunk,
             pause=None if pause is None else _pause_position(pause),
-            controls=controls, directory=share,
+            controls=controls,
+            directory=share,
         )
         for index, ((chunk, shared_chunk), share) in enumerate(zip(parts, shares))
     ]

@@ -53,8 +53,9 @@ class ClaimingSettings:
     def health_policy(self, call_time_limit: float) -> HealthPolicy:
         """A topic's health policy: a worker silent for an HB with lag is stalled; a handler call in flight is
         progress until it passes ``call_time_limit`` (the hard time limit, else the soft one; 0: never)."""
-        return HealthPolicy(behind_cycles=self.behind_cycles, stall_after_s=self.heartbeat_s,
-                            call_time_limit=call_time_limit)  # fmt: skip
+        return HealthPolicy(
+            behind_cycles=self.behind_cycles, stall_after_s=self.heartbeat_s, call_time_limit=call_time_limit
+        )
 
 
 def lease_until(written_ms: int, heartbeat_ms: int) -> int:

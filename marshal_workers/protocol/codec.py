@@ -122,8 +122,16 @@ class Heartbeats(_Record, frozen=True, gc=False, kw_only=True, tag="heartbeats")
         common = self.common_fields()
         return [
             Heartbeat(
-                **common, topic=self.topic, partition=b.partition, offset=b.offset, lag=b.lag, rate=b.rate,
-                done=b.done, in_flight=b.in_flight, window_used=b.window_used, call_age_s=b.call_age_s,
+                **common,
+                topic=self.topic,
+                partition=b.partition,
+                offset=b.offset,
+                lag=b.lag,
+                rate=b.rate,
+                done=b.done,
+                in_flight=b.in_flight,
+                window_used=b.window_used,
+                call_age_s=b.call_age_s,
             )
             for b in self.beats
         ]
@@ -423,15 +431,47 @@ class ReleasePartition(_PartitionRecord, frozen=True, gc=False, kw_only=True, ta
 
 
 Record = (
-    Claim | Heartbeat | Heartbeats | Release | ClaimMessages | MessageClaims | ReleaseGroup | Checkpoint
-    | ClaimRanges | RenewRanges | AckRanges | CancelRanges | Control | PauseTopic | ReleasePartition
-    | DeliverMessages | AckMessages | CancelMessages | ProgressRanges
+    Claim
+    | Heartbeat
+    | Heartbeats
+    | Release
+    | ClaimMessages
+    | MessageClaims
+    | ReleaseGroup
+    | Checkpoint
+    | ClaimRanges
+    | RenewRanges
+    | AckRanges
+    | CancelRanges
+    | Control
+    | PauseTopic
+    | ReleasePartition
+    | DeliverMessages
+    | AckMessages
+    | CancelMessages
+    | ProgressRanges
 )
 PartitionRecord = Claim | Heartbeat | Release | ClaimMessages
 RECORD_TYPES: Final = (
-    Claim, Heartbeat, Heartbeats, Release, ClaimMessages, MessageClaims, ReleaseGroup, Checkpoint,
-    ClaimRanges, RenewRanges, AckRanges, CancelRanges, Control, PauseTopic, ReleasePartition,
-    DeliverMessages, AckMessages, CancelMessages, ProgressRanges,
+    Claim,
+    Heartbeat,
+    Heartbeats,
+    Release,
+    ClaimMessages,
+    MessageClaims,
+    ReleaseGroup,
+    Checkpoint,
+    ClaimRanges,
+    RenewRanges,
+    AckRanges,
+    CancelRanges,
+    Control,
+    PauseTopic,
+    ReleasePartition,
+    DeliverMessages,
+    AckMessages,
+    CancelMessages,
+    ProgressRanges,
 )
 # Records about no topic: written to every coordination partition, so they are ordered against every topic's claims.
 GROUP_RECORD_TYPES: Final = (ReleaseGroup, Control)

@@ -124,8 +124,9 @@ def _call_within_limit(sample: Sample, policy: HealthPolicy) -> bool:
     return not call.timed or not policy.call_time_limit or call.age(sample.at) <= policy.call_time_limit
 
 
-def watch_call(previous: CallInFlight | None, started_ms: int, handling_end: int, next_offset: int,
-               now: float) -> CallInFlight | None:
+def watch_call(
+    previous: CallInFlight | None, started_ms: int, handling_end: int, next_offset: int, now: float
+) -> CallInFlight | None:
     """The call in flight from a worker's slot: ``started_ms`` (CALL_STARTED_MS: the start of a timed call,
     0 between calls or when calls are not timed), ``handling_end`` (HANDLING_END: one call at a time, the offset
     after the message in hand, stored before its call) and ``next_offset``; None when no call is in flight.

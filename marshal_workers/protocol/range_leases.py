@@ -145,7 +145,13 @@ class SharedPartition:
         return True
 
     def ack(
-        self, start: int, end: int, holder: MemberId, at: int, failed: Sequence[int], dead: Sequence[int],
+        self,
+        start: int,
+        end: int,
+        holder: MemberId,
+        at: int,
+        failed: Sequence[int],
+        dead: Sequence[int],
         high: int | None = None,
     ) -> bool:
         """The holder settles its lease that starts at ``start``, up to ``end``.

@@ -97,8 +97,17 @@ class RangeMember:
     # ----------------------------------------------------------------- claim
 
     def choose(
-        self, world: WorldState, ends: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-        idle: int, rng: random.Random, sizer: Sizer | None = None, follow: Collection[tuple[int, int]] = (),
+        self,
+        world: WorldState,
+        ends: dict[int, int],
+        initial: dict[int, int],
+        now_ms: int,
+        size: int,
+        want: int,
+        idle: int,
+        rng: random.Random,
+        sizer: Sizer | None = None,
+        follow: Collection[tuple[int, int]] = (),
         split: bool = False,
     ) -> RangeChoice:
         """Up to ``want`` ranges of at most ``size`` offsets to claim, as the fold has it at ``now_ms`` (the log's
@@ -118,9 +127,12 @@ class RangeMember:
     def claim(self, fields: dict[str, Any], ranges: Sequence[WantedRange]) -> codec.ClaimRanges:
         """The ``claim_ranges`` record for ``ranges`` (``fields``: the writer's common record fields)."""
         return codec.ClaimRanges(
-            **fields, topic=self.topic, lease_ms=self.lease_ms, amo=self.amo,
+            **fields,
+            topic=self.topic,
+            lease_ms=self.lease_ms,
+            amo=self.amo,
             ranges=tuple(codec.RangeEntry(partition=w.partition, offset=w.start, end=w.end) for w in ranges),
-        )  # fmt: skip
+        )
 
     @staticmethod
     def won(ranges: Sequence[WantedRange], verdicts: Sequence[bool]) -> list[WantedRange]:
@@ -143,9 +155,11 @@ class RangeMember:
     def renewal(self, fields: dict[str, Any], held: Sequence[HeldLease]) -> codec.RenewRanges:
         """The ``renew_ranges`` record for ``held``."""
         return codec.RenewRanges(
-            **fields, topic=self.topic, lease_ms=self.lease_ms,
+            **fields,
+            topic=self.topic,
+            lease_ms=self.lease_ms,
             ranges=tuple(codec.RangeEntry(partition=h.partition, offset=h.start, end=h.end) for h in held),
-        )  # fmt: skip
+        )
 
     def renewed_deadline(self, lease: HeldLease, written_ms: int, accepted: bool) -> int | None:
         """The lease's new deadline after a renewal written at ``written_ms``: None if the fold refused it or it
@@ -177,15 +191,17 @@ def handled_entry(
     """A range handled up to ``end``: every offset of ``[lease.start, end)`` is done but ``failed`` (to be delivered
     again; at most once: lost); ``dead`` were dead-lettered (done).  The lease's offsets from ``end`` on go back
     untried.  ``high``: the partition's end as the handler's fetches saw it."""
-    return codec.AckEntry(partition=lease.partition, offset=lease.start, end=end, failed=tuple(failed),
-                          dead=tuple(dead), high=high)  # fmt: skip
+    return codec.AckEntry(
+        partition=lease.partition, offset=lease.start, end=end, failed=tuple(failed), dead=tuple(dead), high=high
+    )
 
 
 def progress_entry(lease: HeldLease, upto: int, failed: Sequence[int], dead: Sequence[int]) -> codec.ProgressEntry:
     """Progress inside a live lease: every offset of ``[lease.start, upto)`` done but ``failed``; ``dead`` of them
     dead-lettered."""
-    return codec.ProgressEntry(partition=lease.partition, offset=lease.start, end=upto, failed=tuple(failed),
-                               dead=tuple(dead))  # fmt: skip
+    return codec.ProgressEntry(
+        partition=lease.partition, offset=lease.start, end=upto, failed=tuple(failed), dead=tuple(dead)
+    )
 
 
 def crashed_entry(
@@ -204,7 +220,11 @@ def crashed_entry(
 
 
 def given_back_entry(
-    lease: HeldLease, read_to: int, unhanded: Iterable[int], handed: Collection[int], acked: Collection[int],
+    lease: HeldLease,
+    read_to: int,
+    unhanded: Iterable[int],
+    handed: Collection[int],
+    acked: Collection[int],
     dead: Collection[int],
 ) -> codec.AckEntry | None:
     """How a range no client holds a message of goes back (the HTTP service): None, a plain cancel, if nothing of
@@ -220,8 +240,17 @@ def given_back_entry(
 
 
 def free_candidates(
-    world: WorldState, topic: str, high: dict[int, int], initial: dict[int, int], now_ms: int, size: int, want: int,
-    idle: int, probe_size: int = 1, sizer: Sizer | None = None, split: bool = False,
+    world: WorldState,
+    topic: str,
+    high: dict[int, int],
+    initial: dict[int, int],
+    now_ms: int,
+    size: int,
+    want: int,
+    idle: int,
+    probe_size: int = 1,
+    sizer: Sizer | None = None,
+    split: bool = False,
 ) -> tuple[dict[int, list[tuple[int, int, int]]], int, list[int]]:
     """Free ranges by partition, as (start, end, tries); how many members hold leases on the topic; and the
     partitions never leased whose start is not known yet.  ``high``: the partitions' ends as asked (ListOffsets);
@@ -274,7 +303,12 @@ def free_candidates(
 
 
 def split_ahead(
-    state: SharedPartition, live: Sequence[Lease], lowest: list[tuple[int, int, int]], end: int, size: int, want: int,
+    state: SharedPartition,
+    live: Sequence[Lease],
+    lowest: list[tuple[int, int, int]],
+    end: int,
+    size: int,
+    want: int,
     now_ms: int,
 ) -> list[tuple[int, int, int]]:
     """The free ranges of a partition (``lowest``: the lowest ones, as (start, end, tries)) in the order a fast
@@ -299,8 +333,12 @@ def split_ahead(
         middle = start + (stop - start) // 2
         if stop - start >= 2 * size and not state.tries_in(middle, stop, now_ms):
             joiner = [(at, min(at + size, stop), 0) for at in range(middle, stop, size)][:want]
-    followed = [(at, min(at + size, stop), 0) for start, stop in read_on for at in range(start, stop, size)[:2]
-                if not state.tries_in(at, min(at + size, stop), now_ms)]  # fmt: skip
+    followed = [
+        (at, min(at + size, stop), 0)
+        for start, stop in read_on
+        for at in range(start, stop, size)[:2]
+        if not state.tries_in(at, min(at + size, stop), now_ms)
+    ]
     reserved = [r for r in lowest if any(start <= r[0] < stop for start, stop in read_on)]
     open_ = [r for r in lowest if r not in reserved]
     found, starts = [], set()
@@ -331,7 +369,10 @@ def topic_backlog(
 
 
 def pick_ranges(
-    candidates: dict[int, list[tuple[int, int, int]]], want: int, members: int, rng: random.Random,
+    candidates: dict[int, list[tuple[int, int, int]]],
+    want: int,
+    members: int,
+    rng: random.Random,
     follow: Collection[tuple[int, int]] = (),
 ) -> list[WantedRange]:
     """Up to ``want`` ranges: first those that start where one of our readers stands (``follow``: (partition,

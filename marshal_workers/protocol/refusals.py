@@ -66,10 +66,16 @@ def refusals(state: WorldState, record: Record, at: int, source: int, verdict: b
             why = _held_back_reason(state, record.client, record.topic, source)
         return [f"refused [{e.partition}]{e.offset}..{e.end - 1}: {why}" for e in refused]
     elif kind in (DeliverMessages, AckMessages, CancelMessages):
-        why = "not in a live lease of its writer, or pending with a client" if kind is DeliverMessages else \
-            "not pending (never handed out, its pending timeout passed, or acked already)"
-        return [f"refused [{e.partition}]{e.offset}: {why}"
-                for e, ok in zip(record.messages, verdict, strict=True) if not ok]  # type: ignore[union-attr, arg-type]
+        why = (
+            "not in a live lease of its writer, or pending with a client"
+            if kind is DeliverMessages
+            else "not pending (never handed out, its pending timeout passed, or acked already)"
+        )
+        return [
+            f"refused [{e.partition}]{e.offset}: {why}"
+            for e, ok in zip(record.messages, verdict, strict=True)  # type: ignore[union-attr, arg-type]
+            if not ok
+        ]
     else:
         return [_refusal(state, record, at, source)]
     several = len(entries) > 1

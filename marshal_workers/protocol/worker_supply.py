@@ -91,11 +91,29 @@ class ClaimAsk:
     sizer: BacklogSizer
     split: bool
 
-    def choose(self, member: RangeMember, world: WorldState, ends: dict[int, int], initial: dict[int, int],
-               now_ms: int, rng: random.Random) -> RangeChoice:  # fmt: skip
+    def choose(
+        self,
+        member: RangeMember,
+        world: WorldState,
+        ends: dict[int, int],
+        initial: dict[int, int],
+        now_ms: int,
+        rng: random.Random,
+    ) -> RangeChoice:
         """The ranges to claim, as the fold has it at ``now_ms`` (the log's clock)."""
-        return member.choose(world, ends, initial, now_ms, self.sizer.size, self.want, self.idle, rng, self.sizer,
-                             self.follow, self.split)  # fmt: skip
+        return member.choose(
+            world,
+            ends,
+            initial,
+            now_ms,
+            self.sizer.size,
+            self.want,
+            self.idle,
+            rng,
+            self.sizer,
+            self.follow,
+            self.split,
+        )
 
 
 def claim_ask(workers: Sequence[PoolWorker], sizing: RangeSizing, me: MemberId) -> ClaimAsk | None:

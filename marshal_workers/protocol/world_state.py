@@ -110,9 +110,11 @@ class WorldState(WorldView):
             return False
         kind = type(record)
         if (
-            kind is not ReleaseGroup and kind is not Checkpoint and kind is not Control
+            kind is not ReleaseGroup
+            and kind is not Checkpoint
+            and kind is not Control
             and self.coordination_partitions is not None
-        ):  # fmt: skip
+        ):
             home = self._routes.get(record.topic)  # type: ignore[union-attr]
             if home is None:
                 home = self._routes[record.topic] = coordination_partition(record.topic, self.coordination_partitions)  # type: ignore[union-attr]
@@ -128,7 +130,9 @@ class WorldState(WorldView):
             stats.accepted += 1
         return accepted
 
-    def apply_value(self, value: bytes | None, source: int = 0, log_append_time: int | None = None) -> tuple[Record, bool]:
+    def apply_value(
+        self, value: bytes | None, source: int = 0, log_append_time: int | None = None
+    ) -> tuple[Record, bool]:
         """Decode and fold one raw Kafka value; return the record and its verdict.
 
         Garbage is counted in ``stats.garbage`` and raises DecodeError; it changes nothing else.
@@ -299,7 +303,12 @@ class WorldState(WorldView):
     def _claim_ranges(self, record: ClaimRanges, at: int, source: int) -> Verdicts:
         if self.paused_at(source, at) is not None or self.held_back(record.client, record.topic, source, at):
             return Verdicts(False for _ in record.ranges)
-        holder, topic, lease_ms, amo = MemberId(record.client, record.instance), record.topic, record.lease_ms, record.amo
+        holder, topic, lease_ms, amo = (
+            MemberId(record.client, record.instance),
+            record.topic,
+            record.lease_ms,
+            record.amo,
+        )
         verdicts = []
         for entry in record.ranges:
             key = (topic, entry.partition)

@@ -157,8 +157,6 @@ _copy_log_stats = copier(LogStats)
 
 
 @dataclass(slots=True)
-
-
 class WorldView:
     """Ownership, offsets and pauses of one group, as folded from the coordination log (by WorldState).
 
@@ -353,7 +351,9 @@ class WorldView:
         state = self.partitions.get((topic, partition))
         return state is None or self._claimable_by(state, client, instance, now)
 
-    def free_partitions(self, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str) -> list[tuple[str, int]]:
+    def free_partitions(
+        self, keys: Iterable[tuple[str, int]], now: int, client: str, instance: str
+    ) -> list[tuple[str, int]]:
         """The ``keys`` that are free for (client, instance) at ``now``: ``[k for k in keys if is_free(*k, ...)]``,
         with the group's pause and drain checked once (a member asks this of every partition, every claim round).
 

@@ -53,7 +53,9 @@ class Field(enum.IntEnum):
     # call (one store, no clock: the supervisor notes when it first sees it); a call runs while it is above
     # NEXT_OFFSET.  Its retries, and with at most once the rest of its claimed batch, keep it there.
     HANDLING_END = 12
-    FETCH_STALLS = 13  # worker: times the broker answered its fetches without records while behind (guarded_consumer.py)
+    FETCH_STALLS = (
+        13  # worker: times the broker answered its fetches without records while behind (guarded_consumer.py)
+    )
 
 
 # Handler latency histogram (metrics on): after the Field entries, one count per bound of LATENCY_BOUNDS and

@@ -50,8 +50,9 @@ class AmoWriter(Protocol):
 
     def lease_clock_ms(self) -> int: ...
 
-    def submit_within(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-                      within: float) -> None: ...  # fmt: skip
+    def submit_within(
+        self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure, within: float
+    ) -> None: ...
 
     def refused(self, assignment: Any) -> None: ...
 
@@ -98,8 +99,9 @@ class AmoBatchClaims:
     def lease_clock_ms(self) -> int:
         return self.member.lease_clock_ms()
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-               within: float) -> None:  # fmt: skip
+    def submit(
+        self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure, within: float
+    ) -> None:
         self.member.submit_within(what, records, on_verdicts, on_failure, within)
 
     def current(self, assignment: AmoAssignment, worker: object) -> bool:

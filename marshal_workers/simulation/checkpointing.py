@@ -126,10 +126,13 @@ class Checkpointing:
         self.compared += 1
         differences = differ(member.world, whole)
         if differences:
-            fleet.violations.add("checkpoints agree", fleet.clock.now,
-                                 f"{member.me.client}/{member.me.instance}, started at a checkpoint, folds "
-                                 f"{'; '.join(differences[:3])}" + (f" (and {len(differences) - 3} more)"
-                                                                   if len(differences) > 3 else ""))  # fmt: skip
+            fleet.violations.add(
+                "checkpoints agree",
+                fleet.clock.now,
+                f"{member.me.client}/{member.me.instance}, started at a checkpoint, folds "
+                f"{'; '.join(differences[:3])}"
+                + (f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""),
+            )
 
     # ------------------------------------------------------------- figures
 

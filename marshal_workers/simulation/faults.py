@@ -13,34 +13,60 @@ from marshal_workers.errors import ConfigError
 
 # kind -> what it does (``--help`` lists these) and the arguments it takes
 FAULT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "crash": (("members die at once (workers too); each restarts as a new instance of the same client after "
-              "`for` (default 5s; `for=never`: stays dead)"), ("member", "members", "for")),
-    "freeze": ("members stop (loop, reads, writes, workers) and thaw after `for` (default 3*HB: past the lease)",
-               ("member", "members", "for")),
+    "crash": (
+        (
+            "members die at once (workers too); each restarts as a new instance of the same client after "
+            "`for` (default 5s; `for=never`: stays dead)"
+        ),
+        ("member", "members", "for"),
+    ),
+    "freeze": (
+        "members stop (loop, reads, writes, workers) and thaw after `for` (default 3*HB: past the lease)",
+        ("member", "members", "for"),
+    ),
     "lose-writes": ("members' coordination writes are lost for `for` (default 2*HB)", ("member", "members", "for")),
     "stall-reads": ("members read nothing of the log for `for` (default 2*HB)", ("member", "members", "for")),
-    "skew": (("members' wall clocks are off by `by` (default 3s; negative: behind): the `ts` of their records, "
-              "which the fold ignores (it uses the broker's record time), so nothing else may change; with "
-              "`of=clock` also the clock their decisions compare with record times (what is stale, who is live)"),
-             ("member", "members", "by", "of")),
-    "deaf": (("members can write but not read, for `for` (default 3*HB: past the lease): their heartbeats land and "
-              "keep their partitions owned in everyone else's view, but they learn no verdict, so their workers "
-              "stop when the lease runs out and nothing is handled until they hear again"),
-             ("member", "members", "for")),
-    "stall-log": (("coordination partition `partition` (default 0) stalls for everyone for `for` (default 2*HB): "
-                   "nothing is appended to it until then (writes wait, and fail after the write timeout)"),
-                  ("partition", "for")),
+    "skew": (
+        (
+            "members' wall clocks are off by `by` (default 3s; negative: behind): the `ts` of their records, "
+            "which the fold ignores (it uses the broker's record time), so nothing else may change; with "
+            "`of=clock` also the clock their decisions compare with record times (what is stale, who is live)"
+        ),
+        ("member", "members", "by", "of"),
+    ),
+    "deaf": (
+        (
+            "members can write but not read, for `for` (default 3*HB: past the lease): their heartbeats land and "
+            "keep their partitions owned in everyone else's view, but they learn no verdict, so their workers "
+            "stop when the lease runs out and nothing is handled until they hear again"
+        ),
+        ("member", "members", "for"),
+    ),
+    "stall-log": (
+        (
+            "coordination partition `partition` (default 0) stalls for everyone for `for` (default 2*HB): "
+            "nothing is appended to it until then (writes wait, and fail after the write timeout)"
+        ),
+        ("partition", "for"),
+    ),
     "join": ("`members` new members (default 1) start at once", ("members",)),
-    "leave": ("members stop gracefully: their workers stop and their partitions are released",
-              ("member", "members")),
-    "slow": (("members' handlers slow to `rate` messages/s (default 0.1), below the partitions' produce rate, "
-             "for `for` (default 30s; `for=never`: to the end): the health monitor must hand their partitions over"),
-             ("member", "members", "rate", "for")),
-    "order": (("an operator's order (simulation/operator.py), ACTION first: `release` (`partition`, `topic`; or one "
-               "drawn from `member`'s), `drain`/`shutdown`/`resume` (`member`), `pause` (`topic`, `for`, default "
-               "5*HB), `resume` (`topic`): the members must obey it within 2 HB of reading it"),
-              ("member", "topic", "partition", "for")),
-}  # fmt: skip
+    "leave": ("members stop gracefully: their workers stop and their partitions are released", ("member", "members")),
+    "slow": (
+        (
+            "members' handlers slow to `rate` messages/s (default 0.1), below the partitions' produce rate, "
+            "for `for` (default 30s; `for=never`: to the end): the health monitor must hand their partitions over"
+        ),
+        ("member", "members", "rate", "for"),
+    ),
+    "order": (
+        (
+            "an operator's order (simulation/operator.py), ACTION first: `release` (`partition`, `topic`; or one "
+            "drawn from `member`'s), `drain`/`shutdown`/`resume` (`member`), `pause` (`topic`, `for`, default "
+            "5*HB), `resume` (`topic`): the members must obey it within 2 HB of reading it"
+        ),
+        ("member", "topic", "partition", "for"),
+    ),
+}
 ORDER_ACTIONS = ("release", "drain", "resume", "shutdown", "pause")
 
 

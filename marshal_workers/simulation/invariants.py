@@ -75,24 +75,39 @@ def recovered_at(samples: list[Sample], start: float, end: float) -> float | Non
     return next((s.at for s in window[lost:] if s.owned), None)
 
 
-def check_bounds(samples: list[Sample], faults_end: float, duration: float, hb: float, own_bound_hb: float,
-                 balance_bound_hb: float, step: float, violations: Violations, fair: bool) -> None:  # fmt: skip
+def check_bounds(
+    samples: list[Sample],
+    faults_end: float,
+    duration: float,
+    hb: float,
+    own_bound_hb: float,
+    balance_bound_hb: float,
+    step: float,
+    violations: Violations,
+    fair: bool,
+) -> None:
     """Owned and (``fair``: balance="fair") balanced within their bounds after the last fault (only if the run
     lasts that long).  balance="greedy" promises no balance."""
     own_deadline = faults_end + own_bound_hb * hb
     if own_deadline <= duration:
         owned = first_owned_at_or_after(samples, faults_end)
         if owned is None or owned > own_deadline:
-            violations.add("owned after faults", own_deadline,
-                           f"not every partition owned and fresh within {own_bound_hb:g} HB of the last fault "
-                           f"(at {faults_end:g}s)")  # fmt: skip
+            violations.add(
+                "owned after faults",
+                own_deadline,
+                f"not every partition owned and fresh within {own_bound_hb:g} HB of the last fault "
+                f"(at {faults_end:g}s)",
+            )
     balance_deadline = faults_end + balance_bound_hb * hb
     if fair and balance_deadline <= duration:
         settled = settled_since(samples, faults_end, duration + step, step)
         if settled is None or settled > balance_deadline:
-            violations.add("balanced after faults", balance_deadline,
-                           f"shares not within one of each other for good within {balance_bound_hb:g} HB of the "
-                           f"last fault (at {faults_end:g}s); settled at {settled}")  # fmt: skip
+            violations.add(
+                "balanced after faults",
+                balance_deadline,
+                f"shares not within one of each other for good within {balance_bound_hb:g} HB of the "
+                f"last fault (at {faults_end:g}s); settled at {settled}",
+            )
 
 
 class HandledPrefix:

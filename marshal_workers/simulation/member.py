@@ -88,8 +88,9 @@ class Environment(Protocol):
 class SimMember:
     """One instance of a member (a crash and restart makes a new one with the same client)."""
 
-    def __init__(self, env: Environment, number: int, client: str, instance: str, world: WorldState,
-                 settings: ClaimingSettings) -> None:  # fmt: skip
+    def __init__(
+        self, env: Environment, number: int, client: str, instance: str, world: WorldState, settings: ClaimingSettings
+    ) -> None:
         self.env = env
         self.number = number
         self.me = MemberId(client, instance)
@@ -115,12 +116,16 @@ class SimMember:
         self.busy_until = 0.0  # virtual seconds: the loop is waiting for a position lookup until then
         self.writer_id = id(self)  # only a key for write order in the log; never printed nor iterated
         self.amo = AmoBatchClaims(env, self, config.amo_whole_topics())
-        self.shared = [SimSharedTopic(topic, count, topic in config.amo_topic_names(), env, self,
-                                      MemberId(client, instance), self.rng)
-                       for topic, count in config.shared_counts().items()]  # fmt: skip
+        self.shared = [
+            SimSharedTopic(
+                topic, count, topic in config.amo_topic_names(), env, self, MemberId(client, instance), self.rng
+            )
+            for topic, count in config.shared_counts().items()
+        ]
         self.obeying = Obeying(self.me, self.started_ms, config.heartbeat_s / 2, config.shared_counts(), self)
-        self.checkpoints = CheckpointWriting(self.me, self, config.heartbeat_s,
-                                             round(config.checkpoint_interval_s * 1000))  # fmt: skip
+        self.checkpoints = CheckpointWriting(
+            self.me, self, config.heartbeat_s, round(config.checkpoint_interval_s * 1000)
+        )
 
     # ------------------------------------------------------------- the loop
 
@@ -149,8 +154,12 @@ class SimMember:
             self.checkpoints.step(now, self.running())
             self.obeying.step(now)
             self.claims.step(now)
-            if self.leaving and not self.assignments and not self.pending and self.claims.stopped() and all(
-                shared.stopped() for shared in self.shared
+            if (
+                self.leaving
+                and not self.assignments
+                and not self.pending
+                and self.claims.stopped()
+                and all(shared.stopped() for shared in self.shared)
             ):
                 self.alive = False  # left the group: every partition released
                 return
@@ -203,9 +212,14 @@ class SimMember:
                 self.pending.remove(write)
                 on_failure()
 
-    def write(self, records: list[codec.Record], on_verdicts: Callable[[list[Any]], None],
-              on_failure: Callable[[], None], within: float | None = None,
-              partitions: list[int] | None = None) -> None:  # fmt: skip
+    def write(
+        self,
+        records: list[codec.Record],
+        on_verdicts: Callable[[list[Any]], None],
+        on_failure: Callable[[], None],
+        within: float | None = None,
+        partitions: list[int] | None = None,
+    ) -> None:
         env = self.env
         now = env.clock.now
         sent = SimWrite(self, records, deadline=now + (env.config.write_timeout_s if within is None else within))
@@ -214,8 +228,13 @@ class SimMember:
 
     def common(self) -> dict[str, Any]:
         """A record's common fields; ``ts`` is our wall clock, skew and all (the fold uses the broker's time)."""
-        return {"v": codec.VERSION, "ts": EPOCH_MS + self.env.clock.now_ms + self.skew_ms,
-                "group": "sim", "client": self.me.client, "instance": self.me.instance}  # fmt: skip
+        return {
+            "v": codec.VERSION,
+            "ts": EPOCH_MS + self.env.clock.now_ms + self.skew_ms,
+            "group": "sim",
+            "client": self.me.client,
+            "instance": self.me.instance,
+        }
 
     def now_ms(self) -> int:
         """The time we compare with record times (our wall clock, as a supervisor's coordinator.now_ms)."""
@@ -241,12 +260,19 @@ class SimMember:
     def partition_counts(self) -> Mapping[str, int]:
         return self._partition_counts
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-               partitions: list[int] | None = None) -> None:  # fmt: skip
+    def submit(
+        self,
+        what: str,
+        records: list[codec.Record],
+        on_verdicts: OnVerdicts,
+        on_failure: OnFailure,
+        partitions: list[int] | None = None,
+    ) -> None:
         self.write(records, on_verdicts, lambda: on_failure(NotConfirmed(what)), partitions=partitions)
 
-    def submit_within(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-                      within: float) -> None:  # fmt: skip
+    def submit_within(
+        self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure, within: float
+    ) -> None:
         self.write(records, on_verdicts, lambda: on_failure(NotConfirmed(what)), within=within)
 
     def read_folded(self, query: Callable[[WorldState, Sequence[int]], T]) -> T:
@@ -299,8 +325,9 @@ class SimMember:
         offset = self.progress(assignment, now)
         lag = None if assignment.worker_up_at > now else max(self.env.high_watermark(assignment.key, now) - offset, 0)
         rate = assignment.health.consume_rate
-        return codec.Beat(partition=assignment.key[1], offset=offset, lag=lag,
-                          rate=None if rate is None else round(max(rate, 0.0), 1))  # fmt: skip
+        return codec.Beat(
+            partition=assignment.key[1], offset=offset, lag=lag, rate=None if rate is None else round(max(rate, 0.0), 1)
+        )
 
     def position(self, assignment: SimAssignment) -> tuple[int, list[int]]:
         return int(assignment.offset), []

@@ -102,8 +102,13 @@ class Operator:
         """Write the order's record(s) now, as ``marshal-workers admin`` does."""
         fleet = self.fleet
         now = fleet.clock.now
-        common: dict[str, Any] = {"v": codec.VERSION, "ts": EPOCH_MS + fleet.clock.now_ms, "group": "sim",
-                  "client": self.me.client, "instance": self.me.instance}  # fmt: skip
+        common: dict[str, Any] = {
+            "v": codec.VERSION,
+            "ts": EPOCH_MS + fleet.clock.now_ms,
+            "group": "sim",
+            "client": self.me.client,
+            "instance": self.me.instance,
+        }
         action = fault.action
         records: list[codec.Record]
         partitions: list[int] | None = None
@@ -141,8 +146,12 @@ class Operator:
         fleet = self.fleet
         if "partition" in fault.args:
             return (fault.args.get("topic", fleet.keys[0][0]), int(fault.args["partition"]))
-        owned = [key for key in fleet.keys if (owner := fleet.oracle.owner(*key)) is not None
-                 and (fault.member is None or owner.client == f"host-{fault.member:04d}")]  # fmt: skip
+        owned = [
+            key
+            for key in fleet.keys
+            if (owner := fleet.oracle.owner(*key)) is not None
+            and (fault.member is None or owner.client == f"host-{fault.member:04d}")
+        ]
         return self.rng.choice(owned) if owned else None
 
     # ------------------------------------------------------------- landing
@@ -158,11 +167,17 @@ class Operator:
         record = entry.record
         oracle = fleet.oracle
         if isinstance(record, codec.Control) and record.action in ("drain", "shutdown"):
-            order.watches = [Watch(key, owner) for key in fleet.keys
-                             if (owner := oracle.owner(*key)) is not None and owner.client == record.target]  # fmt: skip
+            order.watches = [
+                Watch(key, owner)
+                for key in fleet.keys
+                if (owner := oracle.owner(*key)) is not None and owner.client == record.target
+            ]
         elif isinstance(record, codec.PauseTopic) and record.expires > entry.at:
-            order.watches = [Watch(key, owner) for key in fleet.keys
-                             if key[0] == record.topic and (owner := oracle.owner(*key)) is not None]  # fmt: skip
+            order.watches = [
+                Watch(key, owner)
+                for key in fleet.keys
+                if key[0] == record.topic and (owner := oracle.owner(*key)) is not None
+            ]
         elif isinstance(record, codec.ReleasePartition):
             state = oracle.get(record.topic, record.partition)
             if state is not None and state.release_requested and state.owner is not None:
@@ -194,10 +209,13 @@ class Operator:
                     watch.read_at = now
                 if watch.read_at is not None and now - watch.read_at > self.bound_s:
                     order.broken = True
-                    fleet.violations.add("orders obeyed", now,
-                                         f"{watch.key[0]}[{watch.key[1]}] still held by {watch.owner.client}/"
-                                         f"{watch.owner.instance} {now - watch.read_at:.1f}s after it read "
-                                         f"{order.fault} (bound {self.bound_s:g}s)")  # fmt: skip
+                    fleet.violations.add(
+                        "orders obeyed",
+                        now,
+                        f"{watch.key[0]}[{watch.key[1]}] still held by {watch.owner.client}/"
+                        f"{watch.owner.instance} {now - watch.read_at:.1f}s after it read "
+                        f"{order.fault} (bound {self.bound_s:g}s)",
+                    )
                     continue
                 left.append(watch)
             order.watches = left
@@ -211,8 +229,12 @@ class Operator:
 
     def report(self) -> list[dict[str, Any]]:
         """Per order: when it landed, and how long until every partition it gives up was given up."""
-        return [{"order": str(order.fault),
-                 "landed_s": None if order.landed_at is None else round(order.landed_at, 3),
-                 "partitions": order.asked,
-                 "obeyed_after_s": None if order.broken or order.watches else round(order.obeyed_after, 3)}
-                for order in self.orders]  # fmt: skip
+        return [
+            {
+                "order": str(order.fault),
+                "landed_s": None if order.landed_at is None else round(order.landed_at, 3),
+                "partitions": order.asked,
+                "obeyed_after_s": None if order.broken or order.watches else round(order.obeyed_after, 3),
+            }
+            for order in self.orders
+        ]

@@ -51,8 +51,11 @@ class RangeOracle:
             return
         if key[0] in self.amo:
             self.amo_repeats += again
-            self.violations.add("at most once", now,
-                                f"{key[0]}[{key[1]}]: {again} offset(s) of {start}..{end - 1} handled a second time")  # fmt: skip
+            self.violations.add(
+                "at most once",
+                now,
+                f"{key[0]}[{key[1]}]: {again} offset(s) of {start}..{end - 1} handled a second time",
+            )
         else:
             self.repeats += again
 
@@ -68,9 +71,12 @@ class RangeOracle:
     def _check_overlap(self, key: Key, start: int, end: int, now: float, now_ms: int, how: str) -> None:
         for _, held in self.leases.get(key, []):
             if held.start < end and start < held.end and now_ms < held.deadline_ms:
-                self.violations.add("one live holder (ranges)", now,
-                                    f"{key[0]}[{key[1]}] {start}..{end - 1} {how} while a worker's lease on "
-                                    f"{held.start}..{held.end - 1} runs {held.deadline_ms - now_ms} ms more")  # fmt: skip
+                self.violations.add(
+                    "one live holder (ranges)",
+                    now,
+                    f"{key[0]}[{key[1]}] {start}..{end - 1} {how} while a worker's lease on "
+                    f"{held.start}..{held.end - 1} runs {held.deadline_ms - now_ms} ms more",
+                )
                 return
 
     # ------------------------------------------------------------- the log
@@ -91,29 +97,36 @@ class RangeOracle:
         if kind is codec.ClaimRanges:
             for entry, ok in zip(record.ranges, verdicts):
                 if ok:
-                    self._check_overlap((topic, entry.partition), entry.offset, entry.end, now, now_ms,
-                                        "claimed in the log")  # fmt: skip
+                    self._check_overlap(
+                        (topic, entry.partition), entry.offset, entry.end, now, now_ms, "claimed in the log"
+                    )
         elif kind in (codec.AckRanges, codec.ProgressRanges) and topic not in self.amo:
             for entry, ok in zip(record.ranges, verdicts):
                 if ok:
                     self._check_done(world, (topic, entry.partition), entry.offset, entry.end, entry.failed, now)
 
-    def _check_done(self, world: WorldState, key: Key, start: int, end: int, failed: tuple[int, ...],
-                    now: float) -> None:  # fmt: skip
+    def _check_done(
+        self, world: WorldState, key: Key, start: int, end: int, failed: tuple[int, ...], now: float
+    ) -> None:
         at = start
         for offset in [*sorted(o for o in failed if start <= o < end), end]:
             if not self.handled.covered(key, at, offset):
                 first = self.handled.missing(key, at, offset)
-                self.violations.add("nothing marked done unhandled", now,
-                                    f"{key[0]}[{key[1]}]: offsets {start}..{end - 1} marked done; {first} was "
-                                    f"never handled")  # fmt: skip
+                self.violations.add(
+                    "nothing marked done unhandled",
+                    now,
+                    f"{key[0]}[{key[1]}]: offsets {start}..{end - 1} marked done; {first} was never handled",
+                )
                 return
             at = offset + 1
         shared = world.shared_partition(*key)
         if shared is not None and shared.low is not None and not self.handled.covered(key, 0, shared.low):
-            self.violations.add("nothing marked done unhandled", now,
-                                f"{key[0]}[{key[1]}]: the low-water mark is {shared.low}; "
-                                f"{self.handled.missing(key, 0, shared.low)} was never handled")  # fmt: skip
+            self.violations.add(
+                "nothing marked done unhandled",
+                now,
+                f"{key[0]}[{key[1]}]: the low-water mark is {shared.low}; "
+                f"{self.handled.missing(key, 0, shared.low)} was never handled",
+            )
 
     # ------------------------------------------------------------ figures
 

@@ -27,8 +27,12 @@ def run(config: SimConfig, timer: Timer, shrink_failures: bool = True) -> dict[s
         found = shrink(config) if shrink_failures else None
         if found is not None:
             smaller, smaller_report = found
-            report["shrunk"] = {"command": replay_command(smaller), "members": smaller.members,
-                                "duration_s": smaller.duration_s, "violations": smaller_report["violations"]}  # fmt: skip
+            report["shrunk"] = {
+                "command": replay_command(smaller),
+                "members": smaller.members,
+                "duration_s": smaller.duration_s,
+                "violations": smaller_report["violations"],
+            }
     return report
 
 
@@ -161,8 +165,9 @@ def sweep_text(swept: dict[str, Any]) -> str:
         f"{swept['runs']} runs (seeds {first} to {first + swept['runs'] - 1}): {swept['broken']} broke an invariant"
     ]
     for broken in swept["first_broken"]:
-        lines.append(f"first: seed {broken['seed']}: {broken['violations'][0]['invariant']}: "
-                     f"{broken['violations'][0]['detail']}")  # fmt: skip
+        lines.append(
+            f"first: seed {broken['seed']}: {broken['violations'][0]['invariant']}: {broken['violations'][0]['detail']}"
+        )
         lines.append(f"replay: {broken['replay']}")
     if "wall" in swept:
         lines.append(f"wall: {swept['wall']['seconds']:.1f}s")

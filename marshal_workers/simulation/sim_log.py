@@ -77,8 +77,14 @@ class Latency:
 class SimulatedLog:
     """The coordination topic: ``partitions`` ordered logs, written through ``submit``."""
 
-    def __init__(self, partitions: int, clock: VirtualClock, rng: random.Random, latency: Latency,
-                 on_append: Callable[[Entry], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        partitions: int,
+        clock: VirtualClock,
+        rng: random.Random,
+        latency: Latency,
+        on_append: Callable[[Entry], None],
+    ) -> None:
         self.partitions: list[list[Entry]] = [[] for _ in range(partitions)]
         self.clock = clock
         self.rng = rng

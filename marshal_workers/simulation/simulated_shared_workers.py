@@ -59,8 +59,9 @@ class RangeWriter(Protocol):
 
     def common(self) -> dict[str, Any]: ...
 
-    def write(self, records: list[codec.Record], on_verdicts: Callable[[list[Any]], None],
-              on_failure: Callable[[], None]) -> None: ...  # fmt: skip
+    def write(
+        self, records: list[codec.Record], on_verdicts: Callable[[list[Any]], None], on_failure: Callable[[], None]
+    ) -> None: ...
 
 
 @dataclass(eq=False)
@@ -86,8 +87,16 @@ class NotConfirmed(Exception):
 class SimSharedTopic:
     """One shared topic of one member: its simulated workers, and the shell its ``RangeLeasing`` drives."""
 
-    def __init__(self, topic: str, partitions: int, amo: bool, env: RangeEnvironment, member: RangeWriter,
-                 holder: MemberId, rng: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        topic: str,
+        partitions: int,
+        amo: bool,
+        env: RangeEnvironment,
+        member: RangeWriter,
+        holder: MemberId,
+        rng: Any,
+    ) -> None:
         config = env.config
         self.topic = topic
         self.partitions = partitions
@@ -97,8 +106,9 @@ class SimSharedTopic:
         self._initial = dict.fromkeys(range(partitions), 0)  # every partition starts at 0
         lease_ms = round(config.pending_timeout_s * 1000)
         self.workers = [SimSharedWorker(i, since=env.clock.now) for i in range(config.shared_workers)]
-        self.leasing = RangeLeasing(RangeMember(topic, lease_ms, amo), RangeSizing(config.range_size, lease_ms),
-                                    self.workers, self, rng)  # fmt: skip
+        self.leasing = RangeLeasing(
+            RangeMember(topic, lease_ms, amo), RangeSizing(config.range_size, lease_ms), self.workers, self, rng
+        )
 
     # ------------------------------------------------------------- the loop
 

@@ -43,6 +43,8 @@ from marshal_workers.simulation.sim_log import EPOCH_MS, Entry, SimulatedLog
 GROUP = "sim"
 GC_SLICE_S = 10.0  # simulated seconds between freezes of what the run made (Simulation._run_clock)
 GC_YOUNG_ALLOCATIONS = 50_000  # the collector's youngest generation's threshold during a run (the default: 700)
+
+
 def real_world(heartbeat_ms: int, coordination_partitions: int) -> WorldState:
     """An empty fold of the group's coordination log."""
     return WorldState(GROUP, heartbeat_ms, coordination_partitions)
@@ -78,12 +80,20 @@ class Simulation:
         self._oracle = real_world(config.heartbeat_ms, config.coordination_partitions)
         # One coordination partition: one fold of the log serves the oracle and every member (shared_fold.py).
         self.shared = SharedFold(self._oracle, config.read_lag_s[1]) if config.coordination_partitions == 1 else None
-        self.log = SimulatedLog(config.coordination_partitions, self.clock, random.Random(f"{config.seed}/log"),
-                                config.latency, self._appended)  # fmt: skip
+        self.log = SimulatedLog(
+            config.coordination_partitions,
+            self.clock,
+            random.Random(f"{config.seed}/log"),
+            config.latency,
+            self._appended,
+        )
         self.settings = ClaimingSettings(
-            heartbeat_s=config.heartbeat_s, balance=config.balance, max_partitions=config.max_partitions,
-            sick_cooldown_s=config.sick_cooldown_s, behind_cycles=config.behind_cycles,
-        )  # fmt: skip
+            heartbeat_s=config.heartbeat_s,
+            balance=config.balance,
+            max_partitions=config.max_partitions,
+            sick_cooldown_s=config.sick_cooldown_s,
+            behind_cycles=config.behind_cycles,
+        )
         self.keys: list[Key] = [(t, p) for t, count in config.whole_counts().items() for p in range(count)]
         self.hosts: list[Host] = []
         self.holders: dict[Key, list[tuple[SimMember, SimAssignment]]] = {}
@@ -121,8 +131,17 @@ class Simulation:
             self.clock.at(fault.at, functools.partial(self._inject, fault))
         self.clock.at(0.0, self._sample)
         self._run_clock(config.duration_s)
-        check_bounds(self.samples, self.faults_end, config.duration_s, config.heartbeat_s, config.own_bound_hb,
-                     config.balance_bound_hb, self.sample_s, self.violations, config.balance == "fair")  # fmt: skip
+        check_bounds(
+            self.samples,
+            self.faults_end,
+            config.duration_s,
+            config.heartbeat_s,
+            config.own_bound_hb,
+            config.balance_bound_hb,
+            self.sample_s,
+            self.violations,
+            config.balance == "fair",
+        )
         self.checkpointing.finish()
         return self.report()
 
@@ -184,10 +203,13 @@ class Simulation:
         if self.ranges.tracks(key):
             return  # at most once: a new owner starts past the batches claimed, handled or not
         if not self.handled_prefix.resumed(key, offset):
-            self.violations.add("nothing skipped", self.clock.now,
-                                f"{member.me.client}/{member.me.instance} resumed {key[0]}[{key[1]}] at {offset}, "
-                                f"past {self.handled_prefix.prefix.get(key, 0)}, the first offset no worker "
-                                f"handled")  # fmt: skip
+            self.violations.add(
+                "nothing skipped",
+                self.clock.now,
+                f"{member.me.client}/{member.me.instance} resumed {key[0]}[{key[1]}] at {offset}, "
+                f"past {self.handled_prefix.prefix.get(key, 0)}, the first offset no worker "
+                f"handled",
+            )
 
     def handled(self, key: Key, start: int, offset: int) -> None:
         if self.ranges.tracks(key):
@@ -246,10 +268,13 @@ class Simulation:
         now_ms = self.clock.now_ms
         for member, assignment in self.holders.get(key, []):
             if member.me != winner and assignment.lease_until_ms > now_ms:
-                self.violations.add("one live owner", self.clock.now,
-                                    f"{key[0]}[{key[1]}] claimed by {winner.client}/{winner.instance} while "
-                                    f"{member.me.client}/{member.me.instance}'s lease runs "
-                                    f"{assignment.lease_until_ms - now_ms} ms more")  # fmt: skip
+                self.violations.add(
+                    "one live owner",
+                    self.clock.now,
+                    f"{key[0]}[{key[1]}] claimed by {winner.client}/{winner.instance} while "
+                    f"{member.me.client}/{member.me.instance}'s lease runs "
+                    f"{assignment.lease_until_ms - now_ms} ms more",
+                )
 
     def _sample(self) -> None:
         now = self.clock.now
@@ -278,8 +303,15 @@ class Simulation:
 
     def _fleet(self) -> list[SimMember]:
         """The members that should hold a share now: live, not leaving, not frozen."""
-        return [h.member for h in self.hosts if h.member is not None and h.member.alive and h.member.running()
-                and not h.member.frozen and not h.member.claims.drained]  # fmt: skip
+        return [
+            h.member
+            for h in self.hosts
+            if h.member is not None
+            and h.member.alive
+            and h.member.running()
+            and not h.member.frozen
+            and not h.member.claims.drained
+        ]
 
     def _check_slow(self, now: float, fleet: int) -> None:
         bound = (self.config.behind_cycles + 4) * self.config.heartbeat_s / 2
@@ -291,17 +323,27 @@ class Simulation:
                 held_slow_since = max(member.slow_since, assignment.claimed_at)
                 late = now - held_slow_since > bound and id(assignment) not in self._slow_reported
                 if late and not (assignment.unhealthy or assignment.lost):
-                    self.violations.add("slow handlers handed over", now,
-                                        f"{member.me.client} kept {assignment.key[0]}[{assignment.key[1]}] "
-                                        f"{now - held_slow_since:.1f}s with a slow handler (bound {bound:g}s)")  # fmt: skip
+                    self.violations.add(
+                        "slow handlers handed over",
+                        now,
+                        f"{member.me.client} kept {assignment.key[0]}[{assignment.key[1]}] "
+                        f"{now - held_slow_since:.1f}s with a slow handler (bound {bound:g}s)",
+                    )
                     self._slow_reported.add(id(assignment))
 
     # --------------------------------------------------------------- faults
 
     def _fault_end(self, fault: Fault) -> float:
         hb = self.config.heartbeat_s
-        defaults = {"crash": 5.0, "freeze": 3 * hb, "lose-writes": 2 * hb, "stall-reads": 2 * hb, "deaf": 3 * hb,
-                    "stall-log": 2 * hb, "slow": 30.0}  # fmt: skip
+        defaults = {
+            "crash": 5.0,
+            "freeze": 3 * hb,
+            "lose-writes": 2 * hb,
+            "stall-reads": 2 * hb,
+            "deaf": 3 * hb,
+            "stall-log": 2 * hb,
+            "slow": 30.0,
+        }
         if fault.kind == "order":
             return self.operator.end(fault)
         if fault.kind not in defaults:
@@ -380,16 +422,18 @@ class Simulation:
             span = max(end - phase.start, 1e-9)
             recovered = recovered_at(samples, phase.start, end)
             settled = settled_since(samples, phase.start, end, self.sample_s)
-            phases.append({
-                "phase": phase.name,
-                "from_s": round(phase.start, 3),
-                "to_s": round(end, 3),
-                "time_to_own_s": None if recovered is None else round(recovered - phase.start, 3),
-                "time_to_balance_s": None if settled is None else round(settled - phase.start, 3),
-                "handovers": phase.handovers,
-                "records_per_s": round(phase.records / span, 3),
-                "bytes_per_s": round(phase.bytes / span, 3),
-            })  # fmt: skip
+            phases.append(
+                {
+                    "phase": phase.name,
+                    "from_s": round(phase.start, 3),
+                    "to_s": round(end, 3),
+                    "time_to_own_s": None if recovered is None else round(recovered - phase.start, 3),
+                    "time_to_balance_s": None if settled is None else round(settled - phase.start, 3),
+                    "handovers": phase.handovers,
+                    "records_per_s": round(phase.records / span, 3),
+                    "bytes_per_s": round(phase.bytes / span, 3),
+                }
+            )
         return {
             "seed": config.seed,
             "partitions": config.partitions,

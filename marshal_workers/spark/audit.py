@@ -192,7 +192,9 @@ def audit(
         tenures = sum(s.tenures for s in summaries)
         timeline = run_job("audit (timeline)", lambda: _timeline(tables.tenures)) if tenures <= TIMELINE_SHOWN else []
         clients = run_job("audit (clients)", lambda: [row.asDict() for row in _client_table(tables.clients).collect()])
-        shared = run_job("audit (range leases)", lambda: [row.asDict() for row in _lease_table(tables.leases).collect()])
+        shared = run_job(
+            "audit (range leases)", lambda: [row.asDict() for row in _lease_table(tables.leases).collect()]
+        )
         written = run_job("audit (tables)", lambda: _write_tables(tables, out)) if out is not None else {}
     finally:
         small.unpersist()
@@ -282,10 +284,14 @@ def _lease_table(leases: DataFrame) -> DataFrame:
         leases.groupBy("topic")
         .agg(
             F.count(F.lit(1)).alias("leases"),
-            *(F.sum((F.col("outcome") == name).cast("long")).alias(name) for name in ("acked", "cancelled", "lapsed", "open")),
+            *(
+                F.sum((F.col("outcome") == name).cast("long")).alias(name)
+                for name in ("acked", "cancelled", "lapsed", "open")
+            ),
             F.sum(F.when(F.col("deliveries") > 1, size).otherwise(0)).alias("offsets_delivered_again"),
-            F.sum(F.when(amo & (F.col("outcome") == "lapsed"), size).when(amo & acked, F.col("failed")).otherwise(0))
-            .alias("offsets_lost"),
+            F.sum(
+                F.when(amo & (F.col("outcome") == "lapsed"), size).when(amo & acked, F.col("failed")).otherwise(0)
+            ).alias("offsets_lost"),
             F.sum("dead").alias("dead_letters"),
             F.percentile(F.when(acked, F.col("claim_to_end_ms")), F.lit(0.5)).alias("claim_to_ack_p50_ms"),
             F.percentile(F.when(acked, F.col("claim_to_end_ms")), F.lit(0.99)).alias("claim_to_ack_p99_ms"),
@@ -374,7 +380,9 @@ def _row(record: codec.Record, log_partition: int, log_offset: int, at: int) -> 
         return (*head, None, None, None, None, f"{record.action} {record.target}")
     if isinstance(record, codec.PauseTopic):
         return (*head, record.topic, None, None, record.expires, None)
-    if isinstance(record, (*codec.RANGE_RECORD_TYPES, *codec.MESSAGE_RECORD_TYPES)):  # several partitions: the leases table has them one by one
+    if isinstance(
+        record, (*codec.RANGE_RECORD_TYPES, *codec.MESSAGE_RECORD_TYPES)
+    ):  # several partitions: the leases table has them one by one
         return (*head, record.topic, None, None, None, None)
     # Ignored: the records left are about one partition each (expand() split the others); mypy cannot tell.
     offset = None if isinstance(record, (codec.Claim, codec.ReleasePartition)) else record.offset  # type: ignore[union-attr]
@@ -440,9 +448,6 @@ def render(report: AuditReport) -> list[str]:
     if report.tables:
         lines += ["", "tables written (Parquet): " + ", ".join(report.tables.values())]
     return lines
-
-
-
 
 
 # ------------------------------------------------------------------ schemas

@@ -113,14 +113,24 @@ class LeaseTracker:
             outcome = "acked" if isinstance(entry, codec.AckEntry) else "cancelled"
         acked = entry if isinstance(entry, codec.AckEntry) else None
         return RangeLease(
-            topic=key[0], partition=key[1], client=lease.holder.client, instance=lease.holder.instance,
-            start=lease.start, end=lease.end, deliveries=claimed.deliveries, amo=int(lease.amo),
-            claimed_ms=lease.claimed_at, ended_ms=at, outcome=outcome,
+            topic=key[0],
+            partition=key[1],
+            client=lease.holder.client,
+            instance=lease.holder.instance,
+            start=lease.start,
+            end=lease.end,
+            deliveries=claimed.deliveries,
+            amo=int(lease.amo),
+            claimed_ms=lease.claimed_at,
+            ended_ms=at,
+            outcome=outcome,
             acked_end=None if acked is None else acked.end,
-            failed=0 if acked is None else len(acked.failed), dead=0 if acked is None else len(acked.dead),
+            failed=0 if acked is None else len(acked.failed),
+            dead=0 if acked is None else len(acked.dead),
             claim_to_end_ms=None if at is None else at - lease.claimed_at,
-            log_partition=self.log_partition, log_offset=claimed.log_offset,
-        )  # fmt: skip
+            log_partition=self.log_partition,
+            log_offset=claimed.log_offset,
+        )
 
 
 def _deliveries(shared: SharedPartition, lease: Lease) -> int:

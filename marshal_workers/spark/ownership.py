@@ -184,7 +184,9 @@ class OwnershipAudit:
         kind = type(record)
         if isinstance(record, ReleaseGroup):
             return self._pause(record, at)
-        if kind in RANGE_RECORD_TYPES or kind in MESSAGE_RECORD_TYPES:  # shared partitions: audited lease by lease (the summary counts them)
+        if (
+            kind in RANGE_RECORD_TYPES or kind in MESSAGE_RECORD_TYPES
+        ):  # shared partitions: audited lease by lease (the summary counts them)
             return self.leases.feed(self.state, record, at, log_offset)
         if kind in ORDER_TYPES:
             # An operator's order changes what may be claimed; what the owners then do (their releases) is

@@ -170,6 +170,7 @@ def failure_summary(report: ReplayReport) -> str:
 
 # ---------------------------------------------------------------- executors
 
+
 def replay_split(app_path: str, settings: Settings, split: Split) -> SplitResult:
     """In a task: the worker hooks, then the handler on every message of ``split``."""
     app = load_app(app_path)  # imported once per Python worker: then sys.modules has it

@@ -16,8 +16,13 @@ RUNNER = os.environ.get("MW_TEST_RUNNER", "plain")
 _options = {"lanes": {"concurrency": 4}, "shared": {"shared": True, "range_size": 10, "pending_timeout": "10s"}}
 
 
-@app.handler(os.environ["MW_TEST_TOPIC"], retries=2, retry_backoff="10ms", retry_on=(ConnectionError,),
-             **_options.get(RUNNER, {}))  # fmt: skip
+@app.handler(
+    os.environ["MW_TEST_TOPIC"],
+    retries=2,
+    retry_backoff="10ms",
+    retry_on=(ConnectionError,),
+    **_options.get(RUNNER, {}),
+)
 def handle(msg: Message) -> None:
     value = msg.value.decode()
     if value == "retry" and msg.attempt < 3:

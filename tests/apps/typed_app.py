@@ -27,8 +27,9 @@ class Order(msgspec.Struct):
 
 def record(msg: Message[Order]) -> None:
     with open(SINK, "a") as sink:
-        sink.write(f"{CLIENT} {os.getpid()} {msg.partition} {msg.offset} {msg.body.id}:{msg.attempt} "
-                   f"{time.time():.3f}\n")  # fmt: skip
+        sink.write(
+            f"{CLIENT} {os.getpid()} {msg.partition} {msg.offset} {msg.body.id}:{msg.attempt} {time.time():.3f}\n"
+        )
 
 
 def handle(msg: Message[Order]) -> None:

@@ -120,8 +120,10 @@ def main() -> int:
     print(f"  python   {platform.python_version()}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}")
     built_s, log = timed(lambda: bench_fold.build_log(args.records, args.seed))
     n = len(log)
-    print(f"  log      {n:,} records ({sum(map(len, log.values)) / 1e6:.1f} MB), seed {args.seed}, "
-          f"{bench_fold.COORDINATION_PARTITIONS} coordination partitions, built in {built_s:.1f} s")  # fmt: skip
+    print(
+        f"  log      {n:,} records ({sum(map(len, log.values)) / 1e6:.1f} MB), seed {args.seed}, "
+        f"{bench_fold.COORDINATION_PARTITIONS} coordination partitions, built in {built_s:.1f} s"
+    )
     kinds = ", ".join(f"{kind} {count:,}" for kind, count in log.kinds.most_common())
     print(f"  types    {kinds}")
 
@@ -168,10 +170,12 @@ def main() -> int:
     shutil.rmtree(workdir, ignore_errors=True)
 
     report = reports[0]
-    print(f"\naudit of {report.group}: {report.records:,} records, {report.garbage:,} garbage, "
-          f"{report.partitions} partitions, {report.tenures:,} tenures, {report.handoffs:,} hand-overs "
-          f"(p50 {report.handoff_p50_ms} ms, max {report.handoff_max_ms} ms; {report.handoffs_after_pause:,} after "
-          f"pauses), {report.zombie_records:,} zombie records")  # fmt: skip
+    print(
+        f"\naudit of {report.group}: {report.records:,} records, {report.garbage:,} garbage, "
+        f"{report.partitions} partitions, {report.tenures:,} tenures, {report.handoffs:,} hand-overs "
+        f"(p50 {report.handoff_p50_ms} ms, max {report.handoff_max_ms} ms; {report.handoffs_after_pause:,} after "
+        f"pauses), {report.zombie_records:,} zombie records"
+    )
     mismatches = check(report, state)
     print("cross-check with the one-reader fold: " + ("OK" if not mismatches else "MISMATCH " + "; ".join(mismatches)))
     best_c, best_d = min(times["c"]), min(times["d"])

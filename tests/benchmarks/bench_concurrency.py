@@ -69,9 +69,12 @@ def measure(bootstrap: str, workdir: Path, kind: str, concurrency: int, count: i
     produce_keyed(bootstrap, name, count)
     result_file = workdir / f"{name}.result"
     env = {
-        "MW_BENCH_TOPIC": name, "MW_BENCH_CONCURRENCY": str(concurrency), "MW_BENCH_KIND": kind,
-        "MW_BENCH_TOTAL": str(count), "MW_BENCH_RESULT": str(result_file),
-    }  # fmt: skip
+        "MW_BENCH_TOPIC": name,
+        "MW_BENCH_CONCURRENCY": str(concurrency),
+        "MW_BENCH_KIND": kind,
+        "MW_BENCH_TOTAL": str(count),
+        "MW_BENCH_RESULT": str(result_file),
+    }
     supervisor = SupervisorProcess.start(
         bootstrap, f"g-{name}", f"__marshal-{name}", "bench", workdir / f"{name}.log", env, app="concurrency_app:app"
     )
@@ -114,10 +117,14 @@ def main() -> int:
                 )
         best_async = max(r.rate for r in results["io-async"])
         best_threads = max(r.rate for r in results["io-def"])
-        print(f"  best async def: {best_async:,.0f} msgs/s (target >= {TARGET_ASYNC:,}) "
-              f"{verdict(best_async >= TARGET_ASYNC)}")  # fmt: skip
-        print(f"  best def (threads): {best_threads:,.0f} msgs/s (target >= {TARGET_THREADS:,}) "
-              f"{verdict(best_threads >= TARGET_THREADS)}")  # fmt: skip
+        print(
+            f"  best async def: {best_async:,.0f} msgs/s (target >= {TARGET_ASYNC:,}) "
+            f"{verdict(best_async >= TARGET_ASYNC)}"
+        )
+        print(
+            f"  best def (threads): {best_threads:,.0f} msgs/s (target >= {TARGET_THREADS:,}) "
+            f"{verdict(best_threads >= TARGET_THREADS)}"
+        )
         print("  the Confluent Parallel Consumer's published KEY-mode figure for this setup: ~4,700 msgs/s")
 
         print(f"\n2. CPU-bound handler (~1 ms of Python), {args.cpu_messages:,} messages")
@@ -126,8 +133,10 @@ def main() -> int:
         eight = max(r.rate for r in cpu if r.label.endswith("N=8"))
         for r in cpu:
             print(f"  {r.label:<18} {r.rate:>9,.0f} msgs/s  {r.messages / r.cpu_seconds:>9,.0f} msgs/CPU-s")
-        print(f"  N=8 / N=1 (best of two each): {eight / one:.3f} (target >= {TARGET_CPU_RATIO}) "
-              f"{verdict(eight / one >= TARGET_CPU_RATIO)}")  # fmt: skip
+        print(
+            f"  N=8 / N=1 (best of two each): {eight / one:.3f} (target >= {TARGET_CPU_RATIO}) "
+            f"{verdict(eight / one >= TARGET_CPU_RATIO)}"
+        )
     print(f"\ntook {time.monotonic() - began:.0f}s")
     shutil.rmtree(workdir, ignore_errors=True)
     return 0

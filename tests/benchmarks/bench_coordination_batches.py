@@ -181,8 +181,12 @@ class Sent:
         return Sent(self.requests, self.batches, self.records, collections.Counter(self.kinds))
 
     def minus(self, earlier: Sent) -> Sent:
-        return Sent(self.requests - earlier.requests, self.batches - earlier.batches, self.records - earlier.records,
-                    self.kinds - earlier.kinds)  # fmt: skip
+        return Sent(
+            self.requests - earlier.requests,
+            self.batches - earlier.batches,
+            self.records - earlier.records,
+            self.kinds - earlier.kinds,
+        )
 
 
 @dataclass
@@ -271,8 +275,9 @@ class Member:
         self.process.wait()
 
 
-def start_member(tree: Path, bootstrap: str, group: str, coordination: str, client_id: str, topics: dict[str, str],
-                 log_path: Path) -> Member:  # fmt: skip
+def start_member(
+    tree: Path, bootstrap: str, group: str, coordination: str, client_id: str, topics: dict[str, str], log_path: Path
+) -> Member:
     """``marshal-workers run coordination_batches_app:app`` of ``tree`` (its package first on the path)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_BENCH_"))}
@@ -283,13 +288,28 @@ def start_member(tree: Path, bootstrap: str, group: str, coordination: str, clie
         **{f"MW_BENCH_{kind.upper()}_TOPIC": topic for kind, topic in topics.items()},
     }
     command = [
-        sys.executable, "-m", "marshal_workers", "run", "coordination_batches_app:app", "--brokers", bootstrap,
-        "--group", group, "--coordination-topic", coordination, "--heartbeat-interval", HB, "--client-id", client_id,
-        "--metrics-port", str(port),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "run",
+        "coordination_batches_app:app",
+        "--brokers",
+        bootstrap,
+        "--group",
+        group,
+        "--coordination-topic",
+        coordination,
+        "--heartbeat-interval",
+        HB,
+        "--client-id",
+        client_id,
+        "--metrics-port",
+        str(port),
+    ]
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(command, env=env, cwd=tree, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            command, env=env, cwd=tree, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
     return Member(client_id, port, process, log_path)
 
 
@@ -324,8 +344,15 @@ class Row:
         return count * 60 / self.seconds
 
 
-def run_fleet(label: str, tree: Path, broker: EmbeddedBroker, proxy_bootstrap: str, counts: ProduceCounts,
-              args: argparse.Namespace, workdir: Path) -> list[Row]:  # fmt: skip
+def run_fleet(
+    label: str,
+    tree: Path,
+    broker: EmbeddedBroker,
+    proxy_bootstrap: str,
+    counts: ProduceCounts,
+    args: argparse.Namespace,
+    workdir: Path,
+) -> list[Row]:
     name = uuid.uuid4().hex[:8]
     topics = {kind: f"{kind}-{name}" for kind in TOPICS}
     for kind, topic in topics.items():
@@ -362,16 +389,20 @@ def run_fleet(label: str, tree: Path, broker: EmbeddedBroker, proxy_bootstrap: s
 
 
 def print_rows(rows: list[Row]) -> None:
-    print(f"  {'checkout':<9} {'member':<9} {'records/min':>11} {'batches/min':>11} {'records/batch':>13} "
-          f"{'requests/min':>12} {'handled/s':>9}   librdkafka's statistics (records, batches, requests /min)")  # fmt: skip
+    print(
+        f"  {'checkout':<9} {'member':<9} {'records/min':>11} {'batches/min':>11} {'records/batch':>13} "
+        f"{'requests/min':>12} {'handled/s':>9}   librdkafka's statistics (records, batches, requests /min)"
+    )
     for row in rows:
         sent, metrics = row.sent, row.metrics
         handled = sum(metrics.get(name, 0.0) for name in HANDLED) / row.seconds
         stats = [metrics.get(f"marshal_workers_coordination_{name}_total") for name in STATS]
         own = "n/a (no such metrics)" if None in stats else ", ".join(f"{row.per_minute(v):.0f}" for v in stats)  # type: ignore[arg-type]
-        print(f"  {row.checkout:<9} {row.member:<9} {row.per_minute(sent.records):>11.0f} "
-              f"{row.per_minute(sent.batches):>11.0f} {sent.records / max(sent.batches, 1):>13.2f} "
-              f"{row.per_minute(sent.requests):>12.0f} {handled:>9.0f}   {own}")  # fmt: skip
+        print(
+            f"  {row.checkout:<9} {row.member:<9} {row.per_minute(sent.records):>11.0f} "
+            f"{row.per_minute(sent.batches):>11.0f} {sent.records / max(sent.batches, 1):>13.2f} "
+            f"{row.per_minute(sent.requests):>12.0f} {handled:>9.0f}   {own}"
+        )
 
 
 def print_kinds(rows: list[Row], top: int = 8) -> None:
@@ -404,13 +435,18 @@ def print_summary(rows: list[Row]) -> None:
             "requests": sum(r.per_minute(r.sent.requests) for r in found) / members,
         }
         t = totals[label]
-        print(f"  {label:<9} per member per minute: {t['records']:.0f} records in {t['batches']:.0f} batches "
-              f"({t['records'] / max(t['batches'], 1):.2f} records/batch), {t['requests']:.0f} produce requests")  # fmt: skip
+        print(
+            f"  {label:<9} per member per minute: {t['records']:.0f} records in {t['batches']:.0f} batches "
+            f"({t['records'] / max(t['batches'], 1):.2f} records/batch), {t['requests']:.0f} produce requests"
+        )
     if "baseline" in totals and "this" in totals:
         base, this = totals["baseline"], totals["this"]
-        print("  this / baseline: " + ", ".join(
-            f"{what} x{this[what] / base[what]:.2f}" for what in ("records", "batches", "requests") if base[what]
-        ))  # fmt: skip
+        print(
+            "  this / baseline: "
+            + ", ".join(
+                f"{what} x{this[what] / base[what]:.2f}" for what in ("records", "batches", "requests") if base[what]
+            )
+        )
 
 
 def main() -> int:
@@ -423,9 +459,11 @@ def main() -> int:
     args = parser.parse_args()
 
     trees = ([("baseline", args.baseline.resolve())] if args.baseline else []) + [("this", ROOT)]
-    print(f"{MEMBERS} supervisors (--balance fair, HB {HB}) on topics of {TOPICS['alo']} (ALO), {TOPICS['amo']} (AMO) "
-          f"and {TOPICS['shared']} (shared) partitions, {args.rate:g} messages/s; {args.seconds:g}s counted after "
-          f"{args.warmup:g}s; Produce requests read by a proxy in front of the embedded broker")  # fmt: skip
+    print(
+        f"{MEMBERS} supervisors (--balance fair, HB {HB}) on topics of {TOPICS['alo']} (ALO), {TOPICS['amo']} (AMO) "
+        f"and {TOPICS['shared']} (shared) partitions, {args.rate:g} messages/s; {args.seconds:g}s counted after "
+        f"{args.warmup:g}s; Produce requests read by a proxy in front of the embedded broker"
+    )
     for line in machine_info():
         print("  " + line)
     for label, tree in trees:

@@ -37,8 +37,9 @@ TOPIC = "tail-bench"
 
 def tail(bootstrap: str, tuning: dict[str, Any], seconds: float) -> None:
     """The reader (run in its own process): tails the topic for ``seconds``."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "tail-bench", "enable.partition.eof": False,
-                         **tuning})  # fmt: skip
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "tail-bench", "enable.partition.eof": False, **tuning}
+    )
     consumer.assign([TopicPartition(TOPIC, 0, -1)])  # from the end
     ends = time.monotonic() + seconds
     while time.monotonic() < ends:
@@ -57,8 +58,12 @@ def writes(producer: Producer, count: int, broker_pid: int) -> dict[str, float]:
             producer.poll(0.005)
         took.append(time.perf_counter() - started)
     cpu = cpu_seconds(broker_pid) - cpu
-    return {"mean_ms": statistics.fmean(took) * 1000, "p50_ms": percentile(took, 0.5) * 1000,
-            "p90_ms": percentile(took, 0.9) * 1000, "broker_us_per_write": cpu / count * 1e6}  # fmt: skip
+    return {
+        "mean_ms": statistics.fmean(took) * 1000,
+        "p50_ms": percentile(took, 0.5) * 1000,
+        "p90_ms": percentile(took, 0.9) * 1000,
+        "broker_us_per_write": cpu / count * 1e6,
+    }
 
 
 def main() -> int:
@@ -76,15 +81,17 @@ def main() -> int:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # kept: its futures die with it
         admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result()
         time.sleep(1.0)
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
-                             "linger.ms": 0})  # fmt: skip
+        producer = Producer(
+            {"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 0}
+        )
         producer.produce(TOPIC, b"first")
         producer.flush(10)
         for name, tuning in [("no reader", None), ("reader, before", before), ("reader, now (tail_tuning)", now)]:
             reader = None
             if tuning is not None:
-                reader = subprocess.Popen([sys.executable, __file__, "--tail", broker.bootstrap, json.dumps(tuning),
-                                           "600"])  # fmt: skip
+                reader = subprocess.Popen(
+                    [sys.executable, __file__, "--tail", broker.bootstrap, json.dumps(tuning), "600"]
+                )
                 time.sleep(2.0)
             try:
                 found = writes(producer, args.writes, broker.pid)

@@ -372,9 +372,16 @@ class _Builder:
         key = g.keys[int(rng.random() * len(g.keys))]
         source = self.route[key[0]]
         good = {
-            "v": 1, "type": "heartbeat", "ts": self._ts(), "group": g.name, "client": g.clients[0],
-            "instance": g.instances[0], "topic": key[0], "partition": key[1], "offset": g.offset[key],
-        }  # fmt: skip
+            "v": 1,
+            "type": "heartbeat",
+            "ts": self._ts(),
+            "group": g.name,
+            "client": g.clients[0],
+            "instance": g.instances[0],
+            "topic": key[0],
+            "partition": key[1],
+            "offset": g.offset[key],
+        }
         kind = rng.randrange(9)
         if kind == 0:
             value = rng.randbytes(rng.randrange(1, 200))  # random bytes
@@ -565,8 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     n = len(log)
     size_mb = sum(map(len, log.values)) / 1e6
     span_s = (log.times[-1] - log.times[0]) / 1000
-    print(f"\nlog: {n:,} records, {size_mb:.1f} MB of values, {span_s:,.0f} s of log time, seed {args.seed}, "
-          f"HB {HB_MS} ms, {COORDINATION_PARTITIONS} coordination partitions (built in {built_s:.1f} s, not timed)")
+    print(
+        f"\nlog: {n:,} records, {size_mb:.1f} MB of values, {span_s:,.0f} s of log time, seed {args.seed}, "
+        f"HB {HB_MS} ms, {COORDINATION_PARTITIONS} coordination partitions (built in {built_s:.1f} s, not timed)"
+    )
     kinds = ", ".join(f"{kind} {count:,} ({count / n:.2%})" for kind, count in log.kinds.most_common())
     print(f"  types    {kinds}")
     groups = ", ".join(f"{group} {count / n:.1%}" for group, count in log.groups.most_common())
@@ -606,8 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     s = state.stats
     owned = sum(1 for p in state.partitions.values() if p.owner is not None)
     accepted_share = s.accepted / max(s.applied, 1)
-    print(f"\nfold of {BUSY_GROUP}: applied {s.applied:,}, accepted {s.accepted:,} ({accepted_share:.1%}), "
-          f"other groups {s.other_groups:,}, misrouted {s.misrouted:,}, garbage {s.garbage:,}")
+    print(
+        f"\nfold of {BUSY_GROUP}: applied {s.applied:,}, accepted {s.accepted:,} ({accepted_share:.1%}), "
+        f"other groups {s.other_groups:,}, misrouted {s.misrouted:,}, garbage {s.garbage:,}"
+    )
     print(f"  final state: {len(state.partitions)} partitions ({owned} owned), paused until {state.paused_until()}")
     print(f"  garbage: {log.garbage:,} generated, {s.garbage:,} rejected by decode, {parse_failed:,} not even JSON")
 

@@ -97,17 +97,24 @@ def main() -> None:
                     for count in (n, 2 * n)
                 )
                 per_message[variant].append((twice - once) / n)
-                print(f"  round {round_number} {label:<31} {per_message[variant][-1]:10,.0f} instructions/message "
-                      f"(I(N) {once:,}, I(2N) {twice:,})", flush=True)  # fmt: skip
+                print(
+                    f"  round {round_number} {label:<31} {per_message[variant][-1]:10,.0f} instructions/message "
+                    f"(I(N) {once:,}, I(2N) {twice:,})",
+                    flush=True,
+                )
     bare, hooked, floor = (min(per_message[variant]) for variant in VARIANTS)
     added = hooked / bare - 1
     print()
     print(f"  no hook              {bare:10,.0f} instructions/message (lowest of {args.rounds})")
     print(f"  one empty hook       {hooked:10,.0f} instructions/message (lowest of {args.rounds})")
-    print(f"  added by the hook    {hooked - bare:10,.0f} instructions/message = {added:.1%}   target < {TARGET:.0%}   "
-          f"{'PASS' if added < TARGET else 'FAIL'}")  # fmt: skip
-    print(f"  floor (one call)     {floor - bare:10,.0f} instructions/message = {floor / bare - 1:.1%}   "
-          "what any hook costs at least: one Python call")  # fmt: skip
+    print(
+        f"  added by the hook    {hooked - bare:10,.0f} instructions/message = {added:.1%}   target < {TARGET:.0%}   "
+        f"{'PASS' if added < TARGET else 'FAIL'}"
+    )
+    print(
+        f"  floor (one call)     {floor - bare:10,.0f} instructions/message = {floor / bare - 1:.1%}   "
+        "what any hook costs at least: one Python call"
+    )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,16 @@ APPS = checkout.ROOT / "tests" / "apps"
 
 def one_record_batches(brokers: str) -> Producer:
     """A producer that sends every record as a batch of its own, as a supervisor's coordinator does."""
-    return Producer({"bootstrap.servers": brokers, "acks": "all", "enable.idempotence": True, "linger.ms": 0,
-                     "batch.num.messages": 1, "queue.buffering.max.messages": 1_000_000})  # fmt: skip
+    return Producer(
+        {
+            "bootstrap.servers": brokers,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 0,
+            "batch.num.messages": 1,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
 
 
 def write_history(settings: Settings, count: int, writers: int = 4) -> None:
@@ -92,8 +100,10 @@ def write_history(settings: Settings, count: int, writers: int = 4) -> None:
         for thread in threads:
             thread.join()
         write_checkpoint(settings)
-        print(f"  {end:,} records written, {time.monotonic() - quarter_began:.1f}s for the last {end - start:,}",
-              flush=True)
+        print(
+            f"  {end:,} records written, {time.monotonic() - quarter_began:.1f}s for the last {end - start:,}",
+            flush=True,
+        )
 
 
 def write_checkpoint(settings: Settings) -> None:
@@ -133,9 +143,19 @@ def keep_writing(settings: Settings, rate: float, stop: threading.Event, written
 
 def cli(settings: Settings, *args: str) -> list[str]:
     return [
-        sys.executable, "-m", "marshal_workers", *args, "--brokers", settings.brokers, "--group", str(settings.group),
-        "--coordination-topic", settings.coordination_topic, "--heartbeat-interval", f"{settings.heartbeat_interval:g}s",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        *args,
+        "--brokers",
+        settings.brokers,
+        "--group",
+        str(settings.group),
+        "--coordination-topic",
+        settings.coordination_topic,
+        "--heartbeat-interval",
+        f"{settings.heartbeat_interval:g}s",
+    ]
 
 
 def environment(tree: Path) -> dict[str, str]:
@@ -146,8 +166,14 @@ def time_status(settings: Settings, tree: Path) -> float:
     """Seconds until ``status`` answered (inf: not within GIVE_UP_S)."""
     began = time.monotonic()
     try:
-        result = subprocess.run(cli(settings, "status", "--topic", TOPIC, "--json"), env=environment(tree),
-                                capture_output=True, text=True, timeout=GIVE_UP_S, check=False)  # fmt: skip
+        result = subprocess.run(
+            cli(settings, "status", "--topic", TOPIC, "--json"),
+            env=environment(tree),
+            capture_output=True,
+            text=True,
+            timeout=GIVE_UP_S,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         return float("inf")
     seconds = time.monotonic() - began
@@ -162,8 +188,9 @@ def time_start(settings: Settings, tree: Path, log_path: Path) -> float:
     command = cli(settings, "run", "sink_app:app") + ["--client-id", f"restarted-{uuid.uuid4().hex[:4]}"]
     with open(log_path, "w") as log:
         began = time.monotonic()
-        process = subprocess.Popen(command, env=environment(tree), stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=tree, start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            command, env=environment(tree), stdout=log, stderr=subprocess.STDOUT, cwd=tree, start_new_session=True
+        )
         try:
             while True:
                 if " running sink_app:app " in log_path.read_text():
@@ -212,24 +239,34 @@ def main() -> int:
     for line in machine_info():
         print("  " + line)
     for name, tree in trees.items():
-        head = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False)
+        head = subprocess.run(
+            ["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False
+        )
         print(f"  {name}: {tree} ({head.stdout.strip()[:80]})")
     logs = Path(f"/tmp/bench-long-log-{uuid.uuid4().hex[:6]}")
     logs.mkdir()
     times: dict[tuple[str, str], list[float]] = {(name, kind): [] for name in trees for kind in ("status", "start")}
     with EmbeddedBroker(log_path=str(logs / "broker.log")) as broker, ExitStack() as stack:
         name = uuid.uuid4().hex[:8]
-        settings = Settings(brokers=broker.bootstrap, group=f"g-{name}", client_id="bench", heartbeat_interval=1.0,
-                            coordination_topic=f"__marshal-{name}", connect_timeout=60.0)  # fmt: skip
+        settings = Settings(
+            brokers=broker.bootstrap,
+            group=f"g-{name}",
+            client_id="bench",
+            heartbeat_interval=1.0,
+            coordination_topic=f"__marshal-{name}",
+            connect_timeout=60.0,
+        )
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         admin.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)])[TOPIC].result(10)
         began = time.monotonic()
         with Coordinator(settings):
             pass  # creates the coordination topic as a supervisor does
         write_history(settings, args.records)
-        print(f"\n  wrote {args.records:,} one-record batches (a checkpoint every quarter) in "
-              f"{time.monotonic() - began:.1f}s; appending {args.busy_rate:g} a second while timing; "
-              f"{args.busy_cores} busy cores")  # fmt: skip
+        print(
+            f"\n  wrote {args.records:,} one-record batches (a checkpoint every quarter) in "
+            f"{time.monotonic() - began:.1f}s; appending {args.busy_rate:g} a second while timing; "
+            f"{args.busy_cores} busy cores"
+        )
         stop, written = threading.Event(), [0]
         writer = threading.Thread(target=keep_writing, args=(settings, args.busy_rate, stop, written), daemon=True)
         writer.start()
@@ -250,8 +287,10 @@ def main() -> int:
     for tree_name in trees:
         status_s, start_s = times[(tree_name, "status")], times[(tree_name, "start")]
         worst = max(worst, *status_s, *start_s) if tree_name == "this checkout" else worst
-        print(f"  {tree_name:>14}: status median {statistics.median(status_s):.2f}s (max {max(status_s):.2f}), "
-              f"start median {statistics.median(start_s):.2f}s (max {max(start_s):.2f})")  # fmt: skip
+        print(
+            f"  {tree_name:>14}: status median {statistics.median(status_s):.2f}s (max {max(status_s):.2f}), "
+            f"start median {statistics.median(start_s):.2f}s (max {max(start_s):.2f})"
+        )
     print(f"\n  slowest of this checkout: {worst:.2f}s (target < 2 s) {verdict(worst < 2)}")
     return 0
 

@@ -31,7 +31,11 @@ import callgrind
 import checkout  # noqa: F401  (puts the checkout on sys.path)
 from bench_run import VALUE_BYTES, value_of  # the same records as bench_run.py's
 
-VARIANTS = {"raw": "raw consumer loop", "worker": "marshal-workers ALO worker", "amo": "AMO worker, claims answered at once"}
+VARIANTS = {
+    "raw": "raw consumer loop",
+    "worker": "marshal-workers ALO worker",
+    "amo": "AMO worker, claims answered at once",
+}
 TARGET = 1 / 0.9
 
 
@@ -97,8 +101,11 @@ def main() -> None:
     from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
     n = args.messages
-    print(f"bench_loop: instructions per message (callgrind), N = {n:,} and 2N, {args.rounds} round(s), "
-          f"values of {len(value_of(0, args.value_bytes))} bytes", flush=True)  # fmt: skip
+    print(
+        f"bench_loop: instructions per message (callgrind), N = {n:,} and 2N, {args.rounds} round(s), "
+        f"values of {len(value_of(0, args.value_bytes))} bytes",
+        flush=True,
+    )
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as stamps:
         values = (value_of(i, args.value_bytes) for i in range(2 * n))
         topic = callgrind.one_partition_topic(broker.bootstrap, "bench-loop", values)
@@ -108,21 +115,29 @@ def main() -> None:
             for variant, label in VARIANTS.items():
                 once, twice = (
                     callgrind.instructions(
-                        __file__, callgrind.inner_arguments(broker.bootstrap, topic, count, variant),
+                        __file__,
+                        callgrind.inner_arguments(broker.bootstrap, topic, count, variant),
                         env | {"MW_BENCH_MODE": "amo" if variant == "amo" else "alo"},
                     )
                     for count in (n, 2 * n)
-                )  # fmt: skip
+                )
                 per_message[variant].append((twice - once) / n)
-                print(f"  round {round_number} {label:<34} {per_message[variant][-1]:10,.0f} instructions/message "
-                      f"(I(N) {once:,}, I(2N) {twice:,})", flush=True)  # fmt: skip
+                print(
+                    f"  round {round_number} {label:<34} {per_message[variant][-1]:10,.0f} instructions/message "
+                    f"(I(N) {once:,}, I(2N) {twice:,})",
+                    flush=True,
+                )
     raw, worker, amo = (min(per_message[variant]) for variant in VARIANTS)
     print()
     print(f"  raw consumer loop    {raw:10,.0f} instructions/message (lowest of {args.rounds})")
     print(f"  ALO worker           {worker:10,.0f} instructions/message (lowest of {args.rounds})")
-    print(f"  worker / raw         {worker / raw:10.3f}   target <= {TARGET:.3f} (0.9 of raw's messages per CPU)   "
-          f"{'PASS' if worker / raw <= TARGET else 'FAIL'}")  # fmt: skip
-    print(f"  AMO worker           {amo:10,.0f} instructions/message (lowest of {args.rounds}; claims answered at once)")
+    print(
+        f"  worker / raw         {worker / raw:10.3f}   target <= {TARGET:.3f} (0.9 of raw's messages per CPU)   "
+        f"{'PASS' if worker / raw <= TARGET else 'FAIL'}"
+    )
+    print(
+        f"  AMO worker           {amo:10,.0f} instructions/message (lowest of {args.rounds}; claims answered at once)"
+    )
     print(f"  AMO worker / raw     {amo / raw:10.3f}   (bench_run.py's AMO target: 0.6 of raw, i.e. <= {1 / 0.6:.3f})")
 
 

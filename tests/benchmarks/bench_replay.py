@@ -78,9 +78,21 @@ def run_replay(spark, settings: Settings, topic: str, max_split: int, outdir: Pa
 
 def run_cli(bootstrap: str, topic: str, max_split: int, env: dict[str, str]) -> tuple[float, dict]:
     command = [
-        sys.executable, "-m", "marshal_workers", "replay", APP, "--topic", topic, "--brokers", bootstrap,
-        "--spark-master", "local[2]", "--max-split", str(max_split), "--json",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "replay",
+        APP,
+        "--topic",
+        topic,
+        "--brokers",
+        bootstrap,
+        "--spark-master",
+        "local[2]",
+        "--max-split",
+        str(max_split),
+        "--json",
+    ]
     started = time.perf_counter()
     result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     seconds = time.perf_counter() - started
@@ -102,8 +114,10 @@ def main() -> int:
     print("marshal-workers replay benchmark")
     for line in bench_run.machine_info():
         print("  " + line)
-    print(f"  N = {count:,} messages over {args.partitions} partitions; replay max split {args.max_split:,}; "
-          f"{args.runs} runs each, best counts")  # fmt: skip
+    print(
+        f"  N = {count:,} messages over {args.partitions} partitions; replay max split {args.max_split:,}; "
+        f"{args.runs} runs each, best counts"
+    )
     workdir = Path(tempfile.mkdtemp(prefix="mw-bench-replay-"))
     replay_out = workdir / "replay-stamps"
     replay_out.mkdir()
@@ -162,8 +176,10 @@ def main() -> int:
         cli_seconds = None
         try:
             cli_seconds, document = run_cli(bootstrap, topic, args.max_split, os.environ.copy())
-            print(f"    {cli_seconds:.1f} s for {document['messages']:,} messages "
-                  f"(job {document['seconds']:.2f} s, {document['rate']:,.0f} msgs/s)")  # fmt: skip
+            print(
+                f"    {cli_seconds:.1f} s for {document['messages']:,} messages "
+                f"(job {document['seconds']:.2f} s, {document['rate']:,.0f} msgs/s)"
+            )
         except Exception as exc:  # noqa: BLE001 - report the failed measurement and go on
             failed.append(f"c: {exc}")
             print(f"    ! failed: {exc}", flush=True)

@@ -79,11 +79,17 @@ TARGET_ALO = 0.8
 TARGET_AMO = 0.5
 TARGET_METRICS = 0.9  # ALO with metrics on (every handler call timed) against ALO without
 TARGET_HOOKS = 0.97  # ALO with one empty before_message hook against ALO without (issue 14: under 3%)
-TARGET_TYPED = 0.97  # ALO with a typed handler (msgspec Struct) against msg.json(): no slower (issue 28), within 3% noise
+TARGET_TYPED = (
+    0.97  # ALO with a typed handler (msgspec Struct) against msg.json(): no slower (issue 28), within 3% noise
+)
 # A fixed port: one supervisor at a time runs in this benchmark.
 METRICS_ENV = {"MARSHAL_WORKERS_METRICS_PORT": "19464", "MARSHAL_WORKERS_METRICS_HOST": "127.0.0.1"}
-VARIANT_ENV = {"f": {"MW_BENCH_HOOKS": "before"}, "g": {"MW_BENCH_HOOKS": "both"}, "h": {"MW_BENCH_TYPED": "1"},
-               "i": {"MW_BENCH_TRACING": "1"}}
+VARIANT_ENV = {
+    "f": {"MW_BENCH_HOOKS": "before"},
+    "g": {"MW_BENCH_HOOKS": "both"},
+    "h": {"MW_BENCH_TYPED": "1"},
+    "i": {"MW_BENCH_TRACING": "1"},
+}
 TARGET_HANDOVER_MEDIAN_MS = 200.0
 HB = "1s"
 AMO_BATCH_SIZE = 500
@@ -326,15 +332,32 @@ class SupervisorProcess:
         heartbeat_interval: str = HB,
     ) -> SupervisorProcess:
         command = [
-            sys.executable, "-m", "marshal_workers", "run", app,
-            "--brokers", bootstrap, "--group", group, "--coordination-topic", coordination_topic,
-            "--heartbeat-interval", heartbeat_interval, "--client-id", client_id,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "run",
+            app,
+            "--brokers",
+            bootstrap,
+            "--group",
+            group,
+            "--coordination-topic",
+            coordination_topic,
+            "--heartbeat-interval",
+            heartbeat_interval,
+            "--client-id",
+            client_id,
+        ]
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                command, env=base_env() | env, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                command,
+                env=base_env() | env,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         STARTED.append(process.pid)
         return cls(client_id, log_path, process)
 
@@ -454,7 +477,13 @@ class RunResult:
 
 
 def run_supervised(
-    bootstrap: str, topic: str, count: int, partitions: int, mode: str, workdir: Path, sample_memory: bool,
+    bootstrap: str,
+    topic: str,
+    count: int,
+    partitions: int,
+    mode: str,
+    workdir: Path,
+    sample_memory: bool,
     extra_env: dict[str, str] | None = None,
 ) -> RunResult:
     per_partition = count // partitions
@@ -767,8 +796,10 @@ def print_tracing_cost(best: dict[str, float | None], best_cpu: dict[str, float 
     if not best["i"] or not best["c"]:
         return
     wall_us = (1 / best["i"] - 1 / best["c"]) * 1e6
-    print(f"   tracing on (i) against off (c): i/c = {best['i'] / best['c']:5.2f}; "
-          f"cost per message {wall_us:+.2f} us of wall time (all partitions together)")  # fmt: skip
+    print(
+        f"   tracing on (i) against off (c): i/c = {best['i'] / best['c']:5.2f}; "
+        f"cost per message {wall_us:+.2f} us of wall time (all partitions together)"
+    )
     if best_cpu["i"] and best_cpu["c"]:
         cpu_us = (1 / best_cpu["i"] - 1 / best_cpu["c"]) * 1e6
         print(f"   tracing on (i) against off (c): {cpu_us:+.2f} CPU-us per message")
@@ -821,7 +852,9 @@ def main() -> int:
     parser.add_argument("--handover-rounds", type=int, default=10)
     parser.add_argument("--runs", type=int, default=2, help="runs of each throughput measurement (best counts)")
     parser.add_argument("--value-bytes", type=int, default=VALUE_BYTES, help="bytes of each JSON value (padded)")
-    parser.add_argument("--only", default="abcdefghi", help="the throughput measurements to run, e.g. bd (default abcdefghi)")
+    parser.add_argument(
+        "--only", default="abcdefghi", help="the throughput measurements to run, e.g. bd (default abcdefghi)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) even if nothing went wrong")
     args = parser.parse_args()
     VALUE_BYTES = args.value_bytes
@@ -837,9 +870,11 @@ def main() -> int:
     print("marshal-workers run benchmark")
     for line in machine_info():
         print("  " + line)
-    print(f"  values: JSON of {len(value_of(0))} bytes, e.g. {value_of(0)[:60]!r}; handler: msg.json()[\"amount\"]")
-    print(f"  N = {count:,} messages over {args.partitions} partitions, {args.runs} runs each, best counts; "
-          f"{args.handover_rounds} hand-over rounds")  # fmt: skip
+    print(f'  values: JSON of {len(value_of(0))} bytes, e.g. {value_of(0)[:60]!r}; handler: msg.json()["amount"]')
+    print(
+        f"  N = {count:,} messages over {args.partitions} partitions, {args.runs} runs each, best counts; "
+        f"{args.handover_rounds} hand-over rounds"
+    )
 
     workdir = Path(tempfile.mkdtemp(prefix="mw-bench-run-"))
     print(f"  work directory (supervisor logs): {workdir}", flush=True)
@@ -884,10 +919,15 @@ def main() -> int:
                         timing = run_baseline(bootstrap, topic, count, args.partitions, extra, outdir)
                     else:
                         result = run_supervised(
-                            bootstrap, topic, count, args.partitions, "amo" if key == "d" else "alo", workdir,
+                            bootstrap,
+                            topic,
+                            count,
+                            args.partitions,
+                            "amo" if key == "d" else "alo",
+                            workdir,
                             sample_memory=(key == "c" and run == 1),
                             extra_env=METRICS_ENV if key == "e" else VARIANT_ENV.get(key),
-                        )  # fmt: skip
+                        )
                         assert result.timing is not None
                         timing = result.timing
                         if key == "i":
@@ -949,15 +989,22 @@ def main() -> int:
             print(f"   {num}/{den} = {ratio:5.2f}   target >= {target:.2f}   {verdict(ratio >= target)}")
         else:
             print(f"   {num}/{den} = n/a    target >= {target:.1f}   FAIL (no measurement)")
-    print("   Messages per CPU-second (the consuming processes from first to last message, + the supervisor; "
-          "not the broker):")  # fmt: skip
+    print(
+        "   Messages per CPU-second (the consuming processes from first to last message, + the supervisor; "
+        "not the broker):"
+    )
     best_cpu = {k: max(v) if v else None for k, v in per_cpu.items()}
     for key, label in labels.items():
         runs = ", ".join(f"{r:,.0f}" for r in per_cpu[key])
         shown = f"{best_cpu[key]:12,.0f}" if best_cpu[key] else f"{'-':>12}"
         print(f"   {label:<42} {shown}   [{runs}]")
-    for num, den, target in (("c", "b", TARGET_ALO), ("d", "b", TARGET_AMO), ("f", "c", TARGET_HOOKS),
-                             ("g", "c", TARGET_HOOKS), ("h", "c", TARGET_TYPED)):  # fmt: skip
+    for num, den, target in (
+        ("c", "b", TARGET_ALO),
+        ("d", "b", TARGET_AMO),
+        ("f", "c", TARGET_HOOKS),
+        ("g", "c", TARGET_HOOKS),
+        ("h", "c", TARGET_TYPED),
+    ):
         if best_cpu[num] and best_cpu[den]:
             ratio = best_cpu[num] / best_cpu[den]
             print(f"   {num}/{den} per CPU-s = {ratio:5.2f}   target >= {target:.2f}   {verdict(ratio >= target)}")

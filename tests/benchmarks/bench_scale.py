@@ -53,10 +53,30 @@ HB = "2s"
 
 def status(bootstrap: str, group: str, coordination: str, topic: str) -> list[dict]:
     result = subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "status", "--brokers", bootstrap, "--group", group,
-         "--coordination-topic", coordination, "--heartbeat-interval", HB, "--topic", topic, "--json"],
-        check=False, capture_output=True, text=True, timeout=120, env=base_env(), cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "status",
+            "--brokers",
+            bootstrap,
+            "--group",
+            group,
+            "--coordination-topic",
+            coordination,
+            "--heartbeat-interval",
+            HB,
+            "--topic",
+            topic,
+            "--json",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=base_env(),
+        cwd=ROOT,
+    )
     if result.returncode != 0:
         return []
     return json.loads(result.stdout)["partitions"]
@@ -122,11 +142,23 @@ def dump_and_first_records(
         client = record.get("client", "?")
         first.setdefault(client, (broker_ms - launched_ms) / 1000)
         entries = len(record.get("beats", record.get("claims", ()))) or 1
-        lines.append(json.dumps({
-            "partition": partition, "offset": offset, "broker_ms": broker_ms, "ms": broker_ms - launched_ms,
-            "type": record.get("type"), "client": client, "instance": record.get("instance"),
-            "ts": record.get("ts"), "entries": entries, "bytes": len(value.encode()), "value": value,
-        }))  # fmt: skip
+        lines.append(
+            json.dumps(
+                {
+                    "partition": partition,
+                    "offset": offset,
+                    "broker_ms": broker_ms,
+                    "ms": broker_ms - launched_ms,
+                    "type": record.get("type"),
+                    "client": client,
+                    "instance": record.get("instance"),
+                    "ts": record.get("ts"),
+                    "entries": entries,
+                    "bytes": len(value.encode()),
+                    "value": value,
+                }
+            )
+        )
     if path is not None:
         path.write_text("\n".join(lines) + "\n")
     return first
@@ -160,24 +192,34 @@ def main() -> int:
             for n in range(args.members):
                 supervisors.append(
                     SupervisorProcess.start(
-                        bootstrap, group, coordination, f"member-{n}", workdir / f"member-{n}.log",
-                        env | {"MW_BENCH_TOPIC": topic}, heartbeat_interval=HB,
+                        bootstrap,
+                        group,
+                        coordination,
+                        f"member-{n}",
+                        workdir / f"member-{n}.log",
+                        env | {"MW_BENCH_TOPIC": topic},
+                        heartbeat_interval=HB,
                     )
                 )
 
             # A tail of the coordination log, as status reads it, polled every 20 ms (status itself takes ~1 s).
             settings = Settings(brokers=bootstrap, group=group, coordination_topic=coordination, heartbeat_interval=2.0)
             count = poll_until(
-                lambda: topic_partition_count(admin_client(settings), settings, coordination), 60, "the coordination topic"
+                lambda: topic_partition_count(admin_client(settings), settings, coordination),
+                60,
+                "the coordination topic",
             )
             tail = CoordinationLog(settings, group, count, from_beginning=True).start()
             try:
+
                 def owners() -> list[MemberId | None]:
                     now = int(time.time() * 1000)
-                    return tail.read(lambda world: [
-                        world.owner(topic, p) if world.liveness(topic, p, now) is Liveness.FRESH else None
-                        for p in range(args.partitions)
-                    ])  # fmt: skip
+                    return tail.read(
+                        lambda world: [
+                            world.owner(topic, p) if world.liveness(topic, p, now) is Liveness.FRESH else None
+                            for p in range(args.partitions)
+                        ]
+                    )
 
                 poll_until(lambda: all(owners()), 300, "every partition owned and fresh", supervisors[0].alive)
                 all_owned = time.monotonic() - started
@@ -191,11 +233,15 @@ def main() -> int:
                 all_balanced = time.monotonic() - started
             finally:
                 tail.close()
-            print(f"\n1. every partition owned and fresh after {all_owned:.1f}s; balanced after {all_balanced:.1f}s",
-                  flush=True)  # fmt: skip
+            print(
+                f"\n1. every partition owned and fresh after {all_owned:.1f}s; balanced after {all_balanced:.1f}s",
+                flush=True,
+            )
             rows = status(bootstrap, group, coordination, topic)
-            print(f"   status --json agrees: {len(rows)} partitions, "
-                  f"{len({r['client'] for r in rows})} owners, all fresh: {all(r['state'] == 'fresh' for r in rows)}")
+            print(
+                f"   status --json agrees: {len(rows)} partitions, "
+                f"{len({r['client'] for r in rows})} owners, all fresh: {all(r['state'] == 'fresh' for r in rows)}"
+            )
 
             time.sleep(4)  # let the last hand-overs settle
             before, window_start = end_offsets(bootstrap, coordination), time.monotonic()
@@ -203,14 +249,19 @@ def main() -> int:
             after, window_end = end_offsets(bootstrap, coordination), time.monotonic()
             rate = (sum(after.values()) - sum(before.values())) / (window_end - window_start)
             kinds = kinds_between(bootstrap, coordination, before, after)
-            print(f"2. coordination records once settled: {rate:.1f} records/s over {args.window:g}s "
-                  f"({rate / args.members:.1f} per member; the policy's cadence, one heartbeats record per "
-                  f"member and HB/2, is {2 / settings.heartbeat_interval:g}); by type: {dict(kinds)}")  # fmt: skip
+            print(
+                f"2. coordination records once settled: {rate:.1f} records/s over {args.window:g}s "
+                f"({rate / args.members:.1f} per member; the policy's cadence, one heartbeats record per "
+                f"member and HB/2, is {2 / settings.heartbeat_interval:g}); by type: {dict(kinds)}"
+            )
             first = dump_and_first_records(read_all(bootstrap, coordination, after), launched_ms, args.dump)
             earliest = min(first.values())
-            print("3. first record from the launch: " + ", ".join(f"{c} {s:.2f}s" for c, s in sorted(first.items()))
-                  + f"; from the first record of all: owned after {all_owned - earliest:.1f}s, "
-                  f"balanced after {all_balanced - earliest:.1f}s")  # fmt: skip
+            print(
+                "3. first record from the launch: "
+                + ", ".join(f"{c} {s:.2f}s" for c, s in sorted(first.items()))
+                + f"; from the first record of all: owned after {all_owned - earliest:.1f}s, "
+                f"balanced after {all_balanced - earliest:.1f}s"
+            )
         finally:
             for supervisor in supervisors:
                 supervisor.stop()

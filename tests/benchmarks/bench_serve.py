@@ -65,8 +65,6 @@ HERE = Path(__file__).resolve().parent
 PARTITIONS = 2
 
 
-
-
 @contextmanager
 def kafka_at(brokers: str) -> Iterator[str]:
     """The bootstrap servers: ``brokers`` if given, else an embedded broker's for the time of the block."""
@@ -88,13 +86,29 @@ def group_cpu(pid: int) -> float:
     return sum(cpu_seconds(p) for p in {pid, *process_group(pid)})
 
 
-def start_server(bootstrap: str, topic: str, group: str, out: Path,
-                 package: str | None = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+def start_server(
+    bootstrap: str, topic: str, group: str, out: Path, package: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """``marshal-workers serve`` of this checkout, or of the checkout at ``package``."""
     port = free_port()
-    command = [sys.executable, "-m", "marshal_workers", "serve", "--brokers", bootstrap, "--group", group,
-               "--coordination-topic", f"__marshal-{group}", "--topic", topic, "--port", str(port),
-               "--log-level", "warning"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "serve",
+        "--brokers",
+        bootstrap,
+        "--group",
+        group,
+        "--coordination-topic",
+        f"__marshal-{group}",
+        "--topic",
+        topic,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     env = base_env()
     if package is not None:  # from there: ``python -m`` puts the working directory first on sys.path
         env["PYTHONPATH"] = os.pathsep.join([package, str(HERE)])
@@ -106,8 +120,9 @@ def start_ceiling(out: Path) -> tuple[subprocess.Popen[bytes], str]:
     return launch([sys.executable, str(HERE / "serve_ceiling.py"), str(port)], base_env(), out / "ceiling.log", port)
 
 
-def launch(command: list[str], env: dict[str, str], log_path: Path, port: int,
-           cwd: str | None = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+def launch(
+    command: list[str], env: dict[str, str], log_path: Path, port: int, cwd: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     with open(log_path, "wb") as log:  # the server writes to its own copy
         server = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True, cwd=cwd)
     STARTED.append(server.pid)  # its own session: checked by leftovers() at the end
@@ -162,16 +177,28 @@ def histogram_percentile(before: dict[float, float], after: dict[float, float], 
     return float("nan")
 
 
-def run_clients(url: str, clients: int, processes: int, seconds: float, most: int,
-                out: Path) -> tuple[list[dict[str, Any]], float]:  # fmt: skip
+def run_clients(
+    url: str, clients: int, processes: int, seconds: float, most: int, out: Path
+) -> tuple[list[dict[str, Any]], float]:
     """``clients`` keep-alive clients over ``processes`` processes until ``seconds`` passed: their results, and
     the wall-clock seconds they ran."""
     processes = max(1, min(processes, clients))
     shares = [clients // processes + (1 if n < clients % processes else 0) for n in range(processes)]
     started = time.monotonic()
     running = [
-        subprocess.Popen([sys.executable, str(HERE / "serve_bench_client.py"), url, str(seconds), str(most),
-                          str(out / f"client-{n}.json"), str(share)], env=base_env(), start_new_session=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "serve_bench_client.py"),
+                url,
+                str(seconds),
+                str(most),
+                str(out / f"client-{n}.json"),
+                str(share),
+            ],
+            env=base_env(),
+            start_new_session=True,
+        )
         for n, share in enumerate(shares)
     ]
     STARTED.extend(client.pid for client in running)
@@ -189,12 +216,14 @@ def figures_of(results: list[dict[str, Any]], elapsed: float, cpu: float) -> dic
         "round_trips_per_s": sum(r["round_trips"] for r in results) / elapsed,
         "messages_per_s": handled / elapsed,
         "messages_per_server_cpu_s": handled / cpu if cpu else float("nan"),
-        "read_p50_ms": percentile(reads, 0.5) * 1000, "read_p99_ms": percentile(reads, 0.99) * 1000,
-        "ack_p50_ms": percentile(acks, 0.5) * 1000, "ack_p99_ms": percentile(acks, 0.99) * 1000,
+        "read_p50_ms": percentile(reads, 0.5) * 1000,
+        "read_p99_ms": percentile(reads, 0.99) * 1000,
+        "ack_p50_ms": percentile(acks, 0.5) * 1000,
+        "ack_p99_ms": percentile(acks, 0.99) * 1000,
         "e2e_p50_ms": percentile([s for r in results for s in r["end_to_end"]], 0.5),
         "e2e_p99_ms": percentile([s for r in results for s in r["end_to_end"]], 0.99),
         "messages": handled,
-    }  # fmt: skip
+    }
 
 
 def ceiling(clients: int, processes: int, seconds: float, most: int) -> dict[str, float]:
@@ -210,8 +239,16 @@ def ceiling(clients: int, processes: int, seconds: float, most: int) -> dict[str
     return figures_of(results, elapsed, cpu)
 
 
-def http_clients(bootstrap: str, clients: int, seconds: float, most: int, messages: int, rate: int = 0,
-                 processes: int = 2, package: str | None = None) -> dict[str, float]:  # fmt: skip
+def http_clients(
+    bootstrap: str,
+    clients: int,
+    seconds: float,
+    most: int,
+    messages: int,
+    rate: int = 0,
+    processes: int = 2,
+    package: str | None = None,
+) -> dict[str, float]:
     """The HTTP path: a server and ``clients`` clients; ``messages`` produced first, or at ``rate``."""
     topic, group = f"serve-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
     out = Path(tempfile.mkdtemp(prefix="bench-serve-"))
@@ -245,11 +282,29 @@ def python_workers(bootstrap: str, processes: int, seconds: float, messages: int
     create_topic(bootstrap, topic, PARTITIONS)
     if messages:
         produce(bootstrap, topic, messages, PARTITIONS)
-    env = base_env() | {"MW_BENCH_TOPIC": topic, "MW_BENCH_SHARED": "1", "MW_BENCH_OUT": str(out),
-                        "MW_BENCH_LATENCY": "1"}  # fmt: skip
-    command = [sys.executable, "-m", "marshal_workers", "run", "shared_bench_app:app", "--brokers", bootstrap,
-               "--group", group, "--coordination-topic", f"__marshal-{group}", "--processes", str(processes),
-               "--log-level", "warning"]  # fmt: skip
+    env = base_env() | {
+        "MW_BENCH_TOPIC": topic,
+        "MW_BENCH_SHARED": "1",
+        "MW_BENCH_OUT": str(out),
+        "MW_BENCH_LATENCY": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "run",
+        "shared_bench_app:app",
+        "--brokers",
+        bootstrap,
+        "--group",
+        group,
+        "--coordination-topic",
+        f"__marshal-{group}",
+        "--processes",
+        str(processes),
+        "--log-level",
+        "warning",
+    ]
     with open(out / "supervisor.log", "wb") as log:  # the supervisor writes to its own copy
         supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
     STARTED.append(supervisor.pid)
@@ -272,8 +327,10 @@ def python_workers(bootstrap: str, processes: int, seconds: float, messages: int
     return {
         "messages_per_s": count / (last - first) if last > first else float("nan"),
         "messages_per_cpu_s": count / sum(cpu.values()) if cpu else float("nan"),
-        "e2e_p50_ms": percentile(latencies, 0.5), "e2e_p99_ms": percentile(latencies, 0.99), "messages": count,
-    }  # fmt: skip
+        "e2e_p50_ms": percentile(latencies, 0.5),
+        "e2e_p99_ms": percentile(latencies, 0.99),
+        "messages": count,
+    }
 
 
 def handled_counts(out: Path) -> tuple[int, float, float]:
@@ -297,14 +354,18 @@ def produce_at(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
 
 
 def line(name: str, found: dict[str, float], bar: dict[str, float] | None = None) -> str:
-    text = (f"    {name:<22} {found['round_trips_per_s']:7.0f} round trips/s {found['messages_per_s']:7.0f} msgs/s "
-            f"{found['messages_per_server_cpu_s']:7.0f} msgs/server-CPU-s; read p50 {found['read_p50_ms']:.1f} ms "
-            f"p99 {found['read_p99_ms']:.1f} ms; ack p50 {found['ack_p50_ms']:.1f} ms p99 {found['ack_p99_ms']:.1f} ms")
+    text = (
+        f"    {name:<22} {found['round_trips_per_s']:7.0f} round trips/s {found['messages_per_s']:7.0f} msgs/s "
+        f"{found['messages_per_server_cpu_s']:7.0f} msgs/server-CPU-s; read p50 {found['read_p50_ms']:.1f} ms "
+        f"p99 {found['read_p99_ms']:.1f} ms; ack p50 {found['ack_p50_ms']:.1f} ms p99 {found['ack_p99_ms']:.1f} ms"
+    )
     if not math.isnan(found.get("write_p50_ms", float("nan"))):
         text += f"; write p50 {found['write_p50_ms']:.1f} ms p99 {found['write_p99_ms']:.1f} ms"
     if bar is not None:
-        text += (f"\n    {'':<22} of the ceiling: {found['messages_per_s'] / bar['messages_per_s']:.2f} msgs/s, "
-                 f"{found['messages_per_server_cpu_s'] / bar['messages_per_server_cpu_s']:.2f} per CPU-s")
+        text += (
+            f"\n    {'':<22} of the ceiling: {found['messages_per_s'] / bar['messages_per_s']:.2f} msgs/s, "
+            f"{found['messages_per_server_cpu_s'] / bar['messages_per_server_cpu_s']:.2f} per CPU-s"
+        )
     return text
 
 
@@ -314,8 +375,13 @@ def main() -> int:
     parser.add_argument("--clients", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--client-processes", type=int, default=2, help="Processes the clients are spread over.")
     parser.add_argument("--rate", type=int, default=200)
-    parser.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
-                        help="Also measure the server of the checkout at PATH (max=1 cases).")  # fmt: skip
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="Also measure the server of the checkout at PATH (max=1 cases).",
+    )
     parser.add_argument("--round-trips-only", action="store_true", help="Part 1 only, without the Python baseline.")
     parser.add_argument("--json", action="store_true", help="Also print the figures as JSON.")
     parser.add_argument("--brokers", default="", help="A Kafka cluster to use instead of the embedded broker.")
@@ -326,20 +392,26 @@ def main() -> int:
     with kafka_at(args.brokers) as bootstrap:
         plenty = 200_000  # more than the clients can take in --seconds
         for clients in args.clients:
-            print(f"\n1. round trips: {clients} keep-alive HTTP clients in {min(clients, args.client_processes)} "
-                  f"processes, {args.seconds:g}s", flush=True)  # fmt: skip
+            print(
+                f"\n1. round trips: {clients} keep-alive HTTP clients in {min(clients, args.client_processes)} "
+                f"processes, {args.seconds:g}s",
+                flush=True,
+            )
             figures[f"ceiling c={clients} max=1"] = bar = ceiling(clients, args.client_processes, args.seconds, 1)
             print(line("ceiling (bare aiohttp)", bar), flush=True)
             for name, path in others:
                 figures[f"{name} c={clients} max=1"] = found = http_clients(
-                    bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes, package=path)
+                    bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes, package=path
+                )
                 print(line(f"{name} max=1", found, bar), flush=True)
             figures[f"http c={clients} max=1"] = found = http_clients(
-                bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes)
+                bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes
+            )
             print(line("this checkout max=1", found, bar), flush=True)
         clients = args.clients[0]
         figures[f"http c={clients} max=10"] = found = http_clients(
-            bootstrap, clients, args.seconds, 10, plenty, processes=args.client_processes)
+            bootstrap, clients, args.seconds, 10, plenty, processes=args.client_processes
+        )
         print(line(f"c={clients} max=10", found), flush=True)
         if not args.round_trips_only:
             python_baselines(bootstrap, args, figures)
@@ -356,21 +428,34 @@ def python_baselines(bootstrap: str, args: argparse.Namespace, figures: dict[str
     first = figures[f"http c={clients} max=1"]
     messages = max(20_000, int(first["messages"]))  # enough for a rate, not a burst
     figures["python"] = base = python_workers(bootstrap, clients, args.seconds, messages)
-    print(f"    baseline: Python shared worker x {clients}, {messages:,} messages: "
-          f"{base['messages_per_s']:7.0f} msgs/s {base['messages_per_cpu_s']:7.0f} msgs/CPU-s (all its "
-          f"processes); HTTP max=1 / Python: {first['messages_per_s'] / base['messages_per_s']:.3f} wall",
-          flush=True)  # fmt: skip
-    print(f"\n2. end-to-end latency at {args.rate} msgs/s for {args.seconds:g}s (handled - Kafka timestamp)",
-          flush=True)  # fmt: skip
-    figures["latency http"] = http = http_clients(bootstrap, clients, args.seconds + 2, 1, 0, rate=args.rate,
-                                                  processes=args.client_processes)  # fmt: skip
+    print(
+        f"    baseline: Python shared worker x {clients}, {messages:,} messages: "
+        f"{base['messages_per_s']:7.0f} msgs/s {base['messages_per_cpu_s']:7.0f} msgs/CPU-s (all its "
+        f"processes); HTTP max=1 / Python: {first['messages_per_s'] / base['messages_per_s']:.3f} wall",
+        flush=True,
+    )
+    print(
+        f"\n2. end-to-end latency at {args.rate} msgs/s for {args.seconds:g}s (handled - Kafka timestamp)", flush=True
+    )
+    figures["latency http"] = http = http_clients(
+        bootstrap, clients, args.seconds + 2, 1, 0, rate=args.rate, processes=args.client_processes
+    )
     figures["latency python"] = py = python_workers(bootstrap, clients, args.seconds, 0, rate=args.rate)
-    print(f"    HTTP clients (max=1)   p50 {http['e2e_p50_ms']:7.1f} ms  p99 {http['e2e_p99_ms']:7.1f} ms "
-          f"({int(http['messages']):,} msgs)", flush=True)  # fmt: skip
-    print(f"    Python shared workers  p50 {py['e2e_p50_ms']:7.1f} ms  p99 {py['e2e_p99_ms']:7.1f} ms "
-          f"({int(py['messages']):,} msgs)", flush=True)  # fmt: skip
-    print(f"    added by HTTP          p50 {http['e2e_p50_ms'] - py['e2e_p50_ms']:+7.1f} ms  p99 "
-          f"{http['e2e_p99_ms'] - py['e2e_p99_ms']:+7.1f} ms", flush=True)  # fmt: skip
+    print(
+        f"    HTTP clients (max=1)   p50 {http['e2e_p50_ms']:7.1f} ms  p99 {http['e2e_p99_ms']:7.1f} ms "
+        f"({int(http['messages']):,} msgs)",
+        flush=True,
+    )
+    print(
+        f"    Python shared workers  p50 {py['e2e_p50_ms']:7.1f} ms  p99 {py['e2e_p99_ms']:7.1f} ms "
+        f"({int(py['messages']):,} msgs)",
+        flush=True,
+    )
+    print(
+        f"    added by HTTP          p50 {http['e2e_p50_ms'] - py['e2e_p50_ms']:+7.1f} ms  p99 "
+        f"{http['e2e_p99_ms'] - py['e2e_p99_ms']:+7.1f} ms",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

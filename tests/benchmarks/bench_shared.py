@@ -91,9 +91,21 @@ def new_topic(bootstrap: str, messages: int) -> str:
     return topic
 
 
-def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: int = 1, supervisors: int = 1,
-        range_size: int = 100, adaptive: bool | None = None, delay: float = 0.0, topic: str | None = None,
-        package_from: str | None = None, timeout: float = 300.0) -> Result:  # fmt: skip
+def run(
+    bootstrap: str,
+    name: str,
+    messages: int,
+    *,
+    shared: bool,
+    processes: int = 1,
+    supervisors: int = 1,
+    range_size: int = 100,
+    adaptive: bool | None = None,
+    delay: float = 0.0,
+    topic: str | None = None,
+    package_from: str | None = None,
+    timeout: float = 300.0,
+) -> Result:
     """One run on ``topic`` (``messages`` of it; a new topic if None) with a new group; ``package_from``: the
     checkout whose package the supervisors run (default: this one's)."""
     topic = topic or new_topic(bootstrap, messages)
@@ -101,10 +113,13 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
     coordination = f"__marshal-{group}"
     out = Path(tempfile.mkdtemp(prefix="bench-shared-"))
     env = base_env() | {
-        "MW_BENCH_TOPIC": topic, "MW_BENCH_SHARED": "1" if shared else "0", "MW_BENCH_RANGE_SIZE": str(range_size),
-        "MW_BENCH_DELAY": str(delay), "MW_BENCH_OUT": str(out),
+        "MW_BENCH_TOPIC": topic,
+        "MW_BENCH_SHARED": "1" if shared else "0",
+        "MW_BENCH_RANGE_SIZE": str(range_size),
+        "MW_BENCH_DELAY": str(delay),
+        "MW_BENCH_OUT": str(out),
         "MW_BENCH_ADAPTIVE": "1" if adaptive is None else str(int(adaptive)),
-    }  # fmt: skip
+    }
     if PROFILE_DIR:
         env["MW_BENCH_PROFILE"] = PROFILE_DIR
     if package_from is not None:
@@ -113,14 +128,31 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
     launched = time.time()
     for n in range(supervisors):
         command = [
-            sys.executable, "-m", "marshal_workers", "run", "shared_bench_app:app", "--brokers", bootstrap,
-            "--group", group, "--coordination-topic", coordination, "--client-id", f"bench-{n}",
-            "--processes", str(processes), "--heartbeat-interval", "2s", "--log-level", "warning",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "run",
+            "shared_bench_app:app",
+            "--brokers",
+            bootstrap,
+            "--group",
+            group,
+            "--coordination-topic",
+            coordination,
+            "--client-id",
+            f"bench-{n}",
+            "--processes",
+            str(processes),
+            "--heartbeat-interval",
+            "2s",
+            "--log-level",
+            "warning",
+        ]
         # ``-m`` puts the working directory first on sys.path: run from the checkout whose package is meant.
         with open(out / f"supervisor-{n}.log", "wb") as log:  # each supervisor writes to its own copy
-            started.append(subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True,
-                                            cwd=package_from))  # fmt: skip
+            started.append(
+                subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True, cwd=package_from)
+            )
     deadline = time.monotonic() + timeout
     cpu: dict[int, float] = {}
     seen: tuple[int, float] | None = None  # (handled, CPU seconds) when handled messages were first seen
@@ -136,15 +168,17 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
             if handled >= messages:
                 break
             if time.monotonic() > deadline:
-                settings = Settings(brokers=bootstrap, group=group, coordination_topic=coordination,
-                                    heartbeat_interval=2.0)  # fmt: skip
+                settings = Settings(
+                    brokers=bootstrap, group=group, coordination_topic=coordination, heartbeat_interval=2.0
+                )
                 state = read_group_state(settings, group)
                 print(render_table(status_document(state, int(time.time() * 1000)), int(time.time() * 1000)))
                 for supervisor in started:
                     supervisor.send_signal(signal.SIGUSR1)
                 time.sleep(0.5)
-                raise RuntimeError(f"{name}: {sum(c for c, _, _ in counts)} of {messages} handled in {timeout:.0f}s "
-                                   f"(logs in {out})")  # fmt: skip
+                raise RuntimeError(
+                    f"{name}: {sum(c for c, _, _ in counts)} of {messages} handled in {timeout:.0f}s (logs in {out})"
+                )
             time.sleep(0.05)
         time.sleep(0.3)  # the last reports
         counts = _read(out)
@@ -157,8 +191,17 @@ def run(bootstrap: str, name: str, messages: int, *, shared: bool, processes: in
     records = read_group_state(settings, group).stats.applied
     total, cpu_total = sum(c for c, _, _ in counts), sum(cpu.values())
     seen_handled, seen_cpu = seen if seen is not None else (0, 0.0)
-    return Result(name, total, last - first, cpu_total, records, first - launched, total - seen_handled,
-                  cpu_total - seen_cpu, sum(cpu.get(supervisor.pid, 0.0) for supervisor in started))  # fmt: skip
+    return Result(
+        name,
+        total,
+        last - first,
+        cpu_total,
+        records,
+        first - launched,
+        total - seen_handled,
+        cpu_total - seen_cpu,
+        sum(cpu.get(supervisor.pid, 0.0) for supervisor in started),
+    )
 
 
 def _read(out: Path) -> list[tuple[int, float, float]]:
@@ -173,42 +216,70 @@ def _read(out: Path) -> list[tuple[int, float, float]]:
 def slow(bootstrap: str, seconds: float) -> None:
     print("\n1. slow handler (20 ms per message) on a 2-partition topic", flush=True)
     ideal_per_process = 1 / SLOW_DELAY
-    cases = [("classic (2 workers)", False, 1, 1, 2), ("shared 1 x 1", True, 1, 1, 1), ("shared 1 x 4", True, 4, 1, 4),
-             ("shared 1 x 16", True, 16, 1, 16), ("shared 3 x 16", True, 16, 3, 48)]  # fmt: skip
+    cases = [
+        ("classic (2 workers)", False, 1, 1, 2),
+        ("shared 1 x 1", True, 1, 1, 1),
+        ("shared 1 x 4", True, 4, 1, 4),
+        ("shared 1 x 16", True, 16, 1, 16),
+        ("shared 3 x 16", True, 16, 3, 48),
+    ]
     for name, shared, processes, supervisors, workers in cases:
         ideal = workers * ideal_per_process
         messages = int(ideal * seconds)
-        result = run(bootstrap, name, messages, shared=shared, processes=processes, supervisors=supervisors,
-                     delay=SLOW_DELAY)  # fmt: skip
+        result = run(
+            bootstrap, name, messages, shared=shared, processes=processes, supervisors=supervisors, delay=SLOW_DELAY
+        )
         ratio = result.rate / ideal
-        print(f"    {name:22} {result.messages:6,} msgs in {result.seconds:5.1f}s = {result.rate:7.1f} msgs/s; ideal "
-              f"{ideal:6.0f}: {ratio:.2f} {verdict(ratio >= 0.8)}; CPU {result.cpu_seconds:5.1f}s", flush=True)  # fmt: skip
+        print(
+            f"    {name:22} {result.messages:6,} msgs in {result.seconds:5.1f}s = {result.rate:7.1f} msgs/s; ideal "
+            f"{ideal:6.0f}: {ratio:.2f} {verdict(ratio >= 0.8)}; CPU {result.cpu_seconds:5.1f}s",
+            flush=True,
+        )
 
 
 def fast(bootstrap: str, messages: int, sizes: list[int], rounds: int, package_from: str | None) -> None:
-    print(f"\n2. fast handler (msg.json()) on a 2-partition topic, {messages:,} messages, {rounds} round(s), "
-          "medians", flush=True)  # fmt: skip
+    print(
+        f"\n2. fast handler (msg.json()) on a 2-partition topic, {messages:,} messages, {rounds} round(s), medians",
+        flush=True,
+    )
     topic = new_topic(bootstrap, messages)
-    cases: list[tuple[str, dict[str, Any]]] = [("classic (2 workers)", {"shared": False}),
-                                               ("shared 1 x 2, default", {"shared": True, "processes": 2})]  # fmt: skip
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("classic (2 workers)", {"shared": False}),
+        ("shared 1 x 2, default", {"shared": True, "processes": 2}),
+    ]
     if package_from:
-        cases.append((f"shared 1 x 2, default, {Path(package_from).name}",
-                      {"shared": True, "processes": 2, "package_from": package_from}))  # fmt: skip
+        cases.append(
+            (
+                f"shared 1 x 2, default, {Path(package_from).name}",
+                {"shared": True, "processes": 2, "package_from": package_from},
+            )
+        )
     # Two workers per partition: they share each partition's backlog (no target: twice the processes on 2 cores).
     cases.append(("shared 1 x 4, default", {"shared": True, "processes": 4, "no_target": True}))
     if package_from:
-        cases.append((f"shared 1 x 4, default, {Path(package_from).name}",
-                      {"shared": True, "processes": 4, "package_from": package_from, "no_target": True}))  # fmt: skip
-    cases += [(f"shared 1 x 2, fixed {size}", {"shared": True, "processes": 2, "range_size": size, "adaptive": False})
-              for size in sizes]  # fmt: skip
+        cases.append(
+            (
+                f"shared 1 x 4, default, {Path(package_from).name}",
+                {"shared": True, "processes": 4, "package_from": package_from, "no_target": True},
+            )
+        )
+    cases += [
+        (f"shared 1 x 2, fixed {size}", {"shared": True, "processes": 2, "range_size": size, "adaptive": False})
+        for size in sizes
+    ]
     results: dict[str, list[Result]] = {name: [] for name, _ in cases}
     for n in range(rounds):
         for name, options in cases:
-            result = run(bootstrap, name, messages, topic=topic, **{k: v for k, v in options.items() if k != "no_target"})
+            result = run(
+                bootstrap, name, messages, topic=topic, **{k: v for k, v in options.items() if k != "no_target"}
+            )
             results[name].append(result)
-            print(f"      round {n + 1}: {name:34} {result.rate:9.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s  "
-                  f"start-up {result.startup_s:4.2f}s  ({result.seconds:.2f}s handling; CPU {result.cpu_seconds:.2f}s, "
-                  f"{result.supervisor_cpu_seconds:.2f}s of it the supervisor's)", flush=True)  # fmt: skip
+            print(
+                f"      round {n + 1}: {name:34} {result.rate:9.0f} msgs/s  {result.per_cpu_second:8.0f} msgs/CPU-s  "
+                f"start-up {result.startup_s:4.2f}s  ({result.seconds:.2f}s handling; CPU {result.cpu_seconds:.2f}s, "
+                f"{result.supervisor_cpu_seconds:.2f}s of it the supervisor's)",
+                flush=True,
+            )
     classic = results[cases[0][0]]
     classic_rate = statistics.median(r.rate for r in classic)
     classic_cpu = statistics.median(r.per_cpu_second for r in classic)
@@ -216,7 +287,7 @@ def fast(bootstrap: str, messages: int, sizes: list[int], rounds: int, package_f
         rate = statistics.median(r.rate for r in results[name])
         per_cpu = statistics.median(r.per_cpu_second for r in results[name])
         startup = statistics.median(r.startup_s for r in results[name])
-        line = (f"    {name:36} {rate:9.0f} msgs/s  {per_cpu:8.0f} msgs/CPU-s  start-up {startup:4.2f}s")
+        line = f"    {name:36} {rate:9.0f} msgs/s  {per_cpu:8.0f} msgs/CPU-s  start-up {startup:4.2f}s"
         if options["shared"]:
             wall, cpu = rate / classic_rate, per_cpu / classic_cpu
             per_message = statistics.median(r.records / r.messages for r in results[name])
@@ -229,8 +300,11 @@ def fast(bootstrap: str, messages: int, sizes: list[int], rounds: int, package_f
 def records(bootstrap: str) -> None:
     print("\n3. coordination records per message, default settings, slow handler, 1 x 4", flush=True)
     result = run(bootstrap, "records", 2000, shared=True, processes=4, delay=0.005)
-    print(f"    {result.records:,} records for {result.messages:,} messages: {result.records / result.messages:.3f} "
-          "per message (claims, acks, renewals, checkpoints)", flush=True)
+    print(
+        f"    {result.records:,} records for {result.messages:,} messages: {result.records / result.messages:.3f} "
+        "per message (claims, acks, renewals, checkpoints)",
+        flush=True,
+    )
 
 
 def crash_repeats(bootstrap: str, name: str, messages: int, *, shared: bool, timeout: float = 300.0) -> int:
@@ -240,14 +314,32 @@ def crash_repeats(bootstrap: str, name: str, messages: int, *, shared: bool, tim
     produce(bootstrap, topic, messages, 1)
     out = Path(tempfile.mkdtemp(prefix="bench-crash-"))
     env = base_env() | {
-        "MW_BENCH_TOPIC": topic, "MW_BENCH_SHARED": "1" if shared else "0",  # default settings: adaptive ranges
-        "MW_BENCH_OUT": str(out), "MW_BENCH_OFFSETS": "1",
-    }  # fmt: skip
+        "MW_BENCH_TOPIC": topic,
+        "MW_BENCH_SHARED": "1" if shared else "0",  # default settings: adaptive ranges
+        "MW_BENCH_OUT": str(out),
+        "MW_BENCH_OFFSETS": "1",
+    }
     command = [
-        sys.executable, "-m", "marshal_workers", "run", "shared_bench_app:app", "--brokers", bootstrap,
-        "--group", group, "--coordination-topic", f"__marshal-{group}", "--client-id", "bench",
-        "--processes", "1", "--heartbeat-interval", "2s", "--log-level", "warning",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "run",
+        "shared_bench_app:app",
+        "--brokers",
+        bootstrap,
+        "--group",
+        group,
+        "--coordination-topic",
+        f"__marshal-{group}",
+        "--client-id",
+        "bench",
+        "--processes",
+        "1",
+        "--heartbeat-interval",
+        "2s",
+        "--log-level",
+        "warning",
+    ]
     with open(out / "supervisor.log", "wb") as log:  # the supervisor writes to its own copy
         supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -278,13 +370,18 @@ def _handled_offsets(out: Path) -> list[tuple[str, str]]:
 
 
 def crash(bootstrap: str, messages: int = 100_000) -> None:
-    print(f"\n4. kill -9 of the worker halfway through a {messages:,}-message backlog on one partition (fast handler)",
-          flush=True)  # fmt: skip
+    print(
+        f"\n4. kill -9 of the worker halfway through a {messages:,}-message backlog on one partition (fast handler)",
+        flush=True,
+    )
     classic = crash_repeats(bootstrap, "classic", messages, shared=False)
     shared = crash_repeats(bootstrap, "shared", messages, shared=True)
     ratio = shared / max(classic, 1)
-    print(f"    repeated messages: classic (1 worker) {classic}, shared (1 process, default adaptive ranges, up to 10,000) {shared}: "
-          f"{ratio:.2f} x classic (counting classic as 1 if 0) {verdict(shared <= 1.5 * max(classic, 1))}", flush=True)
+    print(
+        f"    repeated messages: classic (1 worker) {classic}, shared (1 process, default adaptive ranges, up to 10,000) {shared}: "
+        f"{ratio:.2f} x classic (counting classic as 1 if 0) {verdict(shared <= 1.5 * max(classic, 1))}",
+        flush=True,
+    )
 
 
 def main() -> int:
@@ -293,10 +390,15 @@ def main() -> int:
     parser.add_argument("--slow-seconds", type=float, default=8.0)
     parser.add_argument("--fast-messages", type=int, default=2_000_000)
     parser.add_argument("--rounds", type=int, default=2, help="fast section: rounds of its cases, alternated")
-    parser.add_argument("--package-from", help="fast section: also run the shared default with this checkout's "
-                        "package (a before/after in one run)")  # fmt: skip
-    parser.add_argument("--fixed-sizes", default="1000,10000",
-                        help="fixed range sizes (adaptive_ranges=False) the fast section also runs, comma-separated")  # fmt: skip
+    parser.add_argument(
+        "--package-from",
+        help="fast section: also run the shared default with this checkout's package (a before/after in one run)",
+    )
+    parser.add_argument(
+        "--fixed-sizes",
+        default="1000,10000",
+        help="fixed range sizes (adaptive_ranges=False) the fast section also runs, comma-separated",
+    )
     parser.add_argument("--profile", metavar="DIR", help="workers write cProfile stats to DIR/<pid>.prof")
     args = parser.parse_args()
     global PROFILE_DIR
@@ -306,8 +408,13 @@ def main() -> int:
         if args.only in (None, "slow"):
             slow(broker.bootstrap, args.slow_seconds)
         if args.only in (None, "fast"):
-            fast(broker.bootstrap, args.fast_messages, [int(n) for n in args.fixed_sizes.split(",") if n], args.rounds,
-                 args.package_from)  # fmt: skip
+            fast(
+                broker.bootstrap,
+                args.fast_messages,
+                [int(n) for n in args.fixed_sizes.split(",") if n],
+                args.rounds,
+                args.package_from,
+            )
         if args.only in (None, "records"):
             records(broker.bootstrap)
         if args.only in (None, "crash"):

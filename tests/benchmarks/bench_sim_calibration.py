@@ -139,24 +139,37 @@ def main() -> int:
         for path in args.real:
             run = real_run(path, args.partitions, args.heartbeat_interval, args.window)
             real.append(run)
-            print(f"  {path.name}: owned after {run['owned_from_first_s']:.2f}s, balanced after "
-                  f"{run['balanced_from_first_s']:.2f}s; settled: {run['records_per_s']:.2f} records/s, "
-                  f"{run['bytes_per_s']:.0f} bytes/s")  # fmt: skip
+            print(
+                f"  {path.name}: owned after {run['owned_from_first_s']:.2f}s, balanced after "
+                f"{run['balanced_from_first_s']:.2f}s; settled: {run['records_per_s']:.2f} records/s, "
+                f"{run['bytes_per_s']:.0f} bytes/s"
+            )
         summary(real)
     runs = []
-    print(f"simulated: {args.partitions} partitions, {args.members} members, HB {args.heartbeat_interval:g}s, "
-          f"balance fair, start spread {args.start_spread:g}s, position lookup {args.position_lookup:g}s, "
-          f"sampled every {SAMPLE_S * 1000:g} ms")  # fmt: skip
+    print(
+        f"simulated: {args.partitions} partitions, {args.members} members, HB {args.heartbeat_interval:g}s, "
+        f"balance fair, start spread {args.start_spread:g}s, position lookup {args.position_lookup:g}s, "
+        f"sampled every {SAMPLE_S * 1000:g} ms"
+    )
     for seed in seeds_of(args.seeds):
-        config = SimConfig(partitions=args.partitions, members=args.members, heartbeat_s=args.heartbeat_interval,
-                           duration_s=args.duration, seed=seed, balance="fair", start_spread_s=args.start_spread,
-                           position_lookup_s=args.position_lookup)  # fmt: skip
+        config = SimConfig(
+            partitions=args.partitions,
+            members=args.members,
+            heartbeat_s=args.heartbeat_interval,
+            duration_s=args.duration,
+            seed=seed,
+            balance="fair",
+            start_spread_s=args.start_spread,
+            position_lookup_s=args.position_lookup,
+        )
         run = one_run(config, args.window)
         runs.append(run)
-        print(f"  seed {seed}: first record at {run['first_record_s']:.3f}s; from it: owned after "
-              f"{run['owned_from_first_s']:.2f}s, balanced after {run['balanced_from_first_s']:.2f}s "
-              f"(from the start: {run['owned_s']:.2f}s, {run['balanced_s']:.2f}s); settled: "
-              f"{run['records_per_s']:.2f} records/s, {run['bytes_per_s']:.0f} bytes/s")  # fmt: skip
+        print(
+            f"  seed {seed}: first record at {run['first_record_s']:.3f}s; from it: owned after "
+            f"{run['owned_from_first_s']:.2f}s, balanced after {run['balanced_from_first_s']:.2f}s "
+            f"(from the start: {run['owned_s']:.2f}s, {run['balanced_s']:.2f}s); settled: "
+            f"{run['records_per_s']:.2f} records/s, {run['bytes_per_s']:.0f} bytes/s"
+        )
     summary(runs)
     return 0
 

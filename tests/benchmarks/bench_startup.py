@@ -36,15 +36,23 @@ from marshal_workers.protocol import codec
 
 
 def history(settings: Settings, count: int, start_ts: int) -> None:
-    producer = Producer({"bootstrap.servers": settings.brokers, "linger.ms": 50, "batch.num.messages": 100_000,
-                         "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576})  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.brokers,
+            "linger.ms": 50,
+            "batch.num.messages": 100_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+        }
+    )
     common = {"v": 1, "group": settings.group, "client": "old-host", "instance": "old-1"}
     send = producer.produce
     for p in range(64):
         send(settings.coordination_topic, codec.encode(codec.Claim(**common, ts=start_ts, topic="orders", partition=p)))
     for n in range(count):
-        value = codec.encode(codec.Heartbeat(**common, ts=start_ts + n // 1000, topic="orders", partition=n % 64,
-                                             offset=n))  # fmt: skip
+        value = codec.encode(
+            codec.Heartbeat(**common, ts=start_ts + n // 1000, topic="orders", partition=n % 64, offset=n)
+        )
         try:
             send(settings.coordination_topic, value, partition=0)
         except BufferError:
@@ -76,15 +84,24 @@ def main() -> int:
     print("reading a group's state against the coordination log's length")
     for line in machine_info():
         print("  " + line)
-    print(f"\n  {'records':>10} {'a: whole log (s)':>16} {'folded':>10} {'b: from checkpoint (s)':>22} {'folded':>8}"
-          f" {'c0: new group (s)':>17} {'read':>10} {'c1: new group (s)':>17} {'read':>6}")  # fmt: skip
+    print(
+        f"\n  {'records':>10} {'a: whole log (s)':>16} {'folded':>10} {'b: from checkpoint (s)':>22} {'folded':>8}"
+        f" {'c0: new group (s)':>17} {'read':>10} {'c1: new group (s)':>17} {'read':>6}"
+    )
     worst = 0.0
     with EmbeddedBroker() as broker:
         for count in (int(n) for n in args.records.split(",")):
             name = uuid.uuid4().hex[:8]
-            settings = Settings(brokers=broker.bootstrap, group=f"g-{name}", client_id="bench",
-                                heartbeat_interval=3600.0, coordination_topic=f"__marshal-{name}",
-                                coordination_partitions=1, connect_timeout=60.0, write_timeout=60.0)  # fmt: skip
+            settings = Settings(
+                brokers=broker.bootstrap,
+                group=f"g-{name}",
+                client_id="bench",
+                heartbeat_interval=3600.0,
+                coordination_topic=f"__marshal-{name}",
+                coordination_partitions=1,
+                connect_timeout=60.0,
+                write_timeout=60.0,
+            )
             with Coordinator(replace(settings, checkpoint_interval=0)) as writer:
                 history(settings, count, writer.now_ms() - 3_600_000)
             whole, whole_folded, expected, _ = read_time(settings, from_beginning=True)
@@ -98,8 +115,11 @@ def main() -> int:
             new_after, _, _, read_after = read_time(newcomer, from_beginning=False)
             worst = max(worst, seconds, new_after)
             same = "same state" if partitions == expected else "STATES DIFFER"
-            print(f"  {count:>10,} {whole:>16.2f} {whole_folded:>10,} {seconds:>22.2f} {folded:>8,} {new_before:>17.2f}"
-                  f" {read_before:>10,} {new_after:>17.2f} {read_after:>6,}   {same}", flush=True)  # fmt: skip
+            print(
+                f"  {count:>10,} {whole:>16.2f} {whole_folded:>10,} {seconds:>22.2f} {folded:>8,} {new_before:>17.2f}"
+                f" {read_before:>10,} {new_after:>17.2f} {read_after:>6,}   {same}",
+                flush=True,
+            )
     print(f"\n  slowest start from a checkpoint (b, c1): {worst:.2f}s (target < 2 s) {verdict(worst < 2)}")
     return 0
 

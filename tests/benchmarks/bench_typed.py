@@ -83,8 +83,14 @@ def handlers() -> dict[str, Callable[[Any], Any]]:
     def as_pydantic(order: OrderModel) -> int:
         return order.id
 
-    variants = {"bare": bare, "json": as_json, "struct": as_struct, "message": as_message,
-                "dataclass": as_dataclass, "pydantic": as_pydantic}  # fmt: skip
+    variants = {
+        "bare": bare,
+        "json": as_json,
+        "struct": as_struct,
+        "message": as_message,
+        "dataclass": as_dataclass,
+        "pydantic": as_pydantic,
+    }
     for name, function in variants.items():
         app.handler(name)(function)
     assert app.handlers["bare"].function is bare and app.handlers["json"].function is as_json  # untyped: as they are
@@ -107,8 +113,11 @@ def main() -> None:
     args = parser.parse_args()
     n = args.messages
     values = [VALUE % (i, i) for i in range(n)]
-    print(f"bench_typed: {n:,} records of {sum(map(len, values)) / n:.0f} bytes, {args.rounds} rounds, "
-          "fastest round per variant", flush=True)  # fmt: skip
+    print(
+        f"bench_typed: {n:,} records of {sum(map(len, values)) / n:.0f} bytes, {args.rounds} rounds, "
+        "fastest round per variant",
+        flush=True,
+    )
     functions = handlers()
     best: dict[str, float] = {}
     for _ in range(args.rounds):

@@ -22,8 +22,14 @@ from checkout import ROOT  # and the checkout on sys.path
 def instructions(script: str, arguments: list[str], env: dict[str, str] | None = None) -> int:
     """The instructions valgrind counted for ``python script arguments...``."""
     with tempfile.TemporaryDirectory() as scratch:
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={scratch}/out", sys.executable, script,
-                   *arguments]  # fmt: skip
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={scratch}/out",
+            sys.executable,
+            script,
+            *arguments,
+        ]
         environment = os.environ | {"PYTHONPATH": str(ROOT)} | (env or {})
         done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=1800, env=environment)
         found = re.search(r"Collected : (\d+)", done.stderr)

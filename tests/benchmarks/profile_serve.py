@@ -47,9 +47,24 @@ def main() -> int:
         create_topic(broker.bootstrap, topic, PARTITIONS)
         produce(broker.bootstrap, topic, 100_000, PARTITIONS)
         port = free_port()
-        command = [sys.executable, str(HERE / "serve_profiled.py"), str(out), "serve", "--brokers", broker.bootstrap,
-                   "--group", group, "--coordination-topic", f"__marshal-{group}", "--topic", topic,
-                   "--port", str(port), "--log-level", "warning"]  # fmt: skip
+        command = [
+            sys.executable,
+            str(HERE / "serve_profiled.py"),
+            str(out),
+            "serve",
+            "--brokers",
+            broker.bootstrap,
+            "--group",
+            group,
+            "--coordination-topic",
+            f"__marshal-{group}",
+            "--topic",
+            topic,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ]
         env = base_env()
         if args.no_cprofile:
             env["MW_PROFILE_OFF"] = "1"
@@ -71,14 +86,18 @@ def main() -> int:
     print(f"{handled} messages in {elapsed:.1f}s: {handled / elapsed:,.0f}/s")
     reads, acks = [s for r in results for s in r["reads"]], [s for r in results for s in r["acks"]]
     writes = writes_after.get(float("inf"), 0.0) - writes_before.get(float("inf"), 0.0)
-    print(f"read p50/p99 {percentile(reads, 0.5) * 1000:.1f}/{percentile(reads, 0.99) * 1000:.1f} ms, ack "
-          f"{percentile(acks, 0.5) * 1000:.1f}/{percentile(acks, 0.99) * 1000:.1f} ms, {writes:.0f} writes "
-          f"({handled / writes if writes else float('nan'):.1f} messages each), write p50/p99 "
-          f"{histogram_percentile(writes_before, writes_after, 0.5) * 1000:.1f}/"
-          f"{histogram_percentile(writes_before, writes_after, 0.99) * 1000:.1f} ms")  # fmt: skip
+    print(
+        f"read p50/p99 {percentile(reads, 0.5) * 1000:.1f}/{percentile(reads, 0.99) * 1000:.1f} ms, ack "
+        f"{percentile(acks, 0.5) * 1000:.1f}/{percentile(acks, 0.99) * 1000:.1f} ms, {writes:.0f} writes "
+        f"({handled / writes if writes else float('nan'):.1f} messages each), write p50/p99 "
+        f"{histogram_percentile(writes_before, writes_after, 0.5) * 1000:.1f}/"
+        f"{histogram_percentile(writes_before, writes_after, 0.99) * 1000:.1f} ms"
+    )
     # A client's round trip is its read's and its ack's mean (a rare slow one weighs in the rate as much as many p50s).
-    print(f"read mean {statistics.fmean(reads) * 1000:.2f} ms, ack mean {statistics.fmean(acks) * 1000:.2f} ms, "
-          f"{args.clients} clients / rate: {args.clients / (handled / elapsed) * 1000:.2f} ms a round trip")
+    print(
+        f"read mean {statistics.fmean(reads) * 1000:.2f} ms, ack mean {statistics.fmean(acks) * 1000:.2f} ms, "
+        f"{args.clients} clients / rate: {args.clients / (handled / elapsed) * 1000:.2f} ms a round trip"
+    )
     total = 0.0
     for name, cpu in sorted(after["cpu"].items(), key=lambda kv: -(kv[1] - before["cpu"].get(kv[0], 0.0))):
         used = cpu - before["cpu"].get(name, 0.0)

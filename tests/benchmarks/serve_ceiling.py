@@ -29,10 +29,20 @@ def main() -> None:
         most = int(request.query.get("max", "1"))
         now = int(time.time() * 1000)
         messages = [
-            {"topic": "ceiling", "partition": 0, "offset": next(offsets), "key": None, "value": VALUE, "headers": [],
-             "encoding": "utf-8", "timestamp": now, "deadline": now + 30_000, "deliveries": 1}
+            {
+                "topic": "ceiling",
+                "partition": 0,
+                "offset": next(offsets),
+                "key": None,
+                "value": VALUE,
+                "headers": [],
+                "encoding": "utf-8",
+                "timestamp": now,
+                "deadline": now + 30_000,
+                "deliveries": 1,
+            }
             for _ in range(most)
-        ]  # fmt: skip
+        ]
         return web.Response(body=orjson.dumps({"messages": messages}), content_type="application/json")
 
     async def ack(request: web.Request) -> web.Response:

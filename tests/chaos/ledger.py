@@ -211,8 +211,9 @@ def unavailable_s(windows: Iterable[tuple[float, float]], start: float, end: flo
     return sum(high - low for low, high in merged(window for window in clipped if window[1] > window[0]))
 
 
-def broker_stalls(stalls: Iterable[tuple[float, float]], freezes: Sequence[tuple[float, float]], lease: float,
-                  grace: float) -> list[FaultWindow]:  # fmt: skip
+def broker_stalls(
+    stalls: Iterable[tuple[float, float]], freezes: Sequence[tuple[float, float]], lease: float, grace: float
+) -> list[FaultWindow]:
     """The broker's own stalls that count as unclean faults: the canary's stalled records, merged where they
     overlap, less every injected freeze up to ``grace`` after it (that fault is counted already), where what
     is left lasts longer than a lease (a supervisor's workers stop; a claim may land after its worker gave up).
@@ -220,6 +221,10 @@ def broker_stalls(stalls: Iterable[tuple[float, float]], freezes: Sequence[tuple
     pieces = merged(stalls)
     for f_start, f_end in sorted(freezes):
         cut = (f_start, f_end + grace)
-        pieces = [piece for start, end in pieces for piece in ((start, min(end, cut[0])), (max(start, cut[1]), end))
-                  if piece[1] > piece[0]]  # fmt: skip
+        pieces = [
+            piece
+            for start, end in pieces
+            for piece in ((start, min(end, cut[0])), (max(start, cut[1]), end))
+            if piece[1] > piece[0]
+        ]
     return [FaultWindow("broker_stall", True, start, end, "broker") for start, end in pieces if end - start > lease]

@@ -233,24 +233,34 @@ class Report:
         slowest = max(self.sigterms, key=lambda s: s.seconds, default=None)
         per_fault = max(self.unclean_faults, 1)
         lines = [
-            (f"nemesis {c.mode} {c.holding.value} seed={c.seed} (replay: MW_NEMESIS_SEED={c.seed}): "
-             f"{c.fault_seconds:g}s of faults, "
-             f"{c.supervisors} supervisors, {c.partitions} partitions, {c.rate} msgs/s, HB {HB}"),
+            (
+                f"nemesis {c.mode} {c.holding.value} seed={c.seed} (replay: MW_NEMESIS_SEED={c.seed}): "
+                f"{c.fault_seconds:g}s of faults, "
+                f"{c.supervisors} supervisors, {c.partitions} partitions, {c.rate} msgs/s, HB {HB}"
+            ),
             f"  faults: {len(self.faults)} ({self.unclean_faults} unclean), skipped {len(self.skipped)}: "
             + ", ".join(f"{n} x {kind}" for kind, n in sorted(kinds.items())),
-            (f"  delivered {self.delivered}, ledger lines {self.handled_lines}, lost {self.lost} "
-             f"({self.lost / per_fault:.1f} per unclean fault), repeated {len(self.repeats)} "
-             f"({len(self.repeats) / per_fault:.1f} per unclean fault)"),
+            (
+                f"  delivered {self.delivered}, ledger lines {self.handled_lines}, lost {self.lost} "
+                f"({self.lost / per_fault:.1f} per unclean fault), repeated {len(self.repeats)} "
+                f"({len(self.repeats) / per_fault:.1f} per unclean fault)"
+            ),
             f"  {'complete' if c.mode == 'alo' else 'settled'} "
             + (f"{self.complete_after_s:.1f}s after the last fault" if self.complete_after_s is not None else "NEVER"),
             "  " + timings_line(self.status_calls, self.settled_seen_s, self.start_ups),
-            (f"  coordination log: about {self.coordination_records} records; canaries later than "
-             f"{CANARY_STALL_S:g}s (freezes included): {len(self.late_canaries)}, the longest "
-             f"{max((end - start for start, end in self.late_canaries), default=0.0):.1f}s"),
+            (
+                f"  coordination log: about {self.coordination_records} records; canaries later than "
+                f"{CANARY_STALL_S:g}s (freezes included): {len(self.late_canaries)}, the longest "
+                f"{max((end - start for start, end in self.late_canaries), default=0.0):.1f}s"
+            ),
             f"  SIGTERMs: {len(self.sigterms)}, slowest "
-            + (f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen or "
-               f"stalled {slowest.broker_frozen_s:.1f}s meanwhile or just before)" if slowest else "none"),
-        ]  # fmt: skip
+            + (
+                f"{slowest.seconds:.2f}s ({slowest.client}, {slowest.when}, exit {slowest.code}, broker frozen or "
+                f"stalled {slowest.broker_frozen_s:.1f}s meanwhile or just before)"
+                if slowest
+                else "none"
+            ),
+        ]
         lines += [f"  PROBLEM: {p}" for p in self.problems]
         if self.workdir is not None:
             lines.append(f"  logs and ledger: {self.workdir}")
@@ -301,7 +311,9 @@ class Nemesis:
         stop_producing = threading.Event()
         producer = threading.Thread(target=self._produce, args=(stop_producing,), name="nemesis-producer")
         stop_watching = threading.Event()  # the canary watches until the final stop is over
-        canary = threading.Thread(target=self._guarded_call, args=(self._watch_writes, stop_watching), name="nemesis-canary")
+        canary = threading.Thread(
+            target=self._guarded_call, args=(self._watch_writes, stop_watching), name="nemesis-canary"
+        )
         try:
             for client in self.clients:
                 self._start(client)
@@ -336,8 +348,9 @@ class Nemesis:
         """A start-up that waited on a frozen or stalled broker is no measure of the supervisor's own."""
         if start.seconds is None:
             return start
-        frozen = unavailable_s(self._frozen + self._stalls, start.started_at, start.started_at + start.seconds,
-                               recovery=BROKER_RECOVERY_S)  # fmt: skip
+        frozen = unavailable_s(
+            self._frozen + self._stalls, start.started_at, start.started_at + start.seconds, recovery=BROKER_RECOVERY_S
+        )
         return replace(start, broker_frozen_s=frozen)
 
     def _collect_timings(self) -> None:
@@ -350,8 +363,10 @@ class Nemesis:
             for client in self.clients:
                 starts = [(at, log_from) for name, at, log_from in self._starts if name == client]
                 if starts:
-                    report.start_ups += [self._with_broker_frozen(start) for start in
-                                         start_ups(client, self.fleet.logs[client].read_bytes(), starts)]  # fmt: skip
+                    report.start_ups += [
+                        self._with_broker_frozen(start)
+                        for start in start_ups(client, self.fleet.logs[client].read_bytes(), starts)
+                    ]
         except Exception:  # noqa: BLE001 - reported as a problem of the run, with its traceback
             report.problems.append(f"timing the run failed: {traceback.format_exc()}")
 
@@ -359,9 +374,21 @@ class Nemesis:
         """coordination.txt: the group's whole coordination log, decoded and folded (``marshal-workers log``), for
         reading a failed run; written while the broker still runs."""
         self.broker.resume()
-        command = [sys.executable, "-m", "marshal_workers", "log", "--from-beginning", "--brokers", self.broker.bootstrap,
-                   "--group", self.fleet.group, "--coordination-topic", self.fleet.coordination_topic,
-                   "--heartbeat-interval", HB]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "log",
+            "--from-beginning",
+            "--brokers",
+            self.broker.bootstrap,
+            "--group",
+            self.fleet.group,
+            "--coordination-topic",
+            self.fleet.coordination_topic,
+            "--heartbeat-interval",
+            HB,
+        ]
         with open(self.workdir / "coordination.txt", "wb") as out:
             try:
                 subprocess.run(command, check=False, stdout=out, stderr=subprocess.STDOUT, timeout=120)
@@ -370,8 +397,10 @@ class Nemesis:
 
     def _write_fault_log(self) -> None:
         """faults.txt beside the ledger and the logs: what happened when, for reading a failed run."""
-        lines = [f"{f.start:.3f} {f.end:.3f} {f.kind} {f.target} {'unclean' if f.unclean else 'clean'}"
-                 for f in sorted(self.report.faults, key=lambda f: f.start)]  # fmt: skip
+        lines = [
+            f"{f.start:.3f} {f.end:.3f} {f.kind} {f.target} {'unclean' if f.unclean else 'clean'}"
+            for f in sorted(self.report.faults, key=lambda f: f.start)
+        ]
         lines += [f"skipped: {why}" for why in self.report.skipped]
         (self.workdir / "faults.txt").write_text("\n".join(lines) + "\n")
 
@@ -404,7 +433,9 @@ class Nemesis:
         self.broker.resume()
         for client in self.clients:
             if self.fleet.processes[client].poll() is not None:
-                self.report.problems.append(f"{client} was down at the heal (exit {self.fleet.processes[client].poll()})")
+                self.report.problems.append(
+                    f"{client} was down at the heal (exit {self.fleet.processes[client].poll()})"
+                )
                 self._start(client)
         self.report.healed_at = time.time()
 
@@ -639,13 +670,20 @@ class Nemesis:
             due = int((time.monotonic() - began) * self.config.rate)
             while n < due:
                 key = str(n % self.config.keys).encode() if self.config.holding is Holding.LANES else None
-                producer.produce(self.fleet.topic, value=str(n).encode(), key=key, partition=n % self.config.partitions,
-                                 on_delivery=delivered)  # fmt: skip
+                producer.produce(
+                    self.fleet.topic,
+                    value=str(n).encode(),
+                    key=key,
+                    partition=n % self.config.partitions,
+                    on_delivery=delivered,
+                )
                 n += 1
             producer.poll(0.01)
         left = producer.flush(150)
         if left or self._produce_errors:
-            self.report.problems.append(f"the producer lost messages: {left} undelivered, errors {self._produce_errors[:3]}")
+            self.report.problems.append(
+                f"the producer lost messages: {left} undelivered, errors {self._produce_errors[:3]}"
+            )
 
     def _watch_writes(self, stop: threading.Event) -> None:
         """The canary, for stalls of the broker with no fault injected (the embedded broker has them, for
@@ -750,8 +788,14 @@ class Nemesis:
         except Exception as exc:  # noqa: BLE001 - a diagnosis: whatever failed is what it reports
             return {"metadata": repr(exc)}
         for isolation in ("read_committed", "read_uncommitted"):
-            consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": f"probe-{isolation}",
-                                 "isolation.level": isolation, "enable.partition.eof": True})  # fmt: skip
+            consumer = Consumer(
+                {
+                    "bootstrap.servers": self.broker.bootstrap,
+                    "group.id": f"probe-{isolation}",
+                    "isolation.level": isolation,
+                    "enable.partition.eof": True,
+                }
+            )
             try:
                 consumer.assign([TopicPartition(self.fleet.coordination_topic, p, 0) for p in range(partitions)])
                 last: dict[int, int] = {}
@@ -765,8 +809,10 @@ class Nemesis:
                         last[message.partition()] = message.offset()
                     elif message.error().code() == KafkaError._PARTITION_EOF:
                         eof.add(message.partition())
-                ends = {p: consumer.get_watermark_offsets(TopicPartition(self.fleet.coordination_topic, p), timeout=5)
-                        for p in last}  # fmt: skip
+                ends = {
+                    p: consumer.get_watermark_offsets(TopicPartition(self.fleet.coordination_topic, p), timeout=5)
+                    for p in last
+                }
                 found[isolation] = {"last read": last, "at end": sorted(eof), "watermarks": ends}
             except Exception as exc:  # noqa: BLE001 - a diagnosis: whatever failed is what it reports
                 found[isolation] = repr(exc)
@@ -784,9 +830,12 @@ class Nemesis:
         for client in self.clients:
             for partition in self.fleet.worker_pids(client):
                 workers.setdefault(partition, []).append(client)
-        return all(
-            row["state"] == "fresh" and workers.get(partition) == [row["client"]] for partition, row in rows.items()
-        ) and len(rows) == self.config.partitions
+        return (
+            all(
+                row["state"] == "fresh" and workers.get(partition) == [row["client"]] for partition, row in rows.items()
+            )
+            and len(rows) == self.config.partitions
+        )
 
     def _count_coordination_records(self) -> None:
         consumer = Consumer({"bootstrap.servers": self.broker.bootstrap, "group.id": "nemesis-count"})
@@ -820,9 +869,13 @@ class Nemesis:
         else:
             report.problems += [f"at most once, yet handled twice: {r}" for r in report.repeats]
             report.problems += unexplained_losses(
-                report.losses, report.faults, config.claimed, slack=self._lease_s(), units=config.claims_lost_at_most,
+                report.losses,
+                report.faults,
+                config.claimed,
+                slack=self._lease_s(),
+                units=config.claims_lost_at_most,
                 holes=config.holding is Holding.LANES,
-            )  # fmt: skip
+            )
         if config.holding is Holding.LANES:
             keys = config.keys
             report.problems += out_of_key_order(handled, key_of=lambda value: str(int(value) % keys))
@@ -868,8 +921,12 @@ def holding_env(config: NemesisConfig) -> dict[str, str]:
     if config.holding is Holding.LANES:
         return {"MW_TEST_CONCURRENCY": str(config.concurrency)}
     if config.holding is Holding.SHARED:
-        return {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": str(config.range_size), "MW_TEST_ADAPTIVE_RANGES": "1" if config.adaptive_ranges else "0",
-                "MW_TEST_PENDING_TIMEOUT": f"{config.pending_timeout:g}s"}  # fmt: skip
+        return {
+            "MW_TEST_SHARED": "1",
+            "MW_TEST_RANGE_SIZE": str(config.range_size),
+            "MW_TEST_ADAPTIVE_RANGES": "1" if config.adaptive_ranges else "0",
+            "MW_TEST_PENDING_TIMEOUT": f"{config.pending_timeout:g}s",
+        }
     return {}
 
 
@@ -886,4 +943,3 @@ def seed_from_environment(default: int) -> int:
     if value == "random":
         return random.randrange(1 << 31)
     return int(value) if value else default
-

@@ -64,8 +64,21 @@ def stop_busy_cores(started: list[subprocess.Popen[bytes]]) -> None:
         process.wait(30)
 
 
-COLUMNS = ("holding", "mode", "seed", "faults", "unclean", "lost", "repeated", "settle_s", "slowest_sigterm_s",
-           "slowest_status_s", "settled_seen_s", "slowest_start_s", "problems")  # fmt: skip
+COLUMNS = (
+    "holding",
+    "mode",
+    "seed",
+    "faults",
+    "unclean",
+    "lost",
+    "repeated",
+    "settle_s",
+    "slowest_sigterm_s",
+    "slowest_status_s",
+    "settled_seen_s",
+    "slowest_start_s",
+    "problems",
+)
 
 
 def table(reports: list[Report]) -> list[str]:
@@ -100,24 +113,37 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=1500, help="messages per second")
     parser.add_argument("--partitions", type=int, default=12, help="partitions of the topic")
     parser.add_argument(
-        "--holding", default="whole",
+        "--holding",
+        default="whole",
         help="how workers hold work, one or more of whole (a worker per partition), lanes (concurrency 8, same-key "
         "messages in order), shared (range leases, 2 processes per supervisor)",
-    )  # fmt: skip
+    )
     parser.add_argument("--range-size", type=int, default=20, help="shared: offsets per lease (adaptive: the first)")
-    parser.add_argument("--adaptive-ranges", action="store_true",
-                        help="shared: leases sized by the handler's rate (the default of shared handlers) instead of "
-                        "fixed at --range-size; at most once's loss budget is then the largest range's")  # fmt: skip
+    parser.add_argument(
+        "--adaptive-ranges",
+        action="store_true",
+        help="shared: leases sized by the handler's rate (the default of shared handlers) instead of "
+        "fixed at --range-size; at most once's loss budget is then the largest range's",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--busy-cores", type=int, default=0,
-                        help="keep this many cores busy (a Python busy loop each) for the whole of the "
-                        "runs")  # fmt: skip
-    parser.add_argument("--status-bound", type=float, default=None,
-                        help="a problem if a status call after the heal takes longer (seconds; a timed-out one "
-                        "does)")  # fmt: skip
-    parser.add_argument("--settle-bound", type=float, default=None,
-                        help="a problem if no status answer shows the fleet settled within this many seconds of "
-                        "the heal")  # fmt: skip
+    parser.add_argument(
+        "--busy-cores",
+        type=int,
+        default=0,
+        help="keep this many cores busy (a Python busy loop each) for the whole of the runs",
+    )
+    parser.add_argument(
+        "--status-bound",
+        type=float,
+        default=None,
+        help="a problem if a status call after the heal takes longer (seconds; a timed-out one does)",
+    )
+    parser.add_argument(
+        "--settle-bound",
+        type=float,
+        default=None,
+        help="a problem if no status answer shows the fleet settled within this many seconds of the heal",
+    )
     args = parser.parse_args()
     # Stopped from outside (timeout, kill): leave by an exception, so each run's clean-up kills its fleet and
     # broker (the supervisors run in sessions of their own and would outlive us), and the busy loops are stopped.
@@ -147,8 +173,14 @@ def run_all(args: argparse.Namespace) -> list[Report]:
         run_dir = workdir / f"{holding.value}-{mode}-{seed}"
         run_dir.mkdir(parents=True, exist_ok=True)
         config = NemesisConfig(
-            mode=mode, seed=seed, fault_seconds=args.seconds, rate=args.rate, partitions=args.partitions,
-            holding=holding, range_size=args.range_size, adaptive_ranges=args.adaptive_ranges,
+            mode=mode,
+            seed=seed,
+            fault_seconds=args.seconds,
+            rate=args.rate,
+            partitions=args.partitions,
+            holding=holding,
+            range_size=args.range_size,
+            adaptive_ranges=args.adaptive_ranges,
         )
         with EmbeddedBroker(log_path=str(run_dir / "broker.log")) as broker:
             report = Nemesis(config, broker, run_dir, uuid.uuid4().hex[:10]).run()

@@ -45,8 +45,15 @@ def main() -> int:
         read = [-1, time.monotonic()]
 
         def produce() -> None:
-            producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
-                                 "linger.ms": 0, "batch.num.messages": 1})  # fmt: skip
+            producer = Producer(
+                {
+                    "bootstrap.servers": broker.bootstrap,
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "linger.ms": 0,
+                    "batch.num.messages": 1,
+                }
+            )
 
             def delivered(error: KafkaError | None, message: Message) -> None:
                 if error is None:
@@ -61,8 +68,12 @@ def main() -> int:
             producer.flush(10)
 
         def tail() -> None:
-            config = {"bootstrap.servers": broker.bootstrap, "group.id": "tail", "fetch.wait.max.ms": args.fetch_wait_ms,
-                      "fetch.queue.backoff.ms": 5}  # fmt: skip
+            config = {
+                "bootstrap.servers": broker.bootstrap,
+                "group.id": "tail",
+                "fetch.wait.max.ms": args.fetch_wait_ms,
+                "fetch.queue.backoff.ms": 5,
+            }
             consumer = GuardedConsumer(config, "the guarded reader", 1.0) if args.guarded else Consumer(config)
             consumer.assign([TopicPartition("log", 0, OFFSET_BEGINNING)])
             while not stop.is_set():
@@ -78,8 +89,11 @@ def main() -> int:
         while time.monotonic() - began < args.seconds and not stuck:
             time.sleep(2)
             idle = time.monotonic() - read[1]
-            print(f"{time.monotonic() - began:4.0f}s  acknowledged up to {top[0]}  read up to {read[0]}  "
-                  f"(no progress for {idle:.1f}s)", flush=True)  # fmt: skip
+            print(
+                f"{time.monotonic() - began:4.0f}s  acknowledged up to {top[0]}  read up to {read[0]}  "
+                f"(no progress for {idle:.1f}s)",
+                flush=True,
+            )
             stuck = idle > 5 and top[0] > read[0]
         stop.set()
         for thread in threads:

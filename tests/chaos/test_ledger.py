@@ -124,7 +124,9 @@ def test_a_repeat_must_follow_an_unclean_fault() -> None:
 
 @pytest.mark.parametrize("script", ["run_nemesis.py", "tansu_stalled_fetches.py"])
 def test_the_long_run_command_starts(script: str) -> None:
-    result = subprocess.run([sys.executable, str(Path(__file__).with_name(script)), "--help"], check=False, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name(script)), "--help"], check=False, capture_output=True, text=True
+    )
     assert result.returncode == 0 and "usage" in result.stdout
 
 

@@ -27,8 +27,15 @@ SUITE_SEEDS = {"alo": 98227, "amo": 312562}
 # Lanes and shared workers: a shorter plan that meets every fault of a supervisor or a worker, and a broker freeze.
 HOLDING_FAULT_SECONDS = 18.0
 HOLDING_SEED = 2727
-HOLDING_KINDS = {Kind.KILL_WORKER, Kind.KILL_WORKER_CLAIMING, Kind.KILL_SUPERVISOR, Kind.FREEZE_SUPERVISOR,
-                 Kind.TERM_SUPERVISOR, Kind.TERM_WHILE_CLAIMING, Kind.FREEZE_BROKER}  # fmt: skip
+HOLDING_KINDS = {
+    Kind.KILL_WORKER,
+    Kind.KILL_WORKER_CLAIMING,
+    Kind.KILL_SUPERVISOR,
+    Kind.FREEZE_SUPERVISOR,
+    Kind.TERM_SUPERVISOR,
+    Kind.TERM_WHILE_CLAIMING,
+    Kind.FREEZE_BROKER,
+}
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
@@ -39,7 +46,10 @@ def test_random_faults_keep_the_delivery_guarantees(
     # run short on 2 cores (the long run, run_nemesis.py, takes 12 at 1,500 msgs/s).
     partitions, rate = {"alo": (12, 800), "amo": (6, 500)}[mode]
     config = NemesisConfig(
-        mode=mode, seed=seed_from_environment(SUITE_SEEDS[mode]), fault_seconds=SUITE_FAULT_SECONDS, rate=rate,
+        mode=mode,
+        seed=seed_from_environment(SUITE_SEEDS[mode]),
+        fault_seconds=SUITE_FAULT_SECONDS,
+        rate=rate,
         partitions=partitions,
     )
     run_and_judge(config, own_broker, tmp_path, unique, capsys)
@@ -48,12 +58,20 @@ def test_random_faults_keep_the_delivery_guarantees(
 @pytest.mark.parametrize("holding", [Holding.LANES, Holding.SHARED], ids=lambda h: h.value)
 @pytest.mark.parametrize("mode", ["alo", "amo"])
 def test_random_faults_keep_the_guarantees_of_lanes_and_shared_workers(
-    mode: str, holding: Holding, own_broker: EmbeddedBroker, tmp_path: Path, unique: str,
+    mode: str,
+    holding: Holding,
+    own_broker: EmbeddedBroker,
+    tmp_path: Path,
+    unique: str,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     config = NemesisConfig(
-        mode=mode, seed=seed_from_environment(HOLDING_SEED), fault_seconds=HOLDING_FAULT_SECONDS, rate=500,
-        partitions=6, holding=holding,
+        mode=mode,
+        seed=seed_from_environment(HOLDING_SEED),
+        fault_seconds=HOLDING_FAULT_SECONDS,
+        rate=500,
+        partitions=6,
+        holding=holding,
         # Shared at least once runs with leases sized by the handler (the default users get); at most once with
         # fixed ranges of 20, so its loss budget (what the stricken held) stays tight enough to mean something.
         adaptive_ranges=holding is Holding.SHARED and mode == "alo",
@@ -65,7 +83,9 @@ def run_and_judge(
     config: NemesisConfig, broker: EmbeddedBroker, tmp_path: Path, unique: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with capsys.disabled():
-        print(f"\nnemesis {config.mode} {config.holding.value}: seed {config.seed} (replay with MW_NEMESIS_SEED={config.seed})")
+        print(
+            f"\nnemesis {config.mode} {config.holding.value}: seed {config.seed} (replay with MW_NEMESIS_SEED={config.seed})"
+        )
     report = Nemesis(config, broker, tmp_path, unique).run()
     with capsys.disabled():
         print(report.summary())

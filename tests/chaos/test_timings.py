@@ -100,8 +100,10 @@ def test_each_start_is_timed_by_its_own_start_line_and_one_killed_before_it_is_l
         (HEAL + 40.0, 2.0),
     ]
     line = timings_line([], None, found)
-    assert "supervisor start-up: 2 starts, slowest 2.0s (s1, broker frozen or stalled 0.0s meanwhile); 1 killed or " \
+    assert (
+        "supervisor start-up: 2 starts, slowest 2.0s (s1, broker frozen or stalled 0.0s meanwhile); 1 killed or "
         "stopped before their start line" in line
+    )
     assert "settled seen NEVER" in line
 
 
@@ -121,8 +123,10 @@ def test_the_slowest_start_up_says_how_much_of_it_was_the_interpreter_and_import
 def test_a_start_up_that_waited_on_a_frozen_broker_is_told_apart_from_the_slowest_with_the_broker_up() -> None:
     found = [StartUp("s0", HEAL, 4.0, broker_frozen_s=2.5), StartUp("s1", HEAL + 9, 1.25), StartUp("s2", HEAL, 0.9)]
     line = timings_line([], None, found)
-    assert "slowest 4.0s (s0, broker frozen or stalled 2.5s meanwhile), slowest with the broker up throughout " \
+    assert (
+        "slowest 4.0s (s0, broker frozen or stalled 2.5s meanwhile), slowest with the broker up throughout "
         "1.2s (s1)" in line
+    )
 
 
 def test_the_acceptance_bounds_make_problems_only_when_given_and_exceeded() -> None:

@@ -44,8 +44,9 @@ def settled_seen_s(answers: Iterable[tuple[StatusCall, bool]], healed_at: float)
     """Seconds from the heal until the first status answer that showed the fleet settled came back (so its
     call's own time counts: a user sees nothing before the answer); None if no answer after the heal did.
     ``answers``: each status call and whether its answer showed every partition at its end."""
-    seen = [call.answered_at for call, settled in answers
-            if settled and not call.timed_out and call.started >= healed_at]  # fmt: skip
+    seen = [
+        call.answered_at for call, settled in answers if settled and not call.timed_out and call.started >= healed_at
+    ]
     return max(0.0, min(seen) - healed_at) if seen else None
 
 
@@ -106,7 +107,9 @@ def timings_line(calls: Sequence[StatusCall], settled_seen: float | None, found:
     start = slowest_start(found)
     never = sum(start.seconds is None for start in found)
     started = f"supervisor start-up: {len(found) - never} starts, slowest " + (
-        "-" if start is None else f"{start.seconds:.1f}s ({start.client}, broker frozen or stalled "
+        "-"
+        if start is None
+        else f"{start.seconds:.1f}s ({start.client}, broker frozen or stalled "
         f"{start.broker_frozen_s:.1f}s meanwhile{_imports_text(start)})"
     )
     up = slowest_start([s for s in found if s.broker_frozen_s == 0.0])
@@ -121,8 +124,9 @@ def _imports_text(start: StartUp) -> str:
     return "" if start.imports_s is None else f", interpreter and imports {start.imports_s:.1f}s"
 
 
-def over_bounds(calls: Sequence[StatusCall], settled_seen: float | None, status_bound: float | None,
-                settle_bound: float | None) -> list[str]:  # fmt: skip
+def over_bounds(
+    calls: Sequence[StatusCall], settled_seen: float | None, status_bound: float | None, settle_bound: float | None
+) -> list[str]:
     """Problems for the long acceptance run: a post-heal status call slower than ``status_bound`` seconds (a timed-out
     one is), a fleet not seen settled within ``settle_bound`` seconds of the heal.  None: no bound."""
     problems = []

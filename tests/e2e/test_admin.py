@@ -20,9 +20,19 @@ pytestmark = pytest.mark.broker
 def admin(fleet: Fleet, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     command = [
-        sys.executable, "-m", "marshal_workers", *args, "--brokers", fleet.brokers, "--group", fleet.group,
-        "--coordination-topic", fleet.coordination_topic, "--heartbeat-interval", "1s",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        *args,
+        "--brokers",
+        fleet.brokers,
+        "--group",
+        fleet.group,
+        "--coordination-topic",
+        fleet.coordination_topic,
+        "--heartbeat-interval",
+        "1s",
+    ]
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -86,10 +96,27 @@ def test_bad_admin_requests_are_refused_and_write_nothing(fleet: Fleet) -> None:
     assert endless.returncode == ExitCode.CONFIG_ERROR and "int64" in endless.stderr
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     unknown_group = subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "admin", "pause", "--for", "5s", "--brokers", fleet.brokers,
-         "--group", "no-such-group", "--coordination-topic", fleet.coordination_topic],
-        check=False, capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "admin",
+            "pause",
+            "--for",
+            "5s",
+            "--brokers",
+            fleet.brokers,
+            "--group",
+            "no-such-group",
+            "--coordination-topic",
+            fleet.coordination_topic,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert unknown_group.returncode == ExitCode.UNKNOWN_GROUP and "no record" in unknown_group.stderr
 
     after = admin(fleet, "log").stdout
@@ -100,6 +127,7 @@ def test_bad_admin_requests_are_refused_and_write_nothing(fleet: Fleet) -> None:
 def test_log_prints_the_groups_records_and_follows(fleet: Fleet) -> None:
     fleet.start("only")
     poll_until(lambda: len(fleet.worker_pids("only")) == 8, what="8 workers")
+
     def one_round_in_one_record() -> subprocess.CompletedProcess[str] | None:
         """``log`` once a heartbeat round with every partition is in: one heartbeats record per topic and round."""
         found = admin(fleet, "log")
@@ -113,10 +141,23 @@ def test_log_prints_the_groups_records_and_follows(fleet: Fleet) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     follower = subprocess.Popen(
-        [sys.executable, "-m", "marshal_workers", "log", "--follow", "--brokers", fleet.brokers, "--group", fleet.group,
-         "--coordination-topic", fleet.coordination_topic],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "log",
+            "--follow",
+            "--brokers",
+            fleet.brokers,
+            "--group",
+            fleet.group,
+            "--coordination-topic",
+            fleet.coordination_topic,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert follower.stdout is not None
         seen = [follower.stdout.readline() for _ in range(len(result.stdout.splitlines()) + 3)]

@@ -98,9 +98,10 @@ def test_a_whole_partition_backlog_wants_members_up_to_the_partition_count(fleet
 
 
 @pytest.mark.fleet(
-    name="autoscale-shared", partitions=1,
+    name="autoscale-shared",
+    partitions=1,
     env={"MW_TEST_SHARED": "1", "MW_TEST_DELAY": "0.01", "MW_TEST_RANGE_SIZE": "20", "MW_TEST_ADAPTIVE_RANGES": "0"},
-)  # fmt: skip
+)
 def test_a_shared_backlog_wants_processes_beyond_the_partitions_from_the_dashboard_and_status(
     fleet: Fleet, tmp_path: Path
 ) -> None:
@@ -110,12 +111,30 @@ def test_a_shared_backlog_wants_processes_beyond_the_partitions_from_the_dashboa
     poll_until(lambda: fleet.lines(), timeout=60, what="the shared workers to start")
     port = free_port()
     with open(tmp_path / "dashboard.log", "wb") as log:
-        dashboard = subprocess.Popen([
-            sys.executable, "-m", "marshal_workers", "dashboard", "--brokers", fleet.brokers, "--group", fleet.group,
-            "--coordination-topic", fleet.coordination_topic, "--heartbeat-interval", fleet.heartbeat,
-            "--port", str(port), "--drain-target", "1s",
-        ], stdout=log, stderr=subprocess.STDOUT, env={**_env(), "MARSHAL_WORKERS_PROCESSES": "2"},
-            start_new_session=True)  # fmt: skip
+        dashboard = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "marshal_workers",
+                "dashboard",
+                "--brokers",
+                fleet.brokers,
+                "--group",
+                fleet.group,
+                "--coordination-topic",
+                fleet.coordination_topic,
+                "--heartbeat-interval",
+                fleet.heartbeat,
+                "--port",
+                str(port),
+                "--drain-target",
+                "1s",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**_env(), "MARSHAL_WORKERS_PROCESSES": "2"},
+            start_new_session=True,
+        )
     try:
         poll_until(lambda: dashboard.poll() is not None or _answers(port), timeout=60, what="the dashboard")
         assert dashboard.poll() is None, (tmp_path / "dashboard.log").read_text()
@@ -138,11 +157,30 @@ def test_a_shared_backlog_wants_processes_beyond_the_partitions_from_the_dashboa
     assert value_at(found, f"topics.{fleet.topic}.workers_wanted") == math.ceil(topic["processes_wanted"] / 2)
 
     result = subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "status", "--brokers", fleet.brokers, "--group", fleet.group,
-         "--coordination-topic", fleet.coordination_topic, "--heartbeat-interval", fleet.heartbeat,
-         "--autoscale", "--json", "--drain-target", "1s"],
-        check=False, capture_output=True, text=True, timeout=60, env={**_env(), "MARSHAL_WORKERS_PROCESSES": "2"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "status",
+            "--brokers",
+            fleet.brokers,
+            "--group",
+            fleet.group,
+            "--coordination-topic",
+            fleet.coordination_topic,
+            "--heartbeat-interval",
+            fleet.heartbeat,
+            "--autoscale",
+            "--json",
+            "--drain-target",
+            "1s",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(), "MARSHAL_WORKERS_PROCESSES": "2"},
+    )
     assert result.returncode == 0, result.stderr
     printed = orjson.loads(result.stdout)
     assert value_at(printed, f"topics.{fleet.topic}.processes_per_member") == 2
@@ -165,8 +203,12 @@ def _env() -> dict[str, str]:
 def test_status_refuses_a_drain_target_that_is_not_a_duration_in_one_line() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "marshal_workers", "status", "--group", "g", "--autoscale", "--drain-target", "soon"],
-        check=False, capture_output=True, text=True, timeout=60, env=_env(),
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
     assert result.stderr.splitlines() == [
         "error: drain_target in the command line: expected a duration such as 5s, 250ms, 2m or 1h, got 'soon'"

@@ -37,12 +37,14 @@ def test_a_supervisor_writes_checkpoints_every_interval_and_the_next_one_starts_
         with Coordinator(settings) as coordinator:
             partitions = coordinator.partition_count
         home = codec.coordination_partition(fleet.topic, partitions)
-        poll_until(lambda: latest_as_of(fleet, settings, partitions, home) is not None, timeout=60,
-                   what="a checkpoint")  # fmt: skip
+        poll_until(lambda: latest_as_of(fleet, settings, partitions, home) is not None, timeout=60, what="a checkpoint")
         earlier = latest_as_of(fleet, settings, partitions, home)
         assert earlier is not None
-        poll_until(lambda: (latest_as_of(fleet, settings, partitions, home) or 0) > earlier, timeout=60,
-                   what="a later checkpoint, an interval on")  # fmt: skip
+        poll_until(
+            lambda: (latest_as_of(fleet, settings, partitions, home) or 0) > earlier,
+            timeout=60,
+            what="a later checkpoint, an interval on",
+        )
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=60) == ExitCode.OK
 

@@ -52,11 +52,15 @@ def started_group(settings: Settings, unique: str) -> Iterator[tuple[Settings, s
 
 def connection_options(settings: Settings) -> list[str]:
     return [
-        "--brokers", settings.brokers,
-        "--group", str(settings.group),
-        "--coordination-topic", settings.coordination_topic,
-        "--heartbeat-interval", "60s",  # the owner stays fresh however slow the machine
-    ]  # fmt: skip
+        "--brokers",
+        settings.brokers,
+        "--group",
+        str(settings.group),
+        "--coordination-topic",
+        settings.coordination_topic,
+        "--heartbeat-interval",
+        "60s",  # the owner stays fresh however slow the machine
+    ]
 
 
 def rows_by_partition(document: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -73,10 +77,19 @@ def test_status_json_shows_owner_offset_and_unclaimed_partitions(started_group: 
     rows = rows_by_partition(document)
     assert sorted(rows) == [0, 1, 2, 3]
     assert rows[0] | {"heartbeat_age_s": None} == {
-        "topic": topic, "partition": 0, "state": "fresh", "client": settings.client_id,
-        "instance": rows[0]["instance"], "offset": 10, "heartbeat_age_s": None, "lag": None, "rate": None,
-        "in_flight": None, "call_age_s": None, "window_used": None,
-    }  # fmt: skip
+        "topic": topic,
+        "partition": 0,
+        "state": "fresh",
+        "client": settings.client_id,
+        "instance": rows[0]["instance"],
+        "offset": 10,
+        "heartbeat_age_s": None,
+        "lag": None,
+        "rate": None,
+        "in_flight": None,
+        "call_age_s": None,
+        "window_used": None,
+    }
     assert 0 <= rows[0]["heartbeat_age_s"] < 60
     assert (rows[1]["state"], rows[1]["offset"], rows[1]["client"]) == ("released", 5, None)
     assert [rows[p]["state"] for p in (2, 3)] == ["unclaimed", "unclaimed"]
@@ -90,10 +103,28 @@ def test_status_table_for_people(started_group: tuple[Settings, str]) -> None:
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"group {settings.group}")
     assert lines[1].split() == [
-        "TOPIC", "PARTITION", "STATE", "OWNER", "OFFSET", "HEARTBEAT", "AGE", "LAG", "MSGS/S", "IN", "FLIGHT", "CALL", "AGE",
+        "TOPIC",
+        "PARTITION",
+        "STATE",
+        "OWNER",
+        "OFFSET",
+        "HEARTBEAT",
+        "AGE",
+        "LAG",
+        "MSGS/S",
+        "IN",
+        "FLIGHT",
+        "CALL",
+        "AGE",
         "WINDOW",
-    ]  # fmt: skip
-    assert lines[2].split()[:5] == [topic, "0", "fresh", f"{settings.client_id}/{lines[2].split()[3].split('/')[1]}", "10"]
+    ]
+    assert lines[2].split()[:5] == [
+        topic,
+        "0",
+        "fresh",
+        f"{settings.client_id}/{lines[2].split()[3].split('/')[1]}",
+        "10",
+    ]
     assert lines[3].split() == [topic, "1", "released", "-", "5", "-", "-", "-", "-", "-", "-"]
     assert lines[-1] == "1 fresh, 1 released, 2 unclaimed"
 
@@ -224,8 +255,9 @@ def test_topics_create_makes_every_topic_of_an_app_and_list_shows_what_uses_each
     assert listed.returncode == ExitCode.UNKNOWN_TOPIC, "the app's topics are missing"
     assert f"topics create {app} --partitions N" in listed.stderr
 
-    created = run_cli("topics", "create", app, "--topic", named, "--partitions", "3", "--brokers", settings.brokers,
-                      env=env)  # fmt: skip
+    created = run_cli(
+        "topics", "create", app, "--topic", named, "--partitions", "3", "--brokers", settings.brokers, env=env
+    )
     assert created.returncode == 0, created.stderr
     assert created.stdout.splitlines()[-1] == "5 of 5 topics created", created.stdout
     metadata = AdminClient({"bootstrap.servers": settings.brokers}).list_topics(timeout=10).topics

@@ -115,9 +115,7 @@ def test_concurrency_32_handles_every_message_once_and_many_times_faster(keyed_f
 # ------------------------------------------------------------------ ordering
 
 
-def test_key_ordering_never_overlaps_a_key_and_keeps_its_offset_order(
-    keyed_fleets: NewFleet
-) -> None:
+def test_key_ordering_never_overlaps_a_key_and_keeps_its_offset_order(keyed_fleets: NewFleet) -> None:
     count = 400
     fleet = keyed_fleets("keys", count, keys=10)
     seen = handle_all(fleet, count, MW_TEST_ASYNC="1", MW_TEST_CONCURRENCY="16", MW_TEST_MAX_DELAY="0.01")
@@ -165,8 +163,13 @@ def test_kill_9_with_32_in_flight_reruns_exactly_those_under_alo_and_none_under_
     fleet = keyed_fleets(f"kill-{mode}", count, keys=1000)
     # Every 20th message blocks until the gate opens: under ALO all 32 lanes end up on blocked ones.
     # Under AMO a claim is a batch of 100, so its 5 blocked messages are what is in flight at the kill.
-    env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_GATE_VALUES": "20",
-           "MW_TEST_GATE_FILE": str(gate), "MW_TEST_BATCH_SIZE": "100"}  # fmt: skip
+    env = {
+        "MW_TEST_MODE": mode,
+        "MW_TEST_CONCURRENCY": "32",
+        "MW_TEST_GATE_VALUES": "20",
+        "MW_TEST_GATE_FILE": str(gate),
+        "MW_TEST_BATCH_SIZE": "100",
+    }
     fleet.start("a", **env)
     blocked = 32 if mode == "alo" else 5
     poll_until(lambda: all_gated_calls_block(fleet, "a", blocked), timeout=60, what=f"{blocked} blocked calls")
@@ -186,7 +189,9 @@ def test_kill_9_with_32_in_flight_reruns_exactly_those_under_alo_and_none_under_
     if mode == "alo":
         poll_until(lambda: set(ends(fleet)) >= set(range(count)), timeout=120, what="every message handled")
         seen = calls(fleet)
-        rerun = {c.offset for c in seen if c.client == "b" and c.kind == "S"} & {c.offset for c in seen if c.client == "a"}
+        rerun = {c.offset for c in seen if c.client == "b" and c.kind == "S"} & {
+            c.offset for c in seen if c.client == "a"
+        }
         assert rerun == killed_in_flight  # exactly what was in flight ran again: no done message did
         assert not done_by_a & {c.offset for c in seen if c.client == "b"}
         assert max(ends(fleet).values()) == 1  # and so nothing returned twice
@@ -207,13 +212,10 @@ def heartbeat_seen_after(fleet: Fleet) -> bool:
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
-def test_sigterm_mid_flight_loses_nothing_and_repeats_nothing(
-    keyed_fleets: NewFleet, mode: str
-) -> None:
+def test_sigterm_mid_flight_loses_nothing_and_repeats_nothing(keyed_fleets: NewFleet, mode: str) -> None:
     count = 1500
     fleet = keyed_fleets(f"term-{mode}", count, keys=1000)
-    env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_MAX_DELAY": "0.05",
-           "MW_TEST_BATCH_SIZE": "100"}  # fmt: skip
+    env = {"MW_TEST_MODE": mode, "MW_TEST_CONCURRENCY": "32", "MW_TEST_MAX_DELAY": "0.05", "MW_TEST_BATCH_SIZE": "100"}
     fleet.start("a", **env)
     poll_until(lambda: len(ends(fleet)) >= 300, timeout=60, what="300 messages handled")
     stop(fleet, "a")
@@ -261,14 +263,17 @@ def test_a_supervisor_frozen_past_its_lease_loses_nothing_under_alo_and_repeats_
         assert not lost or max(lost) - min(lost) < 100  # at most the one batch a had claimed
 
 
-def test_retries_of_one_key_do_not_delay_the_other_keys(
-    keyed_fleets: NewFleet
-) -> None:
+def test_retries_of_one_key_do_not_delay_the_other_keys(keyed_fleets: NewFleet) -> None:
     count = 100
     fleet = keyed_fleets("retry", count, keys=20)
     # Every call on key k0 fails twice before it succeeds, 0.2 s then 0.4 s later (no jitter): 0.6 s per k0 message.
     seen = handle_all(
-        fleet, count, MW_TEST_CONCURRENCY="8", MW_TEST_DELAY="0.01", MW_TEST_FAIL_KEY="k0", MW_TEST_RETRY_BACKOFF="0.2s",
+        fleet,
+        count,
+        MW_TEST_CONCURRENCY="8",
+        MW_TEST_DELAY="0.01",
+        MW_TEST_FAIL_KEY="k0",
+        MW_TEST_RETRY_BACKOFF="0.2s",
         MW_TEST_RETRY_JITTER="0",
     )
     k0 = [c for c in seen if c.key == "k0"]
@@ -286,8 +291,13 @@ def test_a_call_past_the_hard_time_limit_kills_the_worker_and_after_its_retries_
     count = 200
     fleet = keyed_fleets("limit", count, keys=1000)
     # Message 0 blocks for ever (its gate never opens); the time limit kills its worker each time.
-    fleet.start("a", MW_TEST_CONCURRENCY="8", MW_TEST_GATE_VALUES="1000", MW_TEST_GATE_FILE=str(tmp_path / "never"),
-                MARSHAL_WORKERS_TIME_LIMIT="1s")  # fmt: skip
+    fleet.start(
+        "a",
+        MW_TEST_CONCURRENCY="8",
+        MW_TEST_GATE_VALUES="1000",
+        MW_TEST_GATE_FILE=str(tmp_path / "never"),
+        MARSHAL_WORKERS_TIME_LIMIT="1s",
+    )
     [dead] = fleet.dead_letters(1)
     headers = dict(dead.headers())
     assert (headers["error_type"], headers["original_offset"], dead.value()) == (b"TimeLimitExceeded", b"0", b"0")
@@ -299,17 +309,18 @@ def test_a_call_past_the_hard_time_limit_kills_the_worker_and_after_its_retries_
     assert "ran past time_limit" in fleet.log_of("a")
 
 
-def test_a_stuck_message_holds_the_window_visibly_and_lets_go_when_done(
-    keyed_fleets: NewFleet, tmp_path: Path
-) -> None:
+def test_a_stuck_message_holds_the_window_visibly_and_lets_go_when_done(keyed_fleets: NewFleet, tmp_path: Path) -> None:
     count, gate = 300, tmp_path / "gate"
     fleet = keyed_fleets("window", count, keys=1000)
     # Message 0 blocks until the gate opens; the window of 50 lets the worker read only up to offset 49.
-    fleet.start("a", MW_TEST_CONCURRENCY="4", MW_TEST_WINDOW="50", MW_TEST_GATE_VALUES="100000",
-                MW_TEST_GATE_FILE=str(gate))  # fmt: skip
+    fleet.start(
+        "a", MW_TEST_CONCURRENCY="4", MW_TEST_WINDOW="50", MW_TEST_GATE_VALUES="100000", MW_TEST_GATE_FILE=str(gate)
+    )
     poll_until(lambda: set(ends(fleet)) == set(range(1, 50)), timeout=60, what="offsets 1-49 done around the stuck 0")
     row = poll_until(
-        lambda: (r := fleet.status_rows()[0])["window_used"] == 50 and r, timeout=30, what="status to show a full window"
+        lambda: (r := fleet.status_rows()[0])["window_used"] == 50 and r,
+        timeout=30,
+        what="status to show a full window",
     )
     assert (row["offset"], row["in_flight"]) == (0, 1)  # resumes at the stuck message; one call running
     poll_until(lambda: "the window (50 offsets) has been full" in fleet.log_of("a"), timeout=30, what="the warning")
@@ -321,12 +332,11 @@ def test_a_stuck_message_holds_the_window_visibly_and_lets_go_when_done(
     assert ends(fleet) == collections.Counter(range(count))
 
 
-def test_a_batch_handler_runs_batches_side_by_side_each_message_once(
-    keyed_fleets: NewFleet
-) -> None:
+def test_a_batch_handler_runs_batches_side_by_side_each_message_once(keyed_fleets: NewFleet) -> None:
     count = 400
     fleet = keyed_fleets("batches", count, keys=1000)
-    seen = handle_all(fleet, count, MW_TEST_BATCH="1", MW_TEST_BATCH_SIZE="10", MW_TEST_CONCURRENCY="4",
-                      MW_TEST_DELAY="0.05")  # fmt: skip
+    seen = handle_all(
+        fleet, count, MW_TEST_BATCH="1", MW_TEST_BATCH_SIZE="10", MW_TEST_CONCURRENCY="4", MW_TEST_DELAY="0.05"
+    )
     assert max_overlap(seen) > 10  # more than one batch of 10 in flight at once
     assert max_overlap(seen) <= 40  # never more than 4 batches

@@ -79,10 +79,21 @@ def test_a_bad_value_of_a_consumer_property_is_named_with_its_section(tmp_path: 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c != "dlq"])  # (dlq takes no --heartbeat-interval)
 def test_a_heartbeat_interval_below_the_floor_is_refused_with_the_reason(command: str) -> None:
     result = run_cli(*COMMANDS[command], "--group", "g", "--brokers", NOBODY, "--heartbeat-interval", "10ms")
-    assert_one_line_config_error(result, "heartbeat_interval in the command line", "'10ms'", "250ms",
-                                 "every member of every group on the coordination topic")  # fmt: skip
-    from_the_environment = run_cli(*COMMANDS[command], env={"MARSHAL_WORKERS_GROUP": "g", "MARSHAL_WORKERS_BROKERS":
-                                                           NOBODY, "MARSHAL_WORKERS_HEARTBEAT_INTERVAL": "0.1"})
+    assert_one_line_config_error(
+        result,
+        "heartbeat_interval in the command line",
+        "'10ms'",
+        "250ms",
+        "every member of every group on the coordination topic",
+    )
+    from_the_environment = run_cli(
+        *COMMANDS[command],
+        env={
+            "MARSHAL_WORKERS_GROUP": "g",
+            "MARSHAL_WORKERS_BROKERS": NOBODY,
+            "MARSHAL_WORKERS_HEARTBEAT_INTERVAL": "0.1",
+        },
+    )
     assert_one_line_config_error(from_the_environment, "heartbeat_interval in the environment", "250ms")
 
 
@@ -95,8 +106,14 @@ def other_group(settings: Settings) -> Settings:
 
 
 def typo_options(settings: Settings) -> list[str]:
-    return ["--brokers", settings.brokers, "--group", f"{settings.group}-typo",
-            "--coordination-topic", settings.coordination_topic]  # fmt: skip
+    return [
+        "--brokers",
+        settings.brokers,
+        "--group",
+        f"{settings.group}-typo",
+        "--coordination-topic",
+        settings.coordination_topic,
+    ]
 
 
 def assert_unknown_group(result: subprocess.CompletedProcess[str], settings: Settings) -> None:
@@ -130,8 +147,9 @@ def test_log_of_a_mistyped_group_exits_as_the_admin_commands_do_even_when_follow
     following = run_cli("log", "--follow", *typo_options(other_group))
     assert_unknown_group(following, other_group)
 
-    known = run_cli("log", *typo_options(other_group)[:3], other_group.group, "--coordination-topic",
-                    other_group.coordination_topic)  # fmt: skip
+    known = run_cli(
+        "log", *typo_options(other_group)[:3], other_group.group, "--coordination-topic", other_group.coordination_topic
+    )
     assert known.returncode == ExitCode.OK, known.stderr
     assert " claim " in known.stdout and " release " in known.stdout
 
@@ -139,6 +157,13 @@ def test_log_of_a_mistyped_group_exits_as_the_admin_commands_do_even_when_follow
 @pytest.mark.broker
 def test_status_and_log_on_a_missing_coordination_topic_exit_as_for_an_unknown_group(settings: Settings) -> None:
     for command in (["status", "--json"], ["log"]):
-        result = run_cli(*command, "--brokers", settings.brokers, "--group", f"{settings.group}-typo",
-                         "--coordination-topic", settings.coordination_topic)  # fmt: skip
+        result = run_cli(
+            *command,
+            "--brokers",
+            settings.brokers,
+            "--group",
+            f"{settings.group}-typo",
+            "--coordination-topic",
+            settings.coordination_topic,
+        )
         assert_unknown_group(result, settings)

@@ -56,9 +56,21 @@ def page() -> Iterator[object]:
 
 def start_dashboard(fleet: Fleet, port: int, log: Path) -> subprocess.Popen[bytes]:
     command = [
-        sys.executable, "-m", "marshal_workers", "dashboard", "--brokers", fleet.brokers, "--group", fleet.group,
-        "--coordination-topic", fleet.coordination_topic, "--heartbeat-interval", HB, "--port", str(port),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "dashboard",
+        "--brokers",
+        fleet.brokers,
+        "--group",
+        fleet.group,
+        "--coordination-topic",
+        fleet.coordination_topic,
+        "--heartbeat-interval",
+        HB,
+        "--port",
+        str(port),
+    ]
     with open(log, "wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -83,9 +95,7 @@ HANDED_OVER = """([from, to]) => [...document.querySelectorAll('#hand-overs tbod
   .some(r => r.dataset.from.startsWith(from) && r.dataset.to.startsWith(to))"""
 
 
-def test_the_dashboard_shows_every_partition_owned_then_a_hand_over(
-    fleet: Fleet, page: object, tmp_path: Path
-) -> None:
+def test_the_dashboard_shows_every_partition_owned_then_a_hand_over(fleet: Fleet, page: object, tmp_path: Path) -> None:
     screenshot = bool(os.environ.get("MW_UPDATE_SCREENSHOT"))
     if screenshot:  # something to see: a backlog draining slowly, and a message that fails
         fleet.env |= {"MW_TEST_DELAY": "0.01", "MW_TEST_FAIL_VALUE": "fail"}

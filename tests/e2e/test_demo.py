@@ -28,8 +28,13 @@ def test_demo_runs_the_example_under_two_supervisors_and_shuts_down_cleanly(tmp_
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     result = subprocess.run(
         [sys.executable, "-m", "marshal_workers", "demo", "--duration", "8", "--rate", "500", "--partitions", "4"],
-        check=False, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert result.returncode == ExitCode.OK, result.stdout + result.stderr
     broker = re.search(r"demo: broker (127\.0\.0\.1:\d+)", result.stdout)
     assert broker, result.stdout

@@ -25,8 +25,11 @@ pytestmark = pytest.mark.broker
 def dlq(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "marshal_workers", "dlq", *args, "--brokers", fleet.brokers, "--topic", fleet.topic],
-        check=False, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_dead_letters_are_listed_by_error_type_and_redriven_once_to_their_topic(fleet: Fleet) -> None:
@@ -86,8 +89,15 @@ def test_two_groups_on_one_topic_each_get_back_only_their_own_dead_letters(fleet
     ``<topic>.dlq``; each letter names its group and client; ``--group A`` lists and redrives A's alone, and only A
     handles them again: B passes them by (counted) and its progress still reaches the end of every partition."""
     a = fleet
-    b = replace(fleet, group=f"{fleet.group}-b", coordination_topic=f"{fleet.coordination_topic}-b",
-                sink=tmp_path / "sink-b.txt", env={}, processes={}, logs={})  # fmt: skip
+    b = replace(
+        fleet,
+        group=f"{fleet.group}-b",
+        coordination_topic=f"{fleet.coordination_topic}-b",
+        sink=tmp_path / "sink-b.txt",
+        env={},
+        processes={},
+        logs={},
+    )
     try:
         a.start("a-1", MW_TEST_FAIL_VALUES="3,13")
         b.start("b-1", MW_TEST_FAIL_VALUES="13,21")
@@ -96,9 +106,10 @@ def test_two_groups_on_one_topic_each_get_back_only_their_own_dead_letters(fleet
         written = sorted(
             (d.value().decode(), dict(d.headers())[GROUP_HEADER].decode(), dict(d.headers())[CLIENT_ID_HEADER].decode())
             for d in fleet.dead_letters(4)
-        )  # fmt: skip
-        assert written == sorted([("3", a.group, "a-1"), ("13", a.group, "a-1"), ("13", b.group, "b-1"),
-                                  ("21", b.group, "b-1")])  # fmt: skip
+        )
+        assert written == sorted(
+            [("3", a.group, "a-1"), ("13", a.group, "a-1"), ("13", b.group, "b-1"), ("21", b.group, "b-1")]
+        )
 
         for group in (a.group, b.group):
             listed = dlq(fleet, "list", "--json", "--group", group)

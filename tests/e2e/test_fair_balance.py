@@ -65,8 +65,9 @@ def test_by_default_two_supervisors_started_together_or_restarted_in_turn_hold_h
         fleet.processes[client].terminate()
         assert fleet.processes[client].wait(timeout=30) == 0
         fleet.start(client)
-        poll_until(lambda: held(fleet) == {"first": 4, "second": 4}, timeout=40,
-                   what=f"4 and 4 after restarting {client}")  # fmt: skip
+        poll_until(
+            lambda: held(fleet) == {"first": 4, "second": 4}, timeout=40, what=f"4 and 4 after restarting {client}"
+        )
     fleet.produce(range(400))
     poll_until(lambda: len(fleet.counts()) == 400, what="every message")
     assert max(fleet.counts().values()) == 1

@@ -32,8 +32,13 @@ def amo_fleet_behind_a_proxy(
         proxy = KafkaProxy(proxy_port, broker.port, delay=frozenset({PRODUCE}), delay_s=produce_delay_s).start()
         fleet: Fleet | None = None
         try:
-            fleet = new_fleet(f"127.0.0.1:{proxy_port}", unique, tmp_path, partitions=partitions,
-                              env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": delay, "MW_TEST_BATCH_SIZE": str(batch)})
+            fleet = new_fleet(
+                f"127.0.0.1:{proxy_port}",
+                unique,
+                tmp_path,
+                partitions=partitions,
+                env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": delay, "MW_TEST_BATCH_SIZE": str(batch)},
+            )
             yield fleet, proxy
         finally:
             if fleet is not None:
@@ -47,7 +52,12 @@ def test_a_sigterm_right_after_a_claim_stops_the_worker_forked_for_it(fleet: Fle
     then was lost, and the worker went on until shutdown_timeout killed it.  Here every new worker sleeps
     half a second in that moment, so the SIGTERM sent at the first claim always lands in it."""
     total = 4000
-    fleet.env |= {"MW_TEST_MODE": mode, "MW_TEST_SLOW_FORK": "0.5", "MW_TEST_DELAY": "0.002", "MW_TEST_BATCH_SIZE": "20"}
+    fleet.env |= {
+        "MW_TEST_MODE": mode,
+        "MW_TEST_SLOW_FORK": "0.5",
+        "MW_TEST_DELAY": "0.002",
+        "MW_TEST_BATCH_SIZE": "20",
+    }
     fleet.produce(range(total))  # a backlog: a worker that missed the stop would keep handling it
     supervisor = fleet.start("first", "--shutdown-timeout", "20s")
     poll_until(lambda: "claimed " in fleet.log_of("first"), interval=0.002, what="the first claim")

@@ -73,10 +73,14 @@ def test_sigusr2_heads_each_shared_workers_stacks_with_its_pid_group_and_topic(f
     fleet.produce(range(40))
     poll_until(lambda: len(fleet.counts()) == 40, what="every message")
     supervisor.send_signal(signal.SIGUSR2)
-    heading = (rf"SIGUSR2: stacks of worker pid (\d+), group {fleet.group}, topic {fleet.topic}( partition \d)?, "
-               r"shared worker #([01]), (between ranges|range from \d+):\n")  # the partition of the range in hand
-    headings = poll_until(lambda: len(found := re.findall(heading, fleet.log_of("only"))) == 2 and found,
-                          what="both shared workers' stacks")  # fmt: skip
+    heading = (
+        rf"SIGUSR2: stacks of worker pid (\d+), group {fleet.group}, topic {fleet.topic}( partition \d)?, "
+        r"shared worker #([01]), (between ranges|range from \d+):\n"
+    )  # the partition of the range in hand
+    headings = poll_until(
+        lambda: len(found := re.findall(heading, fleet.log_of("only"))) == 2 and found,
+        what="both shared workers' stacks",
+    )
     assert sorted(number for _, _, number, _ in headings) == ["0", "1"] and len({h[0] for h in headings}) == 2
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == ExitCode.OK

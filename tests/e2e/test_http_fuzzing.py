@@ -43,8 +43,14 @@ pytestmark = [pytest.mark.broker, pytest.mark.fleet(name="openapi", partitions=2
 DOCS_COPY = Path(__file__).parents[2] / "docs" / "openapi.json"
 TOKEN = "fuzz-token"
 EXAMPLES = int(os.environ.get("MW_TEST_FUZZ_EXAMPLES", "15"))
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
-          response_schema_conformance, negative_data_rejection]  # fmt: skip
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    negative_data_rejection,
+]
 # An invalid request is any 4xx (schemathesis' default list lacks 409 and 413, which the document gives).
 CONFIG = schemathesis.Config.from_dict({"checks": {"negative_data_rejection": {"expected-statuses": ["4XX"]}}})
 KIND = {"/read": codec.DeliverMessages, "/ack": codec.AckMessages, "/cancel": codec.CancelMessages}
@@ -68,9 +74,11 @@ class Effects:
 
 def written(records: list[codec.Record]) -> tuple[collections.Counter[str], collections.Counter[str]]:
     message_records = [r for r in records if isinstance(r, codec.MESSAGE_RECORD_TYPES)]
-    return (collections.Counter(type(r).__name__ for r in message_records),
-            collections.Counter({type(r).__name__: 0 for r in message_records}) +
-            collections.Counter(type(r).__name__ for r in message_records for _ in r.messages))  # fmt: skip
+    return (
+        collections.Counter(type(r).__name__ for r in message_records),
+        collections.Counter({type(r).__name__: 0 for r in message_records})
+        + collections.Counter(type(r).__name__ for r in message_records for _ in r.messages),
+    )
 
 
 def bounded(case: Case) -> None:
@@ -107,7 +115,7 @@ def settle(schema: schemathesis.BaseSchema, url: str, effects: Effects, messages
     effects.reads += 1
     ids = [{"topic": m["topic"], "partition": m["partition"], "offset": m["offset"]} for m in messages]
     acked = ids[:1] if effects.reads % 2 == 0 else []
-    for path, some in (("/ack", acked), ("/cancel", ids[len(acked):])):
+    for path, some in (("/ack", acked), ("/cancel", ids[len(acked) :])):
         if some:
             response = send(schema[path]["POST"].Case(body=some, media_type="application/json"), url, effects)
             assert response.status_code == 200 and response.json()["already"] == 0, response.text
@@ -116,12 +124,24 @@ def settle(schema: schemathesis.BaseSchema, url: str, effects: Effects, messages
         assert response.status_code == 409 and response.json()["error"] == "not_pending", response.text
 
 
-def fuzz(schema: schemathesis.BaseSchema, url: str, effects: Effects, path: str, method: str, mode: GenerationMode,
-         token: str | None = TOKEN) -> None:  # fmt: skip
+def fuzz(
+    schema: schemathesis.BaseSchema,
+    url: str,
+    effects: Effects,
+    path: str,
+    method: str,
+    mode: GenerationMode,
+    token: str | None = TOKEN,
+) -> None:
     operation = schema[path][method]
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def run(case: Case) -> None:
         bounded(case)
@@ -136,8 +156,9 @@ def test_a_live_server_answers_fuzzed_requests_as_its_document_says_and_rejected
     fleet: Fleet, tmp_path: Path
 ) -> None:
     (tmp_path / "token").write_text(TOKEN + "\n")
-    server, url = start_server(fleet, "srv", "--token-file", str(tmp_path / "token"), "--pending-timeout", "60s",
-                               "--max-deliveries", "1000")  # fmt: skip
+    server, url = start_server(
+        fleet, "srv", "--token-file", str(tmp_path / "token"), "--pending-timeout", "60s", "--max-deliveries", "1000"
+    )
     with urllib.request.urlopen(url + "/openapi.json", timeout=30) as response:  # no token needed
         served = json.loads(response.read())
         assert response.headers["Content-Type"].startswith("application/json")
@@ -157,12 +178,24 @@ def test_a_live_server_answers_fuzzed_requests_as_its_document_says_and_rejected
 
     records, entries = written(log_records(fleet)[before:])
     assert (records, entries) == (effects.records, effects.entries), (
-        "the log holds exactly what the accepted requests did; no rejected request wrote a record", effects.statuses)
+        "the log holds exactly what the accepted requests did; no rejected request wrote a record",
+        effects.statuses,
+    )
     # The run reached each kind of answer it is meant to check.
     seen = {(path, status) for path, _, status in effects.statuses}
-    assert {("/read", 200), ("/read", 400), ("/read", 401), ("/ack", 200), ("/ack", 400), ("/ack", 401),
-            ("/cancel", 200), ("/cancel", 400), ("/cancel", 409), ("/healthz", 200), ("/openapi.json", 200)} <= seen, \
-        effects.statuses
+    assert {
+        ("/read", 200),
+        ("/read", 400),
+        ("/read", 401),
+        ("/ack", 200),
+        ("/ack", 400),
+        ("/ack", 401),
+        ("/cancel", 200),
+        ("/cancel", 400),
+        ("/cancel", 409),
+        ("/healthz", 200),
+        ("/openapi.json", 200),
+    } <= seen, effects.statuses
     assert effects.records["AckMessages"] >= 1 and effects.records["CancelMessages"] >= 1
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == ExitCode.OK

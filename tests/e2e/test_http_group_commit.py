@@ -98,8 +98,9 @@ def served_behind_a_proxy(unique: str, tmp_path: Path) -> Iterator[tuple[Fleet, 
 
 def delivered(fleet: Fleet) -> set[tuple[int, int]]:
     """(partition, offset) of every hand-out in the log."""
-    return {(e.partition, e.offset) for r in log_records(fleet) if isinstance(r, codec.DeliverMessages)
-            for e in r.messages}  # fmt: skip
+    return {
+        (e.partition, e.offset) for r in log_records(fleet) if isinstance(r, codec.DeliverMessages) for e in r.messages
+    }
 
 
 def test_kill_9_with_reads_answered_and_their_hand_outs_never_written_delivers_them_again(
@@ -130,8 +131,9 @@ def test_kill_9_with_reads_answered_and_their_hand_outs_never_written_delivers_t
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         proxy.resume()
-        assert not {(m["partition"], m["offset"]) for m in answered} & delivered(fleet), \
-            "the hand-outs answered never reached the log"  # fmt: skip
+        assert not {(m["partition"], m["offset"]) for m in answered} & delivered(fleet), (
+            "the hand-outs answered never reached the log"
+        )
 
         second, second_url = start_server(fleet, "srv2", "--pending-timeout", "15s")
         rest: list[dict[str, Any]] = []
@@ -143,7 +145,9 @@ def test_kill_9_with_reads_answered_and_their_hand_outs_never_written_delivers_t
                 rest += batch
         values = sorted([m["value"] for m in warm + rest], key=int)
         assert values == [str(n) for n in range(total)], "nothing lost, nothing acked twice"
-        assert {m["value"] for m in answered} <= {m["value"] for m in rest}, "what the killed server answered came again"
+        assert {m["value"] for m in answered} <= {m["value"] for m in rest}, (
+            "what the killed server answered came again"
+        )
         poll_until(lambda: all_done(fleet, total), timeout=30, what="every offset done")
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=60) == ExitCode.OK

@@ -33,8 +33,11 @@ PENDING = "3s"
 pytestmark = [
     pytest.mark.broker,
     # A fresh 2-partition topic served over HTTP beside shared Python workers.
-    pytest.mark.fleet(name="http", partitions=PARTITIONS,
-                      env={"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20", "MW_TEST_PENDING_TIMEOUT": PENDING}),
+    pytest.mark.fleet(
+        name="http",
+        partitions=PARTITIONS,
+        env={"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "20", "MW_TEST_PENDING_TIMEOUT": PENDING},
+    ),
 ]
 
 
@@ -76,8 +79,9 @@ def read_all(url: str, most: int = 100, wait: str = "2s") -> list[dict[str, Any]
 
 
 def state_of(fleet: Fleet) -> WorldState:
-    settings = Settings(brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic,
-                        heartbeat_interval=1.0)  # fmt: skip
+    settings = Settings(
+        brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic, heartbeat_interval=1.0
+    )
     return read_group_state(settings, fleet.group)
 
 
@@ -100,7 +104,9 @@ def handled_after_its_ack(fleet: Fleet) -> list[str]:
     return sorted({line.value for line in fleet.lines() if line.value in acked_at and line.at > acked_at[line.value]})
 
 
-def test_four_http_clients_and_a_python_worker_share_two_partitions_and_each_message_is_acked_once(fleet: Fleet) -> None:
+def test_four_http_clients_and_a_python_worker_share_two_partitions_and_each_message_is_acked_once(
+    fleet: Fleet,
+) -> None:
     total = 600
     fleet.env["MW_TEST_DELAY"] = "0.01"
     supervisor = fleet.start("py", "--processes", "1")
@@ -190,10 +196,22 @@ def test_bad_requests_get_a_4xx_with_a_json_error_and_change_nothing_in_the_log(
         (None, [{"topic": topic, "partition": 0, "offset": -1}], 400, "bad_body"),
         (None, [{"topic": "other", "partition": 0, "offset": 0}], 404, "unknown_topic"),
         (None, [{"topic": topic, "partition": 9, "offset": 0}], 404, "unknown_partition"),
-        (None, [{"topic": topic, "partition": partition, "offset": offset + 500}], 409, "not_pending"),  # never delivered
+        (
+            None,
+            [{"topic": topic, "partition": partition, "offset": offset + 500}],
+            409,
+            "not_pending",
+        ),  # never delivered
         # One good message with one bad: nothing is acked.
-        (None, [{"topic": topic, "partition": partition, "offset": offset},
-                {"topic": topic, "partition": 1 - partition, "offset": 999}], 409, "not_pending"),
+        (
+            None,
+            [
+                {"topic": topic, "partition": partition, "offset": offset},
+                {"topic": topic, "partition": 1 - partition, "offset": 999},
+            ],
+            409,
+            "not_pending",
+        ),
     ]
     for raw, body, status, error in bad:
         for path in ("/ack", "/cancel"):
@@ -287,8 +305,15 @@ def test_https_with_a_token_serves_messages_and_the_metrics_of_what_it_did(fleet
     client_tls = ssl.create_default_context()
     authority.configure_trust(client_tls)
     (tmp_path / "token").write_text("tls-token\n")
-    server, url = fleet.serve("srv", "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"),
-                              "--token-file", str(tmp_path / "token"))  # fmt: skip
+    server, url = fleet.serve(
+        "srv",
+        "--tls-cert",
+        str(tmp_path / "cert.pem"),
+        "--tls-key",
+        str(tmp_path / "key.pem"),
+        "--token-file",
+        str(tmp_path / "token"),
+    )
     url = url.replace("http://", "https://")
 
     def https(method: str, path: str, body: Any = None) -> tuple[int, bytes]:
@@ -322,8 +347,10 @@ def test_https_with_a_token_serves_messages_and_the_metrics_of_what_it_did(fleet
     status, metrics = https("GET", "/metrics")
     text = metrics.decode()
     assert status == 200
-    assert f'marshal_workers_shared_messages_total{{group="{fleet.group}",outcome="handled",topic="{fleet.topic}"}} ' \
-           f'{float(len(messages))}' in text  # fmt: skip
+    assert (
+        f'marshal_workers_shared_messages_total{{group="{fleet.group}",outcome="handled",topic="{fleet.topic}"}} '
+        f"{float(len(messages))}" in text
+    )
     assert 'route="/ack",status="200"' in text and "marshal_workers_serve_pending_messages" in text
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=60) == ExitCode.OK
@@ -334,8 +361,11 @@ def test_an_ack_or_a_cancel_may_reach_any_server_of_the_group(fleet: Fleet) -> N
     second, second_url = start_server(fleet, "srv2", "--pending-timeout", "20s")
     fleet.produce(range(4))
     held: list[dict[str, Any]] = []
-    poll_until(lambda: held.extend(read_all(first_url, most=4, wait="1s")) or len(held) == 4, timeout=30,
-               what="every message from the first server")  # fmt: skip
+    poll_until(
+        lambda: held.extend(read_all(first_url, most=4, wait="1s")) or len(held) == 4,
+        timeout=30,
+        what="every message from the first server",
+    )
     assert sorted(m["value"] for m in held) == ["0", "1", "2", "3"]
     keep, give_back = held[:3], held[3]
     # A cancel sent to the second server: the first hands the message out again at once (not after 20 s).

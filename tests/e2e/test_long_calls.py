@@ -48,8 +48,9 @@ def test_a_handler_taking_several_heartbeats_per_message_keeps_its_partition(fle
     lines = fleet.lines()
     assert sorted(line.value for line in lines) == [str(n) for n in range(MESSAGES)], "each message exactly once"
     assert {(line.client, line.pid) for line in lines} == {(owner, lines[0].pid)}, "one worker of one member did all"
-    final = poll_until(lambda: (r := fleet.status_rows()[0])["offset"] == MESSAGES and r,
-                       what="the heartbeat after the last message")  # fmt: skip
+    final = poll_until(
+        lambda: (r := fleet.status_rows()[0])["offset"] == MESSAGES and r, what="the heartbeat after the last message"
+    )
     assert (final["client"], final["state"]) == (owner, "fresh"), "the partition never changed hands"
     for client in ports:
         log = fleet.log_of(client)

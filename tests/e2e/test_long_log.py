@@ -35,10 +35,19 @@ def write_history(fleet: Fleet, count: int, start_ts: int) -> int:
     """An old owner's claims of the fleet's 4 partitions, ``count`` heartbeats, and the idle partition's release,
     all with timestamps from long ago, on the topic's coordination partition (raw records: fast).  Returns the
     coordination topic's partition count."""
-    with Coordinator(Settings(brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic)) as c:
+    with Coordinator(
+        Settings(brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic)
+    ) as c:
         home = codec.coordination_partition(fleet.topic, c.partition_count)  # and creates the coordination topic
-    producer = Producer({"bootstrap.servers": fleet.brokers, "linger.ms": 50, "batch.num.messages": 100_000,
-                         "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576})  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": fleet.brokers,
+            "linger.ms": 50,
+            "batch.num.messages": 100_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+        }
+    )
     common = {"v": 1, "group": fleet.group, "client": "old-host", "instance": "old-1"}
 
     def send(record: codec.Record) -> None:
@@ -53,8 +62,10 @@ def write_history(fleet: Fleet, count: int, start_ts: int) -> int:
     for p in range(fleet.partitions):
         send(codec.Claim(**common, ts=start_ts, topic=fleet.topic, partition=p))
     # The old owner made no progress past offset 0 on the busy partitions: heartbeats, and more heartbeats.
-    beat = {p: codec.encode(codec.Heartbeat(**common, ts=start_ts + 1, topic=fleet.topic, partition=p, offset=0))
-            for p in range(fleet.partitions)}  # fmt: skip
+    beat = {
+        p: codec.encode(codec.Heartbeat(**common, ts=start_ts + 1, topic=fleet.topic, partition=p, offset=0))
+        for p in range(fleet.partitions)
+    }
     for n in range(count):
         while True:
             try:
@@ -88,9 +99,13 @@ def test_a_supervisor_of_a_group_with_a_long_past_starts_from_checkpoints_and_re
         assert records_read_at_start(fleet.log_of("a")) > HISTORY
         settings = Settings(brokers=kafka_brokers, group=fleet.group)
         poll_until(
-            lambda: any(found is not None for found in find_checkpoints(settings, fleet.coordination_topic, coordination_partitions, fleet.group)),
-            timeout=60, what="a checkpoint",
-        )  # fmt: skip
+            lambda: any(
+                found is not None
+                for found in find_checkpoints(settings, fleet.coordination_topic, coordination_partitions, fleet.group)
+            ),
+            timeout=60,
+            what="a checkpoint",
+        )
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=60) == ExitCode.OK
 

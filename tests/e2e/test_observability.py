@@ -35,8 +35,6 @@ def test_status_shows_each_partitions_lag_and_rate_while_a_backlog_drains(fleet:
     assert all(row["rate"] is not None and row["rate"] >= 0 for row in fleet.status_rows().values())
 
 
-
-
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -74,8 +72,10 @@ def test_the_metrics_endpoint_counts_messages_latency_and_claims(fleet: Fleet) -
     assert 8 <= timed <= 800, "a sample of the calls, at least the first fetch of each partition"
     assert total(samples, "marshal_workers_handler_duration_seconds_bucket", le="+Inf") == timed
     poll_until(
-        lambda: total(scrape(port), "marshal_workers_partition_lag") == 0
-        and len(scrape(port).get("marshal_workers_partition_lag", [])) == 8,
+        lambda: (
+            total(scrape(port), "marshal_workers_partition_lag") == 0
+            and len(scrape(port).get("marshal_workers_partition_lag", [])) == 8
+        ),
         what="lag 0 on all 8 partitions",
     )
 
@@ -104,7 +104,9 @@ def test_health_readiness_and_state_probes_follow_the_supervisor(fleet: Fleet) -
     fleet.produce(range(8))
     poll_until(lambda: len(fleet.counts()) >= 1, what="messages in hand")
     supervisor.send_signal(signal.SIGTERM)
-    status, ready = poll_until(lambda: (probe(port, "/readyz") or (200, {}))[0] == 503 and probe(port, "/readyz"),
-                               what="/readyz 503 while stopping")  # type: ignore[misc]  # fmt: skip
+    status, ready = poll_until(
+        lambda: (probe(port, "/readyz") or (200, {}))[0] == 503 and probe(port, "/readyz"),
+        what="/readyz 503 while stopping",
+    )  # type: ignore[misc]
     assert ready["phase"] == "stopping"
     assert supervisor.wait(timeout=30) == 0

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.broker
 
 def owners(fleet: Fleet) -> dict[int, str | None]:
     """partition -> client of its live owner (None if it has none), from ``status``."""
-    return {p: row["client"] if row["state"] in ("fresh", "unknown") else None for p, row in fleet.status_rows().items()}
+    return {
+        p: row["client"] if row["state"] in ("fresh", "unknown") else None for p, row in fleet.status_rows().items()
+    }
 
 
 def exactly_once(fleet: Fleet, count: int) -> bool:
@@ -132,8 +134,12 @@ def test_bad_orders_are_refused_and_write_nothing(fleet: Fleet) -> None:
 
 
 def test_a_drained_supervisor_settles_its_range_leases_and_leases_nothing_until_resumed(fleet: Fleet) -> None:
-    fleet.env |= {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "10", "MW_TEST_PENDING_TIMEOUT": "5s",
-                  "MW_TEST_DELAY": "0.02"}  # fmt: skip
+    fleet.env |= {
+        "MW_TEST_SHARED": "1",
+        "MW_TEST_RANGE_SIZE": "10",
+        "MW_TEST_PENDING_TIMEOUT": "5s",
+        "MW_TEST_DELAY": "0.02",
+    }
     fleet.start("only", "--processes", "2")
     fleet.produce(range(400))  # about 4 s of work for 2 workers
     poll_until(lambda: len(fleet.counts()) >= 40, what="the shared workers to be under way")

@@ -159,7 +159,13 @@ def test_dlq_limit_releases_the_partition_as_sick_instead_of_draining_it_into_th
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     return subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "run", *args], check=False, capture_output=True, text=True, timeout=60, env=env, cwd=cwd
+        [sys.executable, "-m", "marshal_workers", "run", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=cwd,
     )
 
 
@@ -208,8 +214,13 @@ def test_a_batch_its_worker_keeps_dying_on_is_dead_lettered_as_worker_lost_and_t
     fleet.env |= {"MW_TEST_CRASH_VALUE": "10", "MARSHAL_WORKERS_CRASH_LIMIT": "3", "MW_TEST_BATCH": "1"}
     fleet.produce(range(40))  # value 10 is partition 2's second message: its batch is partition 2's first
     fleet.start("only")
-    found = poll_until(lambda: re.search(r"died 3 times in a row .*dead-lettering its batch \(offsets (\d+)\.\.(\d+)\)",
-                                         fleet.log_of("only")), timeout=60, what="the batch to be given up on")  # fmt: skip
+    found = poll_until(
+        lambda: re.search(
+            r"died 3 times in a row .*dead-lettering its batch \(offsets (\d+)\.\.(\d+)\)", fleet.log_of("only")
+        ),
+        timeout=60,
+        what="the batch to be given up on",
+    )
     batch = range(int(found.group(1)), int(found.group(2)) + 1)
     assert 1 in batch, "the batch dead-lettered is the one the worker died in"
     dead = fleet.dead_letters(len(batch))
@@ -267,10 +278,19 @@ def test_a_second_sigterm_skips_the_wait(fleet: Fleet) -> None:
     only.send_signal(signal.SIGTERM)
     assert only.wait(timeout=20) == ExitCode.OK
     assert fleet.status_rows()[4] | {"heartbeat_age_s": None} == {
-        "topic": fleet.topic, "partition": 4, "state": "released", "client": None, "instance": None,
-        "offset": 1, "heartbeat_age_s": None, "lag": None, "rate": None,
-        "in_flight": None, "call_age_s": None, "window_used": None,
-    }  # fmt: skip
+        "topic": fleet.topic,
+        "partition": 4,
+        "state": "released",
+        "client": None,
+        "instance": None,
+        "offset": 1,
+        "heartbeat_age_s": None,
+        "lag": None,
+        "rate": None,
+        "in_flight": None,
+        "call_age_s": None,
+        "window_used": None,
+    }
 
 
 def test_sigquit_exits_at_once_without_releasing(fleet: Fleet) -> None:
@@ -324,7 +344,9 @@ def test_a_worker_that_cannot_keep_up_hands_its_partition_to_a_member_that_can(f
     producer = threading.Thread(target=steady_stream, daemon=True)
     producer.start()
     try:
-        poll_until(lambda: set(fleet.worker_pids("fast")) >= slow_partitions, timeout=60, what="the fast one to take over")
+        poll_until(
+            lambda: set(fleet.worker_pids("fast")) >= slow_partitions, timeout=60, what="the fast one to take over"
+        )
     finally:
         stop.set()
         producer.join(timeout=30)
@@ -365,9 +387,11 @@ def test_json_logs_and_a_state_dump_on_sigusr1(fleet: Fleet) -> None:
     assert lines and len(lines) == len(fleet.log_of("only").splitlines()), "every line is one JSON object"
     assert all(line["group"] == fleet.group for line in lines if line["logger"].startswith("marshal_workers.s"))
     workers = [line for line in lines if line["logger"] == "marshal_workers.runtime.worker.worker"]
-    assert {line["partition"] for line in workers} == set(range(8)) and {line["topic"] for line in workers} == {fleet.topic}
+    assert {line["partition"] for line in workers} == set(range(8)) and {line["topic"] for line in workers} == {
+        fleet.topic
+    }
     [dump] = [line for line in lines if line["message"].startswith("state: ")]
-    state = orjson.loads(dump["message"][len("state: "):])
+    state = orjson.loads(dump["message"][len("state: ") :])
     assert state["phase"] == "running" and len(state["partitions"]) == 8
     assert sum(p["processed"] for p in state["partitions"]) == 80
     assert all(p["lag"] == 0 and p["next_offset"] == 10 for p in state["partitions"])
@@ -397,10 +421,13 @@ def test_sighup_releases_everything_and_restarts_the_same_process_which_claims_a
     poll_until(lambda: fleet.log_of("only").count("worker.py") >= before + 8, what="the 8 workers' stacks")
     assert "supervisor.py" in fleet.log_of("only").split("SIGUSR2: the supervisor's threads")[-1]
     # Each worker's stacks under a heading that says whose they are.
-    heading = (rf"SIGUSR2: stacks of worker pid (\d+), group {fleet.group}, topic {fleet.topic} partition (\d), "
-               r"at offset \d+:\n")
-    headings = poll_until(lambda: len(found := re.findall(heading, fleet.log_of("only"))) == 8 and found,
-                          what="the 8 workers' headings")  # fmt: skip
+    heading = (
+        rf"SIGUSR2: stacks of worker pid (\d+), group {fleet.group}, topic {fleet.topic} partition (\d), "
+        r"at offset \d+:\n"
+    )
+    headings = poll_until(
+        lambda: len(found := re.findall(heading, fleet.log_of("only"))) == 8 and found, what="the 8 workers' headings"
+    )
     assert {int(partition): int(pid) for pid, partition in headings} == fleet.worker_pids("only")
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=30) == ExitCode.OK
@@ -419,7 +446,9 @@ def test_the_start_line_shows_the_effective_group_and_a_clean_stop_logs_a_last_l
     last = [line for line in lines if "stopped" in line]
     assert len(last) == 1 and " INFO " in last[0], last
     assert f"group {fleet.group}: stopped cleanly: released 8 partitions at their offsets in " in last[0]
-    assert "supervisor:" in last[0] and not [line for line in lines[lines.index(last[0]) + 1 :] if "supervisor:" in line]
+    assert "supervisor:" in last[0] and not [
+        line for line in lines[lines.index(last[0]) + 1 :] if "supervisor:" in line
+    ]
 
 
 @pytest.mark.parametrize("runner", ["plain", "lanes", "shared"])
@@ -445,10 +474,14 @@ def test_handlers_say_retry_reject_or_ignore_and_the_policy_retries_only_what_it
     given_up = "MaxDeliveriesExceeded" if runner == "shared" else None
     dead = {d.value().decode(): dict(d.headers()) for d in fleet.dead_letters(3)}
     assert {value: headers["error_type"].decode() for value, headers in dead.items()} == {
-        "reject": "Reject", "down": given_up or "ConnectionError", "bad": given_up or "KeyError",
-    }  # fmt: skip
-    poll_until(lambda: len(fleet.sink.read_text().splitlines()) == 2 if fleet.sink.exists() else False,
-               what="the two recorded messages")  # fmt: skip
+        "reject": "Reject",
+        "down": given_up or "ConnectionError",
+        "bad": given_up or "KeyError",
+    }
+    poll_until(
+        lambda: len(fleet.sink.read_text().splitlines()) == 2 if fleet.sink.exists() else False,
+        what="the two recorded messages",
+    )
     assert sorted(fleet.sink.read_text().splitlines()) == ["ok 1", "retry 3"], "retried on its third try"
 
     def counted() -> dict[str, float]:
@@ -462,8 +495,14 @@ def test_handlers_say_retry_reject_or_ignore_and_the_policy_retries_only_what_it
             "rejected": total(samples, "marshal_workers_handler_outcomes_total", outcome="rejected"),
         }
 
-    expected = {"Retry": 2, "ConnectionError": 3 * deliveries, "KeyError": deliveries, "retries": 2 + 2 * deliveries,
-                "ignored": 1, "rejected": 1}  # fmt: skip
+    expected = {
+        "Retry": 2,
+        "ConnectionError": 3 * deliveries,
+        "KeyError": deliveries,
+        "retries": 2 + 2 * deliveries,
+        "ignored": 1,
+        "rejected": 1,
+    }
     poll_until(lambda: counted() == expected, what=f"the metrics to count {expected}")
 
 
@@ -485,8 +524,13 @@ def test_hooks_run_around_each_call_on_dead_letters_and_as_workers_take_and_leav
     assert sorted(line for line in found if line.startswith("claimed")) == sorted(f"claimed {p}" for p in range(8))
     assert sorted(line for line in found if line.startswith("released")) == sorted(f"released {p}" for p in range(8))
     assert [line for line in found if not line.startswith(("claimed", "released"))] == [
-        "before ok 1", "after ok done -",
-        "before fail 1", "after fail failed ValueError", "before fail 2", "after fail failed ValueError",
+        "before ok 1",
+        "after ok done -",
+        "before fail 1",
+        "after fail failed ValueError",
+        "before fail 2",
+        "after fail failed ValueError",
         "dead fail ValueError",
-        "before ignore 1", "after ignore ignored Ignore",
-    ]  # fmt: skip
+        "before ignore 1",
+        "after ignore ignored Ignore",
+    ]

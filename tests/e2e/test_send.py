@@ -39,8 +39,14 @@ def output(fleet: Fleet, unique: str) -> Iterator[str]:
 
 def read_outputs(brokers: str, topic: str) -> list[tuple[str, dict[str, bytes]]]:
     """Every message of ``topic`` (value, headers), read to the end of each partition."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "output-reader", "enable.auto.commit": False,
-                         "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": brokers,
+            "group.id": "output-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     found: list[tuple[str, dict[str, bytes]]] = []
     at_end: set[int] = set()

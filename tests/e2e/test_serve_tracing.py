@@ -60,15 +60,22 @@ def test_a_served_topics_reads_link_the_producers_traces_and_its_acks_continue_t
     producer = Producer({"bootstrap.servers": fleet.brokers})
     for n in range(MESSAGES):
         trace_id, span_id = producer_trace(n)
-        producer.produce(fleet.topic, value=str(n).encode(), partition=0,
-                         headers=[("traceparent", f"00-{trace_id}-{span_id}-01".encode())])  # fmt: skip
+        producer.produce(
+            fleet.topic,
+            value=str(n).encode(),
+            partition=0,
+            headers=[("traceparent", f"00-{trace_id}-{span_id}-01".encode())],
+        )
     assert producer.flush(30) == 0
     server, url = fleet.serve(
-        "server-1", "--range-size", "20",
-        OTEL_SERVICE_NAME="orders-gateway", OTEL_TRACES_EXPORTER="otlp",
+        "server-1",
+        "--range-size",
+        "20",
+        OTEL_SERVICE_NAME="orders-gateway",
+        OTEL_TRACES_EXPORTER="otlp",
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
         OTEL_BSP_SCHEDULE_DELAY="60000",  # spans wait a minute in the buffer: only the flush at SIGTERM sends them
-    )  # fmt: skip
+    )
     poll_until(lambda: healthy(url), timeout=60, what="the server answering")
 
     client_parent = f"00-{CLIENT_TRACE_ID}-{CLIENT_SPAN_ID}-01"

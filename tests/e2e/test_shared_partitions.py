@@ -40,8 +40,9 @@ def classic_fleet(fleets: Callable[..., Fleet]) -> Fleet:
 
 
 def shared_state(fleet: Fleet) -> WorldState:
-    settings = Settings(brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic,
-                        heartbeat_interval=1.0)  # fmt: skip
+    settings = Settings(
+        brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic, heartbeat_interval=1.0
+    )
     return read_group_state(settings, fleet.group)
 
 
@@ -49,14 +50,22 @@ def duplicates(fleet: Fleet) -> list[str]:
     return sorted((value for value, n in fleet.counts().items() if n > 1), key=int)
 
 
-def test_three_supervisors_of_four_processes_share_two_partitions_and_sigterm_loses_nothing(shared_fleet: Fleet) -> None:
+def test_three_supervisors_of_four_processes_share_two_partitions_and_sigterm_loses_nothing(
+    shared_fleet: Fleet,
+) -> None:
     total = 1200
     shared_fleet.env["MW_TEST_DELAY"] = "0.02"
     supervisors = {name: shared_fleet.start(name, "--processes", "4") for name in ("a", "b", "c")}
     shared_fleet.produce(range(total))
     # Mid-run, once every host has a share (one started slower on a loaded machine may join late).
-    poll_until(lambda: len(shared_fleet.counts()) > total // 3 and {line.client for line in shared_fleet.lines()}
-               == {"a", "b", "c"}, timeout=60, what="a third of the messages, some on every host")  # fmt: skip
+    poll_until(
+        lambda: (
+            len(shared_fleet.counts()) > total // 3
+            and {line.client for line in shared_fleet.lines()} == {"a", "b", "c"}
+        ),
+        timeout=60,
+        what="a third of the messages, some on every host",
+    )
 
     supervisors["a"].send_signal(signal.SIGTERM)  # mid-run: it finishes its ranges in hand, gives the rest back
     assert supervisors["a"].wait(timeout=60) == ExitCode.OK
@@ -77,7 +86,9 @@ def test_three_supervisors_of_four_processes_share_two_partitions_and_sigterm_lo
     state = shared_state(shared_fleet)
     for partition in range(PARTITIONS):
         shared = state.shared_partition(shared_fleet.topic, partition)
-        assert shared is not None and shared.low == total // PARTITIONS, "every offset done: the low-water mark at the end"
+        assert shared is not None and shared.low == total // PARTITIONS, (
+            "every offset done: the low-water mark at the end"
+        )
         assert shared.lost == 0 and shared.acked == total // PARTITIONS
 
 
@@ -113,15 +124,24 @@ def test_twelve_shared_workers_outrun_one_worker_per_partition_by_at_least_4_8_t
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
-def test_kill_9_of_a_supervisor_redelivers_only_its_ranges_or_nothing_at_most_once(shared_fleet: Fleet, mode: str) -> None:
+def test_kill_9_of_a_supervisor_redelivers_only_its_ranges_or_nothing_at_most_once(
+    shared_fleet: Fleet, mode: str
+) -> None:
     total = 1200
     # Fixed ranges of 20 (not sized by the handler's rate): what b's workers held is bounded by them.
-    shared_fleet.env |= {"MW_TEST_DELAY": "0.02", "MW_TEST_MODE": mode, "MW_TEST_PENDING_TIMEOUT": "3s",
-                         "MW_TEST_ADAPTIVE_RANGES": "0"}  # fmt: skip
+    shared_fleet.env |= {
+        "MW_TEST_DELAY": "0.02",
+        "MW_TEST_MODE": mode,
+        "MW_TEST_PENDING_TIMEOUT": "3s",
+        "MW_TEST_ADAPTIVE_RANGES": "0",
+    }
     supervisors = {name: shared_fleet.start(name, "--processes", "4") for name in ("a", "b", "c")}
     shared_fleet.produce(range(total))
-    poll_until(lambda: len({line.client for line in shared_fleet.lines()}) == 3 and len(shared_fleet.counts()) > 300,
-               timeout=60, what="every supervisor at work")  # fmt: skip
+    poll_until(
+        lambda: len({line.client for line in shared_fleet.lines()}) == 3 and len(shared_fleet.counts()) > 300,
+        timeout=60,
+        what="every supervisor at work",
+    )
 
     os.killpg(supervisors["b"].pid, signal.SIGKILL)  # the supervisor, its fork server and its workers
     supervisors["b"].wait(timeout=30)
@@ -134,7 +154,9 @@ def test_kill_9_of_a_supervisor_redelivers_only_its_ranges_or_nothing_at_most_on
     if mode == "alo":
         assert sorted(counts, key=int) == [str(n) for n in range(total)], "at least once loses nothing"
         assert set(repeated) <= by_b, "only what b held is delivered again"
-        assert all(line.at > killed_at for line in shared_fleet.lines() if line.value in repeated and line.client != "b")
+        assert all(
+            line.at > killed_at for line in shared_fleet.lines() if line.value in repeated and line.client != "b"
+        )
     else:
         assert repeated == [], "at most once handles nothing twice"
         state = shared_state(shared_fleet)
@@ -149,12 +171,20 @@ def test_a_supervisor_stopped_past_the_pending_timeout_handles_nothing_from_laps
     pending = 3.0
     # A range takes 2s to handle (fixed: sized by the handler's pace, a range would take half a second): with its
     # successor queued, a worker is mid-range when its lease runs out.
-    shared_fleet.env |= {"MW_TEST_DELAY": "0.02", "MW_TEST_MODE": "amo", "MW_TEST_PENDING_TIMEOUT": f"{pending}s",
-                         "MW_TEST_RANGE_SIZE": "100", "MW_TEST_ADAPTIVE_RANGES": "0"}  # fmt: skip
+    shared_fleet.env |= {
+        "MW_TEST_DELAY": "0.02",
+        "MW_TEST_MODE": "amo",
+        "MW_TEST_PENDING_TIMEOUT": f"{pending}s",
+        "MW_TEST_RANGE_SIZE": "100",
+        "MW_TEST_ADAPTIVE_RANGES": "0",
+    }
     supervisors = {name: shared_fleet.start(name, "--processes", "4") for name in ("a", "b")}
     shared_fleet.produce(range(total))
-    poll_until(lambda: len({line.client for line in shared_fleet.lines()}) == 2 and len(shared_fleet.counts()) > 200,
-               timeout=60, what="both supervisors at work")  # fmt: skip
+    poll_until(
+        lambda: len({line.client for line in shared_fleet.lines()}) == 2 and len(shared_fleet.counts()) > 200,
+        timeout=60,
+        what="both supervisors at work",
+    )
 
     supervisors["b"].send_signal(signal.SIGSTOP)  # only the supervisor: its workers run on, without renewals
     stopped_at = time.time()
@@ -163,8 +193,11 @@ def test_a_supervisor_stopped_past_the_pending_timeout_handles_nothing_from_laps
     poll_until(lambda: all_done(shared_fleet, total), timeout=120, interval=0.5, what="every offset done or lost")
 
     assert duplicates(shared_fleet) == [], "nothing handled twice"
-    late = [line for line in shared_fleet.lines()
-            if line.client == "b" and stopped_at + pending < line.at < stopped_at + 2 * pending]  # fmt: skip
+    late = [
+        line
+        for line in shared_fleet.lines()
+        if line.client == "b" and stopped_at + pending < line.at < stopped_at + 2 * pending
+    ]
     assert late == [], "b's workers handled messages past their leases"
     assert "ran out" in shared_fleet.log_of("b"), "a range longer than the lease was left half done"
     unhandled = total - len(shared_fleet.counts())
@@ -195,8 +228,14 @@ def test_a_poison_message_is_dead_lettered_after_max_deliveries_and_the_partitio
     assert headers["deliveries"] == b"3" and headers["error_type"] == b"MaxDeliveriesExceeded"
     assert headers["original_offset"] == b"3"  # value 7 is the 4th message of partition 1
     poll_until(lambda: len(shared_fleet.counts()) == total - 1, timeout=60, what="every other message")
-    poll_until(lambda: (shared_state(shared_fleet).shared_partition(shared_fleet.topic, 1) or SharedPartition()).low
-               == total // PARTITIONS, timeout=60, what="the low-water mark past the poison message")  # fmt: skip
+    poll_until(
+        lambda: (
+            (shared_state(shared_fleet).shared_partition(shared_fleet.topic, 1) or SharedPartition()).low
+            == total // PARTITIONS
+        ),
+        timeout=60,
+        what="the low-water mark past the poison message",
+    )
     state = shared_state(shared_fleet).shared_partition(shared_fleet.topic, 1)
     assert state is not None and state.dead_letters == 1
     assert "7" not in shared_fleet.counts()

@@ -29,21 +29,26 @@ TOTAL = PARTITIONS * PER_PARTITION
 
 @pytest.fixture
 def big_ranges(fleets: Callable[..., Fleet]) -> Fleet:
-    return fleets("progress", PARTITIONS, env={"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": str(RANGE_SIZE),
-                                                "MW_TEST_PENDING_TIMEOUT": "3s"})  # fmt: skip
+    return fleets(
+        "progress",
+        PARTITIONS,
+        env={"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": str(RANGE_SIZE), "MW_TEST_PENDING_TIMEOUT": "3s"},
+    )
 
 
 def lows(fleet: Fleet) -> list[int | None]:
-    settings = Settings(brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic,
-                        heartbeat_interval=1.0)  # fmt: skip
+    settings = Settings(
+        brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic, heartbeat_interval=1.0
+    )
     state = read_group_state(settings, fleet.group)
     found = [state.shared_partition(fleet.topic, p) for p in range(PARTITIONS)]
     return [None if p is None else p.low for p in found]
 
 
 def lost(fleet: Fleet) -> int:
-    settings = Settings(brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic,
-                        heartbeat_interval=1.0)  # fmt: skip
+    settings = Settings(
+        brokers=fleet.brokers, group=fleet.group, coordination_topic=fleet.coordination_topic, heartbeat_interval=1.0
+    )
     state = read_group_state(settings, fleet.group)
     return sum(p.lost for p in (state.shared_partition(fleet.topic, n) for n in range(PARTITIONS)) if p is not None)
 
@@ -65,8 +70,9 @@ def stop(*supervisors: object) -> None:
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
-def test_kill_9_of_a_shared_worker_in_a_large_range_repeats_only_the_message_in_hand(big_ranges: Fleet,
-                                                                                      mode: str) -> None:  # fmt: skip
+def test_kill_9_of_a_shared_worker_in_a_large_range_repeats_only_the_message_in_hand(
+    big_ranges: Fleet, mode: str
+) -> None:
     # A fast handler (0.2 ms a message), slowed just enough that the kill finds the worker inside its range.
     big_ranges.env |= {"MW_TEST_MODE": mode, "MW_TEST_DELAY": "0.0002"}
     supervisor = big_ranges.start("a", "--processes", "2")
@@ -98,8 +104,9 @@ def test_kill_9_of_a_shared_worker_in_a_large_range_repeats_only_the_message_in_
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
-def test_a_frozen_supervisor_past_its_leases_gives_back_only_what_its_worker_had_not_done(big_ranges: Fleet,
-                                                                                         mode: str) -> None:  # fmt: skip
+def test_a_frozen_supervisor_past_its_leases_gives_back_only_what_its_worker_had_not_done(
+    big_ranges: Fleet, mode: str
+) -> None:
     # A slower handler (about 1 ms a message) so that what a worker does between two progress records is far
     # below a range: the bound below means something.
     big_ranges.env |= {"MW_TEST_MODE": mode, "MW_TEST_DELAY": "0.001"}
@@ -129,8 +136,9 @@ def test_a_frozen_supervisor_past_its_leases_gives_back_only_what_its_worker_had
     else:
         assert twice == [], "at most once handles nothing twice"
         assert TOTAL - len(big_ranges.counts()) <= lost(big_ranges)
-    assert "ran out" in big_ranges.log_of("a") or not any(line.client == "a" and line.at > stopped_at
-                                                          for line in big_ranges.lines())  # fmt: skip
+    assert "ran out" in big_ranges.log_of("a") or not any(
+        line.client == "a" and line.at > stopped_at for line in big_ranges.lines()
+    )
     stop(a, b)
 
 

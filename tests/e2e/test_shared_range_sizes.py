@@ -57,7 +57,12 @@ def test_a_fast_handlers_ranges_grow_far_past_range_size(fleets: Callable[..., F
 
 def test_a_slow_handlers_ranges_stay_small_whatever_range_size_says(fleets: Callable[..., Fleet]) -> None:
     # 20 ms a message, a 3 s pending timeout: a lease should cover half a second of work, about 25 messages.
-    env = {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "2000", "MW_TEST_PENDING_TIMEOUT": "3s", "MW_TEST_DELAY": "0.02"}
+    env = {
+        "MW_TEST_SHARED": "1",
+        "MW_TEST_RANGE_SIZE": "2000",
+        "MW_TEST_PENDING_TIMEOUT": "3s",
+        "MW_TEST_DELAY": "0.02",
+    }
     fleet = fleets("shared", PARTITIONS, env=env)
     run_to_the_end(fleet, 600)
     claims = claimed_sizes(fleet)
@@ -74,8 +79,13 @@ def test_a_range_longer_than_its_lease_is_renewed_and_handled_once(fleets: Calla
     fetches and gave each range up 2.5 s after its claim: some 70 messages of 600 handled twice.  With adaptive ranges,
     the first ranges are that long when the partitions' ends are known before the handler's pace: on a loaded
     machine, the test's producer sends several batches, and the embedded broker lists the last batch's start.)"""
-    env = {"MW_TEST_SHARED": "1", "MW_TEST_RANGE_SIZE": "300", "MW_TEST_ADAPTIVE_RANGES": "0",
-           "MW_TEST_PENDING_TIMEOUT": "3s", "MW_TEST_DELAY": "0.02"}  # fmt: skip
+    env = {
+        "MW_TEST_SHARED": "1",
+        "MW_TEST_RANGE_SIZE": "300",
+        "MW_TEST_ADAPTIVE_RANGES": "0",
+        "MW_TEST_PENDING_TIMEOUT": "3s",
+        "MW_TEST_DELAY": "0.02",
+    }
     fleet = fleets("shared", PARTITIONS, env=env)
     run_to_the_end(fleet, 600)
     assert max(size for _, sizes in claimed_sizes(fleet) for size in sizes) > 125, "a range outlasts its first lease"

@@ -41,13 +41,21 @@ STATUS_READS_AT_MOST = 10_000  # what a reader starting at a checkpoint reads (t
 def write_history(brokers: str, coordination_topic: str, partition: int, group: str, topic: str, count: int) -> None:
     """Another group's past on one coordination partition: an old owner's claims of ``topic``'s 2 partitions and
     ``count`` heartbeats, from a week ago (raw records, batched: fast)."""
-    producer = Producer({"bootstrap.servers": brokers, "linger.ms": 50, "batch.num.messages": 100_000,
-                         "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1_048_576})  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": brokers,
+            "linger.ms": 50,
+            "batch.num.messages": 100_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+        }
+    )
     long_ago = int(time.time() * 1000) - 7 * 86_400_000
     common = {"v": 1, "group": group, "client": "old-host", "instance": "old-1"}
     values = [codec.encode(codec.Claim(**common, ts=long_ago, topic=topic, partition=p)) for p in range(2)]
-    beats = [codec.encode(codec.Heartbeat(**common, ts=long_ago + 1, topic=topic, partition=p, offset=0))
-             for p in range(2)]  # fmt: skip
+    beats = [
+        codec.encode(codec.Heartbeat(**common, ts=long_ago + 1, topic=topic, partition=p, offset=0)) for p in range(2)
+    ]
     values += [beats[n % 2] for n in range(count - 2)]
     for value in values:
         while True:
@@ -61,7 +69,9 @@ def write_history(brokers: str, coordination_topic: str, partition: int, group: 
 
 def topic_routed_to(partition: int, count: int, prefix: str) -> str:
     """A topic name whose records go to coordination partition ``partition`` (md5 routing)."""
-    return next(f"{prefix}-{n}" for n in range(10_000) if codec.coordination_partition(f"{prefix}-{n}", count) == partition)
+    return next(
+        f"{prefix}-{n}" for n in range(10_000) if codec.coordination_partition(f"{prefix}-{n}", count) == partition
+    )
 
 
 def records_read_at_start(log: str) -> int:
@@ -74,10 +84,29 @@ def status(brokers: str, coordination_topic: str, group: str, *args: str) -> sub
     """``marshal-workers status`` at debug level: its log says how many coordination records it read."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     return subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "status", "--brokers", brokers, "--group", group,
-         "--coordination-topic", coordination_topic, "--heartbeat-interval", HB, "--log-level", "debug", *args],
-        check=False, capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "marshal_workers",
+            "status",
+            "--brokers",
+            brokers,
+            "--group",
+            group,
+            "--coordination-topic",
+            coordination_topic,
+            "--heartbeat-interval",
+            HB,
+            "--log-level",
+            "debug",
+            *args,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
 def records_status_read(result: subprocess.CompletedProcess[str]) -> int:
@@ -86,16 +115,32 @@ def records_status_read(result: subprocess.CompletedProcess[str]) -> int:
     return int(found[-1])
 
 
-def test_a_new_groups_start_up_beside_another_groups_long_history(kafka_brokers: str, unique: str, tmp_path: Path) -> None:
+def test_a_new_groups_start_up_beside_another_groups_long_history(
+    kafka_brokers: str, unique: str, tmp_path: Path
+) -> None:
     coordination_topic = f"__marshal-{unique}"
-    with Coordinator(Settings(brokers=kafka_brokers, group=f"setup-{unique}", coordination_topic=coordination_topic)) as c:
+    with Coordinator(
+        Settings(brokers=kafka_brokers, group=f"setup-{unique}", coordination_topic=coordination_topic)
+    ) as c:
         count = c.partition_count  # creates the coordination topic (8 partitions)
-    new = Fleet(brokers=kafka_brokers, group=f"new-{unique}", topic=f"new-{unique}", coordination_topic=coordination_topic,
-                sink=tmp_path / "new.txt", partitions=4)  # fmt: skip
+    new = Fleet(
+        brokers=kafka_brokers,
+        group=f"new-{unique}",
+        topic=f"new-{unique}",
+        coordination_topic=coordination_topic,
+        sink=tmp_path / "new.txt",
+        partitions=4,
+    )
     home = codec.coordination_partition(new.topic, count)
-    busy = Fleet(brokers=kafka_brokers, group=f"busy-{unique}", topic=topic_routed_to(home, count, f"busy-{unique}"),
-                 coordination_topic=coordination_topic, sink=tmp_path / "busy.txt", partitions=2,
-                 env={"MARSHAL_WORKERS_CHECKPOINT_INTERVAL": "1s"})  # fmt: skip
+    busy = Fleet(
+        brokers=kafka_brokers,
+        group=f"busy-{unique}",
+        topic=topic_routed_to(home, count, f"busy-{unique}"),
+        coordination_topic=coordination_topic,
+        sink=tmp_path / "busy.txt",
+        partitions=2,
+        env={"MARSHAL_WORKERS_CHECKPOINT_INTERVAL": "1s"},
+    )
     admin = AdminClient({"bootstrap.servers": kafka_brokers})
     for fleet in (new, busy):
         admin.create_topics([NewTopic(fleet.topic, num_partitions=fleet.partitions, replication_factor=1)])[
@@ -110,8 +155,11 @@ def test_a_new_groups_start_up_beside_another_groups_long_history(kafka_brokers:
         #    and a SIGTERM (Ctrl-C: SIGINT) meanwhile stops it at once.
         for name, signum in (("a", signal.SIGTERM), ("a2", signal.SIGINT)):
             first = new.start(name)
-            poll_until(lambda: re.search(r"looking further back|records of \S+ so far", new.log_of(name)),  # noqa: B023
-                       timeout=120, what=f"{name}'s first progress line")  # fmt: skip
+            poll_until(
+                lambda: re.search(r"looking further back|records of \S+ so far", new.log_of(name)),  # noqa: B023
+                timeout=120,
+                what=f"{name}'s first progress line",
+            )
             signalled = time.monotonic()
             first.send_signal(signum)
             assert first.wait(timeout=30) == ExitCode.OK
@@ -123,16 +171,22 @@ def test_a_new_groups_start_up_beside_another_groups_long_history(kafka_brokers:
         # 2. A supervisor of the busy group reads the history once and writes its checkpoints, with a directory.
         other = busy.start("busy-1")
         settings = Settings(brokers=kafka_brokers, group=new.group)
-        poll_until(lambda: find_starts(settings, coordination_topic, count, new.group)[home].kind == "directory",
-                   timeout=240, what="a checkpoint of the busy group that does not name the new one")  # fmt: skip
+        poll_until(
+            lambda: find_starts(settings, coordination_topic, count, new.group)[home].kind == "directory",
+            timeout=240,
+            what="a checkpoint of the busy group that does not name the new one",
+        )
         assert records_read_at_start(busy.log_of("busy-1")) >= HISTORY
         other.send_signal(signal.SIGTERM)
         assert other.wait(timeout=60) == ExitCode.OK
 
         # 3. The new group's supervisor starts at it: it reads a few records, not the history, and claims.
         second = new.start("b")
-        poll_until(lambda: len(new.status_rows()) == 4 and {r["client"] for r in new.status_rows().values()} == {"b"},
-                   timeout=120, what="b owning the new group's 4 partitions")  # fmt: skip
+        poll_until(
+            lambda: len(new.status_rows()) == 4 and {r["client"] for r in new.status_rows().values()} == {"b"},
+            timeout=120,
+            what="b owning the new group's 4 partitions",
+        )
         log = new.log_of("b")
         assert records_read_at_start(log) < STATUS_READS_AT_MOST, log
         assert "another group's checkpoint" in log, log
@@ -151,14 +205,23 @@ def test_a_new_groups_start_up_beside_another_groups_long_history(kafka_brokers:
 
 
 def test_a_supervisor_waiting_for_a_broker_that_does_not_answer_stops_at_once_on_sigterm(tmp_path: Path) -> None:
-    fleet = Fleet(brokers="127.0.0.1:1", group="g", topic="orders", coordination_topic="__marshal",
-                  sink=tmp_path / "sink.txt", partitions=1)  # fmt: skip
+    fleet = Fleet(
+        brokers="127.0.0.1:1",
+        group="g",
+        topic="orders",
+        coordination_topic="__marshal",
+        sink=tmp_path / "sink.txt",
+        partitions=1,
+    )
     try:
         supervisor = fleet.start("lonely", "--connect-timeout", "120s")  # it would give up (exit 4) after 2 minutes
         # Its fork server comes after its signal handlers, right before it asks Kafka for the coordination topic;
         # then it waits in that call, saying nothing: give it a moment to get there.
-        poll_until(lambda: "marshal-workers: fork server" in [cmdline(pid) for pid in process_group(supervisor.pid)],
-                   timeout=60, what="the supervisor's fork server")  # fmt: skip
+        poll_until(
+            lambda: "marshal-workers: fork server" in [cmdline(pid) for pid in process_group(supervisor.pid)],
+            timeout=60,
+            what="the supervisor's fork server",
+        )
         time.sleep(1.0)
         supervisor.send_signal(signal.SIGTERM)
         assert supervisor.wait(timeout=30) == ExitCode.OK

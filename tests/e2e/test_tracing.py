@@ -26,8 +26,14 @@ MESSAGES = 6
 
 def read_output(brokers: str, topic: str, partitions: int) -> list[dict[str, bytes]]:
     """The headers of every message of ``topic``, read to the end of each partition."""
-    consumer = Consumer({"bootstrap.servers": brokers, "group.id": "output-reader", "enable.auto.commit": False,
-                         "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": brokers,
+            "group.id": "output-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     found: list[dict[str, bytes]] = []
     at_end: set[int] = set()
@@ -143,14 +149,21 @@ def test_a_failed_call_is_a_failed_span_with_its_retry_and_its_dead_letter_conti
 
 @pytest.mark.fleet(name="traced", partitions=2, env={"MW_TEST_BATCH": "1", "MW_TEST_BATCH_SIZE": "4"})
 def test_a_batch_handler_call_is_one_span_linked_to_each_messages_trace(fleet: Fleet, receiver: OtlpReceiver) -> None:
-    fleet.env |= {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                  "OTEL_BSP_SCHEDULE_DELAY": "100"}  # fmt: skip
+    fleet.env |= {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
     supervisor = fleet.start("batches")
     total = 12
     producer = Producer({"bootstrap.servers": fleet.brokers, "linger.ms": 5})
     for n in range(total):  # each message a trace of its own: message n's trace id is n + 1
-        producer.produce(fleet.topic, value=str(n).encode(), partition=n % 2,
-                         headers=[("traceparent", f"00-{n + 1:032x}-{n + 1:016x}-01".encode())])  # fmt: skip
+        producer.produce(
+            fleet.topic,
+            value=str(n).encode(),
+            partition=n % 2,
+            headers=[("traceparent", f"00-{n + 1:032x}-{n + 1:016x}-01".encode())],
+        )
     assert producer.flush(30) == 0
     poll_until(lambda: len(fleet.lines()) >= total, what="every message to be handled")
 

@@ -64,8 +64,11 @@ def test_status_reads_up_to_the_end_it_knew_and_a_tail_goes_on_past_it(settings:
     producer = Producer({"bootstrap.servers": settings.brokers, "linger.ms": 50})
     common = {"v": codec.VERSION, "group": settings.group, "client": "host", "instance": "i-1"}
     now_ms = int(time.time() * 1000)
-    producer.produce(settings.coordination_topic, codec.encode(codec.Claim(**common, ts=now_ms, topic=topic,
-                                                                           partition=0)), partition=0)  # fmt: skip
+    producer.produce(
+        settings.coordination_topic,
+        codec.encode(codec.Claim(**common, ts=now_ms, topic=topic, partition=0)),
+        partition=0,
+    )
     assert producer.flush(30) == 0
     for n in range(1, 11):  # one batch of ten: only the last says offset 10
         record = codec.Heartbeat(**common, ts=now_ms + n, topic=topic, partition=0, offset=n)
@@ -80,7 +83,10 @@ def test_status_reads_up_to_the_end_it_knew_and_a_tail_goes_on_past_it(settings:
         tail.wait_caught_up(stall_timeout=30)
         assert tail.records_read() == 11 and tail.read(lambda world: world.get(topic, 0).offset) == 10  # type: ignore[union-attr]
         write_heartbeats(settings, topic, 1, first_offset=11)
-        poll_until(lambda: tail.read(lambda world: world.get(topic, 0).offset) == 11,  # type: ignore[union-attr]
-                   timeout=30, what="the tail to fold a heartbeat written after it caught up")  # fmt: skip
+        poll_until(
+            lambda: tail.read(lambda world: world.get(topic, 0).offset) == 11,  # type: ignore[union-attr]
+            timeout=30,
+            what="the tail to fold a heartbeat written after it caught up",
+        )
     finally:
         tail.close()

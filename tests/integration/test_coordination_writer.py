@@ -72,7 +72,9 @@ def test_four_coordinators_racing_for_64_partitions_end_with_one_agreed_owner_ea
     def owner_maps() -> list[dict[int, MemberId | None]]:
         return [{p: m.world().owner(topic, p) for p in partitions} for m in members]
 
-    agreed = poll_until(lambda: (maps := owner_maps()) and all(x == maps[0] for x in maps) and maps[0], what="agreement")
+    agreed = poll_until(
+        lambda: (maps := owner_maps()) and all(x == maps[0] for x in maps) and maps[0], what="agreement"
+    )
     by_client = {m.client: me(m) for m in members}
     assert agreed == {p: by_client[c] for c, claimed in won.items() for p in claimed}
 
@@ -119,7 +121,9 @@ def test_a_heartbeat_from_a_non_owner_is_ignored_by_every_reader(
     assert not intruder.heartbeat(topic, 0, 999)
     assert intruder.claim(topic, 1)  # a later record on the same log: once seen, the heartbeat was folded too
     for reader in (owner, intruder, bystander):
-        poll_until(lambda reader=reader: reader.world().owner(topic, 1) == me(intruder), what="the intruder's later claim")
+        poll_until(
+            lambda reader=reader: reader.world().owner(topic, 1) == me(intruder), what="the intruder's later claim"
+        )
         state = reader.world().get(topic, 0)
         assert state is not None and state.owner == me(owner) and state.offset == 5
 
@@ -226,8 +230,11 @@ def test_coordinators_recover_when_the_broker_is_frozen_for_a_while(settings: Se
         poll_until(heartbeat_goes_through, timeout=60, interval=0.2, what="writes to work again")
         assert second.claim(topic, 2)
         for reader in (first, second):
-            poll_until(lambda reader=reader: reader.world().owner(topic, 2) == me(second), timeout=30,
-                       what="both tails to go on")
+            poll_until(
+                lambda reader=reader: reader.world().owner(topic, 2) == me(second),
+                timeout=30,
+                what="both tails to go on",
+            )
             assert reader.world().owner(topic, 0) == me(first)
             assert reader.world().get(topic, 0).offset == 6  # type: ignore[union-attr]
 
@@ -271,9 +278,10 @@ def test_verdicts_of_a_lone_writer_come_from_its_delivery_reports_and_every_read
     writer = coordinators("fast")
     assert writer.claim(topic, 0) and writer.claim(topic, 1)
     for end in range(1, 101):
-        assert message_claim_verdicts([(topic, 0, end), (topic, 1, 2 * end)], writer.write(
-            writer.message_claims([(topic, 0, end), (topic, 1, 2 * end)])
-        )) == [True, True]  # fmt: skip
+        assert message_claim_verdicts(
+            [(topic, 0, end), (topic, 1, 2 * end)],
+            writer.write(writer.message_claims([(topic, 0, end), (topic, 1, 2 * end)])),
+        ) == [True, True]
     assert writer.early_verdicts > 50, "most verdicts came from the delivery report"
     assert not writer.claim_messages(topic, 2, 10), "a partition we do not own: refused on the fast path too"
     mine = writer.world()

@@ -25,7 +25,9 @@ HISTORY = 60_000  # records of the group's past, before the checkpoint
 
 def write_history(settings: Settings, topic: str, count: int, start_ts: int) -> None:
     """A past owner's claims and heartbeats of 4 partitions, as raw records (fast), on partition 0."""
-    producer = Producer({"bootstrap.servers": settings.brokers, "linger.ms": 20, "queue.buffering.max.messages": 200_000})
+    producer = Producer(
+        {"bootstrap.servers": settings.brokers, "linger.ms": 20, "queue.buffering.max.messages": 200_000}
+    )
     common = {"v": 1, "group": settings.group, "client": "old-host", "instance": "old-1"}
     for p in range(4):
         record = codec.Claim(**common, ts=start_ts, topic=topic, partition=p)
@@ -171,8 +173,11 @@ def test_a_long_read_says_how_far_it_got_while_it_reads(
     finally:
         reader.close()
     assert total == 20_005  # 4 claims, the heartbeats, a release
-    found = [(int(n), int(m)) for record in caplog.records
-             for n, m in re.findall(r"read (\d+) of about (\d+) records of \S+ so far", record.getMessage())]  # fmt: skip
+    found = [
+        (int(n), int(m))
+        for record in caplog.records
+        for n, m in re.findall(r"read (\d+) of about (\d+) records of \S+ so far", record.getMessage())
+    ]
     assert found, caplog.text
     assert all(settings.group in record.getMessage() for record in caplog.records if "so far" in record.getMessage())
     assert [n for n, _ in found] == sorted(n for n, _ in found) and all(n <= total for n, _ in found)

@@ -71,9 +71,8 @@ def test_a_script_that_exits_without_flushing_still_delivers(kafka_brokers: str,
     topic = created(kafka_brokers, f"audit-{unique}")
     script = tmp_path / "send_once.py"
     script.write_text(
-        "from marshal_workers import App\n"
-        f"App(brokers={kafka_brokers!r}).send({topic!r}, {{'who': 'ops'}}, key='k')\n"
-    )  # fmt: skip
+        f"from marshal_workers import App\nApp(brokers={kafka_brokers!r}).send({topic!r}, {{'who': 'ops'}}, key='k')\n"
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert read_all(kafka_brokers, topic, 1) == [(b"k", b'{"who":"ops"}')]

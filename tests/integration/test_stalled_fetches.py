@@ -97,8 +97,9 @@ def test_a_guarded_reader_tailing_a_growing_partition_reads_every_record_once(se
     producer = Producer({"bootstrap.servers": settings.brokers, "linger.ms": 0, "batch.num.messages": 1})
     reader = GuardedConsumer(
         {"bootstrap.servers": settings.brokers, "group.id": f"g-{unique}", "fetch.wait.max.ms": 1},
-        "test reader", heartbeat_s=1.0,
-    )  # fmt: skip
+        "test reader",
+        heartbeat_s=1.0,
+    )
     try:
         reader.assign([TopicPartition(topic, 0, 0)])
         offsets: list[int] = []

@@ -66,9 +66,15 @@ class LogWriter:
 
     def __call__(self, kind: type, client: str, at: int, topic: str, partition: int = 0, **fields: object) -> None:
         record = kind(
-            v=1, ts=T0 + at, group=fields.pop("group", self.settings.group), client=client, instance=f"{client}-1",
-            topic=topic, partition=partition, **fields,
-        )  # fmt: skip
+            v=1,
+            ts=T0 + at,
+            group=fields.pop("group", self.settings.group),
+            client=client,
+            instance=f"{client}-1",
+            topic=topic,
+            partition=partition,
+            **fields,
+        )
         self.write(codec.encode(record), codec.coordination_partition(topic, self.settings.coordination_partitions))
 
     def write(self, value: bytes, log_partition: int, key: bytes | None = None) -> None:

@@ -101,8 +101,12 @@ def test_the_audit_flags_a_zombie_heartbeat(spark, settings: Settings, history, 
     assert report.zombie_records == 1 and report.handoffs == 2
     [zombie] = spark.read.parquet(str(tmp_path / "zombies")).collect()
     assert (zombie.client, zombie.type, zombie.offset, zombie.owner_client, zombie.owner_since_ms - T0) == (
-        "c", "heartbeat", 7, "d", 3000,
-    )  # fmt: skip
+        "c",
+        "heartbeat",
+        7,
+        "d",
+        3000,
+    )
     clients = {c["client"]: c for c in report.clients}
     assert (clients["c"]["zombie_records"], clients["c"]["heartbeats"], clients["c"]["heartbeats_accepted"]) == (
         1,
@@ -151,8 +155,9 @@ def test_the_audit_summarises_the_range_leases_of_shared_partitions(
     home = codec.coordination_partition(thumbs, settings.coordination_partitions)
 
     def put(kind: type, client: str, at: int, **fields: object) -> None:
-        record = kind(v=1, ts=T0 + at, group=settings.group, client=client, instance=f"{client}-1", topic=thumbs,
-                      **fields)  # fmt: skip
+        record = kind(
+            v=1, ts=T0 + at, group=settings.group, client=client, instance=f"{client}-1", topic=thumbs, **fields
+        )
         write.write(codec.encode(record), home)
 
     def span(partition: int, offset: int, end: int) -> codec.RangeEntry:

@@ -98,9 +98,17 @@ def test_audit_prints_the_figures_and_writes_the_tables(settings: Settings, uniq
     write(codec.Claim, "b", 1250, topic)
     write(codec.Heartbeat, "a", 1300, topic, offset=3)  # a zombie: b owns it
     options = [
-        "--brokers", settings.brokers, "--group", str(settings.group), "--coordination-topic",
-        settings.coordination_topic, "--heartbeat-interval", "1s", "--spark-master", "local[2]",
-    ]  # fmt: skip
+        "--brokers",
+        settings.brokers,
+        "--group",
+        str(settings.group),
+        "--coordination-topic",
+        settings.coordination_topic,
+        "--heartbeat-interval",
+        "1s",
+        "--spark-master",
+        "local[2]",
+    ]
 
     result = cli("audit", *options, "--json", "--out", str(tmp_path / "audit"))
 
@@ -119,8 +127,13 @@ def test_audit_prints_the_figures_and_writes_the_tables(settings: Settings, uniq
 
 def test_audit_of_a_missing_coordination_topic_is_refused_before_spark_starts(settings: Settings) -> None:
     result = cli(
-        "audit", "--brokers", settings.brokers, "--group", str(settings.group),
-        "--coordination-topic", settings.coordination_topic,
-    )  # fmt: skip
+        "audit",
+        "--brokers",
+        settings.brokers,
+        "--group",
+        str(settings.group),
+        "--coordination-topic",
+        settings.coordination_topic,
+    )
     assert result.returncode == ExitCode.UNKNOWN_GROUP and "does not exist" in result.stderr
     assert not any(sign in result.stderr for sign in SPARK_STARTED), result.stderr

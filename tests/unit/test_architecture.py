@@ -18,8 +18,15 @@ CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["import
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
     """import-linter over the package in ``cwd``, every contract, no cache (a stale cache could hide a change)."""
     program = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))"
-    return subprocess.run([sys.executable, "-c", program], check=False, cwd=cwd, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"}, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", program],
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
 
 
 def test_the_layers_and_their_contracts_hold() -> None:
@@ -48,9 +55,16 @@ OUTSIDE = re.compile(r"DESIGN\.md|KAFKA-CONSUME-SRV|MARSHAL-README|\.\./shared/"
 
 
 def test_code_and_docs_cite_only_this_repositorys_pages() -> None:
-    files = [*ROOT.glob("marshal_workers/**/*.py"), *ROOT.glob("docs/*.md"), *ROOT.glob("tests/**/*.py"),
-             *ROOT.glob("examples/**/*.py"), ROOT / "README.md"]  # fmt: skip
-    citing = [str(path.relative_to(ROOT)) for path in files if path != Path(__file__) and OUTSIDE.search(path.read_text())]
+    files = [
+        *ROOT.glob("marshal_workers/**/*.py"),
+        *ROOT.glob("docs/*.md"),
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("examples/**/*.py"),
+        ROOT / "README.md",
+    ]
+    citing = [
+        str(path.relative_to(ROOT)) for path in files if path != Path(__file__) and OUTSIDE.search(path.read_text())
+    ]
     assert citing == []
 
 

@@ -26,8 +26,9 @@ class CheckpointWriter:
     """The supervisor's component that writes the checkpoints due from us (component.py's interface), and the shell
     its member core drives."""
 
-    def __init__(self, table: Table, coordinator: Coordinator, writes: InFlightWrites, settings: Settings,
-                 log: Any) -> None:  # fmt: skip
+    def __init__(
+        self, table: Table, coordinator: Coordinator, writes: InFlightWrites, settings: Settings, log: Any
+    ) -> None:
         self.table = table
         self.coordinator = coordinator
         self.writes = writes
@@ -61,6 +62,12 @@ class CheckpointWriter:
     def partition_count(self) -> int:
         return self.coordinator.partition_count
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-               partitions: list[int]) -> None:  # fmt: skip
+    def submit(
+        self,
+        what: str,
+        records: list[codec.Record],
+        on_verdicts: OnVerdicts,
+        on_failure: OnFailure,
+        partitions: list[int],
+    ) -> None:
         self.writes.submit(what, records, on_verdicts, on_failure, partitions=partitions)

@@ -30,8 +30,15 @@ class MessageClaims:
     """The supervisor's component that answers AMO workers' batch claims (component.py's interface), and the shell
     its member core drives."""
 
-    def __init__(self, table: Table, coordinator: Coordinator, writes: InFlightWrites, settings: Settings,
-                 counters: Counters, log: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        table: Table,
+        coordinator: Coordinator,
+        writes: InFlightWrites,
+        settings: Settings,
+        counters: Counters,
+        log: Any,
+    ) -> None:
         self.table = table
         self.coordinator = coordinator
         self.writes = writes
@@ -43,7 +50,9 @@ class MessageClaims:
 
     def waitables(self) -> list[object]:
         """The pipes of the workers running."""
-        return [a.connection for a in self.table.assignments.values() if a.process is not None and a.connection is not None]
+        return [
+            a.connection for a in self.table.assignments.values() if a.process is not None and a.connection is not None
+        ]
 
     def step(self, now: float) -> None:
         """Write every claim the workers asked for since the last pass, all in one go, without waiting."""
@@ -86,8 +95,9 @@ class MessageClaims:
     def lease_clock_ms(self) -> int:
         return monotonic_ms()  # the workers' clock: a slot's lease is on it
 
-    def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure,
-               within: float) -> None:  # fmt: skip
+    def submit(
+        self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure, within: float
+    ) -> None:
         self.writes.submit(what, records, on_verdicts, on_failure, within=within)
 
     def current(self, assignment: Assignment, worker: object) -> bool:

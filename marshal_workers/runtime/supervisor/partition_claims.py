@@ -71,9 +71,15 @@ class PartitionClaims:
         # A handler call in flight is progress until it passes its time limit (hard, else soft; none: ever).
         call_limits = {topic: hard or soft for topic, (soft, hard) in time_limits.items()}
         self.core: PartitionHolding[Assignment] = PartitionHolding(
-            self.me(), claiming_settings(settings), random.Random(), table.assignments, self, call_limits, log,
+            self.me(),
+            claiming_settings(settings),
+            random.Random(),
+            table.assignments,
+            self,
+            call_limits,
+            log,
             counters,
-        )  # fmt: skip
+        )
 
     # --------------------------------------------------------- the component
 
@@ -179,8 +185,9 @@ class PartitionClaims:
         try:
             committed = offsets.committed_many(keys)
         except OffsetLookupError as exc:
-            self.log.warning("claimed %d partition(s) but cannot tell where they start (%s): leaving them",
-                             len(keys), exc)  # fmt: skip
+            self.log.warning(
+                "claimed %d partition(s) but cannot tell where they start (%s): leaving them", len(keys), exc
+            )
             return {}
         positions: dict[Key, Position] = {}
         for key in keys:
@@ -194,8 +201,10 @@ class PartitionClaims:
                 continue
             self.log.info(
                 "%s[%d] has no known position: starting at %s offset %d",
-                *key, self.settings.auto_offset_reset, reset,
-            )  # fmt: skip
+                *key,
+                self.settings.auto_offset_reset,
+                reset,
+            )
             positions[key] = (reset, [])
         return positions
 
@@ -224,11 +233,15 @@ class PartitionClaims:
         offset, done = self.position(assignment)
         call_age = assignment.call_age(now)
         return codec.Beat(
-            partition=assignment.partition, offset=offset, lag=assignment.lag,
-            rate=None if rate is None else round(max(rate, 0.0), 1), done=done or None,
-            in_flight=assignment.calls_in_flight or None, window_used=assignment.slot.get(Field.WINDOW_USED) or None,
+            partition=assignment.partition,
+            offset=offset,
+            lag=assignment.lag,
+            rate=None if rate is None else round(max(rate, 0.0), 1),
+            done=done or None,
+            in_flight=assignment.calls_in_flight or None,
+            window_used=assignment.slot.get(Field.WINDOW_USED) or None,
             call_age_s=None if call_age is None else round(call_age, 1),
-        )  # fmt: skip
+        )
 
     def position(self, assignment: Assignment) -> tuple[int, list[int]]:
         return assignment.slot.position()
@@ -252,7 +265,10 @@ class PartitionClaims:
 def claiming_settings(settings: Settings) -> ClaimingSettings:
     """What the claiming policy obeys, from a member's settings."""
     return ClaimingSettings(
-        heartbeat_s=settings.heartbeat_interval, balance=settings.balance, max_partitions=settings.max_partitions,
-        sick_cooldown_s=settings.sick_cooldown, release_if_behind=settings.release_if_behind,
+        heartbeat_s=settings.heartbeat_interval,
+        balance=settings.balance,
+        max_partitions=settings.max_partitions,
+        sick_cooldown_s=settings.sick_cooldown,
+        release_if_behind=settings.release_if_behind,
         behind_cycles=settings.behind_cycles,
-    )  # fmt: skip
+    )

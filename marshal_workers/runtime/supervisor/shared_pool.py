@@ -70,7 +70,7 @@ from marshal_workers.runtime.messages import (
     Started,
     Stop,
     ToSharedWorker,
-)  # fmt: skip
+)
 from marshal_workers.runtime.supervisor.assignments import signal_process
 from marshal_workers.runtime.worker.shared_worker import SharedWorkerSpec, shared_worker_main
 
@@ -163,7 +163,9 @@ class SharedPool:
         for shared in self.topics.values():
             shared.lease_through(self, rng, log)
 
-    def attach(self, context: BaseContext, coordinator: Coordinator, writes: InFlightWrites, offsets: OffsetStore) -> None:
+    def attach(
+        self, context: BaseContext, coordinator: Coordinator, writes: InFlightWrites, offsets: OffsetStore
+    ) -> None:
         """The supervisor's fork server and Kafka clients, once they exist."""
         self._context, self._coordinator, self._writes, self._offsets = context, coordinator, writes, offsets
 
@@ -210,9 +212,9 @@ class SharedPool:
 
     def stopped(self) -> bool:
         """Every worker gone and every lease settled in the log (or given up on)."""
-        return all(
-            worker.process is None for shared in self.topics.values() for worker in shared.workers
-        ) and all(shared.leasing.stopped() for shared in self.topics.values())
+        return all(worker.process is None for shared in self.topics.values() for worker in shared.workers) and all(
+            shared.leasing.stopped() for shared in self.topics.values()
+        )
 
     def hold_back(self, topics: set[str]) -> None:
         """Lease no more ranges of ``topics`` (an operator paused them, or drained us); the others again."""
@@ -256,8 +258,12 @@ class SharedPool:
         worker.slot = RangeSlot.create(self._context)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=shared_worker_main,
-            args=(SharedWorkerSpec(self.app_path, topic, worker.index, self.settings), theirs,
-                  self.rate_buckets.get(topic), worker.slot.array),
+            args=(
+                SharedWorkerSpec(self.app_path, topic, worker.index, self.settings),
+                theirs,
+                self.rate_buckets.get(topic),
+                worker.slot.array,
+            ),
             name=f"shared worker {topic} #{worker.index}",
             daemon=True,
         )
@@ -275,8 +281,9 @@ class SharedPool:
         except (EOFError, OSError):
             pass  # it exited: _reap settles what it held
 
-    def _on_worker_message(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle,
-                           message: FromSharedWorker, now: float) -> None:  # fmt: skip
+    def _on_worker_message(
+        self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, message: FromSharedWorker, now: float
+    ) -> None:
         if isinstance(message, Outcomes):
             if isinstance(message.counts, dict) and self.record_outcomes is not None:
                 self.record_outcomes(topic, message.counts)
@@ -297,8 +304,9 @@ class SharedPool:
         leasing = shared.leasing
         if isinstance(message, Settled):
             messages = message.handled + len(message.failed) + len(message.dead)
-            leasing.settled(worker, leased, message.end, message.failed, message.dead, message.high, messages,
-                            message.busy_ms, now)  # fmt: skip
+            leasing.settled(
+                worker, leased, message.end, message.failed, message.dead, message.high, messages, message.busy_ms, now
+            )
             worker.handled += message.handled
             worker.crashes_in_a_row = 0
             shared.counters.handled += message.handled
@@ -401,18 +409,25 @@ class SharedPool:
         found = []
         for topic, shared in list(self.topics.items()):
             c, leases = shared.counters, shared.leasing.counters
-            found.append(SharedStats(
-                topic=topic,
-                leases_held=shared.leasing.leases_held(),
-                workers=sum(1 for w in shared.workers if w.process is not None),
-                ranges={"claimed": leases.claimed, "refused": leases.refused, "acked": leases.acked,
-                        "ack_refused": leases.acks_refused, "cancelled": leases.cancelled,
-                        "abandoned": leases.abandoned},
-                messages={"handled": c.handled, "failed": c.failed, "dead_lettered": c.dead_lettered},
-                worker_restarts=c.worker_restarts,
-                low_water_marks={p: low for (t, p), (low, _) in marks.items() if t == topic},
-                lost={p: lost for (t, p), (_, lost) in marks.items() if t == topic},
-            ))  # fmt: skip
+            found.append(
+                SharedStats(
+                    topic=topic,
+                    leases_held=shared.leasing.leases_held(),
+                    workers=sum(1 for w in shared.workers if w.process is not None),
+                    ranges={
+                        "claimed": leases.claimed,
+                        "refused": leases.refused,
+                        "acked": leases.acked,
+                        "ack_refused": leases.acks_refused,
+                        "cancelled": leases.cancelled,
+                        "abandoned": leases.abandoned,
+                    },
+                    messages={"handled": c.handled, "failed": c.failed, "dead_lettered": c.dead_lettered},
+                    worker_restarts=c.worker_restarts,
+                    low_water_marks={p: low for (t, p), (low, _) in marks.items() if t == topic},
+                    lost={p: lost for (t, p), (_, lost) in marks.items() if t == topic},
+                )
+            )
         return found
 
     def _require_coordinator(self) -> Coordinator:
@@ -435,4 +450,3 @@ class SharedPool:
             ]
 
         return coordinator.read(marks)
-

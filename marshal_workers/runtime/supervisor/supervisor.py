@@ -197,33 +197,68 @@ class Supervisor:
                 self._dashboard = Publisher(self._dashboard_step()).start()
             autoscale = AutoscaleMeter(self._dashboard_step(), self.settings).start()
             self._metrics = MetricsServer(
-                self.settings.metrics_host, self.settings.metrics_port, self.metrics_snapshot,
-                Probes(health=self.health, ready=self.readiness, state=self.state_document), self._dashboard,
-                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers), autoscale=autoscale.answer,
-            )  # fmt: skip
+                self.settings.metrics_host,
+                self.settings.metrics_port,
+                self.metrics_snapshot,
+                Probes(health=self.health, ready=self.readiness, state=self.state_document),
+                self._dashboard,
+                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers),
+                autoscale=autoscale.answer,
+            )
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
         times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
         line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance, times)
         self.log.info("%s", line)
 
-    def _build_parts(self, context: BaseContext, coordinator: Coordinator, writes: InFlightWrites, offsets: OffsetStore,
-                     admin: AdminClient, rate_buckets: dict[str, Any], started_ms: int) -> Parts:  # fmt: skip
+    def _build_parts(
+        self,
+        context: BaseContext,
+        coordinator: Coordinator,
+        writes: InFlightWrites,
+        offsets: OffsetStore,
+        admin: AdminClient,
+        rate_buckets: dict[str, Any],
+        started_ms: int,
+    ) -> Parts:
         """The components, each given what it depends on."""
         table, app, settings, counters, log = self.table, self.app, self.settings, self.counters, self.log
         claims = PartitionClaims(
-            table, coordinator, writes, offsets, settings, self.time_limits, counters, log,
+            table,
+            coordinator,
+            writes,
+            offsets,
+            settings,
+            self.time_limits,
+            counters,
+            log,
             new_slot=lambda start: Slot.create(context, start),
             shared_low_water_marks=self.shared.low_water_marks if self.shared.topics else None,
-        )  # fmt: skip
+        )
         pool = WorkerPool(
-            table, claims, app, self.app_path, settings, self.time_limits, counters, log,
-            start_process=fork_server_starter(context), fail=self._fail, rate_buckets=rate_buckets,
-        )  # fmt: skip
+            table,
+            claims,
+            app,
+            self.app_path,
+            settings,
+            self.time_limits,
+            counters,
+            log,
+            start_process=fork_server_starter(context),
+            fail=self._fail,
+            rate_buckets=rate_buckets,
+        )
         remote = RemoteControl(
-            table, coordinator, settings, log, started_ms, hand_over=claims.hand_over, drain=claims.drain,
-            shut_down=self._begin_graceful_stop, hold_back_shared=self._hold_back_shared,
+            table,
+            coordinator,
+            settings,
+            log,
+            started_ms,
+            hand_over=claims.hand_over,
+            drain=claims.drain,
+            shut_down=self._begin_graceful_stop,
+            hold_back_shared=self._hold_back_shared,
             shared_topics=self.shared.topics.keys(),
-        )  # fmt: skip
+        )
         topics = TopicWatch(table, app, settings, admin, coordinator.partition_count, log, self._fail, self._stop_asked)
         components: tuple[tuple[str, Component], ...] = (
             ("message claims", MessageClaims(table, coordinator, writes, settings, counters, log)),
@@ -256,8 +291,9 @@ class Supervisor:
         name = signal.Signals(stops[0] if stops else signal.SIGHUP).name
         self.log.info(
             "%s during start-up: stopped before claiming anything (nothing to release)%s",
-            name, ", restarting" if self.restart_requested else "",
-        )  # fmt: skip
+            name,
+            ", restarting" if self.restart_requested else "",
+        )
 
     def _log_stop(self) -> None:
         """The last line: a clean stop says so at INFO, with what it released and how long it took."""
@@ -373,8 +409,13 @@ class Supervisor:
     def health(self) -> tuple[bool, dict[str, Any]]:
         """/healthz: the loop ticked within an HB and the last coordination write was confirmed (not failed)."""
         writes = self._require_parts().writes
-        return loop_health(time.monotonic() - self._last_tick, self.hb_s, writes.last_confirmed, writes.last_failed,
-                           self.table.phase.value)  # fmt: skip
+        return loop_health(
+            time.monotonic() - self._last_tick,
+            self.hb_s,
+            writes.last_confirmed,
+            writes.last_failed,
+            self.table.phase.value,
+        )
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """/readyz: caught up with the coordination log (start-up read it) and running, so it may claim."""
@@ -440,15 +481,23 @@ class Supervisor:
         now = time.monotonic()
         partitions = [a.stats(now) for a in sorted(self.table.assignments.values(), key=lambda a: a.key)]
         counters = replace(
-            self.counters, releases=collections.Counter(self.counters.releases),
+            self.counters,
+            releases=collections.Counter(self.counters.releases),
             worker_restarts=collections.Counter(self.counters.worker_restarts),
-        )  # fmt: skip
+        )
         coordinator = self._require_parts().coordinator
         traffic = coordinator.traffic
         return Snapshot(
-            self.group, partitions, counters, coordinator.garbage_seen, self.shared.stats(), coordinator.fetch_stalls,
-            traffic.records, traffic.batches, traffic.requests,
-        )  # fmt: skip
+            self.group,
+            partitions,
+            counters,
+            coordinator.garbage_seen,
+            self.shared.stats(),
+            coordinator.fetch_stalls,
+            traffic.records,
+            traffic.batches,
+            traffic.requests,
+        )
 
     def _dashboard_step(self) -> Callable[[Dashboard], Dashboard]:
         """The dashboard's update from our own WorldState, and the ends our workers' fetches saw."""
@@ -479,4 +528,3 @@ class Supervisor:
         if self._coordinator is not None:
             self._coordinator.close()
         self._waiter.close()
-

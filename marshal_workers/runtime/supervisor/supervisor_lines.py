@@ -42,8 +42,7 @@ def start_line(
     shown = [
         f"{name}={_setting_text(name, getattr(settings, name))}"
         for name in SETTINGS
-        if name not in _NEVER_SHOWN
-        and (name in _ALWAYS_SHOWN or getattr(settings, name) != getattr(defaults, name))
+        if name not in _NEVER_SHOWN and (name in _ALWAYS_SHOWN or getattr(settings, name) != getattr(defaults, name))
     ]
     if shared:
         shown.append(f"processes={settings.shared_processes}")
@@ -71,8 +70,9 @@ def stop_line(released: int, seconds: float, exit_code: int, workers_killed: boo
     return f"stopped{code}: {what} in {seconds:.1f}s{killed}"
 
 
-def loop_health(tick_age_s: float, heartbeat_s: float, last_confirmed: float, last_failed: float,
-                phase: str) -> tuple[bool, dict[str, object]]:  # fmt: skip
+def loop_health(
+    tick_age_s: float, heartbeat_s: float, last_confirmed: float, last_failed: float, phase: str
+) -> tuple[bool, dict[str, object]]:
     """/healthz: healthy while the loop ticked within an HB and the last coordination write was confirmed, not
     failed (``last_confirmed``, ``last_failed``: monotonic times of the latest of each)."""
     confirmed = last_confirmed >= last_failed

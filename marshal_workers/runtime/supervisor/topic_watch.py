@@ -28,8 +28,17 @@ from marshal_workers.runtime.supervisor.assignments import Table
 class TopicWatch:
     """The supervisor's component that keeps the handlers' partition counts up to date (component.py's interface)."""
 
-    def __init__(self, table: Table, app: App, settings: Settings, admin: AdminClient, coordination_partitions: int,
-                 log: Any, fail: Callable[[int], None], should_stop: ShouldStop = never) -> None:  # fmt: skip
+    def __init__(
+        self,
+        table: Table,
+        app: App,
+        settings: Settings,
+        admin: AdminClient,
+        coordination_partitions: int,
+        log: Any,
+        fail: Callable[[int], None],
+        should_stop: ShouldStop = never,
+    ) -> None:
         """``coordination_partitions``: the coordination topic's partition count when we started;
         ``fail(exit_code)``: stop the supervisor with that code."""
         self.table = table
@@ -97,6 +106,8 @@ class TopicWatch:
         self.log.error(
             "the coordination topic %s now has %d partitions (it had %d when we started): members would route "
             "records differently; stopping. Restart every member of the group together.",
-            self.settings.coordination_topic, count, self.coordination_partitions,
-        )  # fmt: skip
+            self.settings.coordination_topic,
+            count,
+            self.coordination_partitions,
+        )
         self._fail(ExitCode.COORDINATION_ERROR)

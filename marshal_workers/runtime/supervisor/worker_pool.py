@@ -57,7 +57,9 @@ def start_fork_server(app_path: str) -> BaseContext:
     """The fork server every worker comes from, the application preloaded: start it before any Kafka client."""
     context = multiprocessing.get_context("forkserver")
     module, _ = split_app_path(app_path)
-    context.set_forkserver_preload(["marshal_workers.runtime.worker.forkserver_preload", "marshal_workers.runtime.worker.worker", module])
+    context.set_forkserver_preload(
+        ["marshal_workers.runtime.worker.forkserver_preload", "marshal_workers.runtime.worker.worker", module]
+    )
     multiprocessing.forkserver.ensure_running()
     return context
 
@@ -154,7 +156,12 @@ class WorkerPool:
         slot.set(Field.HANDLING_END, 0)  # nor look like a call the new one is in
         assignment.call = None
         spec = WorkerSpec(
-            self.app_path, assignment.topic, assignment.partition, start, self.settings, assignment.give_up_on,
+            self.app_path,
+            assignment.topic,
+            assignment.partition,
+            start,
+            self.settings,
+            assignment.give_up_on,
             assignment.give_up_reason,
             skip=tuple(skip),
         )
@@ -230,23 +237,36 @@ class WorkerPool:
         where = f"{assignment.topic}[{assignment.partition}]"
         in_hand = self._poison_in_hand(assignment) if delay is None and not made_progress else None
         if in_hand is not None:
-            what = "that message" if in_hand[1] - in_hand[0] == 1 else f"its batch (offsets {in_hand[0]}..{in_hand[1] - 1})"
+            what = (
+                "that message"
+                if in_hand[1] - in_hand[0] == 1
+                else f"its batch (offsets {in_hand[0]}..{in_hand[1] - 1})"
+            )
             self.log.error(
                 "worker for %s died %d times in a row at offset %d (%s): dead-lettering %s as WorkerLost",
-                where, assignment.crashes_in_a_row, assignment.next_offset, _describe_exit(code), what,
-            )  # fmt: skip
+                where,
+                assignment.crashes_in_a_row,
+                assignment.next_offset,
+                _describe_exit(code),
+                what,
+            )
             assignment.give_up_on, assignment.give_up_reason = in_hand, "worker_lost"
             assignment.crashes_in_a_row = 0
             assignment.restart_at, assignment.restart_reason = time.monotonic(), "poison"
             return
         if delay is None:
-            self.log.error("worker for %s crashed %d times in a row: releasing it as sick", where, assignment.crashes_in_a_row)
+            self.log.error(
+                "worker for %s crashed %d times in a row: releasing it as sick", where, assignment.crashes_in_a_row
+            )
             self.releases.release(assignment, sick=True)
             return
         self.log.warning(
             "worker for %s exited with %s at offset %d: restarting in %.1fs",
-            where, _describe_exit(code), assignment.next_offset, delay,
-        )  # fmt: skip
+            where,
+            _describe_exit(code),
+            assignment.next_offset,
+            delay,
+        )
         assignment.restart_at, assignment.restart_reason = time.monotonic() + delay, "crash"
 
     def _poison_in_hand(self, assignment: Assignment) -> tuple[int, int] | None:
@@ -292,8 +312,12 @@ class WorkerPool:
                 assignment.timed_out = killed
                 self.log.error(
                     "%s[%d]: handler call on offsets %d..%d ran past time_limit (%gs): killing its worker",
-                    assignment.topic, assignment.partition, assignment.timed_out[0], assignment.timed_out[1] - 1, limit,
-                )  # fmt: skip
+                    assignment.topic,
+                    assignment.partition,
+                    assignment.timed_out[0],
+                    assignment.timed_out[1] - 1,
+                    limit,
+                )
                 self.counters.time_limit_kills += 1
                 assignment.signal_worker(signal.SIGKILL)
 
@@ -315,14 +339,17 @@ class WorkerPool:
         if handler.mode is Mode.AMO or assignment.time_limit_kills <= handler.retries:
             assignment.restart_at = time.monotonic() + handler.retry_policy.backoff_delay(assignment.time_limit_kills)
         elif handler.on_error is OnError.RELEASE:
-            self.log.error("%s: offset %d timed out %d times: releasing it", where, killed[0], assignment.time_limit_kills)
+            self.log.error(
+                "%s: offset %d timed out %d times: releasing it", where, killed[0], assignment.time_limit_kills
+            )
             self.releases.release(assignment, sick=True)
         else:
-            self.log.error("%s: offset %d timed out %d times: dead-lettering it", where, killed[0], assignment.time_limit_kills)
+            self.log.error(
+                "%s: offset %d timed out %d times: dead-lettering it", where, killed[0], assignment.time_limit_kills
+            )
             assignment.give_up_on, assignment.time_limit_kills, assignment.last_killed = killed, 0, None
             assignment.give_up_reason = "time_limit"
             assignment.restart_at = time.monotonic()
-
 
     def _after_lost_claim(self, assignment: Assignment) -> None:
         """An AMO claim was refused: gone if someone else owns it, else (a lapsed lease) start again."""

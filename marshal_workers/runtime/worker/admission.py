@@ -63,8 +63,11 @@ class Admission:
         The run ends at a message for another group: that one is passed by, never dead-lettered here."""
         link = self.link
         now_ms, count, not_ours = wall_ms(), 0, link.not_ours
-        while (count < len(records) and is_too_old(records[count].timestamp(), now_ms, self.max_age_ms)
-               and not (not_ours and records[count].offset() in not_ours)):  # fmt: skip
+        while (
+            count < len(records)
+            and is_too_old(records[count].timestamp(), now_ms, self.max_age_ms)
+            and not (not_ours and records[count].offset() in not_ours)
+        ):
             count += 1
         if not count or not link.lease_holds():
             return records  # none, or the lease is in doubt: the loop looks at the lease before each message

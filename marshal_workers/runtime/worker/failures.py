@@ -31,8 +31,13 @@ class Outcome(enum.Enum):
     STOP = "stop"  # asked to stop while retrying: it is not done
 
 
-_OUTCOME_OF = {Fate.RETRY: Outcome.RETRY, Fate.IGNORED: Outcome.DONE, Fate.DEAD_LETTER: Outcome.DONE,
-               Fate.RELEASE: Outcome.RELEASE, Fate.LATER: Outcome.STOP}  # fmt: skip
+_OUTCOME_OF = {
+    Fate.RETRY: Outcome.RETRY,
+    Fate.IGNORED: Outcome.DONE,
+    Fate.DEAD_LETTER: Outcome.DONE,
+    Fate.RELEASE: Outcome.RELEASE,
+    Fate.LATER: Outcome.STOP,
+}
 
 
 def outcome_of(decision: Decision) -> Outcome:
@@ -122,10 +127,15 @@ class Failures:
         self.outcomes.too_old += len(records)
         if handler.on_too_old is OnTooOld.DLQ:
             now_ms = wall_ms()
-            self._write_dead_letters(handler, records, [too_old_error(r.timestamp(), now_ms, self.max_age_ms)
-                                                        for r in records])  # fmt: skip
-        self.log.debug("%d message(s) from offset %d older than max_age: %s", len(records), records[0].offset(),
-                       "dead-lettered" if handler.on_too_old is OnTooOld.DLQ else "skipped")  # fmt: skip
+            self._write_dead_letters(
+                handler, records, [too_old_error(r.timestamp(), now_ms, self.max_age_ms) for r in records]
+            )
+        self.log.debug(
+            "%d message(s) from offset %d older than max_age: %s",
+            len(records),
+            records[0].offset(),
+            "dead-lettered" if handler.on_too_old is OnTooOld.DLQ else "skipped",
+        )
 
     def _carry_out(
         self, handler: HandlerSpec, records: list[Any], offsets: list[int], decision: Decision, failures: int
@@ -138,8 +148,9 @@ class Failures:
     def _write_dead_letters(self, handler: HandlerSpec, records: list[Any], errors: list[Any]) -> None:
         """Write the messages to the dead-letter topic, each with its error, and make sure they are there (or crash
         trying: progress stays before them, so they are handled again); counted, and the on_dead_letter hooks run."""
-        self.dead_letters.write(handler.dlq_topic, records,
-                                [letter_headers(handler.name, r, e) for r, e in zip(records, errors)])  # fmt: skip
+        self.dead_letters.write(
+            handler.dlq_topic, records, [letter_headers(handler.name, r, e) for r, e in zip(records, errors)]
+        )
         self.link.fields[Field.DEAD_LETTERED] += len(records)
         for record, error in zip(records, errors) if self.hooks.on_dead_letter else ():
             run_hooks(self.hooks.on_dead_letter, Message(record), error)

@@ -83,9 +83,10 @@ class LaneRunner:
         soft, _hard = effective_time_limits(handler, spec.settings)
         self.latency = bool(spec.settings.metrics_port)
         self.executor: Executor = (
-            AsyncExecutor(handler.function, soft) if handler.is_async
+            AsyncExecutor(handler.function, soft)
+            if handler.is_async
             else ThreadExecutor(handler.function, handler.concurrency, soft)
-        )  # fmt: skip
+        )
         self.held: deque[Any] = deque()  # fetched, not yet offered (the window was full)
         self.records: dict[int, Any] = {}  # every offered, unfinished message's record
         self.calls: dict[int, list[int]] = {}  # running call (by first offset) -> its offsets
@@ -272,9 +273,13 @@ class LaneRunner:
             self.link.log.warning(
                 "the window (%d offsets) has been full for %.0fs: offset %d is not done (%s, %d attempts); "
                 "no message past offset %d is read until it is",
-                self.lanes.window, held_for, oldest, _stage_name(self.lanes, oldest), self.lanes.attempts(oldest),
+                self.lanes.window,
+                held_for,
+                oldest,
+                _stage_name(self.lanes, oldest),
+                self.lanes.attempts(oldest),
                 oldest + self.lanes.window - 1,
-            )  # fmt: skip
+            )
 
     # -------------------------------------------------------------- dispatch
 
@@ -330,8 +335,12 @@ class LaneRunner:
         """Messages the hard time limit killed more often than the retries allow: on_error without a call."""
         if self.give_up is None or not any(self.give_up[0] <= o < self.give_up[1] for o in offsets):
             return False
-        self._carry_out(offsets, self.failures.without_call(self.handler, [self.records[o] for o in offsets],
-                                                            time_limit_error(self.handler)))  # fmt: skip
+        self._carry_out(
+            offsets,
+            self.failures.without_call(
+                self.handler, [self.records[o] for o in offsets], time_limit_error(self.handler)
+            ),
+        )
         return True
 
     # ------------------------------------------------------------ completions

@@ -137,9 +137,11 @@ class SupervisorLink:
             if good[0].offset() != self.spec.start_offset:
                 self.log.warning(
                     "asked for offset %d, got %d first: offsets before it are gone (retention or compaction); "
-                    "auto_offset_reset=%s applied", self.spec.start_offset, good[0].offset(),
+                    "auto_offset_reset=%s applied",
+                    self.spec.start_offset,
+                    good[0].offset(),
                     self.spec.settings.auto_offset_reset,
-                )  # fmt: skip
+                )
         if len(good) != len(batch):
             for error in errors:
                 if error is not None and error.code() != KafkaError._PARTITION_EOF:
@@ -148,8 +150,9 @@ class SupervisorLink:
         others = self._other_groups.offsets(good)
         if others:
             self.not_ours.update(others)
-            self.log.debug("%d fetched message(s) from offset %d redriven for another group: passed by",
-                           len(others), min(others))  # fmt: skip
+            self.log.debug(
+                "%d fetched message(s) from offset %d redriven for another group: passed by", len(others), min(others)
+            )
         return good
 
     def read_range(self, end: int) -> list[Any] | None:

@@ -123,6 +123,9 @@ def finish_worker(
 
 def send_failed(log: Any, error: SendError) -> WorkerExit:
     """A handler's output was not confirmed: exit as a crash, progress still before the input it came from."""
-    log.error("a message sent by a handler was not confirmed (%s): the worker stops without reporting progress past "
-              "its input, which is handled again", error)  # fmt: skip
+    log.error(
+        "a message sent by a handler was not confirmed (%s): the worker stops without reporting progress past "
+        "its input, which is handled again",
+        error,
+    )
     return WorkerExit.SEND_FAILED

@@ -91,10 +91,14 @@ class SharedFailures:
     ) -> InRange:
         """A decision on ``record``, logged once, its dead letter (with its deliveries) written."""
         log_decision(
-            self.log_of(record), handler.name, [record.offset()], decision, failures,
+            self.log_of(record),
+            handler.name,
+            [record.offset()],
+            decision,
+            failures,
             f"{handler.dlq_topic} after {deliveries} deliveries",
             later=f"delivery {deliveries} of {handler.max_deliveries}, it will be delivered again",
-        )  # fmt: skip
+        )
         if decision.fate is Fate.DEAD_LETTER:
             headers = letter_headers(handler.name, record, decision.error, deliveries)
             self.dead_letters.write(handler.dlq_topic, [record], [headers])

@@ -77,7 +77,7 @@ from marshal_workers.runtime.messages import (
     Started,
     Stop,
     ToSharedWorker,
-)  # fmt: skip
+)
 from marshal_workers.runtime.worker.alarm import Alarm
 from marshal_workers.runtime.worker.process import (
     REAL_EDGES,
@@ -131,8 +131,9 @@ class _SupervisorGone(Exception):
     pass
 
 
-def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None,
-                       range_slot: Any = None) -> None:  # fmt: skip
+def shared_worker_main(
+    spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None, range_slot: Any = None
+) -> None:
     """Entry point in the worker process (the target of the fork server's Process).  ``rate_bucket``: the
     handler's shared token bucket (rate_limits.py), if it has a rate_limit; ``range_slot``: the shared array of
     its channel.RangeSlot."""
@@ -140,8 +141,14 @@ def shared_worker_main(spec: SharedWorkerSpec, connection: Connection, rate_buck
 
 
 class SharedWorker:
-    def __init__(self, spec: SharedWorkerSpec, connection: Connection, rate_bucket: Any = None,
-                 range_slot: Any = None, edges: ProcessEdges = REAL_EDGES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: SharedWorkerSpec,
+        connection: Connection,
+        rate_bucket: Any = None,
+        range_slot: Any = None,
+        edges: ProcessEdges = REAL_EDGES,
+    ) -> None:
         self.spec = spec
         self._edges = edges
         self.slot = RangeSlot(range_slot) if range_slot is not None else None  # our position in the range in hand
@@ -166,8 +173,9 @@ class SharedWorker:
 
     def run(self) -> WorkerExit:
         self._edges.start(self.spec.settings, self._stack_dump_heading, self._request_stop)
-        setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} "
-                                  f"#{self.spec.index}")  # fmt: skip
+        setproctitle.setproctitle(
+            f"marshal-workers: shared worker {self.spec.settings.group} {self.spec.topic} #{self.spec.index}"
+        )
         app: App | None = None
         try:
             app = self._edges.load(self.spec.app_path)
@@ -200,8 +208,9 @@ class SharedWorker:
     def _stack_dump_heading(self) -> str:
         at = self.in_hand  # read once: the main thread may move on meanwhile
         range_text = f"shared worker #{self.spec.index}, " + ("between ranges" if at is None else f"range from {at[1]}")
-        return worker_heading(os.getpid(), self.spec.settings.require_group(), self.spec.topic,
-                              None if at is None else at[0], range_text)  # fmt: skip
+        return worker_heading(
+            os.getpid(), self.spec.settings.require_group(), self.spec.topic, None if at is None else at[0], range_text
+        )
 
     def _request_stop(self) -> None:
         self.stopping = True
@@ -251,8 +260,9 @@ class SharedWorker:
 
     def _on_message(self, message: ToSharedWorker) -> None:
         if isinstance(message, RangeLeased):
-            self.ranges.append(WorkerRange(message.partition, message.start, message.end, message.deadline_ms,
-                                      message.tries))  # fmt: skip
+            self.ranges.append(
+                WorkerRange(message.partition, message.start, message.end, message.deadline_ms, message.tries)
+            )
         elif isinstance(message, Renewed):
             for leased in self.ranges:
                 if leased.partition == message.partition and leased.start == message.start:
@@ -277,8 +287,10 @@ class SharedWorker:
         if self.slot is not None:
             self.slot.begin(leased.partition, leased.start)
         self._next_progress_ms = monotonic_ms() + round(PROGRESS_EVERY_S * 1000)
-        setproctitle.setproctitle(f"marshal-workers: shared worker {self.spec.settings.group} "
-                                  f"{self.spec.topic}[{leased.partition}] @{leased.start}")  # fmt: skip
+        setproctitle.setproctitle(
+            f"marshal-workers: shared worker {self.spec.settings.group} "
+            f"{self.spec.topic}[{leased.partition}] @{leased.start}"
+        )
         if self._position != (leased.partition, leased.start):
             self._consumer.assign([TopicPartition(self.spec.topic, leased.partition, leased.start)])
         self._position = (leased.partition, leased.start)
@@ -319,7 +331,9 @@ class SharedWorker:
                 self._position = None
         return None
 
-    def _handle_plain(self, handler: HandlerSpec, leased: WorkerRange, records: list[Any], next_offset: int) -> int | None:
+    def _handle_plain(
+        self, handler: HandlerSpec, leased: WorkerRange, records: list[Any], next_offset: int
+    ) -> int | None:
         """The hot path, for a fetch of messages only (no error, none redriven for another group) of a handler with
         no rate or age limit, in a range delivered fewer than max_deliveries times: per message a check of a flag
         (the alarm: the lease's deadline or the next progress report is near), the call, a count and the position
@@ -362,8 +376,9 @@ class SharedWorker:
         finally:
             leased.handled += handled
 
-    def _handle_records(self, handler: HandlerSpec, leased: WorkerRange, records: list[Any], next_offset: int,
-                        end_seen: int | None) -> tuple[int | None, int | None]:  # fmt: skip
+    def _handle_records(
+        self, handler: HandlerSpec, leased: WorkerRange, records: list[Any], next_offset: int, end_seen: int | None
+    ) -> tuple[int | None, int | None]:
         """A fetch with an error (the partition's end, markers), messages redriven for another group, a rate or age
         limit, or a range delivered max_deliveries times.  The next offset to read (None if the range was reported
         already: the lease ran out, or a stop came while waiting for the rate limit) and the partition's end seen."""
@@ -395,8 +410,11 @@ class SharedWorker:
                 next_offset = offset + 1
                 self._progressed(leased, next_offset)
                 continue
-            if (self.throttle is not None and not self.throttle.acquire(1, lambda: self._still_waiting(leased))
-                    and self.stopping):
+            if (
+                self.throttle is not None
+                and not self.throttle.acquire(1, lambda: self._still_waiting(leased))
+                and self.stopping
+            ):
                 # Asked to stop while waiting for the rate limit: settle what was handled, give the rest back.
                 self._leave_at_the_end(leased, offset)
                 return None, end_seen
@@ -450,8 +468,18 @@ class SharedWorker:
         high = self._consumer.fetched_end(self.spec.topic, leased.partition)
         self.outbox.flush()  # what the range's calls sent (app.send), before it is reported handled
         self._send_outcomes()
-        self._send(Settled(leased.partition, leased.start, end, tuple(leased.failed), tuple(leased.dead),
-                           leased.handled, None if high < 0 else high, round(leased.busy_ms, 3)))  # fmt: skip
+        self._send(
+            Settled(
+                leased.partition,
+                leased.start,
+                end,
+                tuple(leased.failed),
+                tuple(leased.dead),
+                leased.handled,
+                None if high < 0 else high,
+                round(leased.busy_ms, 3),
+            )
+        )
 
     def _at_end(self, partition: int, next_offset: int, end_seen: int | None) -> bool:
         """Read to the partition's end: its end-of-partition event said so in this range, or the end the last fetch
@@ -474,8 +502,12 @@ class SharedWorker:
     def _abandon(self, leased: WorkerRange, offset: int) -> None:
         self.log.warning(
             "%s[%d]: the lease on %d..%d ran out at offset %d (is the supervisor stopped?): leaving the rest",
-            self.spec.topic, leased.partition, leased.start, leased.end - 1, offset,
-        )  # fmt: skip
+            self.spec.topic,
+            leased.partition,
+            leased.start,
+            leased.end - 1,
+            offset,
+        )
         self._position = None
         self._send(Abandoned(leased.partition, leased.start, leased.end))
 

@@ -58,8 +58,14 @@ def worker_main(spec: WorkerSpec, slot_array: Any, connection: Connection, rate_
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, slot: Slot, connection: Connection, rate_bucket: Any = None,
-                 edges: ProcessEdges = REAL_EDGES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        slot: Slot,
+        connection: Connection,
+        rate_bucket: Any = None,
+        edges: ProcessEdges = REAL_EDGES,
+    ) -> None:
         self.spec = spec
         self._edges = edges
         self.rate_bucket = rate_bucket
@@ -96,8 +102,12 @@ class Worker:
         self._partition_hooks_due = True  # on_partition_released runs as the worker stops
         try:
             self.link.consumer = self._open_consumer()
-            self.log.info("worker started at offset %d (%s%s)", self.spec.start_offset, handler.mode.value,
-                          f", concurrency {handler.concurrency}" if on_lanes else "")  # fmt: skip
+            self.log.info(
+                "worker started at offset %d (%s%s)",
+                self.spec.start_offset,
+                handler.mode.value,
+                f", concurrency {handler.concurrency}" if on_lanes else "",
+            )
             code = self._consume(taken, sampling, on_lanes)
             if code is WorkerExit.STOPPED and self.link.recycle_reason is not None:
                 self.log.info("worker restarts: %s", self.link.recycle_reason)
@@ -137,8 +147,9 @@ class Worker:
 
     def _stack_dump_heading(self) -> str:
         spec = self.spec
-        return worker_heading(os.getpid(), spec.group, spec.topic, spec.partition,
-                              f"at offset {self.slot.get(Field.NEXT_OFFSET)}")  # fmt: skip
+        return worker_heading(
+            os.getpid(), spec.group, spec.topic, spec.partition, f"at offset {self.slot.get(Field.NEXT_OFFSET)}"
+        )
 
     def _finish(self, app: App | None) -> None:
         if self._partition_hooks_due:

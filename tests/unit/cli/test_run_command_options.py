@@ -42,8 +42,9 @@ def test_a_memory_limit_without_a_unit_under_1mb_is_refused_before_anything_star
     assert "512 is 512 bytes" in result.output and "did you mean 512MB?" in result.output
 
 
-@pytest.mark.parametrize(("flag", "expected"), [([], True), (["--no-release-if-behind"], False),
-                                                (["--release-if-behind"], True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flag", "expected"), [([], True), (["--no-release-if-behind"], False), (["--release-if-behind"], True)]
+)
 def test_release_if_behind_is_a_run_option(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: list[str], expected: bool
 ) -> None:

@@ -22,9 +22,13 @@ def test_help_lists_every_fault_kind() -> None:
 
 @pytest.mark.parametrize(
     ("text", "says"),
-    [("quake@10s", "KIND one of crash"), ("crash@soon", "is not a time"), ("crash@10s:when=3", "crash takes member"),
-     ("freeze@10s:for=forever", "duration")],
-)  # fmt: skip
+    [
+        ("quake@10s", "KIND one of crash"),
+        ("crash@soon", "is not a time"),
+        ("crash@10s:when=3", "crash takes member"),
+        ("freeze@10s:for=forever", "duration"),
+    ],
+)
 def test_a_bad_fault_says_what_to_write(text: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         parse_fault(text)
@@ -38,8 +42,22 @@ def test_faults_read_back_as_written() -> None:
 
 
 def test_a_sweep_runs_every_seed_and_reports_none_broken() -> None:
-    args = ["simulate", "--partitions", "8", "--members", "3", "--duration", "30s", "--seeds", "3", "--json",
-            "--fault", "crash@5s:members=1", "--fault", "freeze@8s:for=6s"]  # fmt: skip
+    args = [
+        "simulate",
+        "--partitions",
+        "8",
+        "--members",
+        "3",
+        "--duration",
+        "30s",
+        "--seeds",
+        "3",
+        "--json",
+        "--fault",
+        "crash@5s:members=1",
+        "--fault",
+        "freeze@8s:for=6s",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     swept = json.loads(result.output)

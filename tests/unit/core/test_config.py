@@ -245,7 +245,25 @@ def test_heartbeat_ms_is_the_interval_that_was_written(value: Any, milliseconds:
     assert load_settings(cli={"heartbeat_interval": value}, env={}).heartbeat_ms == milliseconds
 
 
-BAD_DURATIONS = ["5x", "-1s", "0", "0s", "", "s", "ms5", "5 sec", "1.2.3s", "forever", True, False, 0, -1, -0.5, "0.5ms", 0.0001]
+BAD_DURATIONS = [
+    "5x",
+    "-1s",
+    "0",
+    "0s",
+    "",
+    "s",
+    "ms5",
+    "5 sec",
+    "1.2.3s",
+    "forever",
+    True,
+    False,
+    0,
+    -1,
+    -0.5,
+    "0.5ms",
+    0.0001,
+]
 
 
 @pytest.mark.parametrize("value", BAD_DURATIONS)
@@ -382,9 +400,11 @@ def test_kafka_environment_variables() -> None:
         }
     )
     assert dict(settings.kafka) == {
-        "sasl.password": "env-secret", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+        "sasl.password": "env-secret",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
         "sasl.username": "alice",
-    }  # fmt: skip
+    }
 
 
 def test_kafka_environment_beats_kafka_table(tmp_path: Path) -> None:
@@ -479,7 +499,9 @@ def test_memory_limits(text: str, size: int) -> None:
 
 
 def test_a_memory_limit_without_a_unit_under_1mb_is_refused_with_a_hint() -> None:
-    with pytest.raises(ConfigError, match=r"max_memory_per_worker in the command line: 512 is 512 bytes.*did you mean 512MB\?"):
+    with pytest.raises(
+        ConfigError, match=r"max_memory_per_worker in the command line: 512 is 512 bytes.*did you mean 512MB\?"
+    ):
         load_settings(cli={"max_memory_per_worker": "512"}, env={})
     with pytest.raises(ConfigError, match=r"64k is 65536 bytes.*at least 1MB"):
         load_settings(env={"MARSHAL_WORKERS_MAX_MEMORY_PER_WORKER": "64k"})
@@ -531,8 +553,11 @@ def test_a_consumer_only_property_under_plain_kafka_reaches_consumers_only(tmp_p
 
 def test_a_property_in_the_wrong_section_is_refused_naming_the_right_one(tmp_path: Path) -> None:
     path = write_toml(tmp_path, '[kafka.producer]\n"fetch.min.bytes" = 4096\n')
-    with pytest.raises(ConfigError, match=r"fetch.min.bytes under \[kafka.producer\] only applies to consumers: "
-                                          r"put it under \[kafka.consumer\]"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"fetch.min.bytes under \[kafka.producer\] only applies to consumers: "
+        r"put it under \[kafka.consumer\]",
+    ):
         load_settings(path, env={})
 
 
@@ -544,7 +569,10 @@ def test_consumer_and_producer_settings_from_the_environment() -> None:
             "MARSHAL_WORKERS_KAFKA_CLIENT_RACK": "r1",
         }
     )
-    assert (dict(settings.kafka_consumer), dict(settings.kafka_producer)) == ({"fetch.min.bytes": "4096"}, {"linger.ms": "7"})
+    assert (dict(settings.kafka_consumer), dict(settings.kafka_producer)) == (
+        {"fetch.min.bytes": "4096"},
+        {"linger.ms": "7"},
+    )
     assert dict(settings.kafka) == {"client.rack": "r1"}
 
 
@@ -568,7 +596,9 @@ def test_a_producer_built_from_settings_with_consumer_properties_does_not_warn(
 
     from marshal_workers.kafka.client_profiles import client_config
 
-    path = write_toml(tmp_path, '[kafka]\n"fetch.min.bytes" = 4096\n[kafka.consumer]\n"isolation.level" = "read_committed"\n')
+    path = write_toml(
+        tmp_path, '[kafka]\n"fetch.min.bytes" = 4096\n[kafka.consumer]\n"isolation.level" = "read_committed"\n'
+    )
     settings = dataclasses.replace(load_settings(path, env={}), brokers="127.0.0.1:1")  # never connects
     with caplog.at_level("WARNING", logger="marshal_workers.librdkafka"):
         producer = Producer(client_config(settings, "producer"))

@@ -76,8 +76,10 @@ def test_sasl_without_credentials_is_refused_naming_what_is_missing_and_where_th
 
 
 def test_secrets_are_never_shown(tmp_path: Path) -> None:
-    path = write_toml(tmp_path, '[kafka]\n"security.protocol" = "SASL_PLAINTEXT"\n"sasl.password" = "pw-in-file"\n'
-                                '"sasl.mechanism" = "PLAIN"\n')  # fmt: skip
+    path = write_toml(
+        tmp_path,
+        '[kafka]\n"security.protocol" = "SASL_PLAINTEXT"\n"sasl.password" = "pw-in-file"\n"sasl.mechanism" = "PLAIN"\n',
+    )
     assert "pw-in-file" not in refused(path)
     # A secret-looking property refused on its own is named, its value is not.
     internal = refused(write_toml(tmp_path, '[kafka]\n"ssl_key" = "pem-secret-text"\n'))

@@ -26,7 +26,6 @@ PARENT_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
 
 
-
 def traced_call(function: Any, msg: Any, topic: str = "orders", batch: bool = False) -> Any:
     return tracing.traced(function, topic, batch, "billing", "host-1")(msg)
 
@@ -78,8 +77,10 @@ def test_a_binary_key_is_left_off_the_span(spans: InMemorySpanExporter) -> None:
 
 def test_the_span_continues_the_trace_of_the_messages_traceparent(spans: InMemorySpanExporter) -> None:
     seen: list[Any] = []
-    traced_call(lambda m: seen.append(trace.get_current_span().get_span_context()),
-                make_message(b"", topic="orders", headers={"traceparent": TRACEPARENT}))  # fmt: skip
+    traced_call(
+        lambda m: seen.append(trace.get_current_span().get_span_context()),
+        make_message(b"", topic="orders", headers={"traceparent": TRACEPARENT}),
+    )
     span = only_span(spans)
     assert format(span.context.trace_id, "032x") == TRACE_ID
     assert span.parent is not None and format(span.parent.span_id, "016x") == PARENT_ID

@@ -410,7 +410,11 @@ def test_shared_handler_options_are_checked_with_what_to_do() -> None:
     with pytest.raises(ConfigError, match="max_deliveries must be a whole number >= 1"):
         app.handler("f", shared=True, max_deliveries=0)(lambda msg: None)
     app.handler("g", shared=True, pending_timeout="2m")(lambda msg: None)
-    assert (app.handlers["g"].shared, app.handlers["g"].pending_timeout, app.handlers["g"].range_size) == (True, 120.0, 100)
+    assert (app.handlers["g"].shared, app.handlers["g"].pending_timeout, app.handlers["g"].range_size) == (
+        True,
+        120.0,
+        100,
+    )
 
 
 def test_dlq_limit_is_a_whole_number_and_not_for_shared_handlers() -> None:

@@ -34,7 +34,9 @@ SCHEMA_MEMBER = "package/schemas/3.0.0-without-$id.json"  # the self-contained o
 
 @pytest.fixture(scope="session")
 def asyncapi_schema() -> jsonschema.Validator:
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "marshal-workers-tests" / "specs-6.11.1.tgz"
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "marshal-workers-tests" / "specs-6.11.1.tgz"
+    )
     if not cache.exists():
         with urllib.request.urlopen(SPECS_TARBALL, timeout=60) as response:
             data = response.read()
@@ -125,9 +127,14 @@ def test_the_document_is_valid_asyncapi_and_every_reference_resolves(asyncapi_sc
     assert "raw.dlq" not in document["channels"], "a handler that releases on error writes no dead letters"
     operations = document["operations"]
     assert {name: op["action"] for name, op in operations.items()} == {
-        "receive_invoices": "receive", "dead_letter_invoices": "send", "receive_orders": "receive",
-        "dead_letter_orders": "send", "receive_raw": "receive", "send_audit": "send", "send_invoices": "send",
-    }  # fmt: skip
+        "receive_invoices": "receive",
+        "dead_letter_invoices": "send",
+        "receive_orders": "receive",
+        "dead_letter_orders": "send",
+        "receive_raw": "receive",
+        "send_audit": "send",
+        "send_invoices": "send",
+    }
     orders = operations["receive_orders"]
     assert orders["description"] == "Bill an order: one invoice per order."
     assert orders["bindings"]["kafka"]["groupId"]["enum"] == ["billing"]
@@ -146,12 +153,15 @@ def payload_validator(document: dict[str, Any], message: str) -> jsonschema.Vali
 @pytest.mark.parametrize(
     ("message", "good", "bad"),
     [
-        ("Order", Order(order_id="o-1", amount=9.5, lines=[Line(sku="a", quantity=2)]).model_dump(),
-         {"order_id": "o-1", "lines": [{"sku": "a", "quantity": "two"}]}),
+        (
+            "Order",
+            Order(order_id="o-1", amount=9.5, lines=[Line(sku="a", quantity=2)]).model_dump(),
+            {"order_id": "o-1", "lines": [{"sku": "a", "quantity": "two"}]},
+        ),
         ("Invoice", msgspec.to_builtins(Invoice("o-1", 9.5)), {"order_id": 7, "total": 9.5}),
         ("Audit", dataclasses.asdict(Audit("ops", "redrive")), {"who": "ops"}),
     ],
-)  # fmt: skip
+)
 def test_a_payload_schema_accepts_what_the_handler_decodes_and_refuses_what_it_would_dead_letter(
     message: str, good: dict[str, Any], bad: dict[str, Any]
 ) -> None:
@@ -190,8 +200,14 @@ def test_the_command_prints_the_document(tmp_path: Path, asyncapi_schema: jsonsc
         "class Ping(msgspec.Struct):\n    n: int\n"
         "@app.handler('pings')\ndef on_ping(ping: Ping) -> None: ...\n"
     )
-    printed = subprocess.run([sys.executable, "-m", "marshal_workers", "asyncapi", "doc_app:app"], cwd=tmp_path,
-                             capture_output=True, text=True, check=False, timeout=60)  # fmt: skip
+    printed = subprocess.run(
+        [sys.executable, "-m", "marshal_workers", "asyncapi", "doc_app:app"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert printed.returncode == 0, printed.stderr
     document = orjson.loads(printed.stdout)
     check_valid(asyncapi_schema, document)

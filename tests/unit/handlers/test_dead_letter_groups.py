@@ -35,8 +35,10 @@ def written_by(group: str, client_id: str, original: list, offset: int = 0, at: 
     """A dead letter as a worker of ``group`` writes one: the original headers, the error's, then who wrote it;
     dead-lettered a second after its message's time ``at``."""
     record = FakeRecord(topic="orders", partition=2, offset=offset, headers=original)
-    written = [(k, str((at or 0) + 1000).encode()) if k == "dead_lettered_at" else (k, v)
-               for k, v in error_headers("app.handle", record, ValueError("boom"))]  # fmt: skip
+    written = [
+        (k, str((at or 0) + 1000).encode()) if k == "dead_lettered_at" else (k, v)
+        for k, v in error_headers("app.handle", record, ValueError("boom"))
+    ]
     headers = original + written + origin_headers(group, client_id)
     return DeadLetter(0, offset, at, b"k", b"v", headers)
 
@@ -79,8 +81,9 @@ def test_a_letter_redriven_goes_to_the_group_that_wrote_it_whatever_the_message_
 
 
 def test_a_letter_that_names_no_group_goes_back_to_every_group() -> None:
-    legacy = DeadLetter(1, 7, 100, None, b"v", [("traceparent", b"00-aa"), ("error_type", b"ValueError"),
-                                                ("original_topic", b"orders")])  # fmt: skip
+    legacy = DeadLetter(
+        1, 7, 100, None, b"v", [("traceparent", b"00-aa"), ("error_type", b"ValueError"), ("original_topic", b"orders")]
+    )
     redriven = legacy.redrive_headers("orders.dlq")
     assert redriven == [("traceparent", b"00-aa"), ("redriven_from", b"orders.dlq/1/7")]
     assert not any(for_another_group(redriven, g.encode()) for g in GROUPS)
@@ -116,29 +119,69 @@ def test_the_list_counts_by_group_and_the_group_option_keeps_its_own() -> None:
     tally = Tally()
     for letter in letters:
         tally.add(letter)
-    assert tally.groups() == [{"group": "billing", "count": 2}, {"group": "audit", "count": 1},
-                              {"group": None, "count": 1}]  # fmt: skip
+    assert tally.groups() == [
+        {"group": "billing", "count": 2},
+        {"group": "audit", "count": 1},
+        {"group": None, "count": 1},
+    ]
     assert tally.rows({"billing"}) == [
-        {"error_type": "ValueError", "count": 2, "oldest_ms": 100, "newest_ms": 300, "written_oldest_ms": 1100,
-         "written_newest_ms": 1300, "from_topics": ["orders"]},
+        {
+            "error_type": "ValueError",
+            "count": 2,
+            "oldest_ms": 100,
+            "newest_ms": 300,
+            "written_oldest_ms": 1100,
+            "written_newest_ms": 1300,
+            "from_topics": ["orders"],
+        },
     ]
     assert tally.rows({"audit", None}) == [
-        {"error_type": "KeyError", "count": 1, "oldest_ms": 50, "newest_ms": 50, "written_oldest_ms": None,
-         "written_newest_ms": None, "from_topics": ["orders"]},  # written before letters said when
-        {"error_type": "ValueError", "count": 1, "oldest_ms": 200, "newest_ms": 200, "written_oldest_ms": 1200,
-         "written_newest_ms": 1200, "from_topics": ["orders"]},
+        {
+            "error_type": "KeyError",
+            "count": 1,
+            "oldest_ms": 50,
+            "newest_ms": 50,
+            "written_oldest_ms": None,
+            "written_newest_ms": None,
+            "from_topics": ["orders"],
+        },  # written before letters said when
+        {
+            "error_type": "ValueError",
+            "count": 1,
+            "oldest_ms": 200,
+            "newest_ms": 200,
+            "written_oldest_ms": 1200,
+            "written_newest_ms": 1200,
+            "from_topics": ["orders"],
+        },
     ]
     assert tally.rows() == summary(letters) and tally.rows()[0]["count"] == 3, "without a group: every letter"
     assert tally.rows({"search"}) == []
 
 
-@given(st.lists(st.tuples(st.sampled_from([*GROUPS, None]), st.sampled_from(["ValueError", "KeyError"]),
-                          st.one_of(st.none(), st.integers(0, 1000))), max_size=30))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([*GROUPS, None]),
+            st.sampled_from(["ValueError", "KeyError"]),
+            st.one_of(st.none(), st.integers(0, 1000)),
+        ),
+        max_size=30,
+    )
+)
 def test_every_groups_rows_add_up_to_the_whole_list(found: list[tuple[str | None, str, int | None]]) -> None:
     tally = Tally()
     for offset, (group, error_type, at) in enumerate(found):
-        tally.add(DeadLetter(0, offset, at, None, b"v", [("error_type", error_type.encode()), ("original_topic", b"t")]
-                             + origin_headers(group, "c")))  # fmt: skip
+        tally.add(
+            DeadLetter(
+                0,
+                offset,
+                at,
+                None,
+                b"v",
+                [("error_type", error_type.encode()), ("original_topic", b"t")] + origin_headers(group, "c"),
+            )
+        )
     whole = {row["error_type"]: row for row in tally.rows()}
     for error_type, row in whole.items():
         parts = [r for g in [*GROUPS, None] for r in tally.rows({g}) if r["error_type"] == error_type]
@@ -167,8 +210,11 @@ def test_the_testing_harness_shows_the_headers_a_dead_letter_would_carry() -> No
 
     [result] = run_handler(app, "orders", [make_message(b"x", topic="orders")])
     headers = dict(result.dead_letter_headers or [])
-    assert (headers[GROUP_HEADER], headers[CLIENT_ID_HEADER], headers["error_type"]) == (b"billing", b"host-a",
-                                                                                         b"ValueError")  # fmt: skip
+    assert (headers[GROUP_HEADER], headers[CLIENT_ID_HEADER], headers["error_type"]) == (
+        b"billing",
+        b"host-a",
+        b"ValueError",
+    )
 
 
 def test_the_testing_harness_passes_by_a_message_redriven_for_another_group_as_a_worker_does() -> None:
@@ -178,9 +224,11 @@ def test_the_testing_harness_passes_by_a_message_redriven_for_another_group_as_a
     def handle(msg: object) -> None:
         called.append(msg)
 
-    messages = [make_message(b"mine", topic="orders", headers={REDRIVEN_FOR_HEADER: "billing"}),
-                make_message(b"theirs", topic="orders", offset=1, headers={REDRIVEN_FOR_HEADER: "audit"}),
-                make_message(b"anyone's", topic="orders", offset=2)]  # fmt: skip
+    messages = [
+        make_message(b"mine", topic="orders", headers={REDRIVEN_FOR_HEADER: "billing"}),
+        make_message(b"theirs", topic="orders", offset=1, headers={REDRIVEN_FOR_HEADER: "audit"}),
+        make_message(b"anyone's", topic="orders", offset=2),
+    ]
     assert [r.outcome for r in run_handler(app, "orders", messages)] == ["done", "other_group", "done"]
     assert [m.value for m in called] == [b"mine", b"anyone's"]  # type: ignore[attr-defined]
 
@@ -192,13 +240,24 @@ def test_since_goes_by_when_a_letter_was_dead_lettered_not_by_its_messages_time(
     hour_ms, incident_ms = 3_600_000, 1_800_000_000_000
     headers = error_headers("tasks.h", FakeRecord(topic="orders"), ValueError("boom"))
     [written_ms] = [int(v) for k, v in headers if k == "dead_lettered_at"]
-    old_message = DeadLetter(0, 0, incident_ms - hour_ms, b"k", b"v",
-                             [(k, str(incident_ms + 5).encode()) if k == "dead_lettered_at" else (k, v)
-                              for k, v in headers])  # fmt: skip
+    old_message = DeadLetter(
+        0,
+        0,
+        incident_ms - hour_ms,
+        b"k",
+        b"v",
+        [(k, str(incident_ms + 5).encode()) if k == "dead_lettered_at" else (k, v) for k, v in headers],
+    )
     assert old_message.written_ms == incident_ms + 5 and abs(written_ms - time.time() * 1000) < 60_000
     legacy = DeadLetter(0, 1, incident_ms + 9, b"k", b"v", [("error_type", b"ValueError")])
-    before = DeadLetter(0, 2, incident_ms - hour_ms, b"k", b"v", [("error_type", b"ValueError"),
-                                                                   ("dead_lettered_at", str(incident_ms - 1).encode())])  # fmt: skip
+    before = DeadLetter(
+        0,
+        2,
+        incident_ms - hour_ms,
+        b"k",
+        b"v",
+        [("error_type", b"ValueError"), ("dead_lettered_at", str(incident_ms - 1).encode())],
+    )
     assert choose([old_message, legacy, before], None, incident_ms) == [old_message, legacy]
     assert "dead_lettered_at" not in dict(old_message.original_headers), "not sent back on a redrive"
     [row] = summary([old_message, before])

@@ -80,9 +80,13 @@ def test_the_handlers_page_registers_the_policy_it_describes_and_its_handler_doe
     exec(code, namespace)
     handler = namespace["app"].handlers["orders"]
     assert handler.retry_policy == RetryPolicy(
-        retries=5, backoff=1.0, backoff_max=120.0, jitter=True,
-        retry_on=(ConnectionError, TimeoutError, namespace["PaymentsDown"]), no_retry_on=(ConnectionRefusedError,),
-    )  # fmt: skip
+        retries=5,
+        backoff=1.0,
+        backoff_max=120.0,
+        jitter=True,
+        retry_on=(ConnectionError, TimeoutError, namespace["PaymentsDown"]),
+        no_retry_on=(ConnectionRefusedError,),
+    )
 
     def outcome(value: bytes, attempt: int = 1) -> type[BaseException] | None:
         try:
@@ -113,7 +117,9 @@ def test_the_handlers_page_send_example_sends_what_it_says() -> None:
             sent.append(encoded)
 
     app.outbox = Recorder()
-    app.handlers["orders"].function(Message(FakeRecord(value=b'{"id": 7, "amount": 12}', key=b"c-1", partition=0, offset=3)))
+    app.handlers["orders"].function(
+        Message(FakeRecord(value=b'{"id": 7, "amount": 12}', key=b"c-1", partition=0, offset=3))
+    )
     assert sent == [
         ("invoices", b'{"order":7,"amount":12}', b"c-1", [("source", b"orders/0/3")]),
         ("audit", b"invoiced 7", None, None),

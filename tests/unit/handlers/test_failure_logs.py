@@ -36,7 +36,9 @@ def test_a_call_that_failed_for_good_is_still_an_error(caplog: pytest.LogCapture
     log = partition_log(logging.getLogger("test.failure_logs"), "billing", "invoices", 2)
     with caplog.at_level(logging.DEBUG, logger="test.failure_logs"):
         log_decision(log, "tasks.on_invoices", [10, 11, 12], dead_letter(ValueError("db down"), 3), 4, "invoices.dlq")
-        every_bad = PayloadError("3 of 3 messages did not decode", by_position=dict.fromkeys(range(3), PayloadError("x")))
+        every_bad = PayloadError(
+            "3 of 3 messages did not decode", by_position=dict.fromkeys(range(3), PayloadError("x"))
+        )
         log_decision(log, "tasks.on_invoices", [10, 11, 12], dead_letter(every_bad, 3), 1, "invoices.dlq")
     assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.ERROR], "nothing of those calls was handled"
     assert "sent 3 message(s) to invoices.dlq" in caplog.records[0].getMessage()

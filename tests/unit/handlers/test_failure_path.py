@@ -41,8 +41,9 @@ def test_a_failure_is_retried_with_the_backoff_then_dead_lettered_once_the_retri
 
 def test_on_error_release_releases_the_partition_instead() -> None:
     assert _tries(FailurePath(), _handler(retries=1, on_error="release"), [7], ValueError()) == [
-        Fate.RETRY, Fate.RELEASE,
-    ]  # fmt: skip
+        Fate.RETRY,
+        Fate.RELEASE,
+    ]
 
 
 def test_reject_and_ignore_are_never_retried() -> None:
@@ -79,11 +80,15 @@ def test_a_retry_the_runner_cannot_make_now_is_left_to_whoever_gets_the_message_
 
 @pytest.mark.parametrize(
     ("final", "spent", "rejected"),
-    [(Final.ON_ERROR, Fate.DEAD_LETTER, Fate.DEAD_LETTER), (Final.DELIVER_AGAIN, Fate.LATER, Fate.DEAD_LETTER),
-     (Final.STOP, Fate.STOP, Fate.STOP)],
-)  # fmt: skip
-def test_each_runners_final_meets_a_failure_past_its_retries_and_a_reject(final: Final, spent: Fate,
-                                                                         rejected: Fate) -> None:  # fmt: skip
+    [
+        (Final.ON_ERROR, Fate.DEAD_LETTER, Fate.DEAD_LETTER),
+        (Final.DELIVER_AGAIN, Fate.LATER, Fate.DEAD_LETTER),
+        (Final.STOP, Fate.STOP, Fate.STOP),
+    ],
+)
+def test_each_runners_final_meets_a_failure_past_its_retries_and_a_reject(
+    final: Final, spent: Fate, rejected: Fate
+) -> None:
     handler = _handler(retries=1)
     assert _tries(FailurePath(final=final), handler, [4], Retry()) == [Fate.RETRY, spent]
     assert FailurePath(final=final).after_call(handler, [4], Reject("no"), 1).fate is rejected

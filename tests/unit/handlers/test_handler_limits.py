@@ -73,7 +73,9 @@ steps = st.lists(st.tuples(st.floats(min_value=0, max_value=5), st.integers(min_
 
 
 @given(rates, steps)
-def test_a_bucket_never_grants_more_than_rate_times_elapsed_plus_burst(rate: float, takes: list[tuple[float, int]]) -> None:
+def test_a_bucket_never_grants_more_than_rate_times_elapsed_plus_burst(
+    rate: float, takes: list[tuple[float, int]]
+) -> None:
     burst = burst_for(rate)
     start = now = 1000.0
     bucket, granted_total = full(start, burst), 0
@@ -100,8 +102,9 @@ def test_whole_batches_never_get_more_than_rate_times_elapsed_plus_the_burst_or_
             granted_total += want
             largest = max(largest, want)
         else:
-            assert after == bucket._replace(tokens=min(burst, bucket.tokens + max(0.0, now - bucket.last) * rate),
-                                            last=max(now, bucket.last))  # fmt: skip
+            assert after == bucket._replace(
+                tokens=min(burst, bucket.tokens + max(0.0, now - bucket.last) * rate), last=max(now, bucket.last)
+            )
             # Not granted only while the bucket holds less than the batch (or, for a batch past the burst, is not full).
             assert after.tokens + 1e-9 < min(want, burst)
         bucket = after
@@ -164,9 +167,16 @@ def test_a_throttle_waits_for_tokens_and_stops_when_told() -> None:
 
 @pytest.mark.parametrize(
     ("timestamp", "too_old"),
-    [((1, 1_000), True), ((1, 6_400_000), True), ((1, 6_401_000), False), ((2, 10_000_000), False),
-     ((0, 1), False), ((1, -1), False), ((2, 0), True)],
-)  # fmt: skip
+    [
+        ((1, 1_000), True),
+        ((1, 6_400_000), True),
+        ((1, 6_401_000), False),
+        ((2, 10_000_000), False),
+        ((0, 1), False),
+        ((1, -1), False),
+        ((2, 0), True),
+    ],
+)
 def test_a_message_is_too_old_when_its_timestamp_is_past_max_age(timestamp: tuple[int, int], too_old: bool) -> None:
     assert is_too_old(timestamp, now_ms=10_001_000, max_age_ms=3_600_000) is too_old
 

@@ -32,16 +32,24 @@ def test_hooks_run_in_order_around_the_call_with_its_outcome() -> None:
     with pytest.raises(ValueError):
         hooked.function("bad")
     assert calls == [
-        ("before", "ok"), ("handler", "ok"), ("after", "ok", "done", "NoneType"),
-        ("before", "bad"), ("handler", "bad"), ("after", "bad", "failed", "ValueError"),
-    ]  # fmt: skip
+        ("before", "ok"),
+        ("handler", "ok"),
+        ("after", "ok", "done", "NoneType"),
+        ("before", "bad"),
+        ("handler", "bad"),
+        ("after", "bad", "failed", "ValueError"),
+    ]
     assert hooked.name == app.handlers["orders"].name, "the handler keeps its name (logs, dead letters)"
 
 
 def test_the_outcome_names_what_the_handler_asked_for() -> None:
     assert [outcome_of(e) for e in (None, Retry(), Ignore(), Reject("x"), KeyError())] == [
-        "done", "retry", "ignored", "rejected", "failed",
-    ]  # fmt: skip
+        "done",
+        "retry",
+        "ignored",
+        "rejected",
+        "failed",
+    ]
 
 
 def test_a_failing_hook_is_logged_and_neither_stops_the_call_nor_the_other_hooks(caplog) -> None:
@@ -53,8 +61,10 @@ def test_a_failing_hook_is_logged_and_neither_stops_the_call_nor_the_other_hooks
 
 def test_one_before_hook_alone_runs_before_the_call_and_a_failing_one_does_not_stop_it(caplog) -> None:
     seen: list[str] = []
-    handler = with_message_hooks(lambda msg: seen.append(f"handler {msg}") or "result",
-                                 Hooks(before_message=[lambda msg: seen.append(f"before {msg}")]))  # fmt: skip
+    handler = with_message_hooks(
+        lambda msg: seen.append(f"handler {msg}") or "result",
+        Hooks(before_message=[lambda msg: seen.append(f"before {msg}")]),
+    )
     assert handler("m") == "result" and seen == ["before m", "handler m"]
     failing = with_message_hooks(lambda msg: seen.append("called"), Hooks(before_message=[lambda msg: 1 / 0]))
     failing("m")

@@ -112,6 +112,7 @@ def test_a_batch_of_messages_of_a_model() -> None:
 
 def test_a_batch_with_no_good_message_is_not_called() -> None:
     calls: list[Any] = []
+
     def on_orders(orders: list[OrderStruct]) -> None:
         calls.append(orders)
 
@@ -174,8 +175,9 @@ def test_msgpack_decodes_each_model_kind(model: type) -> None:
     def on_order(order: model) -> None:  # type: ignore[valid-type]
         got.append(order)
 
-    results = run_handler(_app_with(on_order, serializer="msgpack"), "orders",
-                          [msgspec.msgpack.encode(GOOD), msgspec.json.encode(GOOD)])  # fmt: skip
+    results = run_handler(
+        _app_with(on_order, serializer="msgpack"), "orders", [msgspec.msgpack.encode(GOOD), msgspec.json.encode(GOOD)]
+    )
     assert got == [model(id=7, item="tea", quantity=2)]
     assert [r.outcome for r in results] == ["done", "dead_letter"]
 
@@ -225,9 +227,15 @@ def test_untyped_handlers_are_called_with_the_function_itself() -> None:
         pass
 
     app = App(group="typed")
-    for topic, function, batch in [("a", plain, False), ("b", of_message, False), ("c", of_any, False),
-                                   ("d", of_messages, True), ("e", of_list, True), ("f", of_str, False),
-                                   ("g", of_union, False)]:  # fmt: skip
+    for topic, function, batch in [
+        ("a", plain, False),
+        ("b", of_message, False),
+        ("c", of_any, False),
+        ("d", of_messages, True),
+        ("e", of_list, True),
+        ("f", of_str, False),
+        ("g", of_union, False),
+    ]:
         app.handler(topic, batch=batch)(function)
         assert app.handlers[topic].function is function and app.handlers[topic].model is None
 
@@ -245,8 +253,17 @@ def test_untyped_handlers_are_called_with_the_function_itself() -> None:
         (list[dict[str, OrderStruct]], True, "one model class"),
         (list[Message[int]], True, "one model class"),
     ],
-    ids=["message of a union", "dict of models", "message of int", "optional", "union with a model",
-         "list without batch", "model with batch", "list of dicts of models", "list of messages of int"],
+    ids=[
+        "message of a union",
+        "dict of models",
+        "message of int",
+        "optional",
+        "union with a model",
+        "list without batch",
+        "model with batch",
+        "list of dicts of models",
+        "list of messages of int",
+    ],
 )
 def test_annotations_that_cannot_be_honoured_are_refused_with_what_to_write(
     annotation: Any, batch: bool, words: str
@@ -325,5 +342,10 @@ def test_hooks_see_the_message_before_decoding_and_the_outcome_after() -> None:
     app.before_message(lambda msg: seen.append(("before", type(msg).__name__, msg.offset)))
     app.after_message(lambda msg, outcome, error, seconds: seen.append(("after", outcome, type(error).__name__)))
     run_handler(app, "orders", [GOOD, b"[]"])
-    assert seen == [("before", "Message", 0), ("handler", 7), ("after", "done", "NoneType"),
-                    ("before", "Message", 1), ("after", "rejected", "PayloadError")]  # fmt: skip
+    assert seen == [
+        ("before", "Message", 0),
+        ("handler", 7),
+        ("after", "done", "NoneType"),
+        ("before", "Message", 1),
+        ("after", "rejected", "PayloadError"),
+    ]

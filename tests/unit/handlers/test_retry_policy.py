@@ -43,7 +43,9 @@ def test_the_handler_says_what_to_do_with_retry_reject_and_ignore() -> None:
 
 
 @given(st.integers(1, 60), st.floats(0.001, 100), st.floats(0.001, 1000), st.integers(0, 2**32))
-def test_a_jittered_wait_is_never_negative_nor_past_the_cap(failures: int, backoff: float, cap: float, seed: int) -> None:
+def test_a_jittered_wait_is_never_negative_nor_past_the_cap(
+    failures: int, backoff: float, cap: float, seed: int
+) -> None:
     policy = RetryPolicy(retries=100, backoff=backoff, backoff_max=cap, jitter=True)
     delay = next_step(policy, OSError(), failures, random.Random(seed)).delay
     assert 0 <= delay <= min(backoff * 2 ** (failures - 1), cap)
@@ -58,14 +60,25 @@ def test_jitter_spreads_the_waits_of_many_workers() -> None:
 def test_handler_options_build_the_policy_and_bad_ones_say_what_to_do() -> None:
     app = App(group="g")
 
-    @app.handler("orders", retries=5, retry_backoff="1s", retry_backoff_max="30s", retry_jitter=False,
-                 retry_on=ConnectionError, no_retry_on=(ConnectionRefusedError,))  # fmt: skip
+    @app.handler(
+        "orders",
+        retries=5,
+        retry_backoff="1s",
+        retry_backoff_max="30s",
+        retry_jitter=False,
+        retry_on=ConnectionError,
+        no_retry_on=(ConnectionRefusedError,),
+    )
     def on_order(msg: object) -> None: ...
 
     assert app.handlers["orders"].retry_policy == RetryPolicy(
-        retries=5, backoff=1.0, backoff_max=30.0, jitter=False, retry_on=(ConnectionError,),
+        retries=5,
+        backoff=1.0,
+        backoff_max=30.0,
+        jitter=False,
+        retry_on=(ConnectionError,),
         no_retry_on=(ConnectionRefusedError,),
-    )  # fmt: skip
+    )
     assert App(group="g").handler("t")(on_order) and RetryPolicy().jitter, "jitter is on by default, as in Celery"
     with pytest.raises(ConfigError, match="retry_on must be an exception class or a tuple of them"):
         App(group="g").handler("t", retry_on="ValueError")  # type: ignore[arg-type]

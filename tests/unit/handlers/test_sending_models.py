@@ -2,7 +2,6 @@
 handler of the destination topic (so it decodes it), else as JSON; ``make_message`` takes a model too.  A stand-in
 outbox records what app.send hands it: no producer, no broker."""
 
-
 # No "from __future__ import annotations": the handlers below are annotated with a class held in a local name.
 import dataclasses
 from typing import Any

@@ -14,8 +14,15 @@ from marshal_workers.testing import make_message, run_app, run_handler
 
 
 def test_make_message_gives_what_a_handler_reads() -> None:
-    msg = make_message({"id": 1}, topic="orders", partition=3, offset=42, key="k", headers={"trace": "abc"},
-                       timestamp=1_700_000_000_000)  # fmt: skip
+    msg = make_message(
+        {"id": 1},
+        topic="orders",
+        partition=3,
+        offset=42,
+        key="k",
+        headers={"trace": "abc"},
+        timestamp=1_700_000_000_000,
+    )
     assert (msg.topic, msg.partition, msg.offset, msg.key, msg.json()) == ("orders", 3, 42, b"k", {"id": 1})
     assert (msg.headers, msg.timestamp, msg.attempt) == ([("trace", b"abc")], 1_700_000_000_000, 1)
     assert make_message("text").value == b"text" and make_message(b"\x00").timestamp is None
@@ -33,8 +40,9 @@ def test_a_message_made_without_a_topic_is_on_the_handlers_topic_as_plain_values
         if msg.value == b"bad":
             raise ValueError("bad")
 
-    made, bad, plain, _named = run_handler(app, "orders", [make_message(b"ok"), make_message(b"bad"), b"ok",
-                                                          make_message(b"ok", topic="orders-eu")])  # fmt: skip
+    made, bad, plain, _named = run_handler(
+        app, "orders", [make_message(b"ok"), make_message(b"bad"), b"ok", make_message(b"ok", topic="orders-eu")]
+    )
     assert seen == ["orders", "orders", "orders", "orders-eu"], "a topic given is kept"
     assert made.message.topic == plain.message.topic == "orders"
     assert dict(bad.dead_letter_headers or [])["original_topic"] == b"orders"
@@ -88,8 +96,10 @@ def test_on_error_release_stops_the_partition_and_leaves_the_rest_to_the_next_ow
         if msg.value == b"bad":
             raise ValueError("bad")
 
-    values = [make_message(v, topic="t", partition=p, offset=o) for v, p, o in
-              [("ok", 0, 0), ("bad", 0, 1), ("ok", 0, 2), ("ok", 1, 0)]]  # fmt: skip
+    values = [
+        make_message(v, topic="t", partition=p, offset=o)
+        for v, p, o in [("ok", 0, 0), ("bad", 0, 1), ("ok", 0, 2), ("ok", 1, 0)]
+    ]
     assert [r.outcome for r in run_handler(app, "t", values)] == ["done", "released", "not_handled", "done"]
 
 
@@ -133,8 +143,18 @@ def test_hooks_and_retries_run_as_in_a_worker_and_the_backoff_is_not_slept() -> 
     [result] = run_handler(app, "t", [b"x"])
     assert time.monotonic() - began < 5 and result.delays == [3600.0, 3600.0]
     assert (result.outcome, result.attempts) == ("done", 3)
-    assert calls == ["start", "claimed 0", "before 1", "after retry", "before 2", "after retry", "before 3",
-                     "after done", "released 0", "stop"]  # fmt: skip
+    assert calls == [
+        "start",
+        "claimed 0",
+        "before 1",
+        "after retry",
+        "before 2",
+        "after retry",
+        "before 3",
+        "after done",
+        "released 0",
+        "stop",
+    ]
     with pytest.raises(ConfigError, match="no handler for topic 'nope'"):
         run_handler(app, "nope", [b"x"])
 
@@ -183,8 +203,11 @@ def test_a_typed_batch_with_one_bad_payload_dead_letters_only_that_one_as_a_work
     def handle(invoices: list[Invoice]) -> None:
         handled.extend(i.order_id for i in invoices)
 
-    results = run_handler(app, "invoices", [make_message(Invoice(1, 9.5)), make_message(b'{"order_id":"x"}'),
-                                            make_message(Invoice(3, 2.0))])  # fmt: skip
+    results = run_handler(
+        app,
+        "invoices",
+        [make_message(Invoice(1, 9.5)), make_message(b'{"order_id":"x"}'), make_message(Invoice(3, 2.0))],
+    )
     assert [r.outcome for r in results] == ["done", "dead_letter", "done"] and handled == [1, 3]
     assert dict(results[1].dead_letter_headers or [])["error_type"] == b"PayloadError"
 

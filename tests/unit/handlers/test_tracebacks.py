@@ -105,8 +105,9 @@ def test_a_deep_traceback_keeps_its_innermost_frames_within_8_kib() -> None:
     marker, after = text.split("\n", 1)
     assert marker.startswith("[... the first ") and marker.endswith(" bytes of the traceback cut ...]")
     assert whole.endswith("\n" + after), "the end, from a line's start"
-    assert text.endswith('    raise RuntimeError("the bottom of a deep stack")\n'
-                         "RuntimeError: the bottom of a deep stack\n")  # fmt: skip
+    assert text.endswith(
+        '    raise RuntimeError("the bottom of a deep stack")\nRuntimeError: the bottom of a deep stack\n'
+    )
 
 
 def test_an_error_never_raised_has_no_traceback_header() -> None:
@@ -148,8 +149,9 @@ def test_the_harness_returns_the_traceback_of_a_release() -> None:
 
 
 def test_a_message_too_old_has_no_traceback() -> None:
-    [old] = run_handler(harness_app(max_age="1s", on_too_old="dlq"), "orders",
-                        [make_message({}, topic="orders", timestamp=1)])  # fmt: skip
+    [old] = run_handler(
+        harness_app(max_age="1s", on_too_old="dlq"), "orders", [make_message({}, topic="orders", timestamp=1)]
+    )
     assert old.outcome == "dead_letter" and old.traceback is None
     assert TRACEBACK_HEADER not in dict(old.dead_letter_headers or [])
 
@@ -172,13 +174,19 @@ def logged(caplog: pytest.LogCaptureFixture, write: Any) -> logging.LogRecord:
     ("write", "level", "says"),
     [
         (lambda e: log_retry(LOG, "on_order", 42, e, 1, 0.25), logging.WARNING, "retry 1 in 0.25s"),
-        (lambda e: log_left_for_later(LOG, "on_order", 42, e, "delivery 1 of 5, it will be delivered again"),
-         logging.WARNING, "it will be delivered again"),
-        (lambda e: log_dead_letter(LOG, "on_order", 42, e, 1, "orders.dlq"), logging.ERROR,
-         "sent 1 message(s) to orders.dlq"),
+        (
+            lambda e: log_left_for_later(LOG, "on_order", 42, e, "delivery 1 of 5, it will be delivered again"),
+            logging.WARNING,
+            "it will be delivered again",
+        ),
+        (
+            lambda e: log_dead_letter(LOG, "on_order", 42, e, 1, "orders.dlq"),
+            logging.ERROR,
+            "sent 1 message(s) to orders.dlq",
+        ),
         (lambda e: log_release(LOG, "on_order", 42, e), logging.ERROR, "releasing the partition"),
     ],
-)  # fmt: skip
+)
 def test_a_failure_is_one_line_at_the_level_of_its_outcome_with_its_traceback(
     caplog: pytest.LogCaptureFixture, write: Any, level: int, says: str
 ) -> None:
@@ -204,7 +212,9 @@ def test_a_retry_made_while_the_first_failure_is_handled_keeps_a_traceback_of_it
     first = raised_in_check_order()
     try:
         raise first
-    except ValueError:  # a worker's loop calls Failures.recover here: its retries run while the first failure is handled
+    except (
+        ValueError
+    ):  # a worker's loop calls Failures.recover here: its retries run while the first failure is handled
         retried = raised_in_check_order()
         try:
             try:

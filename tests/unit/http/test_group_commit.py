@@ -115,8 +115,9 @@ def test_requests_that_arrive_while_a_write_is_in_flight_share_the_next_write_an
     run(test)
     assert len(log.writes) == 2, "the twenty requests queued behind the first write went in one write"
     second = log.writes[1]
-    assert [type(r) for r in second] == [codec.DeliverMessages, codec.AckMessages, codec.CancelMessages], \
-        "hand-outs first: an ack queued behind its hand-out is folded after it"  # fmt: skip
+    assert [type(r) for r in second] == [codec.DeliverMessages, codec.AckMessages, codec.CancelMessages], (
+        "hand-outs first: an ack queued behind its hand-out is folded after it"
+    )
     assert sum(len(r.messages) for r in second) == 60  # type: ignore[attr-defined]
     assert all(isinstance(r, codec.DeliverMessages) and r.pending_ms == 30_000 for r in second[:1])
 
@@ -248,8 +249,13 @@ def test_close_writes_what_is_queued_at_once_waits_for_it_then_refuses_more() ->
 
 
 @settings(max_examples=examples(60), deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(list(Kind)), st.lists(st.integers(0, 10**6), min_size=1, max_size=50),
-                          st.booleans()), min_size=1, max_size=30))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(list(Kind)), st.lists(st.integers(0, 10**6), min_size=1, max_size=50), st.booleans()),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_one_batch_maps_every_request_to_exactly_its_entries_verdicts(
     requests: list[tuple[Kind, list[int], bool]],
 ) -> None:

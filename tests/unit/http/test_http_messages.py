@@ -69,8 +69,10 @@ def test_a_bad_read_query_is_a_400_that_says_what_to_send(query: dict[str, str],
 
 
 def test_ack_bodies_are_lists_of_topic_partition_offset_with_duplicates_dropped() -> None:
-    body = b'[{"topic": "t", "partition": 1, "offset": 5}, {"topic": "t", "partition": 0, "offset": 7},' \
-           b' {"topic": "t", "partition": 1, "offset": 5}]'  # fmt: skip
+    body = (
+        b'[{"topic": "t", "partition": 1, "offset": 5}, {"topic": "t", "partition": 0, "offset": 7},'
+        b' {"topic": "t", "partition": 1, "offset": 5}]'
+    )
     assert message_ids(body) == [MessageId("t", 1, 5), MessageId("t", 0, 7)]
     assert message_ids(b'{"topic": "t", "partition": 0, "offset": 0}') == [MessageId("t", 0, 0)]
 
@@ -78,12 +80,20 @@ def test_ack_bodies_are_lists_of_topic_partition_offset_with_duplicates_dropped(
 @pytest.mark.parametrize(
     "body",
     [
-        b"", b"[", b"null", b"[]", b"{}", b"[1]", b'[{"topic": "", "partition": 0, "offset": 0}]',
-        b'[{"topic": "t", "partition": true, "offset": 0}]', b'[{"topic": "t", "partition": 0, "offset": -1}]',
-        b'[{"topic": "t", "partition": 0, "offset": 9223372036854775808}]', b'[{"topic": "t", "partition": 0}]',
+        b"",
+        b"[",
+        b"null",
+        b"[]",
+        b"{}",
+        b"[1]",
+        b'[{"topic": "", "partition": 0, "offset": 0}]',
+        b'[{"topic": "t", "partition": true, "offset": 0}]',
+        b'[{"topic": "t", "partition": 0, "offset": -1}]',
+        b'[{"topic": "t", "partition": 0, "offset": 9223372036854775808}]',
+        b'[{"topic": "t", "partition": 0}]',
         b'[{"topic": "t", "partition": 0, "offset": 1.0}]',
     ],
-)  # fmt: skip
+)
 def test_malformed_ack_bodies_are_400s(body: bytes) -> None:
     with pytest.raises(BadRequest) as raised:
         message_ids(body)
@@ -99,7 +109,10 @@ def test_too_many_messages_in_one_request_is_a_413() -> None:
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["topic", "partition", "offset", "x"]), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(["topic", "partition", "offset", "x"]), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 

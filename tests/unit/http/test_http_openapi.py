@@ -34,8 +34,11 @@ def test_the_document_is_valid_openapi_3_1(token_required: bool) -> None:
 def test_every_route_the_app_registers_is_documented_and_every_documented_one_is_registered() -> None:
     app = web.Application()
     app.add_routes(service_routes())
-    registered = {(route.method.lower(), route.resource.canonical) for route in app.router.routes()  # type: ignore[union-attr]
-                  if route.method != "HEAD"}  # fmt: skip  # aiohttp adds HEAD to every GET
+    registered = {
+        (route.method.lower(), route.resource.canonical)
+        for route in app.router.routes()  # type: ignore[union-attr]
+        if route.method != "HEAD"
+    }  # aiohttp adds HEAD to every GET
     documented = {(method, path) for path, item in openapi_document(True)["paths"].items() for method in item}
     assert registered == documented
     assert ("get", "/openapi.json") in documented
@@ -44,7 +47,10 @@ def test_every_route_the_app_registers_is_documented_and_every_documented_one_is
 def test_with_a_token_every_route_but_healthz_and_the_document_needs_it_and_may_answer_401() -> None:
     document = openapi_document(True)
     assert document["components"]["securitySchemes"]["bearerAuth"] == {
-        "type": "http", "scheme": "bearer", "description": "The server's token (--token-file)."}  # fmt: skip
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The server's token (--token-file).",
+    }
     assert document["security"] == [{"bearerAuth": []}]
     for path, item in document["paths"].items():
         for operation in item.values():
@@ -58,7 +64,8 @@ def test_with_a_token_every_route_but_healthz_and_the_document_needs_it_and_may_
 
 def test_the_docs_copy_is_the_document_of_a_server_with_a_token() -> None:
     assert json.loads(DOCS_COPY.read_text()) == openapi_document(True), (
-        "docs/openapi.json is stale: python -m marshal_workers.http.http_openapi > docs/openapi.json")
+        "docs/openapi.json is stale: python -m marshal_workers.http.http_openapi > docs/openapi.json"
+    )
 
 
 def test_the_read_parameters_state_the_bounds_the_parser_enforces() -> None:
@@ -78,19 +85,21 @@ def test_the_read_parameters_state_the_bounds_the_parser_enforces() -> None:
 def schema_of(name: str) -> Draft202012Validator:
     """A validator of the named component, with the document's references resolved."""
     document = openapi_document(True)
-    return Draft202012Validator({**document["components"]["schemas"][name],
-                                 "components": document["components"]})  # fmt: skip
+    return Draft202012Validator({**document["components"]["schemas"][name], "components": document["components"]})
 
 
 # Ack and cancel items, right and wrong: JSON integers only (JSON Schema calls 1.0 an integer; the parser wants 1).
-FIELD = st.one_of(st.integers(-5, 2**63 + 5), st.integers(2**63 - 3, 2**63 + 3), st.text(max_size=3), st.none(),
-                  st.booleans())  # fmt: skip
+FIELD = st.one_of(
+    st.integers(-5, 2**63 + 5), st.integers(2**63 - 3, 2**63 + 3), st.text(max_size=3), st.none(), st.booleans()
+)
 ITEM = st.one_of(
-    st.fixed_dictionaries({"topic": st.one_of(st.text(max_size=3), st.integers(0, 1)), "partition": FIELD,
-                           "offset": FIELD}, optional={"key": st.text(max_size=2)}),
+    st.fixed_dictionaries(
+        {"topic": st.one_of(st.text(max_size=3), st.integers(0, 1)), "partition": FIELD, "offset": FIELD},
+        optional={"key": st.text(max_size=2)},
+    ),
     st.dictionaries(st.sampled_from(["topic", "partition", "offset"]), FIELD, max_size=3),
     FIELD,
-)  # fmt: skip
+)
 
 
 @settings(max_examples=examples(400), deadline=None)
@@ -118,12 +127,20 @@ HEADERS = st.lists(st.tuples(st.text(max_size=4), st.none() | st.binary(max_size
 
 
 @settings(max_examples=examples(200), deadline=None)
-@given(key=st.none() | st.binary(max_size=8), value=st.none() | st.binary(max_size=8), headers=HEADERS,
-       timestamp=st.none() | st.integers(0, 2**45), deliveries=st.integers(1, 100))  # fmt: skip
+@given(
+    key=st.none() | st.binary(max_size=8),
+    value=st.none() | st.binary(max_size=8),
+    headers=HEADERS,
+    timestamp=st.none() | st.integers(0, 2**45),
+    deliveries=st.integers(1, 100),
+)
 def test_every_message_the_service_hands_out_fits_the_document(
-    key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]], timestamp: int | None,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]],
+    timestamp: int | None,
     deliveries: int,
-) -> None:  # fmt: skip
+) -> None:
     message = message_json("t", 1, 42, key, value, headers, timestamp, 1_764_000_000_000, deliveries)
     answer = orjson.loads(orjson.dumps({"messages": [message]}))
     errors = [error.message for error in schema_of("ReadAnswer").iter_errors(answer)]
@@ -134,10 +151,14 @@ def test_every_message_the_service_hands_out_fits_the_document(
     "refused",
     [
         BadRequest(400, "bad_body", "send a list"),
-        BadRequest(409, "not_pending", "1 cannot be acked", messages=[
-            {"topic": "t", "partition": 0, "offset": 1, "state": "expired", "why": "its deadline passed"}]),
+        BadRequest(
+            409,
+            "not_pending",
+            "1 cannot be acked",
+            messages=[{"topic": "t", "partition": 0, "offset": 1, "state": "expired", "why": "its deadline passed"}],
+        ),
         BadRequest(503, "stopping", "read from another server", retry_after=1),
     ],
-)  # fmt: skip
+)
 def test_every_error_body_fits_the_document(refused: BadRequest) -> None:
     assert list(schema_of("Error").iter_errors(orjson.loads(refused.body()))) == []

@@ -51,10 +51,27 @@ def statuses(topic: OneAtATime, queries: list[str]) -> list[tuple[int, str]]:
 
 def test_the_same_query_asks_the_same_every_time_and_a_bad_one_is_refused_every_time() -> None:
     topic = OneAtATime(count=100)
-    found = statuses(topic, ["timeout=0&max=3", "max=x", "timeout=0&max=3", "max=x", "timeout=0&max=2",
-                             "timeout=0&max%3D2", "timeout=0&max=3"])  # fmt: skip
-    assert found == [(200, ""), (400, "bad_max"), (200, ""), (400, "bad_max"), (200, ""), (400, "bad_parameter"),
-                     (200, "")]  # fmt: skip
+    found = statuses(
+        topic,
+        [
+            "timeout=0&max=3",
+            "max=x",
+            "timeout=0&max=3",
+            "max=x",
+            "timeout=0&max=2",
+            "timeout=0&max%3D2",
+            "timeout=0&max=3",
+        ],
+    )
+    assert found == [
+        (200, ""),
+        (400, "bad_max"),
+        (200, ""),
+        (400, "bad_max"),
+        (200, ""),
+        (400, "bad_parameter"),
+        (200, ""),
+    ]
     assert topic.asked == [3, 3, 2, 3]
 
 

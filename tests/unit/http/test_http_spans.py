@@ -89,7 +89,6 @@ def done(result: Any) -> asyncio.Future[Any]:
     return future
 
 
-
 def call(topic: TopicStandIn, requests: list[tuple[str, Any, dict[str, str]]]) -> list[int]:
     """POST each (path, JSON body, headers) to the service's app; the statuses."""
 
@@ -138,11 +137,13 @@ def test_a_batch_read_counts_its_messages_and_links_each_valid_trace(spans: InMe
     other = "5" * 32
     binary = handed(0, 3, [("traceparent", traceparent(other, PRODUCER_ID).encode()), ("blob", b"\xff")], key=b"\xfe")
     assert binary["encoding"] == "base64"  # its traceparent comes back out of base64
-    topic = TopicStandIn([
-        handed(0, 1, [("traceparent", traceparent(TRACE_ID, PRODUCER_ID).encode())]),
-        handed(0, 2, [("traceparent", b"not-a-traceparent")]),
-        binary,
-    ])  # fmt: skip
+    topic = TopicStandIn(
+        [
+            handed(0, 1, [("traceparent", traceparent(TRACE_ID, PRODUCER_ID).encode())]),
+            handed(0, 2, [("traceparent", b"not-a-traceparent")]),
+            binary,
+        ]
+    )
     assert call(topic, [("/read?timeout=0&max=10", None, {})]) == [200]
     span = only(spans)
     attributes = dict(span.attributes or {})

@@ -37,8 +37,9 @@ def test_readers_answered_at_once_get_the_next_range_leased_before_the_held_one_
     [(80, 0.01, 0), (80, 0.01, 3), (10, READERS_RECENT_S + 1, 0)],
     ids=["plenty at hand", "plenty at hand, readers waiting", "no reader lately"],
 )
-def test_no_range_is_leased_with_plenty_at_hand_or_for_no_reader(left: int, last_read_s_ago: float,
-                                                                  waiting: int) -> None:  # fmt: skip
+def test_no_range_is_leased_with_plenty_at_hand_or_for_no_reader(
+    left: int, last_read_s_ago: float, waiting: int
+) -> None:
     topic = served_with_messages_left(left, last_read_s_ago, waiting)
     assert topic._want(topic.available()) == 0
 

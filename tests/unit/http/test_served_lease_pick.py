@@ -28,14 +28,17 @@ Step = st.one_of(
 def every_message_scan(held: ServedLease, most: int, now: int) -> list[int]:
     """The pick without a cursor: every message in offset order."""
     return [
-        offset for offset in held.messages
+        offset
+        for offset in held.messages
         if held.eligible(offset, now) and held.tries + held.handed.get(offset, 0) < MAX_DELIVERIES
-    ][:most]  # fmt: skip
+    ][:most]
 
 
 @settings(max_examples=examples(300), deadline=None)
 @given(st.lists(Step, min_size=1, max_size=60), st.integers(0, 2))
-def test_the_pick_with_a_cursor_picks_what_a_scan_of_every_message_picks(steps: list[tuple[str, int]], tries: int) -> None:
+def test_the_pick_with_a_cursor_picks_what_a_scan_of_every_message_picks(
+    steps: list[tuple[str, int]], tries: int
+) -> None:
     held = ServedLease(partition=0, start=0, end=40, tries=tries, deadline_ms=10**9, fetched_to=0)
     now = 1000
     reserved: list[int] = []  # picked, not yet answered
@@ -73,8 +76,15 @@ def test_the_pick_with_a_cursor_picks_what_a_scan_of_every_message_picks(steps: 
 
 
 def test_a_read_steps_over_pending_messages_once_not_at_every_pick() -> None:
-    held = ServedLease(partition=0, start=0, end=1000, tries=0, deadline_ms=10**9, fetched_to=1000,
-                     messages={offset: offset for offset in range(1000)})  # fmt: skip
+    held = ServedLease(
+        partition=0,
+        start=0,
+        end=1000,
+        tries=0,
+        deadline_ms=10**9,
+        fetched_to=1000,
+        messages={offset: offset for offset in range(1000)},
+    )
     for offset in range(1000):
         [picked] = held.pick(1, 0, MAX_DELIVERIES)
         assert picked == offset
@@ -85,8 +95,9 @@ def test_a_read_steps_over_pending_messages_once_not_at_every_pick() -> None:
 
 
 def test_a_message_still_pending_when_the_pick_looked_again_from_the_start_is_picked_when_its_deadline_passes() -> None:
-    held = ServedLease(partition=0, start=0, end=3, tries=0, deadline_ms=10**9, fetched_to=3,
-                     messages={0: "a", 1: "b", 2: "c"})  # fmt: skip
+    held = ServedLease(
+        partition=0, start=0, end=3, tries=0, deadline_ms=10**9, fetched_to=3, messages={0: "a", 1: "b", 2: "c"}
+    )
     assert held.pick(2, 0, MAX_DELIVERIES) == [0, 1]
     held.handed_until(0, 50)
     held.handed_until(1, 70)

@@ -15,9 +15,12 @@ def served() -> ServedTopic:
 
 def test_drained_or_its_topic_paused_it_holds_back_until_resumed() -> None:
     topic = served()
-    for orders, held_back in [(Orders(drained=True), True), (Orders(), False),
-                              (Orders(paused_topics=frozenset({"t"})), True),
-                              (Orders(paused_topics=frozenset({"other"})), False)]:  # fmt: skip
+    for orders, held_back in [
+        (Orders(drained=True), True),
+        (Orders(), False),
+        (Orders(paused_topics=frozenset({"t"})), True),
+        (Orders(paused_topics=frozenset({"other"})), False),
+    ]:
         obey(orders, (topic.topic,), (), topic)
         assert topic.held_back is held_back and not topic.stopping, orders
 

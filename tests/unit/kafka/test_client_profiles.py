@@ -72,8 +72,11 @@ def test_librdkafka_takes_every_profile(name: str) -> None:
 
 @pytest.mark.parametrize("name", PROFILES)
 def test_the_users_passthrough_reaches_the_clients_of_its_kind(name: str) -> None:
-    given = settings(kafka={"client.rack": "r1"}, kafka_consumer={"fetch.min.bytes": "4096"},
-                     kafka_producer={"compression.type": "zstd"})  # fmt: skip
+    given = settings(
+        kafka={"client.rack": "r1"},
+        kafka_consumer={"fetch.min.bytes": "4096"},
+        kafka_producer={"compression.type": "zstd"},
+    )
     config = build(name, given)
     kind, _ = PROFILES[name]
     assert config["client.rack"] == "r1"

@@ -10,8 +10,13 @@ from marshal_workers.ops.dlq import choose
 
 
 def letter(offset: int, error_type: str, at: int, topic: str = "orders") -> DeadLetter:
-    headers = [("traceparent", b"00-aa"), ("error", b"boom"), ("error_type", error_type.encode()),
-               ("original_topic", topic.encode()), ("original_offset", str(offset).encode())]  # fmt: skip
+    headers = [
+        ("traceparent", b"00-aa"),
+        ("error", b"boom"),
+        ("error_type", error_type.encode()),
+        ("original_topic", topic.encode()),
+        ("original_offset", str(offset).encode()),
+    ]
     return DeadLetter(0, offset, at, b"k", b"v", headers)
 
 
@@ -29,17 +34,35 @@ def test_letters_are_chosen_by_error_type_and_time() -> None:
 def test_the_summary_counts_by_error_type_most_first() -> None:
     letters = [letter(1, "ValueError", 100), letter(2, "WorkerLost", 200, "refunds"), letter(3, "ValueError", 300)]
     assert summary(letters) == [
-        {"error_type": "ValueError", "count": 2, "oldest_ms": 100, "newest_ms": 300, "written_oldest_ms": None,
-         "written_newest_ms": None, "from_topics": ["orders"]},  # letters that do not say when they were written
-        {"error_type": "WorkerLost", "count": 1, "oldest_ms": 200, "newest_ms": 200, "written_oldest_ms": None,
-         "written_newest_ms": None, "from_topics": ["refunds"]},
+        {
+            "error_type": "ValueError",
+            "count": 2,
+            "oldest_ms": 100,
+            "newest_ms": 300,
+            "written_oldest_ms": None,
+            "written_newest_ms": None,
+            "from_topics": ["orders"],
+        },  # letters that do not say when they were written
+        {
+            "error_type": "WorkerLost",
+            "count": 1,
+            "oldest_ms": 200,
+            "newest_ms": 200,
+            "written_oldest_ms": None,
+            "written_newest_ms": None,
+            "from_topics": ["refunds"],
+        },
     ]
 
 
 @given(
     st.lists(
-        st.tuples(st.integers(0, 2), st.sampled_from(["ValueError", "KeyError", "WorkerLost"]),
-                  st.one_of(st.none(), st.integers(0, 10**6)), st.sampled_from(["orders", "payments"])),
+        st.tuples(
+            st.integers(0, 2),
+            st.sampled_from(["ValueError", "KeyError", "WorkerLost"]),
+            st.one_of(st.none(), st.integers(0, 10**6)),
+            st.sampled_from(["orders", "payments"]),
+        ),
         max_size=40,
     ),
     st.integers(0, 40),

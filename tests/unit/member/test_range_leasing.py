@@ -81,8 +81,13 @@ class Member:
 
 
 def leasing(member: Member, workers: int = 2) -> RangeLeasing[Worker]:
-    return RangeLeasing(RangeMember("thumbs", LEASE_MS, amo=False), RangeSizing(100, LEASE_MS, adaptive=False),
-                        [Worker(i) for i in range(workers)], member, random.Random(1))  # fmt: skip
+    return RangeLeasing(
+        RangeMember("thumbs", LEASE_MS, amo=False),
+        RangeSizing(100, LEASE_MS, adaptive=False),
+        [Worker(i) for i in range(workers)],
+        member,
+        random.Random(1),
+    )
 
 
 def kinds(member: Member) -> list[str]:

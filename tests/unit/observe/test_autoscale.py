@@ -31,8 +31,16 @@ def claim(partition: int, at: int, client: str) -> Claim:
 
 
 def beat(partition: int, at: int, offset: int, client: str) -> Heartbeat:
-    return Heartbeat(v=1, ts=at, group=GROUP, client=client, instance=f"i-{client}", topic="orders",
-                     partition=partition, offset=offset)  # fmt: skip
+    return Heartbeat(
+        v=1,
+        ts=at,
+        group=GROUP,
+        client=client,
+        instance=f"i-{client}",
+        topic="orders",
+        partition=partition,
+        offset=offset,
+    )
 
 
 def document(state: WorldState, now: int, highs: dict[tuple[str, int], int], counts: dict[str, int]) -> dict:
@@ -72,12 +80,27 @@ def test_a_shared_topic_wants_processes_beyond_its_partitions() -> None:
     10 s that is 12 processes, 3 members of 4, more than the 1 partition."""
     state = WorldState(GROUP, HB)
     common = {"v": 1, "group": GROUP, "client": "host-a", "instance": "i-1"}
-    state.apply(codec.ClaimRanges(**common, ts=T0, topic="thumbs", lease_ms=30_000, ranges=(
-        codec.RangeEntry(partition=0, offset=0, end=400), codec.RangeEntry(partition=0, offset=400, end=800))), T0)  # fmt: skip
+    state.apply(
+        codec.ClaimRanges(
+            **common,
+            ts=T0,
+            topic="thumbs",
+            lease_ms=30_000,
+            ranges=(
+                codec.RangeEntry(partition=0, offset=0, end=400),
+                codec.RangeEntry(partition=0, offset=400, end=800),
+            ),
+        ),
+        T0,
+    )
     first = document(state, T0 + 100, {("thumbs", 0): 6_400}, {"thumbs": 1})
     window = RateWindow(min_span_ms=HB).observe(T0 + 100, positions(first))
-    state.apply(codec.AckRanges(**common, ts=T0 + 2000, topic="thumbs", ranges=(
-        codec.AckEntry(partition=0, offset=0, end=400, high=6_400),)), T0 + 2000)  # fmt: skip
+    state.apply(
+        codec.AckRanges(
+            **common, ts=T0 + 2000, topic="thumbs", ranges=(codec.AckEntry(partition=0, offset=0, end=400, high=6_400),)
+        ),
+        T0 + 2000,
+    )
     now = document(state, T0 + 2100, {("thumbs", 0): 6_400}, {"thumbs": 1})
     window = window.observe(T0 + 2100, positions(now))
 
@@ -91,10 +114,18 @@ def test_a_shared_topic_wants_processes_beyond_its_partitions() -> None:
 def test_a_shared_partition_polled_ends_count_where_its_holders_have_not_looked() -> None:
     state = WorldState(GROUP, HB)
     common = {"v": 1, "group": GROUP, "client": "host-a", "instance": "i-1"}
-    state.apply(codec.ClaimRanges(**common, ts=T0, topic="thumbs", lease_ms=30_000, ranges=(
-        codec.RangeEntry(partition=0, offset=0, end=10),)), T0)  # fmt: skip
-    state.apply(codec.AckRanges(**common, ts=T0 + 10, topic="thumbs", ranges=(
-        codec.AckEntry(partition=0, offset=0, end=10, high=10),)), T0 + 10)  # fmt: skip
+    state.apply(
+        codec.ClaimRanges(
+            **common, ts=T0, topic="thumbs", lease_ms=30_000, ranges=(codec.RangeEntry(partition=0, offset=0, end=10),)
+        ),
+        T0,
+    )
+    state.apply(
+        codec.AckRanges(
+            **common, ts=T0 + 10, topic="thumbs", ranges=(codec.AckEntry(partition=0, offset=0, end=10, high=10),)
+        ),
+        T0 + 10,
+    )
     polled = document(state, T0 + 20, {("thumbs", 0): 500}, {"thumbs": 1})
     unpolled = document(state, T0 + 20, {}, {})
     assert answer(polled, RateWindow(), 60.0, 1)["topics"]["thumbs"]["backlog"] == 490

@@ -22,13 +22,15 @@ def claim(partition: int, at: int, client: str = "a", instance: str = "i-a", top
 
 
 def beat(partition: int, at: int, offset: int, client: str = "a", instance: str = "i-a") -> Heartbeat:
-    return Heartbeat(v=1, ts=at, group=GROUP, client=client, instance=instance, topic="orders", partition=partition,
-                     offset=offset)  # fmt: skip
+    return Heartbeat(
+        v=1, ts=at, group=GROUP, client=client, instance=instance, topic="orders", partition=partition, offset=offset
+    )
 
 
 def release(partition: int, at: int, offset: int, client: str = "a", instance: str = "i-a") -> Release:
-    return Release(v=1, ts=at, group=GROUP, client=client, instance=instance, topic="orders", partition=partition,
-                   offset=offset)  # fmt: skip
+    return Release(
+        v=1, ts=at, group=GROUP, client=client, instance=instance, topic="orders", partition=partition, offset=offset
+    )
 
 
 def fold(state: WorldState, *records: Record) -> WorldState:
@@ -44,14 +46,24 @@ def by_partition(dashboard: Dashboard) -> dict[int, dict]:
 
 def test_the_document_lists_every_partition_with_owner_lag_and_is_json() -> None:
     state = fold(WorldState(GROUP, HB), claim(0, T0), beat(0, T0 + 100, offset=40))
-    dash = advance(Dashboard(), state, T0 + 200, high_watermarks={("orders", 0): 100, ("orders", 1): 7},
-                   topic_partitions={"orders": 3})  # fmt: skip
+    dash = advance(
+        Dashboard(),
+        state,
+        T0 + 200,
+        high_watermarks={("orders", 0): 100, ("orders", 1): 7},
+        topic_partitions={"orders": 3},
+    )
     rows = by_partition(dash)
     assert sorted(rows) == [0, 1, 2]
     assert rows[0] | {"heartbeat_age_s": None} == rows[0] | {
-        "state": "fresh", "owner": "a/i-a", "offset": 40, "lag": 60, "high_watermark": 100, "rate": None,
+        "state": "fresh",
+        "owner": "a/i-a",
+        "offset": 40,
+        "lag": 60,
+        "high_watermark": 100,
+        "rate": None,
         "heartbeat_age_s": None,
-    }  # fmt: skip
+    }
     assert rows[1]["state"] == "unclaimed" and rows[1]["owner"] is None and rows[1]["lag"] is None
     assert dash.document["members"] == [
         {"client": "a", "instance": "i-a", "partitions": 1, "heartbeat_age_s": 0.1, "drained": False}
@@ -86,9 +98,15 @@ def test_a_hand_over_names_both_owners_and_the_gap_without_a_live_owner() -> Non
     fold(state, claim(0, T0 + 1_500, client="b", instance="i-b"))
     dash = advance(dash, state, T0 + 1_600)
     assert dash.document["hand_overs"] == [
-        {"topic": "orders", "partition": 0, "from_owner": "a/i-a", "to_owner": "b/i-b", "at_ms": T0 + 1_600,
-         "gap_ms": 1_300},
-    ]  # fmt: skip
+        {
+            "topic": "orders",
+            "partition": 0,
+            "from_owner": "a/i-a",
+            "to_owner": "b/i-b",
+            "at_ms": T0 + 1_600,
+            "gap_ms": 1_300,
+        },
+    ]
     assert {m["instance"]: m["partitions"] for m in dash.document["members"]} == {"i-a": 1, "i-b": 1}
 
 
@@ -110,8 +128,11 @@ def test_hand_overs_come_only_when_the_live_owner_changes(seen: list[dict]) -> N
         before = len(tracker.recent)
         tracker = tracker.observe(owners_now, T0 + step * 1000)
         emitted = tracker.recent[: len(tracker.recent) - before] if len(tracker.recent) < 50 else None
-        changed = {key for key, owner in owners_now.items()
-                   if step > 0 and owner is not None and last.get(key) not in (None, owner)}  # fmt: skip
+        changed = {
+            key
+            for key, owner in owners_now.items()
+            if step > 0 and owner is not None and last.get(key) not in (None, owner)
+        }
         if emitted is not None:
             assert {(h.topic, h.partition) for h in emitted} == changed
             for h in emitted:
@@ -134,8 +155,9 @@ def test_rates_are_never_negative(steps: list[tuple[int, int]], liveness: str) -
 
 
 def test_the_group_pause_topic_pauses_and_drained_clients() -> None:
-    state = fold(WorldState(GROUP, HB), ReleaseGroup(v=1, ts=T0, group=GROUP, client="op", instance="o",
-                                                     expires=T0 + 60_000))  # fmt: skip
+    state = fold(
+        WorldState(GROUP, HB), ReleaseGroup(v=1, ts=T0, group=GROUP, client="op", instance="o", expires=T0 + 60_000)
+    )
     status = status_document(state, T0 + 1)
     assert pauses(state, status) == {"group_paused_until": T0 + 60_000, "topics": {}, "drained": []}
     orders = [
@@ -144,8 +166,10 @@ def test_the_group_pause_topic_pauses_and_drained_clients() -> None:
     ]
     later = fold(state, *orders)
     assert pauses(later, status_document(later, T0 + 2)) == {
-        "group_paused_until": T0 + 60_000, "topics": {"orders": T0 + 90_000}, "drained": ["host-b"],
-    }  # fmt: skip
+        "group_paused_until": T0 + 60_000,
+        "topics": {"orders": T0 + 90_000},
+        "drained": ["host-b"],
+    }
 
 
 def test_dead_letters_and_shared_leases_are_carried_as_given() -> None:

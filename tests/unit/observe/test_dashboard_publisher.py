@@ -30,8 +30,10 @@ T0 = 1_700_000_000_000
 def world() -> WorldState:
     state = WorldState("billing", 1_000)
     state.apply(Claim(v=1, ts=T0, group="billing", client="a", instance="i-a", topic="orders", partition=0), T0)
-    state.apply(Heartbeat(v=1, ts=T0 + 50, group="billing", client="a", instance="i-a", topic="orders", partition=0,
-                          offset=4), T0 + 50)  # fmt: skip
+    state.apply(
+        Heartbeat(v=1, ts=T0 + 50, group="billing", client="a", instance="i-a", topic="orders", partition=0, offset=4),
+        T0 + 50,
+    )
     return state
 
 
@@ -52,8 +54,9 @@ def test_a_publisher_hands_out_numbered_documents_and_wakes_waiters_when_closed(
         assert version >= 1
         document = orjson.loads(body)
         assert [(r["partition"], r["state"], r["lag"]) for r in document["partitions"]] == [
-            (0, "fresh", 6), (1, "unclaimed", None),
-        ]  # fmt: skip
+            (0, "fresh", 6),
+            (1, "unclaimed", None),
+        ]
         newer = publisher.wait_newer(version, timeout=5)
         assert newer is not None and newer[0] > version
     finally:
@@ -94,7 +97,7 @@ def test_the_metrics_port_serves_the_page_its_json_and_its_events(dashboard_port
     base = f"http://127.0.0.1:{dashboard_port}"
     with urllib.request.urlopen(f"{base}/dashboard", timeout=5) as response:  # redirected: relative URLs work
         assert response.url == f"{base}/dashboard/"
-        assert b"EventSource(\"events\")" in response.read()
+        assert b'EventSource("events")' in response.read()
     with urllib.request.urlopen(f"{base}/dashboard/api/state", timeout=5) as response:
         assert orjson.loads(response.read())["group"] == "billing"
     with urllib.request.urlopen(f"{base}/dashboard/events", timeout=5) as response:
@@ -102,7 +105,7 @@ def test_the_metrics_port_serves_the_page_its_json_and_its_events(dashboard_port
         first, blank = response.readline(), response.readline()
         second = response.readline()
     assert first.startswith(b"data: {") and blank == b"\n" and second.startswith(b"data: {")
-    assert orjson.loads(first[len(b"data: "):])["partitions"][0]["owner"] == "a/i-a"
+    assert orjson.loads(first[len(b"data: ") :])["partitions"][0]["owner"] == "a/i-a"
     assert sse_event(b"{}") == b"data: {}\n\n"
 
 
@@ -130,8 +133,9 @@ def test_the_metrics_port_and_the_dashboard_serve_the_apps_asyncapi_document() -
     """At /asyncapi.json, the document `marshal-workers asyncapi` prints; the dashboard without --app says how."""
     expected = asyncapi_json(described_app(), brokers="k1:9092")
     port = free_port()
-    server = MetricsServer("127.0.0.1", port, snapshot, asyncapi=lambda: asyncapi_json(described_app(),
-                                                                                        brokers="k1:9092"))  # fmt: skip
+    server = MetricsServer(
+        "127.0.0.1", port, snapshot, asyncapi=lambda: asyncapi_json(described_app(), brokers="k1:9092")
+    )
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/asyncapi.json", timeout=5) as response:
             assert response.headers["Content-Type"] == "application/json" and response.read() == expected

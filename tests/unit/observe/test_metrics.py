@@ -20,20 +20,47 @@ from marshal_workers.observe.metrics import Counters, MetricsServer, PartitionSt
 def snapshot() -> Snapshot:
     latency = [0] * (len(LATENCY_BOUNDS) + 1)
     latency[0], latency[4], latency[-1] = 90, 9, 1  # <= 0.5ms, <= 10ms, > 10s
-    busy = PartitionStats("orders", 3, 1000, 1500, 500, 250.5, 990, 2, latency, 12.5, in_flight=32, window_used=700,
-                          call_age_s=95.5, fetch_stalls=2)  # fmt: skip
+    busy = PartitionStats(
+        "orders",
+        3,
+        1000,
+        1500,
+        500,
+        250.5,
+        990,
+        2,
+        latency,
+        12.5,
+        in_flight=32,
+        window_used=700,
+        call_age_s=95.5,
+        fetch_stalls=2,
+    )
     fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
     counters.worker_restarts.update(crash=3, poison=1)
     thumbs = SharedStats(
-        "thumbs", leases_held=8, workers=4,
+        "thumbs",
+        leases_held=8,
+        workers=4,
         ranges={"claimed": 40, "refused": 3, "acked": 30, "ack_refused": 1, "cancelled": 2, "abandoned": 1},
-        messages={"handled": 2990, "failed": 6, "dead_lettered": 4}, worker_restarts=1,
-        low_water_marks={0: 1500, 1: 1480}, lost={0: 0, 1: 20},
-    )  # fmt: skip
-    return Snapshot("billing", [busy, fresh], counters, garbage_records=7, shared=[thumbs], coordination_fetch_stalls=3,
-                    coordination_records=900, coordination_batches=120, coordination_produce_requests=110)  # fmt: skip
+        messages={"handled": 2990, "failed": 6, "dead_lettered": 4},
+        worker_restarts=1,
+        low_water_marks={0: 1500, 1: 1480},
+        lost={0: 0, 1: 20},
+    )
+    return Snapshot(
+        "billing",
+        [busy, fresh],
+        counters,
+        garbage_records=7,
+        shared=[thumbs],
+        coordination_fetch_stalls=3,
+        coordination_records=900,
+        coordination_batches=120,
+        coordination_produce_requests=110,
+    )
 
 
 def scrape(server_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -43,8 +70,6 @@ def scrape(server_port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
-
-
 
 
 @pytest.fixture
@@ -194,8 +219,9 @@ def test_autoscale_answers_the_groups_backlog_and_refuses_a_bad_query_with_a_jso
     state = WorldState("billing", 1000)
     t0 = 1_700_000_000_000
     state.apply(Claim(v=1, ts=t0, group="billing", client="a", instance="i", topic="orders", partition=0), t0)
-    state.apply(Heartbeat(v=1, ts=t0, group="billing", client="a", instance="i", topic="orders", partition=0,
-                          offset=250), t0)  # fmt: skip
+    state.apply(
+        Heartbeat(v=1, ts=t0, group="billing", client="a", instance="i", topic="orders", partition=0, offset=250), t0
+    )
     meter = AutoscaleMeter(lambda d: advance(d, state, t0 + 500, {("orders", 0): 1000}, {"orders": 3}), Settings())
     port = free_port()
     server = MetricsServer("127.0.0.1", port, snapshot, autoscale=meter.start().answer)

@@ -18,9 +18,19 @@ T0 = 1_700_000_000_000  # ms since epoch
 
 DOCUMENT_KEYS = {"group", "paused_until", "partitions"}
 ROW_KEYS = {
-    "topic", "partition", "state", "client", "instance", "offset", "heartbeat_age_s", "lag", "rate", "in_flight",
-    "call_age_s", "window_used",
-}  # fmt: skip
+    "topic",
+    "partition",
+    "state",
+    "client",
+    "instance",
+    "offset",
+    "heartbeat_age_s",
+    "lag",
+    "rate",
+    "in_flight",
+    "call_age_s",
+    "window_used",
+}
 STATES = {"fresh", "unknown", "stale", "released", "unclaimed"}
 
 
@@ -490,17 +500,38 @@ def test_a_released_partition_shows_no_lag_or_rate() -> None:
 def test_shared_partitions_are_listed_with_their_low_water_mark_leases_and_counts() -> None:
     state = WorldState(GROUP, heartbeat_ms=1000)
     common = {"v": 1, "group": GROUP, "client": "host-a", "instance": "i-1"}
-    state.apply(codec.ClaimRanges(**common, ts=T0, topic="thumbs", lease_ms=30_000, ranges=(
-        codec.RangeEntry(partition=0, offset=0, end=50), codec.RangeEntry(partition=0, offset=50, end=100))), T0)  # fmt: skip
-    state.apply(codec.AckRanges(**common, ts=T0 + 1000, topic="thumbs", ranges=(
-        codec.AckEntry(partition=0, offset=0, end=50, failed=(7,), dead=(9,), high=400),)), T0 + 1000)  # fmt: skip
+    state.apply(
+        codec.ClaimRanges(
+            **common,
+            ts=T0,
+            topic="thumbs",
+            lease_ms=30_000,
+            ranges=(codec.RangeEntry(partition=0, offset=0, end=50), codec.RangeEntry(partition=0, offset=50, end=100)),
+        ),
+        T0,
+    )
+    state.apply(
+        codec.AckRanges(
+            **common,
+            ts=T0 + 1000,
+            topic="thumbs",
+            ranges=(codec.AckEntry(partition=0, offset=0, end=50, failed=(7,), dead=(9,), high=400),),
+        ),
+        T0 + 1000,
+    )
 
     document = status_document(state, T0 + 2000)
     (row,) = document["shared"]
     assert document["partitions"] == [], "a shared partition is not listed as owned whole"
     assert (row["low_water_mark"], row["end"], row["acked"], row["dead_letters"], row["to_retry"]) == (7, 400, 49, 1, 1)
     (lease,) = row["leases"]
-    assert (lease["client"], lease["offset"], lease["end"], lease["age_s"], lease["deliveries"]) == ("host-a", 50, 100, 2.0, 1)
+    assert (lease["client"], lease["offset"], lease["end"], lease["age_s"], lease["deliveries"]) == (
+        "host-a",
+        50,
+        100,
+        2.0,
+        1,
+    )
     table = render_table(document, T0 + 2000)
     assert "shared partitions" in table and "host-a/i-1" in table and "50..99" in table
     assert orjson.loads(orjson.dumps(document)) == document

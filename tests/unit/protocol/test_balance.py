@@ -28,7 +28,9 @@ SETTLE = 1.0
     ("total", "members", "low", "high"),
     [(8, 1, 8, 8), (8, 2, 4, 4), (8, 3, 2, 3), (8, 9, 0, 1), (0, 3, 0, 0), (10, 4, 2, 3)],
 )
-def test_fair_share_is_the_floor_and_ceiling_of_partitions_per_member(total: int, members: int, low: int, high: int) -> None:
+def test_fair_share_is_the_floor_and_ceiling_of_partitions_per_member(
+    total: int, members: int, low: int, high: int
+) -> None:
     assert fair_share(total, members) == FairShare(low, high)
 
 
@@ -141,8 +143,11 @@ def run_rounds(
     for now in range(rounds):
         share = fair_share(len(free) + sum(len(h) for h in holdings.values()), members)
         counts = {m: len(h) for m, h in holdings.items()}
-        asking = {m for m in range(members)
-                  if is_hungry(counts[m], share, caps[m], max((n for o, n in counts.items() if o != m), default=0))}  # fmt: skip
+        asking = {
+            m
+            for m in range(members)
+            if is_hungry(counts[m], share, caps[m], max((n for o, n in counts.items() if o != m), default=0))
+        }
         handed_over: dict[int, set[int]] = {m: set() for m in range(members)}
         for m in range(members):
             wanted = partitions_to_hand_over(m, counts, share, asking)

@@ -74,8 +74,9 @@ def test_a_new_groups_reader_starting_at_another_groups_directory_agrees_with_on
     as_of = data.draw(st.integers(0, at))
     per_record = data.draw(st.sampled_from([1, 2, 1000]))
     ts = log[at - 1].ts if at else 0
-    written = checkpoints.state_records(fold(log[:as_of], from_the_beginning(OTHER)), 0, as_of,
-                                        OTHER_WRITER | {"ts": ts}, per_record)  # fmt: skip
+    written = checkpoints.state_records(
+        fold(log[:as_of], from_the_beginning(OTHER)), 0, as_of, OTHER_WRITER | {"ts": ts}, per_record
+    )
     log = log[:at] + list(written) + log[at:]
     assert checkpoints.directory_of(written) == {record.group for record in log[:as_of]}
 
@@ -105,8 +106,9 @@ def test_a_reader_from_the_beginning_lists_every_group_before_its_checkpoint_its
 
 
 def test_a_reader_started_at_a_checkpoint_with_a_directory_carries_it_on_with_what_it_read_since() -> None:
-    first = checkpoints.state_records(fold([claim("a"), claim(GROUP)], from_the_beginning(GROUP)), 0, 2,
-                                      WRITER | {"ts": 2})  # fmt: skip
+    first = checkpoints.state_records(
+        fold([claim("a"), claim(GROUP)], from_the_beginning(GROUP)), 0, 2, WRITER | {"ts": 2}
+    )
     later = WorldState(GROUP, HB)
     checkpoints.seed(later, wire(first), 0)
     fold([claim("c"), claim(GROUP, ts=3)], later)
@@ -138,8 +140,10 @@ def test_a_value_that_is_not_a_valid_record_still_counts_for_its_group() -> None
 
 def test_a_large_directory_spreads_over_the_parts_and_parts_of_its_own() -> None:
     names = [f"group-{n:05d}-" + "x" * 200 for n in range(1000)]  # some 210 KB of names
-    state = fold([claim(name) for name in names] + [claim(GROUP, topic="t", partition=p) for p in range(3)],
-                 from_the_beginning(GROUP))  # fmt: skip
+    state = fold(
+        [claim(name) for name in names] + [claim(GROUP, topic="t", partition=p) for p in range(3)],
+        from_the_beginning(GROUP),
+    )
     parts = checkpoints.state_records(state, 0, len(names) + 3, WRITER | {"ts": 9}, per_record=2)
     assert len(parts) == 4  # 2 parts of positions, 2 more for the rest of the directory
     assert all(len(codec.encode(part)) < checkpoints.DIRECTORY_BYTES_PER_RECORD + 2_000 for part in parts)
@@ -198,8 +202,10 @@ def test_the_later_of_the_groups_own_checkpoint_and_another_directory_wins() -> 
 
 
 def test_only_a_complete_directory_counts() -> None:
-    halves = [codec.Checkpoint(**OTHER_WRITER, ts=1, source=0, as_of=70, part=i, parts=2, directory=(name,))
-              for i, name in enumerate(["a", "b"])]  # fmt: skip
+    halves = [
+        codec.Checkpoint(**OTHER_WRITER, ts=1, source=0, as_of=70, part=i, parts=2, directory=(name,))
+        for i, name in enumerate(["a", "b"])
+    ]
     assert start_for(GROUP, halves[:1]) == checkpoints.BEGINNING
     assert start_for(GROUP, halves).directory == {"a", "b"}
     without = [halves[0], msgspec.structs.replace(halves[1], directory=None)]  # one part lacks its share
@@ -223,8 +229,10 @@ GARBAGE_DIRECTORIES = [
 @pytest.mark.parametrize("directory", GARBAGE_DIRECTORIES, ids=range(len(GARBAGE_DIRECTORIES)))
 def test_a_malformed_directory_is_ignored_and_leaves_the_checkpoint_valid(directory: str) -> None:
     for group in (OTHER, GROUP):
-        value = (f'{{"v":1,"type":"checkpoint","ts":1,"group":"{group}","client":"h","instance":"h1","source":0,'
-                 f'"as_of":5,"positions":[{{"topic":"t","partition":0,"offset":3}}],"directory":{directory}}}')
+        value = (
+            f'{{"v":1,"type":"checkpoint","ts":1,"group":"{group}","client":"h","instance":"h1","source":0,'
+            f'"as_of":5,"positions":[{{"topic":"t","partition":0,"offset":3}}],"directory":{directory}}}'
+        )
         record = codec.decode(value.encode())
         assert isinstance(record, codec.Checkpoint)
         assert checkpoints.directory_of([record]) is None
@@ -237,7 +245,9 @@ def test_a_malformed_directory_is_ignored_and_leaves_the_checkpoint_valid(direct
 
 
 def test_the_directory_field_does_not_change_what_an_older_checkpoint_means() -> None:
-    example = (b'{"v":1,"type":"checkpoint","ts":1,"group":"g","client":"h","instance":"h1","source":0,"as_of":5,'
-               b'"future_field":[1]}')  # fmt: skip
+    example = (
+        b'{"v":1,"type":"checkpoint","ts":1,"group":"g","client":"h","instance":"h1","source":0,"as_of":5,'
+        b'"future_field":[1]}'
+    )
     record = codec.decode(example)
     assert isinstance(record, codec.Checkpoint) and record.directory is None

@@ -90,16 +90,22 @@ def test_positions_of_topics_routed_elsewhere_are_ignored() -> None:
 
 
 def test_the_live_member_with_the_lowest_instance_writes_and_anyone_once_it_is_late() -> None:
-    state = fold([codec.Claim(**WRITER | {"instance": i, "client": i}, ts=0, topic="t", partition=n)
-                  for n, i in enumerate(["b", "a", "c"])])  # fmt: skip
+    state = fold(
+        [
+            codec.Claim(**WRITER | {"instance": i, "client": i}, ts=0, topic="t", partition=n)
+            for n, i in enumerate(["b", "a", "c"])
+        ]
+    )
     interval = 10 * HB
     assert checkpoints.due(state, 0, 1, interval, MemberId("b", "b"))  # none yet: anyone
     state.apply(codec.Checkpoint(**WRITER, ts=100, source=0, as_of=3), 100)
     assert not checkpoints.due(state, 0, 100 + interval - 1, interval, MemberId("a", "a"))  # not due yet
     now = 100 + interval
     for n, i in enumerate(["b", "a", "c"]):  # all three alive
-        state.apply(codec.Heartbeat(**WRITER | {"instance": i, "client": i}, ts=now - 500, topic="t", partition=n,
-                                    offset=0), now - 500)  # fmt: skip
+        state.apply(
+            codec.Heartbeat(**WRITER | {"instance": i, "client": i}, ts=now - 500, topic="t", partition=n, offset=0),
+            now - 500,
+        )
     assert checkpoints.due(state, 0, now, interval, MemberId("a", "a"))
     assert not checkpoints.due(state, 0, now, interval, MemberId("b", "b"))
     assert checkpoints.due(state, 0, 100 + 2 * interval, interval, MemberId("b", "b"))  # a is late: b writes

@@ -20,8 +20,9 @@ def policy(**settings: object) -> ClaimingPolicy:
 
 
 def claim(world: WorldState, who: MemberId, partition: int, at: int) -> bool:
-    return world.apply(codec.Claim(v=1, ts=at, group="g", client=who.client, instance=who.instance, topic="t",
-                                   partition=partition), at)  # fmt: skip
+    return world.apply(
+        codec.Claim(v=1, ts=at, group="g", client=who.client, instance=who.instance, topic="t", partition=partition), at
+    )
 
 
 def test_a_member_claims_a_few_first_then_every_free_partition_when_alone() -> None:
@@ -75,8 +76,9 @@ def test_a_sick_partition_is_kept_when_no_other_member_could_take_it() -> None:
         health, Sample(1.0, 0, 20), me.settings.health_policy(0.0), True, lambda: False
     )
     assert verdict.release and call is HealthCall.NO_ONE_ELSE and health == PartitionHealth()
-    health, verdict, call = me.judge_health(PartitionHealth(), Sample(0.0, 0, 10), me.settings.health_policy(0.0), True,
-                                            lambda: True)  # fmt: skip
+    health, verdict, call = me.judge_health(
+        PartitionHealth(), Sample(0.0, 0, 10), me.settings.health_policy(0.0), True, lambda: True
+    )
     _, verdict, call = me.judge_health(health, Sample(1.0, 0, 20), me.settings.health_policy(0.0), True, lambda: True)
     assert call is HealthCall.HAND_OVER
 

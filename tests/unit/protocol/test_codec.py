@@ -44,26 +44,58 @@ INT_FIELDS = ("ts", "partition", "offset", "expires")
 # One valid wire object of each type, as another implementation would write it.
 VALID: dict[str, dict[str, Any]] = {
     "claim": {
-        "v": 1, "type": "claim", "ts": 1_700_000_000_000, "group": "billing",
-        "client": "host-a", "instance": "5f1c", "topic": "orders", "partition": 3,
+        "v": 1,
+        "type": "claim",
+        "ts": 1_700_000_000_000,
+        "group": "billing",
+        "client": "host-a",
+        "instance": "5f1c",
+        "topic": "orders",
+        "partition": 3,
     },
     "heartbeat": {
-        "v": 1, "type": "heartbeat", "ts": 1_700_000_001_000, "group": "billing",
-        "client": "host-a", "instance": "5f1c", "topic": "orders", "partition": 3, "offset": 42,
+        "v": 1,
+        "type": "heartbeat",
+        "ts": 1_700_000_001_000,
+        "group": "billing",
+        "client": "host-a",
+        "instance": "5f1c",
+        "topic": "orders",
+        "partition": 3,
+        "offset": 42,
     },
     "release": {
-        "v": 1, "type": "release", "ts": 1_700_000_002_000, "group": "billing",
-        "client": "host-a", "instance": "5f1c", "topic": "orders", "partition": 3, "offset": 43,
+        "v": 1,
+        "type": "release",
+        "ts": 1_700_000_002_000,
+        "group": "billing",
+        "client": "host-a",
+        "instance": "5f1c",
+        "topic": "orders",
+        "partition": 3,
+        "offset": 43,
     },
     "claim_messages": {
-        "v": 1, "type": "claim_messages", "ts": 1_700_000_003_000, "group": "billing",
-        "client": "host-a", "instance": "5f1c", "topic": "orders", "partition": 3, "offset": 100,
+        "v": 1,
+        "type": "claim_messages",
+        "ts": 1_700_000_003_000,
+        "group": "billing",
+        "client": "host-a",
+        "instance": "5f1c",
+        "topic": "orders",
+        "partition": 3,
+        "offset": 100,
     },
     "release_group": {
-        "v": 1, "type": "release_group", "ts": 1_700_000_004_000, "group": "billing",
-        "client": "operator", "instance": "77aa", "expires": 1_700_000_060_000,
+        "v": 1,
+        "type": "release_group",
+        "ts": 1_700_000_004_000,
+        "group": "billing",
+        "client": "operator",
+        "instance": "77aa",
+        "expires": 1_700_000_060_000,
     },
-}  # fmt: skip
+}
 
 FUZZ = settings(max_examples=examples(500), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -497,10 +529,15 @@ def test_done_sets_are_written_only_when_set_and_read_back_as_written() -> None:
 # ------------------------------------------------------------ heartbeats (0.2.0)
 
 HEARTBEATS = {
-    "v": 1, "type": "heartbeats", "ts": 1_700_000_001_000, "group": "billing", "client": "host-a",
-    "instance": "5f1c", "topic": "orders",
+    "v": 1,
+    "type": "heartbeats",
+    "ts": 1_700_000_001_000,
+    "group": "billing",
+    "client": "host-a",
+    "instance": "5f1c",
+    "topic": "orders",
     "beats": [{"partition": 3, "offset": 42}, {"partition": 7, "offset": 9, "lag": 5, "done": [2, 1, 1]}],
-}  # fmt: skip
+}
 
 
 def test_a_heartbeats_record_decodes_and_stands_for_one_heartbeat_per_entry() -> None:
@@ -542,9 +579,15 @@ def test_a_heartbeats_record_with_more_entries_than_any_member_writes_is_garbage
 # ------------------------------------------------------- message_claims (0.3.0)
 
 MESSAGE_CLAIMS = {
-    "v": 1, "type": "message_claims", "ts": 1_700_000_003_500, "group": "billing", "client": "host-b",
-    "instance": "90e2", "topic": "payments", "claims": [{"partition": 0, "offset": 1100}, {"partition": 2, "offset": 7}],
-}  # fmt: skip
+    "v": 1,
+    "type": "message_claims",
+    "ts": 1_700_000_003_500,
+    "group": "billing",
+    "client": "host-b",
+    "instance": "90e2",
+    "topic": "payments",
+    "claims": [{"partition": 0, "offset": 1100}, {"partition": 2, "offset": 7}],
+}
 
 
 def test_a_message_claims_record_decodes_and_stands_for_one_claim_messages_per_entry() -> None:
@@ -561,9 +604,17 @@ def test_a_message_claims_record_decodes_and_stands_for_one_claim_messages_per_e
 
 @pytest.mark.parametrize(
     "claims",
-    [[], [{"partition": 0}], [{"offset": 3}], [{"partition": 0, "offset": -1}], [{"partition": 0, "offset": "3"}],
-     [[0, 3]], {"partition": 0, "offset": 3}, None],
-)  # fmt: skip
+    [
+        [],
+        [{"partition": 0}],
+        [{"offset": 3}],
+        [{"partition": 0, "offset": -1}],
+        [{"partition": 0, "offset": "3"}],
+        [[0, 3]],
+        {"partition": 0, "offset": 3},
+        None,
+    ],
+)
 def test_a_malformed_message_claims_record_is_garbage(claims: Any) -> None:
     expect_decode_error(orjson.dumps(MESSAGE_CLAIMS | {"claims": claims}))
 

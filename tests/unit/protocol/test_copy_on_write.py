@@ -51,7 +51,9 @@ def test_a_copy_before_a_record_folds_it_as_the_state_would_and_leaves_the_state
             for who in CLIENTS[:3]:
                 for earlier, prefix in [(state, folded), (chain[-1], prefixes[-1])]:
                     now = record.ts + lag
-                    assert group_view_of(earlier, now, MemberId(*who)) == group_view_by_scan(prefix, now, MemberId(*who))
+                    assert group_view_of(earlier, now, MemberId(*who)) == group_view_by_scan(
+                        prefix, now, MemberId(*who)
+                    )
         chain.append(state)
         prefixes.append(copy.deepcopy(folded))
     for kept, prefix in zip(chain, prefixes, strict=True):

@@ -14,7 +14,9 @@ from property_runs import examples
 from marshal_workers.protocol import done_set
 from marshal_workers.protocol.done_set import INT64_MAX, MAX_RUNS, DoneSetTooLarge, Skipper
 
-PROPERTY = settings(max_examples=examples(300), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=examples(300), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def gaps_in(offset: int, done: set[int]) -> int:

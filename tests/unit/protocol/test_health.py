@@ -183,8 +183,10 @@ def test_a_message_in_hand_between_timed_calls_is_not_stalled() -> None:
 
 def test_between_calls_nothing_moving_is_still_a_stall_after_the_stall_time() -> None:
     # A 7 s call ends at t=7; then the worker handles nothing more (stuck outside the handler) with lag 2.
-    samples = [Sample(float(t), 0 if t < 7 else 1, 3, handled=0 if t < 7 else 1,
-                      call=untimed(0.0, 1) if t < 7 else None) for t in range(20)]  # fmt: skip
+    samples = [
+        Sample(float(t), 0 if t < 7 else 1, 3, handled=0 if t < 7 else 1, call=untimed(0.0, 1) if t < 7 else None)
+        for t in range(20)
+    ]
     result = judge(samples, DEFAULTS)
     assert result.index(Verdict.STALLED) == 7 + HB_S, "judged by messages handled from the call's end"
     assert set(result[:9]) == {Verdict.KEEP}

@@ -200,7 +200,9 @@ def test_illegal_transitions_are_loud() -> None:
 # --------------------------------------------------------------- properties
 
 KEYS = [None, b"", b"a", b"b", b"c"]
-PROPERTY = settings(max_examples=examples(200), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(
+    max_examples=examples(200), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @dataclass

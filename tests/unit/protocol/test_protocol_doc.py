@@ -115,9 +115,11 @@ def test_the_record_types_are_every_tagged_struct_of_the_codec() -> None:
     tagged = {  # the public ones: the private bases are tagged with their class names
         value
         for name, value in vars(codec).items()
-        if isinstance(value, type) and issubclass(value, msgspec.Struct) and not name.startswith("_")
+        if isinstance(value, type)
+        and issubclass(value, msgspec.Struct)
+        and not name.startswith("_")
         and isinstance(value.__struct_config__.tag, str)
-    }  # fmt: skip
+    }
     assert tagged == set(RECORDS.values())
     assert TAG_FIELD == "type" and COMMON >= {"v", "ts", "group", "client", "instance"}
 
@@ -132,8 +134,9 @@ def test_the_common_fields_are_described_once() -> None:
     assert TAG_FIELD in table and table[TAG_FIELD][:2] == ("string", "required")
     for name in COMMON | {TAG_FIELD}:
         assert table[name][2] == 1, f"`{name}` deserves a row of its own"
-    common_only = msgspec.defstruct("Common", [(f.name, f.type) for f in msgspec.structs.fields(codec.Claim)
-                                               if f.name in COMMON], kw_only=True)  # fmt: skip
+    common_only = msgspec.defstruct(
+        "Common", [(f.name, f.type) for f in msgspec.structs.fields(codec.Claim) if f.name in COMMON], kw_only=True
+    )
     assert_table_matches(common_only, table, "common fields")
 
 

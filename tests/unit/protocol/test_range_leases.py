@@ -271,18 +271,25 @@ def test_queries_at_a_time_see_a_lease_lapsed_after_the_partitions_last_record()
 
 def test_range_records_fold_with_one_verdict_per_entry() -> None:
     state = WorldState(GROUP, HB)
-    claim = codec.ClaimRanges(**common(A, 10), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10), (1, 5, 9), (0, 5, 15)))
+    claim = codec.ClaimRanges(
+        **common(A, 10), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10), (1, 5, 9), (0, 5, 15))
+    )
     verdicts = fold_wire(state, claim)
     assert tuple(verdicts) == (True, True, False) and verdicts  # type: ignore[arg-type]
     assert state.shared_partition("t", 0).low == 0 and state.shared_partition("t", 1).low == 5  # type: ignore[union-attr]
     assert state.shared_partition("t", 2) is None
-    renew = codec.RenewRanges(**common(A, LEASE), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10), (1, 5, 8), (2, 0, 1)))
+    renew = codec.RenewRanges(
+        **common(A, LEASE), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10), (1, 5, 8), (2, 0, 1))
+    )
     assert tuple(fold_wire(state, renew)) == (True, False, False)  # type: ignore[arg-type]
     ack = codec.AckRanges(
-        **common(A, LEASE + 20), topic="t",
-        ranges=(codec.AckEntry(partition=0, offset=0, end=10, failed=(4,), dead=(6,)),
-                codec.AckEntry(partition=1, offset=5, end=9)),
-    )  # fmt: skip
+        **common(A, LEASE + 20),
+        topic="t",
+        ranges=(
+            codec.AckEntry(partition=0, offset=0, end=10, failed=(4,), dead=(6,)),
+            codec.AckEntry(partition=1, offset=5, end=9),
+        ),
+    )
     assert tuple(fold_wire(state, ack)) == (True, False)  # type: ignore[arg-type]  # partition 1 lapsed at 1010
     shared = state.shared_partition("t", 0)
     assert shared is not None and shared.low == 4 and shared.tries == [Tries(4, 5, 1)] and shared.dead_letters == 1
@@ -339,32 +346,56 @@ def test_range_records_of_other_groups_or_on_the_wrong_coordination_partition_ar
         None,
         b"",
         b"{",
-        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":1000,'
-         b'"ranges":[]}'),  # no entry
-        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":0,'
-         b'"ranges":[{"partition":0,"offset":20,"end":30}]}'),  # a lease of 0 ms
-        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":86400001,'
-         b'"ranges":[{"partition":0,"offset":20,"end":30}]}'),  # longer than a day
-        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":1000,'
-         b'"ranges":[{"partition":0,"offset":-1,"end":30}]}'),
-        (b'{"v":1,"type":"renew_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-         b'"ranges":[{"partition":0,"offset":0,"end":10}]}'),  # no lease_ms
-        (b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-         b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-3]}]}'),
-        (b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-         b'"ranges":[{"partition":0,"offset":0,"end":10,"dead":"all"}]}'),
-        (b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-         b'"ranges":[{"partition":0,"offset":0}]}'),  # no end
+        (
+            b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":1000,'
+            b'"ranges":[]}'
+        ),  # no entry
+        (
+            b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":0,'
+            b'"ranges":[{"partition":0,"offset":20,"end":30}]}'
+        ),  # a lease of 0 ms
+        (
+            b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":86400001,'
+            b'"ranges":[{"partition":0,"offset":20,"end":30}]}'
+        ),  # longer than a day
+        (
+            b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","lease_ms":1000,'
+            b'"ranges":[{"partition":0,"offset":-1,"end":30}]}'
+        ),
+        (
+            b'{"v":1,"type":"renew_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+            b'"ranges":[{"partition":0,"offset":0,"end":10}]}'
+        ),  # no lease_ms
+        (
+            b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+            b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-3]}]}'
+        ),
+        (
+            b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+            b'"ranges":[{"partition":0,"offset":0,"end":10,"dead":"all"}]}'
+        ),
+        (
+            b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+            b'"ranges":[{"partition":0,"offset":0}]}'
+        ),  # no end
         b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"t","ranges":{}}',
-        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-         b'"pending_ms":0,"messages":[[0,3]]}'),  # pending for 0 ms
-        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
-         b'"messages":[[0,3]]}'),  # no pending_ms
+        (
+            b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+            b'"pending_ms":0,"messages":[[0,3]]}'
+        ),  # pending for 0 ms
+        (
+            b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"t",'
+            b'"messages":[[0,3]]}'
+        ),  # no pending_ms
         b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t","messages":[]}',
-        (b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
-         b'"messages":[{"partition":0,"offset":3}]}'),  # an object, not [partition, offset]
-        (b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
-         b'"messages":[[0,-3]]}'),
+        (
+            b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
+            b'"messages":[{"partition":0,"offset":3}]}'
+        ),  # an object, not [partition, offset]
+        (
+            b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"t",'
+            b'"messages":[[0,-3]]}'
+        ),
     ],
 )
 def test_garbage_range_records_never_change_the_state(value: bytes | None) -> None:
@@ -391,16 +422,26 @@ WRITER = {"v": 1, "group": GROUP, "client": "w", "instance": "w1"}
 def busy_state() -> WorldState:
     state = WorldState(GROUP, HB)
     records: list[codec.Record] = [
-        codec.ClaimRanges(**common(A, 0), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10), (0, 10, 20), (1, 50, 60))),
+        codec.ClaimRanges(
+            **common(A, 0), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10), (0, 10, 20), (1, 50, 60))
+        ),
         codec.ClaimRanges(**common(B, 0), topic="t", lease_ms=LEASE, ranges=ranges((0, 30, 40))),
         codec.ClaimRanges(**common(B, 0), topic="m", lease_ms=LEASE, amo=True, ranges=ranges((0, 0, 5), (0, 5, 10))),
-        codec.AckRanges(**common(A, 10), topic="t", ranges=(codec.AckEntry(partition=0, offset=10, end=20, failed=(12,), dead=(15,)),)),
-        codec.AckRanges(**common(B, 10), topic="m", ranges=(codec.AckEntry(partition=0, offset=5, end=10, failed=(7,)),)),
+        codec.AckRanges(
+            **common(A, 10),
+            topic="t",
+            ranges=(codec.AckEntry(partition=0, offset=10, end=20, failed=(12,), dead=(15,)),),
+        ),
+        codec.AckRanges(
+            **common(B, 10), topic="m", ranges=(codec.AckEntry(partition=0, offset=5, end=10, failed=(7,)),)
+        ),
         codec.CancelRanges(**common(B, 20), topic="t", ranges=ranges((0, 30, 40))),
         codec.RenewRanges(**common(A, 900), topic="t", lease_ms=LEASE, ranges=ranges((0, 0, 10))),
         codec.ClaimRanges(**common(B, 1000), topic="t", lease_ms=LEASE, ranges=ranges((1, 60, 70))),  # 50-59 lapsed
-        codec.ClaimRanges(**common(A, 1000), topic="m", lease_ms=LEASE, amo=True, ranges=ranges((0, 10, 20))),  # 0-4 lost
-    ]  # fmt: skip
+        codec.ClaimRanges(
+            **common(A, 1000), topic="m", lease_ms=LEASE, amo=True, ranges=ranges((0, 10, 20))
+        ),  # 0-4 lost
+    ]
     for record in records:
         fold_wire(state, record)
     return state
@@ -489,10 +530,18 @@ def test_the_log_command_prints_range_records_with_their_entries() -> None:
     from marshal_workers.ops.admin import format_record
 
     common = {"v": 1, "ts": 1_764_000_005_000, "group": "g", "client": "host-a", "instance": "5f1c"}
-    claim = codec.ClaimRanges(**common, topic="thumbs", lease_ms=60_000, amo=True,
-                              ranges=(codec.RangeEntry(partition=0, offset=1500, end=1550),))  # fmt: skip
-    ack = codec.AckRanges(**common, topic="thumbs", ranges=(
-        codec.AckEntry(partition=0, offset=1500, end=1550, failed=(1507,), dead=(1512, 1513), high=4210),))  # fmt: skip
+    claim = codec.ClaimRanges(
+        **common,
+        topic="thumbs",
+        lease_ms=60_000,
+        amo=True,
+        ranges=(codec.RangeEntry(partition=0, offset=1500, end=1550),),
+    )
+    ack = codec.AckRanges(
+        **common,
+        topic="thumbs",
+        ranges=(codec.AckEntry(partition=0, offset=1500, end=1550, failed=(1507,), dead=(1512, 1513), high=4210),),
+    )
     cancel = codec.CancelRanges(**common, topic="thumbs", ranges=(codec.RangeEntry(partition=1, offset=9, end=10),))
     lines = [format_record(codec.encode(r), 3, 7, "g") for r in (claim, ack, cancel)]
     assert lines[0] == "3@7 2025-11-24T16:00:05.000Z claim_ranges host-a/5f1c thumbs lease=60000ms amo [0]1500..1549"

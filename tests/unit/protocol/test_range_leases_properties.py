@@ -51,38 +51,67 @@ pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiv
 
 RANGE_GARBAGE = st.sampled_from(
     [
-        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","lease_ms":0,'
-         b'"ranges":[{"partition":0,"offset":0,"end":10}]}'),
-        (b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","lease_ms":100,'
-         b'"ranges":[]}'),
-        (b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}'),
-        (b'{"v":1,"type":"renew_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"ranges":[{"partition":0,"offset":0,"end":10}]}'),
-        (b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"ranges":[{"partition":0,"end":10}]}'),
-        (b'{"v":2,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"ranges":[{"partition":0,"offset":0,"end":10}]}'),
-        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"pending_ms":0,"messages":[[0,3]]}'),
-        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"messages":[[0,3]]}'),
-        (b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"pending_ms":100,"messages":[]}'),
-        (b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
-         b'"messages":[{"partition":0,"offset":3}]}'),
-        (b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
-         b'"messages":[[0]]}'),
-        (b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
-         b'"messages":[[0,-1]]}'),
-        (b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
-         b'"messages":[0,3]}'),
-        (b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}'),
-        (b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"ranges":[]}'),
-        (b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
-         b'"ranges":[{"partition":0,"offset":0}]}'),
+        (
+            b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","lease_ms":0,'
+            b'"ranges":[{"partition":0,"offset":0,"end":10}]}'
+        ),
+        (
+            b'{"v":1,"type":"claim_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","lease_ms":100,'
+            b'"ranges":[]}'
+        ),
+        (
+            b'{"v":1,"type":"ack_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}'
+        ),
+        (
+            b'{"v":1,"type":"renew_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"ranges":[{"partition":0,"offset":0,"end":10}]}'
+        ),
+        (
+            b'{"v":1,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"ranges":[{"partition":0,"end":10}]}'
+        ),
+        (
+            b'{"v":2,"type":"cancel_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"ranges":[{"partition":0,"offset":0,"end":10}]}'
+        ),
+        (
+            b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"pending_ms":0,"messages":[[0,3]]}'
+        ),
+        (
+            b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"messages":[[0,3]]}'
+        ),
+        (
+            b'{"v":1,"type":"deliver_messages","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"pending_ms":100,"messages":[]}'
+        ),
+        (
+            b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
+            b'"messages":[{"partition":0,"offset":3}]}'
+        ),
+        (
+            b'{"v":1,"type":"ack_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
+            b'"messages":[[0]]}'
+        ),
+        (
+            b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
+            b'"messages":[[0,-1]]}'
+        ),
+        (
+            b'{"v":1,"type":"cancel_messages","ts":1,"group":"g","client":"b","instance":"b1","topic":"alo",'
+            b'"messages":[0,3]}'
+        ),
+        (
+            b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"ranges":[{"partition":0,"offset":0,"end":10,"failed":[-1]}]}'
+        ),
+        (b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo","ranges":[]}'),
+        (
+            b'{"v":1,"type":"progress_ranges","ts":1,"group":"g","client":"a","instance":"a1","topic":"alo",'
+            b'"ranges":[{"partition":0,"offset":0}]}'
+        ),
     ]
 )
 
@@ -154,7 +183,7 @@ def free_to_hand_out(lease: Lease, now: int) -> list[int]:
     """The offsets of a live lease its holder may hand out at ``now``: not acked or marked done, not pending."""
     return [
         o for o in range(lease.start, lease.end) if not lease.is_settled(o) and lease.handed.get(o, (0, 0))[0] <= now
-    ]  # fmt: skip
+    ]
 
 
 def holder_writer(draw: st.DrawFn, guide: WorldState, topic: str, now: int, others: list[MemberId]) -> MemberId:
@@ -169,9 +198,11 @@ def holder_writer(draw: st.DrawFn, guide: WorldState, topic: str, now: int, othe
 def pending_of(guide: WorldState, topic: str, now: int) -> list[tuple[int, int]]:
     """(partition, offset) pending with a client at ``now``, as the fold shows them."""
     return [
-        (p, o) for p, lease in leases_live(guide, topic, now)
-        for o, (deadline, _) in sorted(lease.handed.items()) if deadline > now and o not in lease.acked
-    ]  # fmt: skip
+        (p, o)
+        for p, lease in leases_live(guide, topic, now)
+        for o, (deadline, _) in sorted(lease.handed.items())
+        if deadline > now and o not in lease.acked
+    ]
 
 
 def deliver_entry(draw: st.DrawFn, guide: WorldState, topic: str, holder: MemberId, now: int) -> tuple[int, int]:
@@ -211,9 +242,16 @@ def settle_entry(draw: st.DrawFn, guide: WorldState, topic: str, now: int) -> tu
 
 
 KINDS = [
-    *["claim"] * 5, *["renew"] * 2, *["ack"] * 3, "cancel", "pause",
-    *["deliver"] * 4, *["client_ack"] * 3, *["client_cancel"] * 2, *["progress"] * 3,
-]  # fmt: skip
+    *["claim"] * 5,
+    *["renew"] * 2,
+    *["ack"] * 3,
+    "cancel",
+    "pause",
+    *["deliver"] * 4,
+    *["client_ack"] * 3,
+    *["client_cancel"] * 2,
+    *["progress"] * 3,
+]
 
 
 @st.composite
@@ -248,16 +286,17 @@ def range_logs(draw: st.DrawFn, max_size: int = 50) -> list[codec.Record]:
         elif kind == "claim":
             entries = [claim_entry(draw, guide, topic, now) for _ in range(count)]
             record = codec.ClaimRanges(
-                **common, topic=topic, lease_ms=draw(st.sampled_from(LEASE_MS)), amo=TOPICS[topic],
+                **common,
+                topic=topic,
+                lease_ms=draw(st.sampled_from(LEASE_MS)),
+                amo=TOPICS[topic],
                 ranges=tuple(codec.RangeEntry(partition=p, offset=s, end=e) for p, s, e in entries),
-            )  # fmt: skip
+            )
         elif kind == "deliver":
-            messages = tuple(
-                codec.MessageEntry(*deliver_entry(draw, guide, topic, holder, now)) for _ in range(count)
-            )  # fmt: skip
+            messages = tuple(codec.MessageEntry(*deliver_entry(draw, guide, topic, holder, now)) for _ in range(count))
             record = codec.DeliverMessages(
                 **common, topic=topic, pending_ms=draw(st.sampled_from(PENDING_MS)), messages=messages
-            )  # fmt: skip
+            )
         elif kind in ("client_ack", "client_cancel"):
             messages = tuple(codec.MessageEntry(*settle_entry(draw, guide, topic, now)) for _ in range(count))
             kind_of = codec.AckMessages if kind == "client_ack" else codec.CancelMessages
@@ -266,7 +305,9 @@ def range_logs(draw: st.DrawFn, max_size: int = 50) -> list[codec.Record]:
             entries = [range_entry(draw, guide, topic, holder, now) for _ in range(count)]
             plain = tuple(codec.RangeEntry(partition=p, offset=s, end=e) for p, s, e in entries)
             if kind == "renew":
-                record = codec.RenewRanges(**common, topic=topic, lease_ms=draw(st.sampled_from(LEASE_MS)), ranges=plain)
+                record = codec.RenewRanges(
+                    **common, topic=topic, lease_ms=draw(st.sampled_from(LEASE_MS)), ranges=plain
+                )
             elif kind == "progress":
                 marks = []
                 for p, s, e in entries:
@@ -423,7 +464,9 @@ class Model:
             return None
         return lease
 
-    def ack(self, start: int, end: int, holder: MemberId, at: int, failed: tuple[int, ...], dead: tuple[int, ...]) -> bool:
+    def ack(
+        self, start: int, end: int, holder: MemberId, at: int, failed: tuple[int, ...], dead: tuple[int, ...]
+    ) -> bool:
         # The holder settles its lease from its start up to ``end`` (a prefix, or all of it); the rest goes back
         # untried, except what clients acked (done whatever ``failed`` says, counted acked once) and what was handed
         # to a client and not acked (tried).
@@ -544,10 +587,13 @@ def pending_in(state: WorldState, at: int) -> set[tuple[str, int, int]]:
     """(topic, partition, offset) the fold shows pending with a client at ``at``: handed out under a live lease,
     the deadline not passed, not acked."""
     return {
-        (*key, offset) for key, shared in state.shared.items() for lease in shared.leases.values()
-        if lease.expires > at for offset, (deadline, _) in lease.handed.items()
+        (*key, offset)
+        for key, shared in state.shared.items()
+        for lease in shared.leases.values()
+        if lease.expires > at
+        for offset, (deadline, _) in lease.handed.items()
         if deadline > at and offset not in lease.acked
-    }  # fmt: skip
+    }
 
 
 def check(state: WorldState, models: dict[tuple[str, int], Model], at: int) -> None:
@@ -571,8 +617,9 @@ def check(state: WorldState, models: dict[tuple[str, int], Model], at: int) -> N
             for s, lease in model.leases.items()
         }
         # ... and the holder's progress: the offsets marked done and their dead letters.
-        assert {s: ({o for r in lease.progress for o in range(*r)}, lease.dead) for s, lease in shared.leases.items()} \
-            == {s: (lease.marked, lease.marked_dead) for s, lease in model.leases.items()}
+        assert {
+            s: ({o for r in lease.progress for o in range(*r)}, lease.dead) for s, lease in shared.leases.items()
+        } == {s: (lease.marked, lease.marked_dead) for s, lease in model.leases.items()}
         assert all(a[1] < b[0] for lease in shared.leases.values() for a, b in zip(lease.progress, lease.progress[1:]))
         # An offset a progress entry marked is done, or marked in the live lease that still holds it: never
         # claimable, handed out or tried again.
@@ -580,8 +627,11 @@ def check(state: WorldState, models: dict[tuple[str, int], Model], at: int) -> N
             assert shared.is_done(offset) or any(lease.is_settled(offset) for lease in shared.leases.values()), offset
         assert {o: t.count for t in shared.tries for o in range(t.start, t.end)} == model.tries
         assert (shared.acked, shared.dead_letters, shared.lost, shared.lapsed) == (
-            model.acked, model.dead, model.lost, model.lapsed,
-        )  # fmt: skip
+            model.acked,
+            model.dead,
+            model.lost,
+            model.lapsed,
+        )
         for offset in range(END + 15):
             assert shared.is_done(offset) == model.is_done(offset), offset
         assert model.gone <= {o for o in model.gone if model.is_done(o)}
@@ -631,7 +681,9 @@ def fold_all(records: list[codec.Record], state: WorldState | None = None) -> Wo
 # ------------------------------------------------------------------------------------------ properties
 
 
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(range_logs())
 def test_every_step_follows_the_rules_and_keeps_the_invariants(log: list[codec.Record]) -> None:
     """At every prefix: verdicts and state as the per-offset model says, no offset with two live holders,
@@ -671,7 +723,9 @@ def test_every_step_follows_the_rules_and_keeps_the_invariants(log: list[codec.R
         check(state, models, at)
 
 
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(range_logs())
 def test_folding_the_same_log_twice_gives_equal_states(log: list[codec.Record]) -> None:
     first, second = fold_all(log), fold_all(log)
@@ -679,7 +733,9 @@ def test_folding_the_same_log_twice_gives_equal_states(log: list[codec.Record]) 
     assert fold([Entry(r, r.ts) for r in log], WorldState(GROUP, HB)) == first
 
 
-@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(
     range_logs(),
     st.lists(st.one_of(garbage_values, RANGE_GARBAGE), min_size=1, max_size=20),
@@ -703,7 +759,9 @@ def test_interleaved_garbage_changes_nothing(log: list[codec.Record], garbage: l
     assert state.stats.garbage == len(garbage) + 1
 
 
-@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(range_logs(), st.data())
 def test_a_reader_seeded_from_a_checkpoint_agrees_with_one_that_read_everything(
     log: list[codec.Record], data: st.DataObject
@@ -716,8 +774,9 @@ def test_a_reader_seeded_from_a_checkpoint_agrees_with_one_that_read_everything(
         leases = [lease for shared in state.shared.values() for lease in shared.leases.values()]
         if any(lease.handed for lease in leases):
             handed.append(index)
-        if any(lease.acked or lease.progress or any(count > 1 for _, count in lease.handed.values())
-               for lease in leases):  # fmt: skip
+        if any(
+            lease.acked or lease.progress or any(count > 1 for _, count in lease.handed.values()) for lease in leases
+        ):
             rich.append(index)
     if handed and data.draw(st.booleans()):
         cut = data.draw(st.sampled_from(rich or handed))
@@ -785,7 +844,9 @@ def test_the_reference_model_and_the_fold_agree_on_a_hand_written_log_of_message
     assert model.is_done(2) and not model.is_done(6) and model.client_acked == {2}
 
 
-@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(range_logs(), st.data())
 def test_progress_from_anyone_but_the_holder_changes_nothing(log: list[codec.Record], data: st.DataObject) -> None:
     """Another member, or another instance of the holder's client, cannot mark a lease's offsets done."""
@@ -793,23 +854,33 @@ def test_progress_from_anyone_but_the_holder_changes_nothing(log: list[codec.Rec
     at = log[-1].ts
     for shared in state.shared.values():
         shared.lapse(at)  # what the record's own time lapses anyway: the writer is judged by the live leases
-    live = [(topic, partition, lease) for (topic, partition), shared in sorted(state.shared.items())
-            for lease in shared.live_leases(at)]  # fmt: skip
+    live = [
+        (topic, partition, lease)
+        for (topic, partition), shared in sorted(state.shared.items())
+        for lease in shared.live_leases(at)
+    ]
     if not live:
         return
     topic, partition, lease = data.draw(st.sampled_from(live))
     writer = data.draw(st.sampled_from([h for h in [*HOLDERS, OTHER_INSTANCE] if h != lease.holder]))
     end = data.draw(st.integers(lease.start + 1, lease.end))
     record = codec.ProgressRanges(
-        v=1, ts=at, group=GROUP, client=writer.client, instance=writer.instance, topic=topic,
+        v=1,
+        ts=at,
+        group=GROUP,
+        client=writer.client,
+        instance=writer.instance,
+        topic=topic,
         ranges=(codec.ProgressEntry(partition=partition, offset=lease.start, end=end),),
-    )  # fmt: skip
+    )
     before = copy.deepcopy(state.shared)
     assert list(state.apply(record, at)) == [False]  # type: ignore[call-overload]
     assert state.shared == before
 
 
-@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(st.integers(1, 200), st.data())
 def test_a_lapse_after_progress_gives_back_only_what_was_not_marked(size: int, data: st.DataObject) -> None:
     """Whatever the holder marked in steps before its lease lapsed: exactly the unmarked offsets get one try more
@@ -854,4 +925,8 @@ def test_the_reference_model_and_the_fold_agree_on_a_hand_written_log_of_progres
         assert getattr(model, name)(*args) == getattr(shared, name)(*args) == expected, (name, args)
     assert model.acked == shared.acked == 4 and model.dead == shared.dead_letters == 1
     assert model.low == shared.low == 2
-    assert model.tries == {o: t.count for t in shared.tries for o in range(t.start, t.end)} == {2: 1, **{o: 1 for o in range(5, 10)}}
+    assert (
+        model.tries
+        == {o: t.count for t in shared.tries for o in range(t.start, t.end)}
+        == {2: 1, **{o: 1 for o in range(5, 10)}}
+    )

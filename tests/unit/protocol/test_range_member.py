@@ -26,7 +26,7 @@ from marshal_workers.protocol.range_member import (
     handled_entry,
     safety_margin_ms,
     topic_backlog,
-)  # fmt: skip
+)
 from marshal_workers.protocol.world_state import WorldState, per_entry
 
 GROUP = "g"
@@ -131,32 +131,53 @@ def test_nothing_is_handed_out_once_the_deadline_is_near_or_past(deadlines: list
 
 claims = st.lists(
     st.tuples(
-        st.sampled_from(OTHERS), st.integers(0, 2), st.integers(0, END - 1), st.integers(1, 40),
-        st.integers(0, 3_000), st.sampled_from(["hold", "ack", "cancel", "fail"]), st.integers(0, 4_000),
+        st.sampled_from(OTHERS),
+        st.integers(0, 2),
+        st.integers(0, END - 1),
+        st.integers(1, 40),
+        st.integers(0, 3_000),
+        st.sampled_from(["hold", "ack", "cancel", "fail"]),
+        st.integers(0, 4_000),
     ),
     max_size=12,
-)  # fmt: skip
+)
 
 
 @settings(max_examples=examples(300), deadline=None)
 @given(
-    log=claims, want=st.integers(1, 6), idle=st.integers(0, 3), size=st.sampled_from([1, 7, 25, 100]),
-    probe=st.sampled_from([1, 25]), later=st.integers(0, 4_000), seed=st.integers(0, 2**16), split=st.booleans(),
-)  # fmt: skip
+    log=claims,
+    want=st.integers(1, 6),
+    idle=st.integers(0, 3),
+    size=st.sampled_from([1, 7, 25, 100]),
+    probe=st.sampled_from([1, 25]),
+    later=st.integers(0, 4_000),
+    seed=st.integers(0, 2**16),
+    split=st.booleans(),
+)
 # [60,100) failed once and [100,101)'s lease lapsed by ``now``: the fold gives [60,101) one try each, one range
 # (a check that left the lapse out saw 40 offsets of one try and one of none).
 @example(
-    log=[(OTHERS[0], 1, 60, 40, 3_000, "fail", 0), (OTHERS[0], 1, 100, 1, 1, "hold", 0)], want=1, idle=0, size=100,
-    probe=1, later=1, seed=2, split=False,
-)  # fmt: skip
+    log=[(OTHERS[0], 1, 60, 40, 3_000, "fail", 0), (OTHERS[0], 1, 100, 1, 1, "hold", 0)],
+    want=1,
+    idle=0,
+    size=100,
+    probe=1,
+    later=1,
+    seed=2,
+    split=False,
+)
 # A range of nothing but a lapsed lease's offsets: delivered once, so one try (the member said none: counted from
 # the folded state, without the lapse, its messages would have been dead-lettered a delivery late).
-@example(
-    log=[(OTHERS[0], 1, 100, 1, 1, "hold", 0)], want=4, idle=0, size=100, probe=1, later=1, seed=2, split=False
-)  # fmt: skip
+@example(log=[(OTHERS[0], 1, 100, 1, 1, "hold", 0)], want=4, idle=0, size=100, probe=1, later=1, seed=2, split=False)
 def test_the_ranges_asked_never_overlap_a_live_lease_and_the_fold_grants_them_all(
-    log: list[tuple[MemberId, int, int, int, int, str, int]], want: int, idle: int, size: int, probe: int, later: int,
-    seed: int, split: bool,
+    log: list[tuple[MemberId, int, int, int, int, str, int]],
+    want: int,
+    idle: int,
+    size: int,
+    probe: int,
+    later: int,
+    seed: int,
+    split: bool,
 ) -> None:
     """Others claim (and ack, cancel or fail) ranges, their leases lapsing as time passes; the member asks for
     ranges as the fold has them now (``split``: halfway through a backlog someone reads on, too): none overlaps a
@@ -207,8 +228,9 @@ def test_an_idle_worker_waits_past_what_a_lapsed_at_most_once_lease_lost() -> No
     low-water mark, below the one the lapse moves up)."""
     world = WorldState(GROUP, 1000)
     entry = codec.RangeEntry(partition=1, offset=0, end=10)
-    assert fold(world, codec.ClaimRanges(**fields(OTHERS[0], 1_000), topic=TOPIC, lease_ms=1, amo=True,
-                                          ranges=(entry,)), 1_000) == [True]  # fmt: skip
+    assert fold(
+        world, codec.ClaimRanges(**fields(OTHERS[0], 1_000), topic=TOPIC, lease_ms=1, amo=True, ranges=(entry,)), 1_000
+    ) == [True]
     member = RangeMember(TOPIC, 30_000)
     choice = member.choose(world, {1: 10}, {}, 1_001, 100, 1, 1, random.Random(1))
     assert choice.ranges == [WantedRange(1, 10, 11, 0)]
@@ -244,8 +266,14 @@ def leased(lease_ms: int = 60_000, amo: bool = False) -> tuple[SharedPartition, 
 FATES = st.sampled_from(["handled", "failed", "dead", "no message"])
 
 
-@given(fates=st.lists(FATES, min_size=30, max_size=30), stopped_at=st.integers(101, 130), high=st.none() | st.integers(0, 500))
-def test_a_range_handled_is_settled_with_exactly_the_offsets_done(fates: list[str], stopped_at: int, high: int | None) -> None:
+@given(
+    fates=st.lists(FATES, min_size=30, max_size=30),
+    stopped_at=st.integers(101, 130),
+    high=st.none() | st.integers(0, 500),
+)
+def test_a_range_handled_is_settled_with_exactly_the_offsets_done(
+    fates: list[str], stopped_at: int, high: int | None
+) -> None:
     """A worker handled [100, stopped_at) (a stop may end it early): after the ack, the fold has exactly the
     handled, dead-lettered and empty offsets done; the failed ones are to be delivered again, one try more; the
     rest go back untried."""
@@ -282,20 +310,24 @@ def test_a_crashed_workers_range_is_failed_whole_if_begun_else_given_back_untrie
 
 
 @given(upto=st.integers(100, 130), failed=st.sets(st.integers(100, 129), max_size=4), amo=st.booleans())
-def test_a_crashed_workers_range_keeps_what_it_had_done_and_fails_only_the_rest(upto: int, failed: set[int],
-                                                                                 amo: bool) -> None:  # fmt: skip
+def test_a_crashed_workers_range_keeps_what_it_had_done_and_fails_only_the_rest(
+    upto: int, failed: set[int], amo: bool
+) -> None:
     state, held = leased(amo=amo)
     failed_before = sorted(o for o in failed if o < upto)
     entry = crashed_entry(held, True, upto, failed_before, ())
     assert isinstance(entry, codec.AckEntry)
     assert state.ack(entry.offset, entry.end, US, 2_000, entry.failed, entry.dead)
     not_done = set(failed_before) | set(range(upto, 130))
-    assert {o for o in range(100, 130) if state.is_done(o) and not (amo and o in not_done)} == \
-        set(range(100, 130)) - not_done
+    assert {o for o in range(100, 130) if state.is_done(o) and not (amo and o in not_done)} == set(
+        range(100, 130)
+    ) - not_done
     if amo:
         assert state.lost == len(not_done)
     else:
-        assert {o for t in state.tries_in(100, 130) for o in range(t.start, t.end)} == not_done, "one try more: only those"
+        assert {o for t in state.tries_in(100, 130) for o in range(t.start, t.end)} == not_done, (
+            "one try more: only those"
+        )
     assert state.acked == 30 - len(not_done)
 
 
@@ -344,8 +376,9 @@ def test_the_backlog_that_sizes_ranges_is_the_topics_not_handed_out_offsets() ->
     assert [(lease.start, lease.end) for lease in live] == [(100, 200)]
     seen = []
     member = RangeMember("t", 60_000)
-    choice = member.choose(world, {0: 500}, {}, 10, 7, 1, 0, random.Random(1),
-                           sizer=lambda backlog, leases: seen.append(backlog) or 50)  # fmt: skip
+    choice = member.choose(
+        world, {0: 500}, {}, 10, 7, 1, 0, random.Random(1), sizer=lambda backlog, leases: seen.append(backlog) or 50
+    )
     assert seen == [300] and [(w.start, w.end) for w in choice.ranges] == [(200, 250)], "the sizer's size, not 7"
 
 
@@ -354,16 +387,21 @@ def test_a_reader_that_joins_a_partition_another_reads_on_starts_halfway_through
     wait for a fresh fetch at every range; with ``split`` the one that joins starts halfway and both read on."""
     world = WorldState(GROUP, 1000)
     at = 1_000_000
-    claim = codec.ClaimRanges(**fields(US, at), topic=TOPIC, lease_ms=30_000,
-                              ranges=(codec.RangeEntry(partition=0, offset=0, end=100),))  # fmt: skip
+    claim = codec.ClaimRanges(
+        **fields(US, at), topic=TOPIC, lease_ms=30_000, ranges=(codec.RangeEntry(partition=0, offset=0, end=100),)
+    )
     assert fold(world, claim, at) == [True]
     member = RangeMember(TOPIC, 30_000)
     ends, initial = {0: 1000}, {0: 0}
 
     def choose(want: int, follow: list[tuple[int, int]], split: bool = True) -> list[WantedRange]:
-        return member.choose(world, ends, initial, at, 100, want, 0, random.Random(1), follow=follow, split=split).ranges
+        return member.choose(
+            world, ends, initial, at, 100, want, 0, random.Random(1), follow=follow, split=split
+        ).ranges
 
-    assert choose(2, []) == [WantedRange(0, 550, 650, 0), WantedRange(0, 650, 750, 0)], "the joiner: from halfway, contiguous"
+    assert choose(2, []) == [WantedRange(0, 550, 650, 0), WantedRange(0, 650, 750, 0)], (
+        "the joiner: from halfway, contiguous"
+    )
     assert choose(2, [(0, 100)]) == [WantedRange(0, 100, 200, 0), WantedRange(0, 550, 650, 0)], "the reader reads on"
     assert choose(1, [], split=False) == [WantedRange(0, 100, 200, 0)], "without split: the lowest, as before"
     ends = {0: 250}
@@ -376,18 +414,27 @@ def test_each_reader_of_a_partition_reads_on_where_it_stands_and_a_joiner_halves
     nobody is handed a range another reads on into while other offsets are free."""
     world = WorldState(GROUP, 1000)
     at = 1_000_000
-    entries = (codec.RangeEntry(partition=0, offset=0, end=10_000), codec.RangeEntry(partition=0, offset=400_000, end=410_000))
-    assert fold(world, codec.ClaimRanges(**fields(US, at), topic=TOPIC, lease_ms=30_000, ranges=entries), at) == [True, True]
+    entries = (
+        codec.RangeEntry(partition=0, offset=0, end=10_000),
+        codec.RangeEntry(partition=0, offset=400_000, end=410_000),
+    )
+    assert fold(world, codec.ClaimRanges(**fields(US, at), topic=TOPIC, lease_ms=30_000, ranges=entries), at) == [
+        True,
+        True,
+    ]
     member = RangeMember(TOPIC, 30_000)
 
     def choose(want: int, follow: list[tuple[int, int]]) -> list[WantedRange]:
-        return member.choose(world, {0: 1_000_000}, {0: 0}, at, 10_000, want, 0, random.Random(1), follow=follow,
-                             split=True).ranges  # fmt: skip
+        return member.choose(
+            world, {0: 1_000_000}, {0: 0}, at, 10_000, want, 0, random.Random(1), follow=follow, split=True
+        ).ranges
 
     assert choose(4, [(0, 10_000), (0, 10_000), (0, 410_000), (0, 410_000)]) == [
-        WantedRange(0, 10_000, 20_000, 0), WantedRange(0, 20_000, 30_000, 0), WantedRange(0, 410_000, 420_000, 0),
+        WantedRange(0, 10_000, 20_000, 0),
+        WantedRange(0, 20_000, 30_000, 0),
+        WantedRange(0, 410_000, 420_000, 0),
         WantedRange(0, 420_000, 430_000, 0),
-    ], "both read on"  # fmt: skip
+    ], "both read on"
     assert choose(2, []) == [WantedRange(0, 705_000, 715_000, 0), WantedRange(0, 715_000, 725_000, 0)], (
         "a joiner: halfway through the longest stretch (410,000 to the end), not into either reader's way"
     )

@@ -98,9 +98,13 @@ def test_near_the_tail_the_backlog_is_shared_among_our_workers_and_the_other_mem
     other_leases=st.integers(0, 40),
 )
 def test_sizes_never_leave_the_bounds_and_the_share_bound_holds(
-    initial: int, lease_ms: int, measurements: list[tuple[int, int, float, float]], backlog: int, our_workers: int,
+    initial: int,
+    lease_ms: int,
+    measurements: list[tuple[int, int, float, float]],
+    backlog: int,
+    our_workers: int,
     other_leases: int,
-) -> None:  # fmt: skip
+) -> None:
     sizing = RangeSizing(initial=initial, lease_ms=lease_ms)
     now = 0.0
     for worker, messages, busy_ms, step in measurements:

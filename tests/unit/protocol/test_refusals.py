@@ -42,8 +42,14 @@ def test_accepted_records_have_no_refusal_and_refused_ones_say_why() -> None:
 def test_a_record_about_several_partitions_names_its_refused_entries() -> None:
     state = WorldState("g", HB)
     apply(state, rec(codec.Claim, 1000, "a", "a1", topic="t", partition=0))
-    beats = rec(codec.Heartbeats, 1100, "a", "a1", topic="t",
-                beats=(codec.Beat(partition=0, offset=3), codec.Beat(partition=1, offset=4)))  # fmt: skip
+    beats = rec(
+        codec.Heartbeats,
+        1100,
+        "a",
+        "a1",
+        topic="t",
+        beats=(codec.Beat(partition=0, offset=3), codec.Beat(partition=1, offset=4)),
+    )
     assert apply(state, beats) == ["[1] (ignored: not the owner; it has none)"]
 
 

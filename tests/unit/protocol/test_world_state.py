@@ -133,9 +133,7 @@ def test_a_release_from_a_non_owner_is_ignored() -> None:
 
 
 def test_claim_messages_moves_the_amo_offset_forward_only() -> None:
-    state, verdicts = world(
-        claim("a", "a1", 0), claim_messages("a", "a1", 10, 100), claim_messages("a", "a1", 20, 50)
-    )
+    state, verdicts = world(claim("a", "a1", 0), claim_messages("a", "a1", 10, 100), claim_messages("a", "a1", 20, 50))
     assert verdicts == [True, True, True]
     found = state.get("orders", 0)
     assert found is not None and found.amo_offset == 100 and found.last_ts == 20

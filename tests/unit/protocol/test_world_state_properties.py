@@ -38,8 +38,14 @@ def logs(draw: st.DrawFn, max_size: int = 120) -> list[codec.Record]:
         now += draw(st.sampled_from(STEPS))
         client, instance = draw(st.sampled_from(CLIENTS))
         common = {"v": 1, "ts": now, "group": GROUP, "client": client, "instance": instance}
-        kind = draw(st.sampled_from(["claim"] * 4 + ["heartbeat"] * 4 + ["release", "claim_messages", "release_group"]
-                                    + ["control", "pause_topic", "release_partition"]))  # fmt: skip
+        kind = draw(
+            st.sampled_from(
+                ["claim"] * 4
+                + ["heartbeat"] * 4
+                + ["release", "claim_messages", "release_group"]
+                + ["control", "pause_topic", "release_partition"]
+            )
+        )
         if kind == "release_group":
             records.append(codec.ReleaseGroup(**common, expires=now + draw(st.sampled_from([0, HB, 3 * HB]))))
             continue
@@ -107,8 +113,9 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
     topic_pauses: dict[str, int] = {}
     for record in log:
         at = record.ts
-        partition_record = isinstance(record, (codec.Claim, codec.Heartbeat, codec.Release, codec.ClaimMessages,
-                                               codec.ReleasePartition))  # fmt: skip
+        partition_record = isinstance(
+            record, (codec.Claim, codec.Heartbeat, codec.Release, codec.ClaimMessages, codec.ReleasePartition)
+        )
         key = (record.topic, record.partition) if partition_record else None  # type: ignore[union-attr]
         before = copy.copy(state.partitions.get(key)) if key else None
         owners_before = {k: s.owner for k, s in state.partitions.items()}
@@ -130,7 +137,9 @@ def test_every_step_follows_the_rules(log: list[codec.Record]) -> None:
             assert (after.owner if after else None) == (me if accepted else owner)
         elif isinstance(record, codec.Heartbeat):
             assert accepted == (owner == me)
-            assert (after.offset if after else None) == (record.offset if accepted else (before.offset if before else None))
+            assert (after.offset if after else None) == (
+                record.offset if accepted else (before.offset if before else None)
+            )
             if accepted:
                 assert after is not None and after.done == (done_set.parse(record.offset, record.done) or None)
             elif before is not None:
@@ -234,7 +243,9 @@ def test_readers_agree_whatever_order_they_fetch_the_coordination_partitions(
 @settings(max_examples=examples(200), deadline=None)
 @given(logs())
 def test_records_of_other_groups_never_change_the_state(log: list[codec.Record]) -> None:
-    noise = [codec.Claim(v=1, ts=r.ts, group="other", client="z", instance="z1", topic="orders", partition=0) for r in log]
+    noise = [
+        codec.Claim(v=1, ts=r.ts, group="other", client="z", instance="z1", topic="orders", partition=0) for r in log
+    ]
     mixed = [r for pair in zip(log, noise) for r in pair]
     assert fold_all(mixed).partitions == fold_all(log).partitions
 
@@ -244,7 +255,10 @@ def test_a_race_of_many_claimants_has_exactly_one_winner_the_earliest() -> None:
         rnd = random.Random(seed)
         claimants = [(f"c{i}", f"c{i}-1") for i in range(8)]
         rnd.shuffle(claimants)
-        log = [codec.Claim(v=1, ts=10 + i, group=GROUP, client=c, instance=i_, topic="orders", partition=0) for i, (c, i_) in enumerate(claimants)]
+        log = [
+            codec.Claim(v=1, ts=10 + i, group=GROUP, client=c, instance=i_, topic="orders", partition=0)
+            for i, (c, i_) in enumerate(claimants)
+        ]
         state = fold_all(log)
         assert state.owner("orders", 0) == MemberId(*claimants[0])
         assert isinstance(state.get("orders", 0), PartitionState)
@@ -272,10 +286,19 @@ def batched(records: list[codec.Record]) -> list[codec.Record]:
         joined_type = codec.Heartbeats if isinstance(record, codec.Heartbeat) else codec.MessageClaims
         entries_field = "beats" if joined_type is codec.Heartbeats else "claims"
         previous = out[-1] if out else None
-        common = {"v": 1, "ts": record.ts, "group": record.group, "client": record.client,
-                  "instance": record.instance, "topic": record.topic}  # fmt: skip
+        common = {
+            "v": 1,
+            "ts": record.ts,
+            "group": record.group,
+            "client": record.client,
+            "instance": record.instance,
+            "topic": record.topic,
+        }
         if isinstance(previous, joined_type) and (previous.ts, previous.client, previous.instance, previous.topic) == (
-            record.ts, record.client, record.instance, record.topic
+            record.ts,
+            record.client,
+            record.instance,
+            record.topic,
         ):
             out[-1] = joined_type(**common, **{entries_field: (*getattr(previous, entries_field), entry)})
         else:

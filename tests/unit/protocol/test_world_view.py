@@ -22,7 +22,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiv
 
 @pytest.mark.parametrize(
     ("age", "expected"),
-    [(0, Liveness.FRESH), (HB - 1, Liveness.FRESH), (HB, Liveness.UNKNOWN), (2 * HB, Liveness.UNKNOWN), (2 * HB + 1, Liveness.STALE)],
+    [
+        (0, Liveness.FRESH),
+        (HB - 1, Liveness.FRESH),
+        (HB, Liveness.UNKNOWN),
+        (2 * HB, Liveness.UNKNOWN),
+        (2 * HB + 1, Liveness.STALE),
+    ],
 )
 def test_liveness_by_heartbeat_age(age: int, expected: Liveness) -> None:
     state, _ = world(claim("a", "a1", 1000))
@@ -46,7 +52,9 @@ def test_is_free_matches_what_a_claim_would_get() -> None:
 
 
 def test_owned_by_lists_a_clients_partitions() -> None:
-    state, _ = world(claim("a", "a1", 0, partition=0), claim("a", "a1", 0, partition=1), claim("b", "b1", 0, partition=2))
+    state, _ = world(
+        claim("a", "a1", 0, partition=0), claim("a", "a1", 0, partition=1), claim("b", "b1", 0, partition=2)
+    )
     assert sorted(state.owned_by("a")) == [("orders", 0), ("orders", 1)]
     assert list(state.owned_by("a", "zz")) == []
 
@@ -95,7 +103,9 @@ def test_a_member_that_claims_a_partition_after_asking_is_no_longer_asking() -> 
 
 @settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
 @given(logs(), st.sampled_from(STEPS), st.sampled_from(CLIENTS))
-def test_free_partitions_answers_as_is_free_asked_of_each(log: list[codec.Record], later: int, who: tuple[str, str]) -> None:
+def test_free_partitions_answers_as_is_free_asked_of_each(
+    log: list[codec.Record], later: int, who: tuple[str, str]
+) -> None:
     """A claim round asks free_partitions once (pause and drain checked once): the answer is is_free's, key by key."""
     state = fold_all(log)
     now = log[-1].ts + later
@@ -104,8 +114,12 @@ def test_free_partitions_answers_as_is_free_asked_of_each(log: list[codec.Record
 
 
 @settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
-       st.sampled_from(CLIENTS), st.booleans())  # fmt: skip
+@given(
+    logs(),
+    st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
+    st.sampled_from(CLIENTS),
+    st.booleans(),
+)
 def test_free_partitions_index_answers_as_the_scan_between_records(
     log: list[codec.Record], lags: list[int], who: tuple[str, str], back_in_time: bool
 ) -> None:
@@ -142,8 +156,11 @@ def group_view_by_scan(state: WorldState, now: int, me: MemberId) -> tuple[dict[
     held = {owner: len(keys) for owner, keys in holdings_by_scan(state, now)}
     claimed = {MemberId(state.clients[i], i) for i, at in state.last_claim.items() if now - at <= 2 * HB}
     counts = {member: held.get(member, 0) for member in set(held) | claimed}
-    askers = {MemberId(state.clients[i], i) for i, at in state.last_refused_claim.items()
-              if now - at <= 2 * HB and state.last_claim.get(i) == at}  # fmt: skip
+    askers = {
+        MemberId(state.clients[i], i)
+        for i, at in state.last_refused_claim.items()
+        if now - at <= 2 * HB and state.last_claim.get(i) == at
+    }
     return counts, askers, max((n for m, n in counts.items() if m != me), default=0)
 
 
@@ -158,8 +175,11 @@ def release_requests_by_scan(state: WorldState, owner: MemberId) -> frozenset[tu
 
 
 @settings(max_examples=examples(150), suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
-       st.lists(st.sampled_from(CLIENTS), min_size=1, max_size=3))  # fmt: skip
+@given(
+    logs(),
+    st.lists(st.sampled_from([-3 * HB, -HB, 0, 1, HB, 2 * HB, 2 * HB + 1, 5 * HB]), min_size=1, max_size=4),
+    st.lists(st.sampled_from(CLIENTS), min_size=1, max_size=3),
+)
 def test_kept_answers_of_free_partitions_and_holdings_are_the_scans_between_records(
     log: list[codec.Record], lags: list[int], askers: list[tuple[str, str]]
 ) -> None:

@@ -18,8 +18,16 @@ from marshal_workers.simulation.sim_config import SimConfig
 def mixed(*faults: str, **fields: Any) -> SimConfig:
     """24 partitions over 4 topics: t0 shared, t1 shared and at most once, t2 and t3 whole and at most once (12
     whole partitions: 8 over 3 members can settle at 4/2/2, which the fair balance leaves as it is)."""
-    config = SimConfig(partitions=24, members=3, topics=4, shared_topics=2, amo_topics=3, heartbeat_s=2.0,
-                       duration_s=90.0, faults=tuple(parse_fault(f) for f in faults))  # fmt: skip
+    config = SimConfig(
+        partitions=24,
+        members=3,
+        topics=4,
+        shared_topics=2,
+        amo_topics=3,
+        heartbeat_s=2.0,
+        duration_s=90.0,
+        faults=tuple(parse_fault(f) for f in faults),
+    )
     return replace(config, **fields)
 
 

@@ -47,8 +47,9 @@ def test_a_stall_of_one_coordination_partition_leaves_the_other_alone() -> None:
     """Two coordination partitions, topics t0 and t1 routed one to each: during a stall of one, only the
     partitions of the topic routed there go unheard; the fleet recovers with every invariant held."""
     for stalled in (0, 1):
-        config = small(f"stall-log@10s:partition={stalled},for=5s", topics=2, coordination_partitions=2,
-                       duration_s=60.0, seed=2)  # fmt: skip
+        config = small(
+            f"stall-log@10s:partition={stalled},for=5s", topics=2, coordination_partitions=2, duration_s=60.0, seed=2
+        )
         sim = Simulation(config)
         unheard: dict[str, set[bool]] = {}
 

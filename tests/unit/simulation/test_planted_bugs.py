@@ -40,8 +40,10 @@ def test_the_real_fold_holds_where_the_planted_one_breaks() -> None:
 def test_a_broken_run_says_how_to_replay_it_and_shrinks_it(monkeypatch: pytest.MonkeyPatch) -> None:
     takes_live_claims(monkeypatch)
     ticks = iter(range(1000))
-    report = run(small("freeze@10s:member=0,for=7s", members=6, seed=0, balance="greedy", duration_s=40.0),
-                 lambda: float(next(ticks)))  # fmt: skip
+    report = run(
+        small("freeze@10s:member=0,for=7s", members=6, seed=0, balance="greedy", duration_s=40.0),
+        lambda: float(next(ticks)),
+    )
     assert report["violations"]
     assert report["replay"].startswith("marshal-workers simulate --partitions 12 --members 6 ")
     assert "--seed 0 --fault freeze@10s:member=0,for=7s" in report["replay"]
@@ -63,8 +65,10 @@ def caught_by(invariant: str, configs: list[SimConfig]) -> list[dict[str, Any]]:
 def test_a_member_core_that_holds_a_lease_past_the_folds_takeover_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2.5 HB after the accepted record: past the 2*HB after which the fold lets another member take over.
     monkeypatch.setattr(partition_holding, "lease_until", lambda written_ms, hb_ms: written_ms + int(2.5 * hb_ms))
-    caught = caught_by("one live owner", [small("freeze@10s:for=7s", seed=seed, balance="greedy", duration_s=30.0)
-                                          for seed in range(ENOUGH_SEEDS)])  # fmt: skip
+    caught = caught_by(
+        "one live owner",
+        [small("freeze@10s:for=7s", seed=seed, balance="greedy", duration_s=30.0) for seed in range(ENOUGH_SEEDS)],
+    )
     assert caught, f"no seed of {ENOUGH_SEEDS} caught the planted bug"
     assert "lease runs" in caught[0]["detail"]
 
@@ -73,9 +77,13 @@ def test_a_member_core_that_takes_an_unconfirmed_batch_claim_for_claimed_is_caug
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     answers = at_most_once.ClaimAnswer
-    monkeypatch.setattr(at_most_once, "answer_of", lambda verdict: answers.REFUSED if verdict is False else answers.CLAIMED)
-    caught = caught_by("at most once", [mixed("lose-writes@10s:members=1,for=10s", duration_s=30.0, seed=seed)
-                                        for seed in range(ENOUGH_SEEDS)])  # fmt: skip
+    monkeypatch.setattr(
+        at_most_once, "answer_of", lambda verdict: answers.REFUSED if verdict is False else answers.CLAIMED
+    )
+    caught = caught_by(
+        "at most once",
+        [mixed("lose-writes@10s:members=1,for=10s", duration_s=30.0, seed=seed) for seed in range(ENOUGH_SEEDS)],
+    )
     assert caught, f"no seed of {ENOUGH_SEEDS} caught the planted bug"
     assert "handled a second time" in caught[0]["detail"]
 

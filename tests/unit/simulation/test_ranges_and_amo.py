@@ -28,13 +28,39 @@ def test_same_seed_same_run_with_shared_and_amo_topics() -> None:
 
 
 def test_same_seed_same_output_across_processes() -> None:
-    command = [sys.executable, "-m", "marshal_workers", "simulate", "--partitions", "8", "--members", "2",
-               "--topics", "2", "--shared-topics", "1", "--amo-topics", "2", "--duration", "20s", "--seed", "5",
-               "--fault", "crash@5s:members=1", "--json"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "simulate",
+        "--partitions",
+        "8",
+        "--members",
+        "2",
+        "--topics",
+        "2",
+        "--shared-topics",
+        "1",
+        "--amo-topics",
+        "2",
+        "--duration",
+        "20s",
+        "--seed",
+        "5",
+        "--fault",
+        "crash@5s:members=1",
+        "--json",
+    ]
     outputs = []
     for hash_seed in ("1", "2"):
-        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONHASHSEED": hash_seed})  # fmt: skip
+        done = subprocess.run(
+            command,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         report.pop("wall")

@@ -63,8 +63,10 @@ def test_orders_are_obeyed_and_restarts_start_at_checkpoints_with_every_invarian
 
 
 def test_orders_do_what_they_say() -> None:
-    faults = tuple(parse_fault(f) for f in ("order@10s:drain,member=1", "order@20s:shutdown,member=2",
-                                            "order@30s:pause,topic=t0,for=8s"))  # fmt: skip
+    faults = tuple(
+        parse_fault(f)
+        for f in ("order@10s:drain,member=1", "order@20s:shutdown,member=2", "order@30s:pause,topic=t0,for=8s")
+    )
     simulation = Simulation(small(seed=3, duration_s=60.0, members=4, faults=faults))
     report = simulation.run()
     assert report["violations"] == []
@@ -81,8 +83,10 @@ def test_a_drained_member_claims_again_once_resumed() -> None:
     simulation = Simulation(small(seed=1, duration_s=90.0, faults=faults))
     report = simulation.run()
     assert report["violations"] == []
-    shares = [sum(1 for key in simulation.keys if simulation.oracle.owner(*key) == host.member.me)  # type: ignore[union-attr]
-              for host in simulation.hosts]  # fmt: skip
+    shares = [
+        sum(1 for key in simulation.keys if simulation.oracle.owner(*key) == host.member.me)  # type: ignore[union-attr]
+        for host in simulation.hosts
+    ]
     assert shares == [4, 4, 4], "balanced again, the resumed member with its share"
 
 
@@ -95,9 +99,28 @@ def test_the_same_seed_gives_the_same_run_with_orders_and_checkpoints() -> None:
 
 def test_two_processes_with_different_str_hashing_print_the_same_json() -> None:
     faults = [arg for fault in (*ORDERS, *RESTARTS) for arg in ("--fault", fault)]
-    command = [sys.executable, "-m", "marshal_workers", "simulate", "--partitions", "12", "--members", "3",
-               "--duration", "60s", "--seed", "5", "--coordination-partitions", "2", "--topics", "2",
-               "--checkpoint-interval", "5s", "--json", *faults]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "simulate",
+        "--partitions",
+        "12",
+        "--members",
+        "3",
+        "--duration",
+        "60s",
+        "--seed",
+        "5",
+        "--coordination-partitions",
+        "2",
+        "--topics",
+        "2",
+        "--checkpoint-interval",
+        "5s",
+        "--json",
+        *faults,
+    ]
     reports = []
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
@@ -159,17 +182,35 @@ def test_orders_read_back_as_written_and_replay_with_checkpoints() -> None:
     assert " --checkpoint-interval 5s --fault order@12s:release,member=1 " in command
 
 
-@pytest.mark.parametrize(("text", "says"), [("order@10s", "ACTION one of release"),
-                                            ("order@10s:evict,member=1", "ACTION one of release"),
-                                            ("order@10s:drain,rate=3", "order takes member")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("order@10s", "ACTION one of release"),
+        ("order@10s:evict,member=1", "ACTION one of release"),
+        ("order@10s:drain,rate=3", "order takes member"),
+    ],
+)
 def test_a_bad_order_says_what_to_write(text: str, says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         parse_fault(text)
 
 
 def test_a_run_prints_what_orders_and_checkpoints_did() -> None:
-    args = ["simulate", "--partitions", "8", "--members", "3", "--duration", "40s", "--checkpoint-interval", "5s",
-            "--fault", "order@10s:release,member=0", "--fault", "crash@15s:member=1"]  # fmt: skip
+    args = [
+        "simulate",
+        "--partitions",
+        "8",
+        "--members",
+        "3",
+        "--duration",
+        "40s",
+        "--checkpoint-interval",
+        "5s",
+        "--fault",
+        "order@10s:release,member=0",
+        "--fault",
+        "crash@15s:member=1",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "order@10s:release,member=0: 1 partition(s) given up, the last after " in result.output

@@ -27,8 +27,12 @@ def test_heartbeats_report_lag_and_rate_as_a_real_supervisor_does() -> None:
     """A real supervisor's beats carry the worker's lag and consume rate; the simulated ones must too, or the
     simulated bytes per second are a third short of a real fleet's."""
     simulation = _run(duration_s=20.0)
-    beats = [beat for entry in simulation.log.partitions[0] if type(entry.record) is codec.Heartbeats
-             and entry.appended > 10 for beat in entry.record.beats]  # fmt: skip
+    beats = [
+        beat
+        for entry in simulation.log.partitions[0]
+        if type(entry.record) is codec.Heartbeats and entry.appended > 10
+        for beat in entry.record.beats
+    ]
     assert beats and all(beat.lag is not None and beat.rate is not None for beat in beats)
     assert all(beat.lag >= 0 for beat in beats) and any(beat.rate > 0 for beat in beats)
 
@@ -58,8 +62,11 @@ def test_a_position_lookup_delays_the_first_heartbeat_after_a_claim() -> None:
     that tells the log where it resumes comes at least half the lookup after the claim's verdict is read."""
     simulation = _run(duration_s=5.0, position_lookup_s=0.4)
     log = simulation.log.partitions[0]
-    claims = {(entry.record.client, entry.record.partition): entry.appended for entry in log
-              if type(entry.record) is codec.Claim}  # fmt: skip
+    claims = {
+        (entry.record.client, entry.record.partition): entry.appended
+        for entry in log
+        if type(entry.record) is codec.Claim
+    }
     beaten: dict[tuple[str, int], float] = {}
     for entry in log:
         if type(entry.record) is codec.Heartbeats:

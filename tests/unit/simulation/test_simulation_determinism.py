@@ -13,8 +13,18 @@ from sim_fleets import small
 from marshal_workers.simulation.simulator import simulate
 
 ROOT = Path(__file__).resolve().parents[3]
-FAULTS = ["--fault", "crash@10s:members=1", "--fault", "freeze@20s:for=7s", "--fault", "join@30s:members=2",
-          "--fault", "slow@5s:member=2,for=10s", "--fault", "lose-writes@40s:for=3s"]  # fmt: skip
+FAULTS = [
+    "--fault",
+    "crash@10s:members=1",
+    "--fault",
+    "freeze@20s:for=7s",
+    "--fault",
+    "join@30s:members=2",
+    "--fault",
+    "slow@5s:member=2,for=10s",
+    "--fault",
+    "lose-writes@40s:for=3s",
+]
 
 
 def test_the_same_seed_twice_gives_the_same_report() -> None:
@@ -26,8 +36,26 @@ def test_the_same_seed_twice_gives_the_same_report() -> None:
 
 
 def simulate_in_a_process(hash_seed: str) -> dict:
-    command = [sys.executable, "-m", "marshal_workers", "simulate", "--partitions", "24", "--members", "4",
-               "--duration", "60s", "--seed", "5", "--coordination-partitions", "3", "--topics", "3", "--json", *FAULTS]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "marshal_workers",
+        "simulate",
+        "--partitions",
+        "24",
+        "--members",
+        "4",
+        "--duration",
+        "60s",
+        "--seed",
+        "5",
+        "--coordination-partitions",
+        "3",
+        "--topics",
+        "3",
+        "--json",
+        *FAULTS,
+    ]
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -21,9 +21,18 @@ from marshal_workers.simulation.simulator import simulate
 
 Plant = Callable[[pytest.MonkeyPatch], None] | None  # a bug to plant in what ships, for the run
 
-MIX = ["crash@10s:members=1", "freeze@20s:for=7s", "lose-writes@30s:for=5s", "stall-reads@35s:for=5s",
-       "skew@0s:by=3s", "join@40s:members=2", "leave@45s", "slow@5s:for=15s", "deaf@50s:for=7s",
-       "stall-log@58s:for=5s"]  # fmt: skip
+MIX = [
+    "crash@10s:members=1",
+    "freeze@20s:for=7s",
+    "lose-writes@30s:for=5s",
+    "stall-reads@35s:for=5s",
+    "skew@0s:by=3s",
+    "join@40s:members=2",
+    "leave@45s",
+    "slow@5s:for=15s",
+    "deaf@50s:for=7s",
+    "stall-log@58s:for=5s",
+]
 
 # name: (the first 32 hex digits of ownership_digest, records, violations)
 PINNED = {
@@ -63,16 +72,41 @@ def fleets() -> dict[str, tuple[SimConfig, Plant]]:
         for balance in ("fair", "greedy"):
             cases[f"{kind}, {balance}"] = (small(fault, seed=1, balance=balance), None)
     for balance in ("fair", "greedy"):
-        cases[f"every kind, {balance}"] = (SimConfig(partitions=12, members=3, duration_s=150.0, seed=2, balance=balance,
-                                                     faults=tuple(map(parse_fault, MIX))), None)  # fmt: skip
-    cases["docs"] = (SimConfig(partitions=256, members=4, duration_s=180.0, seed=7,
-                               faults=(parse_fault("crash@60s:members=1"), parse_fault("freeze@100s:member=2,for=6s"))),
-                     None)  # fmt: skip
-    faults = ["crash@10s:members=1", "freeze@20s:for=7s", "join@30s:members=2", "slow@5s:member=2,for=10s",
-              "lose-writes@40s:for=3s"]  # fmt: skip
-    cases["three coordination partitions"] = (SimConfig(partitions=24, members=4, duration_s=60.0, seed=5,
-                                                        coordination_partitions=3, topics=3,
-                                                        faults=tuple(map(parse_fault, faults))), None)  # fmt: skip
+        cases[f"every kind, {balance}"] = (
+            SimConfig(
+                partitions=12, members=3, duration_s=150.0, seed=2, balance=balance, faults=tuple(map(parse_fault, MIX))
+            ),
+            None,
+        )
+    cases["docs"] = (
+        SimConfig(
+            partitions=256,
+            members=4,
+            duration_s=180.0,
+            seed=7,
+            faults=(parse_fault("crash@60s:members=1"), parse_fault("freeze@100s:member=2,for=6s")),
+        ),
+        None,
+    )
+    faults = [
+        "crash@10s:members=1",
+        "freeze@20s:for=7s",
+        "join@30s:members=2",
+        "slow@5s:member=2,for=10s",
+        "lose-writes@40s:for=3s",
+    ]
+    cases["three coordination partitions"] = (
+        SimConfig(
+            partitions=24,
+            members=4,
+            duration_s=60.0,
+            seed=5,
+            coordination_partitions=3,
+            topics=3,
+            faults=tuple(map(parse_fault, faults)),
+        ),
+        None,
+    )
     cases["planted"] = (small("freeze@10s:for=7s", seed=0, balance="greedy", duration_s=30.0), takes_live_claims)
     return cases
 

@@ -30,7 +30,10 @@ def test_every_lease_is_audited_with_how_it_ended() -> None:
     log = [
         (rec(codec.ClaimRanges, "a", T0, lease_ms=5000, ranges=(entry(0, 0, 10), entry(0, 10, 20))), T0),
         (rec(codec.ClaimRanges, "b", T0 + 10, lease_ms=5000, ranges=(entry(0, 20, 30), entry(1, 0, 10))), T0 + 10),
-        (rec(codec.AckRanges, "a", T0 + 400, ranges=(entry(0, 0, 10, codec.AckEntry, failed=(3,), dead=(5,)),)), T0 + 400),
+        (
+            rec(codec.AckRanges, "a", T0 + 400, ranges=(entry(0, 0, 10, codec.AckEntry, failed=(3,), dead=(5,)),)),
+            T0 + 400,
+        ),
         (rec(codec.CancelRanges, "b", T0 + 500, ranges=(entry(1, 0, 10),)), T0 + 500),
         (rec(codec.AckRanges, "b", T0 + 600, ranges=(entry(0, 10, 20, codec.AckEntry),)), T0 + 600),  # not b's: refused
         (rec(codec.RenewRanges, "a", T0 + 3000, lease_ms=5000, ranges=(entry(0, 10, 20),)), T0 + 3000),
@@ -55,8 +58,10 @@ def test_every_lease_is_audited_with_how_it_ended() -> None:
 def test_an_at_most_once_lease_that_lapses_is_audited_as_such() -> None:
     log = [
         (rec(codec.ClaimRanges, "a", T0, lease_ms=1000, amo=True, ranges=(entry(0, 0, 50),)), T0),
-        (rec(codec.ClaimRanges, "b", T0 + 2000, lease_ms=1000, amo=True, ranges=(entry(0, 0, 50), entry(0, 50, 60))),
-         T0 + 2000),
+        (
+            rec(codec.ClaimRanges, "b", T0 + 2000, lease_ms=1000, amo=True, ranges=(entry(0, 0, 50), entry(0, 50, 60))),
+            T0 + 2000,
+        ),
     ]
     leases = audit(*log)
     assert [(lease.outcome, lease.amo, lease.start) for lease in leases] == [("lapsed", 1, 0), ("open", 1, 50)]

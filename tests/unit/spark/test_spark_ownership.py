@@ -63,8 +63,13 @@ def test_a_clean_release_is_a_hand_over_from_the_release() -> None:
     assert handoff.resume_offset == 30
     first, second = sorted(of(events, Tenure), key=lambda t: t.start_ms)
     assert (first.client, first.start_ms, first.end_ms, first.end_reason, first.last_seen_ms, first.end_offset) == (
-        "a", T0, T0 + 1500, "release", T0 + 500, 30,
-    )  # fmt: skip
+        "a",
+        T0,
+        T0 + 1500,
+        "release",
+        T0 + 500,
+        30,
+    )
     assert (second.client, second.end_ms, second.end_reason) == ("b", None, None)  # still the owner
     assert of(events, Zombie) == []
 
@@ -118,8 +123,12 @@ def test_zombies_are_non_owners_heartbeating_or_claiming_messages_while_someone_
     assert (b.claim_messages, b.zombie_records, b.first_ms, b.last_ms) == (1, 2, T0 + 1, T0 + 400)
     a = counts["a"]
     assert (a.records, a.claims_accepted, a.releases_accepted, a.claim_messages, a.claim_messages_accepted) == (
-        3, 1, 1, 1, 0,
-    )  # fmt: skip
+        3,
+        1,
+        1,
+        1,
+        0,
+    )
 
 
 def test_an_owner_renewing_its_own_lapsed_claim_keeps_its_tenure() -> None:
@@ -195,13 +204,17 @@ def test_auditing_each_coordination_partition_alone_agrees_with_the_whole_fold(b
 
     events = []
     for source, entries in by_source.items():
-        events += feed_all(OwnershipAudit(bench.BUSY_GROUP, bench.HB_MS, bench.COORDINATION_PARTITIONS, source), entries)
+        events += feed_all(
+            OwnershipAudit(bench.BUSY_GROUP, bench.HB_MS, bench.COORDINATION_PARTITIONS, source), entries
+        )
 
     summaries = of(events, LogSummary)
     assert sum(s.records for s in summaries) == whole.stats.applied
     assert sum(s.accepted for s in summaries) == whole.stats.accepted
     assert sum(s.partitions for s in summaries) == len(whole.partitions)
-    still_owned = {(t.topic, t.partition): MemberId(t.client, t.instance) for t in of(events, Tenure) if t.end_ms is None}
+    still_owned = {
+        (t.topic, t.partition): MemberId(t.client, t.instance) for t in of(events, Tenure) if t.end_ms is None
+    }
     assert still_owned == {key: p.owner for key, p in whole.partitions.items() if p.owner is not None}
 
     handoffs, zombies = of(events, Handoff), of(events, Zombie)
@@ -249,9 +262,12 @@ def test_operators_orders_are_folded_and_the_hand_overs_they_cause_audited_as_us
         rec(codec.ReleasePartition, "admin@ops", "o1", 300),
     ]
     audit, events = audit_of(
-        rec(codec.Claim, "a", "a1", 0), *orders, rec(codec.Release, "a", "a1", 500, offset=9),
-        rec(codec.Claim, "a", "a1", 600), rec(codec.Claim, "b", "b1", 700),
-    )  # fmt: skip
+        rec(codec.Claim, "a", "a1", 0),
+        *orders,
+        rec(codec.Release, "a", "a1", 500, offset=9),
+        rec(codec.Claim, "a", "a1", 600),
+        rec(codec.Claim, "b", "b1", 700),
+    )
     [handoff] = of(events, Handoff)
     assert (handoff.kind, handoff.from_client, handoff.to_client) == ("release", "a", "b")
     assert audit.state.is_drained("a"), "a's claim after the drain was refused"

@@ -26,8 +26,15 @@ class Watch:
         self.table = Table()
         self.stopped_with: list[int] = []
         settings = Settings(group="g", coordination_topic="__marshal")
-        self.watch = TopicWatch(self.table, app, settings, admin=None, coordination_partitions=partitions,  # type: ignore[arg-type]
-                                log=logging.getLogger("test"), fail=self.stopped_with.append)  # fmt: skip
+        self.watch = TopicWatch(
+            self.table,
+            app,
+            settings,
+            admin=None,
+            coordination_partitions=partitions,  # type: ignore[arg-type]
+            log=logging.getLogger("test"),
+            fail=self.stopped_with.append,
+        )
 
     def sees(self, metadata: SimpleNamespace) -> None:
         self.watch.apply(metadata)

@@ -32,8 +32,14 @@ class Claims:
         self.counters = Counters()
         self.writes = RecordedWrites()
         coordinator = Coordinator(settings(), instance="i")  # not started: it only builds the records
-        self.component = MessageClaims(self.table, coordinator, self.writes, settings(), self.counters,  # type: ignore[arg-type]
-                                       logging.getLogger("test"))  # fmt: skip
+        self.component = MessageClaims(
+            self.table,
+            coordinator,
+            self.writes,
+            settings(),
+            self.counters,  # type: ignore[arg-type]
+            logging.getLogger("test"),
+        )
 
     @property
     def assignments(self) -> dict[Any, Assignment]:

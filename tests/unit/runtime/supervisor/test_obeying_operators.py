@@ -28,12 +28,21 @@ class Obeying:
         self.held_back: set[str] = set()
         for partition in (0, 1):
             self.table.assignments[("orders", partition)] = Assignment("orders", partition, new_slot(0))
-            self.coordinator.fold(codec.Claim(**record_of(self.coordinator.me, TS - 10), topic="orders", partition=partition))
+            self.coordinator.fold(
+                codec.Claim(**record_of(self.coordinator.me, TS - 10), topic="orders", partition=partition)
+            )
         self.remote = RemoteControl(
-            self.table, self.coordinator, settings(), logging.getLogger("test"), started_ms=TS - 100,
-            hand_over=self.hand_over, drain=self.drain, shut_down=self.shut_down, hold_back_shared=self.hold_back,
+            self.table,
+            self.coordinator,
+            settings(),
+            logging.getLogger("test"),
+            started_ms=TS - 100,
+            hand_over=self.hand_over,
+            drain=self.drain,
+            shut_down=self.shut_down,
+            hold_back_shared=self.hold_back,
             shared_topics=["thumbs"],
-        )  # fmt: skip
+        )
 
     def hand_over(self, assignment: Assignment, reason: str) -> None:
         self.given_back.append(assignment.key)

@@ -41,8 +41,12 @@ def test_a_drained_client_cannot_claim_until_resumed_but_keeps_what_it_holds() -
     state = fold(claim(A1, 1), control("drain", "a", 2))
     assert state.owner("orders", 0) == A1, "the fold drops no owner: the drained member releases it itself"
     assert not state.apply(claim(A1, 3, partition=1), 3), "no new claim while drained"
-    assert not state.apply(codec.ClaimRanges(**common(A1, 4), topic="thumbs", lease_ms=HB,
-                                             ranges=(codec.RangeEntry(partition=0, offset=0, end=10),)), 4)  # fmt: skip
+    assert not state.apply(
+        codec.ClaimRanges(
+            **common(A1, 4), topic="thumbs", lease_ms=HB, ranges=(codec.RangeEntry(partition=0, offset=0, end=10),)
+        ),
+        4,
+    )
     assert state.apply(claim(B1, 5, partition=1), 5), "other clients claim as usual"
     assert not state.is_free("orders", 2, 6, "a", "a1") and state.is_free("orders", 2, 6, "b", "b1")
     assert state.apply(control("resume", "a", 7), 7)
@@ -75,9 +79,13 @@ def test_a_release_request_lasts_as_long_as_the_owner_it_was_made_to() -> None:
 
 
 def test_a_supervisor_reads_its_orders() -> None:
-    state = fold(claim(A1, 1), claim(A1, 1, partition=1), claim(B1, 1, partition=2),
-                 codec.ReleasePartition(**common("admin@ops", 2), topic="orders", partition=1),
-                 codec.PauseTopic(**common("admin@ops", 2), topic="payments", expires=50))  # fmt: skip
+    state = fold(
+        claim(A1, 1),
+        claim(A1, 1, partition=1),
+        claim(B1, 1, partition=2),
+        codec.ReleasePartition(**common("admin@ops", 2), topic="orders", partition=1),
+        codec.PauseTopic(**common("admin@ops", 2), topic="payments", expires=50),
+    )
     assert orders_for(state, A1, started_ms=0, now_ms=10) == Orders(
         paused_topics=frozenset({"payments"}), release=frozenset({("orders", 1)})
     )
@@ -111,8 +119,11 @@ def test_malformed_orders_are_garbage_and_change_nothing(value: bytes) -> None:
 
 
 def test_status_and_log_show_the_orders() -> None:
-    state = fold(claim(A1, 1), control("drain", "b", 2),
-                 codec.PauseTopic(**common("admin@ops", 3), topic="orders", expires=2**63 - 1))  # fmt: skip
+    state = fold(
+        claim(A1, 1),
+        control("drain", "b", 2),
+        codec.PauseTopic(**common("admin@ops", 3), topic="orders", expires=2**63 - 1),
+    )
     document = status_document(state, 10)
     assert document["drained"] == [{"client": "b", "since": 2}]
     assert document["paused_topics"] == [{"topic": "orders", "until": 2**63 - 1}]
@@ -125,4 +136,6 @@ def test_status_and_log_show_the_orders() -> None:
     ended = codec.PauseTopic(**common("admin@ops", 3), topic="orders", expires=0)
     assert str(format_record(codec.encode(ended), 0, 6, "g")).endswith("orders (ends its pause)")
     request = codec.ReleasePartition(**common("admin@ops", 4), topic="orders", partition=3)
-    assert str(format_record(codec.encode(request), 0, 7, "g")).endswith("release_partition admin@ops/admin@ops-1 orders[3]")
+    assert str(format_record(codec.encode(request), 0, 7, "g")).endswith(
+        "release_partition admin@ops/admin@ops-1 orders[3]"
+    )

@@ -42,9 +42,17 @@ class Member:
         self.counters = Counters()
         self.seconds = 0.0  # the monotonic clock, moved with the coordinator's
         self.claims = PartitionClaims(
-            self.table, self.coordinator, self.writes, self.offsets, config, {"t": (0.0, 0.0)},  # type: ignore[arg-type]
-            self.counters, logging.getLogger("test"), new_slot=new_slot, clock=lambda: self.seconds,
-        )  # fmt: skip
+            self.table,
+            self.coordinator,
+            self.writes,
+            self.offsets,
+            config,
+            {"t": (0.0, 0.0)},  # type: ignore[arg-type]
+            self.counters,
+            logging.getLogger("test"),
+            new_slot=new_slot,
+            clock=lambda: self.seconds,
+        )
 
     def pass_at(self, seconds: float) -> None:
         """A pass of the loop ``seconds`` after the start, then every write it made decided by the log."""
@@ -81,8 +89,10 @@ def test_a_partition_whose_position_kafka_does_not_tell_is_left_unclaimed_rather
 def test_a_partition_released_in_the_log_resumes_at_the_released_offset() -> None:
     member = Member(partitions=1)
     ts = round(NOW_S * 1000) - 10
-    member.coordinator.fold(codec.Claim(**record_of(OTHER, ts - 1), topic="t", partition=0),
-                            codec.Release(**record_of(OTHER, ts), topic="t", partition=0, offset=500))  # fmt: skip
+    member.coordinator.fold(
+        codec.Claim(**record_of(OTHER, ts - 1), topic="t", partition=0),
+        codec.Release(**record_of(OTHER, ts), topic="t", partition=0, offset=500),
+    )
     member.pass_at(0.0)
     assert member.held(0).started_offset == 500
 
@@ -190,8 +200,9 @@ def test_a_partition_being_handed_over_is_not_judged_sick_while_its_worker_finis
     member.coordinator.fold(codec.Claim(**record_of(other, round(NOW_S * 1000)), topic="u", partition=0))
     member.claims.give_back(assignment)
     for seconds in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0):
-        member.coordinator.fold(codec.Claim(**record_of(other, round((NOW_S + seconds) * 1000)), topic="u",
-                                            partition=0))  # fmt: skip
+        member.coordinator.fold(
+            codec.Claim(**record_of(other, round((NOW_S + seconds) * 1000)), topic="u", partition=0)
+        )
         member.pass_at(seconds)
     assert assignment.handing_over and not assignment.unhealthy
     member.claims.release_handed_over(assignment)

@@ -41,10 +41,14 @@ def test_members_pick_at_random_among_the_lowest_ranges_so_they_rarely_race() ->
 def test_candidates_start_where_the_group_starts_and_stop_at_the_end() -> None:
     world = WorldState("g", 1000)
     shared = topic(p0=250, p1=0)
-    found, _members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
+    found, _members, unknown = free_candidates(
+        world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0
+    )
     assert (found, unknown) == ({}, [0, 1]), "a partition never leased needs its start looked up first"
     shared.initial = {0: 50, 1: 0}
-    found, _members, unknown = free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0)
+    found, _members, unknown = free_candidates(
+        world, "thumbs", shared.ends.ends, shared.initial, NOW, size=100, want=4, idle=0
+    )
     assert found == {0: [(50, 150, 0)], 1: [(0, 1, 0)]} and unknown == []
 
 
@@ -55,12 +59,15 @@ def test_a_partition_read_to_its_end_gets_a_one_offset_range_only_for_an_idle_wo
     assert state.ack(0, 100, MemberId("a", "1"), NOW - 5, (), (), high=100)
     shared = topic(p0=100)
     assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=0)[0] == {0: []}
-    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=1)[0] == {0: [(100, 101, 0)]}
+    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 4, idle=1)[0] == {
+        0: [(100, 101, 0)]
+    }
     # The end the holders' fetches saw (in the acks) counts when ListOffsets under-reports it.
     assert state.claim(100, 101, MemberId("a", "1"), NOW - 4, 60_000, False)
     assert state.ack(100, 101, MemberId("a", "1"), NOW - 3, (), (), high=400)
-    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 2, idle=0)[0] == {0: [(101, 201, 0), (201, 301, 0),
-                                                                                 (301, 400, 0)]}  # fmt: skip
+    assert free_candidates(world, "thumbs", shared.ends.ends, shared.initial, NOW, 100, 2, idle=0)[0] == {
+        0: [(101, 201, 0), (201, 301, 0), (301, 400, 0)]
+    }
 
 
 def test_a_range_that_starts_where_a_worker_stands_is_picked_first_so_its_consumer_reads_on() -> None:
@@ -78,13 +85,16 @@ def test_a_worker_that_wants_two_ranges_gets_two_that_follow_one_another_where_i
     # partition waits tens of milliseconds for a fresh fetch there), whatever the random spread would pick.
     candidates = {p: [(s, s + 10, 0) for s in range(0, 100, 10)] for p in range(2)}
     for seed in range(50):
-        picked = pick_ranges(candidates, want=4, members=1, rng=random.Random(seed),
-                             follow=[(0, 30), (0, 30), (1, 60), (1, 60)])  # fmt: skip
+        picked = pick_ranges(
+            candidates, want=4, members=1, rng=random.Random(seed), follow=[(0, 30), (0, 30), (1, 60), (1, 60)]
+        )
         assert picked == [(0, 30, 40, 0), (0, 40, 50, 0), (1, 60, 70, 0), (1, 70, 80, 0)]
     # The chain stops where the free ranges do (the next one is someone else's): the rest is spread as before.
     gap = {0: [(30, 40, 0), (50, 60, 0)]}
-    assert pick_ranges(gap, want=2, members=1, rng=random.Random(3), follow=[(0, 30), (0, 30)]) == [(0, 30, 40, 0),
-                                                                                                   (0, 50, 60, 0)]  # fmt: skip
+    assert pick_ranges(gap, want=2, members=1, rng=random.Random(3), follow=[(0, 30), (0, 30)]) == [
+        (0, 30, 40, 0),
+        (0, 50, 60, 0),
+    ]
 
 
 def test_a_worker_stands_where_its_last_lease_ends_or_where_it_last_settled() -> None:

@@ -46,8 +46,14 @@ class Pool:
         self.offsets = FakeOffsets(ends={(TOPIC, p): end for p in range(partitions)})
         self.context = FakeContext()
         self.now = MONO_S
-        self.pool = SharedPool(app, "app:app", config, group_log(logging.getLogger("test"), "g"),
-                               lambda topic: partitions, clock=lambda: self.now)  # fmt: skip
+        self.pool = SharedPool(
+            app,
+            "app:app",
+            config,
+            group_log(logging.getLogger("test"), "g"),
+            lambda topic: partitions,
+            clock=lambda: self.now,
+        )
         self.pool.attach(self.context, self.coordinator, self.writes, self.offsets)  # type: ignore[arg-type]
 
     def pass_at(self, seconds: float) -> None:
@@ -95,8 +101,12 @@ class Pool:
     def leases_in_log(self) -> set[tuple[int, int, int]]:
         """(partition, start, end) of every lease the log shows us holding now."""
         now_ms = round(self.coordinator.now_s * 1000)
-        return {(p, lease.start, lease.end) for (t, p), state in self.coordinator.world.shared.items()
-                for lease in state.live_leases(now_ms) if t == TOPIC and lease.holder == ME}  # fmt: skip
+        return {
+            (p, lease.start, lease.end)
+            for (t, p), state in self.coordinator.world.shared.items()
+            for lease in state.live_leases(now_ms)
+            if t == TOPIC and lease.holder == ME
+        }
 
 
 @pytest.fixture
@@ -129,8 +139,11 @@ def test_a_settled_range_is_done_in_the_log_but_its_failed_offset_and_the_worker
     pool.supplied()
     first = leases(pool.told(0))[0]
     start, end = first.start, first.end
-    pool.say(0, Started(first.partition, start),
-             Settled(first.partition, start, end, failed=(start + 5,), dead=(start + 7,), handled=98, high=1000))  # fmt: skip
+    pool.say(
+        0,
+        Started(first.partition, start),
+        Settled(first.partition, start, end, failed=(start + 5,), dead=(start + 7,), handled=98, high=1000),
+    )
 
     pool.pass_at(0.1)
 
@@ -207,9 +220,12 @@ def test_a_stop_lets_each_worker_finish_its_range_and_settles_everything_before_
     pool.pool.begin_stop()
     assert all(any(isinstance(m, Stop) for m in pool.told(i)) for i in range(2))
     (done, given_back), untouched = mine[0], mine[1]
-    pool.say(0, Started(done.partition, done.start),
-             Settled(done.partition, done.start, done.end, (), (), handled=100, high=None),
-             Returned(given_back.partition, given_back.start, given_back.end))  # fmt: skip
+    pool.say(
+        0,
+        Started(done.partition, done.start),
+        Settled(done.partition, done.start, done.end, (), (), handled=100, high=None),
+        Returned(given_back.partition, given_back.start, given_back.end),
+    )
     pool.say(1, *(Returned(m.partition, m.start, m.end) for m in untouched))
     pool.pass_at(0.1)
     assert not pool.pool.stopped(), "the workers are still running"
@@ -227,8 +243,11 @@ def test_a_stop_lets_each_worker_finish_its_range_and_settles_everything_before_
 def test_a_settlement_the_log_did_not_confirm_is_written_again_until_the_shutdown_timeout(pool: Pool) -> None:
     pool.supplied()
     done, _ = leases(pool.told(0))
-    pool.say(0, Started(done.partition, done.start),
-             Settled(done.partition, done.start, done.end, (), (), handled=100, high=None))  # fmt: skip
+    pool.say(
+        0,
+        Started(done.partition, done.start),
+        Settled(done.partition, done.start, done.end, (), (), handled=100, high=None),
+    )
     pool.now = MONO_S + 0.1
     pool.pool.step()
     (ack,) = pool.writes.of("range ack")

@@ -19,8 +19,15 @@ def test_the_start_line_shows_the_effective_group_and_settings_not_the_apps_argu
     line = start_line(app, "tasks:app", settings, "host-a", "5f1c")
     assert line.startswith("supervisor host-a/5f1c running tasks:app (topics orders; shared thumbs) in group billing ")
     assert "on k1:9092: " in line
-    for shown in ("balance=fair", "heartbeat_interval=5s", "max_partitions=0", "shutdown_timeout=30s",
-                  "max_memory_per_worker=512MB", "processes=3", "coordination_topic=__marshal"):  # fmt: skip
+    for shown in (
+        "balance=fair",
+        "heartbeat_interval=5s",
+        "max_partitions=0",
+        "shutdown_timeout=30s",
+        "max_memory_per_worker=512MB",
+        "processes=3",
+        "coordination_topic=__marshal",
+    ):
         assert shown in line, shown
     assert "None" not in line and "App(" not in line
     assert "crash_limit" not in line, "settings left at their defaults are not listed (but the main ones)"

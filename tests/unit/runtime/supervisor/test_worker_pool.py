@@ -56,9 +56,17 @@ class Pool:
         self.counters = Counters()
         self.failures: list[int] = []
         self.pool = WorkerPool(
-            self.table, self.releases, app, "m:app", settings(crash_limit=crash_limit), {"t": (0.0, 0.0)},
-            self.counters, logging.getLogger("test"), start_process=self.starter, fail=self.failures.append,
-        )  # fmt: skip
+            self.table,
+            self.releases,
+            app,
+            "m:app",
+            settings(crash_limit=crash_limit),
+            {"t": (0.0, 0.0)},
+            self.counters,
+            logging.getLogger("test"),
+            start_process=self.starter,
+            fail=self.failures.append,
+        )
 
     def claimed(self, partition: int = 0, offset: int = 0) -> Assignment:
         """A partition just claimed, queued for its worker, as PartitionClaims leaves it."""
@@ -122,7 +130,11 @@ def test_a_message_a_worker_keeps_dying_on_is_dead_lettered_not_the_partition_re
     pool.pool.step(assignment.restart_at or 0.0)
     pool.exits(assignment, -9, at=assignment.restart_at or 0.0)
     assert pool.releases.released == []
-    assert (assignment.give_up_on, assignment.give_up_reason, assignment.restart_reason) == ((5, 6), "worker_lost", "poison")
+    assert (assignment.give_up_on, assignment.give_up_reason, assignment.restart_reason) == (
+        (5, 6),
+        "worker_lost",
+        "poison",
+    )
     pool.pool.step(assignment.restart_at or 0.0)
     assert pool.starter.started[-1].spec.give_up_on == (5, 6), "the next worker applies on_error to it, uncalled"
 

@@ -43,8 +43,14 @@ def test_at_most_once_handles_only_claimed_messages_and_a_stop_finishes_the_clai
     offsets = list(range(1, count + 1))
     claims = [ClaimAnswer.CLAIMED] * (refused_at or 0) + ([ClaimAnswer.REFUSED] if refused_at is not None else [])
     lease_end = clock() + lease_calls * CALL_S + CALL_S / 2 if lease_calls is not None else float("inf")
-    link = FakeLink(clock, [(clock(), r) for r in records(offsets)], start_offset=1, lease_end=lease_end, claims=claims,
-                    stop_when=lambda link: link.handled >= count or link.lapsed_waits > 0)  # fmt: skip
+    link = FakeLink(
+        clock,
+        [(clock(), r) for r in records(offsets)],
+        start_offset=1,
+        lease_end=lease_end,
+        claims=claims,
+        stop_when=lambda link: link.handled >= count or link.lapsed_waits > 0,
+    )
     calls: list[tuple[int, int, float]] = []  # (offset, the highest claimed end when it was called, when)
 
     def handle(msg: Message) -> None:
@@ -72,8 +78,9 @@ def test_at_most_once_handles_only_claimed_messages_and_a_stop_finishes_the_clai
 
 def test_a_batch_handler_at_least_once_reports_progress_after_each_whole_batch() -> None:
     clock = FakeClock()
-    link = FakeLink(clock, [(clock(), r) for r in records(range(1, 8))], start_offset=1,
-                    stop_when=lambda link: link.handled >= 7)  # fmt: skip
+    link = FakeLink(
+        clock, [(clock(), r) for r in records(range(1, 8))], start_offset=1, stop_when=lambda link: link.handled >= 7
+    )
     batches: list[list[int]] = []
     stores_then: list[tuple[int, int]] = []  # (progress stored, messages handled by then)
     link.fields.on_progress = lambda offset: stores_then.append((offset, sum(map(len, batches))))

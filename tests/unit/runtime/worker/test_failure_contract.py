@@ -101,8 +101,12 @@ def _records(values: list[bytes]) -> list[Any]:
 def _on_link(loop: str) -> Runner:
     def run(app: App, values: list[bytes], script: Script) -> Outcomes:
         clock = FakeClock()
-        link = FakeLink(clock, [(clock(), r) for r in _records(values)], start_offset=1,
-                        stop_when=lambda link: link.next_offset > len(values))  # fmt: skip
+        link = FakeLink(
+            clock,
+            [(clock(), r) for r in _records(values)],
+            start_offset=1,
+            stop_when=lambda link: link.next_offset > len(values),
+        )
         dead = DeadLetters()
         code = run_partition_loop(loop, link, dead, app.handler_in_worker(TOPIC))
         outcomes = []
@@ -178,11 +182,18 @@ def _run(runner: str, values: list[bytes], **options: Any) -> tuple[Outcomes, Sc
 @pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize(
     ("value", "calls", "final"),
-    [(b"ok", 1, False), (b"flaky", 2, False), (b"ignore", 1, False), (b"broken", RETRIES + 1, True),
-     (b"slow", RETRIES + 1, True), (b"reject", 1, True)],
-)  # fmt: skip
-def test_each_behaviour_has_the_same_outcome_in_every_runner(runner: str, value: bytes, calls: int,
-                                                              final: bool) -> None:  # fmt: skip
+    [
+        (b"ok", 1, False),
+        (b"flaky", 2, False),
+        (b"ignore", 1, False),
+        (b"broken", RETRIES + 1, True),
+        (b"slow", RETRIES + 1, True),
+        (b"reject", 1, True),
+    ],
+)
+def test_each_behaviour_has_the_same_outcome_in_every_runner(
+    runner: str, value: bytes, calls: int, final: bool
+) -> None:
     (outcomes, attempts, counts), _ = _run(runner, [b"ok", value, b"ok"])
 
     failed_as, after = _final(runner) if final else ("done", "done")

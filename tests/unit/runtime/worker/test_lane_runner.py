@@ -54,8 +54,9 @@ def run_lanes(
     """Run the lanes as worker.py builds them; every progress store and every published done set, each with what
     was done (handled or dead-lettered) at that moment."""
     app = App("billing")
-    app.handler(TOPIC, retries=RETRIES, retry_backoff=0.01, retry_jitter=False, concurrency=concurrency,
-                ordering=ordering)(script.handle)  # fmt: skip
+    app.handler(
+        TOPIC, retries=RETRIES, retry_backoff=0.01, retry_jitter=False, concurrency=concurrency, ordering=ordering
+    )(script.handle)
     dead = DeadLetters()
     reports: list[tuple[int, set[int]]] = []  # (an offset reported done, what was done then)
 
@@ -76,8 +77,9 @@ def run_lanes(
 
 
 def keys_for(offsets: list[int], data: Any) -> list[bytes | None]:
-    return data.draw(st.lists(st.sampled_from([b"a", b"b", b"c", None]), min_size=len(offsets),
-                              max_size=len(offsets)), label="keys")  # fmt: skip
+    return data.draw(
+        st.lists(st.sampled_from([b"a", b"b", b"c", None]), min_size=len(offsets), max_size=len(offsets)), label="keys"
+    )
 
 
 offsets_strategy = st.lists(st.integers(1, 3), min_size=1, max_size=30).map(
@@ -133,8 +135,13 @@ def test_nothing_is_begun_on_a_lapsed_lease(
     clock = FakeClock()
     start = clock()
     arrivals = [(start if i < late else start + late_by, r) for i, r in enumerate(records(offsets))]
-    link = FakeLink(clock, arrivals, start_offset=1, lease_end=start + lease_s,
-                    stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0)  # fmt: skip
+    link = FakeLink(
+        clock,
+        arrivals,
+        start_offset=1,
+        lease_end=start + lease_s,
+        stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0,
+    )
     script = Script(clock, {}, seed)
 
     code, _dead, reports = run_lanes(link, script, clock, concurrency)
@@ -146,8 +153,12 @@ def test_nothing_is_begun_on_a_lapsed_lease(
 
 def test_a_message_that_keeps_failing_holds_progress_until_it_is_dead_lettered_while_others_go_on() -> None:
     clock = FakeClock()
-    link = FakeLink(clock, [(clock(), r) for r in records([1, 2, 3, 4], [b"a", b"b", b"b", b"a"])], start_offset=1,
-                    stop_when=lambda link: link.handled >= 4)  # fmt: skip
+    link = FakeLink(
+        clock,
+        [(clock(), r) for r in records([1, 2, 3, 4], [b"a", b"b", b"b", b"a"])],
+        start_offset=1,
+        stop_when=lambda link: link.handled >= 4,
+    )
     script = Script(clock, {1: RETRIES + 1}, seed=7)
 
     code, dead, _ = run_lanes(link, script, clock, concurrency=2)

@@ -55,8 +55,9 @@ def run_loop(
     link.fields.on_progress = lambda offset: stores.append((offset, script.handled | set(dead.offsets)))
     script.link = link
     failures = failures_on(link, dead)
-    loop = OneCallLoop(link, failures, admission_on(link, failures), LatencySampling(app.handler_in_worker(TOPIC)),
-                       FakeAlarm(clock))  # fmt: skip
+    loop = OneCallLoop(
+        link, failures, admission_on(link, failures), LatencySampling(app.handler_in_worker(TOPIC)), FakeAlarm(clock)
+    )
     return loop.run(), dead, stores
 
 
@@ -73,8 +74,9 @@ def test_progress_never_passes_a_message_not_done_and_a_stop_reports_exactly_wha
     fails = data.draw(st.dictionaries(st.sampled_from(offsets), st.integers(0, RETRIES + 1)), label="fails")
     stop_in = data.draw(st.none() | st.sampled_from(offsets), label="stop_in")
     clock = FakeClock()
-    link = FakeLink(clock, [(0.0, r) for r in records(offsets)], start_offset=1,
-                    stop_when=lambda link: link.handled >= len(offsets))  # fmt: skip
+    link = FakeLink(
+        clock, [(0.0, r) for r in records(offsets)], start_offset=1, stop_when=lambda link: link.handled >= len(offsets)
+    )
     script = Script(clock, fails, stop_in)
 
     code, dead, stores = run_loop(link, script, clock)
@@ -105,8 +107,13 @@ def test_nothing_is_begun_on_a_lapsed_lease(offsets: list[int], lease_calls: int
     start = clock()
     arrivals = [(start if i < late else start + late_by, r) for i, r in enumerate(records(offsets))]
     lease_end = start + lease_calls * CALL_S + CALL_S / 2
-    link = FakeLink(clock, arrivals, start_offset=1, lease_end=lease_end,
-                    stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0)  # fmt: skip
+    link = FakeLink(
+        clock,
+        arrivals,
+        start_offset=1,
+        lease_end=lease_end,
+        stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0,
+    )
     script = Script(clock, {})
 
     code, _dead, stores = run_loop(link, script, clock)
@@ -126,8 +133,13 @@ def test_no_retry_begins_on_a_lapsed_lease(offsets: list[int], lease_calls: int,
     fails = data.draw(st.dictionaries(st.sampled_from(offsets), st.integers(1, RETRIES + 1)), label="fails")
     clock = FakeClock()
     lease_end = clock() + lease_calls * CALL_S + CALL_S / 2
-    link = FakeLink(clock, [(clock(), r) for r in records(offsets)], start_offset=1, lease_end=lease_end,
-                    stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0)  # fmt: skip
+    link = FakeLink(
+        clock,
+        [(clock(), r) for r in records(offsets)],
+        start_offset=1,
+        lease_end=lease_end,
+        stop_when=lambda link: link.handled >= len(offsets) or link.lapsed_waits > 0,
+    )
     script = Script(clock, fails)
 
     code, dead, _stores = run_loop(link, script, clock)
@@ -140,8 +152,9 @@ def test_no_retry_begins_on_a_lapsed_lease(offsets: list[int], lease_calls: int,
 
 def test_a_message_that_keeps_failing_is_dead_lettered_and_progress_moves_past_it() -> None:
     clock = FakeClock()
-    link = FakeLink(clock, [(0.0, r) for r in records([5, 6, 7])], start_offset=5,
-                    stop_when=lambda link: link.handled >= 3)  # fmt: skip
+    link = FakeLink(
+        clock, [(0.0, r) for r in records([5, 6, 7])], start_offset=5, stop_when=lambda link: link.handled >= 3
+    )
     script = Script(clock, {6: RETRIES + 1})
 
     code, dead, _ = run_loop(link, script, clock)

@@ -82,8 +82,15 @@ class Run:
         while self.supervisor.poll(0):
             message = self.supervisor.recv()
             if isinstance(message, Settled):
-                message = Settled(message.partition, message.start, message.end, message.failed, message.dead,
-                                  message.handled, message.high)  # fmt: skip
+                message = Settled(
+                    message.partition,
+                    message.start,
+                    message.end,
+                    message.failed,
+                    message.dead,
+                    message.handled,
+                    message.high,
+                )
             found.append(message)
         return found
 
@@ -123,9 +130,11 @@ def test_every_message_of_each_range_is_handled_once_and_the_range_reported_sett
 
     assert handler.handled == list(range(20))
     assert run.heard() == [
-        Started(0, 0), Settled(0, 0, 10, (), (), handled=10, high=20),
-        Started(0, 10), Settled(0, 10, 20, (), (), handled=10, high=20),
-    ]  # fmt: skip
+        Started(0, 0),
+        Settled(0, 0, 10, (), (), handled=10, high=20),
+        Started(0, 10),
+        Settled(0, 10, 20, (), (), handled=10, high=20),
+    ]
     assert run.slot.read() == (0, 10, 20), "its position: a crash now would repeat nothing"
     assert run.consumer.closed and run.dead.offsets == []
 
@@ -200,8 +209,12 @@ def test_a_range_whose_lease_ran_out_is_abandoned_untouched_and_the_next_is_hand
     assert run.run() is WorkerExit.STOPPED
 
     assert handler.calls == [5, 6, 7, 8, 9], "nothing of the lapsed range: another worker may hold it now"
-    assert run.heard() == [Started(0, 0), Abandoned(0, 0, 5), Started(0, 5),
-                           Settled(0, 5, 10, (), (), handled=5, high=10)]  # fmt: skip
+    assert run.heard() == [
+        Started(0, 0),
+        Abandoned(0, 0, 5),
+        Started(0, 5),
+        Settled(0, 5, 10, (), (), handled=5, high=10),
+    ]
 
 
 def test_a_renewal_that_comes_before_the_range_begins_keeps_it(to_close: list[Any]) -> None:

@@ -107,9 +107,13 @@ def test_a_fetch_with_an_error_among_its_messages_returns_the_messages() -> None
     # KafkaError with None (list.count(None)) raises.
     link, _supervisor = a_link()
     end = KafkaError(KafkaError._PARTITION_EOF)
-    link.consumer = _Reader([KafkaMessage(topic="orders", partition=3, offset=10, value=b"a"),  # type: ignore[assignment]
-                             KafkaMessage(topic="orders", partition=3, offset=11, value=b"b"),
-                             KafkaMessage(topic="orders", partition=3, offset=12, error=end)])  # fmt: skip
+    link.consumer = _Reader(
+        [
+            KafkaMessage(topic="orders", partition=3, offset=10, value=b"a"),  # type: ignore[assignment]
+            KafkaMessage(topic="orders", partition=3, offset=11, value=b"b"),
+            KafkaMessage(topic="orders", partition=3, offset=12, error=end),
+        ]
+    )
 
     fetched = link.fetch(10, 0)
 

@@ -55,9 +55,15 @@ def _run(kind: str) -> tuple[WorkerExit, FakeLink, KeptDeadLetters, list[tuple[i
     clock, app, calls = FakeClock(), App("billing"), []
     batch = kind in ("batch", "amo batch", "lanes batch")
     options: dict[str, Any] = {"retries": 3, "retry_backoff": 0.01, "retry_jitter": False, "batch": batch}
-    options.update({"amo": {"mode": "amo", "batch_size": 4}, "amo batch": {"mode": "amo", "batch_size": 4},
-                    "batch": {"batch_size": 4}, "lanes": {"concurrency": 3},
-                    "lanes batch": {"concurrency": 2, "batch_size": 2}}.get(kind, {}))  # fmt: skip
+    options.update(
+        {
+            "amo": {"mode": "amo", "batch_size": 4},
+            "amo batch": {"mode": "amo", "batch_size": 4},
+            "batch": {"batch_size": 4},
+            "lanes": {"concurrency": 3},
+            "lanes batch": {"concurrency": 2, "batch_size": 2},
+        }.get(kind, {})
+    )
     if batch:
 
         def handle_batch(msgs: list[Message[Order]]) -> None:

@@ -321,8 +321,12 @@ class FakeConsumer:
     ``on_fetch(consumer)`` runs as each fetch answers (``at``: where the next one reads): a test does there what
     the world does meanwhile (a stop, a renewal)."""
 
-    def __init__(self, topic: str, offsets: dict[int, Sequence[int]],
-                 on_fetch: Callable[[FakeConsumer], None] = lambda _consumer: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        topic: str,
+        offsets: dict[int, Sequence[int]],
+        on_fetch: Callable[[FakeConsumer], None] = lambda _consumer: None,
+    ) -> None:
         self.topic = topic
         self.offsets = {p: sorted(found) for p, found in offsets.items()}
         self.on_fetch = on_fetch
@@ -362,15 +366,22 @@ class FakeConsumer:
             return []
         partition, position = self.at
         found = [o for o in self.offsets.get(partition, []) if o >= position][:most]
-        got = [KafkaMessage(topic=self.topic, partition=partition, offset=o, key=None, value=b"{}",
-                            timestamp=(1, 1_700_000_000_000)) for o in found]  # fmt: skip
+        got = [
+            KafkaMessage(
+                topic=self.topic, partition=partition, offset=o, key=None, value=b"{}", timestamp=(1, 1_700_000_000_000)
+            )
+            for o in found
+        ]
         self.fetched += found
         position = found[-1] + 1 if found else max(position, self.end(partition))
         self.at = (partition, position)
         if position >= self.end(partition) and len(got) < most and self._eof_told != self.at:
             self._eof_told = self.at
-            got.append(KafkaMessage(topic=self.topic, partition=partition, offset=position,
-                                    error=KafkaError(KafkaError._PARTITION_EOF)))  # fmt: skip
+            got.append(
+                KafkaMessage(
+                    topic=self.topic, partition=partition, offset=position, error=KafkaError(KafkaError._PARTITION_EOF)
+                )
+            )
         return got
 
     def poll(self, timeout: float = -1) -> KafkaMessage | None:
