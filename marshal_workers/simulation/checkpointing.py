@@ -81,7 +81,7 @@ class Checkpointing:
             assembler = checkpoints.Assembler()
             for entry in entries:
                 record = entry.record
-                # A checkpoint of this partition, describing the log before itself (as log_start._scan).
+                # A checkpoint of this partition, describing the log before itself (as reader_start._scan).
                 if type(record) is codec.Checkpoint and record.source == partition and record.as_of <= entry.offset:
                     assembler.add(record)
             start = checkpoints.choose_start(assembler.latest, None)  # one group: no other group's directory
