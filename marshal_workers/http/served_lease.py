@@ -8,7 +8,7 @@ judges every hand-out, ack and settlement; this is the server's local mirror, ke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,10 @@ class ServedLease:
 
     def fetched(self) -> bool:
         return self.fetched_to >= self.end
+
+    def deliveries(self, offset: int) -> int:
+        """How often ``offset`` was handed out: under earlier leases (``tries``) and under this one."""
+        return self.tries + self.handed.get(offset, 0)
 
     def eligible(self, offset: int, now: int) -> bool:
         return (
@@ -115,3 +119,18 @@ def covering(ranges: Mapping[tuple[int, int], ServedLease], partition: int, offs
         if held.partition == partition and held.start <= offset < held.end:
             return held
     return None
+
+
+def reserve_dead_letters(
+    ranges: Iterable[ServedLease], max_deliveries: int, now: int
+) -> list[tuple[ServedLease, int, Any]]:
+    """The messages handed out ``max_deliveries`` times (earlier leases' included) and never acked, once their last
+    pending time is over, as (lease, offset, message): each reserved, so no client gets it while it is written to
+    the dead-letter topic.  Called under the served topic's lock."""
+    due = []
+    for held in ranges:
+        for offset, message in held.messages.items():
+            if held.deliveries(offset) >= max_deliveries and held.eligible(offset, now):
+                held.reserved.add(offset)
+                due.append((held, offset, message))
+    return due

@@ -1,7 +1,7 @@
 """One topic served over HTTP (``marshal-workers serve``, docs/http-service.md): leases, messages, hand-outs.
 
-The server takes part in the topic as a shared-partition member (section
-11): it leases ranges of offsets in the coordination log, reads their
+The server takes part in the topic as a shared-partition member
+(docs/shared-partitions.md): it leases ranges of offsets in the coordination log, reads their
 messages from Kafka and hands them to HTTP clients one by one.  Everything a
 client does is written to the log before the client hears back:
 
@@ -28,7 +28,7 @@ messages (served_lease.py), when to lease more (lease_ahead.py), the reading of
 the held ranges from Kafka (range_reader.py), acks and cancels
 (settlements.py); the lease decisions are the shared pool's
 (protocol/range_member.py), and operators' orders are obeyed as a supervisor
-obeys them (member/obeying.py).
+obeys them (member/obeying.py, through served_orders.py).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ from marshal_workers.http.http_messages import BadRequest, MessageId, message_js
 from marshal_workers.http.lease_ahead import READERS_RECENT_S, HandOutRate, ranges_wanted
 from marshal_workers.http.range_reader import RangeReader
 from marshal_workers.http.serve_counters import ServeCounters
-from marshal_workers.http.served_lease import ServedLease, given_back
+from marshal_workers.http.served_lease import ServedLease, given_back, reserve_dead_letters
+from marshal_workers.http.served_orders import ServedOrders
 from marshal_workers.http.settlements import Settlement, Settlements, log_may_lag, settlement
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.committed_offsets import OffsetStore, PartitionEnds
@@ -58,11 +59,10 @@ from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.dead_letter_writer import DeadLetterWriter, letter_headers
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.kafka.kafka_clients import admin_client
-from marshal_workers.kafka.metadata_refresh import MetadataRefresh
-from marshal_workers.member.obeying import Held, obey
+from marshal_workers.kafka.metadata_refresh import MetadataRefresh, followed_partition_count
+from marshal_workers.member.obeying import Held, Obeying
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.member_id import MemberId
-from marshal_workers.protocol.orders import orders_for
 from marshal_workers.protocol.partition_end import partition_end
 from marshal_workers.protocol.range_member import RangeMember, cancel_entry, handled_entry
 from marshal_workers.protocol.world_state import WorldState, per_entry
@@ -116,7 +116,7 @@ class ServedTopic:
         self.on_shutdown_order: Callable[[], object] | None = None  # called (from the loop's thread) at admin shutdown
         self.held_back = False  # an operator drained this client or paused the topic: no claims
         self.started_ms = int(time.time() * 1000)  # an admin shutdown ordered before is old news
-        self._next_orders = 0.0
+        self._obeying: Obeying[Held] | None = None  # the looks at operators' orders, once started
         self.last_loop = time.monotonic()  # for /healthz: the loop is alive
         self._coordinator: Coordinator | None = None
         self._offsets: OffsetStore | None = None
@@ -161,6 +161,7 @@ class ServedTopic:
         self._metadata = MetadataRefresh(admin_client(self.settings), self.settings, self.log)
         self._coordinator = Coordinator(self.settings).start()
         self._holder = MemberId(self._coordinator.client, self._coordinator.instance)
+        self._obeying = Obeying(self._holder, self.started_ms, ORDERS_INTERVAL_S, (self.topic,), ServedOrders(self))
         self._offsets = OffsetStore(self.settings)
         self._thread = threading.Thread(target=self.run_loop, name="serve-loop", daemon=True)
         self._thread.start()
@@ -414,9 +415,8 @@ class ServedTopic:
         if now >= self._next_renewal:
             self._next_renewal = now + self.options.pending_timeout / 3
             self._renew()
-        if now >= self._next_orders:
-            self._next_orders = now + ORDERS_INTERVAL_S
-            self._obey_operators()
+        if self._obeying is not None:
+            self._obeying.step(now)
         if not self.stopping:
             self._ask_high_watermarks(now)
             if not self.held_back:
@@ -432,63 +432,8 @@ class ServedTopic:
         """The topic's partition count as the cluster says now: a partition added is served, and one gone (the
         topic deleted and created again, smaller) is answered 404 unknown_partition, not 409 as never handed out."""
         metadata = None if self._metadata is None else self._metadata.poll(now)
-        if metadata is None:
-            return
-        found = metadata.topics.get(self.topic)
-        if found is None or found.error is not None or not found.partitions:
-            self.log.error(
-                "%s has disappeared from the cluster: nothing to serve until it is created again", self.topic
-            )
-            return
-        count = len(found.partitions)
-        if count != self.partition_count:
-            self.log.warning(
-                "%s now has %d partitions (was %d)%s",
-                self.topic,
-                count,
-                self.partition_count,
-                "" if count > self.partition_count else ": it was deleted and created again",
-            )
-            self.partition_count = count
-
-    def _obey_operators(self) -> None:
-        """``admin drain``/``pause --topic``: claim nothing and give back what no client holds (acks are still
-        taken); ``admin shutdown``: stop as on SIGTERM.  The orders a supervisor obeys, obeyed as it does
-        (member/obeying.py): this server is a member with one shared topic and no whole partition."""
-        assert self._holder is not None
-        me = MemberId(self._holder.client, self._holder.instance)
-        now_ms = self.coordinator.now_ms()
-        orders = self.coordinator.read(lambda world: orders_for(world, me, self.started_ms, now_ms))
-        obey(orders, (self.topic,), (), self)
-
-    # What obey() asks of us.  A shutdown ordered with a drain or pause leaves ``held_back`` as it was: stopping
-    # claims nothing and gives back what no client holds already.
-
-    def shut_down(self) -> None:
-        if self.stopping:
-            return
-        self.log.warning("%s: an operator ordered a shutdown (admin shutdown): stopping as on SIGTERM", self.topic)
-        self.begin_stop()
-        if self.on_shutdown_order is not None:
-            self.on_shutdown_order()
-
-    def drain(self, drained: bool) -> None:
-        """Nothing more than hold_back: drained, this server holds its one topic back."""
-
-    def hold_back(self, topics: set[str]) -> None:
-        held_back = self.topic in topics
-        if held_back != self.held_back:
-            self.log.warning(
-                "%s: %s",
-                self.topic,
-                "drained or paused by an operator: claiming nothing, giving back what no client holds"
-                if held_back
-                else "resumed by an operator",
-            )
-            self.held_back = held_back
-
-    def hand_over(self, held: Held, reason: str) -> None:
-        """Never asked: a served topic's partitions are shared, leased in ranges, never held whole."""
+        if metadata is not None:
+            self.partition_count = followed_partition_count(metadata, self.topic, self.partition_count, self.log)
 
     def _sync_from_log(self) -> None:
         """What other servers did to our messages (acks, cancels), as the fold has it: looked up only when the log
@@ -548,16 +493,10 @@ class ServedTopic:
         """Messages handed out ``max_deliveries`` times (counting earlier leases) and not acked, once their last
         pending time is over: to the dead-letter topic, so their range can be settled."""
         now = monotonic_ms()
-        todo: list[tuple[ServedLease, int, Any]] = []
         with self.lock:
-            for held in self.ranges.values():
-                for offset, message in held.messages.items():
-                    deliveries = held.tries + held.handed.get(offset, 0)
-                    if deliveries >= self.options.max_deliveries and held.eligible(offset, now):
-                        held.reserved.add(offset)
-                        todo.append((held, offset, message))
+            todo = reserve_dead_letters(self.ranges.values(), self.options.max_deliveries, now)
         for held, offset, message in todo:
-            deliveries = held.tries + held.handed.get(offset, 0)
+            deliveries = held.deliveries(offset)
             error = MaxDeliveriesExceeded(
                 f"delivered {deliveries} times and never acked (max_deliveries={self.options.max_deliveries})"
             )

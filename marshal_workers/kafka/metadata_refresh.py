@@ -56,3 +56,19 @@ class MetadataRefresh:
     def close(self) -> None:
         """A look under way is abandoned (its thread ends when the request does)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def followed_partition_count(
+    metadata: Any, topic: str, known: int, log: logging.Logger | logging.LoggerAdapter[Any]
+) -> int:
+    """``topic``'s partition count in ``metadata`` (an answer of MetadataRefresh.poll), a change from ``known``
+    logged; ``known`` if the topic is missing (logged: nothing to serve until it is created again)."""
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        log.error("%s has disappeared from the cluster: nothing to serve until it is created again", topic)
+        return known
+    count = len(found.partitions)
+    if count != known:
+        change = "" if count > known else ": it was deleted and created again"
+        log.warning("%s now has %d partitions (was %d)%s", topic, count, known, change)
+    return count

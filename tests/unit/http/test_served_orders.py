@@ -1,9 +1,10 @@
-"""A served topic obeys operators' orders as a supervisor does (member/obeying.py): drained, or its topic paused, it
-claims nothing until resumed; a shutdown stops it as SIGTERM does, once."""
+"""A served topic obeys operators' orders as a supervisor does (member/obeying.py, through served_orders.py): drained,
+or its topic paused, it claims nothing until resumed; a shutdown stops it as SIGTERM does, once."""
 
 from __future__ import annotations
 
 from marshal_workers.core.config import Settings
+from marshal_workers.http.served_orders import ServedOrders
 from marshal_workers.http.served_topic import ServedTopic, ServeOptions
 from marshal_workers.member.obeying import obey
 from marshal_workers.protocol.orders import Orders
@@ -21,7 +22,7 @@ def test_drained_or_its_topic_paused_it_holds_back_until_resumed() -> None:
         (Orders(paused_topics=frozenset({"t"})), True),
         (Orders(paused_topics=frozenset({"other"})), False),
     ]:
-        obey(orders, (topic.topic,), (), topic)
+        obey(orders, (topic.topic,), (), ServedOrders(topic))
         assert topic.held_back is held_back and not topic.stopping, orders
 
 
@@ -30,5 +31,5 @@ def test_a_shutdown_stops_it_as_sigterm_does_once_however_often_it_is_read() -> 
     told: list[str] = []
     topic.on_shutdown_order = lambda: told.append("shutdown")
     for _ in range(3):  # the order stays in the log: the serve loop reads it again and again
-        obey(Orders(shutdown=True), (topic.topic,), (), topic)
+        obey(Orders(shutdown=True), (topic.topic,), (), ServedOrders(topic))
     assert topic.stopping and told == ["shutdown"]
