@@ -96,6 +96,7 @@ class ClaimingPolicy:
         self.settings = settings
         self.rng = rng
         self.cooldown_until: dict[Key, float] = {}  # partitions released as sick or handed over
+        self._sick_until: dict[Key, float] = {}  # those released as sick (they count as ours for the balance)
         self._claiming: set[Key] = set()  # claims in flight
         self._releasing: set[Key] = set()  # releases in flight
         self._announced = False  # our first claims are written: later rounds claim our part at once
@@ -223,7 +224,10 @@ class ClaimingPolicy:
             counts, askers = dict(view.counts), set(view.askers)
             counts[self.me] = len(offered)
             share = fair_share(total_partitions, len(counts))
-            hungry = is_hungry(held, share, settings.max_partitions, view.most_held_by_others(self.me))
+            # Partitions we released as sick count as ours while we keep away from them: asking would only have
+            # them handed back to us, which the cool-down keeps us from taking, and they would go back and forth.
+            holding = held + self.sick_cooling_down(now)
+            hungry = is_hungry(holding, share, settings.max_partitions, view.most_held_by_others(self.me))
             if hungry:
                 askers.add(self.me)  # about to ask, if not already
             wanted = partitions_to_hand_over(self.me, counts, share, askers)
@@ -253,7 +257,7 @@ class ClaimingPolicy:
     def released(self, key: Key, sick: bool, now: float) -> None:
         """A release about to be written (as sick: not claimed back here for sick_cooldown)."""
         if sick:
-            self.cooldown_until[key] = now + self.settings.sick_cooldown_s
+            self.cooldown_until[key] = self._sick_until[key] = now + self.settings.sick_cooldown_s
         self._releasing.add(key)
 
     def release_decided(self, key: Key) -> None:
@@ -263,6 +267,12 @@ class ClaimingPolicy:
     def cooling_down(self, now: float) -> list[Key]:
         """The partitions released as sick (or handed over) that we do not claim again yet."""
         return [key for key, until in list(self.cooldown_until.items()) if until > now]
+
+    def sick_cooling_down(self, now: float) -> int:
+        """How many partitions released as sick we still keep away from."""
+        for key in [key for key, until in self._sick_until.items() if until <= now]:
+            del self._sick_until[key]
+        return len(self._sick_until)
 
     def stopped(self) -> bool:
         """No claim or release in flight."""

@@ -68,6 +68,20 @@ def test_a_fair_member_over_its_share_hands_over_to_one_that_asks_once_the_need_
     assert later.hand_over == held[-5:], "the most recently claimed, down to the share"
 
 
+def test_a_fair_member_does_not_ask_for_the_partitions_it_released_as_sick_until_their_cool_down_ends() -> None:
+    # Asking would have them handed back, the cool-down would keep us from taking them, and they would bounce.
+    world, me = WorldState("g", 1000), policy(balance="fair", sick_cooldown_s=60.0)
+    for p in range(4):
+        claim(world, OTHER, p, NOW_MS)
+    assert me.rebalance(world, 4, 0, [], 0.0, NOW_MS).ask is not None, "holding none of 4 over 2 members: it asks"
+    me = policy(balance="fair", sick_cooldown_s=60.0)
+    for key in [("t", 2), ("t", 3)]:
+        me.released(key, sick=True, now=0.0)
+        me.release_decided(key)
+    assert me.rebalance(world, 4, 0, [], 1.0, NOW_MS + 1000).ask is None, "its 2 sick ones are its share"
+    assert me.rebalance(world, 4, 0, [], 61.0, NOW_MS + 1000).ask is not None, "cool-down over: it asks again"
+
+
 def test_a_sick_partition_is_kept_when_no_other_member_could_take_it() -> None:
     me = policy(behind_cycles=1)
     health = PartitionHealth()
