@@ -129,7 +129,7 @@ def watch_call(
 ) -> CallInFlight | None:
     """The call in flight from a worker's slot: ``started_ms`` (CALL_STARTED_MS: the start of a timed call,
     0 between calls or when calls are not timed), ``handling_end`` (HANDLING_END: one call at a time, the offset
-    after the last message of the fetch in hand, stored before its first call) and ``next_offset``; None when no call is in flight.
+    after the message in hand, stored before its call) and ``next_offset``; None when no call is in flight.
 
     An untimed call has no start in the slot (reading the clock per message would cost the hot path): it
     started when first seen, so its age errs short by at most the time between two looks.

@@ -49,9 +49,9 @@ class Field(enum.IntEnum):
     CALL_FIRST_OFFSET = 9  # worker: the first offset of the tracked call (with CALL_STARTED_MS)
     IN_FLIGHT = 10  # worker: handler calls running now (concurrency > 1)
     WINDOW_USED = 11  # worker: offsets from the lowest unfinished message to the furthest fetched one
-    # worker, one message per call (not on lanes): the offset after the last message of the fetch (at most once:
-    # the claimed batch) in hand, stored just before its first call (one store a fetch, no clock: the supervisor
-    # notes when it first sees it); calls run while it is above NEXT_OFFSET, which each handled message moves.
+    # worker, one message per call (not on lanes): the offset after the message in hand, stored just before its
+    # call (one store, no clock: the supervisor notes when it first sees it); a call runs while it is above
+    # NEXT_OFFSET.  Its retries, and with at most once the rest of its claimed batch, keep it there.
     HANDLING_END = 12
     FETCH_STALLS = (
         13  # worker: times the broker answered its fetches without records while behind (guarded_consumer.py)

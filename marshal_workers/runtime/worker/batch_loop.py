@@ -78,15 +78,16 @@ class BatchLoop:
         link = self.link
         fields, function, wrap, now = link.fields, handler.function, FetchedMessage, time.monotonic
         topic, partition = link.spec.topic, link.spec.partition
+        handling_end = int(Field.HANDLING_END)
         handled = 0
-        if records:  # calls in flight up to the batch's end, which moves NEXT_OFFSET: one store, not one a message
-            fields[Field.HANDLING_END] = records[-1].offset() + 1
         try:
             for record in records:
                 if now() >= link.next_housekeeping:
                     link.housekeeping()
+                offset = record.offset()
+                fields[handling_end] = offset + 1  # a call in flight (the batch's end moves NEXT_OFFSET)
                 try:
-                    function(wrap(record, 1, topic, partition, record.offset(), record.value()))
+                    function(wrap(record, 1, topic, partition, offset, record.value()))
                 except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     outcome = self.failures.recover(handler, [record], exc)
                     if outcome is not Outcome.DONE:

@@ -1,9 +1,9 @@
 """A partition worker's loop at least once, one message per call: handle, then record progress; the heartbeat
 carries it.
 
-The hot path: per message a check of a flag (the alarm, alarm.py), the message (FetchedMessage: its topic,
-partition, offset and value as plain attributes), the call, a store after it.  Before a fetch's first call, one store
-tells the supervisor's health monitor that calls are in flight up to the fetch's end.  The lease, housekeeping and a stop are looked at when
+The hot path: per message a check of a flag (the alarm, alarm.py), a store before the call (a call in flight, for
+the supervisor's health monitor and the call's age in ``status``), the message (FetchedMessage: its topic, partition,
+offset and value as plain attributes), the call, a store after it.  The lease, housekeeping and a stop are looked at when
 the alarm says so; retries and dead letters only after a failure (failures.py).
 """
 
@@ -53,10 +53,6 @@ class OneCallLoop:
             handled = unreported = 0
             limited = admission.limited or bool(link.not_ours)  # or a message for another group in this fetch
             self._set_check_at()
-            if records:
-                # Calls in flight up to the fetch's end (above NEXT_OFFSET while it is handled): one store per fetch,
-                # not one per message.  The health monitor only asks whether a call runs, and since when.
-                fields[handling_end] = records[-1].offset() + 1
             for record in records:
                 # The lease's end, housekeeping or a stop (SIGTERM raises it too): the alarm says when to look.
                 if due[0]:
@@ -81,9 +77,11 @@ class OneCallLoop:
                             fields[next_offset] = record.offset() + 1
                         handled += 1
                         continue
-                # The hot path: the call, a store after it.  Retries and dead letters only after a failure.
+                # The hot path: a store before the call (a call in flight: the supervisor's health monitor), the
+                # call, a store after it.  Retries and dead letters only after a failure.
                 offset = record.offset()
                 end = offset + 1
+                fields[handling_end] = end
                 try:
                     function(wrap(record, 1, topic, partition, offset, record.value()))
                 except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
