@@ -47,7 +47,7 @@ from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
-from marshal_workers.http.lease_ahead import READERS_RECENT_S, HandOutRate, ranges_wanted
+from marshal_workers.http.lease_ahead import READERS_RECENT_S, HandOutRate, range_size, ranges_wanted
 from marshal_workers.http.range_reader import RangeReader
 from marshal_workers.http.serve_counters import ServeCounters
 from marshal_workers.http.served_lease import ServedLease, given_back, reserve_dead_letters
@@ -630,7 +630,11 @@ class ServedTopic:
                 1 for h in self.ranges.values() if not h.fetched() or any(h.eligible(o, now) for o in h.messages)
             )
         rate = self._hand_outs.per_second(time.monotonic())
-        return ranges_wanted(held, active, available, rate, self.options.range_size, self.options.max_leases)
+        return ranges_wanted(held, active, available, rate, self._range_size(), self.options.max_leases)
+
+    def _range_size(self) -> int:
+        """Offsets of the next ranges: the configured size, or more for fast readers (lease_ahead.range_size)."""
+        return range_size(self._hand_outs.per_second(time.monotonic()), self.options.range_size)
 
     def _claim(self) -> None:
         if not self._readers():
@@ -640,7 +644,7 @@ class ServedTopic:
         if not want or not self._ends.ends:
             return
         now_ms = self.coordinator.now_ms()
-        size = self.options.range_size
+        size = self._range_size()
         high = {p: partition_end(end, self._reader.fetched_high.get(p, -1)) for p, end in self._ends.ends.items()}
         # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
         # hand the messages out as they come (and tell the true end).
