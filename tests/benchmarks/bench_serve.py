@@ -1,8 +1,8 @@
 """Benchmark: the HTTP service (``marshal-workers serve``) against its two ceilings and against Python workers.
 
     python tests/benchmarks/bench_serve.py [--seconds 10] [--clients 8 64] [--rate 200]
-        [--batch-max 100] [--batch-messages 1000000] [--compare main=/path/to/a/checkout] [--round-trips-only]
-        [--brokers HOST:PORT]
+        [--durable-linger-ms default 0] [--batch-max 100] [--batch-messages 1000000]
+        [--compare main=/path/to/a/checkout] [--round-trips-only] [--brokers HOST:PORT]
 
 Starts its own embedded broker (Tansu, memory only), or uses the Kafka cluster at --brokers (a broker on cores of
 its own: on this 2-core machine the embedded broker's CPU is taken from the server and the clients;
@@ -17,8 +17,10 @@ docs/http-service.md, "Performance"), and per case a fresh 2-partition topic and
    and response bodies, reads from memory: in memory, whose acks write nothing (what the web server, the JSON
    library and the clients allow), and durable, whose every ack request produces one ``acks=all`` idempotent
    record (the package's output producer) to a topic of its own on the same broker and is answered after its
-   delivery report (what a server must do at least to answer an ack durably).  The service's figures are also
-   given as a share of each.  ``--compare NAME=PATH`` also runs the max=1 and max=--batch-max cases against the
+   delivery report (what a server must do at least to answer an ack durably); ``--durable-linger-ms`` runs one
+   durable ceiling per value given, its producer's ``linger.ms`` set as a user would (``[kafka.producer]``;
+   ``default``: the output producer as it is, librdkafka's 5 ms).  The service's figures are also given as a
+   share of each.  ``--compare NAME=PATH`` also runs the max=1 and max=--batch-max cases against the
    server of another checkout (e.g. a worktree of main).
 2. batches: the first --clients count reading and acking --batch-max offsets a request (--batch-messages
    produced first; 0 skips this part), against a classic worker (``run --processes 2``: each partition to one
