@@ -25,7 +25,8 @@ docs/http-service.md, "Performance"), and per case a fresh 2-partition topic and
 2. batches: the first --clients count reading and acking --batch-max offsets a request (--batch-messages
    produced first; 0 skips this part), against a classic worker (``run --processes 2``: each partition to one
    worker process, a trivial handler) on as many messages of the same topic kind: messages per second, and the
-   service's share of the worker's.
+   service's share of the worker's; the in-memory ceiling at the same max, for what the web server and the
+   clients allow.
 3. the Python shared workers (``run --processes`` the first count, the same topic kind, a trivial handler) on
    the messages of the first max=1 case: messages per second and per CPU-second of its processes; and the
    added latency: messages produced at --rate per second for --seconds, handled by the HTTP clients (max=1) or
@@ -485,13 +486,16 @@ def batches(
         f"against a classic worker (run --processes {PARTITIONS}, one per partition)",
         flush=True,
     )
+    # What the web server, the JSON library and the clients allow at this max, writing nothing: the bar above both.
+    figures[f"ceiling c={clients} max={most}"] = memory = ceiling(clients, args.client_processes, args.seconds, most)
+    print(line("ceiling in memory", memory), flush=True)
     cases = [*((f"{name} max={most}", path) for name, path in others), (f"this checkout max={most}", None)]
     found: dict[str, dict[str, float]] = {}
     for name, path in cases:
         found[name] = figures[f"{name.split()[0]} c={clients} max={most}"] = http_clients(
             bootstrap, clients, args.seconds, most, messages, processes=args.client_processes, package=path
         )
-        print(line(name, found[name]), flush=True)
+        print(line(name, found[name], {"in-memory ceiling": memory}), flush=True)
         if found[name]["messages"] >= 0.95 * messages:
             print(f"    {'':<24} (it ran out of messages: give --batch-messages more)", flush=True)
     handled = max(200_000, int(max(f["messages"] for f in found.values())))  # a rate, not a start-up
@@ -501,7 +505,7 @@ def batches(
         f"{base['messages_per_cpu_s']:7.0f} msgs/CPU-s (all its processes), {handled:,} messages",
         flush=True,
     )
-    for name, case in found.items():
+    for name, case in [("ceiling in memory", memory), *found.items()]:
         print(f"    {name:<24} of the classic worker: {case['messages_per_s'] / base['messages_per_s']:.2f} msgs/s")
 
 
