@@ -489,10 +489,11 @@ def batches(
     # What the web server, the JSON library and the clients allow at this max, writing nothing: the bar above both.
     figures[f"ceiling c={clients} max={most}"] = memory = ceiling(clients, args.client_processes, args.seconds, most)
     print(line("ceiling in memory", memory), flush=True)
-    cases = [*((f"{name} max={most}", path) for name, path in others), (f"this checkout max={most}", None)]
+    cases = [*((name, path) for name, path in others), ("this checkout", None)]
     found: dict[str, dict[str, float]] = {}
-    for name, path in cases:
-        found[name] = figures[f"{name.split()[0]} c={clients} max={most}"] = http_clients(
+    for checkout_name, path in cases:
+        name, key = f"{checkout_name} max={most}", "http" if path is None else checkout_name
+        found[name] = figures[f"{key} c={clients} max={most}"] = http_clients(
             bootstrap, clients, args.seconds, most, messages, processes=args.client_processes, package=path
         )
         print(line(name, found[name], {"in-memory ceiling": memory}), flush=True)
