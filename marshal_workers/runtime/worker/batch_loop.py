@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from marshal_workers.core.exit_codes import WorkerExit
-from marshal_workers.handlers.app import HandlerSpec, Message, Mode
+from marshal_workers.handlers.app import FetchedMessage, HandlerSpec, Mode
 from marshal_workers.runtime.channel import Field
 from marshal_workers.runtime.worker.admission import Admission
 from marshal_workers.runtime.worker.failures import Failures, Outcome, exit_for
@@ -76,16 +76,18 @@ class BatchLoop:
         clean stop finishes the claim).  As lean as the one-call loop: one call per message, housekeeping when
         due."""
         link = self.link
-        fields, function, wrap, now = link.fields, handler.function, Message, time.monotonic
+        fields, function, wrap, now = link.fields, handler.function, FetchedMessage, time.monotonic
+        topic, partition = link.spec.topic, link.spec.partition
         handling_end = int(Field.HANDLING_END)
         handled = 0
         try:
             for record in records:
                 if now() >= link.next_housekeeping:
                     link.housekeeping()
-                fields[handling_end] = record.offset() + 1  # a call in flight (the batch's end moves NEXT_OFFSET)
+                offset = record.offset()
+                fields[handling_end] = offset + 1  # a call in flight (the batch's end moves NEXT_OFFSET)
                 try:
-                    function(wrap(record))
+                    function(wrap(record, 1, topic, partition, offset, record.value()))
                 except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     outcome = self.failures.recover(handler, [record], exc)
                     if outcome is not Outcome.DONE:

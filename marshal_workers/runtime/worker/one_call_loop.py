@@ -2,14 +2,15 @@
 carries it.
 
 The hot path: per message a check of a flag (the alarm, alarm.py), a store before the call (a call in flight, for
-the supervisor's health monitor), the call, a store after it.  The lease, housekeeping and a stop are looked at when
+the supervisor's health monitor and the call's age in ``status``), the message (FetchedMessage: its topic, partition,
+offset and value as plain attributes), the call, a store after it.  The lease, housekeeping and a stop are looked at when
 the alarm says so; retries and dead letters only after a failure (failures.py).
 """
 
 from __future__ import annotations
 
 from marshal_workers.core.exit_codes import WorkerExit
-from marshal_workers.handlers.app import Message
+from marshal_workers.handlers.app import FetchedMessage
 from marshal_workers.runtime.channel import Field
 from marshal_workers.runtime.worker.admission import Admission, Admit
 from marshal_workers.runtime.worker.alarm import Alarm
@@ -39,7 +40,8 @@ class OneCallLoop:
         link, admission = self.link, self.admission
         fields, next_offset, processed = link.fields, int(Field.NEXT_OFFSET), int(Field.PROCESSED)
         handling_end = int(Field.HANDLING_END)
-        wrap, outbox = Message, link.outbox
+        wrap, outbox = FetchedMessage, link.outbox
+        topic, partition = link.spec.topic, link.spec.partition
         due = self.alarm.due
         plain = self.sampling.plain
         while not link.stopping:
@@ -77,10 +79,11 @@ class OneCallLoop:
                         continue
                 # The hot path: a store before the call (a call in flight: the supervisor's health monitor), the
                 # call, a store after it.  Retries and dead letters only after a failure.
-                end = record.offset() + 1
+                offset = record.offset()
+                end = offset + 1
                 fields[handling_end] = end
                 try:
-                    function(wrap(record))
+                    function(wrap(record, 1, topic, partition, offset, record.value()))
                 except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     outcome = self.failures.recover(handler, [record], exc)
                     if outcome is not Outcome.DONE:

@@ -54,7 +54,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import ContextLog, group_log, partition_log
 from marshal_workers.errors import SendError
-from marshal_workers.handlers.app import App, HandlerSpec, Message
+from marshal_workers.handlers.app import App, FetchedMessage, HandlerSpec
 from marshal_workers.handlers.blocking_calls import blocking
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_error
@@ -340,7 +340,8 @@ class SharedWorker:
         in the slot (once what the handler sent is flushed).  A failure takes the general path for that
         message (retries, dead letters).  The next offset to read, or None if the lease ran out (abandoned)."""
         assert self._alarm is not None
-        function, wrap, due, end, outbox = handler.function, Message, self._alarm.due, leased.end, self.outbox
+        function, wrap, due, end, outbox = handler.function, FetchedMessage, self._alarm.due, leased.end, self.outbox
+        topic, partition = self.spec.topic, leased.partition
         # The slot's position, stored in place (RangeSlot.advance without its call: ~50 ns a message).
         fields, upto = (self.slot.fields, RangeSlot.UPTO) if self.slot is not None else (None, 0)
         handled = 0
@@ -359,7 +360,7 @@ class SharedWorker:
                         self._report_progress(leased, next_offset)
                         self._arm(leased)
                 try:
-                    function(wrap(record))
+                    function(wrap(record, 1, topic, partition, offset, record.value()))
                 except Exception as exc:  # noqa: BLE001 - a handler is user code: any error goes to the retry policy
                     error = exc
                 else:

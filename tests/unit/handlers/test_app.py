@@ -10,7 +10,7 @@ from fake_record import FakeRecord
 
 from marshal_workers import App, Message
 from marshal_workers.errors import ConfigError
-from marshal_workers.handlers.app import HandlerSpec, Mode, OnError
+from marshal_workers.handlers.app import FetchedMessage, HandlerSpec, Mode, OnError
 
 # ------------------------------------------------------------------- App()
 
@@ -245,6 +245,25 @@ def test_message_exposes_the_record() -> None:
     assert msg.value == b'{"id": 7, "items": ["a", "b"]}'
     assert msg.headers == headers
     assert msg.timestamp == 1_700_000_000_123
+
+
+@pytest.mark.parametrize("value", [b'{"id": 7, "items": ["a", "b"]}', None])
+def test_a_fetched_message_reads_as_the_message_of_its_record(value: bytes | None) -> None:
+    """What the workers' loops give handlers (its topic, partition, offset and value read once) is a Message
+    that answers every question as the lazy one does."""
+    record = FakeRecord(headers=[("trace-id", b"abc")], value=value)
+    lazy = Message(record, attempt=1)
+    fetched = FetchedMessage(record, 1, record.topic(), record.partition(), record.offset(), record.value())
+    assert isinstance(fetched, Message)
+    for attribute in ("topic", "partition", "offset", "key", "value", "headers", "timestamp", "attempt"):
+        assert getattr(fetched, attribute) == getattr(lazy, attribute), attribute
+    assert repr(fetched) == repr(lazy) == "Message(orders[3]@1234)"
+    assert fetched.with_body("decoded").offset == 1234
+    if value is None:
+        with pytest.raises(orjson.JSONDecodeError):
+            fetched.json()
+    else:
+        assert fetched.json() == lazy.json()
 
 
 def test_message_with_no_key_and_no_value() -> None:

@@ -4,7 +4,8 @@ shows here, also one meant only to make the simulator faster (the members' share
 The values were computed before the members shared one fold of the log (docs/simulation.md, "Speed"); a change
 that alters behaviour on purpose updates them, and says why in its commit (and here: the fair balance fix changed
 one run, a 4/2/2 moment of the mixed faults' fleet now settling at 3/3/2; orders are pinned since they are
-simulated).
+simulated; a member no longer asks for the partitions it released as sick while it keeps away from them, which
+changed the three fair runs with slow workers: "slow, fair" writes 238 records where the bouncing wrote 377).
 """
 
 from __future__ import annotations
@@ -54,14 +55,14 @@ PINNED = {
     "join, greedy": ("04bc9d2dae4b792e95a838c6a5cebf5f", 355, 0),
     "leave, fair": ("188ee4b544ab0271bff56a3436158ac9", 211, 0),
     "leave, greedy": ("e5563bbf539eeb1640d889afd69c06cb", 210, 0),
-    "slow, fair": ("3d0b896160e62785710c2f792201f84c", 377, 0),
+    "slow, fair": ("03dd3320bb3fd80d971bf080d9c956cd", 238, 0),
     "slow, greedy": ("f2d7c437d92f5970c17676669e3358e0", 245, 0),
     "order, fair": ("761b2c033c11390503a4acc13696af21", 286, 0),  # operators' orders, simulated since
     "order, greedy": ("5793d55ba24c61d670a8abaa5e0cf8a9", 281, 0),
-    "every kind, fair": ("1cb6aff0a68f17a189ea6717805488dc", 649, 0),  # balance settles within one (0b2a91a)
+    "every kind, fair": ("18048d25e17c0297358ad643d6587cb3", 623, 0),  # balance settles within one (0b2a91a)
     "every kind, greedy": ("ae3ffcef2b2db05b2891e6ca2cf5dcc8", 618, 0),
     "docs": ("94a6e6c613e456a8459b7115c0ef9967", 1356, 0),
-    "three coordination partitions": ("af60b985a935b351403602cce62aea6d", 814, 0),
+    "three coordination partitions": ("8ebd515cd6b81236d029e79f63e305cc", 846, 0),
     "planted": ("e9cbbe730571dbe67bb8c04f4ef4fc78", 100, 5),
 }
 
