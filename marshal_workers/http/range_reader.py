@@ -76,10 +76,7 @@ class RangeReader:
             consumer.assign([TopicPartition(self.topic, p, offset) for p, offset in sorted(wanted.items())])
             self._positions = dict(wanted)
         reading_from = dict(self._positions)
-        # Up to 10 ms for the first message (the loop has more to do than wait here), then what else is fetched
-        # already: consume(n, timeout) would wait the whole timeout whenever fewer than n are there, every pass.
-        first = consumer.poll(0.01)
-        records = [] if first is None else [first, *consumer.consume(FETCH_MOST - 1, 0)]
+        records = consumer.consume(FETCH_MOST, 0.01)  # short: the loop has more to do than wait here
         seen: dict[int, int] = {}  # partition -> the offset after the last message (or the end) seen
         fetched: list[tuple[int, int, Any]] = []
         for record in records:
