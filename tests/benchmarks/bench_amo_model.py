@@ -45,24 +45,12 @@ def inner(brokers: str, topic: str, count: int, variant: str, rtt_ms: float, bat
     import bench_app  # reads MW_BENCH_* from the environment
 
     from marshal_workers.core.config import Settings
-    from marshal_workers.handlers.app import Message
-    from marshal_workers.kafka import client_profiles
     from marshal_workers.runtime.channel import Field, Slot, WorkerSpec, monotonic_ms
     from marshal_workers.runtime.worker.worker import Worker
 
     settings = Settings(brokers=brokers, group="bench-amo", max_messages_per_worker=count, log_level="warning")
     if variant == "raw":
-        from confluent_kafka import Consumer, TopicPartition
-
-        consumer = Consumer(client_profiles.worker_consumer(settings))
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        seen = 0
-        while seen < count:
-            for record in consumer.consume(num_messages=min(500, count - seen), timeout=0.5):
-                if record.error() is None:
-                    bench_app.handle_throughput(Message(record))
-                    seen += 1
-        consumer.close()
+        bench_app.raw_loop(settings, topic, count)
     else:
         import multiprocessing
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import msgspec
 
@@ -72,6 +73,26 @@ def handle_throughput(msg: Message) -> None:
                 f.write("1" if trace.get_current_span().is_recording() else "0")
     elif offset == LAST:
         _stamp(f"last-{msg.partition}", time.time())
+
+
+def raw_loop(settings: Any, topic: str, count: int) -> None:
+    """The raw consumer loop the loop benchmarks (bench_loop.py, bench_amo_model.py) measure a worker against:
+    ``consume(500, 0.5)`` on a Consumer with the worker's own settings, the error check, ``handle_throughput`` on a
+    Message of each record, until ``count`` messages of partition 0 (from offset 0) are handled."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from marshal_workers.kafka import client_profiles
+
+    handle = handle_throughput
+    consumer = Consumer(client_profiles.worker_consumer(settings))
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    seen = 0
+    while seen < count:
+        for record in consumer.consume(num_messages=min(500, count - seen), timeout=0.5):
+            if record.error() is None:
+                handle(Message(record))
+                seen += 1
+    consumer.close()
 
 
 class Order(msgspec.Struct):

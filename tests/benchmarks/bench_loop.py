@@ -44,26 +44,13 @@ def inner(brokers: str, topic: str, count: int, variant: str) -> None:
     import bench_app  # reads MW_BENCH_* from the environment: topic, ALO, the stamp directory
 
     from marshal_workers.core.config import Settings
-    from marshal_workers.handlers.app import Message
-    from marshal_workers.kafka import client_profiles
     from marshal_workers.runtime.channel import Field, Slot, WorkerSpec, monotonic_ms
     from marshal_workers.runtime.worker.worker import Worker
 
     settings = Settings(brokers=brokers, group="bench-loop", max_messages_per_worker=count, log_level="warning")
     spec = WorkerSpec("bench_app:app", topic, 0, 0, settings)
     if variant == "raw":
-        from confluent_kafka import Consumer, TopicPartition
-
-        handle = bench_app.handle_throughput
-        consumer = Consumer(client_profiles.worker_consumer(settings))
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        seen = 0
-        while seen < count:
-            for record in consumer.consume(num_messages=min(500, count - seen), timeout=0.5):
-                if record.error() is None:
-                    handle(Message(record))
-                    seen += 1
-        consumer.close()
+        bench_app.raw_loop(settings, topic, count)
         return
     slot = Slot.create(multiprocessing.get_context("fork"), 0)
     slot.set(Field.LEASE_UNTIL_MS, monotonic_ms() + 3_600_000)  # no supervisor: a lease that outlasts the run
