@@ -205,7 +205,7 @@ SETTINGS: dict[str, Setting] = {
         Setting("serve_token_file", _parse_str, "serve: read the token from this file instead."),
         Setting("serve_pending_timeout", parse_duration, "serve: how long a read message stays pending."),
         Setting("serve_max_deliveries", _parse_int(1), "serve: hand-outs of a message before it is dead-lettered."),
-        Setting("serve_range_size", _parse_int(1), "serve: offsets per range lease."),
+        Setting("serve_range_size", _parse_int(1), "serve: offsets per range lease, at least (more for fast readers)."),
         Setting("serve_dlq_topic", _parse_str, "serve: the dead-letter topic (default: <topic>.dlq)."),
         Setting("serve_tls_cert", _parse_str, "serve: a PEM certificate (chain): serve HTTPS."),
         Setting("serve_tls_key", _parse_str, "serve: the certificate's PEM private key."),

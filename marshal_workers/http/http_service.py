@@ -231,6 +231,7 @@ async def _read(request: web.Request) -> web.StreamResponse:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return web.Response(status=204)
+            topic.wake_loop()  # it leases and fetches for the reads that wait
             await news.wait(remaining)
     finally:
         topic.waiting_readers -= 1

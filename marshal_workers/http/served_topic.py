@@ -47,7 +47,7 @@ from marshal_workers.core.logs import group_log
 from marshal_workers.errors import CoordinationWriteError, MaxDeliveriesExceeded, UnknownTopicError
 from marshal_workers.http.group_commit import GroupCommit, Kind, WriteStats
 from marshal_workers.http.http_messages import BadRequest, MessageId, message_json
-from marshal_workers.http.lease_ahead import READERS_RECENT_S, HandOutRate, ranges_wanted
+from marshal_workers.http.lease_ahead import READERS_RECENT_S, HandOutRate, range_size, ranges_wanted
 from marshal_workers.http.range_reader import RangeReader
 from marshal_workers.http.serve_counters import ServeCounters
 from marshal_workers.http.served_lease import ServedLease, given_back, reserve_dead_letters
@@ -129,6 +129,7 @@ class ServedTopic:
         self._next_full_sync = 0.0
         self._rng = random.Random()
         self._stop_loop = threading.Event()
+        self._wake_loop = threading.Event()  # a read found nothing to hand out: the loop's next pass now
         self._thread: threading.Thread | None = None
         self._holder: MemberId | None = None
         self._group_commit: GroupCommit | None = None
@@ -178,6 +179,7 @@ class ServedTopic:
 
     def close(self) -> None:
         self._stop_loop.set()
+        self._wake_loop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._dlq.close()
@@ -403,7 +405,14 @@ class ServedTopic:
                 self.log.warning("%s: coordination write not confirmed: %s", self.topic, exc)
             except Exception:  # the loop must go on: a bug here would strand every held range
                 self.log.exception("%s: the serve loop failed a step", self.topic)
-            self._stop_loop.wait(LOOP_PAUSE_S)
+            # A pause between passes, cut short by a read that found nothing to hand out: it waits for what the
+            # next pass leases and fetches.
+            self._wake_loop.wait(LOOP_PAUSE_S)
+            self._wake_loop.clear()
+
+    def wake_loop(self) -> None:
+        """A read found nothing to hand out: the loop's next pass at once (from the event loop)."""
+        self._wake_loop.set()
 
     def _step(self) -> None:
         now = time.monotonic()
@@ -630,7 +639,11 @@ class ServedTopic:
                 1 for h in self.ranges.values() if not h.fetched() or any(h.eligible(o, now) for o in h.messages)
             )
         rate = self._hand_outs.per_second(time.monotonic())
-        return ranges_wanted(held, active, available, rate, self.options.range_size, self.options.max_leases)
+        return ranges_wanted(held, active, available, rate, self._range_size(), self.options.max_leases)
+
+    def _range_size(self) -> int:
+        """Offsets of the next ranges: the configured size, or more for fast readers (lease_ahead.range_size)."""
+        return range_size(self._hand_outs.per_second(time.monotonic()), self.options.range_size)
 
     def _claim(self) -> None:
         if not self._readers():
@@ -640,7 +653,7 @@ class ServedTopic:
         if not want or not self._ends.ends:
             return
         now_ms = self.coordinator.now_ms()
-        size = self.options.range_size
+        size = self._range_size()
         high = {p: partition_end(end, self._reader.fetched_high.get(p, -1)) for p, end in self._ends.ends.items()}
         # With readers waiting and nothing to hand out, a partition read to its end gets a range there: its fetches
         # hand the messages out as they come (and tell the true end).

@@ -1,28 +1,40 @@
-"""Benchmark: the HTTP service (``marshal-workers serve``) against its ceiling and against Python workers.
+"""Benchmark: the HTTP service (``marshal-workers serve``) against its two ceilings and against Python workers.
 
-    /work/venv/bin/python tests/benchmarks/bench_serve.py [--seconds 10] [--clients 8 64] [--rate 200]
+    python tests/benchmarks/bench_serve.py [--seconds 10] [--clients 8 64] [--rate 200]
+        [--durable-linger-ms default 0] [--batch-max 100] [--batch-messages 1000000]
         [--compare main=/path/to/a/checkout] [--round-trips-only] [--brokers HOST:PORT]
 
 Starts its own embedded broker (Tansu, memory only), or uses the Kafka cluster at --brokers (a broker on cores of
-its own: on this 2-core machine the embedded broker's CPU is taken from the server and the clients, and the
-ceiling has none; docs/http-service.md, "Performance"), and per case a fresh 2-partition topic and group:
+its own: on this 2-core machine the embedded broker's CPU is taken from the server and the clients;
+docs/http-service.md, "Performance"), and per case a fresh 2-partition topic and group:
 
 1. round trips: for each --clients count, that many keep-alive HTTP clients (tests/benchmarks/
    serve_bench_client.py, spread over --client-processes processes) read and ack for --seconds against one
    server, with max=1 (one message per round trip: read + ack), and with max=10 at the first count: round trips
    and messages per second, read and ack latency (p50, p99), messages per CPU-second of the server, and the
-   latency of the server's own coordination writes (from its /metrics histogram, p50 and p99).  The ceiling, in
-   the same run with the same clients: a bare aiohttp server (serve_ceiling.py) answering the same request and
-   response bodies without Kafka; the service's figures are also given as a share of it.  ``--compare
-   NAME=PATH`` also runs each max=1 case against the server of another checkout (e.g. a worktree of main).
-   Baseline in the same run: a Python shared worker (``run --processes`` the first count, the same topic kind, a
-   trivial handler) on the same number of messages: messages per second and per CPU-second of its processes.
-2. added latency: messages produced at --rate per second for --seconds, handled by the HTTP clients (max=1)
-   or by the Python shared workers: end-to-end latency (handled time minus the message's Kafka timestamp),
-   p50 and p99, and the difference.
+   latency of the server's own coordination writes (from its /metrics histogram, p50 and p99).  Two ceilings, in
+   the same run with the same clients, both a bare aiohttp server (serve_ceiling.py) answering the same request
+   and response bodies, reads from memory: in memory, whose acks write nothing (what the web server, the JSON
+   library and the clients allow), and durable, whose every ack request produces one ``acks=all`` idempotent
+   record (the package's output producer) to a topic of its own on the same broker and is answered after its
+   delivery report (what a server must do at least to answer an ack durably); ``--durable-linger-ms`` runs one
+   durable ceiling per value given, its producer's ``linger.ms`` set as a user would (``[kafka.producer]``;
+   ``default``: the output producer as it is, librdkafka's 5 ms).  The service's figures are also given as a
+   share of each.  ``--compare NAME=PATH`` also runs the max=1 and max=--batch-max cases against the
+   server of another checkout (e.g. a worktree of main).
+2. batches: the first --clients count reading and acking --batch-max offsets a request (--batch-messages
+   produced first; 0 skips this part), against a classic worker (``run --processes 2``: each partition to one
+   worker process, a trivial handler) on as many messages of the same topic kind: messages per second, and the
+   service's share of the worker's; the in-memory ceiling at the same max, for what the web server and the
+   clients allow.
+3. the Python shared workers (``run --processes`` the first count, the same topic kind, a trivial handler) on
+   the messages of the first max=1 case: messages per second and per CPU-second of its processes; and the
+   added latency: messages produced at --rate per second for --seconds, handled by the HTTP clients (max=1) or
+   by the Python shared workers: end-to-end latency (handled time minus the message's Kafka timestamp), p50
+   and p99, and the difference.
 
-``--round-trips-only`` runs part 1 without the Python baseline.  A benchmark, not a test: it prints figures; the
-exit status is non-zero only if it could not run.
+``--round-trips-only`` runs parts 1 and 2, without part 3.  A benchmark, not a test: it prints figures; the exit
+status is non-zero only if it could not run.
 """
 
 from __future__ import annotations
@@ -115,9 +127,18 @@ def start_server(
     return launch(command, env, out / "server.log", port, cwd=package)
 
 
-def start_ceiling(out: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_ceiling(
+    out: Path, durable: tuple[str, str] | None = None, linger_ms: str = ""
+) -> tuple[subprocess.Popen[bytes], str]:
+    """serve_ceiling.py: in memory, or with one durable record per ack to ``durable`` = (bootstrap, topic), its
+    producer's linger.ms ``linger_ms`` if given."""
     port = free_port()
-    return launch([sys.executable, str(HERE / "serve_ceiling.py"), str(port)], base_env(), out / "ceiling.log", port)
+    command = [sys.executable, str(HERE / "serve_ceiling.py"), str(port)]
+    if durable is not None:
+        command += ["--durable", *durable]
+        if linger_ms:
+            command += ["--linger-ms", linger_ms]
+    return launch(command, base_env(), out / "ceiling.log", port)
 
 
 def launch(
@@ -226,10 +247,17 @@ def figures_of(results: list[dict[str, Any]], elapsed: float, cpu: float) -> dic
     }
 
 
-def ceiling(clients: int, processes: int, seconds: float, most: int) -> dict[str, float]:
-    """The bare aiohttp server under the same clients."""
+def ceiling(
+    clients: int, processes: int, seconds: float, most: int, bootstrap: str = "", linger_ms: str = ""
+) -> dict[str, float]:
+    """The bare aiohttp server under the same clients: in memory, or (``bootstrap``) with one durable record per
+    ack to a fresh topic of its own on that broker (one partition, as a coordination log)."""
     out = Path(tempfile.mkdtemp(prefix="bench-serve-ceiling-"))
-    server, url = start_ceiling(out)
+    durable = None
+    if bootstrap:
+        durable = (bootstrap, f"ceiling-{uuid.uuid4().hex[:8]}")
+        create_topic(bootstrap, durable[1], 1)
+    server, url = start_ceiling(out, durable, linger_ms)
     try:
         cpu_before = group_cpu(server.pid)
         results, elapsed = run_clients(url, clients, processes, seconds, most, out)
@@ -275,8 +303,11 @@ def http_clients(
     return found
 
 
-def python_workers(bootstrap: str, processes: int, seconds: float, messages: int, rate: int = 0) -> dict[str, float]:
-    """The baseline: ``run --processes N`` of a shared handler (tests/benchmarks/shared_bench_app.py)."""
+def python_workers(
+    bootstrap: str, processes: int, seconds: float, messages: int, rate: int = 0, shared: bool = True
+) -> dict[str, float]:
+    """The baseline: ``run --processes N`` of a handler (tests/benchmarks/shared_bench_app.py), shared, or a
+    classic worker (each partition to one process)."""
     topic, group = f"serve-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
     out = Path(tempfile.mkdtemp(prefix="bench-serve-py-"))
     create_topic(bootstrap, topic, PARTITIONS)
@@ -284,7 +315,7 @@ def python_workers(bootstrap: str, processes: int, seconds: float, messages: int
         produce(bootstrap, topic, messages, PARTITIONS)
     env = base_env() | {
         "MW_BENCH_TOPIC": topic,
-        "MW_BENCH_SHARED": "1",
+        "MW_BENCH_SHARED": "1" if shared else "0",
         "MW_BENCH_OUT": str(out),
         "MW_BENCH_LATENCY": "1",
     }
@@ -353,17 +384,18 @@ def produce_at(bootstrap: str, topic: str, rate: int, seconds: float) -> None:
     producer.flush(30)
 
 
-def line(name: str, found: dict[str, float], bar: dict[str, float] | None = None) -> str:
+def line(name: str, found: dict[str, float], bars: dict[str, dict[str, float]] | None = None) -> str:
+    """A case's figures, and its share of each of ``bars`` (name -> figures)."""
     text = (
-        f"    {name:<22} {found['round_trips_per_s']:7.0f} round trips/s {found['messages_per_s']:7.0f} msgs/s "
+        f"    {name:<24} {found['round_trips_per_s']:7.0f} round trips/s {found['messages_per_s']:7.0f} msgs/s "
         f"{found['messages_per_server_cpu_s']:7.0f} msgs/server-CPU-s; read p50 {found['read_p50_ms']:.1f} ms "
         f"p99 {found['read_p99_ms']:.1f} ms; ack p50 {found['ack_p50_ms']:.1f} ms p99 {found['ack_p99_ms']:.1f} ms"
     )
     if not math.isnan(found.get("write_p50_ms", float("nan"))):
         text += f"; write p50 {found['write_p50_ms']:.1f} ms p99 {found['write_p99_ms']:.1f} ms"
-    if bar is not None:
+    for bar_name, bar in (bars or {}).items():
         text += (
-            f"\n    {'':<22} of the ceiling: {found['messages_per_s'] / bar['messages_per_s']:.2f} msgs/s, "
+            f"\n    {'':<24} of the {bar_name}: {found['messages_per_s'] / bar['messages_per_s']:.2f} msgs/s, "
             f"{found['messages_per_server_cpu_s'] / bar['messages_per_server_cpu_s']:.2f} per CPU-s"
         )
     return text
@@ -382,7 +414,17 @@ def main() -> int:
         metavar="NAME=PATH",
         help="Also measure the server of the checkout at PATH (max=1 cases).",
     )
-    parser.add_argument("--round-trips-only", action="store_true", help="Part 1 only, without the Python baseline.")
+    parser.add_argument(
+        "--durable-linger-ms",
+        nargs="+",
+        default=["default"],
+        help="The durable ceiling's producer's linger.ms, one ceiling each ('default': the output producer's).",
+    )
+    parser.add_argument("--batch-max", type=int, default=100, help="max of part 2's reads (and acks).")
+    parser.add_argument("--batch-messages", type=int, default=1_000_000, help="Messages for part 2 (0: skip part 2).")
+    parser.add_argument(
+        "--round-trips-only", action="store_true", help="Parts 1 and 2 only, without part 3 (the Python baselines)."
+    )
     parser.add_argument("--json", action="store_true", help="Also print the figures as JSON.")
     parser.add_argument("--brokers", default="", help="A Kafka cluster to use instead of the embedded broker.")
     args = parser.parse_args()
@@ -397,22 +439,32 @@ def main() -> int:
                 f"processes, {args.seconds:g}s",
                 flush=True,
             )
-            figures[f"ceiling c={clients} max=1"] = bar = ceiling(clients, args.client_processes, args.seconds, 1)
-            print(line("ceiling (bare aiohttp)", bar), flush=True)
+            figures[f"ceiling c={clients} max=1"] = memory = ceiling(clients, args.client_processes, args.seconds, 1)
+            print(line("ceiling in memory", memory), flush=True)
+            bars = {"in-memory ceiling": memory}
+            for linger in args.durable_linger_ms:
+                name = "durable ceiling" + (f" linger {linger} ms" if linger != "default" else "")
+                figures[f"{name} c={clients} max=1"] = durable = ceiling(
+                    clients, args.client_processes, args.seconds, 1, bootstrap, "" if linger == "default" else linger
+                )
+                print(line(name, durable, {"in-memory ceiling": memory}), flush=True)
+                bars[name] = durable
             for name, path in others:
                 figures[f"{name} c={clients} max=1"] = found = http_clients(
                     bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes, package=path
                 )
-                print(line(f"{name} max=1", found, bar), flush=True)
+                print(line(f"{name} max=1", found, bars), flush=True)
             figures[f"http c={clients} max=1"] = found = http_clients(
                 bootstrap, clients, args.seconds, 1, plenty, processes=args.client_processes
             )
-            print(line("this checkout max=1", found, bar), flush=True)
+            print(line("this checkout max=1", found, bars), flush=True)
         clients = args.clients[0]
         figures[f"http c={clients} max=10"] = found = http_clients(
             bootstrap, clients, args.seconds, 10, plenty, processes=args.client_processes
         )
         print(line(f"c={clients} max=10", found), flush=True)
+        if args.batch_messages:
+            batches(bootstrap, args, others, figures)
         if not args.round_trips_only:
             python_baselines(bootstrap, args, figures)
     if args.json:
@@ -423,10 +475,48 @@ def main() -> int:
     return 0
 
 
+def batches(
+    bootstrap: str, args: argparse.Namespace, others: list[tuple[str, ...]], figures: dict[str, dict[str, float]]
+) -> None:
+    """Reads and acks of --batch-max offsets a request against a classic worker (``run``, one process per
+    partition) on as many messages of the same topic kind."""
+    clients, most, messages = args.clients[0], args.batch_max, args.batch_messages
+    print(
+        f"\n2. batches: {clients} keep-alive HTTP clients, max={most} ({messages:,} messages produced first), "
+        f"against a classic worker (run --processes {PARTITIONS}, one per partition)",
+        flush=True,
+    )
+    # What the web server, the JSON library and the clients allow at this max, writing nothing: the bar above both.
+    figures[f"ceiling c={clients} max={most}"] = memory = ceiling(clients, args.client_processes, args.seconds, most)
+    print(line("ceiling in memory", memory), flush=True)
+    cases = [*((name, path) for name, path in others), ("this checkout", None)]
+    found: dict[str, dict[str, float]] = {}
+    for checkout_name, path in cases:
+        name, key = f"{checkout_name} max={most}", "http" if path is None else checkout_name
+        found[name] = figures[f"{key} c={clients} max={most}"] = http_clients(
+            bootstrap, clients, args.seconds, most, messages, processes=args.client_processes, package=path
+        )
+        print(line(name, found[name], {"in-memory ceiling": memory}), flush=True)
+        if found[name]["messages"] >= 0.95 * messages:
+            print(f"    {'':<24} (it ran out of messages: give --batch-messages more)", flush=True)
+    # As many as were produced for the HTTP clients: at several hundred thousand a second a fifth of that was a
+    # third of a second's burst, whose rate varied by half from run to run.
+    handled = max(messages, int(max(f["messages"] for f in found.values())))
+    figures["classic"] = base = python_workers(bootstrap, PARTITIONS, args.seconds, handled, shared=False)
+    print(
+        f"    {'classic worker x ' + str(PARTITIONS):<24} {base['messages_per_s']:7.0f} msgs/s "
+        f"{base['messages_per_cpu_s']:7.0f} msgs/CPU-s (all its processes), {handled:,} messages",
+        flush=True,
+    )
+    for name, case in [("ceiling in memory", memory), *found.items()]:
+        print(f"    {name:<24} of the classic worker: {case['messages_per_s'] / base['messages_per_s']:.2f} msgs/s")
+
+
 def python_baselines(bootstrap: str, args: argparse.Namespace, figures: dict[str, dict[str, float]]) -> None:
     clients = args.clients[0]
     first = figures[f"http c={clients} max=1"]
     messages = max(20_000, int(first["messages"]))  # enough for a rate, not a burst
+    print(f"\n3. Python shared workers x {clients} against the HTTP clients (max=1)", flush=True)
     figures["python"] = base = python_workers(bootstrap, clients, args.seconds, messages)
     print(
         f"    baseline: Python shared worker x {clients}, {messages:,} messages: "
@@ -434,9 +524,7 @@ def python_baselines(bootstrap: str, args: argparse.Namespace, figures: dict[str
         f"processes); HTTP max=1 / Python: {first['messages_per_s'] / base['messages_per_s']:.3f} wall",
         flush=True,
     )
-    print(
-        f"\n2. end-to-end latency at {args.rate} msgs/s for {args.seconds:g}s (handled - Kafka timestamp)", flush=True
-    )
+    print(f"    end-to-end latency at {args.rate} msgs/s for {args.seconds:g}s (handled - Kafka timestamp)", flush=True)
     figures["latency http"] = http = http_clients(
         bootstrap, clients, args.seconds + 2, 1, 0, rate=args.rate, processes=args.client_processes
     )

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import checkout  # noqa: F401  (sys.path: this checkout's package, not the one installed)
+
 
 def thread_cpu() -> dict[str, float]:
     """CPU seconds per thread of this process, summed by name."""

@@ -8,7 +8,14 @@ import time
 import pytest
 
 from marshal_workers.core.config import Settings
-from marshal_workers.http.lease_ahead import HAND_OUT_WINDOW_S, LEASE_AHEAD_S, READERS_RECENT_S, HandOutRate
+from marshal_workers.http.lease_ahead import (
+    HAND_OUT_WINDOW_S,
+    LEASE_AHEAD_S,
+    MOST_RANGE,
+    READERS_RECENT_S,
+    HandOutRate,
+    range_size,
+)
 from marshal_workers.http.served_lease import ServedLease
 from marshal_workers.http.served_topic import ServedTopic, ServeOptions
 from marshal_workers.runtime.channel import monotonic_ms
@@ -49,19 +56,41 @@ def test_a_reader_waiting_now_gets_a_range_whenever_it_read_last() -> None:
     assert topic._want(topic.available()) == 2  # nothing left to hand out: two ranges (max_leases allows it)
 
 
-def test_fast_readers_get_enough_ranges_leased_at_once_to_last_the_lease_ahead_time() -> None:
-    topic = served_with_messages_left(60, last_read_s_ago=0.01)  # more than half a range at hand
-    assert topic._want(topic.available()) == 0, "at a slow rate half a range at hand is enough"
+def reading_at(per_second: int) -> HandOutRate:
+    """A hand-out rate of one full window at ``per_second``, measured at times ahead of the clock so that no window
+    closes while the test runs, however slowly the machine runs it."""
     rate = HandOutRate()
-    # One full window at 6,000 messages a second (300 taken in LEASE_AHEAD_S, with 60 at hand), measured at times
-    # ahead of the clock so that no window closes while the test runs, however slowly the machine runs it.
     window_start = time.monotonic() + 3600
     rate.per_second(window_start)
-    rate.count += int(6_000 * HAND_OUT_WINDOW_S)
-    assert rate.per_second(window_start + HAND_OUT_WINDOW_S) == pytest.approx(6_000)
-    topic._hand_outs = rate
-    assert 6_000 * LEASE_AHEAD_S == pytest.approx(300)
-    assert topic._want(topic.available()) == 3  # ceil((300 - 60) / 100), within max_leases (4) less the one held
+    rate.count += int(per_second * HAND_OUT_WINDOW_S)
+    assert rate.per_second(window_start + HAND_OUT_WINDOW_S) == pytest.approx(per_second)
+    return rate
+
+
+@pytest.mark.parametrize(
+    ("per_second", "ranges", "size"),
+    [(6_000, 1, 600), (60_000, 2, MOST_RANGE)],
+    ids=["one larger range", "several ranges of the largest size"],
+)
+def test_fast_readers_get_enough_offsets_leased_at_once_to_last_the_lease_ahead_time(
+    per_second: int, ranges: int, size: int
+) -> None:
+    topic = served_with_messages_left(60, last_read_s_ago=0.01)  # more than half a range at hand
+    assert topic._want(topic.available()) == 0, "at a slow rate half a range at hand is enough"
+    topic._hand_outs = reading_at(per_second)
+    assert topic._range_size() == size  # RANGE_SPAN_S of their reads (6,000 a second: 600), at most MOST_RANGE
+    assert topic._want(topic.available()) == ranges
+    assert ranges * size >= per_second * LEASE_AHEAD_S - 60, "what they take in LEASE_AHEAD_S, with 60 at hand"
+    assert (ranges - 1) * size < per_second * LEASE_AHEAD_S - 60, "and no range more"
+
+
+@pytest.mark.parametrize(
+    ("per_second", "configured", "size"),
+    [(0, 100, 100), (500, 100, 100), (6_000, 100, 600), (10**6, 100, MOST_RANGE), (10**6, 5000, 5000)],
+)
+def test_ranges_are_the_configured_size_or_larger_for_fast_readers(per_second: int, configured: int, size: int) -> None:
+    # Below RANGE_SPAN_S of their reads the configured size; above it that much, up to MOST_RANGE; never less.
+    assert range_size(per_second, configured) == size
 
 
 def test_the_hand_out_rate_is_the_last_full_windows() -> None:
