@@ -186,6 +186,9 @@ class PartitionHolding(Generic[H]):
         self.counters: ClaimCounts = ClaimCounters() if counters is None else counters
         self.claiming = True  # False once another instance of our client took our partitions: claim nothing more
         self.drained = False  # an operator drained us (member/obeying.py): claim nothing, balance nothing
+        # Releases whose write failed: their partitions go to the next owner only when the lease runs out (2*HB),
+        # from their last confirmed position, so what was handled since is handled again.
+        self.releases_not_confirmed = 0
 
     # ------------------------------------------------------------- the loop
 
@@ -477,6 +480,7 @@ class PartitionHolding(Generic[H]):
 
         def failed(exc: Exception) -> None:
             policy.release_decided(key)
+            self.releases_not_confirmed += 1
             self.log.error("release of %s[%d] at offset %d not confirmed: %s", *key, offset, exc)
 
         shell.submit("release", [record], released, failed)

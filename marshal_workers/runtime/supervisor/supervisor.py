@@ -121,6 +121,7 @@ class Supervisor:
         self._stop_began: float | None = None
         self._stop_deadline: float | None = None
         self._releases_before_stop = 0
+        self._unconfirmed_before_stop = 0
         self._workers_killed = False
         self._app_started = False  # its on_startup hooks ran: its on_shutdown hooks run as we exit
 
@@ -300,7 +301,12 @@ class Supervisor:
         if self._stop_began is None:
             return  # SIGQUIT: it said so already
         released = sum(self.counters.releases.values()) - self._releases_before_stop
-        line = stop_line(released, time.monotonic() - self._stop_began, self.exit_code, self._workers_killed)
+        not_confirmed = self._require_parts().claims.releases_not_confirmed() - self._unconfirmed_before_stop
+        if not_confirmed and self.exit_code == 0:
+            self.exit_code = ExitCode.KAFKA_UNAVAILABLE  # not a clean stop: scripts and systemd should know
+        line = stop_line(
+            released, time.monotonic() - self._stop_began, self.exit_code, self._workers_killed, not_confirmed
+        )
         if self.exit_code == 0 and not self._workers_killed:
             self.log.info("%s%s", line, ", restarting" if self.restart_requested else "")
         else:
@@ -429,6 +435,7 @@ class Supervisor:
         self.table.phase = Phase.STOPPING
         self._stop_began = time.monotonic()
         self._releases_before_stop = sum(self.counters.releases.values())
+        self._unconfirmed_before_stop = self._require_parts().claims.releases_not_confirmed()
         self._stop_deadline = time.monotonic() + self.settings.shutdown_timeout
         for _, component in self._require_parts().components:
             component.begin_stop()

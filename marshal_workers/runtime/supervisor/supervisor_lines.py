@@ -60,14 +60,22 @@ def _setting_text(name: str, value: object) -> str:
     return str(value)
 
 
-def stop_line(released: int, seconds: float, exit_code: int, workers_killed: bool) -> str:
-    """The last line of a supervisor that stopped by releasing its partitions."""
+def stop_line(released: int, seconds: float, exit_code: int, workers_killed: bool, not_confirmed: int = 0) -> str:
+    """The last line of a supervisor that stopped by releasing its partitions (``not_confirmed``: of those
+    releases, the ones whose write failed)."""
     what = f"released {released} partition{'' if released == 1 else 's'}"
-    if exit_code == 0 and not workers_killed:
+    if exit_code == 0 and not workers_killed and not not_confirmed:
         return f"stopped cleanly: {what} at {'its offset' if released == 1 else 'their offsets'} in {seconds:.1f}s"
     killed = "; workers were killed and released at their last progress" if workers_killed else ""
+    lapsing = (
+        f"; {not_confirmed} of the releases not confirmed (Kafka did not answer): those partitions go to another"
+        " member when their lease runs out (2*HB), from their last confirmed heartbeat, and what was handled since"
+        " is handled again"
+        if not_confirmed
+        else ""
+    )
     code = f" with exit code {exit_code}" if exit_code else ""
-    return f"stopped{code}: {what} in {seconds:.1f}s{killed}"
+    return f"stopped{code}: {what} in {seconds:.1f}s{killed}{lapsing}"
 
 
 def loop_health(

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from confluent_kafka import KafkaException
+
 from marshal_workers.member.partition_holding import (
     PartitionHolding,
     Position,
@@ -59,6 +61,7 @@ class Member:
         self.written: list[codec.Record] = []
         self.deferred: list[tuple[list[codec.Record], OnVerdicts]] = []  # writes in flight, while ``defer``
         self.defer = False
+        self.failing: Exception | None = None  # writes fail with this (Kafka does not answer)
         self.looked_up: list[list[Key]] = []
         self.held: dict[Key, Partition] = {}
         self.core = PartitionHolding(ME, ClaimingSettings(heartbeat_s=HB_MS / 1000), random.Random(0), self.held, self)
@@ -90,7 +93,9 @@ class Member:
 
     def submit(self, what: str, records: list[codec.Record], on_verdicts: OnVerdicts, on_failure: OnFailure) -> None:
         self.written += records
-        if self.defer:
+        if self.failing is not None:
+            on_failure(self.failing)
+        elif self.defer:
             self.deferred.append((records, on_verdicts))
         else:
             on_verdicts(self.land(*records))
@@ -170,6 +175,17 @@ def test_a_claim_won_while_the_member_stops_is_released_at_once_and_never_worked
     assert member.held == {} and member.world.owner("t", 0) is None
     assert [r.offset for r in member.of(codec.Release)] == [5]
     assert member.core.counters.releases == {"shutdown": 1}
+
+
+def test_a_release_kafka_does_not_confirm_is_counted_for_the_stop_to_say_so() -> None:
+    member = Member(partitions=2, committed={("t", 0): 5, ("t", 1): 7})
+    member.core.step(0.0)
+    member.failing = KafkaException("timed out")  # Kafka stops answering, then a stop begins
+    member.is_running = False
+    for held in list(member.held.values()):
+        member.core.release(held)
+    assert len(member.of(codec.Release)) == 2 and member.core.releases_not_confirmed == 2
+    assert member.core.stopped(), "a failed write is decided: the stop does not wait for it"
 
 
 def test_a_heartbeat_refused_loses_the_partition_and_another_instance_of_our_client_stops_our_claims() -> None:

@@ -40,6 +40,9 @@ def test_the_stop_line_says_whether_the_stop_was_clean() -> None:
         "stopped: released 3 partitions in 31.0s; workers were killed and released at their last progress"
     )
     assert stop_line(2, 0.3, 10, False) == "stopped with exit code 10: released 2 partitions in 0.3s"
+    unconfirmed = stop_line(4, 8.0, 4, False, not_confirmed=4)
+    assert not unconfirmed.startswith("stopped cleanly") and unconfirmed.startswith("stopped with exit code 4:")
+    assert "4 of the releases not confirmed" in unconfirmed and "handled again" in unconfirmed
 
 
 def test_the_start_line_says_where_the_start_up_went() -> None:
