@@ -22,10 +22,17 @@ pytestmark = pytest.mark.broker
 
 @contextlib.contextmanager
 def amo_fleet_behind_a_proxy(
-    unique: str, tmp_path: Path, partitions: int, delay: str, batch: int, produce_delay_s: float = 0.0
+    unique: str,
+    tmp_path: Path,
+    partitions: int,
+    delay: str,
+    batch: int,
+    produce_delay_s: float = 0.0,
+    mode: str = "amo",
 ) -> Iterator[tuple[Fleet, KafkaProxy]]:
-    """An AMO fleet whose every Kafka request goes through a KafkaProxy (Produce delayed by ``produce_delay_s``,
-    or held between stall() and resume()), on a broker of its own; every process stopped at the end."""
+    """An AMO fleet (or ``mode``'s) whose every Kafka request goes through a KafkaProxy (Produce delayed by
+    ``produce_delay_s``, or held between stall() and resume()), on a broker of its own; every process stopped at
+    the end."""
     proxy_port = free_port()
     with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
         assert broker.port is not None
@@ -37,7 +44,7 @@ def amo_fleet_behind_a_proxy(
                 unique,
                 tmp_path,
                 partitions=partitions,
-                env={"MW_TEST_MODE": "amo", "MW_TEST_DELAY": delay, "MW_TEST_BATCH_SIZE": str(batch)},
+                env={"MW_TEST_MODE": mode, "MW_TEST_DELAY": delay, "MW_TEST_BATCH_SIZE": str(batch)},
             )
             yield fleet, proxy
         finally:
@@ -98,6 +105,35 @@ def test_a_clean_sigterm_while_kafka_stalls_an_amo_claim_loses_nothing(unique: s
         second = fleet.start("second", "--heartbeat-interval", hb)
         poll_until(lambda: len(fleet.counts()) == total, timeout=90, what="every message: a clean stop loses none")
         assert max(fleet.counts().values()) == 1, "at most once: nothing handled twice"
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=60) == ExitCode.OK
+
+
+def test_a_sigterm_whose_releases_kafka_never_confirms_says_so_exits_4_and_loses_nothing(
+    unique: str, tmp_path: Path
+) -> None:
+    """Kafka holds every write while a supervisor stops: its releases are not confirmed.  It once said "stopped
+    cleanly" and exited 0; now its last line says how many releases were not confirmed and what follows, and it
+    exits 4 (Kafka unreachable).  Those partitions go to the next member once their lease runs out, from their
+    last confirmed heartbeat: at least once, nothing is lost."""
+    total = 400
+    with amo_fleet_behind_a_proxy(unique, tmp_path, partitions=2, delay="0.005", batch=20, mode="alo") as (
+        fleet,
+        proxy,
+    ):
+        fleet.produce(range(total))
+        first = fleet.start("first", MARSHAL_WORKERS_WRITE_TIMEOUT="3s")
+        poll_until(lambda: len(fleet.counts()) > 50, timeout=60, what="handling under way")
+        proxy.stall()  # every write from now on waits on Kafka
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == ExitCode.KAFKA_UNAVAILABLE
+        log = fleet.log_of("first")
+        assert "stopped cleanly" not in log
+        assert "of the releases not confirmed" in log and "handled again" in log
+        proxy.resume()
+
+        second = fleet.start("second")
+        poll_until(lambda: len(fleet.counts()) == total, timeout=90, what="every message, at least once")
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=60) == ExitCode.OK
 
