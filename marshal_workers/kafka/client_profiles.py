@@ -21,8 +21,12 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from marshal_workers.core.config import Settings
+from marshal_workers.core.repeated_lines import RepeatedLines
 
 librdkafka_log = logging.getLogger("marshal_workers.librdkafka")
+# With the broker gone librdkafka logs every reconnect attempt, about 20 a second per client: one line of a kind per
+# 10 s, saying how many more there were (core/repeated_lines.py).
+librdkafka_log.addFilter(RepeatedLines(window_s=10.0))
 
 # librdkafka's statistics of the coordination writer (batches and records sent): often enough for a scrape's rate,
 # rare enough that parsing them costs nothing.
