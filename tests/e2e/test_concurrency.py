@@ -151,8 +151,29 @@ def in_flight(seen: list[Call], client: str) -> set[int]:
     return began - {c.offset for c in seen if c.client == client and c.kind == "E"}
 
 
-def all_gated_calls_block(fleet: Fleet, client: str, lanes: int) -> bool:
-    return len(in_flight(calls(fleet), client)) >= lanes
+def all_gated_calls_block(fleet: Fleet, client: str, lanes: int, every: int = 20) -> bool:
+    """At least ``lanes`` calls of ``client`` are in flight, and only gated ones (values divisible by ``every``):
+    every other call it began has returned."""
+    seen = calls(fleet)
+    stuck = in_flight(seen, client)
+    values = {c.offset: c.value for c in seen if c.client == client and c.kind == "S"}
+    return len(stuck) >= lanes and all(int(values[offset]) % every == 0 for offset in stuck)
+
+
+def blocked_and_settled(fleet: Fleet, client: str, lanes: int) -> Callable[[], bool]:
+    """A poll condition: the gated calls block, and no call returned since the last poll (a batch's other messages
+    still being handed to free lanes finish before it holds)."""
+    last = [-1]
+
+    def settled() -> bool:
+        if not all_gated_calls_block(fleet, client, lanes):
+            last[0] = -1
+            return False
+        done = len(ends(fleet))
+        same, last[0] = done == last[0], done
+        return same
+
+    return settled
 
 
 @pytest.mark.parametrize("mode", ["alo", "amo"])
@@ -172,7 +193,7 @@ def test_kill_9_with_32_in_flight_reruns_exactly_those_under_alo_and_none_under_
     }
     fleet.start("a", **env)
     blocked = 32 if mode == "alo" else 5
-    poll_until(lambda: all_gated_calls_block(fleet, "a", blocked), timeout=60, what=f"{blocked} blocked calls")
+    poll_until(blocked_and_settled(fleet, "a", blocked), timeout=60, interval=0.5, what=f"{blocked} blocked calls")
     # Nothing can finish now: wait until a heartbeat (every 1 s) has carried the last done set, then kill.
     done_before = len(ends(fleet))
     poll_until(lambda: heartbeat_seen_after(fleet), timeout=30, what="a heartbeat after the lanes blocked")
