@@ -147,8 +147,11 @@ def test_a_restarted_amo_supervisor_answers_claims_while_it_takes_its_partitions
     partition looked stalled.  Now the backlog drains steadily: at most one lost batch per partition (the
     kill), nothing twice, no partition seen as stalled, and a SIGTERM is prompt."""
     total, batch = 3000, 20  # 150 batches: every claim through the slow proxy, well past the restart
+    # HB 2 s: a claim must be confirmed within an HB. Waiting on the 8 partitions' claims and heartbeats in turn
+    # (the bug) takes 8 x 2 x 150 ms, past it; one CI run on a loaded machine took just over 1 s without it.
+    hb = "2s"
     with amo_fleet_behind_a_proxy(unique, tmp_path, 8, delay="0.0005", batch=batch, produce_delay_s=0.15) as (fleet, _):
-        first = fleet.start("only")
+        first = fleet.start("only", "--heartbeat-interval", hb)
         poll_until(lambda: len(fleet.worker_pids("only")) == 8, timeout=60, what="8 workers")
         fleet.produce(range(total // 4))
         poll_until(lambda: len(fleet.counts()) > total // 8, timeout=60, what="handling under way")
@@ -156,7 +159,7 @@ def test_a_restarted_amo_supervisor_answers_claims_while_it_takes_its_partitions
         first.wait(timeout=10)
         fleet.produce(range(total // 4, total))
 
-        restarted = fleet.start("only")
+        restarted = fleet.start("only", "--heartbeat-interval", hb)
         poll_until(lambda: len(fleet.counts()) >= total - 8 * batch, timeout=90, what="all but the lost batches")
         said = fleet.log_of("only").rsplit(" running ", 1)[1]  # what the restarted one logged
         assert "stalled" not in said and "not confirmed" not in said, said
