@@ -141,6 +141,7 @@ class ClaimCounts(Protocol):
     asks: int  # balance: claims of another member's partition, to be seen asking (refused)
     releases: collections.Counter[str]  # by reason: sick, operator, balance, shutdown, error
     heartbeat_failures: int  # heartbeat writes not confirmed
+    release_failures: int  # release writes not confirmed (the partition waits for its lease to run out)
     partitions_lost: int  # taken over by another member while we held them
 
 
@@ -153,6 +154,7 @@ class ClaimCounters:
     asks: int = 0
     releases: collections.Counter[str] = field(default_factory=collections.Counter)
     heartbeat_failures: int = 0
+    release_failures: int = 0
     partitions_lost: int = 0
 
 
@@ -186,9 +188,6 @@ class PartitionHolding(Generic[H]):
         self.counters: ClaimCounts = ClaimCounters() if counters is None else counters
         self.claiming = True  # False once another instance of our client took our partitions: claim nothing more
         self.drained = False  # an operator drained us (member/obeying.py): claim nothing, balance nothing
-        # Releases whose write failed: their partitions go to the next owner only when the lease runs out (2*HB),
-        # from their last confirmed position, so what was handled since is handled again.
-        self.releases_not_confirmed = 0
 
     # ------------------------------------------------------------- the loop
 
@@ -480,7 +479,7 @@ class PartitionHolding(Generic[H]):
 
         def failed(exc: Exception) -> None:
             policy.release_decided(key)
-            self.releases_not_confirmed += 1
+            self.counters.release_failures += 1
             self.log.error("release of %s[%d] at offset %d not confirmed: %s", *key, offset, exc)
 
         shell.submit("release", [record], released, failed)

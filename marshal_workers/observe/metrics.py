@@ -41,6 +41,9 @@ class Counters:
     asks: int = 0  # balance: claims of another member's partition, to be seen asking (refused)
     releases: collections.Counter[str] = field(default_factory=collections.Counter)  # by reason
     heartbeat_failures: int = 0  # heartbeat writes not confirmed
+    # release writes not confirmed: the partition goes to the next owner when its lease runs out (2*HB), from its
+    # last confirmed position, so what was handled since is handled again
+    release_failures: int = 0
     partitions_lost: int = 0  # taken over by another member while we held them
     # Workers restarted, by reason: crash, lifecycle (a limit), time_limit, poison (a message dead-lettered as
     # WorkerLost), lost_claim.

@@ -106,10 +106,6 @@ class PartitionClaims:
         """No claim or release in flight (a claim won meanwhile is released)."""
         return self.core.stopped()
 
-    def releases_not_confirmed(self) -> int:
-        """Releases whose write failed (their partitions wait for their lease to run out)."""
-        return self.core.releases_not_confirmed
-
     def cooling_down(self, now: float) -> list[Key]:
         """The partitions released as sick (or handed over) that we do not claim again yet."""
         return self.core.policy.cooling_down(now)

@@ -301,7 +301,7 @@ class Supervisor:
         if self._stop_began is None:
             return  # SIGQUIT: it said so already
         released = sum(self.counters.releases.values()) - self._releases_before_stop
-        not_confirmed = self._require_parts().claims.releases_not_confirmed() - self._unconfirmed_before_stop
+        not_confirmed = self.counters.release_failures - self._unconfirmed_before_stop
         if not_confirmed and self.exit_code == 0:
             self.exit_code = ExitCode.KAFKA_UNAVAILABLE  # not a clean stop: scripts and systemd should know
         line = stop_line(
@@ -435,7 +435,7 @@ class Supervisor:
         self.table.phase = Phase.STOPPING
         self._stop_began = time.monotonic()
         self._releases_before_stop = sum(self.counters.releases.values())
-        self._unconfirmed_before_stop = self._require_parts().claims.releases_not_confirmed()
+        self._unconfirmed_before_stop = self.counters.release_failures
         self._stop_deadline = time.monotonic() + self.settings.shutdown_timeout
         for _, component in self._require_parts().components:
             component.begin_stop()

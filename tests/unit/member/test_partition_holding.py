@@ -184,7 +184,7 @@ def test_a_release_kafka_does_not_confirm_is_counted_for_the_stop_to_say_so() ->
     member.is_running = False
     for held in list(member.held.values()):
         member.core.release(held)
-    assert len(member.of(codec.Release)) == 2 and member.core.releases_not_confirmed == 2
+    assert len(member.of(codec.Release)) == 2 and member.core.counters.release_failures == 2
     assert member.core.stopped(), "a failed write is decided: the stop does not wait for it"
 
 
