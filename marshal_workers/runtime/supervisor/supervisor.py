@@ -63,6 +63,7 @@ from marshal_workers.runtime.channel import Slot
 from marshal_workers.runtime.supervisor.assignments import Phase, Table
 from marshal_workers.runtime.supervisor.checkpoint_writer import CheckpointWriter
 from marshal_workers.runtime.supervisor.component import Component, SharedPoolStep, WriteVerdicts
+from marshal_workers.runtime.supervisor.fork_server import start_fork_server
 from marshal_workers.runtime.supervisor.message_claims import MessageClaims
 from marshal_workers.runtime.supervisor.partition_claims import PartitionClaims
 from marshal_workers.runtime.supervisor.remote_control import RemoteControl
@@ -70,7 +71,7 @@ from marshal_workers.runtime.supervisor.shared_pool import SharedPool
 from marshal_workers.runtime.supervisor.supervisor_lines import StartUpTimes, loop_health, start_line, stop_line
 from marshal_workers.runtime.supervisor.topic_watch import TopicWatch
 from marshal_workers.runtime.supervisor.waiter import Waiter
-from marshal_workers.runtime.supervisor.worker_pool import WorkerPool, fork_server_starter, start_fork_server
+from marshal_workers.runtime.supervisor.worker_pool import WorkerPool, fork_server_starter
 
 _log = logging.getLogger(__name__)
 
@@ -176,9 +177,10 @@ class Supervisor:
         fraction of a second (StopRequested; stopping.py): nothing is claimed before the loop, so nothing is held."""
         should_stop = self._stop_asked
         imports_s, began = process_age(), time.monotonic()
+        # Before any Kafka client exists, and before the app's hooks: what they open stays the supervisor's.
+        context = start_fork_server(self.app_path)
         run_startup_hooks(self.app.startup_hooks)  # AppStartupError: stop before anything is claimed
         self._app_started = True  # from here, a start-up that fails still runs the app's on_shutdown hooks
-        context = start_fork_server(self.app_path)  # before any Kafka client exists
         # One bucket per rate-limited handler, shared by all its workers (rate_limits.py).
         rate_buckets = create_buckets(context, {t: h.rate_limit for t, h in self.app.handlers.items()})
         self.shared.rate_buckets = rate_buckets

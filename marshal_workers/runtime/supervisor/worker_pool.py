@@ -12,9 +12,6 @@ partition claims' (partition_claims.py), asked through :class:`Releases`.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.connection
-import multiprocessing.forkserver
 import signal
 import time
 from collections.abc import Callable
@@ -26,7 +23,6 @@ from typing import Any, Protocol
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.handlers.app import App, Mode, OnError
-from marshal_workers.handlers.loader import split_app_path
 from marshal_workers.member.partition_holding import settle_exit
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.protocol import done_set
@@ -51,17 +47,6 @@ class Releases(Protocol):
 
 StartProcess = Callable[[WorkerSpec, Slot, Any, str], tuple[BaseProcess, Connection]]
 """Start a worker process: (its spec, its slot, its topic's rate bucket or None, its name) -> (process, our pipe)."""
-
-
-def start_fork_server(app_path: str) -> BaseContext:
-    """The fork server every worker comes from, the application preloaded: start it before any Kafka client."""
-    context = multiprocessing.get_context("forkserver")
-    module, _ = split_app_path(app_path)
-    context.set_forkserver_preload(
-        ["marshal_workers.runtime.worker.forkserver_preload", "marshal_workers.runtime.worker.worker", module]
-    )
-    multiprocessing.forkserver.ensure_running()
-    return context
 
 
 def fork_server_starter(context: BaseContext) -> StartProcess:

@@ -1,4 +1,4 @@
-"""Imported first in the fork server (see worker_pool.start_fork_server).
+"""Imported first in the fork server (see fork_server.start_fork_server).
 
 It names the process in ps/top, and makes it ignore SIGTERM: systemd
 (KillMode=control-group) and init shims send SIGTERM to every process of the
