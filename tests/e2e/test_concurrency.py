@@ -94,22 +94,13 @@ def handle_all(fleet: Fleet, count: int, **env: str) -> list[Call]:
 # ---------------------------------------------------------------- throughput
 
 
-def handled_span(fleet: Fleet) -> float:
-    """Seconds from the first call's start to the last call's end."""
-    seen = calls(fleet)
-    return max(c.at for c in seen if c.kind == "E") - min(c.at for c in seen if c.kind == "S")
-
-
-@pytest.mark.serial  # a speed-up: run alone
-def test_concurrency_32_handles_every_message_once_and_many_times_faster(keyed_fleets: NewFleet) -> None:
+def test_concurrency_32_runs_many_calls_at_once_and_handles_every_message_once(keyed_fleets: NewFleet) -> None:
     count = 200
-    spans = {}
-    for concurrency in (1, 32):
-        fleet = keyed_fleets(f"c{concurrency}", count, keys=1000)
-        handle_all(fleet, count, MW_TEST_CONCURRENCY=str(concurrency), MW_TEST_DELAY="0.02")
-        spans[concurrency] = handled_span(fleet)
-    # 20 ms per call: one lane needs 4 s for 200 messages, 32 lanes a few hundred ms.
-    assert spans[1] / spans[32] >= 15, spans
+    fleet = keyed_fleets("c32", count, keys=1000)
+    seen = handle_all(fleet, count, MW_TEST_CONCURRENCY="32", MW_TEST_DELAY="0.02")
+    # 20 ms calls, 1,000 keys: the lanes fill up. Never more than the 32 asked; how much faster that makes a
+    # partition is a benchmark's (bench_concurrency.py).
+    assert 16 <= max_overlap(seen) <= 32
 
 
 # ------------------------------------------------------------------ ordering

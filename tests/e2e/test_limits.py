@@ -17,7 +17,6 @@ RATE = 50  # messages per second, for the supervisor's 8 workers together
 WINDOW_S = 10.0
 
 
-@pytest.mark.serial  # a rate within 10%: run alone
 def test_a_rate_limit_holds_within_ten_percent_across_a_supervisors_workers(fleet: Fleet) -> None:
     fleet.env["MW_TEST_RATE_LIMIT"] = f"{RATE}/s"
     fleet.produce(range(1000))  # 20 s of work at the limit: a backlog through the whole window

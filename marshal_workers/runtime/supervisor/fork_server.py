@@ -36,6 +36,8 @@ PRELOAD = ("marshal_workers.runtime.worker.forkserver_preload", "marshal_workers
 """Imported by the fork server before the app's module; the first names the process and makes it ignore SIGTERM
 (so the supervisor must never import it itself)."""
 
+_STANDARD_SPAWN = multiprocessing.util.spawnv_passfds
+
 
 def start_fork_server(app_path: str) -> BaseContext:
     """The fork server every worker comes from, the application preloaded: start it before any Kafka client."""
@@ -54,12 +56,11 @@ def start_fork_server(app_path: str) -> BaseContext:
 def _new_interpreters_forked() -> Iterator[None]:
     """While inside, the helper processes ``multiprocessing`` starts (its fork server, its resource tracker) are
     forks of this process instead of new interpreters.  Both start through ``util.spawnv_passfds``."""
-    spawn = multiprocessing.util.spawnv_passfds
     multiprocessing.util.spawnv_passfds = fork_running  # type: ignore[assignment]
     try:
         yield
     finally:
-        multiprocessing.util.spawnv_passfds = spawn
+        multiprocessing.util.spawnv_passfds = _STANDARD_SPAWN
 
 
 def fork_running(_path: str, args: Sequence[str], passfds: Sequence[int]) -> int:
@@ -96,13 +97,16 @@ def _helper_name(command: str) -> str:
 
 
 def _look_like_a_new_interpreter(passfds: Sequence[int]) -> None:
-    """Only stdio and ``passfds`` open, every signal at the disposition a new interpreter would start with, and
-    the lock of ``multiprocessing``'s fork server free (we were forked while it was held)."""
+    """Only stdio and ``passfds`` open, every signal at the disposition a new interpreter would start with,
+    ``multiprocessing``'s own way of starting helpers back, and its fork server's lock free (we were forked while
+    it was held)."""
     signal.set_wakeup_fd(-1)
     for signum in signal.valid_signals():
         if callable(signal.getsignal(signum)):  # a Python handler of the supervisor's: exec() would reset it
             signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
     _close_fds_except(passfds)
+    # Forked inside _new_interpreters_forked(): what the fork server's workers start must be new interpreters.
+    multiprocessing.util.spawnv_passfds = _STANDARD_SPAWN
     # connect_to_new_process() takes this lock: a handler that starts a forkserver process of its own would wait
     # on it for ever.  The standard library offers no other way to free it.
     lock = getattr(multiprocessing.forkserver._forkserver, "_lock", None)

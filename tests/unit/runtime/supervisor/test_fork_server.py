@@ -62,9 +62,9 @@ def test_the_forked_command_exit_code_is_the_childs() -> None:
     assert _wait_for_exit(pid) == 7
 
 
-def test_a_worker_of_the_forked_server_can_start_a_forkserver_process_of_its_own() -> None:
+def test_a_worker_of_the_forked_server_starts_processes_of_its_own_the_standard_way(tmp_path: Path) -> None:
     """The server is forked while the standard library holds its lock; a handler that starts a process of its own
-    through the fork server takes that lock, and must not wait on it for ever."""
+    through the fork server takes that lock, and must not wait on it for ever, nor fork its worker for it."""
     script = textwrap.dedent(
         """
         import multiprocessing
@@ -74,6 +74,8 @@ def test_a_worker_of_the_forked_server_can_start_a_forkserver_process_of_its_own
             queue.put("grandchild ran")
 
         def worker(queue):
+            import multiprocessing.util
+            queue.put(multiprocessing.util.spawnv_passfds.__module__)  # how its own helpers would start
             context = multiprocessing.get_context("forkserver")
             inner = context.Process(target=grandchild, args=(queue,))
             inner.start()
@@ -85,13 +87,16 @@ def test_a_worker_of_the_forked_server_can_start_a_forkserver_process_of_its_own
             process = context.Process(target=worker, args=(queue,))
             process.start()
             print(queue.get(timeout=20))
+            print(queue.get(timeout=20))
             process.join(20)
             print("exit", process.exitcode)
         """
     )
     # Its own session: if the worker hangs, killpg() stops it, its fork server and the script alike.
+    script_path = tmp_path / "script.py"  # a file: the new interpreters find grandchild() in it
+    script_path.write_text(script)
     script_process = subprocess.Popen(
-        [sys.executable, "-c", script],
+        [sys.executable, str(script_path)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -104,4 +109,5 @@ def test_a_worker_of_the_forked_server_can_start_a_forkserver_process_of_its_own
         with contextlib.suppress(ProcessLookupError):
             os.killpg(script_process.pid, signal.SIGKILL)
         script_process.wait()
-    assert out.split("\n")[:2] == ["grandchild ran", "exit 0"], err
+    # A worker's own helpers are new interpreters: a fork of a worker would copy its Kafka clients' locks.
+    assert out.split("\n")[:3] == ["multiprocessing.util", "grandchild ran", "exit 0"], err
