@@ -39,6 +39,7 @@ def snapshot() -> Snapshot:
     fresh = PartitionStats("orders", 4, 0, None, None, None, 0, 0, [0] * (len(LATENCY_BOUNDS) + 1), 0.0)
     counters = Counters(claims_accepted=2, claims_refused=5, releases=collections.Counter(sick=1, balance=3))
     counters.heartbeat_failures = 4
+    counters.release_failures = 1
     counters.worker_restarts.update(crash=3, poison=1)
     thumbs = SharedStats(
         "thumbs",
@@ -131,6 +132,7 @@ def test_supervisor_counters(served: dict) -> None:
     assert served[("marshal_workers_claims_total", (("group", "billing"), ("result", "refused")))] == 5
     assert served[("marshal_workers_releases_total", (("group", "billing"), ("reason", "balance")))] == 3
     assert served[("marshal_workers_heartbeat_failures_total", group)] == 4
+    assert served[("marshal_workers_release_failures_total", group)] == 1
     assert served[("marshal_workers_coordination_garbage_records_total", group)] == 7
     assert served[("marshal_workers_coordination_records_total", group)] == 900
     assert served[("marshal_workers_coordination_batches_total", group)] == 120
