@@ -113,7 +113,7 @@ class Fleet:
         )
         return self._spawn(
             client_id,
-            self._command("run", self.app, *args),
+            self.command("run", self.app, *args),
             app_env,
         )
 
@@ -122,7 +122,7 @@ class Fleet:
         port = free_port()
         process = self._spawn(
             client_id,
-            self._command("serve", "--topic", self.topic, "--port", str(port), *args),
+            self.command("serve", "--topic", self.topic, "--port", str(port), *args),
             env,
         )
         return process, f"http://127.0.0.1:{port}"
@@ -131,10 +131,11 @@ class Fleet:
         """Start tests/apps/http_client.py: an HTTP client process that reads, writes the sink, and acks."""
         return self._spawn(name, [sys.executable, str(APPS / "http_client.py"), name, str(self.sink), *urls], env)
 
-    def _command(self, verb: str, *args: str) -> list[str]:
-        """``marshal-workers VERB`` on this fleet's brokers, group, coordination topic and heartbeat, then ``args``."""
+    def command(self, verb: str, *args: str) -> list[str]:
+        """``marshal-workers VERB ARGS`` on this fleet's brokers, group, coordination topic and heartbeat (their options
+        last, so that ``args`` may begin with a subcommand: ``command("admin", "pause", ...)``)."""
         fleet = ["--brokers", self.brokers, "--group", self.group, "--coordination-topic", self.coordination_topic]
-        return [sys.executable, "-m", "marshal_workers", verb, *fleet, "--heartbeat-interval", self.heartbeat, *args]
+        return [sys.executable, "-m", "marshal_workers", verb, *args, *fleet, "--heartbeat-interval", self.heartbeat]
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Start ``command`` as ``name`` (its client id), with none of our MARSHAL_WORKERS_ or MW_TEST_ variables but
@@ -227,7 +228,7 @@ class Fleet:
         started, clock = time.time(), time.monotonic()
         try:
             result = subprocess.run(
-                self._command("status", "--topic", self.topic, "--json"),
+                self.command("status", "--topic", self.topic, "--json"),
                 check=False,
                 capture_output=True,
                 text=True,

@@ -19,21 +19,7 @@ pytestmark = pytest.mark.broker
 
 def admin(fleet: Fleet, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
-    command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
-        *args,
-        "--brokers",
-        fleet.brokers,
-        "--group",
-        fleet.group,
-        "--coordination-topic",
-        fleet.coordination_topic,
-        "--heartbeat-interval",
-        "1s",
-    ]
-    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(fleet.command(*args), check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def handled_at_least(fleet: Fleet, times: int, count: int) -> bool:

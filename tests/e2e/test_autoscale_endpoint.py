@@ -112,24 +112,7 @@ def test_a_shared_backlog_wants_processes_beyond_the_partitions_from_the_dashboa
     port = free_port()
     with open(tmp_path / "dashboard.log", "wb") as log:
         dashboard = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "marshal_workers",
-                "dashboard",
-                "--brokers",
-                fleet.brokers,
-                "--group",
-                fleet.group,
-                "--coordination-topic",
-                fleet.coordination_topic,
-                "--heartbeat-interval",
-                fleet.heartbeat,
-                "--port",
-                str(port),
-                "--drain-target",
-                "1s",
-            ],
+            fleet.command("dashboard", "--port", str(port), "--drain-target", "1s"),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**_env(), "MARSHAL_WORKERS_PROCESSES": "2"},
@@ -157,24 +140,7 @@ def test_a_shared_backlog_wants_processes_beyond_the_partitions_from_the_dashboa
     assert value_at(found, f"topics.{fleet.topic}.workers_wanted") == math.ceil(topic["processes_wanted"] / 2)
 
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "marshal_workers",
-            "status",
-            "--brokers",
-            fleet.brokers,
-            "--group",
-            fleet.group,
-            "--coordination-topic",
-            fleet.coordination_topic,
-            "--heartbeat-interval",
-            fleet.heartbeat,
-            "--autoscale",
-            "--json",
-            "--drain-target",
-            "1s",
-        ],
+        fleet.command("status", "--autoscale", "--json", "--drain-target", "1s"),
         check=False,
         capture_output=True,
         text=True,

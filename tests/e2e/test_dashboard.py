@@ -11,14 +11,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from fleet import HB, Fleet
+from fleet import Fleet
 from polling import poll_until
 
 from marshal_workers.kafka.embedded_broker import free_port
@@ -55,24 +54,13 @@ def page() -> Iterator[object]:
 
 
 def start_dashboard(fleet: Fleet, port: int, log: Path) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
-        "dashboard",
-        "--brokers",
-        fleet.brokers,
-        "--group",
-        fleet.group,
-        "--coordination-topic",
-        fleet.coordination_topic,
-        "--heartbeat-interval",
-        HB,
-        "--port",
-        str(port),
-    ]
     with open(log, "wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            fleet.command("dashboard", "--port", str(port)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def answers(url: str) -> bool:
