@@ -223,8 +223,10 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         ("heartbeat_failures", "Heartbeat writes that were not confirmed.", counters.heartbeat_failures),
         (
             "release_failures",
-            "Release writes that were not confirmed: the partition waits for its lease to run out, and what was "
-            "handled since its last confirmed position is handled again.",
+            (
+                "Release writes that were not confirmed: the partition waits for its lease to run out, and what was "
+                "handled since its last confirmed position is handled again."
+            ),
             counters.release_failures,
         ),
         ("partitions_lost", "Partitions another member took over while we held them.", counters.partitions_lost),

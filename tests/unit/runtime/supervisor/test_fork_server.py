@@ -62,6 +62,27 @@ def test_the_forked_command_exit_code_is_the_childs() -> None:
     assert _wait_for_exit(pid) == 7
 
 
+def run_script(tmp_path: Path, script: str) -> tuple[str, str]:
+    """Run ``script`` from a file (so that new interpreters find its functions) in a session of its own: whatever
+    it leaves, a hung worker, its fork server, is killed with it.  Its stdout and stderr."""
+    script_path = tmp_path / "script.py"
+    script_path.write_text(script)
+    script_process = subprocess.Popen(
+        [sys.executable, str(script_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        return script_process.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script_process.pid, signal.SIGKILL)
+        script_process.wait()
+
+
 def test_a_worker_of_the_forked_server_starts_processes_of_its_own_the_standard_way(tmp_path: Path) -> None:
     """The server is forked while the standard library holds its lock; a handler that starts a process of its own
     through the fork server takes that lock, and must not wait on it for ever, nor fork its worker for it."""
@@ -92,22 +113,36 @@ def test_a_worker_of_the_forked_server_starts_processes_of_its_own_the_standard_
             print("exit", process.exitcode)
         """
     )
-    # Its own session: if the worker hangs, killpg() stops it, its fork server and the script alike.
-    script_path = tmp_path / "script.py"  # a file: the new interpreters find grandchild() in it
-    script_path.write_text(script)
-    script_process = subprocess.Popen(
-        [sys.executable, str(script_path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = script_process.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(script_process.pid, signal.SIGKILL)
-        script_process.wait()
+    out, err = run_script(tmp_path, script)
     # A worker's own helpers are new interpreters: a fork of a worker would copy its Kafka clients' locks.
     assert out.split("\n")[:3] == ["multiprocessing.util", "grandchild ran", "exit 0"], err
+
+
+def test_with_another_thread_running_the_server_is_started_the_standard_way_and_serves(tmp_path: Path) -> None:
+    """Forking a process with threads copies their locks mid-use: then the server is a new interpreter."""
+    script = textwrap.dedent(
+        """
+        import multiprocessing, multiprocessing.util, threading
+        from marshal_workers.runtime.supervisor import fork_server
+
+        def worker(queue):
+            queue.put("worker ran")
+
+        def forked(*args):
+            raise AssertionError("forked with a thread running")
+
+        if __name__ == "__main__":
+            stop = threading.Event()
+            threading.Thread(target=stop.wait, daemon=True).start()
+            fork_server.fork_running = forked  # what _new_interpreters_forked() would install
+            context = fork_server.start_fork_server("examples.quickstart:app")
+            queue = context.Queue()
+            process = context.Process(target=worker, args=(queue,))
+            process.start()
+            print(queue.get(timeout=20))
+            process.join(20)
+            stop.set()
+        """
+    )
+    out, err = run_script(tmp_path, script)
+    assert out.split("\n")[:1] == ["worker ran"], err
