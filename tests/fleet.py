@@ -109,8 +109,10 @@ class Fleet:
     logs: dict[str, Path] = field(default_factory=dict)
     # Every `status` call, in the order they ended: how long a user waits for an answer (the nemesis reports it).
     status_calls: list[StatusCall] = field(default_factory=list)
-    _sink_lines: list[SinkLine] = field(default_factory=list, repr=False)  # parsed so far (lines())
-    _sink_parsed_bytes: int = field(default=0, repr=False)
+    # What lines() parsed so far: not fields of __init__, so that dataclasses.replace() (another fleet beside this
+    # one, with a sink of its own) starts afresh instead of sharing this one's.
+    _sink_lines: list[SinkLine] = field(default_factory=list, init=False, repr=False)
+    _sink_parsed_bytes: int = field(default=0, init=False, repr=False)
 
     def start(self, client_id: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
         """Start a supervisor; its stderr goes to a log file next to the sink."""
