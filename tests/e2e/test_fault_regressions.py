@@ -21,7 +21,7 @@ pytestmark = pytest.mark.broker
 
 
 @contextlib.contextmanager
-def amo_fleet_behind_a_proxy(
+def fleet_behind_a_proxy(
     unique: str,
     tmp_path: Path,
     partitions: int,
@@ -30,9 +30,9 @@ def amo_fleet_behind_a_proxy(
     produce_delay_s: float = 0.0,
     mode: str = "amo",
 ) -> Iterator[tuple[Fleet, KafkaProxy]]:
-    """An AMO fleet (or ``mode``'s) whose every Kafka request goes through a KafkaProxy (Produce delayed by
-    ``produce_delay_s``, or held between stall() and resume()), on a broker of its own; every process stopped at
-    the end."""
+    """A fleet of ``mode`` (at most once unless told) whose every Kafka request goes through a KafkaProxy
+    (Produce delayed by ``produce_delay_s``, or held between stall() and resume()), on a broker of its own; every
+    process stopped at the end."""
     proxy_port = free_port()
     with EmbeddedBroker(advertised=f"127.0.0.1:{proxy_port}") as broker:
         assert broker.port is not None
@@ -89,7 +89,7 @@ def test_a_clean_sigterm_while_kafka_stalls_an_amo_claim_loses_nothing(unique: s
     lost on a clean stop.  Now it asks again while its lease holds, handles the batch once it is claimed, and
     stops: nothing lost, nothing twice."""
     total, batch, hb = 3000, 20, "3s"  # a backlog of 15 s of handling; an HB long enough that the stall fits the lease
-    with amo_fleet_behind_a_proxy(unique, tmp_path, partitions=1, delay="0.005", batch=batch) as (fleet, proxy):
+    with fleet_behind_a_proxy(unique, tmp_path, partitions=1, delay="0.005", batch=batch) as (fleet, proxy):
         fleet.produce(range(total))
         first = fleet.start("first", "--heartbeat-interval", hb)
         poll_until(lambda: len(fleet.counts()) > 5 * batch, timeout=60, what="handling under way")
@@ -117,7 +117,7 @@ def test_a_sigterm_whose_releases_kafka_never_confirms_says_so_exits_4_and_loses
     exits 4 (Kafka unreachable).  Those partitions go to the next member once their lease runs out, from their
     last confirmed heartbeat: at least once, nothing is lost."""
     total = 400
-    with amo_fleet_behind_a_proxy(unique, tmp_path, partitions=2, delay="0.005", batch=20, mode="alo") as (
+    with fleet_behind_a_proxy(unique, tmp_path, partitions=2, delay="0.005", batch=20, mode="alo") as (
         fleet,
         proxy,
     ):
@@ -150,7 +150,7 @@ def test_a_restarted_amo_supervisor_answers_claims_while_it_takes_its_partitions
     # HB 2 s: a claim must be confirmed within an HB. Waiting on the 8 partitions' claims and heartbeats in turn
     # (the bug) takes 8 x 2 x 150 ms, past it; one CI run on a loaded machine took just over 1 s without it.
     hb = "2s"
-    with amo_fleet_behind_a_proxy(unique, tmp_path, 8, delay="0.0005", batch=batch, produce_delay_s=0.15) as (fleet, _):
+    with fleet_behind_a_proxy(unique, tmp_path, 8, delay="0.0005", batch=batch, produce_delay_s=0.15) as (fleet, _):
         first = fleet.start("only", "--heartbeat-interval", hb)
         poll_until(lambda: len(fleet.worker_pids("only")) == 8, timeout=60, what="8 workers")
         fleet.produce(range(total // 4))

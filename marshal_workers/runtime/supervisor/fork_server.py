@@ -70,7 +70,7 @@ def fork_running(_path: str, args: Sequence[str], passfds: Sequence[int]) -> int
     command line ending with ``-c`` and the command: running that command in a fork of a process that has the
     modules imported is what the new interpreter would have done, without importing them again.
     """
-    command = list(args)[list(args).index("-c") + 1]
+    command = args[list(args).index("-c") + 1]
     sys.stdout.flush()  # or the child would write what was buffered here again
     sys.stderr.flush()
     pid = os.fork()
