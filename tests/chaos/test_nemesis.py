@@ -15,7 +15,7 @@ from nemesis import Holding, Kind, Nemesis, NemesisConfig, seed_from_environment
 
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 
-pytestmark = [pytest.mark.broker, pytest.mark.chaos]  # the README runs these after the others, two at a time
+pytestmark = [pytest.mark.broker, pytest.mark.chaos]  # the README runs these after the others, three at a time
 
 # The suite's plans are short ones that still meet every kind of fault (test_ledger checks it).  A kind is dealt every
 # 2-6 s, so the eighth comes after 15 s at best; but three faults holding supervisors at once leave none for the next,
