@@ -41,7 +41,8 @@ from marshal_workers.http.http_openapi import openapi_document
 from marshal_workers.http.http_spans import ROUTES, Outcome, ServeSpans
 from marshal_workers.http.served_topic import ServedTopic
 from marshal_workers.http.settlements import LOG_LAG_GRACE_S
-from marshal_workers.observe.metrics import PREFIX, SharedStats, shared_families
+from marshal_workers.observe.metrics import SharedStats
+from marshal_workers.observe.metrics_server import PREFIX, shared_families
 from marshal_workers.observe.web_sites import open_site, stop_signal
 
 _log = logging.getLogger(__name__)

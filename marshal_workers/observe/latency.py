@@ -1,5 +1,5 @@
 """The handler-latency histogram's buckets, shared by the workers that count calls into them (runtime/channel.py,
-one count per bucket in each partition's slot) and the metrics page that shows them (observe/metrics.py)."""
+one count per bucket in each partition's slot) and the metrics page that shows them (observe/metrics_server.py)."""
 
 # Upper bounds in seconds; after them one bucket for +Inf.  Each bucket counts the calls that took at most its
 # bound and more than the one before (not cumulative: the metrics page sums them).

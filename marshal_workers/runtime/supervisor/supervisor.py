@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import setproctitle
@@ -47,7 +47,6 @@ from marshal_workers.core.logs import group_log
 from marshal_workers.core.process_age import process_age
 from marshal_workers.errors import StopRequested
 from marshal_workers.handlers.app import App, effective_time_limits
-from marshal_workers.handlers.asyncapi import asyncapi_json
 from marshal_workers.handlers.lifespan import run_shutdown_hooks, run_startup_hooks
 from marshal_workers.handlers.rate_limits import create_buckets
 from marshal_workers.kafka.committed_offsets import OffsetStore
@@ -55,10 +54,8 @@ from marshal_workers.kafka.coordination_reader import drain, wakeup_pair
 from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.in_flight import InFlightWrites
 from marshal_workers.kafka.kafka_clients import admin_client
-from marshal_workers.observe.autoscale_meter import AutoscaleMeter
-from marshal_workers.observe.dashboard import Publisher, supervisor_step
 from marshal_workers.observe.dashboard_model import Dashboard
-from marshal_workers.observe.metrics import Counters, MetricsServer, Probes, Snapshot
+from marshal_workers.observe.metrics import Counters, Probes, Snapshot
 from marshal_workers.runtime.channel import Slot
 from marshal_workers.runtime.supervisor.assignments import Phase, Table
 from marshal_workers.runtime.supervisor.checkpoint_writer import CheckpointWriter
@@ -72,6 +69,10 @@ from marshal_workers.runtime.supervisor.supervisor_lines import StartUpTimes, lo
 from marshal_workers.runtime.supervisor.topic_watch import TopicWatch
 from marshal_workers.runtime.supervisor.waiter import Waiter
 from marshal_workers.runtime.supervisor.worker_pool import WorkerPool, fork_server_starter
+
+if TYPE_CHECKING:  # imported where a metrics port is served (_serve_metrics): most supervisors serve none
+    from marshal_workers.observe.dashboard import Publisher
+    from marshal_workers.observe.metrics_server import MetricsServer
 
 _log = logging.getLogger(__name__)
 
@@ -196,18 +197,7 @@ class Supervisor:
         self._parts = self._build_parts(context, coordinator, writes, offsets, admin, rate_buckets, started_ms)
         self._parts.topics.first_look()
         if self.settings.metrics_port:
-            if self.settings.dashboard:
-                self._dashboard = Publisher(self._dashboard_step()).start()
-            autoscale = AutoscaleMeter(self._dashboard_step(), self.settings).start()
-            self._metrics = MetricsServer(
-                self.settings.metrics_host,
-                self.settings.metrics_port,
-                self.metrics_snapshot,
-                Probes(health=self.health, ready=self.readiness, state=self.state_document),
-                self._dashboard,
-                asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers),
-                autoscale=autoscale.answer,
-            )
+            self._serve_metrics()
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
         times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
         line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance, times)
@@ -508,8 +498,31 @@ class Supervisor:
             traffic.requests,
         )
 
+    def _serve_metrics(self) -> None:
+        """The metrics port: Prometheus, the probes, /autoscale, /asyncapi.json and (run --dashboard) the dashboard."""
+        # Imported here: prometheus_client, http.server and the rest are about 40 ms of a start-up that serves none.
+        from marshal_workers.handlers.asyncapi import asyncapi_json
+        from marshal_workers.observe.autoscale_meter import AutoscaleMeter
+        from marshal_workers.observe.dashboard import Publisher
+        from marshal_workers.observe.metrics_server import MetricsServer
+
+        if self.settings.dashboard:
+            self._dashboard = Publisher(self._dashboard_step()).start()
+        autoscale = AutoscaleMeter(self._dashboard_step(), self.settings).start()
+        self._metrics = MetricsServer(
+            self.settings.metrics_host,
+            self.settings.metrics_port,
+            self.metrics_snapshot,
+            Probes(health=self.health, ready=self.readiness, state=self.state_document),
+            self._dashboard,
+            asyncapi=lambda: asyncapi_json(self.app, brokers=self.settings.brokers),
+            autoscale=autoscale.answer,
+        )
+
     def _dashboard_step(self) -> Callable[[Dashboard], Dashboard]:
         """The dashboard's update from our own WorldState, and the ends our workers' fetches saw."""
+        from marshal_workers.observe.dashboard import supervisor_step  # as _serve_metrics: only with a metrics port
+
         table = self.table
         return supervisor_step(
             self._require_parts().coordinator.read,

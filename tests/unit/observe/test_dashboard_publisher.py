@@ -19,7 +19,7 @@ from marshal_workers.handlers.asyncapi import asyncapi_json
 from marshal_workers.kafka.embedded_broker import free_port
 from marshal_workers.observe.dashboard import Publisher, sse_event, supervisor_step
 from marshal_workers.observe.dashboard_model import Dashboard
-from marshal_workers.observe.metrics import MetricsServer
+from marshal_workers.observe.metrics_server import MetricsServer
 from marshal_workers.ops.dashboard_server import make_app
 from marshal_workers.protocol.codec import Claim, Heartbeat
 from marshal_workers.protocol.world_state import WorldState

@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from marshal_workers.errors import ConfigError
 from marshal_workers.kafka.embedded_broker import free_port
 from marshal_workers.observe.latency import LATENCY_BOUNDS
-from marshal_workers.observe.metrics import Counters, MetricsServer, PartitionStats, Probes, SharedStats, Snapshot
+from marshal_workers.observe.metrics import Counters, PartitionStats, Probes, SharedStats, Snapshot
+from marshal_workers.observe.metrics_server import MetricsServer
 
 
 def snapshot() -> Snapshot:
