@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from polling import poll_until
-from processes import cmdline, process_group
+from processes import CLI, child_environment, cmdline, process_group, run_command
 
 from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.protocol import codec
@@ -149,13 +149,16 @@ class Fleet:
         """``marshal-workers VERB ARGS`` on this fleet's brokers, group, coordination topic and heartbeat (their options
         last, so that ``args`` may begin with a subcommand: ``command("admin", "pause", ...)``)."""
         fleet = ["--brokers", self.brokers, "--group", self.group, "--coordination-topic", self.coordination_topic]
-        return [sys.executable, "-m", "marshal_workers", verb, *args, *fleet, "--heartbeat-interval", self.heartbeat]
+        return [*CLI, verb, *args, *fleet, "--heartbeat-interval", self.heartbeat]
+
+    def run(self, verb: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """A one-shot ``marshal-workers VERB ARGS`` on this fleet (:meth:`command`), run to its end."""
+        return run_command(self.command(verb, *args), timeout=timeout)
 
     def _spawn(self, name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """Start ``command`` as ``name`` (its client id), with none of our MARSHAL_WORKERS_ or MW_TEST_ variables but
-        ``env``; its output goes to a log file next to the sink."""
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_TEST_"))}
-        full_env |= {"MARSHAL_WORKERS_CLIENT_ID": name} | env
+        """Start ``command`` as ``name`` (its client id), in ``child_environment(env)``; its output goes to a log file
+        next to the sink."""
+        full_env = child_environment({"MARSHAL_WORKERS_CLIENT_ID": name} | env)
         log_path = self.sink.with_name(f"{name}.log")
         self.logs[name] = log_path
         with open(log_path, "ab") as log:
@@ -244,13 +247,7 @@ class Fleet:
         """``marshal-workers status --json`` of the fleet's topic; its duration goes to ``status_calls``."""
         started, clock = time.time(), time.monotonic()
         try:
-            result = subprocess.run(
-                self.command("status", "--topic", self.topic, "--json"),
-                check=False,
-                capture_output=True,
-                text=True,
-                timeout=STATUS_TIMEOUT_S,
-            )
+            result = self.run("status", "--topic", self.topic, "--json", timeout=STATUS_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             self.status_calls.append(StatusCall(started, STATUS_TIMEOUT_S, timed_out=True))
             raise

@@ -1,9 +1,44 @@
-"""Finding the processes a test or benchmark started, through /proc (Linux)."""
+"""The processes a test or benchmark starts: the environment they start with, the CLI's one-shot commands, and
+finding them again through /proc (Linux)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+CLI = [sys.executable, "-m", "marshal_workers"]
+
+
+def child_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Our environment for a process a test starts, then ``env``: without the settings (MARSHAL_WORKERS_*) and the
+    test switches (MW_*) of the shell that runs the suite, which would configure it behind the test's back."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_"))}
+    return inherited | dict(env or {})
+
+
+def run_command(
+    command: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a one-shot command to its end (in ``child_environment(env)``), its output captured as text."""
+    return subprocess.run(
+        list(command),
+        check=False,
+        capture_output=True,
+        text=True,
+        env=child_environment(env),
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``marshal-workers ARGS`` to its end, as :func:`run_command` runs it."""
+    return run_command([*CLI, *args], env, timeout, cwd)
 
 
 def process_group(pgid: int) -> list[int]:

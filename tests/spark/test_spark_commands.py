@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
 
 import orjson
 import pytest
+from processes import run_cli
 from spark_support import APP, APPS, LogWriter, ReplayApp, create_topic, produce
 
 from marshal_workers.core.config import Settings
@@ -25,10 +25,9 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark, pytest.mark.xdist_group("sp
 SPARK_STARTED = ("Using incubator modules", "SparkContext", "spark ")  # what a JVM of Spark says as it starts
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_"))} | (env or {})
-    command = [sys.executable, "-m", "marshal_workers", *args]
-    return subprocess.run(command, check=False, capture_output=True, text=True, env=full_env, timeout=timeout)
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A Spark command to its end: each starts a JVM of its own, which takes a while on a busy machine."""
+    return run_cli(*args, env=env, timeout=180)
 
 
 @pytest.fixture

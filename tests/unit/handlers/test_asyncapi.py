@@ -8,8 +8,6 @@ import dataclasses
 import hashlib
 import io
 import os
-import subprocess
-import sys
 import tarfile
 import urllib.request
 from pathlib import Path
@@ -20,6 +18,7 @@ import msgspec
 import orjson
 import pydantic
 import pytest
+from processes import run_cli
 
 from marshal_workers import App, Message
 from marshal_workers.errors import ConfigError
@@ -200,14 +199,7 @@ def test_the_command_prints_the_document(tmp_path: Path, asyncapi_schema: jsonsc
         "class Ping(msgspec.Struct):\n    n: int\n"
         "@app.handler('pings')\ndef on_ping(ping: Ping) -> None: ...\n"
     )
-    printed = subprocess.run(
-        [sys.executable, "-m", "marshal_workers", "asyncapi", "doc_app:app"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    printed = run_cli("asyncapi", "doc_app:app", cwd=tmp_path)
     assert printed.returncode == 0, printed.stderr
     document = orjson.loads(printed.stdout)
     check_valid(asyncapi_schema, document)
