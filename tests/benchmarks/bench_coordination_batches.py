@@ -47,6 +47,7 @@ from bench_run import create_topic, machine_info, poll_until
 from checkout import HERE, ROOT
 from confluent_kafka import Producer
 from kafka_proxy import PRODUCE, KafkaProxy
+from processes import child_environment
 from prometheus_client.parser import text_string_to_metric_families
 
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
@@ -280,13 +281,14 @@ def start_member(
 ) -> Member:
     """``marshal-workers run coordination_batches_app:app`` of ``tree`` (its package first on the path)."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_BENCH_"))}
-    env |= {
-        "PYTHONPATH": os.pathsep.join([str(tree), str(HERE)]),
-        "MARSHAL_WORKERS_BALANCE": "fair",
-        "MARSHAL_WORKERS_PROCESSES": "1",
-        **{f"MW_BENCH_{kind.upper()}_TOPIC": topic for kind, topic in topics.items()},
-    }
+    env = child_environment(
+        {
+            "PYTHONPATH": os.pathsep.join([str(tree), str(HERE)]),
+            "MARSHAL_WORKERS_BALANCE": "fair",
+            "MARSHAL_WORKERS_PROCESSES": "1",
+            **{f"MW_BENCH_{kind.upper()}_TOPIC": topic for kind, topic in topics.items()},
+        }
+    )
     command = [
         sys.executable,
         "-m",

@@ -73,7 +73,7 @@ import confluent_kafka
 from checkout import HERE, ROOT  # and the checkout on sys.path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from processes import cmdline, process_group
+from processes import child_environment, cmdline, process_group
 
 TARGET_ALO = 0.8
 TARGET_AMO = 0.5
@@ -306,9 +306,10 @@ def run_baseline(
 
 
 def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MARSHAL_WORKERS_", "MW_BENCH_"))}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    return env
+    """A benchmark's process: as a test's (processes.child_environment), with this folder's apps importable."""
+    return child_environment(
+        {"PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)}
+    )
 
 
 @dataclass
