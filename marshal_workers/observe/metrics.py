@@ -2,8 +2,8 @@
 
 The supervisor hands the metrics server (metrics_server.py) a function that returns a :class:`Snapshot`: its
 :class:`Counters` and, per partition, what the worker's slot and the health monitor say.  Kept apart from the server
-so that a supervisor without a metrics port (the default) never imports prometheus_client or http.server: about
-27 ms of every start-up (``python -X importtime``).
+so that a supervisor without a metrics port (the default) never imports prometheus_client or http.server: with the
+other modules only a metrics port needs, 37 ms of the CPU its imports took (215 -> 178 ms, median of 15).
 """
 
 from __future__ import annotations
