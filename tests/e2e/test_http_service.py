@@ -20,7 +20,6 @@ import pytest
 import trustme
 from fleet import Fleet
 from polling import poll_until
-from test_admin import admin
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
@@ -413,7 +412,7 @@ def test_a_server_obeys_admin_drain_and_shutdown_like_a_supervisor(fleet: Fleet)
     fleet.http_client("client1", first_url, MW_CLIENT_DELAY="0.01")
     fleet.produce(range(total))
     poll_until(lambda: len(fleet.acked_lines()) > 30, timeout=60, what="messages acked through the first server")
-    drained = admin(fleet, "admin", "drain", "--client", "srv1")
+    drained = fleet.run("admin", "drain", "--client", "srv1")
     assert drained.returncode == 0, drained.stdout + drained.stderr  # it follows the log until srv1 holds nothing
     done_before = len(fleet.acked_lines())
     time.sleep(1.0)
@@ -423,7 +422,7 @@ def test_a_server_obeys_admin_drain_and_shutdown_like_a_supervisor(fleet: Fleet)
     poll_until(lambda: all_done(fleet, total), timeout=60, what="the rest served by the second server")
     assert sorted(fleet.counts(), key=int) == [str(n) for n in range(total)]
     assert handled_after_its_ack(fleet) == [] and acked_twice(fleet) == []
-    ordered = admin(fleet, "admin", "shutdown", "--client", "srv1")
+    ordered = fleet.run("admin", "shutdown", "--client", "srv1")
     assert ordered.returncode == 0, ordered.stdout + ordered.stderr
     assert first.wait(timeout=30) == ExitCode.OK, "an admin shutdown ends a server as SIGTERM does"
     assert "an operator ordered a shutdown" in fleet.log_of("srv1")

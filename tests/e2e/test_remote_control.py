@@ -10,7 +10,7 @@ import orjson
 import pytest
 from fleet import Fleet
 from polling import poll_until
-from test_admin import admin, handled_at_least
+from test_admin import handled_at_least
 
 from marshal_workers.core.exit_codes import ExitCode
 
@@ -36,23 +36,23 @@ def test_drain_hands_everything_over_resume_takes_a_share_back_and_release_moves
     fleet.produce(range(400))
     poll_until(lambda: handled_at_least(fleet, 1, 400), what="every message once")
 
-    drained = admin(fleet, "admin", "drain", "--client", "a")
+    drained = fleet.run("admin", "drain", "--client", "a")
     assert drained.returncode == ExitCode.OK, drained.stdout + drained.stderr
     assert "client a drained" in drained.stdout and "done" in drained.stdout
     assert fleet.worker_pids("a") == {}, "a drained member runs no worker"
     poll_until(lambda: set(owners(fleet).values()) == {"b"}, what="b to own every partition")
-    status = admin(fleet, "status", "--json")
+    status = fleet.run("status", "--json")
     assert [entry["client"] for entry in orjson.loads(status.stdout)["drained"]] == ["a"]
     fleet.produce(range(400, 800))
     poll_until(lambda: handled_at_least(fleet, 1, 800), what="the messages produced during the drain")
     assert {line.client for line in fleet.lines() if int(line.value) >= 400} == {"b"}, "a claims nothing while drained"
 
-    resumed = admin(fleet, "admin", "resume", "--client", "a")
+    resumed = fleet.run("admin", "resume", "--client", "a")
     assert resumed.returncode == ExitCode.OK, resumed.stderr
     poll_until(lambda: list(owners(fleet).values()).count("a") == 4, timeout=60, what="a to take its share back")
 
     moved = next(p for p, client in owners(fleet).items() if client == "a")
-    released = admin(fleet, "admin", "release", "--topic", fleet.topic, "--partition", str(moved))
+    released = fleet.run("admin", "release", "--topic", fleet.topic, "--partition", str(moved))
     assert released.returncode == ExitCode.OK, released.stdout + released.stderr
     assert "done" in released.stdout
     assert f"[{moved}]: handing it over (ordered by an operator: release)" in fleet.log_of("a")
@@ -60,7 +60,7 @@ def test_drain_hands_everything_over_resume_takes_a_share_back_and_release_moves
     fleet.produce(range(800, 1200))
     poll_until(lambda: handled_at_least(fleet, 1, 1200), what="the messages produced after the release")
     assert exactly_once(fleet, 1200), "every hand-over an operator ordered was clean"
-    orders = [line for line in admin(fleet, "log").stdout.splitlines() if " control admin@" in line]
+    orders = [line for line in fleet.run("log").stdout.splitlines() if " control admin@" in line]
     actions = [tuple(line.split()[-2:]) for line in orders]  # one copy per coordination partition
     assert set(actions) == {("drain", "a"), ("resume", "a")} and actions.index(("resume", "a")) > 0, orders
 
@@ -70,11 +70,11 @@ def test_pause_topic_stops_its_partitions_until_resumed(fleet: Fleet) -> None:
     fleet.produce(range(80))
     poll_until(lambda: handled_at_least(fleet, 1, 80), what="every message once")
 
-    paused = admin(fleet, "admin", "pause", "--topic", fleet.topic)
+    paused = fleet.run("admin", "pause", "--topic", fleet.topic)
     assert paused.returncode == ExitCode.OK, paused.stdout + paused.stderr
     assert "until `admin resume --topic`" in paused.stdout and "done" in paused.stdout
     assert fleet.worker_pids("only") == {}
-    status = orjson.loads(admin(fleet, "status", "--json").stdout)
+    status = orjson.loads(fleet.run("status", "--json").stdout)
     assert [entry["topic"] for entry in status["paused_topics"]] == [fleet.topic]
     assert all(row["state"] == "released" for row in status["partitions"])
     fleet.produce(range(80, 160))
@@ -82,7 +82,7 @@ def test_pause_topic_stops_its_partitions_until_resumed(fleet: Fleet) -> None:
     assert len(fleet.counts()) == 80, "nothing of a paused topic is handled"
 
     resumed_at = time.time()
-    resumed = admin(fleet, "admin", "resume", "--topic", fleet.topic)
+    resumed = fleet.run("admin", "resume", "--topic", fleet.topic)
     assert resumed.returncode == ExitCode.OK, resumed.stderr
     poll_until(lambda: handled_at_least(fleet, 1, 160), timeout=60, what="the rest, after the resume")
     assert exactly_once(fleet, 160)
@@ -96,7 +96,7 @@ def test_shutdown_stops_the_clients_supervisors_but_not_one_started_later(fleet:
     fleet.produce(range(200))
     poll_until(lambda: handled_at_least(fleet, 1, 200), what="every message once")
 
-    ordered = admin(fleet, "admin", "shutdown", "--client", "a")
+    ordered = fleet.run("admin", "shutdown", "--client", "a")
     assert ordered.returncode == ExitCode.OK, ordered.stdout + ordered.stderr
     assert first.wait(timeout=30) == 0, "a shutdown order ends the supervisor as SIGTERM does: exit 0"
     assert "shutdown ordered by an operator" in fleet.log_of("a")
@@ -126,9 +126,9 @@ def test_bad_orders_are_refused_and_write_nothing(fleet: Fleet) -> None:
         ("admin", "drain", "--client", "only", "--wait", "soon"): (ExitCode.CONFIG_ERROR, "--wait"),
     }
     for args, (code, message) in refused.items():
-        result = admin(fleet, *args)
+        result = fleet.run(*args)
         assert result.returncode == code and message in result.stderr, (args, result.returncode, result.stderr)
-    log = admin(fleet, "log").stdout
+    log = fleet.run("log").stdout
     assert "admin@" not in log, "a refused order writes nothing"
     assert len(fleet.worker_pids("only")) == 8
 
@@ -144,7 +144,7 @@ def test_a_drained_supervisor_settles_its_range_leases_and_leases_nothing_until_
     fleet.produce(range(400))  # about 4 s of work for 2 workers
     poll_until(lambda: len(fleet.counts()) >= 40, what="the shared workers to be under way")
 
-    drained = admin(fleet, "admin", "drain", "--client", "only")
+    drained = fleet.run("admin", "drain", "--client", "only")
     assert drained.returncode == ExitCode.OK, drained.stdout + drained.stderr
     assert "done" in drained.stdout, "every lease of the drained member is settled"
     handled = len(fleet.counts())
@@ -152,6 +152,6 @@ def test_a_drained_supervisor_settles_its_range_leases_and_leases_nothing_until_
     time.sleep(2)  # four claim rounds, in which a member that ignored the drain would lease more
     assert len(fleet.counts()) == handled, "a drained member leases nothing"
 
-    assert admin(fleet, "admin", "resume", "--client", "only").returncode == ExitCode.OK
+    assert fleet.run("admin", "resume", "--client", "only").returncode == ExitCode.OK
     poll_until(lambda: handled_at_least(fleet, 1, 400), timeout=60, what="the rest, after the resume")
     assert exactly_once(fleet, 400)
