@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from polling import poll_until
-from processes import CLI, child_environment, cmdline, process_group, run_command
+from processes import child_environment, cmdline, group_command, process_group, run_command
 
 from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.protocol import codec
@@ -148,8 +148,8 @@ class Fleet:
     def command(self, verb: str, *args: str) -> list[str]:
         """``marshal-workers VERB ARGS`` on this fleet's brokers, group, coordination topic and heartbeat (their options
         last, so that ``args`` may begin with a subcommand: ``command("admin", "pause", ...)``)."""
-        fleet = ["--brokers", self.brokers, "--group", self.group, "--coordination-topic", self.coordination_topic]
-        return [*CLI, verb, *args, *fleet, "--heartbeat-interval", self.heartbeat]
+        where = {"brokers": self.brokers, "group": self.group, "coordination_topic": self.coordination_topic}
+        return [*group_command(verb, *args, **where), "--heartbeat-interval", self.heartbeat]
 
     def run(self, verb: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """A one-shot ``marshal-workers VERB ARGS`` on this fleet (:meth:`command`), run to its end."""

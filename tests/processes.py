@@ -34,6 +34,12 @@ def run_command(
     )
 
 
+def group_command(verb: str, *args: str, brokers: str, group: str, coordination_topic: str) -> list[str]:
+    """``marshal-workers VERB ARGS`` on one group: its brokers, group and coordination topic, given last (so that
+    ``args`` may begin with a subcommand: ``group_command("admin", "pause", ...)``)."""
+    return [*CLI, verb, *args, "--brokers", brokers, "--group", group, "--coordination-topic", coordination_topic]
+
+
 def run_cli(
     *args: str, env: Mapping[str, str] | None = None, timeout: float = 60, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

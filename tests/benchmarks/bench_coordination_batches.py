@@ -47,7 +47,7 @@ from bench_run import create_topic, machine_info, poll_until
 from checkout import HERE, ROOT
 from confluent_kafka import Producer
 from kafka_proxy import PRODUCE, KafkaProxy
-from processes import child_environment
+from processes import child_environment, group_command
 from prometheus_client.parser import text_string_to_metric_families
 
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
@@ -289,25 +289,10 @@ def start_member(
             **{f"MW_BENCH_{kind.upper()}_TOPIC": topic for kind, topic in topics.items()},
         }
     )
-    command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
-        "run",
-        "coordination_batches_app:app",
-        "--brokers",
-        bootstrap,
-        "--group",
-        group,
-        "--coordination-topic",
-        coordination,
-        "--heartbeat-interval",
-        HB,
-        "--client-id",
-        client_id,
-        "--metrics-port",
-        str(port),
-    ]
+    options = ["--heartbeat-interval", HB, "--client-id", client_id, "--metrics-port", str(port)]
+    command = group_command(
+        "run", "coordination_batches_app:app", *options, brokers=bootstrap, group=group, coordination_topic=coordination
+    )
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command, env=env, cwd=tree, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True

@@ -39,6 +39,7 @@ import checkout  # puts the checkout on sys.path; its ROOT is the checkout timed
 from bench_run import machine_info, verdict
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from processes import group_command
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordination_writer import Coordinator
@@ -141,21 +142,14 @@ def keep_writing(settings: Settings, rate: float, stop: threading.Event, written
     producer.flush(10)
 
 
-def cli(settings: Settings, *args: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "marshal_workers",
-        *args,
-        "--brokers",
-        settings.brokers,
-        "--group",
-        str(settings.group),
-        "--coordination-topic",
-        settings.coordination_topic,
-        "--heartbeat-interval",
-        f"{settings.heartbeat_interval:g}s",
-    ]
+def cli(settings: Settings, verb: str, *args: str) -> list[str]:
+    """``marshal-workers VERB ARGS`` on the benchmark's group."""
+    where = {
+        "brokers": settings.brokers,
+        "group": str(settings.group),
+        "coordination_topic": settings.coordination_topic,
+    }
+    return [*group_command(verb, *args, **where), "--heartbeat-interval", f"{settings.heartbeat_interval:g}s"]
 
 
 def environment(tree: Path) -> dict[str, str]:

@@ -73,7 +73,7 @@ import confluent_kafka
 from checkout import HERE, ROOT  # and the checkout on sys.path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from processes import child_environment, cmdline, process_group
+from processes import child_environment, cmdline, group_command, process_group
 
 TARGET_ALO = 0.8
 TARGET_AMO = 0.5
@@ -332,23 +332,10 @@ class SupervisorProcess:
         app: str = "bench_app:app",
         heartbeat_interval: str = HB,
     ) -> SupervisorProcess:
-        command = [
-            sys.executable,
-            "-m",
-            "marshal_workers",
-            "run",
-            app,
-            "--brokers",
-            bootstrap,
-            "--group",
-            group,
-            "--coordination-topic",
-            coordination_topic,
-            "--heartbeat-interval",
-            heartbeat_interval,
-            "--client-id",
-            client_id,
-        ]
+        options = ["--heartbeat-interval", heartbeat_interval, "--client-id", client_id]
+        command = group_command(
+            "run", app, *options, brokers=bootstrap, group=group, coordination_topic=coordination_topic
+        )
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 command,

@@ -41,6 +41,7 @@ from pathlib import Path
 from bench_run import SupervisorProcess, base_env, create_topic, machine_info, poll_until
 from checkout import ROOT  # and the checkout on sys.path
 from confluent_kafka import Consumer, TopicPartition
+from processes import group_command
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordination_reader import CoordinationLog
@@ -53,23 +54,17 @@ HB = "2s"
 
 def status(bootstrap: str, group: str, coordination: str, topic: str) -> list[dict]:
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "marshal_workers",
+        group_command(
             "status",
-            "--brokers",
-            bootstrap,
-            "--group",
-            group,
-            "--coordination-topic",
-            coordination,
             "--heartbeat-interval",
             HB,
             "--topic",
             topic,
             "--json",
-        ],
+            brokers=bootstrap,
+            group=group,
+            coordination_topic=coordination,
+        ),
         check=False,
         capture_output=True,
         text=True,

@@ -69,7 +69,7 @@ from bench_run import (
     value_of,
 )
 from confluent_kafka import Producer
-from processes import process_group
+from processes import group_command, process_group
 
 from marshal_workers.kafka.embedded_broker import EmbeddedBroker, free_port
 
@@ -103,24 +103,8 @@ def start_server(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """``marshal-workers serve`` of this checkout, or of the checkout at ``package``."""
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
-        "serve",
-        "--brokers",
-        bootstrap,
-        "--group",
-        group,
-        "--coordination-topic",
-        f"__marshal-{group}",
-        "--topic",
-        topic,
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
+    options = ["--topic", topic, "--port", str(port), "--log-level", "warning"]
+    command = group_command("serve", *options, brokers=bootstrap, group=group, coordination_topic=f"__marshal-{group}")
     env = base_env()
     if package is not None:  # from there: ``python -m`` puts the working directory first on sys.path
         env["PYTHONPATH"] = os.pathsep.join([package, str(HERE)])
@@ -319,23 +303,10 @@ def python_workers(
         "MW_BENCH_OUT": str(out),
         "MW_BENCH_LATENCY": "1",
     }
-    command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
-        "run",
-        "shared_bench_app:app",
-        "--brokers",
-        bootstrap,
-        "--group",
-        group,
-        "--coordination-topic",
-        f"__marshal-{group}",
-        "--processes",
-        str(processes),
-        "--log-level",
-        "warning",
-    ]
+    options = ["--processes", str(processes), "--log-level", "warning"]
+    command = group_command(
+        "run", "shared_bench_app:app", *options, brokers=bootstrap, group=group, coordination_topic=f"__marshal-{group}"
+    )
     with open(out / "supervisor.log", "wb") as log:  # the supervisor writes to its own copy
         supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
     STARTED.append(supervisor.pid)

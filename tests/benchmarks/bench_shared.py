@@ -48,7 +48,7 @@ from typing import Any
 
 import checkout  # noqa: F401  (sys.path: the checkout's package, this folder)
 from bench_run import base_env, cpu_seconds, create_topic, leftovers, machine_info, produce, verdict
-from processes import process_group
+from processes import group_command, process_group
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordination_reader import read_group_state
@@ -127,27 +127,17 @@ def run(
     started = []
     launched = time.time()
     for n in range(supervisors):
-        command = [
-            sys.executable,
-            "-m",
-            "marshal_workers",
+        options = ["--client-id", f"bench-{n}", "--processes", str(processes), "--heartbeat-interval", "2s"]
+        command = group_command(
             "run",
             "shared_bench_app:app",
-            "--brokers",
-            bootstrap,
-            "--group",
-            group,
-            "--coordination-topic",
-            coordination,
-            "--client-id",
-            f"bench-{n}",
-            "--processes",
-            str(processes),
-            "--heartbeat-interval",
-            "2s",
+            *options,
             "--log-level",
             "warning",
-        ]
+            brokers=bootstrap,
+            group=group,
+            coordination_topic=coordination,
+        )
         # ``-m`` puts the working directory first on sys.path: run from the checkout whose package is meant.
         with open(out / f"supervisor-{n}.log", "wb") as log:  # each supervisor writes to its own copy
             started.append(
@@ -319,27 +309,10 @@ def crash_repeats(bootstrap: str, name: str, messages: int, *, shared: bool, tim
         "MW_BENCH_OUT": str(out),
         "MW_BENCH_OFFSETS": "1",
     }
-    command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
-        "run",
-        "shared_bench_app:app",
-        "--brokers",
-        bootstrap,
-        "--group",
-        group,
-        "--coordination-topic",
-        f"__marshal-{group}",
-        "--client-id",
-        "bench",
-        "--processes",
-        "1",
-        "--heartbeat-interval",
-        "2s",
-        "--log-level",
-        "warning",
-    ]
+    options = ["--client-id", "bench", "--processes", "1", "--heartbeat-interval", "2s", "--log-level", "warning"]
+    command = group_command(
+        "run", "shared_bench_app:app", *options, brokers=bootstrap, group=group, coordination_topic=f"__marshal-{group}"
+    )
     with open(out / "supervisor.log", "wb") as log:  # the supervisor writes to its own copy
         supervisor = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + timeout
