@@ -20,7 +20,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -43,7 +42,7 @@ from ledger import (
     unexplained_losses,
     unexplained_repeats,
 )
-from processes import cmdline, process_group, titled
+from processes import child_environment, cmdline, process_group, titled
 from timings import StartUp, after_the_heal, settled_seen_s, slowest_call, slowest_start, start_ups, timings_line
 
 from marshal_workers.core.config import Settings
@@ -374,24 +373,12 @@ class Nemesis:
         """coordination.txt: the group's whole coordination log, decoded and folded (``marshal-workers log``), for
         reading a failed run; written while the broker still runs."""
         self.broker.resume()
-        command = [
-            sys.executable,
-            "-m",
-            "marshal_workers",
-            "log",
-            "--from-beginning",
-            "--brokers",
-            self.broker.bootstrap,
-            "--group",
-            self.fleet.group,
-            "--coordination-topic",
-            self.fleet.coordination_topic,
-            "--heartbeat-interval",
-            HB,
-        ]
+        command = self.fleet.command("log", "--from-beginning")
         with open(self.workdir / "coordination.txt", "wb") as out:
             try:
-                subprocess.run(command, check=False, stdout=out, stderr=subprocess.STDOUT, timeout=120)
+                subprocess.run(
+                    command, check=False, stdout=out, stderr=subprocess.STDOUT, timeout=120, env=child_environment()
+                )
             except subprocess.TimeoutExpired:
                 out.write(b"\n(log did not finish within 120 s)\n")
 
