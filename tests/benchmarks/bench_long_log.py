@@ -39,7 +39,7 @@ import checkout  # puts the checkout on sys.path; its ROOT is the checkout timed
 from bench_run import machine_info, verdict
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from processes import group_command
+from processes import child_environment, group_command
 
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka.coordination_writer import Coordinator
@@ -153,7 +153,8 @@ def cli(settings: Settings, verb: str, *args: str) -> list[str]:
 
 
 def environment(tree: Path) -> dict[str, str]:
-    return os.environ | {"PYTHONPATH": os.pathsep.join([str(tree), str(APPS)]), "MW_TEST_TOPIC": TOPIC}
+    """The checkout ``tree``'s package first on the path, the tests' apps next, in the tests' environment."""
+    return child_environment({"PYTHONPATH": os.pathsep.join([str(tree), str(APPS)]), "MW_TEST_TOPIC": TOPIC})
 
 
 def time_status(settings: Settings, tree: Path) -> float:

@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Producer
 from fleet import Fleet
 from polling import poll_until
+from processes import child_environment
 
 from marshal_workers.kafka.embedded_broker import free_port
 
@@ -59,6 +60,7 @@ def start_dashboard(fleet: Fleet, port: int, log: Path) -> subprocess.Popen[byte
             fleet.command("dashboard", "--port", str(port)),
             stdout=out,
             stderr=subprocess.STDOUT,
+            env=child_environment(),
             start_new_session=True,
         )
 

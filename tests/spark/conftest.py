@@ -27,13 +27,10 @@ QUICK_JVM_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=
 
 @pytest.fixture(scope="session", autouse=True)
 def quick_jvm_start() -> Iterator[None]:
-    saved = os.environ.get("JDK_JAVA_OPTIONS")
-    os.environ["JDK_JAVA_OPTIONS"] = saved or QUICK_JVM_START
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # gives back whatever was there, an empty value included
+        if not os.environ.get("JDK_JAVA_OPTIONS"):
+            patch.setenv("JDK_JAVA_OPTIONS", QUICK_JVM_START)
         yield
-    finally:
-        if saved is None:
-            os.environ.pop("JDK_JAVA_OPTIONS", None)
 
 
 @pytest.fixture(scope="session")

@@ -4,11 +4,9 @@ rules, under every fault kind, with their invariants; bugs planted in those rule
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from processes import CLI, run_command
 from range_fleets import forgets_claimed_end, mixed, overlapping_claims
 from sim_fleets import EVERY_KIND
 
@@ -29,9 +27,7 @@ def test_same_seed_same_run_with_shared_and_amo_topics() -> None:
 
 def test_same_seed_same_output_across_processes() -> None:
     command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
+        *CLI,
         "simulate",
         "--partitions",
         "8",
@@ -53,14 +49,7 @@ def test_same_seed_same_output_across_processes() -> None:
     ]
     outputs = []
     for hash_seed in ("1", "2"):
-        done = subprocess.run(
-            command,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "PYTHONHASHSEED": hash_seed},
-        )
+        done = run_command(command, {"PYTHONHASHSEED": hash_seed}, timeout=120)
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         report.pop("wall")

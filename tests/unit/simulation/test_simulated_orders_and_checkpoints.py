@@ -5,14 +5,12 @@ and the log after it, and their fold agrees with a fold of the whole log; a plan
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from processes import CLI, run_command
 from sim_fleets import SEEDS, small
 
 from marshal_workers.cli import main
@@ -100,9 +98,7 @@ def test_the_same_seed_gives_the_same_run_with_orders_and_checkpoints() -> None:
 def test_two_processes_with_different_str_hashing_print_the_same_json() -> None:
     faults = [arg for fault in (*ORDERS, *RESTARTS) for arg in ("--fault", fault)]
     command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
+        *CLI,
         "simulate",
         "--partitions",
         "12",
@@ -123,8 +119,8 @@ def test_two_processes_with_different_str_hashing_print_the_same_json() -> None:
     ]
     reports = []
     for hash_seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
-        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False)
+        env = {"PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
+        result = run_command(command, env, timeout=120, cwd=ROOT)
         assert result.returncode == 0, result.stdout + result.stderr
         report = json.loads(result.stdout)
         report.pop("wall")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from processes import CLI, run_command
 from sim_fleets import small
 
 from marshal_workers.simulation.simulator import simulate
@@ -37,9 +35,7 @@ def test_the_same_seed_twice_gives_the_same_report() -> None:
 
 def simulate_in_a_process(hash_seed: str) -> dict:
     command = [
-        sys.executable,
-        "-m",
-        "marshal_workers",
+        *CLI,
         "simulate",
         "--partitions",
         "24",
@@ -56,8 +52,7 @@ def simulate_in_a_process(hash_seed: str) -> dict:
         "--json",
         *FAULTS,
     ]
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False)
+    result = run_command(command, {"PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report.pop("wall")["seconds"] > 0  # the only figure that may differ
