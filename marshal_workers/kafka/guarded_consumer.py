@@ -89,10 +89,14 @@ class Gap(enum.Enum):
     NEXT = "next"  # the offset it expected: take it
     OLD = "old"  # below it: returned already (before a re-read), drop it
     REREAD = "reread"  # past it: the expected record is missing; read again from the expected offset
-    ACCEPTED = "accepted"  # past it, and still after REREADS re-reads: a real gap, take it
+    ACCEPTED = "accepted"  # past it, still after REREADS re-reads and REREAD_FOR_S: a real gap, take it
 
 
-REREADS = 3  # times a contiguous reader reads a partition again for one missing offset before it goes on
+# How long a contiguous reader goes on reading a partition again for one missing offset before it takes the gap as
+# real: at least REREADS times, and for at least REREAD_FOR_S.  A count alone was not enough: on a loaded machine
+# the embedded broker stored a batch after 3 immediate re-reads had passed it by (a CI run skipped 4 records).
+REREADS = 3
+REREAD_FOR_S = 1.0
 EMBEDDED_CLUSTER_ID = "marshal-workers-embedded"  # the embedded broker's (embedded_broker.py)
 # Brokers known to let a reader skip a record written concurrently with a later one: Tansu on object storage
 # (memory, S3), as the embedded broker runs, or as a Tansu started by hand names itself by default.
@@ -101,10 +105,11 @@ SKIPPING_CLUSTER_IDS = frozenset({EMBEDDED_CLUSTER_ID, "tansu_cluster"})
 
 @dataclass
 class Contiguity:
-    """Per partition, the offset a reader expects next, and how often it re-read for a missing one.  Pure."""
+    """Per partition, the offset a reader expects next, and for a missing one how often it re-read and since when.
+    Pure: the caller gives ``now``."""
 
     expected: dict[tuple[str, int], int] = field(default_factory=dict)
-    _rereads: dict[tuple[tuple[str, int], int], int] = field(default_factory=dict)
+    _rereads: dict[tuple[tuple[str, int], int], tuple[int, float]] = field(default_factory=dict)
 
     def place(self, key: tuple[str, int], offset: int) -> None:
         """The reader was placed (assign, seek) at ``offset``; a logical offset (< 0) expects whatever comes."""
@@ -113,7 +118,7 @@ class Contiguity:
         else:
             self.expected.pop(key, None)
 
-    def check(self, key: tuple[str, int], offset: int) -> Gap:
+    def check(self, key: tuple[str, int], offset: int, now: float) -> Gap:
         expected = self.expected.get(key)
         if expected is None or offset == expected:
             self.expected[key] = offset + 1
@@ -122,9 +127,9 @@ class Contiguity:
             return Gap.NEXT
         if offset < expected:
             return Gap.OLD
-        tried = self._rereads.get((key, expected), 0)
-        if tried < REREADS:
-            self._rereads[(key, expected)] = tried + 1
+        tried, since = self._rereads.get((key, expected), (0, now))
+        if tried < REREADS or now - since < REREAD_FOR_S:
+            self._rereads[(key, expected)] = (tried + 1, since)
             return Gap.REREAD
         del self._rereads[(key, expected)]
         self.expected[key] = offset + 1
@@ -251,20 +256,22 @@ class GuardedConsumer:
                 continue
             assert topic is not None and partition is not None and offset is not None  # a record: it has all three
             key = (topic, partition)
-            verdict = self._contiguity.check(key, offset)
+            verdict = self._contiguity.check(key, offset, self._clock())
             if verdict is Gap.NEXT:
                 kept.append(message)
             elif verdict is Gap.REREAD and self._read_again(key):
                 again.add(key)
             elif verdict is not Gap.OLD:  # ACCEPTED, or a re-read the consumer refused
                 log.warning(
-                    "%s: %s[%d] has no record before offset %d from %d on, after %d re-reads: going on past the gap",
+                    "%s: %s[%d] has no record before offset %d from %d on, after %d re-reads in %gs at least: going on "
+                    "past the gap",
                     self.what,
                     topic,
                     partition,
                     offset,
                     self._contiguity.expected[key] - 1,
                     REREADS,
+                    REREAD_FOR_S,
                 )
                 kept.append(message)
         return kept
@@ -282,7 +289,7 @@ class GuardedConsumer:
         expected = self._contiguity.expected.get(key)
         if (expected is not None and start != expected) or end - start + 1 != len(messages):
             return False
-        self._contiguity.check(key, start)  # takes the first and forgets any re-read of it
+        self._contiguity.check(key, start, self._clock())  # takes the first and forgets any re-read of it
         self._contiguity.expected[key] = end + 1
         return True
 
