@@ -29,13 +29,12 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from marshal_workers.core import stopping
 from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, never, wait_future
 from marshal_workers.errors import CoordinationWriteError, StopRequested
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.coordination_reader import PROGRESS_LOG_INTERVAL_S, CoordinationLog
-from marshal_workers.kafka.kafka_clients import admin_client, ensure_topic
+from marshal_workers.kafka.kafka_clients import admin_client, ask_producer_id, ensure_topic
 from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, heartbeat_records, topic_chunks
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState
@@ -43,7 +42,6 @@ from marshal_workers.protocol.world_state import WorldState
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-_PRODUCER_ID_RETRY_S = 0.6
 T = TypeVar("T")
 
 
@@ -247,12 +245,12 @@ class Coordinator:
         and, since it writes checkpoints, learns the directories it lacks (CoordinationLog.learn_directories).
         """
         try:
-            # First: the idempotent producer's wait for its producer id (below) runs while the topic is checked and
-            # the log is read, instead of after.
-            producer_created = time.monotonic()
+            # First: the producer connects while the topic is checked, and its producer id comes while the log is
+            # read (ask_producer_id): a first claim (a take-over) is sent at once.
             self._producer = self._new_producer()
             admin = admin_client(self.settings)
             self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop)
+            ask_producer_id(self._producer, self.settings.coordination_topic)
             self._log = CoordinationLog(
                 self.settings,
                 self.group,
@@ -266,10 +264,6 @@ class Coordinator:
             )
             self._deliveries.start()
             self._log.wait_caught_up(self.settings.connect_timeout, should_stop)
-            # An idempotent producer asks for its producer id before it has a broker connection, and
-            # librdkafka retries that after 500 ms: until then nothing it produces is sent.  Report
-            # ready only after that, so a first claim (a take-over) does not stall for half a second.
-            stopping.sleep(_PRODUCER_ID_RETRY_S - (time.monotonic() - producer_created), should_stop)
         except BaseException:
             self.close()
             raise

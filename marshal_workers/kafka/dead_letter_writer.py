@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError, Producer
 from marshal_workers.core import tracing
 from marshal_workers.core.config import Settings
 from marshal_workers.kafka import client_profiles
+from marshal_workers.kafka.kafka_clients import ask_producer_id
 from marshal_workers.protocol.dead_letter_groups import origin_headers
 
 FLUSH_TIMEOUT_S = 30
@@ -105,6 +106,7 @@ class DeadLetterWriter:
         Kafka has them."""
         if self._producer is None:
             self._producer = Producer(client_profiles.dead_letter_producer(self._settings))
+            ask_producer_id(self._producer, topic)
         producer = self._producer
         failures: list[KafkaError] = []
 

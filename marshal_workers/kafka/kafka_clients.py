@@ -10,7 +10,7 @@ import concurrent.futures
 import logging
 import time
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 from marshal_workers.core.config import Settings
@@ -20,9 +20,26 @@ from marshal_workers.kafka import client_profiles
 
 log = logging.getLogger(__name__)
 
+PRODUCER_ID_PROMPT_TIMEOUT_S = 2.0  # ask_producer_id's wait for a metadata answer
+
 
 def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(client_profiles.admin(settings))
+
+
+def ask_producer_id(producer: Producer, topic: str) -> None:
+    """Make a new idempotent ``producer`` ask for its producer id now rather than in 500 ms.
+
+    Until it has one, nothing it produces is sent.  librdkafka asks when the producer is created, before it has
+    a connection, and then only on a 500 ms timer or when a metadata answer comes from a connected broker
+    (rdkafka_idempotence.c, rdkafka_metadata.c): so ask for ``topic``'s metadata, one round trip.  Every start
+    of a supervisor, and a worker's first output or dead letter, waited out that timer.  No answer in time
+    costs nothing: the timer still fires.
+    """
+    try:
+        producer.list_topics(topic, timeout=PRODUCER_ID_PROMPT_TIMEOUT_S)
+    except KafkaException as exc:
+        log.debug("no metadata of %s yet (%s): the producer asks for its id on its own timer", topic, exc)
 
 
 def cluster_metadata(admin: AdminClient, settings: Settings, should_stop: ShouldStop = never) -> ClusterMetadata:

@@ -28,6 +28,7 @@ from confluent_kafka import KafkaError, Producer
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import SendError
 from marshal_workers.kafka import client_profiles
+from marshal_workers.kafka.kafka_clients import ask_producer_id
 
 FLUSH_TIMEOUT_S = 30
 _BUFFER_FULL_WAIT_S = 0.1
@@ -104,7 +105,7 @@ class Outbox:
 
     def send(self, topic: str, value: bytes | None, key: bytes | None, headers: Headers | None) -> None:
         """Hand an encoded message (encode_send) to the producer; it is delivered by the next flush at the latest."""
-        producer = self._producer or self._first_producer()
+        producer = self._producer or self._first_producer(topic)
         while True:
             try:
                 producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._delivered)
@@ -117,12 +118,14 @@ class Outbox:
         self.pending = True
         self.sent += 1
 
-    def _first_producer(self) -> Producer:
+    def _first_producer(self, topic: str) -> Producer:
         """The producer, created by the first send.  Under a lock: handler threads (lanes) may send their first
         messages at once, and a second producer would replace the first with its messages never flushed."""
         with self._creating:
             if self._producer is None:
-                self._producer = self._new_producer()
+                producer = self._new_producer()
+                ask_producer_id(producer, topic)
+                self._producer = producer
             return self._producer
 
     def _new_producer(self) -> Producer:

@@ -27,7 +27,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, UnknownTopicError
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.dead_letter_reader import DeadLetter
-from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
+from marshal_workers.kafka.kafka_clients import admin_client, ask_producer_id, topic_partition_count
 
 
 def choose(
@@ -81,6 +81,7 @@ def redrive(
     if not sending:
         return 0
     producer = Producer(client_profiles.redrive_producer(settings))
+    ask_producer_id(producer, sending[0][1])
     failures: list[KafkaError] = []
 
     def delivered(err: KafkaError | None, _msg: Any) -> None:

@@ -70,9 +70,14 @@ class FakeProducer:
 
     def __init__(self, fail: bool = False, stuck: bool = False, full_for: int = 0) -> None:
         self.produced: list[dict[str, Any]] = []
+        self.metadata_asked: list[str] = []  # ask_producer_id's requests, before the first produce
         self.reports: list[Any] = []
         self.flushes = self.polls = 0
         self.fail, self.stuck, self.full_for = fail, stuck, full_for
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        assert not self.produced, "the producer id is asked for before the first message"
+        self.metadata_asked.append(topic)
 
     def produce(self, topic: str, **kwargs: Any) -> None:
         if self.full_for:
@@ -128,6 +133,7 @@ def test_a_send_in_a_worker_goes_to_the_producer_encoded_and_is_flushed_once() -
         ("out", b'{"n":2}', None, None),
     ]
     assert app.outbox.pending and producer.flushes == 0, "buffered, not waited for"
+    assert producer.metadata_asked == ["out"], "the new producer asked for its producer id once, at once"
     app.outbox.flush()
     app.outbox.flush()  # nothing sent since: no round trip
     assert not app.outbox.pending and producer.flushes == 1
