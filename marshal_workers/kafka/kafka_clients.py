@@ -30,14 +30,18 @@ def admin_client(settings: Settings) -> AdminClient:
 def ask_producer_id(producer: Producer, topic: str) -> None:
     """Make a new idempotent ``producer`` ask for its producer id now rather than in 500 ms.
 
-    Until it has one, nothing it produces is sent.  librdkafka asks when the producer is created, before it has
-    a connection, and then only on a 500 ms timer or when a metadata answer comes from a connected broker
-    (rdkafka_idempotence.c, rdkafka_metadata.c): so ask for ``topic``'s metadata, one round trip.  Every start
-    of a supervisor, and a worker's first output or dead letter, waited out that timer.  No answer in time
-    costs nothing: the timer still fires.
+    Until it has one, nothing it produces is sent.  librdkafka asks for it when the producer is created, before it
+    has a connection, and then only on a 500 ms timer or when a metadata answer comes in while a connection is
+    up (rdkafka_idempotence.c, rdkafka_metadata.c).  The first answer comes on the bootstrap connection, which
+    librdkafka drops for the brokers the answer names; the second comes from one of those, still up: so ask for
+    ``topic``'s metadata twice, two round trips.  (Once was enough only when a broker connection happened to be
+    up already: a supervisor on a new coordination topic still waited out the timer.)  Every start of a
+    supervisor, and a worker's first output or dead letter, waited for that timer.  No answer in time costs
+    nothing: the timer still fires.
     """
     try:
-        producer.list_topics(topic, timeout=PRODUCER_ID_PROMPT_TIMEOUT_S)
+        for _ in range(2):
+            producer.list_topics(topic, timeout=PRODUCER_ID_PROMPT_TIMEOUT_S)
     except KafkaException as exc:
         log.debug("no metadata of %s yet (%s): the producer asks for its id on its own timer", topic, exc)
 

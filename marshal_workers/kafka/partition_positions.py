@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import KafkaUnavailable
@@ -130,15 +130,17 @@ def partition_bounds(
                 f"cannot read the offsets of {topic}[{partition}] on {settings.brokers}: {exc}"
             ) from None
         listed[partition] = Bounds(low, high)
-    fetched = _fetched_highs(consumer, settings, topic, partitions)
+    fetched = _fetched_highs(consumer, settings, topic, {p: listed[p].low for p in partitions})
     return {p: Bounds(listed[p].low, partition_end(listed[p].high, fetched.get(p, -1))) for p in partitions}
 
 
 def _fetched_highs(
-    consumer: GuardedConsumer, settings: Settings, topic: str, partitions: Sequence[int]
+    consumer: GuardedConsumer, settings: Settings, topic: str, lows: Mapping[int, int]
 ) -> dict[int, int]:
-    """The high watermarks the first fetch responses carry (what is cached once a fetch came back)."""
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    """The high watermarks the first fetch responses carry (what is cached once a fetch came back), each partition
+    fetched from its first offset ``lows[p]`` (a number: no look-up of a logical offset first)."""
+    partitions = list(lows)
+    consumer.assign([TopicPartition(topic, p, low) for p, low in lows.items()])
     highs: dict[int, int] = {}
     deadline = time.monotonic() + settings.connect_timeout
     try:

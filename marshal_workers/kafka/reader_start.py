@@ -71,11 +71,21 @@ def begin_catching_up(
             bounds=bounds if all(high >= 0 for _, high in bounds) else None,
         )
     ends = KnownEnds([high for _, high in bounds])
-    consumer.assign(
-        [TopicPartition(topic, p, OFFSET_BEGINNING if s.offset is None else s.offset) for p, s in enumerate(starts)]
-    )
+    consumer.assign([TopicPartition(topic, p, _offset(s.offset, bounds[p][0])) for p, s in enumerate(starts)])
     fetch_only_those_behind(ends, consumer, topic)
     return starts, ends
+
+
+def _offset(start: int | None, low: int) -> int:
+    """Where to assign a reader that starts at ``start`` (None: the beginning) of a partition whose first offset is
+    ``low`` (-1: not listed).  A number, where one is known: librdkafka looks a logical offset (OFFSET_BEGINNING)
+    up first, and a partition paused while that look-up is in flight (fetch_only_those_behind pauses the empty
+    ones) drops its answer and asks again only 500 ms later, when it is resumed to be tailed.  A supervisor on a
+    new coordination topic read its own first claim that much later.  A start gone meanwhile (retention) is
+    fetched from the earliest offset (``auto.offset.reset``)."""
+    if start is not None:
+        return start
+    return low if low >= 0 else OFFSET_BEGINNING
 
 
 # How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far (and
@@ -208,7 +218,7 @@ def learn_groups_before(
     lows = {
         p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)[0] for p in stops
     }
-    starts = {p: OFFSET_BEGINNING for p, stop in stops.items() if stop > lows[p]}
+    starts = {p: _offset(None, lows[p]) for p, stop in stops.items() if stop > lows[p]}
     full: set[int] = set()  # partitions with too many groups for a directory: no need to read on
     try:
         for message in _records_in_spans(

