@@ -9,8 +9,8 @@ next at-most-once claim), so progress never covers an input whose output
 Kafka has not confirmed.  Runners ask ``outbox.pending`` first: a worker
 whose handlers never send pays one attribute read per progress report.
 
-A delivery that fails (an error in a delivery report, or no answer within
-``FLUSH_TIMEOUT_S``) raises :class:`SendError` from that flush and from every
+A delivery that fails (an error in a delivery report, a topic librdkafka
+already knows is missing, or no answer within ``FLUSH_TIMEOUT_S``) raises :class:`SendError` from that flush and from every
 later one: the worker crashes without reporting progress past the inputs
 whose output may be missing, and they are handled again (at least once).
 """
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import SendError
@@ -32,6 +32,8 @@ from marshal_workers.kafka.kafka_clients import ask_producer_id
 
 FLUSH_TIMEOUT_S = 30
 _BUFFER_FULL_WAIT_S = 0.1
+# What produce() raises at once for a topic it knows the broker lacks (or refuses): a refusal of the send.
+_REFUSED_AT_ONCE = frozenset({KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION, KafkaError.TOPIC_EXCEPTION})
 
 _log = logging.getLogger(__name__)
 
@@ -112,6 +114,14 @@ class Outbox:
                 break
             except BufferError:  # the producer's queue is full: wait for deliveries to make room
                 producer.poll(_BUFFER_FULL_WAIT_S)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() not in _REFUSED_AT_ONCE:
+                    raise  # about this message (too large, say): the handler's failure, with its retries
+                # A topic librdkafka already knows is missing or invalid is refused here rather than in a delivery
+                # report: the same refusal, so the same crash at the next flush, whichever send was first.
+                self._refused(topic, error)
+                break
         # Only now, with the message in the producer: set before produce, a flush on the worker's loop could clear
         # it in between and flush without this message, and the input's progress would be reported (and its
         # output dropped at exit) with the output never confirmed.
@@ -132,8 +142,12 @@ class Outbox:
         return Producer(client_profiles.output_producer(self._settings))
 
     def _delivered(self, err: KafkaError | None, msg: Any) -> None:
-        if err is not None and self._failure is None:
-            self._failure = f"could not send to {msg.topic()}: {err.str()}"
+        if err is not None:
+            self._refused(msg.topic(), err)
+
+    def _refused(self, topic: str, error: KafkaError) -> None:
+        if self._failure is None:
+            self._failure = f"could not send to {topic}: {error.str()}"
 
     def flush(self) -> None:
         """Wait until Kafka has confirmed every message sent so far; SendError if one failed or is still

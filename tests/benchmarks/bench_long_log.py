@@ -207,6 +207,17 @@ def time_start(settings: Settings, tree: Path, log_path: Path) -> float:
     return seconds
 
 
+def describe_trees(trees: dict[str, Path]) -> list[str]:
+    """A line per checkout timed: its name, path and commit."""
+    lines = []
+    for name, tree in trees.items():
+        head = subprocess.run(
+            ["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False
+        )
+        lines.append(f"{name}: {tree} ({head.stdout.strip()[:80]})")
+    return lines
+
+
 def busy_loops(count: int, stack: ExitStack) -> None:
     for _ in range(count):
         process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
@@ -233,11 +244,8 @@ def main() -> int:
     print("status and a restarted supervisor on a long coordination log, one record per batch, still written")
     for line in machine_info():
         print("  " + line)
-    for name, tree in trees.items():
-        head = subprocess.run(
-            ["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False
-        )
-        print(f"  {name}: {tree} ({head.stdout.strip()[:80]})")
+    for line in describe_trees(trees):
+        print("  " + line)
     logs = Path(f"/tmp/bench-long-log-{uuid.uuid4().hex[:6]}")
     logs.mkdir()
     times: dict[tuple[str, str], list[float]] = {(name, kind): [] for name in trees for kind in ("status", "start")}

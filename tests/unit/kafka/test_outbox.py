@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from marshal_workers import App
 from marshal_workers.core.config import Settings
@@ -68,7 +69,10 @@ def test_bad_arguments_are_refused_with_what_is_expected(args: tuple[Any, ...], 
 class FakeProducer:
     """Records what is produced; ``fail`` makes delivery reports carry an error, ``stuck`` makes flush time out."""
 
-    def __init__(self, fail: bool = False, stuck: bool = False, full_for: int = 0) -> None:
+    def __init__(
+        self, fail: bool = False, stuck: bool = False, full_for: int = 0, refuse: KafkaError | None = None
+    ) -> None:
+        self.refuse = refuse  # what produce() raises at once (librdkafka knows the topic is missing, say)
         self.produced: list[dict[str, Any]] = []
         self.metadata_asked: list[str] = []  # ask_producer_id's requests, before the first produce
         self.reports: list[Any] = []
@@ -83,6 +87,8 @@ class FakeProducer:
         if self.full_for:
             self.full_for -= 1
             raise BufferError("queue full")
+        if self.refuse is not None:
+            raise KafkaException(self.refuse)
         self.produced.append({"topic": topic, **kwargs})
         self.reports.append((kwargs["on_delivery"], topic))
 
@@ -157,6 +163,24 @@ def test_a_failed_delivery_raises_at_the_flush_and_at_every_flush_after() -> Non
     with pytest.raises(SendError):
         outbox.flush()  # sticky: no progress may be reported from now on
     assert outbox.pending and producer.flushes == 1
+
+
+def test_a_send_refused_at_once_for_its_topic_raises_at_the_flush_as_a_failed_delivery() -> None:
+    # The first send of a worker is queued and fails in its delivery report; once librdkafka knows the topic is
+    # missing, produce() refuses at once.  Either way the worker must crash before its progress (not fail the
+    # handler's call, whose retries would end in a dead letter while a deployment's output topic is missing).
+    outbox = outbox_on(FakeProducer(refuse=KafkaError(KafkaError._UNKNOWN_TOPIC, "Local: Unknown topic")))
+    outbox.send("missing", b"v", None, None)
+    assert outbox.pending, "a flush is due before any progress"
+    with pytest.raises(SendError, match="could not send to missing: Local: Unknown topic"):
+        outbox.flush()
+
+
+def test_a_message_produce_refuses_for_itself_fails_the_handlers_call() -> None:
+    outbox = outbox_on(FakeProducer(refuse=KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: too large")))
+    with pytest.raises(KafkaException, match="too large"):
+        outbox.send("out", b"v" * 10, None, None)
+    assert not outbox.pending
 
 
 def test_a_flush_kafka_does_not_confirm_in_time_raises() -> None:
