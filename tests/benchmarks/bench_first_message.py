@@ -51,7 +51,9 @@ def first_message_s(tree: Path, brokers: str, topic: str, coordination_topic: st
     )
     with open(logs / f"supervisor-{name}.log", "w") as log:
         began = time.monotonic()
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(  # in the tree: `python -m` puts the working directory first on the path
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree, start_new_session=True
+        )
         try:
             while not (sink.exists() and sink.stat().st_size > 0):
                 if process.poll() is not None:

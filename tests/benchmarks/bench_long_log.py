@@ -164,6 +164,7 @@ def time_status(settings: Settings, tree: Path) -> float:
         result = subprocess.run(
             cli(settings, "status", "--topic", TOPIC, "--json"),
             env=environment(tree),
+            cwd=tree,  # `python -m` puts the working directory first on the path: the tree's package, not ours
             capture_output=True,
             text=True,
             timeout=GIVE_UP_S,
