@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
 import checkout  # puts the checkout on sys.path; its ROOT is the checkout timed
-from bench_long_log import busy_loops, describe_trees
+from bench_long_log import busy_loops, describe_trees, time_supervisor
 from bench_run import machine_info
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -49,26 +46,14 @@ def first_message_s(tree: Path, brokers: str, topic: str, coordination_topic: st
     command = group_command(
         "run", "sink_app:app", brokers=brokers, group=f"g-{name}", coordination_topic=coordination_topic
     )
-    with open(logs / f"supervisor-{name}.log", "w") as log:
-        began = time.monotonic()
-        process = subprocess.Popen(  # in the tree: `python -m` puts the working directory first on the path
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree, start_new_session=True
-        )
-        try:
-            while not (sink.exists() and sink.stat().st_size > 0):
-                if process.poll() is not None:
-                    raise RuntimeError(f"the supervisor exited {process.returncode}: see {log.name}")
-                if time.monotonic() - began > GIVE_UP_S:
-                    return float("inf")
-                time.sleep(0.005)
-            return time.monotonic() - began
-        finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(10)
+    return time_supervisor(
+        command,
+        env,
+        tree,
+        logs / f"supervisor-{name}.log",
+        lambda: sink.exists() and sink.stat().st_size > 0,
+        GIVE_UP_S,
+    )
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -182,22 +183,30 @@ def time_start(settings: Settings, tree: Path, log_path: Path) -> float:
     """From the process's start to its start-up line (inf: not within GIVE_UP_S); then SIGTERM, and wait for its
     exit."""
     command = cli(settings, "run", "sink_app:app") + ["--client-id", f"restarted-{uuid.uuid4().hex[:4]}"]
+    return time_supervisor(
+        command, environment(tree), tree, log_path, lambda: " running sink_app:app " in log_path.read_text(), GIVE_UP_S
+    )
+
+
+def time_supervisor(
+    command: list[str], env: dict[str, str], tree: Path, log_path: Path, ready: Callable[[], bool], give_up: float
+) -> float:
+    """Seconds from starting the supervisor ``command`` in the checkout ``tree`` (``python -m`` puts the working
+    directory first on the path) until ``ready()`` (inf: not within ``give_up``); then SIGTERM, and wait for its
+    exit."""
     with open(log_path, "w") as log:
         began = time.monotonic()
         process = subprocess.Popen(
-            command, env=environment(tree), stdout=log, stderr=subprocess.STDOUT, cwd=tree, start_new_session=True
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree, start_new_session=True
         )
         try:
-            while True:
-                if " running sink_app:app " in log_path.read_text():
-                    seconds = time.monotonic() - began
-                    break
+            while not ready():
                 if process.poll() is not None:
                     raise RuntimeError(f"the supervisor exited {process.returncode}: {log_path.read_text()[-800:]}")
-                if time.monotonic() - began > GIVE_UP_S:
-                    seconds = float("inf")
-                    break
-                time.sleep(0.02)
+                if time.monotonic() - began > give_up:
+                    return float("inf")
+                time.sleep(0.005)
+            return time.monotonic() - began
         finally:
             process.send_signal(signal.SIGTERM)
             try:
@@ -205,7 +214,6 @@ def time_start(settings: Settings, tree: Path, log_path: Path) -> float:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
-    return seconds
 
 
 def describe_trees(trees: dict[str, Path]) -> list[str]:
