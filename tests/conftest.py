@@ -28,6 +28,14 @@ hypothesis_settings.register_profile(
 hypothesis_settings.load_profile("suite")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Spark tests first.  Under ``pytest -n 4 --dist loadgroup`` each of their two xdist groups runs on one
+    worker, for two to three minutes (a Spark session, then audits and replays of a few seconds each), and
+    pytest-xdist hands out work in collection order: collected after the end-to-end tests, the longer group was
+    still running when the other workers had nothing left."""
+    items.sort(key=lambda item: item.get_closest_marker("spark") is None)
+
+
 @pytest.fixture(scope="session")
 def kafka_brokers(marshal_broker: str) -> str:
     """The suite's broker: the one the marshal-workers pytest plugin gives users (marshal_workers/pytest_plugin.py)."""
