@@ -10,9 +10,10 @@ Kafka has not confirmed.  Runners ask ``outbox.pending`` first: a worker
 whose handlers never send pays one attribute read per progress report.
 
 A delivery that fails (an error in a delivery report, a topic librdkafka
-already knows is missing, or no answer within ``FLUSH_TIMEOUT_S``) raises :class:`SendError` from that flush and from every
-later one: the worker crashes without reporting progress past the inputs
-whose output may be missing, and they are handled again (at least once).
+already knows is missing, or no answer within ``FLUSH_TIMEOUT_S``) raises
+:class:`SendError` from that flush and from every later one: the worker
+crashes without reporting progress past the inputs whose output may be
+missing, and they are handled again (at least once).
 """
 
 from __future__ import annotations
