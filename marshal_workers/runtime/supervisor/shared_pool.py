@@ -88,6 +88,10 @@ class SharedWorkerHandle:
     handled: int = 0
     slot: RangeSlot | None = None  # its position in the range in hand (shared memory), for its progress
     settled_at: tuple[int, int] | None = None  # (partition, end) of the last range it settled: where it reads next
+    # The slot as read before its pipe was last drained: the worker says a failure on the pipe before its slot moves
+    # past it, so every failure below this position is in what the pool has read (a slot read after the drain may
+    # be past a failure still in the pipe, and its progress would mark that offset done).
+    slot_seen: tuple[int, int, int] | None = None
 
     @property
     def running(self) -> bool:
@@ -189,6 +193,7 @@ class SharedPool:
         now = self._clock()
         for topic, shared in self.topics.items():
             for worker in shared.workers:
+                worker.slot_seen = worker.slot.read() if worker.slot is not None else None  # before the pipe
                 self._read_worker(topic, shared, worker, now)
                 self._reap(topic, shared, worker, now)
                 if worker.process is None and worker.restart_at is not None and worker.restart_at <= now:
@@ -270,6 +275,7 @@ class SharedPool:
         process.start()
         theirs.close()
         worker.process, worker.connection, worker.restart_at = process, ours, None
+        worker.slot_seen = None
 
     def _read_worker(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, now: float) -> None:
         connection = worker.connection
@@ -321,6 +327,8 @@ class SharedPool:
         process = worker.process
         if process is None or process.is_alive():
             return
+        # Its slot as it left it (before its pipe, as in step): how far it got, for what it held (worker_died).
+        worker.slot_seen = worker.slot.read() if worker.slot is not None else None
         self._read_worker(topic, shared, worker, now)  # what it said before it went
         process.join()
         code = process.exitcode if process.exitcode is not None else -1
@@ -379,9 +387,10 @@ class SharedPool:
 
     def progress_of(self, worker: SharedWorkerHandle, leased: PoolLease) -> int:
         """How far ``leased`` is done (every offset below, but its failed ones): its worker's last RangeProgress, or
-        further if its range slot says so (the failures below the slot's position came on the pipe before it)."""
+        further if its range slot, as read before the pipe was drained, says so (the failures below that position came
+        on the pipe before it, so the pool has read them)."""
         upto = max(leased.upto, leased.start)
-        found = worker.slot.read() if worker.slot is not None and leased.started else None
+        found = worker.slot_seen if leased.started else None
         if found is not None and found[:2] == (leased.partition, leased.start):
             upto = max(upto, min(found[2], leased.end))
         return upto

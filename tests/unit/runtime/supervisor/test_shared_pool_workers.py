@@ -296,3 +296,51 @@ def test_a_topic_an_operator_paused_gets_no_new_leases(pool: Pool) -> None:
     assert len(pool.context.started) == 2 and pool.leases_in_log() == set()
     pool.pool.hold_back(set())
     pool.supplied(0.3)
+
+
+class DrainedThenSaid:
+    """The pool's end of a worker's pipe that runs ``then`` the first time the pool finds it empty: the worker acting
+    right after the pool drained its pipe, before the rest of the pool's pass."""
+
+    def __init__(self, connection: Any, then: Any) -> None:
+        self._connection, self._then = connection, then
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        if self._connection.poll(timeout):
+            return True
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+
+def test_a_failure_said_just_after_the_pool_drained_the_pipe_is_delivered_again_not_marked_done(pool: Pool) -> None:
+    """A worker says a failure on its pipe, then moves its range slot past it.  The pool drains the pipe early in a
+    pass and writes progress later in it: a failure said, and the slot moved past it, in between must be tried
+    again.  (It was marked done from the slot: CI lost a message this way, offset 5 of
+    test_handlers_say_retry_reject_or_ignore[shared].)"""
+    pool.supplied()
+    in_hand = leases(pool.told(0))[0]
+    p, s = in_hand.partition, in_hand.start
+    worker = pool.workers[0]
+    assert worker.slot is not None and worker.connection is not None
+    slot = RangeSlot(worker.slot.array)
+    slot.begin(p, s)
+    pool.say(0, Started(p, s), RangeProgress(p, s, s + 5, failed=(s + 4,), dead=()))
+    slot.advance(s + 5)
+
+    def fail_the_next_and_move_on() -> None:
+        pool.say(0, RangeProgress(p, s, s + 6, failed=(s + 4, s + 5), dead=()))
+        slot.advance(s + 6)
+
+    worker.connection = DrainedThenSaid(worker.connection, fail_the_next_and_move_on)  # type: ignore[assignment]
+    pool.pass_at(0.6)  # progress is due: written from the slot
+    pool.say(0, Settled(p, s, s + 6, failed=(s + 4, s + 5), dead=(), handled=4, high=1000))
+    pool.pass_at(0.7)
+
+    state = pool.partition(p)
+    assert not state.is_done(s + 5), "it failed: it is delivered again, not lost"
+    assert state.tries_in(s + 4, s + 6) == [Tries(s + 4, s + 6, 1)]
