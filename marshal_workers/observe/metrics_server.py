@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
@@ -96,35 +96,33 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
     claims.add_metric([group, "accepted"], counters.claims_accepted)
     claims.add_metric([group, "refused"], counters.claims_refused)
     claims.add_metric([group, "asked"], counters.asks)
-    releases = CounterMetricFamily(f"{PREFIX}_releases", "Partitions released, by reason.", labels=["group", "reason"])
-    for reason, count in sorted(counters.releases.items()):
-        releases.add_metric([group, reason], count)
-    restarts = CounterMetricFamily(
-        f"{PREFIX}_worker_restarts",
+    releases = _counted_by(group, "releases", "Partitions released, by reason.", ["reason"], counters.releases.items())
+    restarts = _counted_by(
+        group,
+        "worker_restarts",
         "Workers restarted, by reason: crash, lifecycle (a limit), time_limit, poison (a message dead-lettered as "
         "WorkerLost after its worker died on it crash_limit times).",
-        labels=["group", "reason"],
+        ["reason"],
+        counters.worker_restarts.items(),
     )
-    for reason, count in sorted(counters.worker_restarts.items()):
-        restarts.add_metric([group, reason], count)
-    errors = CounterMetricFamily(
-        f"{PREFIX}_handler_errors",
+    errors = _counted_by(
+        group,
+        "handler_errors",
         "Failed handler calls, by the type of the error raised.",
-        labels=["group", "topic", "error_type"],
+        ["topic", "error_type"],
+        counters.handler_errors.items(),
     )
-    for (topic, error_type), count in sorted(counters.handler_errors.items()):
-        errors.add_metric([group, topic, error_type], count)
-    retries = CounterMetricFamily(f"{PREFIX}_handler_retries", "Handler calls retried.", labels=["group", "topic"])
-    for topic, count in sorted(counters.handler_retries.items()):
-        retries.add_metric([group, topic], count)
-    outcomes = CounterMetricFamily(
-        f"{PREFIX}_handler_outcomes",
+    retries = _counted_by(
+        group, "handler_retries", "Handler calls retried.", ["topic"], counters.handler_retries.items()
+    )
+    outcomes = _counted_by(
+        group,
+        "handler_outcomes",
         "Messages a handler ignored (raise Ignore) or rejected (raise Reject), too old to handle (max_age), or "
         "redriven for another group (other_group).",
-        labels=["group", "topic", "outcome"],
+        ["topic", "outcome"],
+        counters.handler_outcomes.items(),
     )
-    for (topic, outcome), count in sorted(counters.handler_outcomes.items()):
-        outcomes.add_metric([group, topic, outcome], count)
     simple = [
         ("heartbeat_failures", "Heartbeat writes that were not confirmed.", counters.heartbeat_failures),
         (
@@ -192,6 +190,17 @@ def metric_families(snapshot: Snapshot) -> list[Metric]:
         counter.add_metric([group], value)
         families.append(counter)
     return families + shared_families(group, snapshot.shared)
+
+
+def _counted_by(
+    group: str, name: str, doc: str, labels: list[str], counts: Iterable[tuple[str | tuple[str, ...], int]]
+) -> CounterMetricFamily:
+    """A counter of ``group`` by ``labels``: one sample per (key, count) of ``counts``, a key being a label's value
+    or a tuple of them."""
+    family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["group", *labels])
+    for key, count in sorted(counts):
+        family.add_metric([group, *((key,) if isinstance(key, str) else key)], count)
+    return family
 
 
 def shared_families(group: str, shared: list[SharedStats]) -> list[Metric]:
