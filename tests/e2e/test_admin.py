@@ -9,7 +9,7 @@ import time
 import pytest
 from fleet import Fleet
 from polling import poll_until
-from processes import child_environment, run_cli
+from processes import child_environment, group_command, run_command
 
 from marshal_workers.core.exit_codes import ExitCode
 
@@ -74,18 +74,8 @@ def test_bad_admin_requests_are_refused_and_write_nothing(fleet: Fleet) -> None:
     assert bad_duration.returncode == ExitCode.CONFIG_ERROR and "--for" in bad_duration.stderr
     endless = fleet.run("admin", "pause", "--for", "999999999999999h")
     assert endless.returncode == ExitCode.CONFIG_ERROR and "int64" in endless.stderr
-    unknown_group = run_cli(
-        "admin",
-        "pause",
-        "--for",
-        "5s",
-        "--brokers",
-        fleet.brokers,
-        "--group",
-        "no-such-group",
-        "--coordination-topic",
-        fleet.coordination_topic,
-    )
+    where = {"brokers": fleet.brokers, "group": "no-such-group", "coordination_topic": fleet.coordination_topic}
+    unknown_group = run_command(group_command("admin", "pause", "--for", "5s", **where))
     assert unknown_group.returncode == ExitCode.UNKNOWN_GROUP and "no record" in unknown_group.stderr
 
     after = fleet.run("log").stdout

@@ -22,7 +22,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fleet import HB, Fleet
 from polling import poll_until
-from processes import cmdline, process_group, run_cli
+from processes import cmdline, group_command, process_group, run_command
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
@@ -80,21 +80,9 @@ def records_read_at_start(log: str) -> int:
 
 def status(brokers: str, coordination_topic: str, group: str, *args: str) -> subprocess.CompletedProcess[str]:
     """``marshal-workers status`` at debug level: its log says how many coordination records it read."""
-    return run_cli(
-        "status",
-        "--brokers",
-        brokers,
-        "--group",
-        group,
-        "--coordination-topic",
-        coordination_topic,
-        "--heartbeat-interval",
-        HB,
-        "--log-level",
-        "debug",
-        *args,
-        timeout=120,
-    )
+    where = {"brokers": brokers, "group": group, "coordination_topic": coordination_topic}
+    command = group_command("status", *args, **where)
+    return run_command([*command, "--heartbeat-interval", HB, "--log-level", "debug"], timeout=120)
 
 
 def records_status_read(result: subprocess.CompletedProcess[str]) -> int:
