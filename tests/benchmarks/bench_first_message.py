@@ -16,7 +16,6 @@ A benchmark, not a test: the exit status is 0 unless it could not run.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import uuid
@@ -24,15 +23,14 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import checkout  # puts the checkout on sys.path; its ROOT is the checkout timed
-from bench_long_log import busy_loops, describe_trees, time_supervisor
+from bench_long_log import busy_loops, describe_trees, environment, time_supervisor
 from bench_run import machine_info
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from processes import child_environment, group_command
+from processes import group_command
 
 PARTITIONS = 4
 GIVE_UP_S = 60.0
-APPS = checkout.ROOT / "tests" / "apps"
 
 
 def first_message_s(tree: Path, brokers: str, topic: str, coordination_topic: str, logs: Path) -> float:
@@ -40,9 +38,7 @@ def first_message_s(tree: Path, brokers: str, topic: str, coordination_topic: st
     SIGTERM, and wait for its exit."""
     name = uuid.uuid4().hex[:8]
     sink = logs / f"sink-{name}"
-    env = child_environment(
-        {"PYTHONPATH": os.pathsep.join([str(tree), str(APPS)]), "MW_TEST_TOPIC": topic, "MW_TEST_SINK": str(sink)}
-    )
+    env = environment(tree, topic, MW_TEST_SINK=str(sink))
     command = group_command(
         "run", "sink_app:app", brokers=brokers, group=f"g-{name}", coordination_topic=coordination_topic
     )

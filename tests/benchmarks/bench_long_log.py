@@ -153,9 +153,11 @@ def cli(settings: Settings, verb: str, *args: str) -> list[str]:
     return [*group_command(verb, *args, **where), "--heartbeat-interval", f"{settings.heartbeat_interval:g}s"]
 
 
-def environment(tree: Path) -> dict[str, str]:
-    """The checkout ``tree``'s package first on the path, the tests' apps next, in the tests' environment."""
-    return child_environment({"PYTHONPATH": os.pathsep.join([str(tree), str(APPS)]), "MW_TEST_TOPIC": TOPIC})
+def environment(tree: Path, topic: str = TOPIC, **sink_app: str) -> dict[str, str]:
+    """The checkout ``tree``'s package first on the path, the tests' apps next, in the tests' environment: the sink
+    app (tests/apps/sink_app.py) reads ``topic``, with more of its MW_TEST_ settings in ``sink_app``."""
+    path = os.pathsep.join([str(tree), str(APPS)])
+    return child_environment({"PYTHONPATH": path, "MW_TEST_TOPIC": topic, **sink_app})
 
 
 def time_status(settings: Settings, tree: Path) -> float:
