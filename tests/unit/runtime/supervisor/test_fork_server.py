@@ -41,11 +41,14 @@ def test_the_forked_command_sees_only_the_fds_it_was_given_and_none_of_our_signa
         os.write({report_w}, json.dumps(report).encode())
         """
     )
-    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    # Handlers of ours, as the supervisor installs: the child must not run them.  SIGINT too, whatever this
+    # process was started with (a shell's background job starts with SIGINT ignored, which a child keeps).
+    previous = {signum: signal.signal(signum, lambda *_: None) for signum in (signal.SIGUSR1, signal.SIGINT)}
     try:
         pid = fork_running(sys.executable, [sys.executable, "-c", command], [report_w])
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     os.close(report_w)
     assert _wait_for_exit(pid) == 0
     with os.fdopen(report_r, "rb") as reader:
