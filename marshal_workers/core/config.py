@@ -133,7 +133,8 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "coordination_fetch_wait",
             parse_duration,
-            "Longest wait of the coordination log's fetches (fetch.wait.max.ms): bounds how soon a write is confirmed.",
+            "Longest wait of the coordination log's fetches (fetch.wait.max.ms); on the embedded broker, twice the most "
+            "another member's record can be seen late.",
         ),
         Setting(
             "checkpoint_interval",
@@ -229,7 +230,7 @@ class Settings:
     coordination_replication_factor: int = -1
     connect_timeout: float = 10.0
     write_timeout: float = 10.0
-    coordination_fetch_wait: float = 0.005
+    coordination_fetch_wait: float = 0.05
     checkpoint_interval: float = 60.0
     coordination_retention: float = 7 * 24 * 3600.0
     log_level: str = "info"

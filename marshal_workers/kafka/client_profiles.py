@@ -79,15 +79,20 @@ def coordination_reader(settings: Settings, purpose: str) -> dict[str, Any]:
 def tail_tuning(settings: Settings) -> dict[str, Any]:
     """How a coordination log reader fetches (librdkafka settings; measured by bench_coordination_tail.py)."""
     return {
-        # A write whose record the tail must fold waits for it. Kafka answers a waiting fetch as soon as data
-        # arrives; Tansu holds it for the whole wait, so there the wait bounds how late a record is seen.
+        # Kafka answers a waiting fetch as soon as a record arrives: there the wait costs no latency, and the
+        # longer it is the fewer empty fetches an idle member makes.  Tansu lists the partitions again after half
+        # of the remaining wait (0, W/2, 3W/4, ...) until a record is there or the wait is over: another member's
+        # record is seen at most W/2 late, and an idle member costs it a listing per halving, 5 or more per wait.
+        # At the default 50 ms an idle supervisor costs the embedded broker 0.06 CPU-s a second, against 0.12 to
+        # 0.19 at 5 ms (docs/brokers.md), and a partition can hold ten times more batches before its listing
+        # runs out of time (guarded_consumer.py).  A member's own records are folded from their delivery reports
+        # once the tail has read what came before them, so only another member's record just before one of ours
+        # can hold up a verdict.
         "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),
         # After a fetch that brought records the next waits 5 ms (one record queued, not yet folded, is enough to
         # hold it back): a log written hundreds of times a second is fetched about 200 times a second, in fetches
-        # of several records, not once per record. Another member's record is seen as soon as before (Tansu holds
-        # an empty fetch for its whole wait anyway), and a member's own records are folded from their delivery
-        # reports. On the embedded broker each fetch cost about 0.4 ms of its CPU and slowed the writes beside it
-        # (docs/http-service.md, "Performance").
+        # of several records, not once per record. On the embedded broker each fetch cost about 0.4 ms of its CPU
+        # and slowed the writes beside it (docs/http-service.md, "Performance").
         "queued.min.messages": 1,
         "fetch.queue.backoff.ms": 5,
     }
