@@ -18,7 +18,7 @@ empty or missing value addresses no group.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import methodcaller
 from typing import Any
 
@@ -65,20 +65,23 @@ class OtherGroups:
     headers a record has are parsed once and kept by the record, so a handler reading them pays nothing more.
     """
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, headers_of: Callable[[Any], Any] = _HEADERS_OF) -> None:
+        """``headers_of`` gives a record's headers: a Kafka client's own method is the fastest (a worker passes
+        kafka_clients.RECORD_HEADERS)."""
         self.group = group.encode()
+        self._headers_of = headers_of
 
     def offsets(self, records: Sequence[Any]) -> frozenset[int]:
         """The offsets of the records that are for another group (a fetch is of one partition, or see
         :meth:`keys`)."""
-        if not any(map(_HEADERS_OF, records)):
+        if not any(map(self._headers_of, records)):
             return _NONE
         group = self.group
         return frozenset(r.offset() for r in records if for_another_group(r.headers(), group))
 
     def keys(self, records: Sequence[Any]) -> frozenset[tuple[int, int]]:
         """(partition, offset) of the records that are for another group, for a fetch of several partitions."""
-        if not any(map(_HEADERS_OF, records)):
+        if not any(map(self._headers_of, records)):
             return frozenset()
         group = self.group
         return frozenset((r.partition(), r.offset()) for r in records if for_another_group(r.headers(), group))

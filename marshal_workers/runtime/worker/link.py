@@ -20,12 +20,12 @@ from typing import Any
 
 import setproctitle
 from confluent_kafka import KafkaError, TopicPartition
-from confluent_kafka import Message as KafkaMessage
 
 from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import RECORD_ERROR, RECORD_HEADERS
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
@@ -35,8 +35,6 @@ from marshal_workers.runtime.worker.alarm import Alarm
 
 _HOUSEKEEPING_INTERVAL_S = 0.5
 _LEASE_POLL_S = 0.01
-
-_ERROR_OF = KafkaMessage.error  # a fetched record's error, None for a message (the method descriptor: no lookup)
 
 
 class SupervisorGone(Exception):
@@ -70,7 +68,7 @@ class SupervisorLink:
         # Fetched messages redriven for another group (dead_letter_groups.py), until passed by: one set for the
         # worker's life, filled by fetch, emptied by the loops as they get to them (passes_by).
         self.not_ours: set[int] = set()
-        self._other_groups = OtherGroups(spec.group)
+        self._other_groups = OtherGroups(spec.group, RECORD_HEADERS)
         self._first_fetched = False
         self._handled_total = 0
         self._alarm: Alarm | None = None
@@ -130,7 +128,7 @@ class SupervisorLink:
         self.publish_high_watermark()
         # The errors in C (map, any), not a Python loop: this is per message, and a batch almost never has one.  Not
         # errors.count(None): that compares each KafkaError with None, which raises (SystemError).  A KafkaError is true.
-        errors = list(map(_ERROR_OF, batch))
+        errors = list(map(RECORD_ERROR, batch))
         good = batch if not any(errors) else [m for m, e in zip(batch, errors) if e is None]
         if good and not self._first_fetched:
             self._first_fetched = True

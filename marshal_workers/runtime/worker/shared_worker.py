@@ -48,7 +48,6 @@ from typing import Any
 
 import setproctitle
 from confluent_kafka import KafkaError, TopicPartition
-from confluent_kafka import Message as KafkaMessage
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import WorkerExit
@@ -61,6 +60,7 @@ from marshal_workers.handlers.message_age import OnTooOld, is_too_old, too_old_e
 from marshal_workers.handlers.rate_limits import Throttle
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import RECORD_ERROR, RECORD_HEADERS
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 from marshal_workers.protocol.worker_supply import PROGRESS_EVERY_S
@@ -93,7 +93,6 @@ from marshal_workers.runtime.worker.stack_dumps import worker_heading
 _log = logging.getLogger(__name__)
 
 _FETCH_MOST = 500
-_ERROR_OF = KafkaMessage.error  # a fetched record's error, None for a message (the method descriptor: no lookup)
 _IDLE_WAIT_S = 0.5
 # PROGRESS_EVERY_S (protocol/worker_supply.py): how often at most a worker reports its progress inside a range on the
 # pipe (and flushes what its handler sent, so its position may move on); the supervisor writes it to the log at the
@@ -163,7 +162,7 @@ class SharedWorker:
         self._consumer: GuardedConsumer | None = None
         self._position: tuple[int, int] | None = None  # (partition, next offset) the consumer reads from
         self._dlq = edges.dead_letters(spec.settings)
-        self._other_groups = OtherGroups(spec.settings.require_group())  # messages redriven for another group
+        self._other_groups = OtherGroups(spec.settings.require_group(), RECORD_HEADERS)  # redriven for another group
         self.outbox = Outbox(spec.settings)  # app.send's producer: flushed before a range is reported settled
         self.outcomes = OutcomeCounts()  # failed calls, retries, ignored and rejected messages: for the metrics
         self._failures = SharedFailures(self._dlq, self.outcomes, self._log_of, lambda: self.stopping)
@@ -313,7 +312,7 @@ class SharedWorker:
             self._read_pipe(wait=0)  # renewals (and a stop, which waits for this range to end)
             # The errors in C (map, any, all: a KafkaError is true; never list.count(None) or ``None in``, which
             # compare an error with None, and that raises), not a Python loop: a fetch seldom has one.
-            errors = list(map(_ERROR_OF, records))
+            errors = list(map(RECORD_ERROR, records))
             if plain and records and not any(errors) and not self._other_groups.offsets(records):
                 next_offset = self._handle_plain(handler, leased, records, next_offset)
             else:
