@@ -10,12 +10,12 @@ from test_observability import probe, scrape, total
 
 from marshal_workers.kafka.embedded_broker import free_port
 
-HB_S = 2.0
-CALL_S = 7.0  # three and a half heartbeats per message: before, "stalled (lag 3): handing it over" at each one
+HB_S = 1.0
+CALL_S = 3.5  # three and a half heartbeats per message: before, "stalled (lag 3): handing it over" at each one
 MESSAGES = 3
 pytestmark = [
     pytest.mark.broker,
-    # A fresh 1-partition topic whose handler takes CALL_S per message, run by supervisors with a 2 s HB.
+    # A fresh 1-partition topic whose handler takes CALL_S per message, run by supervisors with a 1 s HB.
     pytest.mark.fleet(name="slow", partitions=1, env={"MW_TEST_DELAY": str(CALL_S)}, heartbeat=f"{HB_S:g}s"),
 ]
 
