@@ -133,8 +133,8 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "coordination_fetch_wait",
             parse_duration,
-            "Longest wait of the coordination log's fetches (fetch.wait.max.ms); on the embedded broker, twice the most "
-            "another member's record can be seen late.",
+            "Longest wait of the coordination log's fetches (fetch.wait.max.ms); the embedded broker may show another "
+            "member's record up to half of it late.",
         ),
         Setting(
             "checkpoint_interval",

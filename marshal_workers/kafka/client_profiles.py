@@ -83,9 +83,9 @@ def tail_tuning(settings: Settings) -> dict[str, Any]:
         # longer it is the fewer empty fetches an idle member makes.  Tansu lists the partitions again after half
         # of the remaining wait (0, W/2, 3W/4, ...) until a record is there or the wait is over: another member's
         # record is seen at most W/2 late, and an idle member costs it a listing per halving, 5 or more per wait.
-        # At the default 50 ms an idle supervisor costs the embedded broker 0.06 CPU-s a second, against 0.12 to
-        # 0.19 at 5 ms (docs/brokers.md), and a partition can hold ten times more batches before its listing
-        # runs out of time (guarded_consumer.py).  A member's own records are folded from their delivery reports
+        # At the default 50 ms an idle supervisor costs the embedded broker 0.05 CPU-s a second, against 0.10 at
+        # 5 ms (bench_idle_member.py, docs/brokers.md), and a partition can hold ten times more batches before its
+        # listing runs out of time (guarded_consumer.py).  A member's own records are folded from their delivery reports
         # once the tail has read what came before them, so only another member's record just before one of ours
         # can hold up a verdict.
         "fetch.wait.max.ms": max(1, round(settings.coordination_fetch_wait * 1000)),

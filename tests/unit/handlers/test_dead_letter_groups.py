@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from confluent_kafka import Message as KafkaMessage
 from fake_record import FakeRecord
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from marshal_workers import App
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.kafka.dead_letter_reader import DeadLetter, Tally, summary
 from marshal_workers.kafka.dead_letter_writer import error_headers
+from marshal_workers.kafka.kafka_clients import RECORD_HEADERS
 from marshal_workers.observe.metrics import Counters
 from marshal_workers.ops.dlq import choose
 from marshal_workers.protocol.dead_letter_groups import (
@@ -107,6 +109,21 @@ def test_a_fetch_is_searched_for_other_groups_messages_only_if_it_has_headers() 
     ]
     assert other_groups.offsets(fetch) == {11, 14}
     assert other_groups.keys(fetch) == {(3, 11), (3, 14)}
+
+
+def test_a_workers_search_reads_kafka_records_headers_with_their_own_method() -> None:
+    """A worker passes RECORD_HEADERS (the Kafka record's method, called from C): the same answer on real
+    records, those with no headers at all included."""
+    fetch = [
+        KafkaMessage(topic="t", partition=3, offset=10),
+        KafkaMessage(topic="t", partition=3, offset=11, headers=[(REDRIVEN_FOR_HEADER, b"audit")]),
+        KafkaMessage(topic="t", partition=3, offset=12, headers=[(REDRIVEN_FOR_HEADER, b"billing")]),
+        KafkaMessage(topic="t", partition=3, offset=13, headers=[("traceparent", b"00-aa")]),
+    ]
+    other_groups = OtherGroups("billing", RECORD_HEADERS)
+    assert other_groups.offsets(fetch) == {11}
+    assert other_groups.keys(fetch) == {(3, 11)}
+    assert other_groups.offsets([fetch[0], fetch[3]]) == frozenset()
 
 
 def test_the_list_counts_by_group_and_the_group_option_keeps_its_own() -> None:
