@@ -70,10 +70,13 @@ def test_the_coordination_reader_gets_past_the_stalled_fetches_of_a_long_partiti
     caplog.set_level(logging.WARNING, logger="marshal_workers.kafka.guarded_consumer")
     reader = CoordinationLog(settings, settings.group, 2, from_beginning=True).start()
     try:
-        # Catching up, it reads with the long wait of a reader that knows where the end is: no stall on the way.
+        # Catching up, it reads with the long wait of a reader that knows where the end is, which gets through the
+        # listing: never the 1 ms wait that stalls here for good.  (On a loaded machine the broker may still answer
+        # nothing for a second at the long wait, and the guard then waits longer: that is not the fault.)
         reader.wait_caught_up(stall_timeout=10.0)  # raises if it makes no progress for 10 s
         assert reader.records_read() == BATCHES
-        assert reader.fetch_stalls == 0
+        assert "instead of 1 (" not in caplog.text, "it caught up with the tail's short wait"
+        stalls_catching_up = reader.fetch_stalls
         # Tailing, with the short wait again: a record written now is past what that wait can list, and the
         # guard gets the tail past it.
         write_single_record_batches(settings, 1)
@@ -82,8 +85,8 @@ def test_the_coordination_reader_gets_past_the_stalled_fetches_of_a_long_partiti
             time.sleep(0.05)
         assert reader.records_read() == BATCHES + 1
         if EMBEDDED:
-            assert reader.fetch_stalls >= 1
-            assert "got no record for" in caplog.text and f"{settings.coordination_topic}[0]" in caplog.text
+            assert reader.fetch_stalls > stalls_catching_up
+            assert "instead of 1 (" in caplog.text and f"{settings.coordination_topic}[0]" in caplog.text
             assert "coordination log reader (tail)" in caplog.text  # which reader it was
     finally:
         reader.close()
