@@ -37,7 +37,8 @@ SETTLE_S = 6.0  # start-up, claims and the workers' first empty fetches
 
 
 def tree_cpu_seconds(root: int) -> float:
-    """CPU so far of ``root`` and every process of its session (the supervisor starts one: run.py)."""
+    """CPU so far of ``root`` and every process of its session: the supervisor is started in a session of its own,
+    which its fork server and workers stay in."""
     total = 0.0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -70,6 +71,8 @@ def idle_cost(broker: EmbeddedBroker, wait: str, seconds: float) -> tuple[float,
     )
     try:
         time.sleep(SETTLE_S)
+        if supervisor.poll() is not None:
+            raise RuntimeError(f"the supervisor exited ({supervisor.returncode}): run {' '.join(command)} to see why")
         own, brokers = tree_cpu_seconds(supervisor.pid), cpu_seconds(broker.pid)
         time.sleep(seconds)
         own, brokers = tree_cpu_seconds(supervisor.pid) - own, cpu_seconds(broker.pid) - brokers
