@@ -20,11 +20,10 @@ import statistics
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import checkout  # puts the checkout on sys.path; its ROOT is the checkout measured
 from bench_long_log import cli, environment
-from bench_run import cpu_seconds, machine_info
+from bench_run import cpu_seconds, group_cpu, machine_info
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from marshal_workers.core.config import Settings
@@ -34,21 +33,6 @@ from marshal_workers.kafka.embedded_broker import EmbeddedBroker
 TOPIC = "idle"
 PARTITIONS = 4
 SETTLE_S = 6.0  # start-up, claims and the workers' first empty fetches
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU so far of ``root`` and every process of its session: the supervisor is started in a session of its own,
-    which its fork server and workers stay in."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                session = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[3])
-            except (OSError, IndexError, ValueError):
-                continue
-            if session == root or int(entry.name) == root:
-                total += cpu_seconds(int(entry.name))
-    return total
 
 
 def idle_cost(broker: EmbeddedBroker, wait: str, seconds: float) -> tuple[float, float]:
@@ -73,9 +57,9 @@ def idle_cost(broker: EmbeddedBroker, wait: str, seconds: float) -> tuple[float,
         time.sleep(SETTLE_S)
         if supervisor.poll() is not None:
             raise RuntimeError(f"the supervisor exited ({supervisor.returncode}): run {' '.join(command)} to see why")
-        own, brokers = tree_cpu_seconds(supervisor.pid), cpu_seconds(broker.pid)
+        own, brokers = group_cpu(supervisor.pid), cpu_seconds(broker.pid)
         time.sleep(seconds)
-        own, brokers = tree_cpu_seconds(supervisor.pid) - own, cpu_seconds(broker.pid) - brokers
+        own, brokers = group_cpu(supervisor.pid) - own, cpu_seconds(broker.pid) - brokers
     finally:
         os.killpg(supervisor.pid, signal.SIGTERM)
         supervisor.wait(30)

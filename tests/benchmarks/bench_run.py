@@ -226,6 +226,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def group_cpu(pid: int) -> float:
+    """CPU so far of ``pid`` and every process of its group (a supervisor or server started in a session of its own:
+    its fork server and workers stay in it)."""
+    return sum(cpu_seconds(p) for p in {pid, *process_group(pid)})
+
+
 # -------------------------------------------------------- a/b: raw consumers
 
 

@@ -63,6 +63,7 @@ from bench_run import (
     base_env,
     cpu_seconds,
     create_topic,
+    group_cpu,
     leftovers,
     machine_info,
     produce,
@@ -92,10 +93,6 @@ def percentile(values: list[float], share: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
-def group_cpu(pid: int) -> float:
-    return sum(cpu_seconds(p) for p in {pid, *process_group(pid)})
 
 
 def start_server(
