@@ -193,7 +193,6 @@ class SharedPool:
         now = self._clock()
         for topic, shared in self.topics.items():
             for worker in shared.workers:
-                worker.slot_seen = worker.slot.read() if worker.slot is not None else None  # before the pipe
                 self._read_worker(topic, shared, worker, now)
                 self._reap(topic, shared, worker, now)
                 if worker.process is None and worker.restart_at is not None and worker.restart_at <= now:
@@ -278,6 +277,9 @@ class SharedPool:
         worker.slot_seen = None
 
     def _read_worker(self, topic: str, shared: SharedTopic, worker: SharedWorkerHandle, now: float) -> None:
+        """Its slot (``slot_seen``), then everything on its pipe: in that order, so that every failure below the
+        slot's position has been read (progress_of)."""
+        worker.slot_seen = worker.slot.read() if worker.slot is not None else None
         connection = worker.connection
         if connection is None:
             return
@@ -327,9 +329,7 @@ class SharedPool:
         process = worker.process
         if process is None or process.is_alive():
             return
-        # Its slot as it left it (before its pipe, as in step): how far it got, for what it held (worker_died).
-        worker.slot_seen = worker.slot.read() if worker.slot is not None else None
-        self._read_worker(topic, shared, worker, now)  # what it said before it went
+        self._read_worker(topic, shared, worker, now)  # what it said before it went, and its slot as it left it
         process.join()
         code = process.exitcode if process.exitcode is not None else -1
         process.close()
