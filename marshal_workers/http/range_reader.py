@@ -19,6 +19,7 @@ from marshal_workers.http.read_ahead import ReadAhead
 from marshal_workers.http.serve_counters import ServeCounters
 from marshal_workers.http.served_lease import ServedLease, covering
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import RECORD_HEADERS
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
 
 FETCH_MOST = 500
@@ -41,7 +42,7 @@ class RangeReader:
         self._ranges = ranges
         self._lock = lock
         self._counters = counters
-        self._other_groups = OtherGroups(group)  # messages redriven for another group
+        self._other_groups = OtherGroups(group, RECORD_HEADERS)  # messages redriven for another group
         self._positions: dict[int, int] = {}  # partition -> the next offset the consumer reads there
         self.fetched_high: dict[int, int] = {}  # partition -> its end as fetches saw it
         self._ahead = ReadAhead()  # messages read past the held ranges, for the next ones claimed (read_ahead.py)

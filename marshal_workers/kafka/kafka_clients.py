@@ -24,7 +24,7 @@ PRODUCER_ID_PROMPT_TIMEOUT_S = 2.0  # ask_producer_id's wait for a metadata answ
 
 # A fetched record's error and headers, by the methods themselves: map() and any() call them from C with no
 # look-up per record, 27 ns a record against 100 through operator.methodcaller (a worker passes every record it
-# fetches through both: link.py, shared_worker.py).
+# fetches through both: link.py, shared_worker.py; the HTTP service's range_reader.py the headers).
 RECORD_ERROR = Message.error
 RECORD_HEADERS = Message.headers
 

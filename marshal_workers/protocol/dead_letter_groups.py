@@ -67,7 +67,7 @@ class OtherGroups:
 
     def __init__(self, group: str, headers_of: Callable[[Any], Any] = _HEADERS_OF) -> None:
         """``headers_of`` gives a record's headers: a Kafka client's own method is the fastest (a worker passes
-        kafka_clients.RECORD_HEADERS)."""
+        kafka_clients.RECORD_HEADERS, as does the HTTP service's range reader)."""
         self.group = group.encode()
         self._headers_of = headers_of
 
