@@ -30,7 +30,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, check_stop, never
 from marshal_workers.errors import DecodeError, KafkaUnavailable
 from marshal_workers.kafka.catch_up import KnownEnds, partition_ended, read_record
-from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
+from marshal_workers.kafka.kafka_clients import admin_client, take_fetched, topic_partition_count
 from marshal_workers.kafka.reader_start import begin_catching_up, learn_groups_before, log_consumer
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.codec import Release
@@ -136,7 +136,7 @@ class CoordinationLog:
 
         StopRequested if ``should_stop`` says so while it looks for checkpoints.
         """
-        self.starts, self._ends = begin_catching_up(
+        catching_up = begin_catching_up(
             self._consumer,
             self.settings,
             self.partition_count,
@@ -145,10 +145,14 @@ class CoordinationLog:
             should_stop=should_stop,
             report=self.report_progress,
         )
-        for partition, start in enumerate(self.starts):
-            checkpoints.begin(self._state, start, partition)
-            if start.offset is not None:
-                self._next_offset[partition] = self.started_at[partition] = start.offset
+        self.starts, self._ends = catching_up.starts, catching_up.ends
+        with self._lock:
+            for partition, start in enumerate(self.starts):
+                checkpoints.begin(self._state, start, partition)
+                if start.offset is not None:
+                    self._next_offset[partition] = self.started_at[partition] = start.offset
+            for message in catching_up.read_ahead:  # already counted read in the ends
+                self._fold_record(message)
         self._thread = threading.Thread(target=self._run, name="coordination-log", daemon=True)
         self._thread.start()
         return self
@@ -268,14 +272,8 @@ class CoordinationLog:
         )
 
     def _next_messages(self) -> list[Message]:
-        """Wait up to 100 ms for one message, then take what else is already fetched.
-
-        (consume(n, timeout) would wait the whole timeout whenever fewer than n are there.)
-        """
-        first = self._consumer.poll(0.1)
-        if first is None:
-            return []
-        return [first, *self._consumer.consume(num_messages=_BATCH, timeout=0)]
+        """Wait up to 100 ms for one message, then take what else is already fetched."""
+        return take_fetched(self._consumer, _BATCH, 0.1)
 
     def _fold_message(self, message: Message) -> None:
         partition = message.partition()
@@ -287,6 +285,13 @@ class CoordinationLog:
                 log.warning("coordination log %s: %s", self.topic, error)
             return
         offset = message.offset()
+        assert partition is not None and offset is not None  # a record, not an error event: it has both
+        self._fold_record(message)
+        read_record(self._ends, self._consumer, self.topic, partition, offset)
+
+    def _fold_record(self, message: Message) -> None:
+        """Fold a record read from the log (not an error event), under the lock."""
+        partition, offset = message.partition(), message.offset()
         assert partition is not None and offset is not None  # a record, not an error event: it has both
         kind, stamp = message.timestamp()
         self._timestamp_kinds[partition] = kind
@@ -304,7 +309,6 @@ class CoordinationLog:
                 offset - 1,
             )
         self._fold_value(partition, offset, message.value(), at)
-        read_record(self._ends, self._consumer, self.topic, partition, offset)
 
     def _fold_value(self, partition: int, offset: int, value: bytes | None, log_append_time: int | None) -> None:
         """Fold the record at (partition, offset): the one place the tail and fold_delivered both fold through."""

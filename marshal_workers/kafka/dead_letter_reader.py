@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import UnknownTopicError
 from marshal_workers.kafka.dead_letter_writer import TRACEBACK_HEADER, WRITTEN_AT_HEADER
-from marshal_workers.kafka.kafka_clients import admin_client, topic_partition_count
+from marshal_workers.kafka.kafka_clients import admin_client, take_fetched, topic_partition_count
 from marshal_workers.kafka.partition_positions import partition_bounds, position_consumer
 from marshal_workers.protocol.dead_letter_groups import CLIENT_ID_HEADER, GROUP_HEADER, REDRIVEN_FOR_HEADER, last_header
 
@@ -102,7 +102,7 @@ def read_dead_letters(
             consumer.assign([TopicPartition(dlq_topic, partition, low)])
             next_offset = low
             while next_offset < high:
-                for message in consumer.consume(500, 1.0):
+                for message in take_fetched(consumer, 500, 1.0):
                     offset = message.offset()
                     if message.error() is not None or offset is None or offset >= high:
                         continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
@@ -27,6 +28,24 @@ PRODUCER_ID_PROMPT_TIMEOUT_S = 2.0  # ask_producer_id's wait for a metadata answ
 # fetches through both: link.py, shared_worker.py; the HTTP service's range_reader.py the headers).
 RECORD_ERROR = Message.error
 RECORD_HEADERS = Message.headers
+
+
+class Fetching(Protocol):
+    """A consumer: confluent-kafka's, or a GuardedConsumer."""
+
+    def poll(self, timeout: float) -> Any: ...
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]: ...
+
+
+def take_fetched(consumer: Fetching, most: int, wait: float) -> list[Message]:
+    """Up to ``most`` records (or error events): wait up to ``wait`` seconds for the first, then take only what is
+    already fetched.  Not ``consume(most, wait)``, which waits the whole ``wait`` whenever fewer than ``most`` come:
+    a reader near its end, or of a partition with a few records, paid it on every call."""
+    first = consumer.poll(wait)
+    if first is None:
+        return []
+    return [first, *consumer.consume(most - 1, 0)] if most > 1 else [first]
 
 
 def admin_client(settings: Settings) -> AdminClient:

@@ -28,6 +28,7 @@ from marshal_workers.core.config import Settings
 from marshal_workers.errors import KafkaUnavailable
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import take_fetched
 from marshal_workers.protocol.partition_end import partition_end
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ def first_records(
                 raise KafkaUnavailable(
                     f"no answer from {settings.brokers} within {settings.connect_timeout:g}s reading {where}"
                 )
-            for message in consumer.consume(max(1, count * len(pending)), 0.1):
+            for message in take_fetched(consumer, max(1, count * len(pending)), 0.1):
                 partition, offset = message.partition(), message.offset()
                 if partition not in pending or (offset is not None and offset < starts[partition]):
                     continue  # not asked for, or left over from an earlier assignment

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
@@ -23,6 +24,7 @@ from marshal_workers.errors import DecodeError, StopRequested
 from marshal_workers.kafka import client_profiles
 from marshal_workers.kafka.catch_up import KnownEnds, fetch_only_those_behind, listed_bounds, read_record
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import take_fetched
 from marshal_workers.protocol import checkpoints, codec
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,18 @@ def log_consumer(settings: Settings, group: str, purpose: str, catch_up: bool = 
     )
 
 
+@dataclass
+class CatchingUp:
+    """Where a catching-up reader starts and what it reads up to: ``starts`` (checkpoints.Start, per partition) to
+    seed its state from, ``read_ahead`` the records from those starts that the checkpoint search had read already
+    (per partition in offset order; the reader folds them first, and its consumer begins after them), and ``ends``
+    (catch_up.py), which counts them read."""
+
+    starts: list[checkpoints.Start]
+    ends: KnownEnds
+    read_ahead: list[Message]
+
+
 def begin_catching_up(
     consumer: GuardedConsumer,
     settings: Settings,
@@ -52,14 +66,17 @@ def begin_catching_up(
     from_beginning: bool,
     should_stop: ShouldStop = never,
     report: bool = False,
-) -> tuple[list[checkpoints.Start], KnownEnds]:
+) -> CatchingUp:
     """Place a catching-up reader of ``group``'s coordination log (the tail of CoordinationLog, the ``log``
     command) where it starts on each partition (find_starts, or the beginning), and say up to where it reads
     (catch_up.py).  Each partition's bounds are listed once: a ListOffsets per partition, which the embedded broker
-    answers by listing its batches, serves both the ends and the checkpoint search."""
+    answers by listing its batches, serves both the ends and the checkpoint search.  The records the search read
+    from a start on are handed over (``read_ahead``), not fetched again: on a log written one record per batch a
+    fetch costs the embedded broker a listing of the partition's batches, and a start-up read them twice."""
     topic = settings.coordination_topic
     bounds = listed_bounds(consumer, topic, partition_count, settings.connect_timeout)
     starts = [checkpoints.BEGINNING] * partition_count
+    searched = SearchedRecords(partition_count)
     if not from_beginning:
         starts = find_starts(
             settings,
@@ -69,11 +86,23 @@ def begin_catching_up(
             should_stop=should_stop,
             report=report,
             bounds=bounds if all(high >= 0 for _, high in bounds) else None,
+            searched=searched,
         )
     ends = KnownEnds([high for _, high in bounds])
-    consumer.assign([TopicPartition(topic, p, _offset(s.offset, bounds[p][0])) for p, s in enumerate(starts)])
+    positions = [_offset(s.offset, bounds[p][0]) for p, s in enumerate(starts)]
+    read_ahead: list[Message] = []
+    for partition, position in enumerate(positions):
+        run = searched.run_from(partition, position)
+        if run:
+            last = run[-1].offset()
+            assert last is not None  # a record: it has one
+            ends.fetched_end(partition, searched.fetched_ends[partition])
+            ends.read(partition, last)
+            positions[partition] = last + 1
+            read_ahead.extend(run)
+    consumer.assign([TopicPartition(topic, p, position) for p, position in enumerate(positions)])
     fetch_only_those_behind(ends, consumer, topic)
-    return starts, ends
+    return CatchingUp(starts, ends, read_ahead)
 
 
 def _offset(start: int | None, low: int) -> int:
@@ -93,6 +122,41 @@ def _offset(start: int | None, low: int) -> int:
 # records is a minute of a partition written 33 times a second, and a further look costs a fetch round trip, while
 # reading 20,000 records first cost a status call about 0.3 s on the embedded broker (bench_long_log.py).
 _FIRST_LOOK = 2_000
+# Most records a checkpoint search keeps for the catch-up after it (SearchedRecords): a few megabytes.  A search
+# that reads more (a long log without a checkpoint) keeps none, and the catch-up reads them again.
+_MOST_KEPT = 50_000
+
+
+class SearchedRecords:
+    """The records a checkpoint search read, by partition and offset, and each partition's end as its fetches saw
+    it: what the catch-up after the search need not fetch again (begin_catching_up)."""
+
+    def __init__(self, partition_count: int, most: int = _MOST_KEPT) -> None:
+        self._records: list[dict[int, Message]] = [{} for _ in range(partition_count)]
+        # Per partition, the end as the fetch that brought its first record saw it (catch_up.py: the end read up to)
+        self.fetched_ends = [-1] * partition_count
+        self._most = most
+        self._kept = 0
+        self.full = False  # more than ``most`` were read: none is kept
+
+    def add(self, partition: int, offset: int, message: Message) -> None:
+        if self.full:
+            return
+        if offset not in self._records[partition]:
+            self._kept += 1
+        self._records[partition][offset] = message
+        if self._kept > self._most:
+            self.full = True
+            self._records = [{} for _ in self._records]
+
+    def run_from(self, partition: int, offset: int) -> list[Message]:
+        """The records kept of ``partition`` from ``offset`` on, up to the first one not kept (none: [])."""
+        kept = self._records[partition] if 0 <= partition < len(self._records) else {}
+        run = []
+        while offset in kept:
+            run.append(kept[offset])
+            offset += 1
+        return run
 
 
 def find_checkpoints(
@@ -112,6 +176,7 @@ def find_starts(
     should_stop: ShouldStop = never,
     report: bool = False,
     bounds: Sequence[tuple[int, int]] | None = None,
+    searched: SearchedRecords | None = None,
 ) -> list[checkpoints.Start]:
     """Where a reader of ``group`` starts on each coordination partition (checkpoints.Start).
 
@@ -120,7 +185,8 @@ def find_starts(
     another group whose directory does not list ``group``, so the cost is the records since the last checkpoint
     of any group.  (Offsets, not times: Tansu answers every "offset for a time" with the log start.)
     ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.
-    ``bounds``: each partition's (start, end), if the caller listed them already.
+    ``bounds``: each partition's (start, end), if the caller listed them already.  ``searched``: keeps what was
+    read, and the ends the first look's fetches saw.
     """
     starts = [checkpoints.BEGINNING] * partition_count
     consumer = log_consumer(settings, group, "checkpoint search")
@@ -138,7 +204,7 @@ def find_starts(
         while looking:
             begins = {p: max(bounds[p][0], bounds[p][1] - look) for p in looking}
             spans = {p: (begins[p], stops[p]) for p in looking}
-            _scan(consumer, topic, group, spans, assemblers, finders, settings, should_stop)
+            _scan(consumer, topic, group, spans, assemblers, finders, settings, should_stop, searched)
             for p in sorted(looking):
                 low, high = bounds[p]
                 own = assemblers[p].latest
@@ -183,14 +249,19 @@ def _scan(
     finders: list[checkpoints.DirectoryFinder | None],
     settings: Settings,
     should_stop: ShouldStop,
+    searched: SearchedRecords | None = None,
 ) -> None:
     """Feed the checkpoints in [begin, stop) of each partition (stop None: to its end) to its assembler (the group's
-    own) and its directory finder (other groups')."""
+    own) and its directory finder (other groups'); keep every record in ``searched``."""
     starts = {p: begin for p, (begin, _) in spans.items()}
     stops = {p: stop for p, (_, stop) in spans.items()}
     for message in _records_in_spans(consumer, topic, starts, stops, settings, should_stop, "looking for checkpoints"):
         partition, offset = message.partition(), message.offset()
         assert partition is not None and offset is not None  # records only, no error events
+        if searched is not None:
+            if searched.fetched_ends[partition] < 0:  # its first record: the end its fetch saw, up to which it is read
+                searched.fetched_ends[partition] = consumer.fetched_end(topic, partition)
+            searched.add(partition, offset, message)
         value = message.value()
         if value is None or b'"checkpoint"' not in value:
             continue
@@ -258,7 +329,7 @@ def _records_in_spans(
     last_progress = time.monotonic()
     while reading:
         check_stop(should_stop)
-        batch = consumer.consume(num_messages=_BATCH, timeout=0.1)
+        batch = take_fetched(consumer, _BATCH, 0.1)
         if batch:
             last_progress = time.monotonic()
         elif time.monotonic() - last_progress > settings.connect_timeout:

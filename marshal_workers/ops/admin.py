@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from marshal_workers.core.config import Settings
 from marshal_workers.errors import ConfigError, DecodeError, UnknownGroupError
@@ -292,12 +292,17 @@ def log_lines(
     state = WorldState(group, settings.heartbeat_ms, count)
     # Read up to the ends listed now, never waiting for an empty fetch (a busy partition may never answer one, and
     # the embedded broker holds one for the whole wait); with ``follow``, tail from there with the short wait.
-    starts, ends = begin_catching_up(consumer, settings, count, group, from_beginning)
-    for partition, start in enumerate(starts):
+    catching_up = begin_catching_up(consumer, settings, count, group, from_beginning)
+    ends = catching_up.ends
+    for partition, start in enumerate(catching_up.starts):
         checkpoints.begin(state, start, partition)
     topic = settings.coordination_topic
     caught_up = False
     try:
+        for searched in catching_up.read_ahead:  # read by the checkpoint search, already counted in the ends
+            line = _record_line(state, searched)
+            if line is not None:
+                yield line
         while not stop():
             if not caught_up and ends.all_read():
                 caught_up = True
@@ -316,13 +321,20 @@ def log_lines(
                 continue
             assert source is not None and offset is not None  # a record, not an error event: it has both
             read_record(ends, consumer, topic, source, offset)
-            kind, stamp = message.timestamp()
-            log_append_time = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
-            line = fold_record(state, message.value(), source, offset, log_append_time)
+            line = _record_line(state, message)
             if line is not None:
                 yield line
     finally:
         consumer.close()
+
+
+def _record_line(state: WorldState, message: Message) -> str | None:
+    """fold_record of a record read from the log (not an error event)."""
+    source, offset = message.partition(), message.offset()
+    assert source is not None and offset is not None  # a record: it has both
+    kind, stamp = message.timestamp()
+    log_append_time = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
+    return fold_record(state, message.value(), source, offset, log_append_time)
 
 
 def fold_record(

@@ -66,6 +66,8 @@ def test_a_reader_starts_at_the_latest_checkpoint_and_agrees_with_one_that_read_
         everything.close()
     started = CoordinationLog(settings, settings.group, 1).start()
     try:
+        # The search for the checkpoint read the records after it, and handed them over: none is fetched again.
+        assert started.caught_up()
         started.wait_caught_up(stall_timeout=30)
         state = started.snapshot()
     finally:
@@ -166,7 +168,9 @@ def test_a_long_read_says_how_far_it_got_while_it_reads(
     with Coordinator(settings) as writer:
         write_history(settings, f"orders-{unique}", 20_000, writer.now_ms())
     caplog.set_level(logging.INFO, logger="marshal_workers.kafka.coordination_reader")
-    reader = CoordinationLog(settings, settings.group, 1, progress_every=0.001).start()  # a line per batch read
+    # From the beginning: a search for checkpoints would have read these 20,000 already, and handed them over
+    # (the next test); a longer log than a search keeps is read by the catch-up, as here.
+    reader = CoordinationLog(settings, settings.group, 1, progress_every=0.001, from_beginning=True).start()
     try:
         reader.wait_caught_up(stall_timeout=30)
         total = reader.records_read()

@@ -25,7 +25,7 @@ from marshal_workers.core.exit_codes import WorkerExit
 from marshal_workers.core.logs import ContextLog
 from marshal_workers.handlers.handler_outcomes import OutcomeCounts
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
-from marshal_workers.kafka.kafka_clients import RECORD_ERROR, RECORD_HEADERS
+from marshal_workers.kafka.kafka_clients import RECORD_ERROR, RECORD_HEADERS, take_fetched
 from marshal_workers.kafka.outbox import Outbox
 from marshal_workers.member.at_most_once import ClaimAnswer
 from marshal_workers.protocol.dead_letter_groups import OtherGroups
@@ -121,10 +121,9 @@ class SupervisorLink:
         consumer = self.consumer
         assert consumer is not None
         self.housekeeping()
-        first = consumer.poll(wait)
-        if first is None:
+        batch = take_fetched(consumer, most, wait)
+        if not batch:
             return []
-        batch = [first, *consumer.consume(most - 1, 0)] if most > 1 else [first]
         self.publish_high_watermark()
         # The errors in C (map, any), not a Python loop: this is per message, and a batch almost never has one.  Not
         # errors.count(None): that compares each KafkaError with None, which raises (SystemError).  A KafkaError is true.
