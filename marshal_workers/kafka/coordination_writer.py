@@ -250,7 +250,13 @@ class Coordinator:
             self._producer = self._new_producer()
             admin = admin_client(self.settings)
             self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop)
-            ask_producer_id(self._producer, self.settings.coordination_topic)
+            # On a thread of its own: two metadata round trips that nothing here waits for.
+            threading.Thread(
+                target=ask_producer_id,
+                args=(self._producer, self.settings.coordination_topic),
+                name="producer-id",
+                daemon=True,
+            ).start()
             self._log = CoordinationLog(
                 self.settings,
                 self.group,

@@ -87,6 +87,7 @@ def begin_catching_up(
             report=report,
             bounds=bounds if all(high >= 0 for _, high in bounds) else None,
             searched=searched,
+            consumer=consumer,  # connected already: no second client to start
         )
     ends = KnownEnds([high for _, high in bounds])
     positions = [_offset(s.offset, bounds[p][0]) for p, s in enumerate(starts)]
@@ -177,6 +178,7 @@ def find_starts(
     report: bool = False,
     bounds: Sequence[tuple[int, int]] | None = None,
     searched: SearchedRecords | None = None,
+    consumer: GuardedConsumer | None = None,
 ) -> list[checkpoints.Start]:
     """Where a reader of ``group`` starts on each coordination partition (checkpoints.Start).
 
@@ -186,14 +188,16 @@ def find_starts(
     of any group.  (Offsets, not times: Tansu answers every "offset for a time" with the log start.)
     ``report``: say at INFO where the search goes further back.  StopRequested as soon as ``should_stop`` says so.
     ``bounds``: each partition's (start, end), if the caller listed them already.  ``searched``: keeps what was
-    read, and the ends the first look's fetches saw.
+    read, and the ends the first look's fetches saw.  ``consumer``: the reader that goes on from the starts found
+    (it is placed there afterwards; an own one is made, and closed, without it).
     """
     starts = [checkpoints.BEGINNING] * partition_count
-    consumer = log_consumer(settings, group, "checkpoint search")
+    made_here = consumer is None
+    reader = log_consumer(settings, group, "checkpoint search") if consumer is None else consumer
     try:
         if bounds is None:
             bounds = [
-                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
+                reader.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
                 for p in range(partition_count)
             ]
         assemblers = [checkpoints.Assembler() for _ in range(partition_count)]
@@ -204,7 +208,7 @@ def find_starts(
         while looking:
             begins = {p: max(bounds[p][0], bounds[p][1] - look) for p in looking}
             spans = {p: (begins[p], stops[p]) for p in looking}
-            _scan(consumer, topic, group, spans, assemblers, finders, settings, should_stop, searched)
+            _scan(reader, topic, group, spans, assemblers, finders, settings, should_stop, searched)
             for p in sorted(looking):
                 low, high = bounds[p]
                 own = assemblers[p].latest
@@ -237,7 +241,8 @@ def find_starts(
         log.warning("coordination log %s: cannot look for checkpoints (%s): reading it all", topic, exc)
         return [checkpoints.BEGINNING] * partition_count
     finally:
-        consumer.close()
+        if made_here:
+            reader.close()
 
 
 def _scan(
