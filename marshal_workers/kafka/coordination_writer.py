@@ -55,7 +55,8 @@ def ensure_coordination_topic(admin: AdminClient, settings: Settings, should_sto
     count = ensure_topic(
         admin, settings, settings.coordination_topic, settings.coordination_partitions, config, should_stop
     )
-    _warn_if_kept_forever(admin, settings, should_stop)
+    # On a thread of its own: a warning, which a start-up need not wait a round trip for.
+    threading.Thread(target=_warn_if_kept_forever, args=(admin, settings), name="retention-check", daemon=True).start()
     return count
 
 

@@ -93,6 +93,10 @@ def topic_partition_count(
 ) -> int | None:
     """The number of partitions of ``topic``, or None if it does not exist."""
     metadata = cluster_metadata(admin, settings, should_stop)
+    return _listed_partition_count(metadata, topic)
+
+
+def _listed_partition_count(metadata: ClusterMetadata, topic: str) -> int | None:
     found = metadata.topics.get(topic)
     if found is None or found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
         return None
@@ -118,8 +122,12 @@ def ensure_topic(
     partitions: int,
     config: dict[str, str] | None = None,
     should_stop: ShouldStop = never,
+    metadata: ClusterMetadata | None = None,
 ) -> int:
-    """The partition count of ``topic``, creating it first if it is missing (CoordinationTopicError if it cannot)."""
+    """The partition count of ``topic``, creating it first if it is missing (CoordinationTopicError if it cannot).
+    ``metadata``: the cluster's, just asked for (all topics): a topic it lists costs no request."""
+    if metadata is not None and (count := _listed_partition_count(metadata, topic)) is not None:
+        return count
     count = topic_partition_count(admin, settings, topic, should_stop)
     if count is not None:
         return count

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import select
 import threading
@@ -307,3 +308,18 @@ def test_a_loop_that_waits_only_on_own_folds_is_woken_for_every_verdict(
             assert woken, f"the verdict of write {partition} never woke the loop"
             drain(own_folds)
         assert verdicts == [True]
+
+
+def test_a_coordination_topic_kept_for_ever_is_warned_about(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": settings.brokers})
+    topic = NewTopic(settings.coordination_topic, num_partitions=1, config={"retention.ms": "-1"})
+    admin.create_topics([topic])[settings.coordination_topic].result(10)
+    caplog.set_level(logging.WARNING, logger="marshal_workers.kafka.coordination_writer")
+    with Coordinator(settings):
+        # Checked beside the start-up, not before it: the warning may come just after.
+        poll_until(lambda: "keeps its records for ever" in caplog.text, timeout=30, what="the retention warning")
+    assert "coordination_retention" in caplog.text  # what to set

@@ -94,7 +94,9 @@ class TopicWatch:
             counts[topic] = count
             if first and self.app.handlers[topic].on_error is OnError.DLQ:
                 dlq_topic = self.app.handlers[topic].dlq_topic
-                ensure_topic(self.admin, self.settings, dlq_topic, count, should_stop=self._should_stop)
+                ensure_topic(
+                    self.admin, self.settings, dlq_topic, count, should_stop=self._should_stop, metadata=metadata
+                )
 
     def _check_coordination_partitions(self, metadata: Any) -> None:
         """Routing is md5(topic) mod the coordination topic's partition count: if the count changed, members
