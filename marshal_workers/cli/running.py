@@ -76,22 +76,14 @@ def broker(port: int) -> None:
 def run(app_path: str, config_file: str | None, **options: Any) -> None:
     """Run the handlers of MODULE:APP: one worker process per claimed partition, and --processes workers per
     shared handler."""
-    from marshal_workers.runtime.supervisor.starting import Starting
+    from marshal_workers.runtime.supervisor.supervisor import Supervisor
 
     app = app_at(app_path)
     settings = configure(config_file, app_defaults=app.settings, **options)
     settings.require_group()
     if settings.dashboard and not settings.metrics_port:
         raise ConfigError("the dashboard is served on the metrics port: give --metrics-port too")
-    # The fork server, then the coordination log read on a thread while the supervisor's modules are imported.
-    starting = Starting(app_path, settings)
-    try:
-        from marshal_workers.runtime.supervisor.supervisor import Supervisor  # after the start: see above
-
-        supervisor = Supervisor(app, app_path, settings, starting)
-    except BaseException:
-        starting.close()
-        raise
+    supervisor = Supervisor(app, app_path, settings)
     code = supervisor.run()
     if supervisor.restart_requested and code == 0:
         # SIGHUP: every partition was released; the same command, with the same client id, starts afresh (the

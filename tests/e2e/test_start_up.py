@@ -180,8 +180,7 @@ def test_a_new_groups_start_up_beside_another_groups_long_history(
         busy.stop_all()
 
 
-# 0 s: most likely while it still imports its own modules, the log's reading begun on a thread (starting.py), before
-# its signal handlers; 1 s: in its wait for the coordinator, its handlers installed.  Either way: stopped, exit 0.
+# 0 s: as it begins to ask Kafka for the coordination topic; 1 s: well into its wait.  Either way: stopped, exit 0.
 @pytest.mark.parametrize("after_s", [0.0, 1.0])
 def test_a_supervisor_waiting_for_a_broker_that_does_not_answer_stops_at_once_on_sigterm(
     tmp_path: Path, after_s: float
@@ -196,8 +195,8 @@ def test_a_supervisor_waiting_for_a_broker_that_does_not_answer_stops_at_once_on
     )
     try:
         supervisor = fleet.start("lonely", "--connect-timeout", "120s")  # it would give up (exit 4) after 2 minutes
-        # Its fork server comes after it records stop signals, right before it asks Kafka for the coordination
-        # topic; then it waits in that call, saying nothing.
+        # Its fork server comes after its signal handlers, right before it asks Kafka for the coordination topic;
+        # then it waits in that call, saying nothing.
         poll_until(
             lambda: "marshal-workers: fork server" in [cmdline(pid) for pid in process_group(supervisor.pid)],
             timeout=60,

@@ -44,6 +44,7 @@ from confluent_kafka.admin import AdminClient
 from marshal_workers.core.config import Settings
 from marshal_workers.core.exit_codes import ExitCode
 from marshal_workers.core.logs import group_log
+from marshal_workers.core.process_age import process_age
 from marshal_workers.errors import StopRequested
 from marshal_workers.handlers.app import App, effective_time_limits
 from marshal_workers.handlers.lifespan import run_shutdown_hooks, run_startup_hooks
@@ -59,11 +60,11 @@ from marshal_workers.runtime.channel import Slot
 from marshal_workers.runtime.supervisor.assignments import Phase, Table
 from marshal_workers.runtime.supervisor.checkpoint_writer import CheckpointWriter
 from marshal_workers.runtime.supervisor.component import Component, SharedPoolStep, WriteVerdicts
+from marshal_workers.runtime.supervisor.fork_server import start_fork_server
 from marshal_workers.runtime.supervisor.message_claims import MessageClaims
 from marshal_workers.runtime.supervisor.partition_claims import PartitionClaims
 from marshal_workers.runtime.supervisor.remote_control import RemoteControl
 from marshal_workers.runtime.supervisor.shared_pool import SharedPool
-from marshal_workers.runtime.supervisor.starting import Starting
 from marshal_workers.runtime.supervisor.supervisor_lines import StartUpTimes, loop_health, start_line, stop_line
 from marshal_workers.runtime.supervisor.topic_watch import TopicWatch
 from marshal_workers.runtime.supervisor.waiter import Waiter
@@ -93,9 +94,7 @@ class Parts:
 class Supervisor:
     """The loop, the signals and the shutdown; the work is its components' (see the module's docstring)."""
 
-    def __init__(self, app: App, app_path: str, settings: Settings, starting: Starting | None = None) -> None:
-        """``starting``: the fork server and the coordinator, begun before this module was imported
-        (starting.py); without it, _start_up begins them."""
+    def __init__(self, app: App, app_path: str, settings: Settings) -> None:
         self.app = app
         self.app_path = app_path
         self.settings = settings
@@ -127,7 +126,6 @@ class Supervisor:
         self._unconfirmed_before_stop = 0
         self._workers_killed = False
         self._app_started = False  # its on_startup hooks ran: its on_shutdown hooks run as we exit
-        self._starting = starting
 
     @property
     def phase(self) -> Phase:
@@ -178,17 +176,19 @@ class Supervisor:
     def _start_up(self) -> None:
         """Everything before the loop.  A stop signal meanwhile interrupts the steps that wait on Kafka within a
         fraction of a second (StopRequested; stopping.py): nothing is claimed before the loop, so nothing is held."""
-        if self._starting is None:  # (cli/running.py begins it before it imports this module)
-            self._starting = Starting(self.app_path, self.settings, record_signals=False)
-        starting = self._starting
-        # The fork server came before any Kafka client, and before the app's hooks: what they open stays ours.
-        context = starting.context
+        should_stop = self._stop_asked
+        imports_s, began = process_age(), time.monotonic()
+        # Before any Kafka client exists, and before the app's hooks: what they open stays the supervisor's.
+        context = start_fork_server(self.app_path)
         run_startup_hooks(self.app.startup_hooks)  # AppStartupError: stop before anything is claimed
         self._app_started = True  # from here, a start-up that fails still runs the app's on_shutdown hooks
         # One bucket per rate-limited handler, shared by all its workers (rate_limits.py).
         rate_buckets = create_buckets(context, {t: h.rate_limit for t, h in self.app.handlers.items()})
         self.shared.rate_buckets = rate_buckets
-        self._coordinator = coordinator = starting.coordinator()  # StopRequested if a stop signal came first
+        coordinator = Coordinator(self.settings)
+        reading_began = time.monotonic()
+        self._coordinator = coordinator.start(should_stop, member=True)
+        reading_s = time.monotonic() - reading_began
         started_ms = coordinator.now_ms()
         writes = InFlightWrites(coordinator)
         self._offsets = offsets = OffsetStore(self.settings)
@@ -199,8 +199,7 @@ class Supervisor:
         if self.settings.metrics_port:
             self._serve_metrics()
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
-        reading_s = starting.reading_s
-        times = StartUpTimes(starting.imports_s, reading_s, time.monotonic() - starting.began - reading_s)
+        times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
         line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance, times)
         self.log.info("%s", line)
 
@@ -342,16 +341,11 @@ class Supervisor:
         signal.set_wakeup_fd(wakeup_w.fileno(), warn_on_full_buffer=False)
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
             signal.signal(signum, self._record_signal)
-        if self._starting is not None:  # the stop signals that came while the start began (starting.py)
-            for early in self._starting.take_signals():
-                self._record_signal(early, None)
 
     def _record_signal(self, signum: int, _frame: FrameType | None) -> None:
         self._signals.put_nowait(signum)  # nothing else here: no logging, no I/O
         if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self.table.stop_signalled = True
-            if self._starting is not None:
-                self._starting.ask_stop()  # the coordinator's start, if it still reads, gives up
 
     def _handle_signals(self) -> None:
         while not self._signals.empty():
@@ -555,6 +549,4 @@ class Supervisor:
             self._offsets.close()
         if self._coordinator is not None:
             self._coordinator.close()
-        elif self._starting is not None:
-            self._starting.close()  # the start-up stopped before it took the coordinator
         self._waiter.close()

@@ -16,11 +16,9 @@ _NEVER_SHOWN = ("group", "brokers", "client_id", "processes")  # processes: show
 class StartUpTimes:
     """Where a supervisor's start-up went, in seconds: what a slow restart is asked about first."""
 
-    imports: float | None  # the interpreter, the imports, the application and the settings; None: not known (no /proc)
-    # The coordinator: its topic checked, the log read to its end.  On a thread of its own (starting.py), while the
-    # supervisor's modules are imported and its components built: those count in ``rest`` only past the reading.
-    coordination_log: float
-    rest: float  # the fork server started, the rest of the imports, the components built, the first look at the topics
+    imports: float | None  # the interpreter, the imports and the application's module; None: not known (no /proc)
+    coordination_log: float  # the coordinator: its topic checked, the log read to its end, its producer ready
+    rest: float  # the fork server started, the components built, the first look at the topics
 
     def text(self) -> str:
         total = (self.imports or 0.0) + self.coordination_log + self.rest

@@ -54,22 +54,14 @@ def test_release_if_behind_is_a_run_option(
     monkeypatch.chdir(tmp_path)
     seen = []
 
-    class Starting:  # no fork server, no Kafka client: the settings are what this test looks at
-        def __init__(self, app_path: str, settings: Settings) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
     class Supervisor:  # what run would start, with the settings it gets
-        def __init__(self, app: object, app_path: str, settings: Settings, starting: Starting) -> None:
+        def __init__(self, app: object, app_path: str, settings: Settings) -> None:
             seen.append(settings)
             self.restart_requested = False
 
         def run(self) -> int:
             return 0
 
-    monkeypatch.setattr("marshal_workers.runtime.supervisor.starting.Starting", Starting)
     monkeypatch.setattr("marshal_workers.runtime.supervisor.supervisor.Supervisor", Supervisor)
     result = CliRunner().invoke(main, ["run", "behind_app:app", *flag], env={"MARSHAL_WORKERS_RELEASE_IF_BEHIND": None})
     assert result.exit_code == 0, result.output
