@@ -87,38 +87,44 @@ class DeadLetter:
 def read_dead_letters(
     settings: Settings, dlq_topic: str, after: Mapping[int, int] | None = None
 ) -> Iterator[DeadLetter]:
-    """Every message of ``dlq_topic`` up to its end as it is now, partition by partition; with ``after``
-    (partition -> next offset), only those from there on (what a reader that keeps a tally has not seen)."""
+    """Every message of ``dlq_topic`` up to its end as it is now, in order within each partition; with ``after``
+    (partition -> next offset), only those from there on (what a reader that keeps a tally has not seen).
+
+    Every partition is read at once.  One after another, each paid a fetch the embedded broker held for the
+    whole wait (the one sent at the end of the partition before it): a third of a second a partition, 12 s for
+    a topic of 12 partitions before the reader stopped waiting for a full batch too."""
     count = topic_partition_count(admin_client(settings), settings, dlq_topic)
     if count is None:
         raise UnknownTopicError(f"the dead-letter topic {dlq_topic!r} does not exist on {settings.brokers}")
     consumer = position_consumer(settings)
     try:
         bounds = partition_bounds(consumer, settings, dlq_topic, range(count))
-        for partition, (low, high) in sorted(bounds.items()):
-            low = max(low, (after or {}).get(partition, low))
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(dlq_topic, partition, low)])
-            next_offset = low
-            while next_offset < high:
-                for message in take_fetched(consumer, 500, 1.0):
-                    offset = message.offset()
-                    if message.error() is not None or offset is None or offset >= high:
-                        continue
-                    next_offset = offset + 1
-                    kind, stamp = message.timestamp()
-                    # Ignored: the stub's headers() may be a dict (which goes only to the producer); a consumed
-                    # record's are a list of (name, bytes).
-                    yield DeadLetter(
-                        partition,
-                        offset,
-                        None if kind == 0 else stamp,
-                        message.key(),
-                        message.value(),
-                        list(message.headers() or []),  # type: ignore[arg-type]
-                    )
-            consumer.unassign()
+        starts = {p: max(low, (after or {}).get(p, low)) for p, (low, _) in bounds.items()}
+        ends = {p: high for p, (_, high) in bounds.items() if high > starts[p]}  # those with something to read
+        consumer.assign([TopicPartition(dlq_topic, p, starts[p]) for p in ends])
+        while ends:
+            for message in take_fetched(consumer, 500, 1.0):
+                partition, offset = message.partition(), message.offset()
+                if partition not in ends or offset is None or message.error() is not None:
+                    continue
+                end = ends[partition]
+                if offset >= end:
+                    continue
+                if offset + 1 >= end:  # its last one: fetched no more (a fetch at its end would be held)
+                    del ends[partition]
+                    consumer.read_up_to_end(dlq_topic, partition)
+                kind, stamp = message.timestamp()
+                # Ignored: the stub's headers() may be a dict (which goes only to the producer); a consumed
+                # record's are a list of (name, bytes).
+                yield DeadLetter(
+                    partition,
+                    offset,
+                    None if kind == 0 else stamp,
+                    message.key(),
+                    message.value(),
+                    list(message.headers() or []),  # type: ignore[arg-type]
+                )
+        consumer.unassign()
     finally:
         consumer.close()
 
