@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from marshal_workers.kafka.guarded_consumer import GuardedConsumer
 from marshal_workers.protocol.partition_end import partition_end
@@ -64,22 +63,15 @@ class KnownEnds:
 
 
 def listed_bounds(consumer: GuardedConsumer, topic: str, partition_count: int, timeout: float) -> list[tuple[int, int]]:
-    """Each partition's (start, end) as ListOffsets answers them now, (-1, -1) where the broker does not answer.
-    Asked all at once (a thread each: the client waits without the GIL): one round trip, not one per partition,
-    which a start-up on a loaded machine paid eight times over."""
-
-    def listed(partition: int) -> tuple[int, int]:
-        try:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
-            return low, high
-        except KafkaException as exc:
-            log.debug("%s[%d]: no end listed (%s): reading up to its end-of-partition event", topic, partition, exc)
-            return -1, -1
-
-    if partition_count <= 1:
-        return [listed(p) for p in range(partition_count)]
-    with ThreadPoolExecutor(max_workers=partition_count, thread_name_prefix="list-offsets") as pool:
-        return list(pool.map(listed, range(partition_count)))
+    """Each partition's (start, end) as ListOffsets answers them now (asked at once), (-1, -1) where the broker
+    does not answer."""
+    bounds = []
+    for partition, listed in consumer.listed_watermarks(topic, range(partition_count), timeout).items():
+        if isinstance(listed, KafkaException):
+            log.debug("%s[%d]: no end listed (%s): reading up to its end-of-partition event", topic, partition, listed)
+            listed = (-1, -1)
+        bounds.append(listed)
+    return bounds
 
 
 def read_record(ends: KnownEnds, consumer: GuardedConsumer, topic: str, partition: int, offset: int) -> None:

@@ -121,16 +121,10 @@ def partition_bounds(
 ) -> dict[int, Bounds]:
     """(low, high) of each partition.  ``high`` comes from a fetch response, all partitions at once."""
     listed: dict[int, Bounds] = {}
-    for partition in partitions:
-        try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=settings.connect_timeout, cached=False
-            )
-        except KafkaException as exc:
-            raise KafkaUnavailable(
-                f"cannot read the offsets of {topic}[{partition}] on {settings.brokers}: {exc}"
-            ) from None
-        listed[partition] = Bounds(low, high)
+    for partition, answer in consumer.listed_watermarks(topic, partitions, settings.connect_timeout).items():
+        if isinstance(answer, KafkaException):
+            raise KafkaUnavailable(f"cannot read the offsets of {topic}[{partition}] on {settings.brokers}: {answer}")
+        listed[partition] = Bounds(*answer)
     fetched = _fetched_highs(consumer, settings, topic, {p: listed[p].low for p in partitions})
     return {p: Bounds(listed[p].low, partition_end(listed[p].high, fetched.get(p, -1))) for p in partitions}
 
