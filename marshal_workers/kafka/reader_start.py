@@ -4,7 +4,8 @@ A reader of one group need not read the whole log: on each coordination partitio
 complete checkpoint of its group, else at the latest one of any group whose directory does not list it (its
 group had no record before), else at the beginning (checkpoints.Start, docs/protocol.md).  :func:`find_starts`
 searches the log's last records for them, further back each time; :func:`begin_catching_up` places a reader
-there and says up to where it catches up (catch_up.py); :func:`learn_groups_before` reads the group names
+there, hands it the records the search read from there on (SearchedRecords), and says up to where it catches up
+(catch_up.py); :func:`learn_groups_before` reads the group names
 written before a start, for a reader whose start had no directory.  Every such reader is a
 :func:`log_consumer`, as the tail of coordination_reader.py is.
 """
