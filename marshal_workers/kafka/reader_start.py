@@ -153,7 +153,7 @@ class SearchedRecords:
 
     def run_from(self, partition: int, offset: int) -> list[Message]:
         """The records kept of ``partition`` from ``offset`` on, up to the first one not kept (none: [])."""
-        kept = self._records[partition] if 0 <= partition < len(self._records) else {}
+        kept = self._records[partition]
         run = []
         while offset in kept:
             run.append(kept[offset])
@@ -197,10 +197,11 @@ def find_starts(
     reader = log_consumer(settings, group, "checkpoint search") if consumer is None else consumer
     try:
         if bounds is None:
-            bounds = [
-                reader.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout)
-                for p in range(partition_count)
-            ]
+            answers = list(reader.listed_watermarks(topic, range(partition_count), settings.connect_timeout).values())
+            failed = next((answer for answer in answers if isinstance(answer, KafkaException)), None)
+            if failed is not None:
+                raise failed  # below: no search, the whole log is read
+            bounds = [answer for answer in answers if not isinstance(answer, KafkaException)]
         assemblers = [checkpoints.Assembler() for _ in range(partition_count)]
         finders = [checkpoints.DirectoryFinder(group) if use_directories else None for _ in range(partition_count)]
         looking = {p for p, (low, high) in enumerate(bounds) if high > low}  # an empty partition has none
