@@ -2,7 +2,7 @@
 starting member) has read everything that was written when it began, without waiting for an empty fetch.
 
 An empty fetch is what tells a reader it is at a partition's end (end-of-partition), and the embedded broker holds
-one for the whole fetch wait; a reader catching up reads with the long wait of guarded_consumer.CATCH_UP_WAIT_MS,
+one for the whole fetch wait; a reader catching up reads with the catch-up wait (guarded_consumer.catch_up_wait_ms),
 so it would pay that wait at the end of every partition.  Instead it stops at the end it knows:
 
 - ListOffsets when reading began (``listed_bounds``).  On Kafka that is the partition's end.  The embedded broker

@@ -176,7 +176,7 @@ def split_reader(settings: Settings) -> dict[str, Any]:
 
 def position_reader(settings: Settings) -> dict[str, Any]:
     """A look-up of positions (kafka/partition_positions.py: bounds, offsets for a time, first records)."""
-    # Its reader catches up first (guarded_consumer.CATCH_UP_WAIT_MS), reading only records that are there; once it
+    # Its reader catches up first (guarded_consumer.catch_up_wait_ms), reading only records that are there; once it
     # tails, the embedded broker holds a fetch that finds nothing for its whole wait, so a probe past a partition's
     # end costs that wait: a short one.
     return _reader(settings, "positions") | {"fetch.wait.max.ms": 10}

@@ -9,7 +9,7 @@ ListOffsets, which Tansu under-reports).  "Caught up" means every partition was
 read up to the end it had when reading began (ListOffsets then), or reported
 end-of-partition: a reader catching up never waits for an empty fetch, which the
 embedded broker holds for the whole fetch wait.  It reads up to there with the
-long wait of a catch-up (guarded_consumer.CATCH_UP_WAIT_MS), and a tail then goes
+wait of a catch-up (guarded_consumer.catch_up_wait_ms), and a tail then goes
 on with the short one (docs/brokers.md, "Stalled fetches on a long partition").
 Where it begins on each partition, at a checkpoint or the beginning, is
 reader_start.py's.

@@ -107,17 +107,18 @@ def test_each_start_is_timed_by_its_own_start_line_and_one_killed_before_it_is_l
     assert "settled seen NEVER" in line
 
 
-def test_the_slowest_start_up_says_how_much_of_it_was_the_interpreter_and_imports() -> None:
+def test_the_slowest_start_up_says_how_much_of_it_was_the_interpreter_and_imports_and_the_cpu_it_used() -> None:
     app = App()
     app.handler("orders")(lambda msg: None)
     settings = load_settings(cli={"group": "g", "brokers": "localhost:9092"}, app_defaults=app.settings)
-    times = StartUpTimes(imports=2.71, coordination_log=0.9, rest=0.1)
+    times = StartUpTimes(imports=2.71, coordination_log=0.9, rest=0.1, cpu=0.34)
     log = logged(HEAL + 3.8, message=start_line(app, "sink_app:app", settings, "s1", "5f1c", times)).encode()
     [found] = start_ups("s1", log, [(HEAL, 0)])
-    assert found.imports_s == 2.71
-    assert "slowest 3.8s (s1, broker frozen or stalled 0.0s meanwhile, interpreter and imports 2.7s)" in timings_line(
-        [], None, [found]
-    )
+    assert (found.imports_s, found.cpu_s) == (2.71, 0.34)
+    assert (
+        "slowest 3.8s (s1, broker frozen or stalled 0.0s meanwhile, interpreter and imports 2.7s, 0.34 CPU-s)"
+        in timings_line([], None, [found])
+    ), "a start-up that used far less CPU than its seconds waited: for a core, or for the broker"
 
 
 def test_a_start_up_that_waited_on_a_frozen_broker_is_told_apart_from_the_slowest_with_the_broker_up() -> None:

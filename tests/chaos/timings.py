@@ -22,6 +22,7 @@ from fleet import StatusCall
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 # The start line's account of its start-up (supervisor_lines.StartUpTimes.text).
 _IMPORTS = re.compile(r"interpreter and imports (\d+\.\d+)s")
+_CPU = re.compile(r"; (\d+\.\d+) CPU-s\)")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class StartUp:
     seconds: float | None  # until it logged its start line; None: it never did before it was killed or stopped
     broker_frozen_s: float = 0.0  # of those seconds, the broker frozen or stalled (or recovering): none can start
     imports_s: float | None = None  # of those seconds, the interpreter and imports, as its start line says
+    cpu_s: float | None = None  # the CPU its process used until its start line, as that line says
 
 
 def after_the_heal(calls: Iterable[StatusCall], healed_at: float) -> list[StatusCall]:
@@ -78,9 +80,16 @@ def start_ups(client: str, log: bytes, starts: Sequence[tuple[float, int]]) -> l
         if logged is None:
             found.append(StartUp(client, started_at, None))
             continue
-        imports = _IMPORTS.search(logged[1])
-        imports_s = float(imports[1]) if imports else None
-        found.append(StartUp(client, started_at, logged[0] - started_at, imports_s=imports_s))
+        imports, cpu = _IMPORTS.search(logged[1]), _CPU.search(logged[1])
+        found.append(
+            StartUp(
+                client,
+                started_at,
+                logged[0] - started_at,
+                imports_s=float(imports[1]) if imports else None,
+                cpu_s=float(cpu[1]) if cpu else None,
+            )
+        )
     return found
 
 
@@ -121,7 +130,8 @@ def timings_line(calls: Sequence[StatusCall], settled_seen: float | None, found:
 
 
 def _imports_text(start: StartUp) -> str:
-    return "" if start.imports_s is None else f", interpreter and imports {start.imports_s:.1f}s"
+    imports = "" if start.imports_s is None else f", interpreter and imports {start.imports_s:.1f}s"
+    return imports + ("" if start.cpu_s is None else f", {start.cpu_s:.2f} CPU-s")
 
 
 def over_bounds(

@@ -199,7 +199,7 @@ class Supervisor:
         if self.settings.metrics_port:
             self._serve_metrics()
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")
-        times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s)
+        times = StartUpTimes(imports_s, reading_s, time.monotonic() - began - reading_s, time.process_time())
         line = start_line(self.app, self.app_path, self.settings, coordinator.client, coordinator.instance, times)
         self.log.info("%s", line)
 

@@ -19,14 +19,18 @@ class StartUpTimes:
     imports: float | None  # the interpreter, the imports and the application's module; None: not known (no /proc)
     coordination_log: float  # the coordinator: its topic checked, the log read to its end, its producer ready
     rest: float  # the fork server started, the components built, the first look at the topics
+    # The CPU the process used meanwhile (all its threads): far less than the seconds above is a start-up that
+    # waited, for a core on a loaded machine or for the broker, not one that worked.  None: not known.
+    cpu: float | None = None
 
     def text(self) -> str:
         total = (self.imports or 0.0) + self.coordination_log + self.rest
         imports = "" if self.imports is None else f"interpreter and imports {self.imports:.2f}s, "
         since = "" if self.imports is None else " of the process"
+        cpu = "" if self.cpu is None else f"; {self.cpu:.2f} CPU-s"
         return (
             f"up in {total:.2f}s{since} ({imports}reading the coordination log {self.coordination_log:.2f}s, "
-            f"the rest {self.rest:.2f}s)"
+            f"the rest {self.rest:.2f}s{cpu})"
         )
 
 

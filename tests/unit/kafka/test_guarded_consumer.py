@@ -10,11 +10,13 @@ from marshal_workers.kafka.guarded_consumer import (
     MAX_WAIT_MS,
     REREAD_FOR_S,
     REREADS,
+    SHORT_CATCH_UP_WAIT_MS,
     Contiguity,
     Gap,
     GuardedConsumer,
     StallWatch,
     behind,
+    catch_up_wait_ms,
     raised_wait,
     stall_after,
 )
@@ -62,13 +64,38 @@ OFFLINE = {"bootstrap.servers": "127.0.0.1:9", "group.id": "offline", "fetch.wai
 def test_a_reader_that_catches_up_waits_long_until_it_tails_then_short() -> None:
     reader = GuardedConsumer(OFFLINE, "catching up", heartbeat_s=1.0, catch_up=True)
     try:
-        assert (reader.catching_up, reader.wait_ms) == (True, CATCH_UP_WAIT_MS)
+        assert (reader.catching_up, reader.wait_ms) == (True, SHORT_CATCH_UP_WAIT_MS)
         reader.begin_tail()
         assert (reader.catching_up, reader.wait_ms) == (False, 5)
         reader.begin_tail()  # once only
         assert reader.wait_ms == 5
     finally:
         reader.close()
+
+
+def test_a_reader_that_lists_a_long_partition_catches_up_with_the_long_wait_then_tails_short() -> None:
+    reader = GuardedConsumer(OFFLINE, "catching up", heartbeat_s=1.0, catch_up=True)
+    try:
+        reader.fit_catch_up_wait([(0, 1_000), (0, 30_000)])
+        assert reader.wait_ms == SHORT_CATCH_UP_WAIT_MS, "30,000 batches are listed well within the short wait"
+        reader.fit_catch_up_wait([(0, 1_000), (5_000, 200_000)])
+        assert reader.wait_ms == CATCH_UP_WAIT_MS, "a partition too long to list within 80 ms on a loaded machine"
+        reader.fit_catch_up_wait([(0, 10)])
+        assert reader.wait_ms == CATCH_UP_WAIT_MS, "never shortened while catching up"
+        reader.begin_tail()
+        assert (reader.catching_up, reader.wait_ms) == (False, 5)
+        reader.fit_catch_up_wait([(0, 500_000)])
+        assert reader.wait_ms == 5, "a tail's wait is the guard's to lengthen, on a stall it sees"
+    finally:
+        reader.close()
+
+
+@given(st.integers(min_value=0, max_value=10**9), st.integers(min_value=0, max_value=10**9))
+def test_the_catch_up_wait_is_one_of_two_rungs_and_longer_for_a_longer_partition(a: int, b: int) -> None:
+    shorter, longer = sorted((a, b))
+    assert catch_up_wait_ms(shorter) in (SHORT_CATCH_UP_WAIT_MS, CATCH_UP_WAIT_MS)
+    assert catch_up_wait_ms(shorter) <= catch_up_wait_ms(longer)
+    assert catch_up_wait_ms(0) == SHORT_CATCH_UP_WAIT_MS and catch_up_wait_ms(10**9) == CATCH_UP_WAIT_MS
 
 
 def test_a_reader_that_does_not_catch_up_keeps_its_wait() -> None:

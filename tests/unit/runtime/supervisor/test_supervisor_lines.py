@@ -49,12 +49,12 @@ def test_the_start_line_says_where_the_start_up_went() -> None:
     app = App(group="billing")
     app.handler("orders")(lambda msg: None)
     settings = load_settings(cli={}, env={}, app_defaults=app.settings)
-    times = StartUpTimes(imports=0.481, coordination_log=0.574, rest=0.066)
+    times = StartUpTimes(imports=0.481, coordination_log=0.574, rest=0.066, cpu=0.312)
     line = start_line(app, "tasks:app", settings, "host-a", "5f1c", times)
     assert line.endswith(
         "; up in 1.12s of the process (interpreter and imports 0.48s, reading the coordination log 0.57s, "
-        "the rest 0.07s)"
-    )
+        "the rest 0.07s; 0.31 CPU-s)"
+    ), "the CPU used beside the seconds: a start-up that waited for a core or the broker is told from a busy one"
     unknown = StartUpTimes(imports=None, coordination_log=0.574, rest=0.066)
     assert start_line(app, "tasks:app", settings, "host-a", "5f1c", unknown).endswith(
         "; up in 0.64s (reading the coordination log 0.57s, the rest 0.07s)"
