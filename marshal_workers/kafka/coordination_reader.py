@@ -30,7 +30,8 @@ from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, check_stop, never
 from marshal_workers.errors import DecodeError, KafkaUnavailable
 from marshal_workers.kafka.catch_up import KnownEnds, partition_ended, read_record
-from marshal_workers.kafka.kafka_clients import admin_client, take_fetched, topic_partition_count
+from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import take_fetched, topic_partition_count
 from marshal_workers.kafka.reader_start import begin_catching_up, learn_groups_before, log_consumer
 from marshal_workers.protocol import checkpoints, codec
 from marshal_workers.protocol.codec import Release
@@ -84,7 +85,10 @@ class CoordinationLog:
         from_beginning: bool = False,
         progress_every: float = 0.0,
         tail: bool = True,
+        consumer: GuardedConsumer | None = None,
     ) -> None:
+        """``consumer``: its reader (reader_start.log_consumer), if the caller made it already (to ask it for the
+        cluster's metadata first: cluster_metadata); else one is made here."""
         self.settings = settings
         self.topic = settings.coordination_topic
         self.partition_count = partition_count
@@ -126,7 +130,7 @@ class CoordinationLog:
         self.report_progress = progress_every > 0
         self._progress_every = progress_every
         self._next_report = time.monotonic() + progress_every
-        self._consumer = log_consumer(settings, group, "tail" if tail else "one-shot read")
+        self._consumer = consumer if consumer is not None else log_consumer(settings, group, reader_purpose(tail))
 
     # ------------------------------------------------------------ lifecycle
 
@@ -453,16 +457,27 @@ class CoordinationLog:
             return self._verdicts.pop(key)
 
 
+def reader_purpose(tail: bool) -> str:
+    """What a CoordinationLog's reader is for, as its log lines and throwaway group name say."""
+    return "tail" if tail else "one-shot read"
+
+
 def read_group_state(settings: Settings, group: str) -> WorldState:
     """The group's world state as of now, read from the latest checkpoints on (read-only).
 
-    A coordination topic that does not exist yet is an empty log: it is not created here.
+    A coordination topic that does not exist yet is an empty log: it is not created here.  The reader asks for the
+    cluster's metadata itself: no admin client, and one round trip fewer before it lists the log's bounds.
     """
-    admin = admin_client(settings)
-    count = topic_partition_count(admin, settings, settings.coordination_topic)
+    consumer = log_consumer(settings, group, reader_purpose(tail=False))
+    try:
+        count = topic_partition_count(consumer, settings, settings.coordination_topic)
+    except BaseException:
+        consumer.close()
+        raise
     if count is None:
+        consumer.close()
         return WorldState(group, settings.heartbeat_ms, None)
-    reader = CoordinationLog(settings, group, count, tail=False).start()
+    reader = CoordinationLog(settings, group, count, tail=False, consumer=consumer).start()
     try:
         reader.wait_caught_up(stall_timeout=settings.connect_timeout)
         log.debug(

@@ -27,14 +27,16 @@ from typing import Any, NamedTuple, Self, TypeVar
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource
 
 from marshal_workers.core.config import Settings
 from marshal_workers.core.stopping import ShouldStop, never, wait_future
 from marshal_workers.errors import CoordinationWriteError, StopRequested
 from marshal_workers.kafka import client_profiles
-from marshal_workers.kafka.coordination_reader import PROGRESS_LOG_INTERVAL_S, CoordinationLog
-from marshal_workers.kafka.kafka_clients import admin_client, ask_producer_id, ensure_topic
+from marshal_workers.kafka.coordination_reader import PROGRESS_LOG_INTERVAL_S, CoordinationLog, reader_purpose
+from marshal_workers.kafka.guarded_consumer import GuardedConsumer
+from marshal_workers.kafka.kafka_clients import admin_client, ask_producer_id, cluster_metadata, ensure_topic
+from marshal_workers.kafka.reader_start import log_consumer
 from marshal_workers.member.record_chunks import beat_chunks, entry_verdicts, heartbeat_records, topic_chunks
 from marshal_workers.protocol import codec
 from marshal_workers.protocol.world_state import WorldState
@@ -45,15 +47,18 @@ Clock = Callable[[], float]
 T = TypeVar("T")
 
 
-def ensure_coordination_topic(admin: AdminClient, settings: Settings, should_stop: ShouldStop = never) -> int:
-    """The coordination topic's partition count, creating the topic first if it is missing."""
+def ensure_coordination_topic(
+    admin: AdminClient, settings: Settings, should_stop: ShouldStop = never, metadata: ClusterMetadata | None = None
+) -> int:
+    """The coordination topic's partition count, creating the topic first if it is missing.  ``metadata``: the
+    cluster's, just asked for: a topic it lists costs no request."""
     # The fold prefers broker time, so members' clock skew matters less (Tansu ignores it).
     config = {"message.timestamp.type": "LogAppendTime"}
     if settings.coordination_retention:
         # Checkpoints carry the whole state every checkpoint_interval: older records are history only.
         config["retention.ms"] = str(round(settings.coordination_retention * 1000))
     count = ensure_topic(
-        admin, settings, settings.coordination_topic, settings.coordination_partitions, config, should_stop
+        admin, settings, settings.coordination_topic, settings.coordination_partitions, config, should_stop, metadata
     )
     # On a thread of its own: a warning, which a start-up need not wait a round trip for.
     threading.Thread(target=_warn_if_kept_forever, args=(admin, settings), name="retention-check", daemon=True).start()
@@ -245,12 +250,16 @@ class Coordinator:
         everything opened here).  ``member``: a supervisor's, which logs how far the reading got while it reads
         and, since it writes checkpoints, learns the directories it lacks (CoordinationLog.learn_directories).
         """
+        consumer: GuardedConsumer | None = None
         try:
             # First: the producer connects while the topic is checked, and its producer id comes while the log is
-            # read (ask_producer_id): a first claim (a take-over) is sent at once.
+            # read (ask_producer_id): a first claim (a take-over) is sent at once.  The topic is checked in the
+            # metadata the log's reader asks for: it needs the partitions' leaders before it lists their bounds.
             self._producer = self._new_producer()
             admin = admin_client(self.settings)
-            self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop)
+            consumer = log_consumer(self.settings, self.group, reader_purpose(tail=True))
+            metadata = cluster_metadata(consumer, self.settings, should_stop)
+            self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop, metadata)
             # On a thread of its own: two metadata round trips that nothing here waits for.
             threading.Thread(
                 target=ask_producer_id,
@@ -264,6 +273,7 @@ class Coordinator:
                 self.partition_count,
                 own_instance=self.instance,
                 progress_every=PROGRESS_LOG_INTERVAL_S if member else 0.0,
+                consumer=consumer,
             )
             self._log.start(should_stop)
             self._deliveries = threading.Thread(
@@ -271,7 +281,11 @@ class Coordinator:
             )
             self._deliveries.start()
             self._log.wait_caught_up(self.settings.connect_timeout, should_stop)
-        except BaseException:
+        except BaseException as exc:
+            # Not the log's yet: closed here, unless a stop cut a call of it short (the call goes on, on a thread of
+            # its own, and a close would wait for it: the process is on its way out).
+            if self._log is None and consumer is not None and not isinstance(exc, StopRequested):
+                consumer.close()
             self.close()
             raise
         if member:

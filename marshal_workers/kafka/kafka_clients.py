@@ -71,15 +71,23 @@ def ask_producer_id(producer: Producer, topic: str) -> None:
         log.debug("no metadata of %s yet (%s): the producer asks for its id on its own timer", topic, exc)
 
 
-def cluster_metadata(admin: AdminClient, settings: Settings, should_stop: ShouldStop = never) -> ClusterMetadata:
+class ListsTopics(Protocol):
+    """A client that lists the cluster's topics: an AdminClient, a Consumer or a GuardedConsumer."""
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> ClusterMetadata: ...
+
+
+def cluster_metadata(client: ListsTopics, settings: Settings, should_stop: ShouldStop = never) -> ClusterMetadata:
     """Metadata of all topics within the connect timeout, or KafkaUnavailable (StopRequested as soon as
-    ``should_stop`` says so: stopping.py).
+    ``should_stop`` says so: stopping.py).  Asked of the client that goes on to use it (a reader of the
+    coordination log), it costs no request of its own: the client keeps what it learns (the partitions'
+    leaders), which it would otherwise ask for before its first request.
 
     Never asks for one topic by name: on clusters with auto.create.topics.enable
     that request would create it.
     """
     try:
-        return interruptible(lambda: admin.list_topics(timeout=settings.connect_timeout), should_stop)
+        return interruptible(lambda: client.list_topics(timeout=settings.connect_timeout), should_stop)
     except KafkaException as exc:
         raise KafkaUnavailable(
             f"Kafka at {settings.brokers} did not answer within {settings.connect_timeout:g}s ({exc.args[0]}). "
@@ -89,10 +97,10 @@ def cluster_metadata(admin: AdminClient, settings: Settings, should_stop: Should
 
 
 def topic_partition_count(
-    admin: AdminClient, settings: Settings, topic: str, should_stop: ShouldStop = never
+    client: ListsTopics, settings: Settings, topic: str, should_stop: ShouldStop = never
 ) -> int | None:
     """The number of partitions of ``topic``, or None if it does not exist."""
-    metadata = cluster_metadata(admin, settings, should_stop)
+    metadata = cluster_metadata(client, settings, should_stop)
     return _listed_partition_count(metadata, topic)
 
 

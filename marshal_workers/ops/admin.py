@@ -284,21 +284,21 @@ def log_lines(
     the group, as the admin commands refuse it.
     """
     group = settings.require_group()
-    admin = admin_client(settings)
-    count = topic_partition_count(admin, settings, settings.coordination_topic)
-    if count is None:
-        raise unknown_group(settings)
+    # Its reader asks for the cluster's metadata itself: no admin client, and its leaders known before it lists.
     consumer = log_consumer(settings, group, "log command")
-    state = WorldState(group, settings.heartbeat_ms, count)
-    # Read up to the ends listed now, never waiting for an empty fetch (a busy partition may never answer one, and
-    # the embedded broker holds one for the whole wait); with ``follow``, tail from there with the short wait.
-    catching_up = begin_catching_up(consumer, settings, count, group, from_beginning)
-    ends = catching_up.ends
-    for partition, start in enumerate(catching_up.starts):
-        checkpoints.begin(state, start, partition)
-    topic = settings.coordination_topic
-    caught_up = False
     try:
+        count = topic_partition_count(consumer, settings, settings.coordination_topic)
+        if count is None:
+            raise unknown_group(settings)
+        state = WorldState(group, settings.heartbeat_ms, count)
+        # Read up to the ends listed now, never waiting for an empty fetch (a busy partition may never answer one,
+        # and the embedded broker holds one for the whole wait); with ``follow``, tail from there with the short wait.
+        catching_up = begin_catching_up(consumer, settings, count, group, from_beginning)
+        ends = catching_up.ends
+        for partition, start in enumerate(catching_up.starts):
+            checkpoints.begin(state, start, partition)
+        topic = settings.coordination_topic
+        caught_up = False
         for searched in catching_up.read_ahead:  # read by the checkpoint search, already counted in the ends
             line = _record_line(state, searched)
             if line is not None:
