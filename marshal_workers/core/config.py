@@ -139,7 +139,8 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "checkpoint_interval",
             parse_limit,
-            "How often the group writes a checkpoint of its state, so readers start near the end (0: never).",
+            "How often the group writes a checkpoint of its state, so readers start near the end; sooner on a busy log, "
+            "once 1,000 records came after the last (0: never).",
         ),
         Setting(
             "coordination_retention",

@@ -120,10 +120,11 @@ def _offset(start: int | None, low: int) -> int:
 
 
 # How many records before the end a reader first looks for a checkpoint; each next look goes 4 times as far (and
-# reads only what the one before did not).  A checkpoint is written every checkpoint_interval (1 minute): 2,000
-# records is a minute of a partition written 33 times a second, and a further look costs a fetch round trip, while
-# reading 20,000 records first cost a status call about 0.3 s on the embedded broker (bench_long_log.py).
-_FIRST_LOOK = 2_000
+# reads only what the one before did not).  A checkpoint is written every checkpoint_interval (1 minute), or once
+# checkpoints.CHECKPOINT_RECORDS records came after the last: twice that finds one in a busy partition too, while a
+# further look costs a fetch round trip and reading 20,000 records first cost a status call about 0.3 s on the
+# embedded broker (bench_long_log.py).
+_FIRST_LOOK = 2 * checkpoints.CHECKPOINT_RECORDS
 # Most records a checkpoint search keeps for the catch-up after it (SearchedRecords): a few megabytes.  A search
 # that reads more (a long log without a checkpoint) keeps none, and the catch-up reads them again.
 _MOST_KEPT = 50_000

@@ -75,7 +75,9 @@ class CheckpointWriting:
         now_ms, interval_ms = shell.now_ms(), self.schedule.interval_ms
 
         def is_due(partition: int) -> bool:
-            return shell.read_folded(lambda world, _: due(world, partition, now_ms, interval_ms, me))
+            return shell.read_folded(
+                lambda world, read_to: due(world, partition, now_ms, interval_ms, me, read_to[partition])
+            )
 
         for partition in self.schedule.to_write(now, running, shell.partition_count(), is_due):
             self._write(partition)

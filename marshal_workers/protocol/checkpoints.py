@@ -1,7 +1,7 @@
 """Checkpoints: a reader's start-up does not grow with the coordination log's age (docs/protocol.md).
 
-Every ``checkpoint_interval`` one member writes, to each coordination
-partition, the fold's state of that partition (every position, owner and
+Every ``checkpoint_interval``, or once CHECKPOINT_RECORDS records came after
+the last, one member writes, to each coordination partition, the fold's state of that partition (every position, owner and
 pause of the topics routed there) as of a log offset ``as_of``: a
 :class:`codec.Checkpoint`, in parts if large.  A reader starts at the latest
 complete checkpoint it finds near the end of each partition, seeds its state
@@ -274,17 +274,38 @@ def begin(state: WorldState, start: Start, source: int) -> None:
         state.set_directory(source, start.directory if start.offset is not None else ())
 
 
-def due(state: WorldState, source: int, now: int, interval_ms: int, me: MemberId) -> bool:
-    """Should ``me`` write the checkpoint of ``source`` now?
+# A checkpoint is also due once this many records came after the latest one, however young it is: a reader starts
+# by looking for the latest checkpoint among a partition's last 2,000 records (reader_start.py) and reads every
+# record after it, so a busy log gets checkpoints as often as a quiet one gets records, and a restart after a
+# fault storm reads a thousand records, not a minute's worth.  A large checkpoint (of many parts) waits for ten
+# times its own records, so checkpoints stay under a tenth of the log.
+CHECKPOINT_RECORDS = 1_000
 
-    The live member with the lowest instance id writes one every ``interval_ms``;
-    any member does once the last is 2 intervals old (the writer is gone).
+
+def records_since_checkpoint(state: WorldState, source: int, read_to: int) -> int:
+    """How many records of coordination partition ``source`` a reader that has read up to offset ``read_to``
+    has read after the latest checkpoint's parts (all of them, if there was none)."""
+    as_of, parts = state.checkpoint_offsets.get(source, (0, 0))
+    return read_to - as_of - parts
+
+
+def due(state: WorldState, source: int, now: int, interval_ms: int, me: MemberId, read_to: int = 0) -> bool:
+    """Should ``me``, having read ``source`` up to offset ``read_to``, write its checkpoint now?
+
+    The live member with the lowest instance id writes one every ``interval_ms``, or once CHECKPOINT_RECORDS (or ten
+    times the latest checkpoint's parts) came after the latest; any member does once the last is 2 intervals old,
+    or twice that many records behind (the writer is gone).
     """
     last = state.checkpoints.get(source)
-    age = now - last if last is not None else None
-    if age is not None and age < interval_ms:
+    if last is None:
+        return True
+    age = now - last
+    behind = records_since_checkpoint(state, source, read_to) / max(
+        CHECKPOINT_RECORDS, 10 * state.checkpoint_offsets.get(source, (0, 1))[1]
+    )
+    if age < interval_ms and behind < 1:
         return False
-    if age is None or age >= 2 * interval_ms:
+    if age >= 2 * interval_ms or behind >= 2:
         return True
     members = state.live_members(now) | {me}
     return min(members, key=lambda owner: owner.instance) == me
@@ -335,8 +356,8 @@ def check_carried(state: type, carried: Sequence[str], not_carried: Sequence[str
 
 # What of a WorldState a checkpoint carries (and the directory, which is not part of its equality: groups_seen,
 # directory_known).  The rest of what its equality covers is the reader's own, or rebuilt from the records after
-# ``as_of``: a claim counts for balance only within 2 HB (the module's docstring), and the time of the latest
-# checkpoint is that of the checkpoint itself, which lies after its ``as_of``.
+# ``as_of``: a claim counts for balance only within 2 HB (the module's docstring), and the time and place of the
+# latest checkpoint are those of the checkpoint itself, which lies after its ``as_of``.
 check_carried(
     WorldState,
     carried=("partitions", "shared", "pauses", "controls", "topic_pauses"),
@@ -348,6 +369,7 @@ check_carried(
         "last_refused_claim",
         "clients",
         "checkpoints",
+        "checkpoint_offsets",
         "stats",
     ),
 )

@@ -293,8 +293,10 @@ class WorldState(WorldView):
         return True
 
     def _checkpoint(self, record: Checkpoint, at: int, source: int) -> bool:
-        """A checkpoint adds nothing to a state that has read the log before it: only its time is kept."""
+        """A checkpoint adds nothing to a state that has read the log before it: only its time and place are kept."""
         self.checkpoints[source] = max(at, self.checkpoints.get(source, 0))
+        if record.as_of >= self.checkpoint_offsets.get(source, (0, 0))[0]:
+            self.checkpoint_offsets[source] = (record.as_of, record.parts)
         return True
 
     # Range records (docs/shared-partitions.md): one verdict per entry, by the rules of range_leases.SharedPartition.

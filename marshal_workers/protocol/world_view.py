@@ -177,8 +177,10 @@ class WorldView:
     # asking for partitions (fair balance, see balance.py).
     last_refused_claim: dict[str, int] = field(default_factory=dict)
     clients: dict[str, str] = field(default_factory=dict)
-    # The time of the latest checkpoint on each coordination partition (who writes the next: checkpoints.py).
+    # The time of the latest checkpoint on each coordination partition, and the offset it describes the log up to
+    # (its ``as_of``) with the records it took (its parts): who writes the next, and when (checkpoints.py).
     checkpoints: dict[int, int] = field(default_factory=dict)
+    checkpoint_offsets: dict[int, tuple[int, int]] = field(default_factory=dict)
     # Shared partitions (docs/shared-partitions.md): range leases, done offsets and tries, by (topic, partition).
     shared: dict[tuple[str, int], SharedPartition] = field(default_factory=dict)
     # Remote control: orders about clients by coordination partition, and topic pauses (expiry).

@@ -10,6 +10,7 @@ from test_world_state_properties import GROUP, HB, logs
 from test_world_state_properties import fold_all as fold
 
 from marshal_workers.protocol import checkpoints, codec
+from marshal_workers.protocol.checkpoints import CHECKPOINT_RECORDS
 from marshal_workers.protocol.member_id import MemberId
 from marshal_workers.protocol.world_state import WorldState
 
@@ -21,7 +22,7 @@ def agree(a: WorldState, b: WorldState) -> None:
     assert a.partitions == b.partitions
     assert a.pauses == b.pauses
     assert a.controls == b.controls and a.topic_pauses == b.topic_pauses
-    assert a.checkpoints == b.checkpoints
+    assert a.checkpoints == b.checkpoints and a.checkpoint_offsets == b.checkpoint_offsets
 
 
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -109,3 +110,34 @@ def test_the_live_member_with_the_lowest_instance_writes_and_anyone_once_it_is_l
     assert checkpoints.due(state, 0, now, interval, MemberId("a", "a"))
     assert not checkpoints.due(state, 0, now, interval, MemberId("b", "b"))
     assert checkpoints.due(state, 0, 100 + 2 * interval, interval, MemberId("b", "b"))  # a is late: b writes
+
+
+def test_a_checkpoint_is_due_once_a_thousand_records_came_after_the_last_however_young() -> None:
+    """A restart reads the records after the latest checkpoint: on a busy log, a minute of them was thousands."""
+    state = fold([codec.Claim(**WRITER | {"instance": i, "client": i}, ts=0, topic="t", partition=0) for i in "ab"])
+    interval = 60_000
+    state.apply(codec.Checkpoint(**WRITER, ts=100, source=0, as_of=5_000), 100)
+    now = 200  # far younger than the interval
+    first, writer, other = 5_001 + CHECKPOINT_RECORDS, MemberId("a", "a"), MemberId("b", "b")
+    assert not checkpoints.due(state, 0, now, interval, writer, read_to=first - 1)
+    assert checkpoints.due(state, 0, now, interval, writer, read_to=first), "the lowest live instance writes"
+    assert not checkpoints.due(state, 0, now, interval, other, read_to=first)
+    assert checkpoints.due(state, 0, now, interval, other, read_to=5_001 + 2 * CHECKPOINT_RECORDS), "a is late"
+    # A checkpoint of 400 parts: the next waits for 4,000 records after them, so checkpoints stay a tenth of the log.
+    state.apply(codec.Checkpoint(**WRITER, ts=300, source=0, as_of=9_000, part=0, parts=400), 300)
+    assert not checkpoints.due(state, 0, 400, interval, writer, read_to=9_400 + 3_999)
+    assert checkpoints.due(state, 0, 400, interval, writer, read_to=9_400 + 4_000)
+    # An older checkpoint read later (another member's, written before) does not move the place back.
+    state.apply(codec.Checkpoint(**WRITER, ts=500, source=0, as_of=8_000), 500)
+    assert checkpoints.records_since_checkpoint(state, 0, 9_400 + 10) == 10
+
+
+@given(st.integers(min_value=0, max_value=10**7), st.integers(min_value=1, max_value=10_000), st.integers(0, 10**5))
+def test_by_its_records_a_checkpoint_is_never_due_before_a_tenth_of_the_log_or_a_thousand_records(
+    as_of: int, parts: int, after: int
+) -> None:
+    state = fold([codec.Claim(**WRITER, ts=0, topic="t", partition=0)])
+    state.apply(codec.Checkpoint(**WRITER, ts=100, source=0, as_of=as_of, part=0, parts=parts), 100)
+    writer = MemberId(WRITER["client"], WRITER["instance"])
+    is_due = checkpoints.due(state, 0, 200, 60_000, writer, read_to=as_of + parts + after)
+    assert is_due == (after >= max(CHECKPOINT_RECORDS, 10 * parts))
