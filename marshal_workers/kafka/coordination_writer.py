@@ -240,6 +240,9 @@ class Coordinator:
         self.traffic = Traffic()  # what our producers sent (librdkafka's statistics): metrics and benchmarks
         self._deliveries: threading.Thread | None = None
         self._closing = threading.Event()
+        # The cluster's metadata as start() found it (every topic): the supervisor's first look at its topics
+        # takes it instead of asking again.  None: not asked, or the coordination topic was made after it.
+        self.first_metadata: ClusterMetadata | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -260,6 +263,8 @@ class Coordinator:
             consumer = log_consumer(self.settings, self.group, reader_purpose(tail=True))
             metadata = cluster_metadata(consumer, self.settings, should_stop)
             self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop, metadata)
+            if self.settings.coordination_topic in metadata.topics:  # else made since: not in it
+                self.first_metadata = metadata
             # On a thread of its own: two metadata round trips that nothing here waits for.
             threading.Thread(
                 target=ask_producer_id,

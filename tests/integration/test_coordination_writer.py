@@ -45,6 +45,17 @@ def test_missing_coordination_topic_is_created_with_the_configured_partitions(se
     assert len(metadata.topics[settings.coordination_topic].partitions) == settings.coordination_partitions
 
 
+def test_the_metadata_a_coordinator_found_is_kept_for_the_first_look_once_it_lists_the_topic(
+    settings: Settings,
+) -> None:
+    with Coordinator(settings) as first:
+        assert first.first_metadata is None, "asked before the coordination topic was made: it is not in it"
+    with Coordinator(settings) as second:
+        assert second.first_metadata is not None
+        listed = second.first_metadata.topics[settings.coordination_topic]
+        assert len(listed.partitions) == settings.coordination_partitions
+
+
 def test_four_coordinators_racing_for_64_partitions_end_with_one_agreed_owner_each(
     coordinators: Callable[[str], Coordinator], unique: str
 ) -> None:
