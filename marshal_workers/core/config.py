@@ -41,7 +41,7 @@ def _parse_str(value: Any) -> str:
     return text
 
 
-def _parse_int(minimum: int) -> Callable[[Any], int]:
+def _parse_int(minimum: int, maximum: int | None = None) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         try:
             number = int(value)
@@ -51,6 +51,8 @@ def _parse_int(minimum: int) -> Callable[[Any], int]:
             raise ConfigError(f"expected a whole number, got {value!r}")
         if number < minimum:
             raise ConfigError(f"expected a number >= {minimum}, got {number}")
+        if maximum is not None and number > maximum:
+            raise ConfigError(f"expected a number <= {maximum}, got {number}")
         return number
 
     return parse
@@ -181,6 +183,12 @@ SETTINGS: dict[str, Setting] = {
             "behind_cycles", _parse_int(1), "Health cycles (HB/2 each) in a row of falling behind before a release."
         ),
         Setting(
+            "worker_nice",
+            _parse_int(0, 19),
+            "How much lower the workers' CPU priority is than the supervisor's (a nice increment, 0 to 19; 0: the "
+            "same): when handlers keep every core busy, heartbeats, claims and start-ups still get a core.",
+        ),
+        Setting(
             "soft_time_limit",
             parse_limit,
             "A handler call running longer gets SoftTimeLimitExceeded raised inside it (0: no limit).",
@@ -246,6 +254,7 @@ class Settings:
     max_messages_per_worker: int = 0
     max_memory_per_worker: int = 0
     behind_cycles: int = 5
+    worker_nice: int = 10  # workers' CPU priority below the supervisor's (docs/operations.md, "Priorities")
     balance: str = "fair"  # members of a group share its partitions; greedy: the first up takes all
     soft_time_limit: float = 0.0
     time_limit: float = 0.0

@@ -530,3 +530,26 @@ def test_hooks_run_around_each_call_on_dead_letters_and_as_workers_take_and_leav
         "before ignore 1",
         "after ignore ignored Ignore",
     ]
+
+
+def niceness(pid: int) -> int:
+    """A process's nice value (/proc/PID/stat, field 19)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[16])
+
+
+@pytest.mark.fleet(partitions=2)
+@pytest.mark.parametrize(("setting", "below"), [(None, 10), ("0", 0)])
+def test_workers_run_below_their_supervisors_cpu_priority_unless_told_otherwise(
+    fleet: Fleet, setting: str | None, below: int
+) -> None:
+    """The supervisor goes first when handlers keep every core busy: its heartbeats keep the partitions' leases."""
+    env = {} if setting is None else {"MARSHAL_WORKERS_WORKER_NICE": setting}
+    supervisor = fleet.start("only", **env)
+    poll_until(lambda: len(fleet.worker_pids("only")) == 2, what="2 workers")
+    fleet.produce(range(20))
+    poll_until(lambda: all_handled(fleet, 20), what="the messages")
+    expected = min(niceness(supervisor.pid) + below, 19)
+    assert {niceness(pid) for pid in fleet.worker_pids("only").values()} == {expected}
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=30) == ExitCode.OK

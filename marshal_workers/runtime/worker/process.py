@@ -44,6 +44,7 @@ def start_process(settings: Settings, stack_dump_heading: Callable[[], str], on_
     SIGTERM (``on_stop``, in a signal handler), and Ctrl-C ignored: it reaches the supervisor, which stops us in
     order."""
     configure_logging(settings.log_level, settings.log_format)
+    lower_priority(settings.worker_nice)
     die_with_parent()
     dump_stacks_on_sigusr2(stack_dump_heading)
 
@@ -77,6 +78,18 @@ def exit_process(code: WorkerExit) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(code))
+
+
+def lower_priority(increment: int) -> None:
+    """Run ``increment`` below the supervisor's CPU priority (``worker_nice``): the supervisor is the fleet's control
+    plane (its heartbeats keep the partitions' leases, its claims and releases hand them over) and uses little CPU, so
+    it goes first when the handlers keep every core busy.  Sampled during a fault storm, 2 to 9 of the workers'
+    threads were runnable while a restarted supervisor imported its modules (docs/operations.md, "Priorities")."""
+    if increment:
+        try:
+            os.nice(increment)
+        except OSError:  # not permitted here: the same priority, as before
+            pass
 
 
 def die_with_parent() -> None:

@@ -120,6 +120,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "coordination_retention": "3d",
         "release_if_behind": "false",
         "behind_cycles": "9",
+        "worker_nice": "5",
         "max_messages_per_worker": "1000",
         "max_memory_per_worker": "512MB",
         "log_format": "json",
@@ -167,6 +168,7 @@ def test_every_setting_can_come_from_each_source(tmp_path: Path) -> None:
         "coordination_retention": 259200.0,
         "release_if_behind": False,
         "behind_cycles": 9,
+        "worker_nice": 5,
         "max_messages_per_worker": 1000,
         "max_memory_per_worker": 512 * 2**20,
         "log_format": "json",
@@ -619,3 +621,11 @@ def test_a_heartbeat_interval_below_the_floor_is_refused_with_the_reason(value: 
 
 def test_the_heartbeat_floor_itself_is_accepted() -> None:
     assert load_settings(cli={"heartbeat_interval": "250ms"}, env={}).heartbeat_ms == 250
+
+
+def test_worker_nice_is_a_nice_increment_from_0_to_19_and_10_by_default() -> None:
+    assert load_settings(env={}).worker_nice == 10
+    assert load_settings(env={"MARSHAL_WORKERS_WORKER_NICE": "0"}).worker_nice == 0
+    for wrong, said in (("20", "<= 19"), ("-1", ">= 0"), ("low", "whole number")):
+        with pytest.raises(ConfigError, match=said):
+            load_settings(env={"MARSHAL_WORKERS_WORKER_NICE": wrong})
