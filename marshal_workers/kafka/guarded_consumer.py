@@ -14,10 +14,10 @@ wait and 0.2 s at 100 ms), but costs latency to a reader at the end (Tansu looks
 after half of the remaining wait).  So a reader that first reads up to ends it knows (``catch_up``: a
 checkpoint search, ``status``, ``log``, a starting member's first read) reads with a catch-up wait fitted to
 the longest partition it lists (``catch_up_wait_ms``) and stops at those ends without waiting for an empty
-fetch; ``begin_tail()`` then gives it the short wait a tail needs.  A tail, or any reader, that meets the fault anyway is lengthened by ``GuardedConsumer`` when, and
-only when, it sees it: its polls come back empty for ``stall_after`` seconds while an assigned partition's high
-watermark (from the last fetch response) is ahead of its position, and the broker answers a ListOffsets
-request (so it is not merely down or frozen).  It then replaces its consumer by one with a 4 times
+fetch; ``begin_tail()`` then gives it the short wait a tail needs.  A tail, or any reader, that meets the fault
+anyway is lengthened by ``GuardedConsumer`` when, and only when, it sees it: its polls come back empty for
+``stall_after`` seconds while an assigned partition's high watermark (from the last fetch response) is ahead of
+its position, and the broker answers a ListOffsets request (so it is not merely down or frozen).  It then replaces its consumer by one with a 4 times
 longer wait, at the same positions.  On Apache Kafka, which answers a waiting fetch as soon as records
 arrive, this never happens, and would cost nothing if it did.
 
@@ -51,7 +51,7 @@ MAX_WAIT_MS = 2000  # the longest fetch wait a guard sets; a broker slower than 
 # long one lets the embedded broker list some 450,000 batches of a partition and still bring records.  But a fetch
 # of a partition that is being written can take the whole wait (the broker answers once a listing finds nothing
 # new, docs/brokers.md), so a partition short enough for the short one gets it: a restart on a 30,000-record log
-# written 300 times a second took 0.61 s against 1.24 s (medians, bench_long_log.py, one core busy).  On Kafka
+# written 300 times a second took 0.77 s against 1.14 s (medians, bench_long_log.py, one core busy).  On Kafka
 # neither costs anything: a fetch that finds records answers at once, and the reader stops at the end it knows.
 SHORT_CATCH_UP_WAIT_MS = 80
 CATCH_UP_WAIT_MS = 320

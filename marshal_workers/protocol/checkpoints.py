@@ -1,8 +1,9 @@
 """Checkpoints: a reader's start-up does not grow with the coordination log's age (docs/protocol.md).
 
 Every ``checkpoint_interval``, or once CHECKPOINT_RECORDS records came after
-the last, one member writes, to each coordination partition, the fold's state of that partition (every position, owner and
-pause of the topics routed there) as of a log offset ``as_of``: a
+the last, one member writes, to each coordination partition, the fold's
+state of that partition (every position, owner and pause of the topics
+routed there) as of a log offset ``as_of``: a
 :class:`codec.Checkpoint`, in parts if large.  A reader starts at the latest
 complete checkpoint it finds near the end of each partition, seeds its state
 from it and folds the log from ``as_of``, instead of reading from the
@@ -300,12 +301,11 @@ def due(state: WorldState, source: int, now: int, interval_ms: int, me: MemberId
     if last is None:
         return True
     age = now - last
-    behind = records_since_checkpoint(state, source, read_to) / max(
-        CHECKPOINT_RECORDS, 10 * state.checkpoint_offsets.get(source, (0, 1))[1]
-    )
-    if age < interval_ms and behind < 1:
+    records = records_since_checkpoint(state, source, read_to)
+    enough = max(CHECKPOINT_RECORDS, 10 * state.checkpoint_offsets.get(source, (0, 0))[1])
+    if age < interval_ms and records < enough:
         return False
-    if age >= 2 * interval_ms or behind >= 2:
+    if age >= 2 * interval_ms or records >= 2 * enough:
         return True
     members = state.live_members(now) | {me}
     return min(members, key=lambda owner: owner.instance) == me
