@@ -240,9 +240,9 @@ class Coordinator:
         self.traffic = Traffic()  # what our producers sent (librdkafka's statistics): metrics and benchmarks
         self._deliveries: threading.Thread | None = None
         self._closing = threading.Event()
-        # The cluster's metadata as start() found it (every topic): the supervisor's first look at its topics
-        # takes it instead of asking again.  None: not asked, or the coordination topic was made after it.
-        self.first_metadata: ClusterMetadata | None = None
+        # The cluster's metadata as start() found it (every topic), until take_first_metadata() hands it over: the
+        # supervisor's first look at its topics takes it instead of asking again.
+        self._first_metadata: ClusterMetadata | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -264,7 +264,7 @@ class Coordinator:
             metadata = cluster_metadata(consumer, self.settings, should_stop)
             self.partition_count = ensure_coordination_topic(admin, self.settings, should_stop, metadata)
             if self.settings.coordination_topic in metadata.topics:  # else made since: not in it
-                self.first_metadata = metadata
+                self._first_metadata = metadata
             # On a thread of its own: two metadata round trips that nothing here waits for.
             threading.Thread(
                 target=ask_producer_id,
@@ -306,6 +306,13 @@ class Coordinator:
             self._log.describe_starts(),
         )
         return self
+
+    def take_first_metadata(self) -> ClusterMetadata | None:
+        """The cluster's metadata as start() found it, once: None if it was not asked for, if the coordination topic
+        was made after it (it is not in it), or if it was taken already.  Not kept after: on a large cluster it is
+        every topic's partitions, which nothing needs once the first look is done."""
+        metadata, self._first_metadata = self._first_metadata, None
+        return metadata
 
     def _new_producer(self) -> Producer:
         statistics = _TrafficStatistics(self.traffic, self.settings.coordination_topic)

@@ -17,9 +17,9 @@ the longest partition it lists (``catch_up_wait_ms``) and stops at those ends wi
 fetch; ``begin_tail()`` then gives it the short wait a tail needs.  A tail, or any reader, that meets the fault
 anyway is lengthened by ``GuardedConsumer`` when, and only when, it sees it: its polls come back empty for
 ``stall_after`` seconds while an assigned partition's high watermark (from the last fetch response) is ahead of
-its position, and the broker answers a ListOffsets request (so it is not merely down or frozen).  It then replaces its consumer by one with a 4 times
-longer wait, at the same positions.  On Apache Kafka, which answers a waiting fetch as soon as records
-arrive, this never happens, and would cost nothing if it did.
+its position, and the broker answers a ListOffsets request (so it is not merely down or frozen).  It then
+replaces its consumer by one with a 4 times longer wait, at the same positions.  On Apache Kafka, which answers a
+waiting fetch as soon as records arrive, this never happens, and would cost nothing if it did.
 
 The same broker gives a batch its offsets before it stores it: while two producers write to one partition,
 a fetch can find the later batch stored and not yet the earlier one, and a reader that takes what it is

@@ -49,11 +49,12 @@ def test_the_metadata_a_coordinator_found_is_kept_for_the_first_look_once_it_lis
     settings: Settings,
 ) -> None:
     with Coordinator(settings) as first:
-        assert first.first_metadata is None, "asked before the coordination topic was made: it is not in it"
+        assert first.take_first_metadata() is None, "asked before the coordination topic was made: it is not in it"
     with Coordinator(settings) as second:
-        assert second.first_metadata is not None
-        listed = second.first_metadata.topics[settings.coordination_topic]
-        assert len(listed.partitions) == settings.coordination_partitions
+        found = second.take_first_metadata()
+        assert found is not None
+        assert len(found.topics[settings.coordination_topic].partitions) == settings.coordination_partitions
+        assert second.take_first_metadata() is None, "handed over once, not kept"
 
 
 def test_four_coordinators_racing_for_64_partitions_end_with_one_agreed_owner_each(

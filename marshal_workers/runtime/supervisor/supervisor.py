@@ -195,7 +195,7 @@ class Supervisor:
         admin = admin_client(self.settings)
         self.shared.attach(context, coordinator, writes, offsets)
         self._parts = self._build_parts(context, coordinator, writes, offsets, admin, rate_buckets, started_ms)
-        self._parts.topics.first_look(coordinator.first_metadata)
+        self._parts.topics.first_look(coordinator.take_first_metadata())
         if self.settings.metrics_port:
             self._serve_metrics()
         setproctitle.setproctitle(f"marshal-workers: supervisor {self.group}")

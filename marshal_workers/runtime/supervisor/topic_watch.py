@@ -68,7 +68,7 @@ class TopicWatch:
     def first_look(self, metadata: Any = None) -> None:
         """At start-up, in the loop's thread: every handler's topic must exist (UnknownTopicError), and each DLQ
         topic is created if missing.  ``metadata``: the cluster's, asked for moments ago (by the coordinator's reader:
-        Coordinator.first_metadata), which saves a round trip; asked again if a handler's topic is not in it (made
+        Coordinator.take_first_metadata), which saves a round trip; asked again if a handler's topic is not in it (made
         since, or really missing)."""
         if metadata is None or any(topic not in metadata.topics for topic in self.app.topics):
             metadata = cluster_metadata(self.admin, self.settings, self._should_stop)
